@@ -1,0 +1,1 @@
+"""The engine: entry point, step loop, run artefacts, sweeps and reviews."""

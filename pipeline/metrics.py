@@ -1,0 +1,82 @@
+"""Serving metrics with the field's definitions (as vLLM's benchmarks report them)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from stages.request import Request
+
+
+@dataclass
+class StepRecord:
+    step: int
+    mode: str
+    prefill: list[dict[str, Any]]
+    decode: list[str]
+    preempted: list[str]
+    num_tokens: int
+    padded_tokens: int
+    bucket: str
+    duration_s: float
+
+
+def stats(values: Sequence[float]) -> dict[str, float | None]:
+    if len(values) == 0:
+        return {"mean": None, "p50": None, "p90": None, "p99": None}
+    arr = np.asarray(values, dtype=np.float64)
+    p50, p90, p99 = np.percentile(arr, [50, 90, 99])
+    return {"mean": float(arr.mean()), "p50": float(p50), "p90": float(p90), "p99": float(p99)}
+
+
+def ttft_s(r: Request) -> float | None:
+    """Arrival to the first output token."""
+    return r.token_times[0] - r.arrival_s if r.token_times else None
+
+
+def e2e_s(r: Request) -> float | None:
+    return r.finish_s - r.arrival_s if r.finish_s is not None and r.token_times else None
+
+
+def itl_s(r: Request) -> list[float]:
+    """Every gap between consecutive output tokens."""
+    return np.diff(r.token_times).tolist() if len(r.token_times) > 1 else []
+
+
+def tpot_s(r: Request) -> float | None:
+    """(e2e - TTFT) / (output tokens - 1): the mean time per token after the first."""
+    n = len(r.token_times)
+    if n < 2:
+        return None
+    return (r.token_times[-1] - r.token_times[0]) / (n - 1)
+
+
+def summarise(
+    requests: Sequence[Request], steps: Sequence[StepRecord], duration_s: float
+) -> dict[str, Any]:
+    served = [r for r in requests if r.finish_reason != "error"]
+    output_tokens = sum(len(r.output_ids) for r in requests)
+    real = sum(s.num_tokens for s in steps)
+    padded = sum(s.padded_tokens for s in steps)
+
+    def ms(values: list[float | None]) -> dict[str, float | None]:
+        return stats([v * 1e3 for v in values if v is not None])
+
+    return {
+        "num_requests": len(requests),
+        "num_errors": len(requests) - len(served),
+        "input_tokens": sum(len(r.prompt_ids) for r in requests),
+        "output_tokens": output_tokens,
+        "num_steps": len(steps),
+        "duration_s": duration_s,
+        "output_throughput": output_tokens / duration_s if duration_s > 0 else 0.0,
+        "ttft_ms": ms([ttft_s(r) for r in served]),
+        "tpot_ms": ms([tpot_s(r) for r in served]),
+        "itl_ms": ms([gap for r in served for gap in itl_s(r)]),
+        "e2e_ms": ms([e2e_s(r) for r in served]),
+        "token_utilization": real / padded if padded else None,
+        "num_preemptions": sum(r.num_preemptions for r in requests),
+    }

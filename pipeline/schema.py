@@ -1,0 +1,172 @@
+"""Structured-config schemas: every group option's keys and types, checked at composition.
+
+Each YAML option in conf/ names its schema first in its defaults list, so a misspelt key,
+a wrong type or a missing value fails with Hydra's own message before anything runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+
+@dataclass
+class ByteTokenizerConf:
+    _target_: str = "stages.tokenizer.ByteTokenizer"
+    add_bos: bool = True
+
+
+@dataclass
+class SchedulerConf:
+    _target_: str = MISSING
+    max_tokens: int = MISSING
+    max_num_seqs: int = MISSING
+    max_model_len: int = MISSING
+    block_size: int = MISSING
+
+
+@dataclass
+class ChunkedSchedulerConf(SchedulerConf):
+    _target_: str = "stages.scheduler.ChunkedScheduler"
+    align_chunks: bool = True
+    long_prefill_threshold: int = 0
+
+
+@dataclass
+class WholeSchedulerConf(SchedulerConf):
+    _target_: str = "stages.scheduler.WholeScheduler"
+
+
+@dataclass
+class BucketAxisConf:
+    min: int = 0  # 0 = derived from block_size, max_tokens, max_num_seqs, max_model_len
+    step: int = 0
+    max: int = 0
+
+
+@dataclass
+class HPUMetadataConf:
+    _target_: str = "stages.metadata.HPUMetadataBuilder"
+    block_size: int = MISSING
+    max_tokens: int = MISSING
+    max_num_seqs: int = MISSING
+    max_model_len: int = MISSING
+    bucketing: str = "linear"
+    prefill_batch: BucketAxisConf = field(default_factory=BucketAxisConf)
+    prefill_seq: BucketAxisConf = field(default_factory=BucketAxisConf)
+    prefill_blocks: BucketAxisConf = field(default_factory=BucketAxisConf)
+    decode_batch: BucketAxisConf = field(default_factory=BucketAxisConf)
+    decode_blocks: BucketAxisConf = field(default_factory=BucketAxisConf)
+
+
+@dataclass
+class PagedAttentionConf:
+    _target_: str = "stages.attention.hpu.PagedAttention"
+    block_size: int = MISSING
+    ops: str = "cpu"
+
+
+@dataclass
+class ReferenceAttentionConf:
+    _target_: str = "stages.attention.reference.ReferenceAttention"
+
+
+@dataclass
+class GreedySamplerConf:
+    _target_: str = "stages.sampler.GreedySampler"
+    logprobs: int = 0
+
+
+@dataclass
+class RandomSamplerConf:
+    _target_: str = "stages.sampler.RandomSampler"
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = MISSING
+    logprobs: int = 0
+
+
+@dataclass
+class TransformerConf:
+    _target_: str = "stages.model.TransformerLM"
+    vocab_size: int = MISSING
+    hidden_size: int = MISSING
+    num_layers: int = MISSING
+    num_heads: int = MISSING
+    num_kv_heads: int = MISSING
+    intermediate_size: int = MISSING
+    max_position: int = MISSING
+    head_dim: int = 0  # 0 = hidden_size / num_heads
+    rope_theta: float = 10000.0
+    rms_eps: float = 1e-6
+    seed: int = MISSING
+    dtype: str = "float32"
+
+
+@dataclass
+class SyntheticWorkloadConf:
+    _target_: str = "stages.workload.SyntheticWorkload"
+    num_requests: int = 16
+    min_prompt_tokens: int = 16
+    max_prompt_tokens: int = 1200
+    min_new_tokens: int = 8
+    max_new_tokens: int = 32
+    ignore_eos: bool = True
+    rate: float = 0.0
+    seed: int = MISSING
+
+
+@dataclass
+class JsonlWorkloadConf:
+    _target_: str = "stages.workload.JsonlWorkload"
+    path: str = MISSING
+    num_requests: int = 0  # 0 = every line
+    max_new_tokens: int = 64  # for lines that do not say
+    rate: float = 0.0
+    seed: int = MISSING
+
+
+@dataclass
+class PipelineConf:
+    tokenizer: Any = MISSING
+    scheduler: Any = MISSING
+    metadata: Any = MISSING
+    attention: Any = MISSING
+    sampler: Any = MISSING
+    model: Any = MISSING
+    workload: Any = MISSING
+    max_tokens: int = 512
+    block_size: int = 128
+    max_num_seqs: int = 32
+    max_model_len: int = 2048
+    num_blocks: int = 0  # 0 = derived so that the workload fits
+    seed: int = 0
+    device: str = "cpu"
+    warmup: bool = False
+    num_threads: int = 2
+
+
+SCHEMAS = {
+    ("tokenizer", "byte_schema"): ByteTokenizerConf,
+    ("scheduler", "chunked_schema"): ChunkedSchedulerConf,
+    ("scheduler", "whole_schema"): WholeSchedulerConf,
+    ("metadata", "hpu_schema"): HPUMetadataConf,
+    ("attention", "hpu_schema"): PagedAttentionConf,
+    ("attention", "reference_schema"): ReferenceAttentionConf,
+    ("sampler", "greedy_schema"): GreedySamplerConf,
+    ("sampler", "random_schema"): RandomSamplerConf,
+    ("model", "transformer_schema"): TransformerConf,
+    ("workload", "synthetic_schema"): SyntheticWorkloadConf,
+    ("workload", "jsonl_schema"): JsonlWorkloadConf,
+}
+
+
+def register_schemas() -> None:
+    store = ConfigStore.instance()
+    store.store(name="pipeline_schema", node=PipelineConf)
+    for (group, name), node in SCHEMAS.items():
+        store.store(group=group, name=name, node=node)

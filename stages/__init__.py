@@ -1,0 +1,1 @@
+"""The pipeline stages: tokenizer, scheduler, metadata, attention, sampler, model, workload."""

@@ -1,0 +1,292 @@
+"""Forward metadata: a step plan laid out in the static, padded shapes an HPU executes.
+
+The encoder part holds the prefilling requests as a rectangle [batch, seq] with `seq` a
+multiple of the block size; the decoder part holds one token per decoding request. Both
+are padded to buckets so that only a small set of shapes ever reaches the device. Padding
+rows write their keys and values to a scratch block past the pool, so they never touch a
+request's cache. Block tables are left-aligned: key position j of a row is the j-th token
+of its sequence, whatever the row's context length.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import paddle
+import structlog
+
+from stages.request import StepPlan
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class Axis:
+    """The prepared sizes of one bucket dimension."""
+
+    min: int
+    step: int
+    max: int
+
+    def sizes(self, strategy: str) -> list[int]:
+        top = -(-self.max // self.step) * self.step
+        if strategy == "exponential":
+            sizes, n = [], self.min
+            while n < top:
+                sizes.append(n)
+                n *= 2
+            return [*sizes, top]
+        return list(range(self.min, top, self.step)) + [top]
+
+
+class Buckets:
+    """Finds the smallest prepared size >= n in each dimension; beyond the largest, a miss."""
+
+    def __init__(self, strategy: str, axes: dict[str, Axis]) -> None:
+        self.strategy = strategy
+        self.axes = axes
+        self.sizes = {name: np.array(axis.sizes(strategy)) for name, axis in axes.items()}
+        self.misses = 0
+        self._missed_shapes: set[tuple] = set()
+
+    def fit(self, name: str, n: int) -> tuple[int, bool]:
+        sizes = self.sizes[name]
+        i = int(np.searchsorted(sizes, n))
+        if i < len(sizes):
+            return int(sizes[i]), True
+        step = self.axes[name].step
+        return -(-n // step) * step, False  # fallback: an unprepared shape, never a dropped row
+
+    def shape(self, kind: str, **dims: int) -> tuple[int, ...]:
+        fitted = [self.fit(f"{kind}_{name}", n) for name, n in dims.items()]
+        shape = tuple(size for size, _ in fitted)
+        if not all(hit for _, hit in fitted):
+            self.misses += 1
+            if (kind, shape) not in self._missed_shapes:
+                self._missed_shapes.add((kind, shape))
+                log.warning("bucket_miss", kind=kind, needed=dims, fallback=shape)
+        return shape
+
+
+@dataclass
+class EncoderMeta:
+    batch: int  # real rows
+    shape: tuple[int, int, int]  # (batch, seq, blocks) after padding
+    request_ids: list[str]
+    input_ids: np.ndarray  # [batch, seq]
+    positions: np.ndarray  # [batch, seq]
+    context_lens: np.ndarray  # [batch] tokens already cached before this chunk
+    chunk_lens: np.ndarray  # [batch] real tokens of this chunk
+    slots: paddle.Tensor  # [batch * seq] cache slot each token writes
+    key_slots: paddle.Tensor  # [batch, blocks * block_size] cache slot of each key position
+    mask: paddle.Tensor  # [batch, 1, 1, seq, keys] additive; keys = seq or blocks * block_size
+    has_context: bool
+
+
+@dataclass
+class DecoderMeta:
+    batch: int
+    shape: tuple[int, int]  # (batch, blocks)
+    request_ids: list[str]
+    input_ids: np.ndarray  # [batch]
+    positions: np.ndarray  # [batch]
+    seq_lens: np.ndarray  # [batch] tokens in the cache once this step's token is written
+    slots: paddle.Tensor  # [batch]
+    key_slots: paddle.Tensor  # [batch, blocks * block_size]
+    mask: paddle.Tensor  # [batch, 1, 1, 1, blocks * block_size] additive
+
+
+@dataclass
+class ForwardMeta:
+    mode: str  # extend, decode or mixed
+    encoder: EncoderMeta | None
+    decoder: DecoderMeta | None
+    input_ids: paddle.Tensor  # [tokens] encoder rows flattened, then decoder rows
+    positions: paddle.Tensor  # [tokens]
+    logits_rows: paddle.Tensor  # last real token of each chunk, then every decode row
+    num_tokens: int
+    padded_tokens: int
+    bucket: str
+
+    @property
+    def encoder_tokens(self) -> int:
+        return self.encoder.shape[0] * self.encoder.shape[1] if self.encoder else 0
+
+
+_NEG = -1e30  # additive mask; finite so that fully masked padding rows stay finite
+
+
+class HPUMetadataBuilder:
+    def __init__(
+        self,
+        block_size: int,
+        max_tokens: int,
+        max_num_seqs: int,
+        max_model_len: int,
+        num_blocks: int,
+        prefill_batch: dict[str, int],
+        prefill_seq: dict[str, int],
+        prefill_blocks: dict[str, int],
+        decode_batch: dict[str, int],
+        decode_blocks: dict[str, int],
+        bucketing: str = "linear",
+        pad_id: int = 0,
+    ) -> None:
+        if bucketing not in ("linear", "exponential"):
+            raise ValueError(
+                f"metadata.bucketing={bucketing}: choose metadata.bucketing=linear or exponential"
+            )
+        # A 0 in a bucket axis is derived from the limits the scheduler enforces.
+        blocks_per_seq = -(-max_model_len // block_size)
+        derived = {
+            "prefill_batch": {"min": 1, "step": 1, "max": max_num_seqs},
+            "prefill_seq": {"min": block_size, "step": block_size, "max": max_tokens},
+            "prefill_blocks": {"min": 1, "step": 1, "max": blocks_per_seq},
+            "decode_batch": {"min": 1, "step": 1, "max": max_num_seqs},
+            "decode_blocks": {"min": 1, "step": 1, "max": blocks_per_seq},
+        }
+        given = {
+            "prefill_batch": prefill_batch,
+            "prefill_seq": prefill_seq,
+            "prefill_blocks": prefill_blocks,
+            "decode_batch": decode_batch,
+            "decode_blocks": decode_blocks,
+        }
+        axes = {
+            name: Axis(**{key: value or derived[name][key] for key, value in given[name].items()})
+            for name in given
+        }
+        for name, axis in axes.items():
+            if not 1 <= axis.min <= axis.max:
+                raise ValueError(f"metadata.{name}: need 1 <= min <= max (0 derives a value)")
+        if axes["prefill_seq"].step % block_size or axes["prefill_seq"].min % block_size:
+            raise ValueError(
+                "metadata.prefill_seq.min and .step must be multiples of block_size: a chunk "
+                "is padded to whole blocks"
+            )
+        self.block_size = block_size
+        self.scratch_block = num_blocks  # one block past the pool takes the padding's writes
+        self.pad_id = pad_id
+        self.buckets = Buckets(bucketing, axes)
+
+    @property
+    def bucket_misses(self) -> int:
+        return self.buckets.misses
+
+    def _key_slots(self, tables: list[list[int]], rows: int, blocks: int) -> np.ndarray:
+        padded = np.full((rows, blocks), self.scratch_block, dtype=np.int64)
+        for r, table in enumerate(tables):
+            padded[r, : len(table)] = table
+        offsets = np.arange(self.block_size, dtype=np.int64)
+        return (padded[:, :, None] * self.block_size + offsets).reshape(rows, -1)
+
+    def _encoder(self, plan: StepPlan) -> EncoderMeta:
+        bs = self.block_size
+        chunks = plan.prefill
+        lens = np.array([c.length for c in chunks])
+        ctx = np.array([c.start for c in chunks])
+        need_blocks = -(-(ctx + lens) // bs)
+        rows, seq, blocks = self.buckets.shape(
+            "prefill",
+            batch=len(chunks),
+            seq=-(-int(lens.max()) // bs) * bs,
+            blocks=int(need_blocks.max()),
+        )
+        input_ids = np.full((rows, seq), self.pad_id, dtype=np.int64)
+        positions = np.zeros((rows, seq), dtype=np.int64)
+        context_lens = np.zeros(rows, dtype=np.int64)
+        chunk_lens = np.zeros(rows, dtype=np.int64)
+        context_lens[: len(chunks)] = ctx
+        chunk_lens[: len(chunks)] = lens
+        tables = [c.request.block_table for c in chunks]
+        key_slots = self._key_slots(tables, rows, blocks)
+        for r, c in enumerate(chunks):
+            input_ids[r, : c.length] = c.request.all_ids[c.start : c.end]
+        # Positions run on from each row's own context length; padding stays in range.
+        positions = context_lens[:, None] + np.arange(seq)
+        real = np.arange(seq)[None, :] < chunk_lens[:, None]
+        token_slots = np.take_along_axis(key_slots, np.minimum(positions, blocks * bs - 1), axis=1)
+        slots = np.where(real, token_slots, self.scratch_block * bs + np.arange(seq) % bs)
+        positions = np.where(real, positions, 0)
+        has_context = bool(ctx.any())
+        if has_context:
+            # Key j is the j-th token of the sequence: visible to query i iff j <= ctx + i.
+            visible = np.arange(blocks * bs)[None, None, :] <= (
+                context_lens[:, None, None] + np.arange(seq)[None, :, None]
+            )
+        else:
+            visible = np.broadcast_to(np.tril(np.ones((seq, seq), dtype=bool)), (rows, seq, seq))
+        mask = np.where(visible, 0.0, _NEG).astype(np.float32)[:, None, None]
+        return EncoderMeta(
+            batch=len(chunks),
+            shape=(rows, seq, blocks),
+            request_ids=[c.request.id for c in chunks],
+            input_ids=input_ids,
+            positions=positions,
+            context_lens=context_lens,
+            chunk_lens=chunk_lens,
+            slots=paddle.to_tensor(slots.reshape(-1)),
+            key_slots=paddle.to_tensor(key_slots),
+            mask=paddle.to_tensor(mask),
+            has_context=has_context,
+        )
+
+    def _decoder(self, plan: StepPlan) -> DecoderMeta:
+        bs = self.block_size
+        requests = plan.decode
+        seq_lens_real = np.array([r.num_computed + 1 for r in requests])
+        rows, blocks = self.buckets.shape(
+            "decode", batch=len(requests), blocks=int((-(-seq_lens_real // bs)).max())
+        )
+        seq_lens = np.zeros(rows, dtype=np.int64)
+        seq_lens[: len(requests)] = seq_lens_real
+        input_ids = np.full(rows, self.pad_id, dtype=np.int64)
+        input_ids[: len(requests)] = [r.all_ids[r.num_computed] for r in requests]
+        positions = np.maximum(seq_lens - 1, 0)
+        key_slots = self._key_slots([r.block_table for r in requests], rows, blocks)
+        slots = key_slots[np.arange(rows), positions]
+        slots[len(requests) :] = self.scratch_block * bs  # padding rows write to scratch
+        visible = np.arange(blocks * bs)[None, :] < np.maximum(seq_lens, 1)[:, None]
+        mask = np.where(visible, 0.0, _NEG).astype(np.float32)[:, None, None, None, :]
+        return DecoderMeta(
+            batch=len(requests),
+            shape=(rows, blocks),
+            request_ids=[r.id for r in requests],
+            input_ids=input_ids,
+            positions=positions,
+            seq_lens=seq_lens,
+            slots=paddle.to_tensor(slots),
+            key_slots=paddle.to_tensor(key_slots),
+            mask=paddle.to_tensor(mask),
+        )
+
+    def build(self, plan: StepPlan) -> ForwardMeta:
+        encoder = self._encoder(plan) if plan.prefill else None
+        decoder = self._decoder(plan) if plan.decode else None
+        ids, positions, rows, bucket = [], [], [], []
+        offset = 0
+        if encoder:
+            b, s, m = encoder.shape
+            ids.append(encoder.input_ids.reshape(-1))
+            positions.append(encoder.positions.reshape(-1))
+            rows.append(np.arange(encoder.batch) * s + encoder.chunk_lens[: encoder.batch] - 1)
+            bucket.append(f"prefill {b}x{s}x{m}")
+            offset = b * s
+        if decoder:
+            ids.append(decoder.input_ids)
+            positions.append(decoder.positions)
+            rows.append(offset + np.arange(decoder.batch))
+            bucket.append(f"decode {decoder.shape[0]}x{decoder.shape[1]}")
+        input_ids = np.concatenate(ids)
+        return ForwardMeta(
+            mode=plan.mode,
+            encoder=encoder,
+            decoder=decoder,
+            input_ids=paddle.to_tensor(input_ids),
+            positions=paddle.to_tensor(np.concatenate(positions)),
+            logits_rows=paddle.to_tensor(np.concatenate(rows).astype(np.int64)),
+            num_tokens=plan.num_tokens,
+            padded_tokens=len(input_ids),
+            bucket=" + ".join(bucket),
+        )

@@ -1,0 +1,109 @@
+"""A request's state as it moves through the pipeline, and the plan of one engine step."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class SamplingParams:
+    """Per-request sampling values; None means "use the sampler's own setting"."""
+
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int | None = None
+
+
+@dataclass
+class Request:
+    id: str
+    index: int  # position in the workload, the order of generations.jsonl
+    prompt: str
+    prompt_ids: list[int]
+    max_new_tokens: int
+    arrival_s: float = 0.0
+    ignore_eos: bool = False
+    stop: list[str] = field(default_factory=list)
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+
+    output_ids: list[int] = field(default_factory=list)
+    num_computed: int = 0  # tokens whose keys and values are in the cache
+    block_table: list[int] = field(default_factory=list)
+    status: Status = Status.WAITING
+    finish_reason: str | None = None
+    error: str | None = None
+    token_times: list[float] = field(default_factory=list)  # seconds since the run's start
+    finish_s: float | None = None
+    num_preemptions: int = 0
+    logprobs: list[dict[int, float]] = field(default_factory=list)  # per output token, if asked
+
+    @property
+    def all_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def finished(self) -> bool:
+        return self.status is Status.FINISHED
+
+    def fail(self, message: str, now: float) -> None:
+        self.status = Status.FINISHED
+        self.finish_reason = "error"
+        self.error = message
+        self.finish_s = now
+
+
+@dataclass
+class PrefillChunk:
+    request: Request
+    start: int  # first position computed by this chunk
+    end: int  # one past the last
+
+    @property
+    def length(self) -> int:
+        return self.end - self.start
+
+    @property
+    def is_final(self) -> bool:
+        """A final chunk reaches the sequence's last token, so its sample is a real output."""
+        return self.end == self.request.num_tokens
+
+
+@dataclass
+class StepPlan:
+    """What one engine step computes: prefill chunks first, then one token per decode."""
+
+    prefill: list[PrefillChunk] = field(default_factory=list)
+    decode: list[Request] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+    failed: list[Request] = field(default_factory=list)  # ended by the scheduler this step
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(c.length for c in self.prefill) + len(self.decode)
+
+    @property
+    def empty(self) -> bool:
+        return not self.prefill and not self.decode
+
+    @property
+    def mode(self) -> str:
+        if self.prefill and self.decode:
+            return "mixed"
+        return "extend" if self.prefill else "decode"
+
+    @property
+    def sampled_requests(self) -> list[Request]:
+        """One row of logits per entry, in the order the model returns them."""
+        return [c.request for c in self.prefill] + self.decode

@@ -1,0 +1,179 @@
+"""Workloads: the requests a run serves, with their arrival times."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from stages.request import Request, SamplingParams
+
+_WORDS = (
+    "the block cache token prefill decode chunk budget batch shape bucket warmup step "
+    "request model layer head key value query rotary norm expert graph device kernel "
+    "stream queue latency throughput gaudi paddle hydra sweep review deploy serve"
+).split()
+
+
+class Tokenizer(Protocol):
+    def encode(self, text: str) -> list[int]: ...
+
+
+def poisson_arrivals(count: int, rate: float, rng: np.random.Generator) -> list[float]:
+    """Arrival times of a Poisson process at `rate` requests/s; all at 0 when rate is 0."""
+    if rate <= 0:
+        return [0.0] * count
+    return np.cumsum(rng.exponential(1.0 / rate, size=count)).tolist()
+
+
+class SyntheticWorkload:
+    """Seeded prompts of mixed lengths, like vLLM's random dataset but readable."""
+
+    def __init__(
+        self,
+        num_requests: int = 16,
+        min_prompt_tokens: int = 16,
+        max_prompt_tokens: int = 1200,
+        min_new_tokens: int = 8,
+        max_new_tokens: int = 32,
+        ignore_eos: bool = True,
+        rate: float = 0.0,
+        seed: int = 0,
+    ) -> None:
+        if not 1 <= min_prompt_tokens <= max_prompt_tokens:
+            raise ValueError(
+                "workload.min_prompt_tokens must be >= 1 and <= workload.max_prompt_tokens"
+            )
+        if not 1 <= min_new_tokens <= max_new_tokens:
+            raise ValueError("workload.min_new_tokens must be >= 1 and <= workload.max_new_tokens")
+        if num_requests < 1 or rate < 0:
+            raise ValueError("workload.num_requests must be >= 1 and workload.rate >= 0")
+        self.num_requests = num_requests
+        self.prompt_range = (min_prompt_tokens, max_prompt_tokens)
+        self.new_range = (min_new_tokens, max_new_tokens)
+        self.ignore_eos = ignore_eos
+        self.rate = rate
+        self.seed = seed
+
+    def _text(self, rng: np.random.Generator, tokenizer: Tokenizer, target: int) -> str:
+        words = rng.choice(_WORDS, size=target).tolist()
+        text = " ".join(words)
+        ids = tokenizer.encode(text)
+        while len(ids) > target and len(words) > 1:
+            # Drop words in proportion to the excess, then re-check.
+            excess = len(ids) - target
+            words = words[: max(1, len(words) - max(1, excess // 8))]
+            text = " ".join(words)
+            ids = tokenizer.encode(text)
+        return text
+
+    def load(self, tokenizer: Tokenizer) -> list[Request]:
+        rng = np.random.default_rng(self.seed)
+        lengths = rng.integers(self.prompt_range[0], self.prompt_range[1] + 1, self.num_requests)
+        new_tokens = rng.integers(self.new_range[0], self.new_range[1] + 1, self.num_requests)
+        arrivals = poisson_arrivals(self.num_requests, self.rate, rng)
+        requests = []
+        for i in range(self.num_requests):
+            prompt = self._text(rng, tokenizer, int(lengths[i]))
+            requests.append(
+                Request(
+                    id=f"req-{i}",
+                    index=i,
+                    prompt=prompt,
+                    prompt_ids=tokenizer.encode(prompt),
+                    max_new_tokens=int(new_tokens[i]),
+                    arrival_s=arrivals[i],
+                    ignore_eos=self.ignore_eos,
+                )
+            )
+        return requests
+
+
+def _line_to_request(
+    line: dict[str, Any], index: int, default_new_tokens: int, arrival: float, tokenizer: Tokenizer
+) -> Request:
+    prompt = line.get("prompt")
+    if not isinstance(prompt, str):
+        raise ValueError("'prompt' is required and must be a string")
+    known = {
+        "id", "prompt", "max_new_tokens", "arrival_s", "ignore_eos", "stop",
+        "seed", "temperature", "top_k", "top_p",
+    }  # fmt: skip
+    unknown = sorted(set(line) - known)
+    if unknown:
+        raise ValueError(f"unknown field(s) {unknown}; allowed: {sorted(known)}")
+    stop = line.get("stop", [])
+    if isinstance(stop, str):
+        stop = [stop]
+    if not (isinstance(stop, list) and all(isinstance(s, str) and s for s in stop)):
+        raise ValueError("'stop' must be a list of non-empty strings")
+    max_new = line.get("max_new_tokens", default_new_tokens)
+    if not isinstance(max_new, int) or isinstance(max_new, bool):
+        raise ValueError("'max_new_tokens' must be an integer")
+    arrival_s = line.get("arrival_s", arrival)
+    if not isinstance(arrival_s, int | float) or arrival_s < 0:
+        raise ValueError("'arrival_s' must be a number >= 0")
+    return Request(
+        id=str(line.get("id", f"line-{index + 1}")),
+        index=index,
+        prompt=prompt,
+        prompt_ids=tokenizer.encode(prompt) if prompt else [],
+        max_new_tokens=max_new,
+        arrival_s=float(arrival_s),
+        ignore_eos=bool(line.get("ignore_eos", False)),
+        stop=stop,
+        sampling=SamplingParams(
+            temperature=line.get("temperature"),
+            top_k=line.get("top_k"),
+            top_p=line.get("top_p"),
+            seed=line.get("seed"),
+        ),
+    )
+
+
+class JsonlWorkload:
+    """One request per line of a jsonl file; a bad line becomes that request's error."""
+
+    def __init__(
+        self,
+        path: str,
+        num_requests: int = 0,
+        max_new_tokens: int = 64,
+        rate: float = 0.0,
+        seed: int = 0,
+    ) -> None:
+        if not path:
+            raise ValueError(
+                "workload.path is required with workload=jsonl: set workload.path=FILE"
+            )
+        self.path = Path(path).expanduser()
+        if not self.path.is_file():
+            raise ValueError(f"workload.path={path} is not a file")
+        self.num_requests = num_requests  # 0 = every line
+        self.max_new_tokens = max_new_tokens
+        self.rate = rate
+        self.seed = seed
+
+    def load(self, tokenizer: Tokenizer) -> list[Request]:
+        lines = [raw for raw in self.path.read_text(encoding="utf-8").splitlines() if raw.strip()]
+        if self.num_requests:
+            lines = lines[: self.num_requests]
+        arrivals = poisson_arrivals(len(lines), self.rate, np.random.default_rng(self.seed))
+        requests = []
+        for index, raw in enumerate(lines):
+            try:
+                line = json.loads(raw)
+                if not isinstance(line, dict):
+                    raise ValueError("a line must be a JSON object")
+                requests.append(
+                    _line_to_request(line, index, self.max_new_tokens, arrivals[index], tokenizer)
+                )
+            except ValueError as err:  # json.JSONDecodeError is a ValueError
+                bad = Request(
+                    id=f"line-{index + 1}", index=index, prompt="", prompt_ids=[], max_new_tokens=0
+                )
+                bad.fail(f"{self.path.name} line {index + 1}: {err}", 0.0)
+                requests.append(bad)
+        return requests
