@@ -45,12 +45,11 @@ def derive_num_blocks(cfg: DictConfig, requests: list[Request]) -> int:
     return max(1, min(cfg.max_num_seqs * per_seq, workload))
 
 
-def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
+def build_engine(cfg: DictConfig) -> tuple[Engine, list[Request]]:
+    """Checks the config, builds every stage and loads the workload."""
     check_config(cfg)
     paddle.set_device(cfg.device)
     paddle.base.core.set_num_threads(cfg.num_threads)
-    artefacts.write_resolved_config(cfg, out_dir)
-
     tokenizer = build(cfg.tokenizer)
     model = build(cfg.model)
     if model.dims.vocab_size < tokenizer.vocab_size:
@@ -75,6 +74,15 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
         ),
         sampler=build(cfg.sampler),
     )
+    return engine, requests
+
+
+def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
+    artefacts.write_resolved_config(cfg, out_dir)
+    engine, requests = build_engine(cfg)
+    tokenizer = engine.tokenizer
+    dims = engine.model.dims
+    num_blocks = engine.scheduler.pool.num_blocks
     log.info(
         "pipeline_ready",
         requests=len(requests),

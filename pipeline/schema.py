@@ -1,7 +1,8 @@
 """Structured-config schemas: every group option's keys and types, checked at composition.
 
-Each YAML option in conf/ names its schema first in its defaults list, so a misspelt key,
-a wrong type or a missing value fails with Hydra's own message before anything runs.
+Each YAML option in conf/ names its schema (group `schema/<group>`) first in its defaults
+list, so a misspelt key, a wrong type or a missing value fails with Hydra's own message
+before anything runs.
 """
 
 from __future__ import annotations
@@ -151,17 +152,17 @@ class PipelineConf:
 
 
 SCHEMAS = {
-    ("tokenizer", "byte_schema"): ByteTokenizerConf,
-    ("scheduler", "chunked_schema"): ChunkedSchedulerConf,
-    ("scheduler", "whole_schema"): WholeSchedulerConf,
-    ("metadata", "hpu_schema"): HPUMetadataConf,
-    ("attention", "hpu_schema"): PagedAttentionConf,
-    ("attention", "reference_schema"): ReferenceAttentionConf,
-    ("sampler", "greedy_schema"): GreedySamplerConf,
-    ("sampler", "random_schema"): RandomSamplerConf,
-    ("model", "transformer_schema"): TransformerConf,
-    ("workload", "synthetic_schema"): SyntheticWorkloadConf,
-    ("workload", "jsonl_schema"): JsonlWorkloadConf,
+    ("tokenizer", "byte"): ByteTokenizerConf,
+    ("scheduler", "chunked"): ChunkedSchedulerConf,
+    ("scheduler", "whole"): WholeSchedulerConf,
+    ("metadata", "hpu"): HPUMetadataConf,
+    ("attention", "hpu"): PagedAttentionConf,
+    ("attention", "reference"): ReferenceAttentionConf,
+    ("sampler", "greedy"): GreedySamplerConf,
+    ("sampler", "random"): RandomSamplerConf,
+    ("model", "transformer"): TransformerConf,
+    ("workload", "synthetic"): SyntheticWorkloadConf,
+    ("workload", "jsonl"): JsonlWorkloadConf,
 }
 
 
@@ -169,4 +170,4 @@ def register_schemas() -> None:
     store = ConfigStore.instance()
     store.store(name="pipeline_schema", node=PipelineConf)
     for (group, name), node in SCHEMAS.items():
-        store.store(group=group, name=name, node=node)
+        store.store(group=f"schema/{group}", name=name, node=node)

@@ -1,0 +1,66 @@
+"""Shared helpers: compose the real config (Hydra's compose API) and serve it in-process."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+from hydra import compose, initialize_config_module
+from omegaconf import DictConfig
+
+from pipeline.run import build_engine
+from pipeline.schema import register_schemas
+from stages.request import Request
+
+register_schemas()
+
+# Small enough for seconds per run, long enough that prompts span several blocks and chunks.
+SMALL = [
+    "block_size=16",
+    "max_model_len=256",
+    "max_num_seqs=8",
+    "workload.num_requests=6",
+    "workload.min_prompt_tokens=3",
+    "workload.max_prompt_tokens=120",
+    "workload.min_new_tokens=3",
+    "workload.max_new_tokens=10",
+]
+
+
+def make_config(overrides: Sequence[str] = ()) -> DictConfig:
+    with initialize_config_module(config_module="pipeline.conf", version_base="1.3"):
+        return compose(config_name="config", overrides=[*SMALL, *overrides])
+
+
+class RecordingSampler:
+    """Wraps a sampler and keeps, per request, the logits row behind each kept output token."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.logits: dict[tuple[str, int], np.ndarray] = {}
+
+    def validate_request(self, request: Request) -> str | None:
+        return self.inner.validate_request(request)
+
+    def sample(self, logits, requests):
+        rows = logits.numpy()
+        for row, request in zip(rows, requests, strict=True):
+            # A non-final chunk's row is overwritten by the final chunk's later on.
+            self.logits[(request.id, len(request.output_ids))] = row
+        return self.inner.sample(logits, requests)
+
+
+def serve(overrides: Sequence[str] = (), record_logits: bool = False):
+    """Runs a composed pipeline to the end; returns (requests by id, engine)."""
+    engine, requests = build_engine(make_config(overrides))
+    if record_logits:
+        engine.sampler = RecordingSampler(engine.sampler)
+    engine.run(requests)
+    return {r.id: r for r in requests}, engine
+
+
+@pytest.fixture(scope="session")
+def reference_run():
+    """The oracle: dense attention, whole prompts, no chunking."""
+    return serve(["attention=reference", "scheduler=whole", "max_tokens=4096"], record_logits=True)
