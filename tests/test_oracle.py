@@ -40,3 +40,12 @@ def test_reference_differs_when_model_differs(reference_run):
     ref, _ = reference_run
     other, _ = serve(["model.seed=1"])
     assert any(other[rid].output_ids != ref[rid].output_ids for rid in ref)
+
+
+def test_preempted_requests_match_reference(reference_run):
+    ref, _ = reference_run
+    got, engine = serve(["max_tokens=32", "num_blocks=12"])
+    assert sum(r.num_preemptions for r in got.values()) > 0, "the pool did not force preemption"
+    for rid, request in got.items():
+        assert request.output_ids == ref[rid].output_ids, rid
+    assert engine.scheduler.pool.num_free == 12
