@@ -163,6 +163,7 @@ class JsonlWorkload:
         arrivals = poisson_arrivals(len(lines), self.rate, np.random.default_rng(self.seed))
         requests = []
         for index, raw in enumerate(lines):
+            line: Any = None
             try:
                 line = json.loads(raw)
                 if not isinstance(line, dict):
@@ -171,8 +172,14 @@ class JsonlWorkload:
                     _line_to_request(line, index, self.max_new_tokens, arrivals[index], tokenizer)
                 )
             except ValueError as err:  # json.JSONDecodeError is a ValueError
+                # Keep the line's own id when it has one, so the error is easy to match up.
+                rid = line.get("id") if isinstance(line, dict) else None
                 bad = Request(
-                    id=f"line-{index + 1}", index=index, prompt="", prompt_ids=[], max_new_tokens=0
+                    id=str(rid or f"line-{index + 1}"),
+                    index=index,
+                    prompt="",
+                    prompt_ids=[],
+                    max_new_tokens=0,
                 )
                 bad.fail(f"{self.path.name} line {index + 1}: {err}", 0.0)
                 requests.append(bad)

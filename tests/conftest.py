@@ -16,10 +16,9 @@ from stages.request import Request
 register_schemas()
 
 # Small enough for seconds per run, long enough that prompts span several blocks and chunks.
+LIMITS = ["block_size=16", "max_model_len=256", "max_num_seqs=8"]
 SMALL = [
-    "block_size=16",
-    "max_model_len=256",
-    "max_num_seqs=8",
+    *LIMITS,
     "workload.num_requests=6",
     "workload.min_prompt_tokens=3",
     "workload.max_prompt_tokens=120",
@@ -29,8 +28,10 @@ SMALL = [
 
 
 def make_config(overrides: Sequence[str] = ()) -> DictConfig:
+    """The small defaults, with the synthetic workload's keys only when it is the workload."""
+    base = LIMITS if any(o.startswith("workload=") for o in overrides) else SMALL
     with initialize_config_module(config_module="pipeline.conf", version_base="1.3"):
-        return compose(config_name="config", overrides=[*SMALL, *overrides])
+        return compose(config_name="config", overrides=[*base, *overrides])
 
 
 class RecordingSampler:
