@@ -1,0 +1,58 @@
+"""Cost of scheduling one step with many running and many waiting requests.
+
+    python benchmarks/scheduler_step.py --running 256 --waiting 10000
+
+The cost should follow the running set, not the waiting queue: admission stops at the
+first waiting request that cannot be admitted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from stages.request import Request
+from stages.scheduler import ChunkedScheduler
+
+
+def make_scheduler(running: int, waiting: int) -> ChunkedScheduler:
+    sched = ChunkedScheduler(
+        max_tokens=8192,
+        max_num_seqs=running,
+        max_model_len=4096,
+        block_size=128,
+        num_blocks=running * 32 + 64,
+    )
+    for i in range(running + waiting):
+        sched.add(Request(f"r{i}", i, "x", [1] * 100, max_new_tokens=1_000_000))
+    # Fill the running set and move everyone to decode.
+    while len(sched.running) < running:
+        plan = sched.schedule()
+        sched.update(plan, [7] * (len(plan.prefill) + len(plan.decode)), 0.0)
+    return sched
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--running", type=int, default=256)
+    parser.add_argument("--waiting", type=int, default=10_000)
+    parser.add_argument("--steps", type=int, default=200)
+    args = parser.parse_args()
+    for waiting in (0, args.waiting):
+        sched = make_scheduler(args.running, waiting)
+        times = []
+        for _ in range(args.steps):
+            t = time.perf_counter()
+            plan = sched.schedule()
+            times.append(time.perf_counter() - t)
+            sched.update(plan, [7] * (len(plan.prefill) + len(plan.decode)), 0.0)
+        times.sort()
+        print(
+            f"running={len(sched.running)} waiting={len(sched.waiting)}: "
+            f"schedule() median {times[len(times) // 2] * 1e3:.3f} ms, "
+            f"p90 {times[int(len(times) * 0.9)] * 1e3:.3f} ms"
+        )
+
+
+if __name__ == "__main__":
+    main()
