@@ -52,12 +52,14 @@ class RecordingSampler:
         return self.inner.sample(logits, requests)
 
 
-def serve(overrides: Sequence[str] = (), record_logits: bool = False):
-    """Runs a composed pipeline to the end; returns (requests by id, engine)."""
+def serve(overrides: Sequence[str] = (), record_logits: bool = False, steps: list | None = None):
+    """Runs a composed pipeline to the end; returns (requests by id, engine).
+
+    `steps`, when given, receives the engine's StepRecord of every step."""
     engine, requests = build_engine(make_config(overrides))
     if record_logits:
         engine.sampler = RecordingSampler(engine.sampler)
-    engine.run(requests)
+    engine.run(requests, on_step=steps.append if steps is not None else lambda record: None)
     return {r.id: r for r in requests}, engine
 
 

@@ -29,10 +29,59 @@ def test_greedy_tokens_and_logits_match_reference(reference_run, overrides):
     assert worst < 1e-4
 
 
+def assert_matches(reference_run, got, engine) -> None:
+    ref, ref_engine = reference_run
+    assert set(got) == set(ref)
+    for rid, request in got.items():
+        assert request.finish_reason == ref[rid].finish_reason != "error"
+        assert request.output_ids == ref[rid].output_ids, rid
+    keys = ref_engine.sampler.logits.keys()
+    assert keys == engine.sampler.logits.keys()
+    worst = max(np.abs(engine.sampler.logits[k] - ref_engine.sampler.logits[k]).max() for k in keys)
+    assert worst < 1e-4
+
+
 def test_chunking_really_happens():
     """The budget-16 case only proves something if prompts were split and steps mixed."""
-    requests, engine = serve(["max_tokens=16"])
-    assert max(len(r.prompt_ids) for r in requests.values()) > 16
+    steps = []
+    serve(["max_tokens=32"], steps=steps)
+    assert any(c["start"] > 0 for s in steps for c in s.prefill)
+    assert "mixed" in {s.mode for s in steps}
+
+
+def anything(steps) -> bool:
+    return True
+
+
+def partial_prefills_with_different_contexts(steps) -> bool:
+    """Rows with different, non-zero context lengths shared a step (the reference's flaw 3)."""
+    return any(len({c["start"] for c in s.prefill if c["start"] > 0}) >= 2 for s in steps)
+
+
+def unaligned_chunk_starts(steps) -> bool:
+    return any(c["start"] % 16 for s in steps for c in s.prefill)
+
+
+HPU_CASES = {
+    "block size 64": (["block_size=64", "max_tokens=64"], anything),
+    "block size 128": (["block_size=128", "max_tokens=128"], anything),
+    "exponential buckets": (["metadata.bucketing=exponential", "max_tokens=48"], anything),
+    "unaligned chunks": (["scheduler.align_chunks=false", "max_tokens=21"], unaligned_chunk_starts),
+    "several partial prefills": (
+        ["max_tokens=64", "scheduler.long_prefill_threshold=16"],
+        partial_prefills_with_different_contexts,
+    ),
+    "decode-only steps": (["max_tokens=4096", "scheduler=whole"], anything),
+}
+
+
+@pytest.mark.parametrize(("overrides", "shape_check"), HPU_CASES.values(), ids=HPU_CASES.keys())
+def test_hpu_layouts_match_reference(reference_run, overrides, shape_check):
+    steps = []
+    got, engine = serve(overrides, record_logits=True, steps=steps)
+    assert_matches(reference_run, got, engine)
+    assert "decode" in {s.mode for s in steps}
+    assert shape_check(steps), "the case did not produce the step shape it is meant to test"
 
 
 def test_reference_differs_when_model_differs(reference_run):
