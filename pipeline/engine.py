@@ -6,9 +6,13 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 
+import structlog
+
 from pipeline.metrics import StepRecord
 from stages.metadata import ForwardMeta
 from stages.request import Request, StepPlan
+
+log = structlog.get_logger(__name__)
 
 
 class Engine:
@@ -19,6 +23,22 @@ class Engine:
         self.model = model
         self.attention = attention
         self.sampler = sampler
+
+    def warmup(self) -> float:
+        """Runs every prepared bucket shape once, as the HPU compiles them before serving."""
+        start = time.perf_counter()
+        phases = self.metadata.warmup_shapes(mixed=self.scheduler.chunked)
+        for phase, shapes in phases.items():
+            t = time.perf_counter()
+            for prefill, decode in shapes:
+                self.model.forward(self.metadata.dummy(prefill, decode), self.attention)
+            log.info(
+                "warmup_phase",
+                phase=phase,
+                shapes=len(shapes),
+                seconds=round(time.perf_counter() - t, 3),
+            )
+        return time.perf_counter() - start
 
     def reject_invalid(self, requests: Sequence[Request]) -> None:
         """A request that can never be served ends now with its reason; the others go on."""

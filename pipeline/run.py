@@ -105,6 +105,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
         elapsed = sum(s.duration_s for s in steps)
         bar.set_postfix(step=record.step, tok_s=f"{produced / elapsed:.0f}" if elapsed else "-")
 
+    warmup_s = engine.warmup() if cfg.warmup else 0.0
     status, duration = "ok", 0.0
     try:
         duration = engine.run(requests, on_step=on_step, on_finish=lambda r: bar.update(1))
@@ -122,7 +123,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
         "status": status,
         **summarise(requests, steps, duration),
         "bucket_misses": engine.metadata.bucket_misses,
-        "warmup_s": 0.0,
+        "warmup_s": warmup_s,
     }
     artefacts.write_metrics(metrics, out_dir)
     log.info(

@@ -164,8 +164,7 @@ def write_markdown(jobs: Sequence[Job], keys: Sequence[str], path: Path) -> None
     lines.append("| " + " | ".join("---" for _ in header) + " |")
     for job in jobs:
         row = _row(job)
-        own = [o for o in job.overrides if split_override(o)[0] in keys]
-        row["overrides"] = " ".join(f"`{o}`" for o in own)
+        row["overrides"] = " ".join(f"`{o}`" for o in _own(job, keys))
         # A pipe inside a cell would split the markdown table.
         cells = [_fmt(row[c]).replace("|", "\\|") for c in header]
         lines.append("| " + " | ".join(cells) + " |")
@@ -190,6 +189,7 @@ def write_plot(jobs: Sequence[Job], keys: Sequence[str], path: Path) -> None:
 
     matplotlib.use("Agg")  # no display on a cluster node or in CI
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullLocator
 
     x_key = keys[0] if keys else "job"
     labels = [j.override_values.get(x_key, "") if keys else str(j.num) for j in jobs]
@@ -206,8 +206,10 @@ def write_plot(jobs: Sequence[Job], keys: Sequence[str], path: Path) -> None:
         name = " ".join(f"{k}={job.override_values.get(k, '')}" for k in keys[1:])
         series.setdefault(name, []).append((position[label], job))
 
-    fig, axes = plt.subplots(1, len(PANELS), figsize=(4 * len(PANELS), 3.6), squeeze=False)
-    for ax, (column, title) in zip(axes[0], PANELS, strict=True):
+    # Two rows of three: five metric panels, and the sixth says what the plot leaves out.
+    fig, axes = plt.subplots(2, 3, figsize=(13, 7.5))
+    flat = list(axes.flat)
+    for ax, (column, title) in zip(flat, PANELS, strict=False):
         for name, points in series.items():
             points.sort(key=lambda p: p[0])
             ys = [_nan_if_none(job.value(column)) for _, job in points]
@@ -216,22 +218,31 @@ def write_plot(jobs: Sequence[Job], keys: Sequence[str], path: Path) -> None:
         ax.set_xlabel(x_key)
         ax.grid(True, alpha=0.3)
         if numbers is not None:
-            positive = [n for n in numbers if n > 0]
-            if len(positive) == len(numbers) and max(numbers) / min(numbers) >= 8:
+            if min(numbers) > 0 and max(numbers) / min(numbers) >= 8:
                 ax.set_xscale("log", base=2)  # 256..4096 sweeps read evenly spaced
+                ax.xaxis.set_minor_locator(NullLocator())
             ax.set_xticks(sorted(numbers), [_fmt_tick(n) for n in sorted(numbers)])
         else:
             ax.set_xticks(list(position.values()), distinct, rotation=30, ha="right")
     if len(series) > 1:
-        axes[0][0].legend(fontsize=8)
+        flat[0].legend(fontsize=8)
+    notes = flat[-1]
+    notes.axis("off")
     failed = [j for j in jobs if j.status != "ok"]
-    title = f"{path.parent.name}: {len(jobs)} jobs"
+    text = [f"{len(jobs)} jobs, {len(jobs) - len(failed)} ok", f"x: {x_key}"]
     if failed:
-        title += " (no point for " + ", ".join(f"job {j.num}: {j.status}" for j in failed) + ")"
-    fig.suptitle(title, fontsize=11)
+        text += ["", "no point for:"]
+        text += [f"job {j.num} ({j.status}) {' '.join(_own(j, keys))}" for j in failed]
+    notes.text(0.0, 1.0, "\n".join(text), va="top", fontsize=10, family="monospace", wrap=True)
+    fig.suptitle(f"Sweep {path.parent}", fontsize=11)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def _own(job: Job, keys: Sequence[str]) -> list[str]:
+    """The job's overrides of the swept keys: what sets it apart from the other jobs."""
+    return [o for o in job.overrides if split_override(o)[0] in keys]
 
 
 def _nan_if_none(value: float | None) -> float:

@@ -16,7 +16,7 @@ import numpy as np
 import paddle
 import structlog
 
-from stages.request import StepPlan
+from stages.request import PrefillChunk, Request, StepPlan
 
 log = structlog.get_logger(__name__)
 
@@ -166,6 +166,7 @@ class HPUMetadataBuilder:
                 "is padded to whole blocks"
             )
         self.block_size = block_size
+        self.max_tokens = max_tokens
         self.scratch_block = num_blocks  # one block past the pool takes the padding's writes
         self.pad_id = pad_id
         self.buckets = Buckets(bucketing, axes)
@@ -181,18 +182,21 @@ class HPUMetadataBuilder:
         offsets = np.arange(self.block_size, dtype=np.int64)
         return (padded[:, :, None] * self.block_size + offsets).reshape(rows, -1)
 
-    def _encoder(self, plan: StepPlan) -> EncoderMeta:
+    def _encoder(
+        self, chunks: list[PrefillChunk], shape: tuple[int, int, int] | None = None
+    ) -> EncoderMeta:
+        """The encoder part; `shape` forces a bucket (warmup, where every row is padding)."""
         bs = self.block_size
-        chunks = plan.prefill
-        lens = np.array([c.length for c in chunks])
-        ctx = np.array([c.start for c in chunks])
-        need_blocks = -(-(ctx + lens) // bs)
-        rows, seq, blocks = self.buckets.shape(
-            "prefill",
-            batch=len(chunks),
-            seq=-(-int(lens.max()) // bs) * bs,
-            blocks=int(need_blocks.max()),
-        )
+        lens = np.array([c.length for c in chunks], dtype=np.int64)
+        ctx = np.array([c.start for c in chunks], dtype=np.int64)
+        if shape is None:
+            shape = self.buckets.shape(
+                "prefill",
+                batch=len(chunks),
+                seq=-(-int(lens.max()) // bs) * bs,
+                blocks=int((-(-(ctx + lens) // bs)).max()),
+            )
+        rows, seq, blocks = shape
         input_ids = np.full((rows, seq), self.pad_id, dtype=np.int64)
         positions = np.zeros((rows, seq), dtype=np.int64)
         context_lens = np.zeros(rows, dtype=np.int64)
@@ -209,7 +213,8 @@ class HPUMetadataBuilder:
         token_slots = np.take_along_axis(key_slots, np.minimum(positions, blocks * bs - 1), axis=1)
         slots = np.where(real, token_slots, self.scratch_block * bs + np.arange(seq) % bs)
         positions = np.where(real, positions, 0)
-        has_context = bool(ctx.any())
+        # Warmup compiles the with-context path for every shape that has room for context.
+        has_context = bool(ctx.any()) if chunks else blocks * bs > seq
         if has_context:
             # Key j is the j-th token of the sequence: visible to query i iff j <= ctx + i.
             visible = np.arange(blocks * bs)[None, None, :] <= (
@@ -232,13 +237,16 @@ class HPUMetadataBuilder:
             has_context=has_context,
         )
 
-    def _decoder(self, plan: StepPlan) -> DecoderMeta:
+    def _decoder(
+        self, requests: list[Request], shape: tuple[int, int] | None = None
+    ) -> DecoderMeta:
         bs = self.block_size
-        requests = plan.decode
-        seq_lens_real = np.array([r.num_computed + 1 for r in requests])
-        rows, blocks = self.buckets.shape(
-            "decode", batch=len(requests), blocks=int((-(-seq_lens_real // bs)).max())
-        )
+        seq_lens_real = np.array([r.num_computed + 1 for r in requests], dtype=np.int64)
+        if shape is None:
+            shape = self.buckets.shape(
+                "decode", batch=len(requests), blocks=int((-(-seq_lens_real // bs)).max())
+            )
+        rows, blocks = shape
         seq_lens = np.zeros(rows, dtype=np.int64)
         seq_lens[: len(requests)] = seq_lens_real
         input_ids = np.full(rows, self.pad_id, dtype=np.int64)
@@ -262,8 +270,59 @@ class HPUMetadataBuilder:
         )
 
     def build(self, plan: StepPlan) -> ForwardMeta:
-        encoder = self._encoder(plan) if plan.prefill else None
-        decoder = self._decoder(plan) if plan.decode else None
+        encoder = self._encoder(plan.prefill) if plan.prefill else None
+        decoder = self._decoder(plan.decode) if plan.decode else None
+        return self._assemble(plan.mode, encoder, decoder, plan.num_tokens)
+
+    def dummy(
+        self, prefill: tuple[int, int, int] | None, decode: tuple[int, int] | None
+    ) -> ForwardMeta:
+        """A step of the given bucket shapes made only of padding: what warmup runs."""
+        encoder = self._encoder([], prefill) if prefill else None
+        decoder = self._decoder([], decode) if decode else None
+        mode = "mixed" if prefill and decode else "extend" if prefill else "decode"
+        return self._assemble(mode, encoder, decoder, 0)
+
+    def warmup_shapes(self, mixed: bool) -> dict[str, list[tuple]]:
+        """Every prepared prefill and decode shape; with chunking, a coarse mixed grid too
+        (one prefill row, the widest block tables), as the reference warms it."""
+        sizes = self.buckets.sizes
+        budget = self.max_tokens
+        prefill = [
+            (b, s, m)
+            for b in sizes["prefill_batch"]
+            for s in sizes["prefill_seq"]
+            for m in sizes["prefill_blocks"]
+            if b * s <= budget and m * self.block_size >= s
+        ]
+        decode = [(b, m) for b in sizes["decode_batch"] for m in sizes["decode_blocks"]]
+        shapes: dict[str, list[tuple]] = {
+            "prefill": [(p, None) for p in prefill],
+            "decode": [(None, d) for d in decode],
+        }
+        if mixed:
+            widest_p, widest_d = int(sizes["prefill_blocks"][-1]), int(sizes["decode_blocks"][-1])
+            shapes["mixed"] = [
+                ((1, int(s), widest_p), (int(b), widest_d))
+                for s in sizes["prefill_seq"]
+                for b in sizes["decode_batch"]
+                if s + b <= budget
+            ]
+        return {
+            phase: [
+                tuple(None if x is None else tuple(int(v) for v in x) for x in pair)
+                for pair in pairs
+            ]
+            for phase, pairs in shapes.items()
+        }
+
+    def _assemble(
+        self,
+        mode: str,
+        encoder: EncoderMeta | None,
+        decoder: DecoderMeta | None,
+        num_tokens: int,
+    ) -> ForwardMeta:
         ids, positions, rows, bucket = [], [], [], []
         offset = 0
         if encoder:
@@ -279,14 +338,17 @@ class HPUMetadataBuilder:
             rows.append(offset + np.arange(decoder.batch))
             bucket.append(f"decode {decoder.shape[0]}x{decoder.shape[1]}")
         input_ids = np.concatenate(ids)
+        logits_rows = np.concatenate(rows).astype(np.int64)
+        if not logits_rows.size:
+            logits_rows = np.zeros(1, dtype=np.int64)  # warmup: one row keeps the shapes valid
         return ForwardMeta(
-            mode=plan.mode,
+            mode=mode,
             encoder=encoder,
             decoder=decoder,
             input_ids=paddle.to_tensor(input_ids),
             positions=paddle.to_tensor(np.concatenate(positions)),
-            logits_rows=paddle.to_tensor(np.concatenate(rows).astype(np.int64)),
-            num_tokens=plan.num_tokens,
+            logits_rows=paddle.to_tensor(logits_rows),
+            num_tokens=num_tokens,
             padded_tokens=len(input_ids),
             bucket=" + ".join(bucket),
         )
