@@ -13,6 +13,7 @@ from omegaconf import DictConfig
 from tqdm import tqdm
 
 from pipeline import artefacts
+from pipeline.allocator import keep_freed_memory
 from pipeline.checks import ConfigError, check_config
 from pipeline.engine import Engine
 from pipeline.metrics import StepRecord, summarise
@@ -48,6 +49,7 @@ def derive_num_blocks(cfg: DictConfig, requests: list[Request]) -> int:
 def build_engine(cfg: DictConfig) -> tuple[Engine, list[Request]]:
     """Checks the config, builds every stage and loads the workload."""
     check_config(cfg)
+    keep_freed_memory()
     paddle.set_device(cfg.device)
     paddle.base.core.set_num_threads(cfg.num_threads)
     tokenizer = build(cfg.tokenizer)
