@@ -37,9 +37,12 @@ class PagedAttention:
         self.ops = load_ops(ops)
         # One block past the pool is scratch: padding rows write there.
         slots = (num_blocks + 1) * block_size
-        shape = [slots, num_kv_heads, head_dim]
-        self.k_cache = [paddle.zeros(shape, dtype=dtype) for _ in range(num_layers)]
-        self.v_cache = [paddle.zeros(shape, dtype=dtype) for _ in range(num_layers)]
+        self.k_cache = [
+            self.ops.new_cache(slots, num_kv_heads, head_dim, dtype) for _ in range(num_layers)
+        ]
+        self.v_cache = [
+            self.ops.new_cache(slots, num_kv_heads, head_dim, dtype) for _ in range(num_layers)
+        ]
 
     def forward(
         self, layer: int, q: paddle.Tensor, k: paddle.Tensor, v: paddle.Tensor, meta: ForwardMeta
