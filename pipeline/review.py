@@ -88,7 +88,7 @@ def load_run(path: Path) -> Run:
     if not generations_path.is_file():
         why = f" (its metrics.json says {metrics['status']}" if metrics.get("status") else ""
         if why and metrics.get("error"):
-            why += f": {metrics['error']}"
+            why += ": " + " ".join(str(metrics["error"]).split())  # one line on stderr
         raise ReviewError(f"{path} has no generations.jsonl{why + ')' if why else ''}")
     generations = []
     with open(generations_path, encoding="utf-8") as f:
@@ -198,9 +198,11 @@ def _show(decode, ids: Sequence[int]) -> str:
 def _workload_difference(a: Run, b: Run) -> str | None:
     if a.workload == b.workload:
         return None
-    changed = config_diff(a.workload, b.workload)
-    keys = [*changed["changed"], *changed["added"], *changed["removed"]]
-    return "the runs serve different workloads (" + ", ".join(keys) + " differ)"
+    diff = config_diff(a.workload, b.workload)
+    parts = [f"{k} {v['a']!r} vs {v['b']!r}" for k, v in diff["changed"].items()]
+    parts += [f"{k} only in B" for k in diff["added"]]
+    parts += [f"{k} only in A" for k in diff["removed"]]
+    return "the runs serve different workloads (" + ", ".join(parts) + ")"
 
 
 def outputs_verdict(a: Run, b: Run) -> dict[str, Any]:
@@ -340,7 +342,8 @@ def render(doc: dict[str, Any]) -> str:
             continue
         lengths = f"{d['lengths']['a']}/{d['lengths']['b']} tokens"
         out.append(f"  {d['id']}: first differs at token {d['position']} ({lengths})")
-        out.append(f"    before: {d['context']}")
+        before = d["context"] if d["position"] else "(start of the output)"
+        out.append(f"    before: {before}")
         out.append(f"    A: {d['a']}")
         out.append(f"    B: {d['b']}")
         for side in ("a", "b"):
@@ -375,6 +378,10 @@ def _sweep_pairs(sweep_dir: Path, baseline: int) -> tuple[Path, list[tuple[int, 
         raise ReviewError(f"{sweep_dir}: no such folder")
     jobs = find_jobs(sweep_dir)
     if not jobs:
+        if (sweep_dir / "resolved_config.yaml").is_file():
+            raise ReviewError(
+                f"{sweep_dir} is a single run, not a sweep folder: give a second run to review"
+            )
         raise ReviewError(f"{sweep_dir} is not a sweep folder: no job holds .hydra/overrides.yaml")
     by_num = {j.num: j.path for j in jobs}
     if baseline not in by_num:
@@ -442,8 +449,17 @@ def _main_sweep(sweep_dir: Path, baseline: int, args: argparse.Namespace) -> int
     else:
         print(f"##### verdicts against job {baseline} ({base_path})")
         for doc in docs:
-            verdict = doc["error"] if "error" in doc else verdict_line(doc["outputs"])
-            print(f"  job {doc['job']}: {verdict}")
+            if "error" in doc:
+                print(f"  job {doc['job']}: {doc['error']}")
+                continue
+            # The job's own overrides that the baseline does not share: what the job varies.
+            own = [
+                o for o in doc["config"]["overrides"]["b"] or [] if o not in (base.overrides or [])
+            ]
+            print(
+                f"  job {doc['job']} ({' '.join(own) or 'same overrides'}): "
+                f"{verdict_line(doc['outputs'])}"
+            )
     return code
 
 

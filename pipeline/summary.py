@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import logging
 import math
 import sys
 from collections.abc import Sequence
@@ -17,12 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import structlog
 import yaml
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-log = structlog.get_logger(__name__)
+# Plain stdlib logging: after the jobs, Hydra's own logging (not the jobs' structlog) is live.
+log = logging.getLogger(__name__)
 
 # (column, path into metrics.json): the figures a user tunes a deployment by.
 HEADLINE: list[tuple[str, tuple[str, ...]]] = [
@@ -94,7 +95,8 @@ def _job_number(job_dir: Path, fallback: int) -> int:
 
 def read_job(job_dir: Path, fallback_num: int = 0) -> Job:
     """A job's overrides and metrics; a job that never wrote metrics.json is `missing`."""
-    overrides = yaml.safe_load((job_dir / ".hydra" / "overrides.yaml").read_text()) or []
+    given = yaml.safe_load((job_dir / ".hydra" / "overrides.yaml").read_text()) or []
+    overrides = [str(o) for o in given]
     num = _job_number(job_dir, fallback_num)
     metrics_path = job_dir / "metrics.json"
     if not metrics_path.is_file():
@@ -104,12 +106,14 @@ def read_job(job_dir: Path, fallback_num: int = 0) -> Job:
     except (OSError, json.JSONDecodeError) as err:
         return Job(num, job_dir, overrides, "missing", error=f"metrics.json unreadable: {err}")
     status = str(metrics.get("status", "missing"))
-    return Job(num, job_dir, overrides, status, metrics, str(metrics.get("error") or ""))
+    error = " ".join(str(metrics.get("error") or "").split())  # one line per job in the tables
+    return Job(num, job_dir, overrides, status, metrics, error)
 
 
 def find_jobs(sweep_dir: Path) -> list[Job]:
     """Every job folder under the sweep folder (a job folder holds .hydra/overrides.yaml)."""
     found = sorted(p.parent.parent for p in sweep_dir.glob("**/.hydra/overrides.yaml"))
+    found = [p for p in found if p != sweep_dir]  # a single run's folder is not a sweep
     jobs = [read_job(path, i) for i, path in enumerate(found)]
     return sorted(jobs, key=lambda j: (j.num, str(j.path)))
 
@@ -218,12 +222,18 @@ def write_plot(jobs: Sequence[Job], keys: Sequence[str], path: Path) -> None:
         ax.set_xlabel(x_key)
         ax.grid(True, alpha=0.3)
         if numbers is not None:
-            if min(numbers) > 0 and max(numbers) / min(numbers) >= 8:
+            lo, hi = min(numbers), max(numbers)
+            if lo > 0 and hi / lo >= 8:
                 ax.set_xscale("log", base=2)  # 256..4096 sweeps read evenly spaced
                 ax.xaxis.set_minor_locator(NullLocator())
+                ax.set_xlim(lo / 1.25, hi * 1.25)
+            else:
+                pad = (hi - lo) * 0.06 or 0.5
+                ax.set_xlim(lo - pad, hi + pad)
             ax.set_xticks(sorted(numbers), [_fmt_tick(n) for n in sorted(numbers)])
         else:
             ax.set_xticks(list(position.values()), distinct, rotation=30, ha="right")
+            ax.set_xlim(-0.5, len(distinct) - 0.5)
     if len(series) > 1:
         flat[0].legend(fontsize=8)
     notes = flat[-1]
@@ -272,18 +282,18 @@ class SweepSummaryCallback(Callback):
     """Builds the summary once every job of a multirun has finished, whatever the launcher."""
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        structlog.contextvars.clear_contextvars()  # the last job's context is not the sweep's
         sweep_dir = Path(config.hydra.sweep.dir)
         try:
             path = build_summary(sweep_dir)
         except Exception as err:  # the jobs' own results are on disk; do not hide them
             log.error(
-                "sweep_summary_failed",
-                error=f"{type(err).__name__}: {err}",
-                retry=f"python -m pipeline.summary {sweep_dir}",
+                "Sweep summary failed (%s: %s); build it with: python -m pipeline.summary %s",
+                type(err).__name__,
+                err,
+                sweep_dir,
             )
             return
-        log.info("sweep_summary", summary=str(path), plot=str(path.with_suffix(".png")))
+        log.info("Sweep summary: %s, summary.csv and summary.png beside it", path)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,0 +1,168 @@
+"""The sweep summary: built from job folders on disk, failed and missing jobs included, and
+through the real command line with the basic and the joblib launcher."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pipeline.summary import build_summary, main, read_job, swept_keys
+
+REPO = Path(__file__).resolve().parents[1]
+
+# A few short requests: each job takes well under a second once Paddle is imported.
+TINY = [
+    "block_size=16",
+    "max_num_seqs=4",
+    "max_model_len=256",
+    "workload.num_requests=3",
+    "workload.min_prompt_tokens=3",
+    "workload.max_prompt_tokens=60",
+    "workload.min_new_tokens=3",
+    "workload.max_new_tokens=6",
+]
+
+
+def metrics(throughput: float, **extra: Any) -> dict[str, Any]:
+    stats = {"mean": 2.0, "p50": 1.0, "p90": 3.0, "p99": 4.0}
+    return {
+        "status": "ok",
+        "output_throughput": throughput,
+        "ttft_ms": stats,
+        "tpot_ms": stats,
+        "itl_ms": stats,
+        "e2e_ms": stats,
+        "token_utilization": 0.5,
+        "num_preemptions": 0,
+        "bucket_misses": 1,
+        **extra,
+    }
+
+
+def make_job(sweep: Path, num: int, overrides: list[str], job_metrics: dict | None) -> Path:
+    """A job folder as Hydra and the engine leave it (only the files the summary reads)."""
+    job = sweep / str(num)
+    (job / ".hydra").mkdir(parents=True)
+    (job / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
+    (job / ".hydra" / "hydra.yaml").write_text(yaml.safe_dump({"hydra": {"job": {"num": num}}}))
+    if job_metrics is not None:
+        (job / "metrics.json").write_text(json.dumps(job_metrics))
+    return job
+
+
+def read_csv(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_summary_lists_every_job_with_its_status(tmp_path):
+    make_job(tmp_path, 0, ["max_tokens=256", "seed=1"], metrics(100.0))
+    make_job(tmp_path, 1, ["max_tokens=512", "seed=1"], {"status": "failed", "error": "boom"})
+    make_job(tmp_path, 2, ["max_tokens=1024", "seed=1"], None)
+
+    assert build_summary(tmp_path) == tmp_path / "summary.md"
+
+    rows = read_csv(tmp_path / "summary.csv")
+    assert [(r["job"], r["status"]) for r in rows] == [
+        ("0", "ok"),
+        ("1", "failed"),
+        ("2", "missing"),
+    ]
+    assert rows[0]["overrides"] == "max_tokens=256 seed=1"
+    assert float(rows[0]["output_throughput"]) == 100.0
+    assert float(rows[0]["ttft_p99_ms"]) == 4.0 and float(rows[0]["tpot_mean_ms"]) == 2.0
+    assert rows[1]["output_throughput"] == "" and rows[1]["error"] == "boom"
+
+    md = (tmp_path / "summary.md").read_text()
+    assert "Swept: `max_tokens`" in md and "`seed=1`" in md
+    assert "| 1 | `max_tokens=512` | failed |" in md
+    assert "job 1 (failed): boom" in md and "job 2 (missing)" in md
+    assert (tmp_path / "summary.png").stat().st_size > 10_000
+
+
+def test_jobs_are_ordered_by_number_not_by_name(tmp_path):
+    for num in (10, 2, 1):
+        make_job(tmp_path, num, [f"max_tokens={num * 64}"], metrics(float(num)))
+    build_summary(tmp_path)
+    assert [r["job"] for r in read_csv(tmp_path / "summary.csv")] == ["1", "2", "10"]
+
+
+def test_categorical_and_two_key_sweeps_plot(tmp_path):
+    grid = [(s, b) for s in ("chunked", "whole") for b in (16, 64)]
+    for num, (scheduler, block) in enumerate(grid):
+        make_job(tmp_path, num, [f"scheduler={scheduler}", f"block_size={block}"], metrics(1.0))
+    build_summary(tmp_path)
+    assert len(read_csv(tmp_path / "summary.csv")) == 4
+    assert (tmp_path / "summary.png").is_file()
+
+
+def test_swept_key_is_the_one_that_varies(tmp_path):
+    jobs = [
+        make_job(tmp_path, 0, ["a=1", "b=x"], metrics(1.0)),
+        make_job(tmp_path, 1, ["a=1", "b=y"], metrics(1.0)),
+    ]
+    assert swept_keys([read_job(j) for j in jobs]) == ["b"]
+
+
+def test_cli_on_a_folder_without_jobs_exits_2(tmp_path, capsys):
+    assert main([str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "no job folders" in err and err.count("\n") == 1
+    assert main([str(tmp_path / "nowhere")]) == 2
+
+
+def pipeline(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=300,
+    )
+
+
+def test_real_multirun_with_a_failing_job(tmp_path):
+    sweep = tmp_path / "sweep"
+    # max_tokens=2 is below max_num_seqs=4: that job fails at start, the others run.
+    result = pipeline(tmp_path, "-m", f"hydra.sweep.dir={sweep}", "max_tokens=32,64,2", *TINY)
+    assert result.returncode == 0, result.stderr
+
+    rows = read_csv(sweep / "summary.csv")
+    assert [r["status"] for r in rows] == ["ok", "ok", "failed"]
+    assert rows[2]["overrides"].startswith("max_tokens=2 ")
+    assert "max_num_seqs" in rows[2]["error"]
+    assert all(float(r["output_throughput"]) > 0 for r in rows[:2])
+    assert (sweep / "summary.png").stat().st_size > 10_000
+    assert "| 2 | `max_tokens=2` | failed |" in (sweep / "summary.md").read_text()
+
+
+def test_sweep_with_the_joblib_launcher(tmp_path):
+    sweep = tmp_path / "sweep"
+    result = pipeline(
+        tmp_path,
+        "-m",
+        "hydra/launcher=joblib",
+        "hydra.launcher.n_jobs=2",
+        f"hydra.sweep.dir={sweep}",
+        "max_tokens=32,64",
+        *TINY,
+    )
+    assert result.returncode == 0, result.stderr
+    rows = read_csv(sweep / "summary.csv")
+    assert [(r["job"], r["status"]) for r in rows] == [("0", "ok"), ("1", "ok")]
+    for num in (0, 1):  # each worker's job logs to its own folder, tagged with its own number
+        lines = [
+            json.loads(s) for s in (sweep / str(num) / "pipeline.log").read_text().split("\n") if s
+        ]
+        assert {line.get("job") for line in lines if "job" in line} == {num}
+    assert (sweep / "summary.png").is_file()
