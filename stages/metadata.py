@@ -198,7 +198,6 @@ class HPUMetadataBuilder:
             )
         rows, seq, blocks = shape
         input_ids = np.full((rows, seq), self.pad_id, dtype=np.int64)
-        positions = np.zeros((rows, seq), dtype=np.int64)
         context_lens = np.zeros(rows, dtype=np.int64)
         chunk_lens = np.zeros(rows, dtype=np.int64)
         context_lens[: len(chunks)] = ctx

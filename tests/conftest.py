@@ -26,6 +26,18 @@ SMALL = [
     "workload.max_new_tokens=10",
 ]
 
+# For command-line runs: a few short requests, well under a second a job once Paddle is loaded.
+TINY = [
+    "block_size=16",
+    "max_num_seqs=4",
+    "max_model_len=256",
+    "workload.num_requests=3",
+    "workload.min_prompt_tokens=3",
+    "workload.max_prompt_tokens=60",
+    "workload.min_new_tokens=3",
+    "workload.max_new_tokens=6",
+]
+
 
 def make_config(overrides: Sequence[str] = ()) -> DictConfig:
     """The small defaults, with the synthetic workload's keys only when it is the workload."""

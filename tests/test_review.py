@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from pipeline.review import config_diff, load_run, main, outputs_verdict
+from tests.conftest import TINY
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -195,17 +196,6 @@ def test_sweep_against_a_baseline(tmp_path, capsys):
 
 
 # ----------------------------------------------------------------------- real runs
-
-TINY = [
-    "block_size=16",
-    "max_num_seqs=4",
-    "max_model_len=256",
-    "workload.num_requests=3",
-    "workload.min_prompt_tokens=3",
-    "workload.max_prompt_tokens=60",
-    "workload.min_new_tokens=3",
-    "workload.max_new_tokens=6",
-]
 
 
 def cli(cwd: Path, module: str, *args: str) -> subprocess.CompletedProcess:

@@ -14,20 +14,10 @@ from typing import Any
 import yaml
 
 from pipeline.summary import build_summary, main, read_job, swept_keys
+from tests.conftest import TINY
 
 REPO = Path(__file__).resolve().parents[1]
 
-# A few short requests: each job takes well under a second once Paddle is imported.
-TINY = [
-    "block_size=16",
-    "max_num_seqs=4",
-    "max_model_len=256",
-    "workload.num_requests=3",
-    "workload.min_prompt_tokens=3",
-    "workload.max_prompt_tokens=60",
-    "workload.min_new_tokens=3",
-    "workload.max_new_tokens=6",
-]
 
 
 def metrics(throughput: float, **extra: Any) -> dict[str, Any]:
