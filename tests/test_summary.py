@@ -19,7 +19,6 @@ from tests.conftest import TINY
 REPO = Path(__file__).resolve().parents[1]
 
 
-
 def metrics(throughput: float, **extra: Any) -> dict[str, Any]:
     stats = {"mean": 2.0, "p50": 1.0, "p90": 3.0, "p99": 4.0}
     return {
