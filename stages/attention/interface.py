@@ -1,0 +1,88 @@
+"""The ops interface of the paged attention stage: what a device backend must provide.
+
+`attention.ops=cpu` (stages/attention/ops_cpu.py) implements it in plain Paddle;
+`attention.ops=intel_hpu` (stages/attention/ops_intel_hpu.py) binds the Intel HPU plugin's
+fused ops. The attention stage calls only these functions, with the tensors of the step's
+ForwardMeta, so both backends see the same static shapes.
+
+Shapes: B encoder rows, S padded chunk length (a multiple of the block size `bs`), M
+blocks per encoder row (context and chunk, left-aligned), R decoder rows, NB blocks in the
+decoder's flattened block list, H query heads, KV key/value heads, D head size. Block
+indices past the pool name the scratch block, which only padding reads or writes.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import paddle
+
+Cache = Any  # a backend's own layout of one layer's keys or values
+
+
+class AttentionOps(Protocol):
+    def new_cache(
+        self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: str
+    ) -> Cache:
+        """Zeroed storage for num_blocks blocks (the scratch block included)."""
+
+    def qkv_rope(
+        self,
+        x: paddle.Tensor,
+        weight: paddle.Tensor,
+        bias: paddle.Tensor | None,
+        cos: paddle.Tensor,
+        sin: paddle.Tensor,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        interleaved: bool,
+    ) -> tuple[paddle.Tensor, paddle.Tensor, paddle.Tensor]:
+        """x [T, hidden] @ weight [hidden, (H + 2 KV) D] (+ bias), then rotary positions on q
+        and k (cos, sin [T, D]; `interleaved` rotates pairs (2i, 2i+1) rather than halves).
+        Returns q [T, H, D], k [T, KV, D], v [T, KV, D]."""
+
+    def write_blocks(
+        self, cache: Cache, block_indices: paddle.Tensor, values: paddle.Tensor
+    ) -> None:
+        """Block-granular prefill write: values [n * bs, KV, D] fill blocks block_indices [n]."""
+
+    def write_slots(
+        self,
+        cache: Cache,
+        block_indices: paddle.Tensor,
+        block_offsets: paddle.Tensor,
+        values: paddle.Tensor,
+    ) -> None:
+        """Slot writes: row i of values [n, KV, D] goes to (block_indices[i], block_offsets[i])."""
+
+    def prefill(self, q: paddle.Tensor, k: paddle.Tensor, v: paddle.Tensor) -> paddle.Tensor:
+        """A first chunk, causal within the row: q [B, S, H, D], k, v [B, S, KV, D]
+        -> [B * S, H * D]. Real tokens are a prefix of each row, so causality alone keeps
+        them off the padding."""
+
+    def prefill_with_context(
+        self,
+        q: paddle.Tensor,
+        k_cache: Cache,
+        v_cache: Cache,
+        block_list: paddle.Tensor,
+        mask: paddle.Tensor,
+    ) -> paddle.Tensor:
+        """A later chunk (already written to the cache) over its context and itself:
+        q [B, S, H, D], block_list [B, M], mask [B, 1, S, M * bs] additive -> [B * S, H * D]."""
+
+    def decode(
+        self,
+        q: paddle.Tensor,
+        k_cache: Cache,
+        v_cache: Cache,
+        block_list: paddle.Tensor,
+        block_groups: paddle.Tensor,
+        block_mapping: paddle.Tensor,
+        block_bias: paddle.Tensor,
+    ) -> paddle.Tensor:
+        """Flat paged attention, one query per row: q [R, H, D]; block_list [NB] the blocks
+        of every row one after another, block_groups [NB] each block's row, block_mapping
+        [NB, R] the same as one-hot rows (zero for padding blocks), block_bias [NB, bs]
+        additive (0 for a filled slot) -> [R, H * D]."""
