@@ -78,23 +78,31 @@ class EncoderMeta:
     positions: np.ndarray  # [batch, seq]
     context_lens: np.ndarray  # [batch] tokens already cached before this chunk
     chunk_lens: np.ndarray  # [batch] real tokens of this chunk
-    slots: paddle.Tensor  # [batch * seq] cache slot each token writes
-    key_slots: paddle.Tensor  # [batch, blocks * block_size] cache slot of each key position
-    mask: paddle.Tensor  # [batch, 1, 1, seq, keys] additive; keys = seq or blocks * block_size
+    # Every chunk starts on a block boundary: the cache is written in whole blocks,
+    # block_indices [batch * seq / block_size] naming each block's destination. Otherwise
+    # token by token, at (slot_blocks, slot_offsets) [batch * seq].
+    block_indices: paddle.Tensor | None
+    slot_blocks: paddle.Tensor | None
+    slot_offsets: paddle.Tensor | None
     has_context: bool
+    block_list: paddle.Tensor | None  # [batch, blocks] context then chunk blocks, left-aligned
+    mask: paddle.Tensor | None  # [batch, 1, seq, blocks * block_size] additive, with context
 
 
 @dataclass
 class DecoderMeta:
     batch: int
-    shape: tuple[int, int]  # (batch, blocks)
+    shape: tuple[int, int]  # (batch, blocks): rows and flattened block list after padding
     request_ids: list[str]
     input_ids: np.ndarray  # [batch]
     positions: np.ndarray  # [batch]
     seq_lens: np.ndarray  # [batch] tokens in the cache once this step's token is written
-    slots: paddle.Tensor  # [batch]
-    key_slots: paddle.Tensor  # [batch, blocks * block_size]
-    mask: paddle.Tensor  # [batch, 1, 1, 1, blocks * block_size] additive
+    block_indices: paddle.Tensor  # [batch] block of the slot each row writes
+    block_offsets: paddle.Tensor  # [batch] offset of that slot in its block
+    block_list: paddle.Tensor  # [blocks] every row's blocks, one row after another
+    block_groups: paddle.Tensor  # [blocks] the row owning each block (sorted)
+    block_mapping: paddle.Tensor  # [blocks, batch] one-hot block -> row, zero for padding
+    block_bias: paddle.Tensor  # [blocks, block_size] additive: 0 for a filled slot
 
 
 @dataclass
@@ -144,7 +152,11 @@ class HPUMetadataBuilder:
             "prefill_seq": {"min": block_size, "step": block_size, "max": max_tokens},
             "prefill_blocks": {"min": 1, "step": 1, "max": blocks_per_seq},
             "decode_batch": {"min": 1, "step": 1, "max": max_num_seqs},
-            "decode_blocks": {"min": 1, "step": 1, "max": blocks_per_seq},
+            "decode_blocks": {
+                "min": 1,
+                "step": 1,
+                "max": min(num_blocks, max_num_seqs * blocks_per_seq),
+            },
         }
         given = {
             "prefill_batch": prefill_batch,
@@ -175,12 +187,11 @@ class HPUMetadataBuilder:
     def bucket_misses(self) -> int:
         return self.buckets.misses
 
-    def _key_slots(self, tables: list[list[int]], rows: int, blocks: int) -> np.ndarray:
+    def _padded_tables(self, tables: list[list[int]], rows: int, blocks: int) -> np.ndarray:
         padded = np.full((rows, blocks), self.scratch_block, dtype=np.int64)
         for r, table in enumerate(tables):
-            padded[r, : len(table)] = table
-        offsets = np.arange(self.block_size, dtype=np.int64)
-        return (padded[:, :, None] * self.block_size + offsets).reshape(rows, -1)
+            padded[r, : min(len(table), blocks)] = table[:blocks]
+        return padded
 
     def _encoder(
         self, chunks: list[PrefillChunk], shape: tuple[int, int, int] | None = None
@@ -202,26 +213,38 @@ class HPUMetadataBuilder:
         chunk_lens = np.zeros(rows, dtype=np.int64)
         context_lens[: len(chunks)] = ctx
         chunk_lens[: len(chunks)] = lens
-        tables = [c.request.block_table for c in chunks]
-        key_slots = self._key_slots(tables, rows, blocks)
         for r, c in enumerate(chunks):
             input_ids[r, : c.length] = c.request.all_ids[c.start : c.end]
+        # Wide enough for every block a padded chunk touches, so padding stays in the table.
+        table_width = max(blocks, int((context_lens // bs).max()) + seq // bs + 1)
+        tables = self._padded_tables([c.request.block_table for c in chunks], rows, table_width)
         # Positions run on from each row's own context length; padding stays in range.
         positions = context_lens[:, None] + np.arange(seq)
         real = np.arange(seq)[None, :] < chunk_lens[:, None]
-        token_slots = np.take_along_axis(key_slots, np.minimum(positions, blocks * bs - 1), axis=1)
-        slots = np.where(real, token_slots, self.scratch_block * bs + np.arange(seq) % bs)
+        block_indices = slot_blocks = slot_offsets = None
+        if not (context_lens % bs).any():
+            # A chunk's j-th block is its row's block ctx / bs + j; beyond the chunk, scratch.
+            first = context_lens[:, None] // bs + np.arange(seq // bs)
+            used = np.arange(seq // bs)[None, :] * bs < chunk_lens[:, None]
+            dest = np.where(used, np.take_along_axis(tables, first, axis=1), self.scratch_block)
+            block_indices = paddle.to_tensor(dest.reshape(-1))
+        else:
+            token_blocks = np.take_along_axis(tables, positions // bs, axis=1)
+            blocks_of = np.where(real, token_blocks, self.scratch_block)
+            offsets = np.where(real, positions % bs, np.arange(seq) % bs)
+            slot_blocks = paddle.to_tensor(blocks_of.reshape(-1))
+            slot_offsets = paddle.to_tensor(offsets.reshape(-1))
         positions = np.where(real, positions, 0)
         # Warmup compiles the with-context path for every shape that has room for context.
         has_context = bool(ctx.any()) if chunks else blocks * bs > seq
+        block_list = mask = None
         if has_context:
             # Key j is the j-th token of the sequence: visible to query i iff j <= ctx + i.
             visible = np.arange(blocks * bs)[None, None, :] <= (
                 context_lens[:, None, None] + np.arange(seq)[None, :, None]
             )
-        else:
-            visible = np.broadcast_to(np.tril(np.ones((seq, seq), dtype=bool)), (rows, seq, seq))
-        mask = np.where(visible, 0.0, _NEG).astype(np.float32)[:, None, None]
+            block_list = paddle.to_tensor(tables[:, :blocks])
+            mask = paddle.to_tensor(np.where(visible, 0.0, _NEG).astype(np.float32)[:, None])
         return EncoderMeta(
             batch=len(chunks),
             shape=(rows, seq, blocks),
@@ -230,42 +253,62 @@ class HPUMetadataBuilder:
             positions=positions,
             context_lens=context_lens,
             chunk_lens=chunk_lens,
-            slots=paddle.to_tensor(slots.reshape(-1)),
-            key_slots=paddle.to_tensor(key_slots),
-            mask=paddle.to_tensor(mask),
+            block_indices=block_indices,
+            slot_blocks=slot_blocks,
+            slot_offsets=slot_offsets,
             has_context=has_context,
+            block_list=block_list,
+            mask=mask,
         )
 
     def _decoder(
         self, requests: list[Request], shape: tuple[int, int] | None = None
     ) -> DecoderMeta:
         bs = self.block_size
+        n = len(requests)
         seq_lens_real = np.array([r.num_computed + 1 for r in requests], dtype=np.int64)
+        counts = -(-seq_lens_real // bs)
         if shape is None:
-            shape = self.buckets.shape(
-                "decode", batch=len(requests), blocks=int((-(-seq_lens_real // bs)).max())
-            )
+            shape = self.buckets.shape("decode", batch=n, blocks=int(counts.sum()))
         rows, blocks = shape
         seq_lens = np.zeros(rows, dtype=np.int64)
-        seq_lens[: len(requests)] = seq_lens_real
+        seq_lens[:n] = seq_lens_real
         input_ids = np.full(rows, self.pad_id, dtype=np.int64)
-        input_ids[: len(requests)] = [r.all_ids[r.num_computed] for r in requests]
+        input_ids[:n] = [r.all_ids[r.num_computed] for r in requests]
         positions = np.maximum(seq_lens - 1, 0)
-        key_slots = self._key_slots([r.block_table for r in requests], rows, blocks)
-        slots = key_slots[np.arange(rows), positions]
-        slots[len(requests) :] = self.scratch_block * bs  # padding rows write to scratch
-        visible = np.arange(blocks * bs)[None, :] < np.maximum(seq_lens, 1)[:, None]
-        mask = np.where(visible, 0.0, _NEG).astype(np.float32)[:, None, None, None, :]
+        used = int(counts.sum())
+        block_list = np.full(blocks, self.scratch_block, dtype=np.int64)
+        if n:
+            block_list[:used] = np.concatenate(
+                [r.block_table[:c] for r, c in zip(requests, counts, strict=True)]
+            )
+        block_groups = np.full(blocks, rows - 1, dtype=np.int64)  # padding: last row, sorted
+        block_groups[:used] = np.repeat(np.arange(n), counts)
+        mapping = np.zeros((blocks, rows), dtype=np.float32)
+        mapping[np.arange(used), block_groups[:used]] = 1.0
+        # Slots of a row's j-th block that hold tokens: seq_len - j * bs of them, at most bs.
+        first_block = np.repeat(np.cumsum(counts) - counts, counts)
+        filled = np.zeros(blocks, dtype=np.int64)
+        filled[:used] = seq_lens[block_groups[:used]] - (np.arange(used) - first_block) * bs
+        bias = np.where(np.arange(bs)[None, :] < filled[:, None], 0.0, _NEG).astype(np.float32)
+        write_blocks = np.full(rows, self.scratch_block, dtype=np.int64)
+        write_blocks[:n] = [
+            r.block_table[p // bs] for r, p in zip(requests, positions[:n], strict=True)
+        ]
+        offsets = np.where(np.arange(rows) < n, positions % bs, 0)
         return DecoderMeta(
-            batch=len(requests),
+            batch=n,
             shape=(rows, blocks),
             request_ids=[r.id for r in requests],
             input_ids=input_ids,
             positions=positions,
             seq_lens=seq_lens,
-            slots=paddle.to_tensor(slots),
-            key_slots=paddle.to_tensor(key_slots),
-            mask=paddle.to_tensor(mask),
+            block_indices=paddle.to_tensor(write_blocks),
+            block_offsets=paddle.to_tensor(offsets),
+            block_list=paddle.to_tensor(block_list),
+            block_groups=paddle.to_tensor(block_groups),
+            block_mapping=paddle.to_tensor(mapping),
+            block_bias=paddle.to_tensor(bias),
         )
 
     def build(self, plan: StepPlan) -> ForwardMeta:

@@ -36,43 +36,54 @@ class PagedAttention:
     ) -> None:
         self.ops = load_ops(ops)
         # One block past the pool is scratch: padding rows write there.
-        slots = (num_blocks + 1) * block_size
         self.k_cache = [
-            self.ops.new_cache(slots, num_kv_heads, head_dim, dtype) for _ in range(num_layers)
+            self.ops.new_cache(num_blocks + 1, block_size, num_kv_heads, head_dim, dtype)
+            for _ in range(num_layers)
         ]
         self.v_cache = [
-            self.ops.new_cache(slots, num_kv_heads, head_dim, dtype) for _ in range(num_layers)
+            self.ops.new_cache(num_blocks + 1, block_size, num_kv_heads, head_dim, dtype)
+            for _ in range(num_layers)
         ]
 
     def forward(
         self, layer: int, q: paddle.Tensor, k: paddle.Tensor, v: paddle.Tensor, meta: ForwardMeta
     ) -> paddle.Tensor:
-        """q [tokens, heads, dim], k/v [tokens, kv_heads, dim] -> [tokens, heads * dim]."""
-        k_cache, v_cache = self.k_cache[layer], self.v_cache[layer]
+        """q [tokens, heads, dim], k/v [tokens, kv_heads, dim] -> [tokens, heads * dim]:
+        the encoder rows, then the decoder rows."""
+        ops, k_cache, v_cache = self.ops, self.k_cache[layer], self.v_cache[layer]
         split = meta.encoder_tokens
         parts = []
         if meta.encoder:
             enc = meta.encoder
             b, s, _ = enc.shape
             k_enc, v_enc = k[:split], v[:split]
-            self.ops.write_cache(k_cache, enc.slots, k_enc)
-            self.ops.write_cache(v_cache, enc.slots, v_enc)
+            for cache, values in ((k_cache, k_enc), (v_cache, v_enc)):
+                if enc.block_indices is not None:
+                    ops.write_blocks(cache, enc.block_indices, values)
+                else:
+                    ops.write_slots(cache, enc.slot_blocks, enc.slot_offsets, values)
             q_enc = q[:split].reshape([b, s, *q.shape[1:]])
             if enc.has_context:
-                out = self.ops.prefill_with_context(
-                    q_enc, k_cache, v_cache, enc.key_slots, enc.mask
-                )
+                out = ops.prefill_with_context(q_enc, k_cache, v_cache, enc.block_list, enc.mask)
             else:
                 kv_shape = [b, s, *k.shape[1:]]
-                out = self.ops.prefill(
-                    q_enc, k_enc.reshape(kv_shape), v_enc.reshape(kv_shape), enc.mask
-                )
-            parts.append(out.reshape([b * s, -1]))
+                out = ops.prefill(q_enc, k_enc.reshape(kv_shape), v_enc.reshape(kv_shape))
+            parts.append(out)
         if meta.decoder:
             dec = meta.decoder
-            self.ops.write_cache(k_cache, dec.slots, k[split:])
-            self.ops.write_cache(v_cache, dec.slots, v[split:])
-            parts.append(self.ops.decode(q[split:], k_cache, v_cache, dec.key_slots, dec.mask))
+            ops.write_slots(k_cache, dec.block_indices, dec.block_offsets, k[split:])
+            ops.write_slots(v_cache, dec.block_indices, dec.block_offsets, v[split:])
+            parts.append(
+                ops.decode(
+                    q[split:],
+                    k_cache,
+                    v_cache,
+                    dec.block_list,
+                    dec.block_groups,
+                    dec.block_mapping,
+                    dec.block_bias,
+                )
+            )
         return parts[0] if len(parts) == 1 else paddle.concat(parts, axis=0)
 
     def release(self, request_id: str) -> None:

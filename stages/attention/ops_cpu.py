@@ -1,10 +1,10 @@
 """The attention ops in plain Paddle, vectorised over the batch: the CPU side of the ops interface.
 
-The CPU cache of a layer is head-major: one [slots, head_dim] tensor per KV head, slot =
-block * block_size + offset, i.e. the reference's [num_blocks, block_size, kv_heads,
-head_dim] with the head axis first. Gathering a row's keys then needs no transpose, which
-Paddle's CPU kernels make expensive at these sizes. Grouped-query attention never repeats
-keys: each KV head's queries are [batch, group, seq, head_dim] against its keys.
+A layer's CPU cache is [kv_heads, num_blocks, block_size, head_dim]: the reference's
+[num_blocks, block_size, kv_heads, head_dim] with the head axis first, so that gathering
+blocks along axis 1 yields each head's keys ready for a batched matmul. Paddle's CPU
+transposes are slow at these sizes; this layout keeps them off the large tensors.
+Grouped-query attention never repeats keys: a KV head's G queries are matmul'd together.
 """
 
 from __future__ import annotations
@@ -12,58 +12,158 @@ from __future__ import annotations
 import paddle
 import paddle.nn.functional as F
 
-Cache = list[paddle.Tensor]  # one [slots, head_dim] tensor per KV head
+_NEG = -1e30
 
 
-def new_cache(slots: int, num_kv_heads: int, head_dim: int, dtype: str) -> Cache:
-    return [paddle.zeros([slots, head_dim], dtype=dtype) for _ in range(num_kv_heads)]
-
-
-def write_cache(cache: Cache, slots: paddle.Tensor, values: paddle.Tensor) -> None:
-    """Writes values [tokens, kv_heads, head_dim] at `slots` (whole blocks or single slots)."""
-    for head, tensor in enumerate(cache):
-        paddle.scatter_(tensor, slots, values[:, head], overwrite=True)
-
-
-def _attend(q: paddle.Tensor, keys: Cache, values: Cache, mask: paddle.Tensor) -> paddle.Tensor:
-    """q [B, S, H, D]; keys, values: per KV head [B, K, D]; mask [B, 1, 1, S, K] additive."""
-    b, s, h, d = q.shape
-    kv = len(keys)
-    q = q.reshape([b, s, kv, h // kv, d]).transpose([2, 0, 3, 1, 4])  # [KV, B, G, S, D]
-    mask = mask.squeeze(1)  # [B, 1, S, K]
-    outs = []
-    for head in range(kv):
-        scores = paddle.matmul(q[head], keys[head].unsqueeze(1), transpose_y=True)
-        probs = F.softmax(scores * (d**-0.5) + mask, axis=-1)
-        outs.append(paddle.matmul(probs, values[head].unsqueeze(1)))  # [B, G, S, D]
-    out = paddle.stack(outs, axis=1)  # [B, KV, G, S, D]
-    return out.transpose([0, 3, 1, 2, 4]).reshape([b, s, h * d])
-
-
-def prefill(
-    q: paddle.Tensor, k: paddle.Tensor, v: paddle.Tensor, mask: paddle.Tensor
+def new_cache(
+    num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: str
 ) -> paddle.Tensor:
-    """First chunk of every row: attend within the chunk, causally. k, v [B, S, KV, D]."""
-    heads = range(k.shape[2])
-    return _attend(q, [k[:, :, i] for i in heads], [v[:, :, i] for i in heads], mask)
+    return paddle.zeros([num_kv_heads, num_blocks, block_size, head_dim], dtype=dtype)
+
+
+def rotate(x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor, interleaved: bool):
+    """Rotary positions on x [T, heads, D] with cos, sin [T, 1, D]."""
+    if interleaved:  # pairs (2i, 2i+1) rotate together
+        pairs = x.reshape([*x.shape[:-1], -1, 2])
+        rotated = paddle.stack([-pairs[..., 1], pairs[..., 0]], axis=-1).reshape(x.shape)
+    else:  # the first half rotates with the second
+        half = x.shape[-1] // 2
+        rotated = paddle.concat([-x[..., half:], x[..., :half]], axis=-1)
+    return x * cos + rotated * sin
+
+
+def qkv_rope(
+    x: paddle.Tensor,
+    weight: paddle.Tensor,
+    bias: paddle.Tensor | None,
+    cos: paddle.Tensor,
+    sin: paddle.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    interleaved: bool,
+) -> tuple[paddle.Tensor, paddle.Tensor, paddle.Tensor]:
+    qkv = paddle.matmul(x, weight)
+    if bias is not None:
+        qkv = qkv + bias
+    t = x.shape[0]
+    q, k, v = paddle.split(
+        qkv, [num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim], axis=-1
+    )
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    q = rotate(q.reshape([t, num_heads, head_dim]), cos, sin, interleaved)
+    k = rotate(k.reshape([t, num_kv_heads, head_dim]), cos, sin, interleaved)
+    return q, k, v.reshape([t, num_kv_heads, head_dim])
+
+
+def write_blocks(cache: paddle.Tensor, block_indices: paddle.Tensor, values: paddle.Tensor) -> None:
+    kv, num_blocks, bs, d = cache.shape
+    n = block_indices.shape[0]
+    rows = block_indices.unsqueeze(0) + (paddle.arange(kv) * num_blocks).unsqueeze(1)
+    blocks = values.reshape([n, bs, kv, d]).transpose([2, 0, 1, 3]).reshape([kv * n, bs * d])
+    # The reshape is a view of the cache, so the scatter writes into it.
+    paddle.scatter_(cache.reshape([kv * num_blocks, bs * d]), rows.reshape([-1]), blocks)
+
+
+def write_slots(
+    cache: paddle.Tensor,
+    block_indices: paddle.Tensor,
+    block_offsets: paddle.Tensor,
+    values: paddle.Tensor,
+) -> None:
+    kv, num_blocks, bs, d = cache.shape
+    slots = block_indices * bs + block_offsets
+    rows = slots.unsqueeze(0) + (paddle.arange(kv) * (num_blocks * bs)).unsqueeze(1)
+    paddle.scatter_(
+        cache.reshape([kv * num_blocks * bs, d]),
+        rows.reshape([-1]),
+        values.transpose([1, 0, 2]).reshape([-1, d]),
+    )
+
+
+def _heads_first(q: paddle.Tensor, kv: int) -> paddle.Tensor:
+    """q [B, S, H, D] -> [KV, B, G * S, D], pre-scaled by 1/sqrt(D)."""
+    b, s, h, d = q.shape
+    q = q.reshape([b, s, kv, h // kv, d]).transpose([2, 0, 3, 1, 4])
+    return q.reshape([kv, b, (h // kv) * s, d]) * (d**-0.5)
+
+
+def _rows_first(out: paddle.Tensor, b: int, s: int) -> paddle.Tensor:
+    """[KV, B, G * S, D] -> [B * S, H * D]."""
+    kv, _, gs, d = out.shape
+    out = out.reshape([kv, b, gs // s, s, d]).transpose([1, 3, 0, 2, 4])
+    return out.reshape([b * s, -1])
+
+
+def _attend(q, keys, values, mask, b: int, s: int) -> paddle.Tensor:
+    """q [KV, B, G*S, D], keys/values [KV, B, K, D], mask broadcastable to [KV, B, G, S, K]."""
+    kv, _, gs, _ = q.shape
+    scores = paddle.matmul(q, keys, transpose_y=True)
+    k = scores.shape[-1]
+    scores = scores.reshape([kv, b, gs // s, s, k]) + mask
+    probs = F.softmax(scores, axis=-1).reshape([kv, b, gs, k])
+    return _rows_first(paddle.matmul(probs, values), b, s)
+
+
+def prefill(q: paddle.Tensor, k: paddle.Tensor, v: paddle.Tensor) -> paddle.Tensor:
+    b, s, kv, _ = k.shape
+    causal = paddle.triu(paddle.full([s, s], _NEG, dtype=q.dtype), diagonal=1)
+    keys, values = k.transpose([2, 0, 1, 3]), v.transpose([2, 0, 1, 3])
+    return _attend(_heads_first(q, kv), keys, values, causal, b, s)
+
+
+def _gather_rows(cache: paddle.Tensor, block_list: paddle.Tensor) -> paddle.Tensor:
+    """The blocks of each row of block_list [B, M], as [KV, B, M * bs, D]."""
+    kv, _, bs, d = cache.shape
+    b, m = block_list.shape
+    return paddle.gather(cache, block_list.reshape([-1]), axis=1).reshape([kv, b, m * bs, d])
 
 
 def prefill_with_context(
-    q: paddle.Tensor, k_cache: Cache, v_cache: Cache, key_slots: paddle.Tensor, mask: paddle.Tensor
+    q: paddle.Tensor,
+    k_cache: paddle.Tensor,
+    v_cache: paddle.Tensor,
+    block_list: paddle.Tensor,
+    mask: paddle.Tensor,
 ) -> paddle.Tensor:
-    """A later chunk: keys are the cached context plus this chunk (already written)."""
-    return _attend(q, _gather(k_cache, key_slots), _gather(v_cache, key_slots), mask)
+    b, s = q.shape[:2]
+    kv = k_cache.shape[0]
+    keys, values = _gather_rows(k_cache, block_list), _gather_rows(v_cache, block_list)
+    return _attend(_heads_first(q, kv), keys, values, mask.unsqueeze(0), b, s)
 
 
 def decode(
-    q: paddle.Tensor, k_cache: Cache, v_cache: Cache, key_slots: paddle.Tensor, mask: paddle.Tensor
+    q: paddle.Tensor,
+    k_cache: paddle.Tensor,
+    v_cache: paddle.Tensor,
+    block_list: paddle.Tensor,
+    block_groups: paddle.Tensor,
+    block_mapping: paddle.Tensor,
+    block_bias: paddle.Tensor,
 ) -> paddle.Tensor:
-    """One query per row over its paged keys. q [B, H, D] -> [B, H*D]."""
-    out = _attend(q.unsqueeze(1), _gather(k_cache, key_slots), _gather(v_cache, key_slots), mask)
-    return out.squeeze(1)
-
-
-def _gather(cache: Cache, key_slots: paddle.Tensor) -> Cache:
-    b, n = key_slots.shape
-    flat = key_slots.reshape([-1])
-    return [paddle.gather(tensor, flat).reshape([b, n, tensor.shape[1]]) for tensor in cache]
+    """Each block attends on its own (its max, its sum), then blocks are combined per row
+    after rescaling to the row's max, as flat paged attention does on the HPU."""
+    r, h, d = q.shape
+    kv = k_cache.shape[0]
+    nb = block_list.shape[0]
+    q = q.reshape([r, kv, h // kv, d]).transpose([1, 0, 2, 3]) * (d**-0.5)
+    q_blocks = paddle.gather(q, block_groups, axis=1)  # [KV, NB, G, D]
+    keys = paddle.gather(k_cache, block_list, axis=1)  # [KV, NB, bs, D]
+    values = paddle.gather(v_cache, block_list, axis=1)
+    scores = paddle.matmul(q_blocks, keys, transpose_y=True) + block_bias.reshape([1, nb, 1, -1])
+    block_max = scores.max(axis=-1)  # [KV, NB, G]
+    # Rows own consecutive blocks (block_groups is sorted), so a segment max gives row maxima.
+    flat_max = block_max.transpose([1, 0, 2]).reshape([nb, -1])
+    row_max = paddle.geometric.segment_max(flat_max, block_groups)
+    scale = paddle.exp(flat_max - paddle.gather(row_max, block_groups))  # [NB, KV * G]
+    probs = paddle.exp(scores - block_max.unsqueeze(-1))
+    block_out = paddle.matmul(probs, values).transpose([1, 0, 2, 3]).reshape([nb, h, d])
+    block_sum = probs.sum(axis=-1).transpose([1, 0, 2]).reshape([nb, h]) * scale
+    row_out = paddle.matmul(
+        block_mapping, (block_out * scale.unsqueeze(-1)).reshape([nb, -1]), transpose_x=True
+    )
+    row_sum = paddle.matmul(block_mapping, block_sum, transpose_x=True)  # [R, H]
+    # Padding rows own no block: their sum is 0 and their output stays 0, not NaN.
+    return (row_out.reshape([r, h, d]) / paddle.clip(row_sum, min=1e-30).unsqueeze(-1)).reshape(
+        [r, h * d]
+    )
