@@ -1,4 +1,12 @@
-"""Serving metrics with the field's definitions (as vLLM's benchmarks report them)."""
+"""Serving metrics with the field's definitions (as vLLM's benchmarks report them).
+
+Times are seconds since the run's start. Per request: TTFT is arrival to the first output
+token; E2E is arrival to the finish; TPOT is (E2E - TTFT) / (output tokens - 1), so it
+runs to the finish time, which is the last token's time unless the request ends later;
+ITL is every gap between consecutive output tokens. Aggregates are mean, p50, p90 and p99
+(numpy's linear interpolation) over served requests, and ITL over all their gaps; a
+request with one output token has no TPOT and no gap.
+"""
 
 from __future__ import annotations
 
@@ -38,6 +46,7 @@ def ttft_s(r: Request) -> float | None:
 
 
 def e2e_s(r: Request) -> float | None:
+    """Arrival to the finish, for a request that produced output."""
     return r.finish_s - r.arrival_s if r.finish_s is not None and r.token_times else None
 
 
@@ -49,9 +58,10 @@ def itl_s(r: Request) -> list[float]:
 def tpot_s(r: Request) -> float | None:
     """(e2e - TTFT) / (output tokens - 1): the mean time per token after the first."""
     n = len(r.token_times)
-    if n < 2:
+    e2e, ttft = e2e_s(r), ttft_s(r)
+    if n < 2 or e2e is None or ttft is None:
         return None
-    return (r.token_times[-1] - r.token_times[0]) / (n - 1)
+    return (e2e - ttft) / (n - 1)
 
 
 def summarise(
