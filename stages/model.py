@@ -1,19 +1,27 @@
-"""A decoder-only transformer of the Llama / ERNIE-4.5 family, written with Paddle ops.
+"""A decoder-only transformer of the Llama / Qwen2 / ERNIE-4.5 family, written with Paddle ops.
 
-RMSNorm, rotary positions (rotate-half), grouped-query attention and a SwiGLU MLP. The model
+RMSNorm, rotary positions (rotate-half, or interleaved pairs as in ERNIE-4.5), grouped-query
+attention with optional q/k/v biases, and a SwiGLU MLP or a mixture of experts. The model
 computes projections and the MLP on all of a step's rows; attention goes to the attention
-stage, which owns the KV cache. Built-in weights are drawn from a seed, so no download.
+stage, which owns the KV cache. Built-in weights are drawn from a seed, so no download;
+stages/checkpoint.py builds the same model from a Hugging Face folder.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Any
 
 import numpy as np
 import paddle
 import paddle.nn.functional as F
 
 from stages.metadata import ForwardMeta
+
+SUPPORTED_DTYPES = ("float32", "float16", "bfloat16")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
 
 @dataclass(frozen=True)
@@ -28,10 +36,72 @@ class ModelDims:
 
     @property
     def num_parameters(self) -> int:
+        """The dense, untied architecture's count; TransformerLM.num_parameters counts tensors."""
         h, d = self.hidden_size, self.head_dim
         attn = h * d * (2 * self.num_heads + 2 * self.num_kv_heads)
         mlp = 3 * h * self.intermediate_size
         return self.num_layers * (attn + mlp + 2 * h) + 2 * self.vocab_size * h + h
+
+
+def _linear(x: paddle.Tensor, weight: paddle.Tensor, bias: paddle.Tensor | None) -> paddle.Tensor:
+    y = paddle.matmul(x, weight)
+    return y if bias is None else y + bias
+
+
+@dataclass
+class DenseMLP:
+    """SwiGLU: down(silu(gate(x)) * up(x)); gate and up share one [hidden, 2 * inter] matmul."""
+
+    gate_up: paddle.Tensor  # [hidden, 2 * intermediate]
+    down: paddle.Tensor  # [intermediate, hidden]
+    gate_up_bias: paddle.Tensor | None = None
+    down_bias: paddle.Tensor | None = None
+
+    def __call__(self, x: paddle.Tensor) -> paddle.Tensor:
+        gate, up = paddle.chunk(_linear(x, self.gate_up, self.gate_up_bias), 2, axis=-1)
+        return _linear(F.silu(gate) * up, self.down, self.down_bias)
+
+
+@dataclass
+class MoeMLP:
+    """Routed experts with top-k gating, plus always-on shared experts (ERNIE-4.5 MoE).
+
+    The router runs in float32 and its softmax weights the chosen experts; the correction
+    bias only shifts which experts are chosen. The chosen weights are renormalised to sum
+    to one (their sum clamped below at norm_min)."""
+
+    router: paddle.Tensor  # [hidden, experts], float32
+    experts: list[DenseMLP]
+    top_k: int
+    norm_min: float
+    correction_bias: paddle.Tensor | None = None  # [experts], float32
+    shared: DenseMLP | None = None
+
+    def __call__(self, x: paddle.Tensor) -> paddle.Tensor:
+        x32 = x if x.dtype == paddle.float32 else x.astype("float32")
+        probs = F.softmax(paddle.matmul(x32, self.router), axis=-1)  # [n, experts]
+        scores = probs if self.correction_bias is None else probs + self.correction_bias
+        _, chosen = paddle.topk(scores, self.top_k, axis=-1)  # [n, k]
+        weights = paddle.take_along_axis(probs, chosen, axis=1)
+        weights = weights / paddle.clip(weights.sum(axis=-1, keepdim=True), min=self.norm_min)
+
+        # Sort the n * k (token, expert) pairs by expert, so each expert runs once on a
+        # contiguous slice of its tokens; the outputs are summed back per token.
+        flat = chosen.flatten()
+        order = paddle.argsort(flat, stable=True)
+        counts = paddle.bincount(flat, minlength=len(self.experts)).numpy()
+        token_rows = order // self.top_k
+        routed = paddle.gather(x, token_rows)
+        outputs, start = [], 0
+        for expert, count in zip(self.experts, counts.tolist(), strict=True):
+            if count:
+                outputs.append(expert(routed[start : start + count]))
+                start += count
+        pair_weights = paddle.gather(weights.flatten(), order).astype(x.dtype).unsqueeze(-1)
+        out = paddle.index_add(
+            paddle.zeros_like(x), token_rows, 0, paddle.concat(outputs) * pair_weights
+        )
+        return out if self.shared is None else out + self.shared(x)
 
 
 @dataclass
@@ -40,8 +110,75 @@ class LayerWeights:
     qkv: paddle.Tensor  # [hidden, (heads + 2 * kv_heads) * head_dim]
     out: paddle.Tensor  # [heads * head_dim, hidden]
     mlp_norm: paddle.Tensor
-    gate_up: paddle.Tensor  # [hidden, 2 * intermediate]
-    down: paddle.Tensor  # [intermediate, hidden]
+    mlp: DenseMLP | MoeMLP
+    qkv_bias: paddle.Tensor | None = None  # [(heads + 2 * kv_heads) * head_dim]
+    out_bias: paddle.Tensor | None = None
+
+
+@dataclass
+class ModelWeights:
+    embed: paddle.Tensor  # [vocab, hidden]
+    layers: list[LayerWeights]
+    final_norm: paddle.Tensor
+    lm_head: paddle.Tensor | None  # [hidden, vocab]; None = tied to the embeddings
+    lm_head_bias: paddle.Tensor | None = None
+
+
+def rope_type(scaling: Mapping[str, Any] | None) -> str:
+    """The rope scaling kind a config names ("rope_type", formerly "type"); none = default."""
+    if not scaling:
+        return "default"
+    return str(scaling.get("rope_type", scaling.get("type", "default")))
+
+
+def rope_inv_freq(
+    head_dim: int, theta: float, scaling: Mapping[str, Any] | None = None
+) -> np.ndarray:
+    """The rotation frequency of each of head_dim / 2 pairs, float64, after rope scaling."""
+    half = head_dim // 2
+    inv_freq = 1.0 / theta ** (np.arange(half, dtype=np.float64) / half)
+    kind = rope_type(scaling)
+    if kind not in SUPPORTED_ROPE_TYPES:
+        raise ValueError(
+            f"rope_scaling type {kind!r} is not supported: choose one of "
+            f"{', '.join(SUPPORTED_ROPE_TYPES)}"
+        )
+    if kind == "default":
+        return inv_freq
+    factor = _positive(scaling, "factor")
+    if kind == "linear":
+        return inv_freq / factor
+    # llama3: long wavelengths slow down by `factor`, short ones stay, a smooth blend between.
+    low = _positive(scaling, "low_freq_factor")
+    high = _positive(scaling, "high_freq_factor")
+    original = _positive(scaling, "original_max_position_embeddings")
+    if high <= low:
+        raise ValueError(
+            f"rope_scaling: high_freq_factor={high} must be above low_freq_factor={low}"
+        )
+    wavelen = 2 * math.pi / inv_freq
+    smooth = np.clip((original / wavelen - low) / (high - low), 0.0, 1.0)
+    return (1 - smooth) * inv_freq / factor + smooth * inv_freq
+
+
+def _positive(scaling: Mapping[str, Any], key: str) -> float:
+    value = scaling.get(key)
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"rope_scaling.{key}={value!r}: needs a positive number")
+    return float(value)
+
+
+def check_dtype(dtype: str) -> None:
+    """Refuses a compute dtype that Paddle cannot multiply in on the current device."""
+    if dtype not in SUPPORTED_DTYPES:
+        raise ValueError(f"model.dtype={dtype}: choose one of {', '.join(SUPPORTED_DTYPES)}")
+    try:
+        paddle.matmul(paddle.ones([1, 1], dtype=dtype), paddle.ones([1, 1], dtype=dtype))
+    except Exception as err:  # Paddle raises its own NotFound error for a missing kernel
+        raise ValueError(
+            f"model.dtype={dtype}: Paddle has no {dtype} matmul on {paddle.get_device()}; "
+            "use model.dtype=float32"
+        ) from err
 
 
 class TransformerLM:
@@ -59,10 +196,18 @@ class TransformerLM:
         rms_eps: float = 1e-6,
         seed: int = 0,
         dtype: str = "float32",
+        rope_scaling: Mapping[str, Any] | None = None,
+        rope_interleaved: bool = False,
+        weights: ModelWeights | None = None,
+        eos_ids: Sequence[int] = (),
     ) -> None:
+        """Weights are drawn from `seed` unless given (a loaded checkpoint's)."""
         head_dim = head_dim or hidden_size // num_heads
         if num_heads % num_kv_heads:
             raise ValueError("model.num_heads must be a multiple of model.num_kv_heads")
+        if head_dim % 2:
+            raise ValueError(f"model.head_dim={head_dim} must be even for rotary positions")
+        check_dtype(dtype)
         self.dims = ModelDims(
             vocab_size,
             hidden_size,
@@ -74,10 +219,48 @@ class TransformerLM:
         )
         self.rms_eps = rms_eps
         self.dtype = dtype
-        self._init_weights(np.random.default_rng(seed))
-        self._init_rope(max_position, rope_theta)
+        self.max_position = max_position
+        self.rope_theta = rope_theta
+        self.rope_scaling = dict(rope_scaling) if rope_scaling else None
+        self.rope_interleaved = rope_interleaved
+        self.eos_ids = frozenset(eos_ids)
+        if weights is None:
+            weights = self._draw_weights(np.random.default_rng(seed))
+        self.embed = weights.embed
+        self.layers = weights.layers
+        self.final_norm = weights.final_norm
+        self.lm_head = weights.lm_head
+        self.lm_head_bias = weights.lm_head_bias
+        self._init_rope()
 
-    def _init_weights(self, rng: np.random.Generator) -> None:
+    @property
+    def has_biases(self) -> bool:
+        return self.lm_head_bias is not None or any(
+            layer.qkv_bias is not None or layer.out_bias is not None for layer in self.layers
+        )
+
+    @property
+    def has_moe(self) -> bool:
+        return any(isinstance(layer.mlp, MoeMLP) for layer in self.layers)
+
+    @property
+    def num_parameters(self) -> int:
+        return sum(math.prod(t.shape) for t in self._tensors())
+
+    def _tensors(self) -> Iterator[paddle.Tensor]:
+        def walk(node) -> Iterator[paddle.Tensor]:
+            if isinstance(node, paddle.Tensor):
+                yield node
+            elif isinstance(node, list):
+                for item in node:
+                    yield from walk(item)
+            elif isinstance(node, (DenseMLP, MoeMLP, LayerWeights)):
+                for f in fields(node):
+                    yield from walk(getattr(node, f.name))
+
+        yield from walk([self.embed, self.layers, self.final_norm, self.lm_head, self.lm_head_bias])
+
+    def _draw_weights(self, rng: np.random.Generator) -> ModelWeights:
         d = self.dims
         qkv_width = (d.num_heads + 2 * d.num_kv_heads) * d.head_dim
 
@@ -89,39 +272,48 @@ class TransformerLM:
 
         # Unit-variance embeddings and 1/sqrt(fan_in) projections keep logits well spread,
         # so greedy choices are far from ties and comparisons across layouts are stable.
-        self.embed = normal(d.vocab_size, d.hidden_size, 1.0)
-        self.layers = [
-            LayerWeights(
-                attn_norm=ones(d.hidden_size),
-                qkv=normal(d.hidden_size, qkv_width, d.hidden_size**-0.5),
-                out=normal(
-                    d.num_heads * d.head_dim, d.hidden_size, (d.num_heads * d.head_dim) ** -0.5
-                ),
-                mlp_norm=ones(d.hidden_size),
-                gate_up=normal(d.hidden_size, 2 * d.intermediate_size, d.hidden_size**-0.5),
-                down=normal(d.intermediate_size, d.hidden_size, d.intermediate_size**-0.5),
+        # The draw order is fixed: a seed gives the same weights as it always has.
+        embed = normal(d.vocab_size, d.hidden_size, 1.0)
+        layers = []
+        for _ in range(d.num_layers):
+            attn_norm = ones(d.hidden_size)
+            qkv = normal(d.hidden_size, qkv_width, d.hidden_size**-0.5)
+            out = normal(
+                d.num_heads * d.head_dim, d.hidden_size, (d.num_heads * d.head_dim) ** -0.5
             )
-            for _ in range(d.num_layers)
-        ]
-        self.final_norm = ones(d.hidden_size)
-        self.lm_head = normal(d.hidden_size, d.vocab_size, d.hidden_size**-0.5)
+            mlp_norm = ones(d.hidden_size)
+            gate_up = normal(d.hidden_size, 2 * d.intermediate_size, d.hidden_size**-0.5)
+            down = normal(d.intermediate_size, d.hidden_size, d.intermediate_size**-0.5)
+            layers.append(LayerWeights(attn_norm, qkv, out, mlp_norm, DenseMLP(gate_up, down)))
+        final_norm = ones(d.hidden_size)
+        lm_head = normal(d.hidden_size, d.vocab_size, d.hidden_size**-0.5)
+        return ModelWeights(embed, layers, final_norm, lm_head)
 
-    def _init_rope(self, max_position: int, theta: float) -> None:
-        half = self.dims.head_dim // 2
-        inv_freq = 1.0 / theta ** (np.arange(half, dtype=np.float64) / half)
-        angles = np.outer(np.arange(max_position, dtype=np.float64), inv_freq)
-        angles = np.concatenate([angles, angles], axis=-1)
-        self.cos = paddle.to_tensor(np.cos(angles).astype(self.dtype))
-        self.sin = paddle.to_tensor(np.sin(angles).astype(self.dtype))
+    def _init_rope(self) -> None:
+        inv_freq = rope_inv_freq(self.dims.head_dim, self.rope_theta, self.rope_scaling)
+        angles = np.outer(np.arange(self.max_position, dtype=np.float64), inv_freq)
+        if self.rope_interleaved:  # pair i is dims (2i, 2i + 1)
+            angles = np.repeat(angles, 2, axis=-1)
+        else:  # pair i is dims (i, i + head_dim / 2)
+            angles = np.concatenate([angles, angles], axis=-1)
+        self.cos = paddle.to_tensor(np.cos(angles).astype(np.float32)).astype(self.dtype)
+        self.sin = paddle.to_tensor(np.sin(angles).astype(np.float32)).astype(self.dtype)
 
     def _rms_norm(self, x: paddle.Tensor, weight: paddle.Tensor) -> paddle.Tensor:
+        if x.dtype != paddle.float32:  # half-precision squares overflow: normalise in float32
+            x32 = x.astype("float32")
+            variance = x32.pow(2).mean(axis=-1, keepdim=True)
+            return (x32 * paddle.rsqrt(variance + self.rms_eps)).astype(x.dtype) * weight
         variance = x.pow(2).mean(axis=-1, keepdim=True)
         return x * paddle.rsqrt(variance + self.rms_eps) * weight
 
-    @staticmethod
-    def _rotate(x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor) -> paddle.Tensor:
-        half = x.shape[-1] // 2
-        rotated = paddle.concat([-x[..., half:], x[..., :half]], axis=-1)
+    def _rotate(self, x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor) -> paddle.Tensor:
+        if self.rope_interleaved:
+            pairs = x.reshape([*x.shape[:-1], -1, 2])
+            rotated = paddle.stack([-pairs[..., 1], pairs[..., 0]], axis=-1).reshape(x.shape)
+        else:
+            half = x.shape[-1] // 2
+            rotated = paddle.concat([-x[..., half:], x[..., :half]], axis=-1)
         return x * cos + rotated * sin
 
     @paddle.no_grad()
@@ -134,15 +326,16 @@ class TransformerLM:
         sin = paddle.gather(self.sin, meta.positions).unsqueeze(1)
         q_width, kv_width = d.num_heads * d.head_dim, d.num_kv_heads * d.head_dim
         for index, layer in enumerate(self.layers):
-            qkv = paddle.matmul(self._rms_norm(h, layer.attn_norm), layer.qkv)
+            qkv = _linear(self._rms_norm(h, layer.attn_norm), layer.qkv, layer.qkv_bias)
             q, k, v = paddle.split(qkv, [q_width, kv_width, kv_width], axis=-1)
             q = self._rotate(q.reshape([n, d.num_heads, d.head_dim]), cos, sin)
             k = self._rotate(k.reshape([n, d.num_kv_heads, d.head_dim]), cos, sin)
             v = v.reshape([n, d.num_kv_heads, d.head_dim])
-            h = h + paddle.matmul(attention.forward(index, q, k, v, meta), layer.out)
-            gate, up = paddle.chunk(
-                paddle.matmul(self._rms_norm(h, layer.mlp_norm), layer.gate_up), 2, axis=-1
-            )
-            h = h + paddle.matmul(F.silu(gate) * up, layer.down)
-        last = paddle.gather(h, meta.logits_rows)
-        return paddle.matmul(self._rms_norm(last, self.final_norm), self.lm_head)
+            h = h + _linear(attention.forward(index, q, k, v, meta), layer.out, layer.out_bias)
+            h = h + layer.mlp(self._rms_norm(h, layer.mlp_norm))
+        last = self._rms_norm(paddle.gather(h, meta.logits_rows), self.final_norm)
+        if self.lm_head is None:
+            logits = paddle.matmul(last, self.embed, transpose_y=True)
+        else:
+            logits = paddle.matmul(last, self.lm_head)
+        return logits if self.lm_head_bias is None else logits + self.lm_head_bias
