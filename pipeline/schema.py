@@ -21,12 +21,21 @@ class ByteTokenizerConf:
 
 
 @dataclass
+class HfTokenizerConf:
+    _target_: str = "stages.tokenizer.HfTokenizer"
+    path: str = MISSING  # a folder holding tokenizer.json
+    add_special_tokens: bool = True
+    add_bos: bool = False
+
+
+@dataclass
 class SchedulerConf:
     _target_: str = MISSING
     max_tokens: int = MISSING
     max_num_seqs: int = MISSING
     max_model_len: int = MISSING
     block_size: int = MISSING
+    budget: str = "padded"  # padded: prefill rows cost their padded rectangle; real: tokens
 
 
 @dataclass
@@ -109,6 +118,14 @@ class TransformerConf:
 
 
 @dataclass
+class HfModelConf:
+    _target_: str = "stages.checkpoint.load_hf_model"
+    path: str = MISSING  # a local Hugging Face-format folder
+    dtype: str = "float32"  # compute dtype
+    max_position: int = 0  # rotary table length; 0 = the config's max_position_embeddings
+
+
+@dataclass
 class SyntheticWorkloadConf:
     _target_: str = "stages.workload.SyntheticWorkload"
     num_requests: int = 16
@@ -118,7 +135,14 @@ class SyntheticWorkloadConf:
     max_new_tokens: int = 32
     ignore_eos: bool = True
     rate: float = 0.0
+    start_s: float = 0.0  # arrivals begin here
     seed: int = MISSING
+
+
+@dataclass
+class MixedWorkloadConf:
+    _target_: str = "stages.workload.MixedWorkload"
+    parts: dict[str, SyntheticWorkloadConf] = field(default_factory=dict)
 
 
 @dataclass
@@ -153,6 +177,7 @@ class PipelineConf:
 
 SCHEMAS = {
     ("tokenizer", "byte"): ByteTokenizerConf,
+    ("tokenizer", "hf"): HfTokenizerConf,
     ("scheduler", "chunked"): ChunkedSchedulerConf,
     ("scheduler", "whole"): WholeSchedulerConf,
     ("metadata", "hpu"): HPUMetadataConf,
@@ -161,8 +186,10 @@ SCHEMAS = {
     ("sampler", "greedy"): GreedySamplerConf,
     ("sampler", "random"): RandomSamplerConf,
     ("model", "transformer"): TransformerConf,
+    ("model", "hf"): HfModelConf,
     ("workload", "synthetic"): SyntheticWorkloadConf,
     ("workload", "jsonl"): JsonlWorkloadConf,
+    ("workload", "mixed"): MixedWorkloadConf,
 }
 
 

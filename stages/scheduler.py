@@ -4,6 +4,13 @@ Each step walks the running requests first, in admission order (a decode costs o
 an unfinished prefill continues), then admits waiting requests while the budget,
 `max_num_seqs` and the block pool allow. When the pool runs dry the most recently admitted
 request is preempted by recompute.
+
+What a prefill chunk costs is `budget`: `padded` (the HPU rule, default) charges the
+tokens the device computes, since the step's prefill rows are padded to one rectangle of
+whole blocks: adding a row grows it from rows x width to (rows + 1) x max(width, the
+row's blocks). The budget then bounds the padded step, so the metadata builder never
+meets a step larger than the budget and never has to drop or split a scheduled row.
+`real` charges real tokens only (vLLM's rule); the padded step may then exceed the budget.
 """
 
 from __future__ import annotations
@@ -27,8 +34,17 @@ class ChunkedScheduler:
         num_blocks: int,
         align_chunks: bool = True,
         long_prefill_threshold: int = 0,
+        budget: str = "padded",
         eos_ids: Iterable[int] = (),
     ) -> None:
+        if budget not in ("padded", "real"):
+            raise ValueError(f"scheduler.budget={budget}: choose scheduler.budget=padded or real")
+        if budget == "padded" and max_tokens < block_size:
+            raise ValueError(
+                f"max_tokens={max_tokens} < block_size={block_size}: with scheduler.budget=padded "
+                "a prefill row costs whole blocks; raise max_tokens or lower block_size"
+            )
+        self.padded_budget = budget == "padded"
         self.max_tokens = max_tokens
         self.max_num_seqs = max_num_seqs
         self.max_model_len = max_model_len
@@ -53,10 +69,11 @@ class ChunkedScheduler:
                 f"prompt has {n} tokens, max_model_len={self.max_model_len} leaves no room "
                 "for output: shorten the prompt or raise max_model_len"
             )
-        if not self.chunked and n > self.max_tokens:
+        if not self.chunked and self._whole_cost(n) > self.max_tokens:
             return (
-                f"prompt has {n} tokens, more than max_tokens={self.max_tokens} and "
-                "scheduler=whole never splits a prompt: raise max_tokens or use scheduler=chunked"
+                f"prompt has {n} tokens ({self._whole_cost(n)} padded to whole blocks), more "
+                f"than max_tokens={self.max_tokens}, and scheduler=whole never splits a prompt: "
+                "raise max_tokens or use scheduler=chunked"
             )
         longest = min(n + request.max_new_tokens, self.max_model_len)
         needed = blocks_for(longest, self.block_size)
@@ -67,6 +84,10 @@ class ChunkedScheduler:
             )
         return None
 
+    def _whole_cost(self, n: int) -> int:
+        """Budget a whole prompt of n tokens needs on its own."""
+        return blocks_for(n, self.block_size) * self.block_size if self.padded_budget else n
+
     def add(self, request: Request) -> None:
         request.status = Status.WAITING
         self.waiting.append(request)
@@ -76,9 +97,21 @@ class ChunkedScheduler:
         return bool(self.waiting or self.running)
 
     # -- one step ----------------------------------------------------------------------------
-    def _chunk_len(self, remaining: int, budget: int) -> int:
-        """Tokens of a prefill to run now; 0 means it waits for a later step."""
+    def _chunk_len(self, remaining: int, budget: int, rect: list[int]) -> int:
+        """Tokens of a prefill to run now; 0 means it waits for a later step.
+
+        `rect` is the step's prefill rectangle so far, [rows, width]; with the padded
+        budget a chunk may only be as long as the rectangle it grows still fits."""
         n = min(remaining, budget)
+        if self.padded_budget:
+            rows, width = rect
+            # A row within the current width costs that width; a wider one regrows the
+            # rectangle, at most to the widest that rows + 1 rows still fit.
+            widest = (budget + rows * width) // (rows + 1) // self.block_size * self.block_size
+            n = min(
+                remaining,
+                max(width if width <= budget else 0, widest if widest >= width else 0),
+            )
         if self.long_prefill_threshold:
             n = min(n, self.long_prefill_threshold)
         if n < remaining and self.align_chunks:
@@ -86,6 +119,14 @@ class ChunkedScheduler:
             # prompt must end on a block boundary; a leftover below a block waits.
             n -= n % self.block_size
         return n
+
+    def _charge(self, n: int, rect: list[int]) -> int:
+        """Budget a prefill chunk of n tokens uses; grows `rect` to hold it."""
+        if not self.padded_budget:
+            return n
+        rows, width = rect
+        rect[0], rect[1] = rows + 1, max(width, blocks_for(n, self.block_size) * self.block_size)
+        return rect[0] * rect[1] - rows * width
 
     def _blocks_needed(self, request: Request, new_tokens: int) -> int:
         total = blocks_for(request.num_computed + new_tokens, self.block_size)
@@ -104,12 +145,13 @@ class ChunkedScheduler:
     def schedule(self, now: float = 0.0) -> StepPlan:
         plan = StepPlan()
         budget = self.max_tokens
+        rect = [0, 0]  # the prefill rows' padded rectangle: rows, width
         i = 0
         while i < len(self.running) and budget > 0:
             request = self.running[i]
             remaining = request.num_tokens - request.num_computed
             is_decode = remaining == 1 and bool(request.output_ids)
-            n = 1 if is_decode else self._chunk_len(remaining, budget)
+            n = 1 if is_decode else self._chunk_len(remaining, budget, rect)
             if n == 0:
                 i += 1
                 continue
@@ -122,11 +164,12 @@ class ChunkedScheduler:
             request.block_table += self.pool.allocate(needed)
             if is_decode:
                 plan.decode.append(request)
+                budget -= 1
             else:
                 plan.prefill.append(
                     PrefillChunk(request, request.num_computed, request.num_computed + n)
                 )
-            budget -= n
+                budget -= self._charge(n, rect)
             i += 1
 
         # Like the reference, nothing new is admitted in a step that had to preempt.
@@ -135,7 +178,7 @@ class ChunkedScheduler:
                 break
             request = self.waiting[0]
             remaining = request.num_tokens - request.num_computed
-            if not self.chunked and remaining > self.max_tokens:
+            if not self.chunked and self._whole_cost(remaining) > self.max_tokens:
                 # Only a preempted request can get here: its recompute outgrew the budget.
                 self.waiting.popleft()
                 request.fail(
@@ -145,7 +188,7 @@ class ChunkedScheduler:
                 )
                 plan.failed.append(request)
                 continue
-            n = self._chunk_len(remaining, budget)
+            n = self._chunk_len(remaining, budget, rect)
             if n == 0 or (not self.chunked and n < remaining):
                 break  # the leftover budget ends admission for this step; it never loops
             needed = self._blocks_needed(request, n)
@@ -158,7 +201,7 @@ class ChunkedScheduler:
             plan.prefill.append(
                 PrefillChunk(request, request.num_computed, request.num_computed + n)
             )
-            budget -= n
+            budget -= self._charge(n, rect)
         return plan
 
     # -- after the forward -------------------------------------------------------------------

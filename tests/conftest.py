@@ -68,7 +68,10 @@ def serve(overrides: Sequence[str] = (), record_logits: bool = False, steps: lis
     """Runs a composed pipeline to the end; returns (requests by id, engine).
 
     `steps`, when given, receives the engine's StepRecord of every step."""
-    engine, requests = build_engine(make_config(overrides))
+    cfg = make_config(overrides)
+    engine, requests = build_engine(cfg)
+    if cfg.warmup:
+        engine.warmup()  # padding-only steps first: they must leave no trace in the outputs
     if record_logits:
         engine.sampler = RecordingSampler(engine.sampler)
     engine.run(requests, on_step=steps.append if steps is not None else lambda record: None)

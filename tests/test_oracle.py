@@ -45,9 +45,25 @@ def anything(steps) -> bool:
     return True
 
 
-def partial_prefills_with_different_contexts(steps) -> bool:
-    """Rows with different, non-zero context lengths shared a step (the reference's flaw 3)."""
-    return any(len({c["start"] for c in s.prefill if c["start"] > 0}) >= 2 for s in steps)
+def partial_prefills_with_different_contexts(rows: int):
+    """Rows with `rows` different, non-zero context lengths shared a step (flaw 3)."""
+
+    def check(steps) -> bool:
+        return any(len({c["start"] for c in s.prefill if c["start"] > 0}) >= rows for s in steps)
+
+    return check
+
+
+def mixed_steps(steps) -> bool:
+    return "mixed" in {s.mode for s in steps}
+
+
+def extend_only_steps(steps) -> bool:
+    return "extend" in {s.mode for s in steps}
+
+
+def one_block_chunks(steps) -> bool:
+    return any(not c["start"] and c["end"] == 16 for s in steps for c in s.prefill)
 
 
 def unaligned_chunk_starts(steps) -> bool:
@@ -58,12 +74,30 @@ HPU_CASES = {
     "block size 64": (["block_size=64", "max_tokens=64"], anything),
     "block size 128": (["block_size=128", "max_tokens=128"], anything),
     "exponential buckets": (["metadata.bucketing=exponential", "max_tokens=48"], anything),
-    "unaligned chunks": (["scheduler.align_chunks=false", "max_tokens=21"], unaligned_chunk_starts),
-    "several partial prefills": (
-        ["max_tokens=64", "scheduler.long_prefill_threshold=16"],
-        partial_prefills_with_different_contexts,
+    "unaligned chunks": (
+        ["scheduler.align_chunks=false", "scheduler.budget=real", "max_tokens=21"],
+        unaligned_chunk_starts,
     ),
-    "decode-only steps": (["max_tokens=4096", "scheduler=whole"], anything),
+    "two partial prefills": (
+        ["max_tokens=64", "scheduler.long_prefill_threshold=16"],
+        partial_prefills_with_different_contexts(2),
+    ),
+    "three partial prefills": (
+        ["max_tokens=52", "scheduler.long_prefill_threshold=16"],
+        partial_prefills_with_different_contexts(3),
+    ),
+    "chunks of one block": (["max_tokens=16"], one_block_chunks),
+    "mixed steps": (["max_tokens=48"], mixed_steps),
+    "extend-only and decode-only steps": (
+        ["max_tokens=4096", "scheduler=whole"],
+        extend_only_steps,
+    ),
+    "real-token budget": (["max_tokens=40", "scheduler.budget=real"], mixed_steps),
+    "warmup first": (["max_tokens=64", "warmup=true"], anything),
+    "exponential buckets, block size 64": (
+        ["metadata.bucketing=exponential", "block_size=64", "max_tokens=128"],
+        anything,
+    ),
 }
 
 

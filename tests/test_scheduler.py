@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -37,6 +38,11 @@ def drive(sched: ChunkedScheduler, requests: list[Request], max_steps: int = 100
         plan = sched.schedule()
         assert not plan.empty or plan.failed
         assert plan.num_tokens <= sched.max_tokens
+        if sched.padded_budget and plan.prefill:
+            # The padded step, what the device computes, fits the budget too.
+            width = max(blocks_for(c.length, sched.block_size) for c in plan.prefill)
+            padded = len(plan.prefill) * width * sched.block_size + len(plan.decode)
+            assert padded <= sched.max_tokens
         assert len(plan.prefill) + len(plan.decode) <= sched.max_num_seqs
         owners = {}
         for r in sched.running:
@@ -59,7 +65,7 @@ def drive(sched: ChunkedScheduler, requests: list[Request], max_steps: int = 100
 
 
 def test_vllm_unit_case_three_800_token_prompts_budget_1024():
-    sched = scheduler(align_chunks=False)
+    sched = scheduler(align_chunks=False, budget="real")
     reqs = [request(i, 800) for i in range(3)]
     for r in reqs:
         sched.add(r)
@@ -86,8 +92,9 @@ def test_reference_hang_case_finishes():
     assert partial.finished and long.finished
 
 
-def test_short_remaining_prompt_waits_rather_than_misalign():
-    sched = scheduler(max_tokens=64, block_size=16)
+@pytest.mark.parametrize(("budget", "second_chunk"), [("padded", 32), ("real", 48)])
+def test_short_remaining_prompt_waits_rather_than_misalign(budget, second_chunk):
+    sched = scheduler(max_tokens=64, block_size=16, budget=budget)
     r = request(0, 70)
     sched.add(r)
     first = sched.schedule()
@@ -96,11 +103,26 @@ def test_short_remaining_prompt_waits_rather_than_misalign():
     r2 = request(1, 100)
     sched.add(r2)
     second = sched.schedule()
-    # r finishes its prompt (6 tokens, final, unaligned is fine); r2 gets 48 aligned tokens.
+    # r finishes its prompt (6 tokens, final, unaligned is fine); r2 gets aligned tokens:
+    # all 48 left when real tokens count, 32 when r's row costs a whole block and both
+    # rows are padded to r2's width (2 x 32 = 64).
     assert [(c.request.id, c.start, c.length) for c in second.prefill] == [
         ("r0", 64, 6),
-        ("r1", 0, 48),
+        ("r1", 0, second_chunk),
     ]
+
+
+def test_padded_budget_keeps_short_rows_out_of_a_wide_rectangle():
+    """A 300-token chunk makes the rectangle 320 wide; a 10-token prompt would cost 320."""
+    sched = scheduler(max_tokens=512, block_size=32)
+    for i, n in enumerate((300, 10)):
+        sched.add(request(i, n))
+    plan = sched.schedule()
+    assert [c.length for c in plan.prefill] == [300]
+    real = scheduler(max_tokens=512, block_size=32, budget="real")
+    for i, n in enumerate((300, 10)):
+        real.add(request(i, n))
+    assert [c.length for c in real.schedule().prefill] == [300, 10]
 
 
 def test_long_prefill_threshold_caps_a_chunk():
@@ -155,10 +177,11 @@ def test_whole_scheduler_refuses_a_prompt_over_the_budget():
     align=st.booleans(),
     threshold_blocks=st.integers(0, 4),
     whole=st.booleans(),
+    budget=st.sampled_from(["padded", "real"]),
 )
 def test_invariants_hold_for_any_workload(
     prompts, new, block_size, budget_blocks, extra_budget, max_num_seqs, pool_slack, align,
-    threshold_blocks, whole,
+    threshold_blocks, whole, budget,
 ):  # fmt: skip
     max_tokens = max(budget_blocks * block_size + extra_budget, max_num_seqs)
     reqs = [request(i, p, new[i]) for i, p in enumerate(prompts)]
@@ -169,6 +192,7 @@ def test_invariants_hold_for_any_workload(
         max_num_seqs=max_num_seqs,
         block_size=block_size,
         num_blocks=biggest + pool_slack,
+        budget=budget,
         **(
             {}
             if whole

@@ -1,0 +1,96 @@
+"""One decode step of model=small against its matmul floor.
+
+    python -m benchmarks.decode_step --batch 32 --context 512   (from the repository root)
+
+Builds the real pipeline (Hydra compose, paged attention, HPU metadata), gives `batch`
+requests a filled cache of `context` tokens each, and times the model forward of one decode
+step (metadata built once, outside the timing) and the whole step including the metadata
+build. The floor is the step's FLOPs over the Paddle matmul rate measured in the same run,
+both at the decode's own row count and at the best row count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+from hydra import compose, initialize_config_module
+
+from benchmarks.floor import matmul_rate, step_flops
+from pipeline.run import build_engine
+from pipeline.schema import register_schemas
+from stages.request import Request, StepPlan
+
+
+def decode_plan(engine, batch: int, context: int) -> StepPlan:
+    """`batch` running requests whose first `context - 1` tokens are already cached."""
+    rng = np.random.default_rng(0)
+    requests = []
+    for i in range(batch):
+        ids = rng.integers(0, 256, context).tolist()
+        r = Request(id=f"r{i}", index=i, prompt="", prompt_ids=ids[:-1], max_new_tokens=2)
+        r.output_ids = ids[-1:]
+        r.num_computed = context - 1
+        r.block_table = engine.scheduler.pool.allocate(-(-context // engine.scheduler.block_size))
+        requests.append(r)
+    return StepPlan(decode=requests)
+
+
+def median_ms(fn, repeats: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return float(np.median(times)) * 1e3
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--context", type=int, default=512)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("overrides", nargs="*", help="extra Hydra overrides")
+    args = parser.parse_args()
+    register_schemas()
+    with initialize_config_module(config_module="pipeline.conf", version_base="1.3"):
+        cfg = compose(
+            config_name="config",
+            overrides=[
+                "model=small",
+                f"num_threads={args.threads}",
+                f"max_num_seqs={args.batch}",
+                f"num_blocks={args.batch * (-(-(args.context + 1) // 128))}",
+                *args.overrides,
+            ],
+        )
+    engine, _ = build_engine(cfg)
+    plan = decode_plan(engine, args.batch, args.context)
+    meta = engine.metadata.build(plan)
+    forward_ms = median_ms(
+        lambda: float(engine.model.forward(meta, engine.attention)[0, 0]), args.repeats
+    )
+    step_ms = median_ms(
+        lambda: float(engine.model.forward(engine.metadata.build(plan), engine.attention)[0, 0]),
+        args.repeats,
+    )
+    flops = step_flops(engine.model.dims, 1, [args.context] * args.batch)
+    rate_here = matmul_rate(args.threads, engine.model.dims, rows=(args.batch,))
+    rate_best = matmul_rate(args.threads, engine.model.dims)
+    print(f"decode step, model=small, batch {args.batch}, context {args.context}, {meta.bucket}")
+    print(f"  forward            {forward_ms:8.2f} ms")
+    print(f"  metadata + forward {step_ms:8.2f} ms")
+    print(f"  step FLOPs         {flops / 1e9:8.3f} GFLOP")
+    for name, rate in (("at this row count", rate_here), ("best row count", rate_best)):
+        floor_ms = flops / rate * 1e3
+        print(
+            f"  floor {name:17s} {floor_ms:6.2f} ms ({rate / 1e9:.1f} GFLOP/s): "
+            f"forward = {forward_ms / floor_ms:.2f}x floor"
+        )
+
+
+if __name__ == "__main__":
+    main()
