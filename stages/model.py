@@ -307,30 +307,26 @@ class TransformerLM:
         variance = x.pow(2).mean(axis=-1, keepdim=True)
         return x * paddle.rsqrt(variance + self.rms_eps) * weight
 
-    def _rotate(self, x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor) -> paddle.Tensor:
-        if self.rope_interleaved:
-            pairs = x.reshape([*x.shape[:-1], -1, 2])
-            rotated = paddle.stack([-pairs[..., 1], pairs[..., 0]], axis=-1).reshape(x.shape)
-        else:
-            half = x.shape[-1] // 2
-            rotated = paddle.concat([-x[..., half:], x[..., :half]], axis=-1)
-        return x * cos + rotated * sin
-
     @paddle.no_grad()
     def forward(self, meta: ForwardMeta, attention) -> paddle.Tensor:
         """Logits [rows, vocab] for meta.logits_rows: each chunk's last token, each decode."""
         d = self.dims
-        n = meta.input_ids.shape[0]
         h = paddle.gather(self.embed, meta.input_ids)
-        cos = paddle.gather(self.cos, meta.positions).unsqueeze(1)  # [n, 1, head_dim]
-        sin = paddle.gather(self.sin, meta.positions).unsqueeze(1)
-        q_width, kv_width = d.num_heads * d.head_dim, d.num_kv_heads * d.head_dim
+        cos = paddle.gather(self.cos, meta.positions)  # [tokens, head_dim]
+        sin = paddle.gather(self.sin, meta.positions)
         for index, layer in enumerate(self.layers):
-            qkv = _linear(self._rms_norm(h, layer.attn_norm), layer.qkv, layer.qkv_bias)
-            q, k, v = paddle.split(qkv, [q_width, kv_width, kv_width], axis=-1)
-            q = self._rotate(q.reshape([n, d.num_heads, d.head_dim]), cos, sin)
-            k = self._rotate(k.reshape([n, d.num_kv_heads, d.head_dim]), cos, sin)
-            v = v.reshape([n, d.num_kv_heads, d.head_dim])
+            # QKV and RoPE belong to the attention stage's ops: the HPU fuses them.
+            q, k, v = attention.qkv_rope(
+                self._rms_norm(h, layer.attn_norm),
+                layer.qkv,
+                layer.qkv_bias,
+                cos,
+                sin,
+                d.num_heads,
+                d.num_kv_heads,
+                d.head_dim,
+                self.rope_interleaved,
+            )
             h = h + _linear(attention.forward(index, q, k, v, meta), layer.out, layer.out_bias)
             h = h + layer.mlp(self._rms_norm(h, layer.mlp_norm))
         last = self._rms_norm(paddle.gather(h, meta.logits_rows), self.final_norm)

@@ -45,6 +45,10 @@ class PagedAttention:
             for _ in range(num_layers)
         ]
 
+    def qkv_rope(self, *args, **kwargs) -> tuple[paddle.Tensor, paddle.Tensor, paddle.Tensor]:
+        """The fused QKV projection and rotary positions: see AttentionOps.qkv_rope."""
+        return self.ops.qkv_rope(*args, **kwargs)
+
     def forward(
         self, layer: int, q: paddle.Tensor, k: paddle.Tensor, v: paddle.Tensor, meta: ForwardMeta
     ) -> paddle.Tensor:

@@ -21,7 +21,9 @@ def new_cache(
     return paddle.zeros([num_kv_heads, num_blocks, block_size, head_dim], dtype=dtype)
 
 
-def rotate(x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor, interleaved: bool):
+def rotate(
+    x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor, interleaved: bool
+) -> paddle.Tensor:
     """Rotary positions on x [T, heads, D] with cos, sin [T, 1, D]."""
     if interleaved:  # pairs (2i, 2i+1) rotate together
         pairs = x.reshape([*x.shape[:-1], -1, 2])
