@@ -61,10 +61,12 @@ def build_engine(cfg: DictConfig) -> tuple[Engine, list[Request]]:
         )
     requests = build(cfg.workload).load(tokenizer)
     num_blocks = cfg.num_blocks or derive_num_blocks(cfg, requests)
+    # A checkpoint's config and generation config name its end tokens too.
+    eos_ids = tokenizer.eos_ids | model.eos_ids
     dims = model.dims
     engine = Engine(
         tokenizer=tokenizer,
-        scheduler=build(cfg.scheduler, num_blocks=num_blocks, eos_ids=tokenizer.eos_ids),
+        scheduler=build(cfg.scheduler, num_blocks=num_blocks, eos_ids=eos_ids),
         metadata=build(cfg.metadata, num_blocks=num_blocks, pad_id=tokenizer.pad_id),
         model=model,
         attention=build(
@@ -73,6 +75,7 @@ def build_engine(cfg: DictConfig) -> tuple[Engine, list[Request]]:
             num_layers=dims.num_layers,
             num_kv_heads=dims.num_kv_heads,
             head_dim=dims.head_dim,
+            dtype=model.dtype,
         ),
         sampler=build(cfg.sampler),
     )
@@ -83,12 +86,11 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     artefacts.write_resolved_config(cfg, out_dir)
     engine, requests = build_engine(cfg)
     tokenizer = engine.tokenizer
-    dims = engine.model.dims
     num_blocks = engine.scheduler.pool.num_blocks
     log.info(
         "pipeline_ready",
         requests=len(requests),
-        model_parameters=dims.num_parameters,
+        model_parameters=engine.model.num_parameters,
         num_blocks=num_blocks,
         max_tokens=cfg.max_tokens,
         block_size=cfg.block_size,
