@@ -18,7 +18,9 @@ import time
 from collections.abc import Sequence
 
 import numpy as np
-import paddle
+
+import pipeline  # noqa: F401  # isort: skip  (chooses MKL's code path before Paddle loads it)
+import paddle  # isort: skip
 
 from stages.model import ModelDims
 
