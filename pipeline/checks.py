@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+
 from omegaconf import DictConfig
 
 
 class ConfigError(ValueError):
     """An impossible configuration; the message says which keys to change."""
+
+
+_HPU_OPS_PACKAGES = (
+    "paddle-custom-device for intel_hpu with the paddlenlp_ops custom ops built from "
+    "PaddleCustomDevice backends/intel_hpu/custom_ops"
+)
 
 
 def _hpu_plugin_present() -> bool:
@@ -16,6 +25,13 @@ def _hpu_plugin_present() -> bool:
         paddle.is_compiled_with_custom_device("intel_hpu")
         and paddle.device.get_custom_device_count("intel_hpu") > 0
     )
+
+
+def _hpu_ops_present() -> bool:
+    try:
+        return importlib.util.find_spec("paddlenlp_ops") is not None
+    except ValueError:  # imported already, without a module spec
+        return "paddlenlp_ops" in sys.modules
 
 
 def check_config(cfg: DictConfig) -> None:
@@ -52,14 +68,22 @@ def check_config(cfg: DictConfig) -> None:
     ops = cfg.attention.get("ops")
     if ops == "intel_hpu":
         if cfg.device != "intel_hpu":
-            raise ConfigError("attention.ops=intel_hpu needs device=intel_hpu")
+            raise ConfigError(
+                f"attention.ops=intel_hpu needs device=intel_hpu and {_HPU_OPS_PACKAGES}, "
+                "or set attention.ops=cpu"
+            )
         if cfg.scheduler.get("align_chunks") is False:
             raise ConfigError(
                 "attention.ops=intel_hpu writes the cache in whole blocks: set "
                 "scheduler.align_chunks=true"
             )
     if cfg.device == "intel_hpu" and not _hpu_plugin_present():
+        install = _HPU_OPS_PACKAGES if ops == "intel_hpu" else "paddle-custom-device for intel_hpu"
         raise ConfigError(
-            "device=intel_hpu but no Intel HPU is visible to Paddle: install "
-            "paddle-custom-device (intel_hpu) and its driver, or set device=cpu"
+            f"device=intel_hpu but no Intel HPU is visible to Paddle: install {install} and "
+            "the Gaudi driver, or set device=cpu"
+        )
+    if ops == "intel_hpu" and not _hpu_ops_present():
+        raise ConfigError(
+            f"attention.ops=intel_hpu: paddlenlp_ops is missing; install {_HPU_OPS_PACKAGES}"
         )

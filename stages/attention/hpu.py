@@ -4,20 +4,20 @@ from __future__ import annotations
 
 import paddle
 
+from stages.attention.interface import AttentionOps
 from stages.metadata import ForwardMeta
 
 
-def load_ops(name: str):
+def load_ops(name: str) -> AttentionOps:
+    """The backend of attention.ops; ValueError (one line) when it cannot be loaded."""
     if name == "cpu":
         from stages.attention import ops_cpu
 
         return ops_cpu
     if name == "intel_hpu":
-        raise ValueError(
-            "attention.ops=intel_hpu needs the Intel HPU plugin ops (paddlenlp_ops, built from "
-            "PaddleCustomDevice backends/intel_hpu/custom_ops), which this build does not bind "
-            "yet: use attention.ops=cpu"
-        )
+        from stages.attention import ops_intel_hpu
+
+        return ops_intel_hpu.load()
     raise ValueError(f"attention.ops={name}: choose attention.ops=cpu or intel_hpu")
 
 

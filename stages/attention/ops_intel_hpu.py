@@ -1,0 +1,209 @@
+"""The ops interface on Intel Gaudi: the fused ops of the paddle-custom-device plugin.
+
+The ops come from `paddlenlp_ops`, the Python package built from PaddleCustomDevice
+`backends/intel_hpu/custom_ops`; FastDeploy's HPU attention backend calls the same ops
+(`fastdeploy/model_executor/layers/backends/intel_hpu/attention/hpu_attn_backend.py`).
+The binding has been checked only against a recording stand-in of that package, never on
+HPU hardware. Signatures follow the op definitions (`PD_BUILD_OP`) in
+`custom_ops/llama_infer/*.cc` and `custom_ops/src/index_copy.cc` and the op tests in
+`custom_ops/tests/`; later plugin versions add optional quantisation scales to several ops.
+
+Which op each function calls:
+- `new_cache`: none; `[num_blocks, block_size, kv_heads, head_dim]` zeros, the layout of
+  FastDeploy's `get_kv_cache_shape`.
+- `qkv_rope`: `fused_qkv_rope`, every token as one batch row (`total_batch=1`),
+  `transpose=False` (weight `[hidden, (H + 2 KV) D]`, as FastDeploy passes it).
+- `write_blocks`: `index_copy_` on the block axis (`dim=0`), as `forward_extend` writes a
+  chunk.
+- `write_slots`: no plugin op writes slots alone (`fused_block_attention` does it inside);
+  Paddle's `index_put_` with (block, offset) pairs, which the plugin implements in place
+  (`backends/intel_hpu/kernels/index_put_kernel.cc`).
+- `prefill`: `fused_sdpa_proj_t` with `causal=True` and no mask.
+- `prefill_with_context`: context blocks gathered by `index_select`, then
+  `fused_sdpa_proj_t` with `causal=False` and the explicit mask, as `forward_extend` does.
+- `decode`: `fused_flatpa_proj`, flat paged attention over the block list.
+
+Conventions inferred from the sources (none confirmed on hardware):
+- The plugin fuses the output projection into attention (`fused_sdpa_proj_t`,
+  `fused_flatpa_proj`) and offers no unfused variant; this interface returns attention
+  before the projection, so an identity `[H * D, H * D]` matrix is passed as
+  `linear_weights`: one extra GEMM per call.
+- Rotary tables are `[2, batch, seq, 1, head_dim]`, cos at 0 and sin at 1, in the
+  activations' dtype (the layout the BSHD ops take in `tests/test_rms_qkv_rope.py`).
+  `use_neox_style=True` rotates halves (the kernel's BLOCKWISE mode), False rotates pairs.
+- The fused ops are compiled for bfloat16 and float16 only: run the model in one of them.
+- `fused_sdpa_proj_t` adds the mask only on its grouped-query path, where queries are
+  `[B, KV, G, S, D]`, so the mask gets a group axis, `[B, 1, 1, S, K]`, as FastDeploy's
+  `get_attention_mask` builds it. The version read ignores the mask when H == KV.
+- `fused_flatpa_proj` takes queries `[R, 1, H, D]`, `block_groups` before `block_list`,
+  int32 indices and `block_mapping` / `block_bias` in the queries' dtype
+  (`tests/test_flatPA_proj.py`).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+import paddle
+
+from stages.attention.interface import Cache
+
+INSTALL_HINT = (
+    "attention.ops=intel_hpu needs the Intel HPU plugin: install paddle-custom-device for "
+    "intel_hpu and the paddlenlp_ops custom ops built from PaddleCustomDevice "
+    "backends/intel_hpu/custom_ops"
+)
+
+
+def load() -> IntelHPUOps:
+    """The backend over the installed plugin ops; ValueError naming what to install."""
+    try:
+        plugin = importlib.import_module("paddlenlp_ops")
+    except ImportError as err:
+        raise ValueError(f"{INSTALL_HINT} (import paddlenlp_ops: {err})") from err
+    return IntelHPUOps(plugin)
+
+
+class IntelHPUOps:
+    """The ops interface over `plugin`, the `paddlenlp_ops` module or a stand-in for it."""
+
+    def __init__(self, plugin: Any) -> None:
+        self.plugin = plugin
+        self._identities: dict[tuple[int, str], paddle.Tensor] = {}
+
+    def _identity(self, size: int, dtype: paddle.dtype) -> paddle.Tensor:
+        """The output projection that leaves attention as it is; one per size and dtype."""
+        key = (size, str(dtype))
+        if key not in self._identities:
+            self._identities[key] = paddle.eye(size, dtype="float32").astype(dtype)
+        return self._identities[key]
+
+    def new_cache(
+        self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: str
+    ) -> Cache:
+        return paddle.zeros([num_blocks, block_size, num_kv_heads, head_dim], dtype=dtype)
+
+    def qkv_rope(
+        self,
+        x: paddle.Tensor,
+        weight: paddle.Tensor,
+        bias: paddle.Tensor | None,
+        cos: paddle.Tensor,
+        sin: paddle.Tensor,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        interleaved: bool,
+    ) -> tuple[paddle.Tensor, paddle.Tensor, paddle.Tensor]:
+        tokens = x.shape[0]
+        # The op derives the KV head count from the weight's width; a mismatch would
+        # silently split q, k and v at the wrong columns.
+        if weight.shape[1] != (num_heads + 2 * num_kv_heads) * head_dim:
+            raise ValueError(
+                f"qkv weight width {weight.shape[1]} != (num_heads {num_heads} + 2 * "
+                f"num_kv_heads {num_kv_heads}) * head_dim {head_dim}"
+            )
+        rotary = paddle.stack([cos, sin], axis=0).reshape([2, 1, tokens, 1, head_dim])
+        q, kv = self.plugin.fused_qkv_rope(
+            x,
+            weight,
+            bias,
+            rotary.astype(x.dtype),
+            head_dim,
+            num_heads,
+            1,  # total_batch: every token of the step as one row; the op only reshapes by it
+            transpose=False,  # weight is [hidden, (H + 2 KV) D], as FastDeploy passes it
+            use_neox_style=not interleaved,
+        )
+        kv_shape = [tokens, num_kv_heads, head_dim]
+        return (
+            q.reshape([tokens, num_heads, head_dim]),
+            kv[0].reshape(kv_shape),
+            kv[1].reshape(kv_shape),
+        )
+
+    def write_blocks(
+        self, cache: Cache, block_indices: paddle.Tensor, values: paddle.Tensor
+    ) -> None:
+        _, block_size, num_kv_heads, head_dim = cache.shape
+        blocks = values.reshape([block_indices.shape[0], block_size, num_kv_heads, head_dim])
+        self.plugin.index_copy_(cache, block_indices, blocks.astype(cache.dtype), 0)
+
+    def write_slots(
+        self,
+        cache: Cache,
+        block_indices: paddle.Tensor,
+        block_offsets: paddle.Tensor,
+        values: paddle.Tensor,
+    ) -> None:
+        # The same (block, offset) scatter fused_block_attention does inside, left to
+        # Paddle's index_put, which the plugin implements for intel_hpu in place.
+        paddle.index_put_(cache, (block_indices, block_offsets), values.astype(cache.dtype))
+
+    def prefill(self, q: paddle.Tensor, k: paddle.Tensor, v: paddle.Tensor) -> paddle.Tensor:
+        batch, seq, num_heads, head_dim = q.shape
+        out = self.plugin.fused_sdpa_proj_t(
+            q,
+            paddle.stack([k, v], axis=0),  # [2, B, S, KV, D]
+            None,  # attn_mask: causal alone, padding is a suffix of each row
+            None,  # valid_seq_len
+            self._identity(num_heads * head_dim, q.dtype),
+            scaling_factor=head_dim**-0.5,
+            causal=True,
+            softmax_mode=0,
+        )
+        return out.reshape([batch * seq, num_heads * head_dim])
+
+    def prefill_with_context(
+        self,
+        q: paddle.Tensor,
+        k_cache: Cache,
+        v_cache: Cache,
+        block_list: paddle.Tensor,
+        mask: paddle.Tensor,
+    ) -> paddle.Tensor:
+        batch, seq, num_heads, head_dim = q.shape
+        _, block_size, num_kv_heads, _ = k_cache.shape
+        width = block_list.shape[1] * block_size
+        flat = block_list.reshape([-1])
+        keys = paddle.index_select(k_cache, flat, axis=0)
+        values = paddle.index_select(v_cache, flat, axis=0)
+        kv = paddle.stack([keys, values], axis=0).reshape([2, batch, width, num_kv_heads, head_dim])
+        out = self.plugin.fused_sdpa_proj_t(
+            q,
+            kv,
+            mask.unsqueeze(1).astype(q.dtype),  # [B, 1, 1, S, K]: a group axis for GQA
+            None,
+            self._identity(num_heads * head_dim, q.dtype),
+            scaling_factor=head_dim**-0.5,
+            causal=False,
+            softmax_mode=0,
+        )
+        return out.reshape([batch * seq, num_heads * head_dim])
+
+    def decode(
+        self,
+        q: paddle.Tensor,
+        k_cache: Cache,
+        v_cache: Cache,
+        block_list: paddle.Tensor,
+        block_groups: paddle.Tensor,
+        block_mapping: paddle.Tensor,
+        block_bias: paddle.Tensor,
+    ) -> paddle.Tensor:
+        rows, num_heads, head_dim = q.shape
+        # Padding blocks belong to the last row with bias -1e30 and a zero mapping row:
+        # their block maximum never wins the row's maximum and their sum is mapped to 0.
+        out = self.plugin.fused_flatpa_proj(
+            q.unsqueeze(1),  # [R, 1, H, D]
+            k_cache,
+            v_cache,
+            block_groups.astype("int32"),
+            block_list.astype("int32"),
+            block_mapping.astype(q.dtype),
+            block_bias.astype(q.dtype),
+            self._identity(num_heads * head_dim, q.dtype),
+            scaling_factor=head_dim**-0.5,
+        )
+        return out.reshape([rows, num_heads * head_dim])
