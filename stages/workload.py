@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -21,15 +22,34 @@ class Tokenizer(Protocol):
     def encode(self, text: str) -> list[int]: ...
 
 
-def poisson_arrivals(count: int, rate: float, rng: np.random.Generator) -> list[float]:
-    """Arrival times of a Poisson process at `rate` requests/s; all at 0 when rate is 0."""
+def poisson_arrivals(
+    count: int, rate: float, rng: np.random.Generator, start_s: float = 0.0
+) -> list[float]:
+    """Arrival times of a Poisson process at `rate` requests/s from `start_s`: exponential
+    gaps of mean 1/rate, the first one included. All at `start_s` when rate is 0."""
     if rate <= 0:
-        return [0.0] * count
-    return np.cumsum(rng.exponential(1.0 / rate, size=count)).tolist()
+        return [start_s] * count
+    return (start_s + np.cumsum(rng.exponential(1.0 / rate, size=count))).tolist()
+
+
+def prompt_of_length(tokenizer: Tokenizer, text: str, target: int) -> str:
+    """The longest prefix of `text` (one character at least) that encodes to at most
+    `target` tokens: exactly `target` for the byte tokenizer, within a token or two for a
+    subword one. A binary search, as the token count grows with the prefix."""
+    lo, hi = 1, len(text)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if len(tokenizer.encode(text[:mid])) <= target:
+            lo = mid
+        else:
+            hi = mid - 1
+    return text[:lo]
 
 
 class SyntheticWorkload:
-    """Seeded prompts of mixed lengths, like vLLM's random dataset but readable."""
+    """Seeded prompts with lengths drawn uniformly from a token range, each asking for a
+    number of new tokens drawn from another, like vLLM's random dataset but readable
+    (words, not random ids); Poisson arrivals at `rate` from `start_s`."""
 
     def __init__(
         self,
@@ -40,6 +60,7 @@ class SyntheticWorkload:
         max_new_tokens: int = 32,
         ignore_eos: bool = True,
         rate: float = 0.0,
+        start_s: float = 0.0,
         seed: int = 0,
     ) -> None:
         if not 1 <= min_prompt_tokens <= max_prompt_tokens:
@@ -48,38 +69,36 @@ class SyntheticWorkload:
             )
         if not 1 <= min_new_tokens <= max_new_tokens:
             raise ValueError("workload.min_new_tokens must be >= 1 and <= workload.max_new_tokens")
-        if num_requests < 1 or rate < 0:
-            raise ValueError("workload.num_requests must be >= 1 and workload.rate >= 0")
+        if num_requests < 1 or rate < 0 or start_s < 0:
+            raise ValueError(
+                "workload.num_requests must be >= 1, workload.rate >= 0 and workload.start_s >= 0"
+            )
         self.num_requests = num_requests
         self.prompt_range = (min_prompt_tokens, max_prompt_tokens)
         self.new_range = (min_new_tokens, max_new_tokens)
         self.ignore_eos = ignore_eos
         self.rate = rate
+        self.start_s = start_s
         self.seed = seed
 
     def _text(self, rng: np.random.Generator, tokenizer: Tokenizer, target: int) -> str:
-        words = rng.choice(_WORDS, size=target).tolist()
+        words = rng.choice(_WORDS, size=target + 8).tolist()
         text = " ".join(words)
-        ids = tokenizer.encode(text)
-        while len(ids) > target and len(words) > 1:
-            # Drop words in proportion to the excess, then re-check.
-            excess = len(ids) - target
-            words = words[: max(1, len(words) - max(1, excess // 8))]
-            text = " ".join(words)
-            ids = tokenizer.encode(text)
-        return text
+        while len(tokenizer.encode(text)) < target:  # a subword tokenizer merges words
+            text += " " + " ".join(rng.choice(_WORDS, size=target).tolist())
+        return prompt_of_length(tokenizer, text, target)
 
-    def load(self, tokenizer: Tokenizer) -> list[Request]:
+    def load(self, tokenizer: Tokenizer, id_prefix: str = "req") -> list[Request]:
         rng = np.random.default_rng(self.seed)
         lengths = rng.integers(self.prompt_range[0], self.prompt_range[1] + 1, self.num_requests)
         new_tokens = rng.integers(self.new_range[0], self.new_range[1] + 1, self.num_requests)
-        arrivals = poisson_arrivals(self.num_requests, self.rate, rng)
+        arrivals = poisson_arrivals(self.num_requests, self.rate, rng, self.start_s)
         requests = []
         for i in range(self.num_requests):
             prompt = self._text(rng, tokenizer, int(lengths[i]))
             requests.append(
                 Request(
-                    id=f"req-{i}",
+                    id=f"{id_prefix}-{i}",
                     index=i,
                     prompt=prompt,
                     prompt_ids=tokenizer.encode(prompt),
@@ -88,6 +107,27 @@ class SyntheticWorkload:
                     ignore_eos=self.ignore_eos,
                 )
             )
+        return requests
+
+
+class MixedWorkload:
+    """Several synthetic workloads served together, each a named part with its own lengths,
+    arrivals and seed; ids are `PART-i`, in the order the parts are given.
+
+    The case chunked prefill exists for is two parts: many short prompts that decode for
+    long, all at once, and long prompts that arrive while they decode."""
+
+    def __init__(self, parts: Mapping[str, SyntheticWorkload]) -> None:
+        if not parts:
+            raise ValueError("workload.parts needs at least one part")
+        self.parts = dict(parts)
+
+    def load(self, tokenizer: Tokenizer) -> list[Request]:
+        requests = []
+        for name, part in self.parts.items():
+            for request in part.load(tokenizer, id_prefix=name):
+                request.index = len(requests)
+                requests.append(request)
         return requests
 
 

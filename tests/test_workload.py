@@ -1,10 +1,17 @@
-"""Workloads: a bad jsonl line is that request's error only; arrivals are honoured."""
+"""Workloads: a bad jsonl line is that request's error only; arrivals are honoured; synthetic
+lengths, Poisson arrivals and seeds."""
 
 from __future__ import annotations
 
 import json
 
-from tests.conftest import serve
+import numpy as np
+from hydra import compose, initialize_config_module
+from hydra.utils import instantiate
+
+from stages.tokenizer import ByteTokenizer
+from stages.workload import SyntheticWorkload, poisson_arrivals
+from tests.conftest import make_config, serve
 
 
 def test_jsonl_bad_lines_fail_alone(tmp_path):
@@ -45,14 +52,79 @@ def test_requests_wait_for_their_arrival(tmp_path):
         assert got[f"t{i}"].token_times[0] - got[f"t{i}"].arrival_s < 0.25  # and soon after
 
 
-def test_synthetic_poisson_arrivals_are_seeded_and_increasing():
-    from stages.tokenizer import ByteTokenizer
-    from stages.workload import SyntheticWorkload
+def synthetic(**kwargs) -> list:
+    return SyntheticWorkload(**kwargs).load(ByteTokenizer())
 
-    make = lambda: SyntheticWorkload(num_requests=20, rate=5.0, seed=3).load(ByteTokenizer())  # noqa: E731
-    a, b = make(), make()
+
+def test_synthetic_lengths_are_drawn_from_their_ranges():
+    requests = synthetic(
+        num_requests=60, min_prompt_tokens=5, max_prompt_tokens=300, min_new_tokens=3,
+        max_new_tokens=9, seed=1,
+    )  # fmt: skip
+    prompt_lens = [len(r.prompt_ids) for r in requests]
+    new_tokens = [r.max_new_tokens for r in requests]
+    assert min(prompt_lens) >= 5 and max(prompt_lens) <= 300
+    assert min(new_tokens) >= 3 and max(new_tokens) <= 9
+    # Uniform draws: 60 of them spread over the range, both ends of the new-token range hit.
+    assert len(set(prompt_lens)) > 40 and min(prompt_lens) < 60 and max(prompt_lens) > 240
+    assert set(new_tokens) == set(range(3, 10))
+    # The byte tokenizer's prompts have exactly the drawn length: same seed, fixed prompt.
+    exact = synthetic(num_requests=20, min_prompt_tokens=77, max_prompt_tokens=77, seed=2)
+    assert {len(r.prompt_ids) for r in exact} == {77}
+    assert all(r.prompt == ByteTokenizer().decode(r.prompt_ids) for r in exact)
+
+
+def test_poisson_gaps_have_mean_one_over_rate():
+    rate, count = 8.0, 4000
+    times = np.asarray(poisson_arrivals(count, rate, np.random.default_rng(0)))
+    gaps = np.diff(np.concatenate([[0.0], times]))
+    assert (gaps > 0).all()
+    # The mean of n exponential gaps has standard error (1/rate)/sqrt(n): allow four of them.
+    assert abs(gaps.mean() - 1 / rate) < 4 * (1 / rate) / np.sqrt(count)
+    # An exponential's standard deviation equals its mean (a Poisson process, not a grid).
+    assert abs(gaps.std() / gaps.mean() - 1) < 0.1
+    assert poisson_arrivals(3, 0.0, np.random.default_rng(0)) == [0.0, 0.0, 0.0]
+    late = poisson_arrivals(5, 2.0, np.random.default_rng(0), start_s=1.5)
+    assert min(late) > 1.5 and late == sorted(late)
+
+
+def test_synthetic_workload_is_seeded():
+    a = synthetic(num_requests=12, rate=5.0, seed=3, max_prompt_tokens=200)
+    b = synthetic(num_requests=12, rate=5.0, seed=3, max_prompt_tokens=200)
+    c = synthetic(num_requests=12, rate=5.0, seed=4, max_prompt_tokens=200)
+    key = lambda rs: [(r.prompt, r.max_new_tokens, r.arrival_s) for r in rs]  # noqa: E731
+    assert key(a) == key(b) and key(a) != key(c)
     times = [r.arrival_s for r in a]
-    assert times == [r.arrival_s for r in b] and times == sorted(times) and times[0] > 0
-    assert [r.prompt for r in a] == [r.prompt for r in b]
-    # Mean gap of a rate-5 process is 0.2 s; 20 draws land well within a factor of two.
-    assert 0.1 < times[-1] / 20 < 0.4
+    assert times == sorted(times) and times[0] > 0
+    assert all(r.arrival_s == 0.0 for r in synthetic(num_requests=4, seed=3))
+
+
+def test_mixed_workload_from_the_config():
+    parts = "workload.parts"
+    cfg = make_config(
+        [
+            "workload=mixed",
+            f"{parts}.decode.num_requests=5",
+            f"{parts}.long.num_requests=3",
+            f"{parts}.long.min_prompt_tokens=150",
+            f"{parts}.long.max_prompt_tokens=200",
+        ]
+    )
+    requests = instantiate(cfg.workload).load(ByteTokenizer())
+    assert [r.id for r in requests] == [f"decode-{i}" for i in range(5)] + [
+        f"long-{i}" for i in range(3)
+    ]
+    assert [r.index for r in requests] == list(range(8))
+    decode, long = requests[:5], requests[5:]
+    assert all(r.arrival_s == 0.0 and len(r.prompt_ids) <= 64 for r in decode)
+    assert all(r.max_new_tokens >= 384 for r in decode)
+    start = cfg.workload.parts.long.start_s
+    assert all(r.arrival_s > start and 150 <= len(r.prompt_ids) <= 200 for r in long)
+
+
+def test_long_prompts_preset_composes():
+    with initialize_config_module(config_module="pipeline.conf", version_base="1.3"):
+        cfg = compose(config_name="config", overrides=["+experiment=long_prompts"])
+    assert cfg.workload._target_ == "stages.workload.MixedWorkload"
+    longest = cfg.workload.parts.long.max_prompt_tokens + cfg.workload.parts.long.max_new_tokens
+    assert longest <= 2048 and cfg.max_num_seqs >= cfg.workload.parts.decode.num_requests
