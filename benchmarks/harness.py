@@ -1,0 +1,129 @@
+"""Serves a composed config through the real pipeline and times each stage of every step.
+
+The stages' methods are wrapped in timers on the built engine (nothing in the engine
+changes), so a step's wall time splits into schedule, metadata build, model forward
+(attention included), sample, update and the rest of the loop.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra import compose, initialize_config_module
+from omegaconf import DictConfig
+
+from benchmarks.floor import matmul_rate, run_flops
+from pipeline.metrics import StepRecord, summarise
+from pipeline.run import build_engine
+from pipeline.schema import register_schemas
+from stages.request import Request
+
+# (name in the report, engine attribute, method): the calls one step makes.
+TIMED_STAGES = (
+    ("schedule", "scheduler", "schedule"),
+    ("metadata", "metadata", "build"),
+    ("forward", "model", "forward"),
+    ("sample", "sampler", "sample"),
+    ("update", "scheduler", "update"),
+    ("release", "attention", "release"),
+)
+
+
+def compose_config(overrides: Sequence[str]) -> DictConfig:
+    """The pipeline's config as `python -m pipeline OVERRIDES` composes it."""
+    register_schemas()
+    with initialize_config_module(config_module="pipeline.conf", version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides))
+
+
+@dataclass
+class TimedStep:
+    record: StepRecord
+    stages_s: dict[str, float]
+
+    @property
+    def other_s(self) -> float:
+        """Loop time outside the timed stages: arrivals, plan checks, the step record."""
+        return self.record.duration_s - sum(self.stages_s.values())
+
+
+@dataclass
+class ServedRun:
+    overrides: list[str]
+    metrics: dict[str, Any]
+    steps: list[TimedStep]
+    requests: list[Request]
+    flops: int
+    matmul_rate: float  # FLOP/s, measured in this process just before serving
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def floor_s(self) -> float:
+        return self.flops / self.matmul_rate
+
+    @property
+    def floor_fraction(self) -> float:
+        """The floor over the run's wall time: 1.0 would be matmul-bound at the measured rate."""
+        return self.floor_s / self.metrics["duration_s"]
+
+    def overhead(self, min_decodes: int) -> dict[str, float] | None:
+        """Mean seconds per stage over the decode-only steps with at least `min_decodes`
+        running requests, with `step` the mean step time; None if there are none."""
+        chosen = [
+            s
+            for s in self.steps
+            if s.record.mode == "decode" and len(s.record.decode) >= min_decodes
+        ]
+        if not chosen:
+            return None
+        mean: dict[str, float] = defaultdict(float)
+        for s in chosen:
+            for name, seconds in s.stages_s.items():
+                mean[name] += seconds / len(chosen)
+            mean["other"] += s.other_s / len(chosen)
+            mean["step"] += s.record.duration_s / len(chosen)
+        mean["steps"] = len(chosen)
+        return dict(mean)
+
+
+def _timed(method: Callable, name: str, totals: dict[str, float]) -> Callable:
+    def wrapper(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return method(*args, **kwargs)
+        finally:
+            totals[name] += time.perf_counter() - start
+
+    return wrapper
+
+
+def serve(overrides: Sequence[str], rate: float | None = None) -> ServedRun:
+    """Builds the pipeline for `overrides`, measures the matmul rate, serves the workload.
+
+    `rate`, when given, is reused instead of measuring again (runs in one process)."""
+    cfg = compose_config(overrides)
+    engine, requests = build_engine(cfg)
+    if rate is None:
+        rate = matmul_rate(cfg.num_threads, engine.model.dims)
+    current: dict[str, float] = defaultdict(float)
+    for name, attr, method in TIMED_STAGES:
+        stage = getattr(engine, attr)
+        if hasattr(stage, method):
+            setattr(stage, method, _timed(getattr(stage, method), name, current))
+    steps: list[TimedStep] = []
+
+    def on_step(record: StepRecord) -> None:
+        steps.append(TimedStep(record, dict(current)))
+        current.clear()
+
+    duration = engine.run(requests, on_step=on_step)
+    metrics = summarise(requests, [s.record for s in steps], duration)
+    served = [r for r in requests if r.finish_reason != "error"]
+    flops = run_flops(
+        engine.model.dims, [len(r.prompt_ids) for r in served], [len(r.output_ids) for r in served]
+    )
+    return ServedRun(list(overrides), metrics, steps, requests, flops, rate, {"engine": engine})
