@@ -14,7 +14,7 @@ import json
 import math
 import struct
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,8 +44,6 @@ SUPPORTED_ARCHITECTURES = (LLAMA, QWEN2, ERNIE, ERNIE_MOE)
 INDEX_FILE = "model.safetensors.index.json"
 # Formats that are unpickled (or need their framework's own loader) when read.
 UNSAFE_WEIGHTS = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pdparams", "*.pkl")
-# safetensors dtypes a weight may be stored in; all are widened to float32 on load.
-STORED_DTYPES = ("F32", "F16", "BF16", "F64")
 
 
 def read_json(path: Path, required: bool = True) -> dict[str, Any]:
@@ -406,22 +404,53 @@ def _open(path: Path):
         raise ValueError(f"{path} is not a readable safetensors file: {err}") from err
 
 
-def _data_start(path: Path) -> tuple[int, dict[str, Any]]:
-    """The safetensors header (8-byte little-endian length, then JSON) and the data offset."""
+# How each stored dtype is read; bfloat16, which numpy lacks, as 16-bit words then widened.
+_NUMPY_DTYPES = {"F32": "<f4", "F16": "<f2", "BF16": "<u2", "F64": "<f8"}
+# A tensor is read in blocks of whole rows of at most this size (one row at least), so
+# reading never holds a second copy of a large tensor (an embedding, an lm_head).
+CHUNK_BYTES = 2 << 20
+
+
+def _data_offsets(path: Path) -> tuple[int, dict[str, Any]]:
+    """Where the data starts and the header (an 8-byte little-endian length, then JSON)."""
     with path.open("rb") as f:
         (length,) = struct.unpack("<Q", f.read(8))
         return 8 + length, json.loads(f.read(length))
 
 
-def _read_bf16(path: Path, key: str, shape: tuple[int, ...], header) -> np.ndarray:
-    """numpy has no bfloat16: read the raw 16-bit words and widen them to float32 in place."""
-    base, entries = header
-    start, end = entries[key]["data_offsets"]
-    words = np.fromfile(path, dtype="<u2", count=(end - start) // 2, offset=base + start)
-    wide = words.astype(np.uint32)
-    del words
-    wide <<= 16
-    return wide.view(np.float32).reshape(shape)
+def _row_blocks(
+    file, offset: int, kind: str, shape: tuple[int, ...]
+) -> Iterator[tuple[int, np.ndarray]]:
+    """A stored tensor as float32 blocks of whole rows: (first row, block [rows, ...])."""
+    rows, row_shape = (shape[0], shape[1:]) if shape else (1, ())
+    row_items = math.prod(row_shape)
+    stored = np.dtype(_NUMPY_DTYPES[kind])
+    step = max(1, CHUNK_BYTES // max(1, row_items * stored.itemsize))
+    for first in range(0, rows, step):
+        count = min(step, rows - first) * row_items
+        raw = np.empty(count, dtype=stored)
+        file.seek(offset + first * row_items * stored.itemsize)
+        if file.readinto(memoryview(raw).cast("B")) != raw.nbytes:
+            raise ValueError(f"{file.name} ends inside a tensor: the file is truncated")
+        if kind == "BF16":  # a bfloat16 is the top half of a float32
+            wide = raw.astype(np.uint32)
+            wide <<= 16
+            block = wide.view(np.float32)
+        else:
+            block = raw.astype(np.float32, copy=False)
+        yield first, block.reshape((-1, *row_shape))
+
+
+def _place(target: np.ndarray, placement: Placement, first: int, block: np.ndarray) -> None:
+    """Writes rows first.. of a stored tensor to where the model keeps them."""
+    start = placement.cols.start if placement.cols is not None else 0
+    if placement.transpose:  # HF Linear rows are output features: columns of [in, out]
+        target[:, start + first : start + first + block.shape[0]] = block.T
+        return
+    # Untransposed targets are whole buffers or 1-D slices, contiguous: fill them in order.
+    flat = target.reshape(-1) if placement.cols is None else target[placement.cols]
+    row_items = block.size // block.shape[0]
+    flat[first * row_items : first * row_items + block.size] = block.reshape(-1)
 
 
 def _to_paddle(buffer: np.ndarray, dtype: str) -> paddle.Tensor:
@@ -433,7 +462,8 @@ def _to_paddle(buffer: np.ndarray, dtype: str) -> paddle.Tensor:
 def load_state(
     files: Mapping[str, Path], plan: WeightPlan, dtype: str, folder: Path
 ) -> dict[str, paddle.Tensor]:
-    """Reads every planned tensor, shard by shard, into the model's layout."""
+    """Reads every planned tensor, shard by shard and block by block, into the model's
+    layout; each model tensor goes to Paddle as soon as its last part is in."""
     missing = [key for key in plan.placements if key not in files]
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
@@ -442,7 +472,7 @@ def load_state(
     for key in plan.placements:
         by_shard[files[key]].append(key)
 
-    # Check every shape and dtype from the headers before reading any data.
+    # safetensors checks each header; every shape and dtype is checked before any data.
     for path, keys in by_shard.items():
         with _open(path) as handle:
             for key in keys:
@@ -453,35 +483,28 @@ def load_state(
                     raise ValueError(
                         f"weight {key} has shape {list(shape)}, expected {list(expected)}"
                     )
-                if kind not in STORED_DTYPES:
+                if kind not in _NUMPY_DTYPES:
                     raise ValueError(
                         f"weight {key} is stored as {kind}: supported are "
-                        f"{', '.join(STORED_DTYPES)}"
+                        f"{', '.join(_NUMPY_DTYPES)}"
                     )
 
-    pending = defaultdict(int)
+    pending: dict[str, int] = defaultdict(int)
     for placement in plan.placements.values():
         pending[placement.dest] += 1
     buffers: dict[str, np.ndarray] = {}
     state: dict[str, paddle.Tensor] = {}
     for path, keys in by_shard.items():
-        header = None
-        with _open(path) as handle:
+        data_start, header = _data_offsets(path)
+        with path.open("rb") as file:
             for key in keys:
-                placement = plan.placements[key]
-                if handle.get_slice(key).get_dtype() == "BF16":
-                    header = header or _data_start(path)
-                    tensor = _read_bf16(path, key, placement.shape, header)
-                else:
-                    tensor = handle.get_tensor(key)
+                placement, entry = plan.placements[key], header[key]
                 dest = placement.dest
                 if dest not in buffers:
                     buffers[dest] = np.empty(plan.buffers[dest], dtype=np.float32)
-                target = buffers[dest]
-                if placement.cols is not None:
-                    target = target[..., placement.cols]
-                target[...] = (tensor.T if placement.transpose else tensor).reshape(target.shape)
-                del tensor, target
+                offset = data_start + entry["data_offsets"][0]
+                for first, block in _row_blocks(file, offset, entry["dtype"], placement.shape):
+                    _place(buffers[dest], placement, first, block)
                 pending[dest] -= 1
                 if not pending[dest]:
                     keep32 = dest in plan.float32_buffers
@@ -561,16 +584,6 @@ def load_hf_model(path: str, dtype: str = "float32", max_position: int = 0) -> T
         rope_interleaved=spec.rope_interleaved,
         weights=_assemble(spec, state),
         eos_ids=read_special_ids(folder).eos_ids,
-    )
-
-
-def checkpoint_bytes(spec: CheckpointSpec, dtype: str = "float32") -> int:
-    """The loaded model's size in `dtype` (router and correction bias stay float32)."""
-    plan = weight_plan(spec)
-    width = 4 if dtype == "float32" else 2
-    return sum(
-        math.prod(shape) * (4 if name in plan.float32_buffers else width)
-        for name, shape in plan.buffers.items()
     )
 
 

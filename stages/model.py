@@ -247,6 +247,11 @@ class TransformerLM:
     def num_parameters(self) -> int:
         return sum(math.prod(t.shape) for t in self._tensors())
 
+    @property
+    def num_bytes(self) -> int:
+        """The weights' memory in their dtypes (the router stays float32 in any dtype)."""
+        return sum(math.prod(t.shape) * t.element_size() for t in self._tensors())
+
     def _tensors(self) -> Iterator[paddle.Tensor]:
         def walk(node) -> Iterator[paddle.Tensor]:
             if isinstance(node, paddle.Tensor):

@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import json
 import os
-import struct
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
+import paddle
 import pytest
 from safetensors.numpy import save_file
+from safetensors.paddle import save_file as save_paddle
 from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
 
 from pipeline.run import build_engine
@@ -112,29 +113,15 @@ def hf_weights(config: dict, rng: np.random.Generator) -> dict[str, np.ndarray]:
     return w
 
 
-def save_bf16(tensors: dict[str, np.ndarray], path: Path) -> None:
-    """A safetensors file of bfloat16 tensors (numpy has no bfloat16 for save_file)."""
-    header, chunks, offset = {"__metadata__": {"format": "pt"}}, [], 0
-    for name, array in tensors.items():
-        words = (np.ascontiguousarray(array, dtype=np.float32).view(np.uint32) >> 16).astype("<u2")
-        header[name] = {
-            "dtype": "BF16",
-            "shape": list(array.shape),
-            "data_offsets": [offset, offset + words.nbytes],
-        }
-        chunks.append(words.tobytes())
-        offset += words.nbytes
-    text = json.dumps(header).encode()
-    text += b" " * (-len(text) % 8)
-    path.write_bytes(struct.pack("<Q", len(text)) + text + b"".join(chunks))
-
-
 def stored(array: np.ndarray, dtype: str) -> np.ndarray:
     """The values a dtype keeps: what the loader and the reference both see."""
     if dtype == "bfloat16":
-        bits = np.ascontiguousarray(array, dtype=np.float32).view(np.uint32) & 0xFFFF0000
-        return bits.view(np.float32).astype(np.float64)
+        return bf16(array).astype("float32").numpy().astype(np.float64)
     return array.astype(dtype).astype(np.float64)
+
+
+def bf16(array: np.ndarray) -> paddle.Tensor:
+    return paddle.to_tensor(array.astype(np.float32)).astype("bfloat16")
 
 
 def write_checkpoint(
@@ -154,8 +141,8 @@ def write_checkpoint(
     )
     for file, group in zip(files, groups, strict=True):
         part = {k: kept[k] for k in group}
-        if dtype == "bfloat16":
-            save_bf16(part, folder / file)
+        if dtype == "bfloat16":  # numpy has no bfloat16: Paddle tensors
+            save_paddle({k: bf16(v) for k, v in part.items()}, str(folder / file))
         else:
             save_file({k: v.astype(dtype) for k, v in part.items()}, str(folder / file))
     if shards > 1:
@@ -363,6 +350,15 @@ def test_config_fields_out_of_range(tmp_path, change, message):
     folder, config = good_folder(tmp_path)
     (folder / "config.json").write_text(json.dumps({**config, **change}))
     expect_error(folder, message)
+
+
+def test_quantised_weights_are_refused(tmp_path):
+    folder, config = good_folder(tmp_path)
+    weights = hf_weights(config, np.random.default_rng(0))
+    tensors = {k: v.astype(np.float32) for k, v in weights.items()}
+    tensors["model.norm.weight"] = tensors["model.norm.weight"].astype(np.int8)
+    save_file(tensors, str(folder / "model.safetensors"))
+    expect_error(folder, "weight model.norm.weight is stored as I8: supported are F32, F16, BF16")
 
 
 def test_pickle_weights_are_refused_without_being_read(tmp_path):
