@@ -152,7 +152,9 @@ def decode(
     q_blocks = paddle.gather(q, block_groups, axis=1)  # [KV, NB, G, D]
     keys = paddle.gather(k_cache, block_list, axis=1)  # [KV, NB, bs, D]
     values = paddle.gather(v_cache, block_list, axis=1)
-    scores = paddle.matmul(q_blocks, keys, transpose_y=True) + block_bias.reshape([1, nb, 1, -1])
+    # Broadcasting the bias over the leading axis only: Paddle's CPU add is slow otherwise.
+    bias = block_bias.unsqueeze(1).expand([nb, h // kv, block_bias.shape[1]])
+    scores = paddle.matmul(q_blocks, keys, transpose_y=True) + bias
     block_max = scores.max(axis=-1)  # [KV, NB, G]
     # Rows own consecutive blocks (block_groups is sorted), so a segment max gives row maxima.
     flat_max = block_max.transpose([1, 0, 2]).reshape([nb, -1])
