@@ -9,7 +9,8 @@ import paddle
 import structlog
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue
 from tqdm import tqdm
 
 from pipeline import artefacts
@@ -34,6 +35,20 @@ def build(node: DictConfig, **runtime: Any) -> Any:
         raise
 
 
+def check_resolves(cfg: DictConfig) -> None:
+    """Every key is set and every interpolation resolves (e.g. model.path for model=hf, and
+    tokenizer.path, which defaults to it), or one line names the key."""
+    try:
+        OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+    except MissingMandatoryValue as err:
+        raise ConfigError(f"{err.full_key} is not set: give {err.full_key}=...") from err
+    except InterpolationResolutionError as err:
+        reason = str(err.msg).splitlines()[0]
+        raise ConfigError(
+            f"{err.full_key} does not resolve ({reason}): give {err.full_key}=..."
+        ) from err
+
+
 def derive_num_blocks(cfg: DictConfig, requests: list[Request]) -> int:
     """Enough blocks that no request is ever preempted, and no more than the workload needs."""
     per_seq = blocks_for(cfg.max_model_len, cfg.block_size)
@@ -48,6 +63,7 @@ def derive_num_blocks(cfg: DictConfig, requests: list[Request]) -> int:
 
 def build_engine(cfg: DictConfig) -> tuple[Engine, list[Request]]:
     """Checks the config, builds every stage and loads the workload."""
+    check_resolves(cfg)
     check_config(cfg)
     keep_freed_memory()
     paddle.set_device(cfg.device)
@@ -83,6 +99,7 @@ def build_engine(cfg: DictConfig) -> tuple[Engine, list[Request]]:
 
 
 def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
+    check_resolves(cfg)
     artefacts.write_resolved_config(cfg, out_dir)
     engine, requests = build_engine(cfg)
     tokenizer = engine.tokenizer

@@ -16,6 +16,7 @@ from safetensors.numpy import save_file
 from safetensors.paddle import save_file as save_paddle
 from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
 
+from pipeline.checks import ConfigError
 from pipeline.run import build_engine
 from stages.checkpoint import SUPPORTED_ARCHITECTURES, export_hf_llama, load_hf_model
 from stages.model import check_dtype
@@ -416,3 +417,10 @@ def test_tokenizer_json_missing(tmp_path):
     (folder / "tokenizer.model").write_bytes(b"")
     with pytest.raises(ValueError, match=r"tokenizer.json is missing: .*found tokenizer.model"):
         serve(["model=hf", f"model.path={folder}", "tokenizer=hf"])
+
+
+def test_folder_keys_must_be_given():
+    with pytest.raises(ConfigError, match=r"^model.path is not set: give model.path=\.\.\.$"):
+        build_engine(make_config(["model=hf"]))
+    with pytest.raises(ConfigError, match=r"^tokenizer.path does not resolve \(Interpolation key"):
+        build_engine(make_config(["tokenizer=hf"]))
