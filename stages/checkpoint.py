@@ -28,6 +28,7 @@ from safetensors.numpy import save_file
 from stages.model import (
     DenseMLP,
     LayerWeights,
+    ModelDims,
     ModelWeights,
     MoeMLP,
     TransformerLM,
@@ -111,13 +112,7 @@ class CheckpointSpec:
     """What config.json says about the architecture, checked."""
 
     architecture: str
-    vocab_size: int
-    hidden_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    intermediate_size: int
+    dims: ModelDims
     max_position_embeddings: int
     rms_eps: float
     rope_theta: float
@@ -245,13 +240,15 @@ def read_spec(config: Mapping[str, Any]) -> CheckpointSpec:
             )
     return CheckpointSpec(
         architecture=name,
-        vocab_size=f.integer("vocab_size"),
-        hidden_size=hidden,
-        num_layers=num_layers,
-        num_heads=num_heads,
-        num_kv_heads=num_kv_heads,
-        head_dim=head_dim,
-        intermediate_size=f.integer("intermediate_size"),
+        dims=ModelDims(
+            vocab_size=f.integer("vocab_size"),
+            hidden_size=hidden,
+            num_layers=num_layers,
+            num_heads=num_heads,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            intermediate_size=f.integer("intermediate_size"),
+        ),
         max_position_embeddings=f.integer("max_position_embeddings", 2048),
         rms_eps=f.number("rms_norm_eps", 1e-6),
         rope_theta=theta,
@@ -316,11 +313,12 @@ class WeightPlan:
 def weight_plan(spec: CheckpointSpec) -> WeightPlan:
     """Every tensor the architecture needs, by its HF name, and where it goes."""
     plan = WeightPlan()
-    h, d = spec.hidden_size, spec.head_dim
-    q_width, kv_width = spec.num_heads * d, spec.num_kv_heads * d
-    plan.buffers["embed"] = (spec.vocab_size, h)
-    plan.placements["model.embed_tokens.weight"] = Placement("embed", (spec.vocab_size, h))
-    for i in range(spec.num_layers):
+    dims = spec.dims
+    h, d, vocab = dims.hidden_size, dims.head_dim, dims.vocab_size
+    q_width, kv_width = dims.num_heads * d, dims.num_kv_heads * d
+    plan.buffers["embed"] = (vocab, h)
+    plan.placements["model.embed_tokens.weight"] = Placement("embed", (vocab, h))
+    for i in range(dims.num_layers):
         src, dest = f"model.layers.{i}.", f"layers.{i}."
         plan.vector(src + "input_layernorm.weight", dest + "attn_norm", h)
         plan.vector(src + "post_attention_layernorm.weight", dest + "mlp_norm", h)
@@ -329,7 +327,7 @@ def weight_plan(spec: CheckpointSpec) -> WeightPlan:
         plan.linears(dest + "out", src + "self_attn.", q_width, [("o_proj", h)], spec.out_bias)
         moe = spec.moe
         if moe is None or i not in moe.layers:
-            plan.mlp(dest + "mlp", src + "mlp.", h, spec.intermediate_size, spec.mlp_bias)
+            plan.mlp(dest + "mlp", src + "mlp.", h, dims.intermediate_size, spec.mlp_bias)
             continue
         plan.buffers[dest + "router"] = (h, moe.num_experts)
         plan.placements[src + "mlp.gate.weight"] = Placement(
@@ -353,9 +351,9 @@ def weight_plan(spec: CheckpointSpec) -> WeightPlan:
             plan.mlp(dest + "shared", src + "mlp.shared_experts.", h, shared, spec.mlp_bias)
     plan.vector("model.norm.weight", "final_norm", h)
     if not spec.tied:
-        plan.linears("lm_head", "", h, [("lm_head", spec.vocab_size)], spec.lm_head_bias)
+        plan.linears("lm_head", "", h, [("lm_head", vocab)], spec.lm_head_bias)
     elif spec.lm_head_bias:
-        plan.vector("lm_head.bias", "lm_head.bias", spec.vocab_size)
+        plan.vector("lm_head.bias", "lm_head.bias", vocab)
     return plan
 
 
@@ -522,7 +520,7 @@ def _assemble(spec: CheckpointSpec, state: Mapping[str, paddle.Tensor]) -> Model
         )
 
     layers = []
-    for i in range(spec.num_layers):
+    for i in range(spec.dims.num_layers):
         p = f"layers.{i}."
         if spec.moe is not None and i in spec.moe.layers:
             block: DenseMLP | MoeMLP = MoeMLP(
@@ -569,14 +567,14 @@ def load_hf_model(path: str, dtype: str = "float32", max_position: int = 0) -> T
     plan = weight_plan(spec)
     state = load_state(weight_files(folder), plan, dtype, folder)
     return TransformerLM(
-        vocab_size=spec.vocab_size,
-        hidden_size=spec.hidden_size,
-        num_layers=spec.num_layers,
-        num_heads=spec.num_heads,
-        num_kv_heads=spec.num_kv_heads,
-        intermediate_size=spec.intermediate_size,
+        vocab_size=spec.dims.vocab_size,
+        hidden_size=spec.dims.hidden_size,
+        num_layers=spec.dims.num_layers,
+        num_heads=spec.dims.num_heads,
+        num_kv_heads=spec.dims.num_kv_heads,
+        intermediate_size=spec.dims.intermediate_size,
         max_position=max_position or spec.max_position_embeddings,
-        head_dim=spec.head_dim,
+        head_dim=spec.dims.head_dim,
         rope_theta=spec.rope_theta,
         rms_eps=spec.rms_eps,
         dtype=dtype,
