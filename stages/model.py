@@ -332,7 +332,8 @@ class TransformerLM:
                 d.head_dim,
                 self.rope_interleaved,
             )
-            h = h + _linear(attention.forward(index, q, k, v, meta), layer.out, layer.out_bias)
+            attended = attention.forward(index, q, k, v, meta, layer.out)  # projected
+            h = h + (attended if layer.out_bias is None else attended + layer.out_bias)
             h = h + layer.mlp(self._rms_norm(h, layer.mlp_norm))
         last = self._rms_norm(paddle.gather(h, meta.logits_rows), self.final_norm)
         if self.lm_head is None:

@@ -133,6 +133,10 @@ def rand(*shape: int, seed: int = 0) -> paddle.Tensor:
     return paddle.to_tensor(np.random.default_rng(seed).standard_normal(shape).astype("float32"))
 
 
+HIDDEN = 12
+OUT = rand(H * D, HIDDEN, seed=11)  # a layer's output projection, fused into attention
+
+
 def filled_caches(ops: IntelHPUOps, seed: int = 1):
     """The same keys and values in an HPU cache and a CPU cache, block by block."""
     keys, values = (
@@ -147,10 +151,6 @@ def filled_caches(ops: IntelHPUOps, seed: int = 1):
     for cache, x in zip(cpu, (keys, values), strict=True):
         ops_cpu.write_blocks(cache, blocks, x)
     return hpu, cpu
-
-
-def assert_identity(weight: paddle.Tensor, size: int) -> None:
-    np.testing.assert_array_equal(weight.numpy(), np.eye(size, dtype="float32"))
 
 
 def test_new_cache_is_the_reference_layout(ops):
@@ -229,7 +229,7 @@ def test_write_slots_puts_each_row_at_its_block_and_offset(ops, plugin):
     assert np.count_nonzero(np.abs(written).sum(axis=(2, 3))) == 3
 
 
-def test_prefill_calls_causal_fused_sdpa_with_an_identity_projection(ops, plugin):
+def test_prefill_calls_causal_fused_sdpa_with_the_output_projection(ops, plugin):
     check_prefill(ops, plugin)
 
 
@@ -237,7 +237,7 @@ def check_prefill(ops, plugin):
     b, s = 2, 2 * BS
     q, k, v = rand(b, s, H, D), rand(b, s, KV, D, seed=1), rand(b, s, KV, D, seed=2)
 
-    out = ops.prefill(q, k, v)
+    out = ops.prefill(q, k, v, OUT)
 
     [(name, args, kwargs)] = plugin.calls
     assert name == "fused_sdpa_proj_t"
@@ -245,10 +245,11 @@ def check_prefill(ops, plugin):
     assert args[1].shape == [2, b, s, KV, D]
     np.testing.assert_array_equal(args[1].numpy()[0], k.numpy())
     np.testing.assert_array_equal(args[1].numpy()[1], v.numpy())
-    assert_identity(args[4], H * D)
+    assert args[4] is OUT
     assert kwargs == {"scaling_factor": D**-0.5, "causal": True, "softmax_mode": 0}
-    assert out.shape == [b * s, H * D]
-    np.testing.assert_allclose(out.numpy(), ops_cpu.prefill(q, k, v).numpy(), rtol=1e-5, atol=1e-5)
+    assert out.shape == [b * s, HIDDEN]
+    want = ops_cpu.prefill(q, k, v, OUT).numpy()
+    np.testing.assert_allclose(out.numpy(), want, rtol=1e-5, atol=1e-5)
 
 
 def test_prefill_with_context_forwards_the_gathered_blocks_and_the_mask(ops, plugin):
@@ -260,7 +261,7 @@ def test_prefill_with_context_forwards_the_gathered_blocks_and_the_mask(ops, plu
     mask = paddle.to_tensor(np.where(visible, 0.0, -1e30).astype("float32")[:, None])
     q = rand(b, s, H, D, seed=5)
 
-    out = ops.prefill_with_context(q, k_cache, v_cache, block_list, mask)
+    out = ops.prefill_with_context(q, k_cache, v_cache, block_list, mask, OUT)
 
     [(name, args, kwargs)] = plugin.calls
     assert name == "fused_sdpa_proj_t" and args[0] is q and args[3] is None
@@ -269,9 +270,9 @@ def test_prefill_with_context_forwards_the_gathered_blocks_and_the_mask(ops, plu
     np.testing.assert_array_equal(kv[0, 1, :BS], k_cache.numpy()[1])  # row 1's first block
     np.testing.assert_array_equal(kv[1, 0, 2 * BS :], v_cache.numpy()[5])  # row 0's last block
     np.testing.assert_array_equal(args[2].numpy()[:, 0], mask.numpy())
-    assert_identity(args[4], H * D)
+    assert args[4] is OUT
     assert kwargs == {"scaling_factor": D**-0.5, "causal": False, "softmax_mode": 0}
-    want = ops_cpu.prefill_with_context(q, k_cpu, v_cpu, block_list, mask)
+    want = ops_cpu.prefill_with_context(q, k_cpu, v_cpu, block_list, mask, OUT)
     np.testing.assert_allclose(out.numpy(), want.numpy(), rtol=1e-5, atol=1e-5)
 
 
@@ -293,7 +294,7 @@ def check_decode(ops, plugin):
     block_mapping, block_bias = paddle.to_tensor(mapping), paddle.to_tensor(bias)
     q = rand(rows, H, D, seed=9)
 
-    out = ops.decode(q, k_cache, v_cache, block_list, block_groups, block_mapping, block_bias)
+    out = ops.decode(q, k_cache, v_cache, block_list, block_groups, block_mapping, block_bias, OUT)
 
     [(name, args, kwargs)] = plugin.calls
     assert name == "fused_flatpa_proj"
@@ -305,10 +306,10 @@ def check_decode(ops, plugin):
     assert args[3].dtype == args[4].dtype == paddle.int32
     np.testing.assert_array_equal(args[5].numpy(), mapping)
     np.testing.assert_array_equal(args[6].numpy(), bias)
-    assert_identity(args[7], H * D)
+    assert args[7] is OUT
     assert kwargs == {"scaling_factor": D**-0.5}
-    assert out.shape == [rows, H * D]
-    want = ops_cpu.decode(q, k_cpu, v_cpu, block_list, block_groups, block_mapping, block_bias)
+    assert out.shape == [rows, HIDDEN]
+    want = ops_cpu.decode(q, k_cpu, v_cpu, block_list, block_groups, block_mapping, block_bias, OUT)
     np.testing.assert_allclose(out.numpy(), want.numpy(), rtol=1e-5, atol=1e-5)
 
 

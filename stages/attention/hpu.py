@@ -50,10 +50,16 @@ class PagedAttention:
         return self.ops.qkv_rope(*args, **kwargs)
 
     def forward(
-        self, layer: int, q: paddle.Tensor, k: paddle.Tensor, v: paddle.Tensor, meta: ForwardMeta
+        self,
+        layer: int,
+        q: paddle.Tensor,
+        k: paddle.Tensor,
+        v: paddle.Tensor,
+        meta: ForwardMeta,
+        out_weight: paddle.Tensor,
     ) -> paddle.Tensor:
-        """q [tokens, heads, dim], k/v [tokens, kv_heads, dim] -> [tokens, heads * dim]:
-        the encoder rows, then the decoder rows."""
+        """q [tokens, heads, dim], k/v [tokens, kv_heads, dim] -> attention through the
+        output projection out_weight, [tokens, hidden]: encoder rows, then decoder rows."""
         ops, k_cache, v_cache = self.ops, self.k_cache[layer], self.v_cache[layer]
         split = meta.encoder_tokens
         parts = []
@@ -68,10 +74,14 @@ class PagedAttention:
                     ops.write_slots(cache, enc.slot_blocks, enc.slot_offsets, values)
             q_enc = q[:split].reshape([b, s, *q.shape[1:]])
             if enc.has_context:
-                out = ops.prefill_with_context(q_enc, k_cache, v_cache, enc.block_list, enc.mask)
+                out = ops.prefill_with_context(
+                    q_enc, k_cache, v_cache, enc.block_list, enc.mask, out_weight
+                )
             else:
                 kv_shape = [b, s, *k.shape[1:]]
-                out = ops.prefill(q_enc, k_enc.reshape(kv_shape), v_enc.reshape(kv_shape))
+                out = ops.prefill(
+                    q_enc, k_enc.reshape(kv_shape), v_enc.reshape(kv_shape), out_weight
+                )
             parts.append(out)
         if meta.decoder:
             dec = meta.decoder
@@ -86,6 +96,7 @@ class PagedAttention:
                     dec.block_groups,
                     dec.block_mapping,
                     dec.block_bias,
+                    out_weight,
                 )
             )
         return parts[0] if len(parts) == 1 else paddle.concat(parts, axis=0)

@@ -3,7 +3,8 @@
 `attention.ops=cpu` (stages/attention/ops_cpu.py) implements it in plain Paddle;
 `attention.ops=intel_hpu` (stages/attention/ops_intel_hpu.py) binds the Intel HPU plugin's
 fused ops. The attention stage calls only these functions, with the tensors of the step's
-ForwardMeta, so both backends see the same static shapes.
+ForwardMeta, so both backends see the same static shapes. The attention functions end
+with the layer's output projection (without its bias), as the HPU's fused ops do.
 
 Shapes: B encoder rows, S padded chunk length (a multiple of the block size `bs`), M
 blocks per encoder row (context and chunk, left-aligned), R decoder rows, NB blocks in the
@@ -56,10 +57,12 @@ class AttentionOps(Protocol):
     ) -> None:
         """Slot writes: row i of values [n, KV, D] goes to (block_indices[i], block_offsets[i])."""
 
-    def prefill(self, q: paddle.Tensor, k: paddle.Tensor, v: paddle.Tensor) -> paddle.Tensor:
-        """A first chunk, causal within the row: q [B, S, H, D], k, v [B, S, KV, D]
-        -> [B * S, H * D]. Real tokens are a prefix of each row, so causality alone keeps
-        them off the padding."""
+    def prefill(
+        self, q: paddle.Tensor, k: paddle.Tensor, v: paddle.Tensor, out_weight: paddle.Tensor
+    ) -> paddle.Tensor:
+        """A first chunk, causal within the row: q [B, S, H, D], k, v [B, S, KV, D], then
+        the output projection out_weight [H * D, hidden] -> [B * S, hidden]. Real tokens
+        are a prefix of each row, so causality alone keeps them off the padding."""
 
     def prefill_with_context(
         self,
@@ -68,9 +71,11 @@ class AttentionOps(Protocol):
         v_cache: Cache,
         block_list: paddle.Tensor,
         mask: paddle.Tensor,
+        out_weight: paddle.Tensor,
     ) -> paddle.Tensor:
         """A later chunk (already written to the cache) over its context and itself:
-        q [B, S, H, D], block_list [B, M], mask [B, 1, S, M * bs] additive -> [B * S, H * D]."""
+        q [B, S, H, D], block_list [B, M], mask [B, 1, S, M * bs] additive, then the output
+        projection -> [B * S, hidden]."""
 
     def decode(
         self,
@@ -81,8 +86,9 @@ class AttentionOps(Protocol):
         block_groups: paddle.Tensor,
         block_mapping: paddle.Tensor,
         block_bias: paddle.Tensor,
+        out_weight: paddle.Tensor,
     ) -> paddle.Tensor:
         """Flat paged attention, one query per row: q [R, H, D]; block_list [NB] the blocks
         of every row one after another, block_groups [NB] each block's row, block_mapping
         [NB, R] the same as one-hot rows (zero for padding blocks), block_bias [NB, bs]
-        additive (0 for a filled slot) -> [R, H * D]."""
+        additive (0 for a filled slot); then the output projection -> [R, hidden]."""

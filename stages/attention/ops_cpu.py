@@ -97,21 +97,23 @@ def _rows_first(out: paddle.Tensor, b: int, s: int) -> paddle.Tensor:
     return out.reshape([b * s, -1])
 
 
-def _attend(q, keys, values, mask, b: int, s: int) -> paddle.Tensor:
+def _attend(q, keys, values, mask, b: int, s: int, out_weight) -> paddle.Tensor:
     """q [KV, B, G*S, D], keys/values [KV, B, K, D], mask broadcastable to [KV, B, G, S, K]."""
     kv, _, gs, _ = q.shape
     scores = paddle.matmul(q, keys, transpose_y=True)
     k = scores.shape[-1]
     scores = scores.reshape([kv, b, gs // s, s, k]) + mask
     probs = F.softmax(scores, axis=-1).reshape([kv, b, gs, k])
-    return _rows_first(paddle.matmul(probs, values), b, s)
+    return paddle.matmul(_rows_first(paddle.matmul(probs, values), b, s), out_weight)
 
 
-def prefill(q: paddle.Tensor, k: paddle.Tensor, v: paddle.Tensor) -> paddle.Tensor:
+def prefill(
+    q: paddle.Tensor, k: paddle.Tensor, v: paddle.Tensor, out_weight: paddle.Tensor
+) -> paddle.Tensor:
     b, s, kv, _ = k.shape
     causal = paddle.triu(paddle.full([s, s], _NEG, dtype=q.dtype), diagonal=1)
     keys, values = k.transpose([2, 0, 1, 3]), v.transpose([2, 0, 1, 3])
-    return _attend(_heads_first(q, kv), keys, values, causal, b, s)
+    return _attend(_heads_first(q, kv), keys, values, causal, b, s, out_weight)
 
 
 def _gather_rows(cache: paddle.Tensor, block_list: paddle.Tensor) -> paddle.Tensor:
@@ -127,11 +129,12 @@ def prefill_with_context(
     v_cache: paddle.Tensor,
     block_list: paddle.Tensor,
     mask: paddle.Tensor,
+    out_weight: paddle.Tensor,
 ) -> paddle.Tensor:
     b, s = q.shape[:2]
     kv = k_cache.shape[0]
     keys, values = _gather_rows(k_cache, block_list), _gather_rows(v_cache, block_list)
-    return _attend(_heads_first(q, kv), keys, values, mask.unsqueeze(0), b, s)
+    return _attend(_heads_first(q, kv), keys, values, mask.unsqueeze(0), b, s, out_weight)
 
 
 def decode(
@@ -142,6 +145,7 @@ def decode(
     block_groups: paddle.Tensor,
     block_mapping: paddle.Tensor,
     block_bias: paddle.Tensor,
+    out_weight: paddle.Tensor,
 ) -> paddle.Tensor:
     """Each block attends on its own (its max, its sum), then blocks are combined per row
     after rescaling to the row's max, as flat paged attention does on the HPU."""
@@ -168,6 +172,5 @@ def decode(
     )
     row_sum = paddle.matmul(block_mapping, block_sum, transpose_x=True)  # [R, H]
     # Padding rows own no block: their sum is 0 and their output stays 0, not NaN.
-    return (row_out.reshape([r, h, d]) / paddle.clip(row_sum, min=1e-30).unsqueeze(-1)).reshape(
-        [r, h * d]
-    )
+    out = row_out.reshape([r, h, d]) / paddle.clip(row_sum, min=1e-30).unsqueeze(-1)
+    return paddle.matmul(out.reshape([r, h * d]), out_weight)

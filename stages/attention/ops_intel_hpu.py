@@ -25,9 +25,8 @@ Which op each function calls:
 
 Conventions inferred from the sources (none confirmed on hardware):
 - The plugin fuses the output projection into attention (`fused_sdpa_proj_t`,
-  `fused_flatpa_proj`) and offers no unfused variant; this interface returns attention
-  before the projection, so an identity `[H * D, H * D]` matrix is passed as
-  `linear_weights`: one extra GEMM per call.
+  `fused_flatpa_proj`); the interface's attention functions take the layer's output
+  weight `[H * D, hidden]` for it, passed as `linear_weights`.
 - Rotary tables are `[2, batch, seq, 1, head_dim]`, cos at 0 and sin at 1, in the
   activations' dtype (the layout the BSHD ops take in `tests/test_rms_qkv_rope.py`).
   `use_neox_style=True` rotates halves (the kernel's BLOCKWISE mode), False rotates pairs.
@@ -70,14 +69,6 @@ class IntelHPUOps:
 
     def __init__(self, plugin: Any) -> None:
         self.plugin = plugin
-        self._identities: dict[tuple[int, str], paddle.Tensor] = {}
-
-    def _identity(self, size: int, dtype: paddle.dtype) -> paddle.Tensor:
-        """The output projection that leaves attention as it is; one per size and dtype."""
-        key = (size, str(dtype))
-        if key not in self._identities:
-            self._identities[key] = paddle.eye(size, dtype="float32").astype(dtype)
-        return self._identities[key]
 
     def new_cache(
         self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: str
@@ -141,19 +132,21 @@ class IntelHPUOps:
         # Paddle's index_put, which the plugin implements for intel_hpu in place.
         paddle.index_put_(cache, (block_indices, block_offsets), values.astype(cache.dtype))
 
-    def prefill(self, q: paddle.Tensor, k: paddle.Tensor, v: paddle.Tensor) -> paddle.Tensor:
-        batch, seq, num_heads, head_dim = q.shape
+    def prefill(
+        self, q: paddle.Tensor, k: paddle.Tensor, v: paddle.Tensor, out_weight: paddle.Tensor
+    ) -> paddle.Tensor:
+        batch, seq, _, head_dim = q.shape
         out = self.plugin.fused_sdpa_proj_t(
             q,
             paddle.stack([k, v], axis=0),  # [2, B, S, KV, D]
             None,  # attn_mask: causal alone, padding is a suffix of each row
             None,  # valid_seq_len
-            self._identity(num_heads * head_dim, q.dtype),
+            out_weight,
             scaling_factor=head_dim**-0.5,
             causal=True,
             softmax_mode=0,
         )
-        return out.reshape([batch * seq, num_heads * head_dim])
+        return out.reshape([batch * seq, -1])
 
     def prefill_with_context(
         self,
@@ -162,8 +155,9 @@ class IntelHPUOps:
         v_cache: Cache,
         block_list: paddle.Tensor,
         mask: paddle.Tensor,
+        out_weight: paddle.Tensor,
     ) -> paddle.Tensor:
-        batch, seq, num_heads, head_dim = q.shape
+        batch, seq, _, head_dim = q.shape
         _, block_size, num_kv_heads, _ = k_cache.shape
         width = block_list.shape[1] * block_size
         flat = block_list.reshape([-1])
@@ -175,12 +169,12 @@ class IntelHPUOps:
             kv,
             mask.unsqueeze(1).astype(q.dtype),  # [B, 1, 1, S, K]: a group axis for GQA
             None,
-            self._identity(num_heads * head_dim, q.dtype),
+            out_weight,
             scaling_factor=head_dim**-0.5,
             causal=False,
             softmax_mode=0,
         )
-        return out.reshape([batch * seq, num_heads * head_dim])
+        return out.reshape([batch * seq, -1])
 
     def decode(
         self,
@@ -191,8 +185,9 @@ class IntelHPUOps:
         block_groups: paddle.Tensor,
         block_mapping: paddle.Tensor,
         block_bias: paddle.Tensor,
+        out_weight: paddle.Tensor,
     ) -> paddle.Tensor:
-        rows, num_heads, head_dim = q.shape
+        rows, _, head_dim = q.shape
         # Padding blocks belong to the last row with bias -1e30 and a zero mapping row:
         # their block maximum never wins the row's maximum and their sum is mapped to 0.
         out = self.plugin.fused_flatpa_proj(
@@ -203,7 +198,7 @@ class IntelHPUOps:
             block_list.astype("int32"),
             block_mapping.astype(q.dtype),
             block_bias.astype(q.dtype),
-            self._identity(num_heads * head_dim, q.dtype),
+            out_weight,
             scaling_factor=head_dim**-0.5,
         )
-        return out.reshape([rows, num_heads * head_dim])
+        return out.reshape([rows, -1])

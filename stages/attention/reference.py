@@ -45,7 +45,7 @@ class ReferenceAttention:
 
     qkv_rope = staticmethod(qkv_rope)  # the projection is not what this oracle checks
 
-    def forward(self, layer: int, q, k, v, meta: ForwardMeta) -> paddle.Tensor:
+    def forward(self, layer: int, q, k, v, meta: ForwardMeta, out_weight) -> paddle.Tensor:
         out = paddle.zeros([q.shape[0], q.shape[1] * q.shape[2]], dtype=q.dtype)
         if meta.encoder:
             enc = meta.encoder
@@ -64,7 +64,7 @@ class ReferenceAttention:
                 row = slice(base + r, base + r + 1)
                 start = int(dec.positions[r])
                 out[row] = self._attend(layer, dec.request_ids[r], start, q[row], k[row], v[row])
-        return out
+        return paddle.matmul(out, out_weight)
 
     def release(self, request_id: str) -> None:
         for layer in range(len(self.keys)):
