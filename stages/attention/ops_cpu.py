@@ -62,7 +62,7 @@ def write_blocks(cache: paddle.Tensor, block_indices: paddle.Tensor, values: pad
     kv, num_blocks, bs, d = cache.shape
     n = block_indices.shape[0]
     rows = block_indices.unsqueeze(0) + (paddle.arange(kv) * num_blocks).unsqueeze(1)
-    blocks = values.reshape([n, bs, kv, d]).transpose([2, 0, 1, 3]).reshape([kv * n, bs * d])
+    blocks = values.transpose([1, 0, 2]).reshape([kv * n, bs * d])  # [KV, n * bs, D] rows
     # The reshape is a view of the cache, so the scatter writes into it.
     paddle.scatter_(cache.reshape([kv * num_blocks, bs * d]), rows.reshape([-1]), blocks)
 
@@ -83,37 +83,39 @@ def write_slots(
     )
 
 
-def _heads_first(q: paddle.Tensor, kv: int) -> paddle.Tensor:
-    """q [B, S, H, D] -> [KV, B, G * S, D], pre-scaled by 1/sqrt(D)."""
+def _attend(
+    q: paddle.Tensor,
+    keys: paddle.Tensor,
+    values: paddle.Tensor,
+    mask: paddle.Tensor,
+    out_weight: paddle.Tensor,
+) -> paddle.Tensor:
+    """q [B, S, H, D]; keys, values [KV, B, K, D]; mask [B, S, K] or [S, K], additive.
+
+    Scores are [KV, G, B, S, K], so the mask broadcasts over leading axes only and every
+    transpose is a plain 3-axis one: Paddle's CPU kernels are many times slower otherwise."""
     b, s, h, d = q.shape
-    q = q.reshape([b, s, kv, h // kv, d]).transpose([2, 0, 3, 1, 4])
-    return q.reshape([kv, b, (h // kv) * s, d]) * (d**-0.5)
+    kv = keys.shape[0]
+    heads = q.reshape([b * s, h, d]).transpose([1, 0, 2]) * (d**-0.5)  # [H, T, D]
+    heads = heads.reshape([kv, h // kv, b, s, d])
+    scores = paddle.matmul(heads, keys.unsqueeze(1), transpose_y=True) + mask
+    out = paddle.matmul(F.softmax(scores, axis=-1), values.unsqueeze(1))  # [KV, G, B, S, D]
+    out = out.reshape([h, b * s, d]).transpose([1, 0, 2]).reshape([b * s, h * d])
+    return paddle.matmul(out, out_weight)
 
 
-def _rows_first(out: paddle.Tensor, b: int, s: int) -> paddle.Tensor:
-    """[KV, B, G * S, D] -> [B * S, H * D]."""
-    kv, _, gs, d = out.shape
-    out = out.reshape([kv, b, gs // s, s, d]).transpose([1, 3, 0, 2, 4])
-    return out.reshape([b * s, -1])
-
-
-def _attend(q, keys, values, mask, b: int, s: int, out_weight) -> paddle.Tensor:
-    """q [KV, B, G*S, D], keys/values [KV, B, K, D], mask broadcastable to [KV, B, G, S, K]."""
-    kv, _, gs, _ = q.shape
-    scores = paddle.matmul(q, keys, transpose_y=True)
-    k = scores.shape[-1]
-    scores = scores.reshape([kv, b, gs // s, s, k]) + mask
-    probs = F.softmax(scores, axis=-1).reshape([kv, b, gs, k])
-    return paddle.matmul(_rows_first(paddle.matmul(probs, values), b, s), out_weight)
+def _kv_heads_first(x: paddle.Tensor) -> paddle.Tensor:
+    """[B, S, KV, D] -> [KV, B, S, D]."""
+    b, s, kv, d = x.shape
+    return x.reshape([b * s, kv, d]).transpose([1, 0, 2]).reshape([kv, b, s, d])
 
 
 def prefill(
     q: paddle.Tensor, k: paddle.Tensor, v: paddle.Tensor, out_weight: paddle.Tensor
 ) -> paddle.Tensor:
-    b, s, kv, _ = k.shape
+    s = k.shape[1]
     causal = paddle.triu(paddle.full([s, s], _NEG, dtype=q.dtype), diagonal=1)
-    keys, values = k.transpose([2, 0, 1, 3]), v.transpose([2, 0, 1, 3])
-    return _attend(_heads_first(q, kv), keys, values, causal, b, s, out_weight)
+    return _attend(q, _kv_heads_first(k), _kv_heads_first(v), causal, out_weight)
 
 
 def _gather_rows(cache: paddle.Tensor, block_list: paddle.Tensor) -> paddle.Tensor:
@@ -131,10 +133,8 @@ def prefill_with_context(
     mask: paddle.Tensor,
     out_weight: paddle.Tensor,
 ) -> paddle.Tensor:
-    b, s = q.shape[:2]
-    kv = k_cache.shape[0]
     keys, values = _gather_rows(k_cache, block_list), _gather_rows(v_cache, block_list)
-    return _attend(_heads_first(q, kv), keys, values, mask.unsqueeze(0), b, s, out_weight)
+    return _attend(q, keys, values, mask.squeeze(1), out_weight)
 
 
 def decode(
