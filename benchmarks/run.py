@@ -1,0 +1,151 @@
+"""Named benchmark scenarios through the real pipeline, written as one markdown report.
+
+    python -m benchmarks.run --scenario all --out benchmarks/results.md   (from the repo root)
+    python -m benchmarks.run --scenario throughput --requests 16
+    python -m benchmarks.run --scenario long_prompts
+    python -m benchmarks.run --scenario throughput --profile /tmp/profile.txt   (.[bench])
+
+Scenarios (model=small unless said):
+- throughput: N requests at once, prompts of mixed lengths, a fixed number of new tokens;
+  also where a full decode step's time goes, outside the model forward and inside.
+- latency: the same workload arriving as a Poisson process at --rate requests/s.
+- sweep: the per-step token budget (max_tokens) over the throughput workload.
+- long_prompts: +experiment=long_prompts (model=tiny): long prompts arriving while many
+  requests decode, scheduler=chunked at a small budget against scheduler=whole.
+
+Every row shows the machine's floor: the run's model FLOPs over the paddle.matmul rate
+measured in the same process just before the run. All runs of one invocation share the
+process, so their ratios are the figures to trust on a busy machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from benchmarks.harness import ServedRun, serve
+from benchmarks.report import machine_line, overhead_table, run_table, write_report
+
+SCENARIOS = ("throughput", "latency", "sweep", "long_prompts")
+
+
+def workload(requests: int, min_prompt: int, max_prompt: int, new_tokens: int) -> list[str]:
+    return [
+        f"workload.num_requests={requests}",
+        f"workload.min_prompt_tokens={min_prompt}",
+        f"workload.max_prompt_tokens={max_prompt}",
+        f"workload.min_new_tokens={new_tokens}",
+        f"workload.max_new_tokens={new_tokens}",
+        "workload.ignore_eos=true",
+    ]
+
+
+def base_overrides(args: argparse.Namespace, requests: int) -> list[str]:
+    return [
+        "model=small",
+        f"num_threads={args.threads}",
+        f"max_num_seqs={requests}",
+        f"max_model_len={args.max_prompt + args.new_tokens}",
+        *workload(requests, args.min_prompt, args.max_prompt, args.new_tokens),
+    ]
+
+
+def run_scenario(name: str, args: argparse.Namespace) -> tuple[list[tuple[str, ServedRun]], list]:
+    """The scenario's runs (label, run) and its notes (markdown lines)."""
+    if name == "throughput":
+        run = serve([*base_overrides(args, args.requests), f"max_tokens={args.max_tokens}"])
+        label = f"throughput: {args.requests} at once, max_tokens={args.max_tokens}"
+        return [(label, run)], [
+            "### Decode step at full batch (throughput run)",
+            "",
+            *overhead_table(run),
+        ]
+    if name == "latency":
+        overrides = [
+            *base_overrides(args, args.requests),
+            f"max_tokens={args.max_tokens}",
+            f"workload.rate={args.rate}",
+        ]
+        label = f"latency: {args.requests} at {args.rate} req/s, max_tokens={args.max_tokens}"
+        return [(label, serve(overrides))], []
+    if name == "sweep":
+        runs = []
+        for budget in args.sweep:
+            overrides = [*base_overrides(args, args.sweep_requests), f"max_tokens={budget}"]
+            runs.append(
+                (f"sweep: {args.sweep_requests} at once, max_tokens={budget}", serve(overrides))
+            )
+        return runs, []
+    if name == "long_prompts":
+        common = ["+experiment=long_prompts", f"num_threads={args.threads}"]
+        chunked = serve([*common, "scheduler=chunked", f"max_tokens={args.chunk_budget}"])
+        whole = serve([*common, "scheduler=whole", "max_tokens=2048"])
+        c, w = chunked.metrics, whole.metrics
+        notes = [
+            "### Long prompts while many requests decode",
+            "",
+            f"p99 ITL: chunked (max_tokens={args.chunk_budget}) {c['itl_ms']['p99']:.0f} ms, "
+            f"whole {w['itl_ms']['p99']:.0f} ms, a ratio of "
+            f"**{c['itl_ms']['p99'] / w['itl_ms']['p99']:.2f}**; output throughput "
+            f"{c['output_throughput']:.1f} vs {w['output_throughput']:.1f} tok/s, a ratio of "
+            f"**{c['output_throughput'] / w['output_throughput']:.2f}**; TTFT p50 "
+            f"{c['ttft_ms']['p50']:.0f} vs {w['ttft_ms']['p50']:.0f} ms.",
+        ]
+        return [
+            (f"long_prompts: scheduler=chunked max_tokens={args.chunk_budget}", chunked),
+            ("long_prompts: scheduler=whole max_tokens=2048", whole),
+        ], notes
+    raise ValueError(f"unknown scenario {name}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--scenario", choices=[*SCENARIOS, "all"], default="all")
+    parser.add_argument("--out", type=Path, help="write the markdown report here")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--requests", type=int, default=64)
+    parser.add_argument("--min-prompt", type=int, default=16)
+    parser.add_argument("--max-prompt", type=int, default=1024)
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--max-tokens", type=int, default=2048, help="budget outside the sweep")
+    parser.add_argument("--rate", type=float, default=2.0, help="latency: requests/s")
+    parser.add_argument("--sweep", type=int, nargs="+", default=[256, 512, 1024, 2048])
+    parser.add_argument("--sweep-requests", type=int, default=32)
+    parser.add_argument("--chunk-budget", type=int, default=256, help="long_prompts: chunked")
+    parser.add_argument("--profile", type=Path, help="pyinstrument text profile of the runs")
+    args = parser.parse_args()
+
+    profiler = None
+    if args.profile:
+        from pyinstrument import Profiler
+
+        profiler = Profiler()
+        profiler.start()
+    runs: list[tuple[str, ServedRun]] = []
+    notes: list[str] = []
+    for name in SCENARIOS if args.scenario == "all" else (args.scenario,):
+        scenario_runs, scenario_notes = run_scenario(name, args)
+        runs += scenario_runs
+        notes += ["", *scenario_notes] if scenario_notes else []
+        print(run_table(scenario_runs)[-1], flush=True)
+    if profiler:
+        profiler.stop()
+        write_report(args.profile, profiler.output_text(unicode=True, show_all=False))
+
+    text = "\n".join(
+        [
+            "# Benchmarks",
+            "",
+            machine_line(runs[0][1].matmul_rate, args.threads),
+            "",
+            *run_table(runs),
+            *notes,
+        ]
+    )
+    print(text)
+    if args.out:
+        write_report(args.out, text + "\n")
+
+
+if __name__ == "__main__":
+    main()
