@@ -1,10 +1,12 @@
 """The attention ops in plain Paddle, vectorised over the batch: the CPU side of the ops interface.
 
-A layer's CPU cache is [kv_heads, num_blocks, block_size, head_dim]: the reference's
-[num_blocks, block_size, kv_heads, head_dim] with the head axis first, so that gathering
-blocks along axis 1 yields each head's keys ready for a batched matmul. Paddle's CPU
-transposes are slow at these sizes; this layout keeps them off the large tensors.
-Grouped-query attention never repeats keys: a KV head's G queries are matmul'd together.
+A layer's CPU cache is [num_blocks, kv_heads, block_size, head_dim]: the reference's
+[num_blocks, block_size, kv_heads, head_dim] with each block stored head by head, so that
+a gathered block is a batch of per-head [block_size, head_dim] matrices, ready for a
+batched matmul, and a gather copies whole contiguous blocks. Paddle's CPU transposes of
+more than three axes, and adds that broadcast over middle axes, are many times slower
+than the arithmetic at these sizes; the layouts here avoid both. Grouped-query attention
+never repeats keys: a KV head's G queries are matmul'd together.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ _NEG = -1e30
 def new_cache(
     num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: str
 ) -> paddle.Tensor:
-    return paddle.zeros([num_kv_heads, num_blocks, block_size, head_dim], dtype=dtype)
+    return paddle.zeros([num_blocks, num_kv_heads, block_size, head_dim], dtype=dtype)
 
 
 def rotate(
@@ -58,13 +60,23 @@ def qkv_rope(
     return q, k, v.reshape([t, num_kv_heads, head_dim])
 
 
-def write_blocks(cache: paddle.Tensor, block_indices: paddle.Tensor, values: paddle.Tensor) -> None:
-    kv, num_blocks, bs, d = cache.shape
-    n = block_indices.shape[0]
-    rows = block_indices.unsqueeze(0) + (paddle.arange(kv) * num_blocks).unsqueeze(1)
-    blocks = values.transpose([1, 0, 2]).reshape([kv * n, bs * d])  # [KV, n * bs, D] rows
+def _scatter_tokens(
+    cache: paddle.Tensor, blocks: paddle.Tensor, offsets: paddle.Tensor, values: paddle.Tensor
+) -> None:
+    """Token i of values [T, KV, D] goes to slot offsets[i] of block blocks[i], every head."""
+    num_blocks, kv, bs, d = cache.shape
+    rows = ((blocks * kv).unsqueeze(1) + paddle.arange(kv)) * bs + offsets.unsqueeze(1)
     # The reshape is a view of the cache, so the scatter writes into it.
-    paddle.scatter_(cache.reshape([kv * num_blocks, bs * d]), rows.reshape([-1]), blocks)
+    paddle.scatter_(
+        cache.reshape([num_blocks * kv * bs, d]), rows.reshape([-1]), values.reshape([-1, d])
+    )
+
+
+def write_blocks(cache: paddle.Tensor, block_indices: paddle.Tensor, values: paddle.Tensor) -> None:
+    bs = cache.shape[2]
+    n = block_indices.shape[0]
+    blocks = paddle.repeat_interleave(block_indices, bs)
+    _scatter_tokens(cache, blocks, paddle.tile(paddle.arange(bs), [n]), values)
 
 
 def write_slots(
@@ -73,14 +85,7 @@ def write_slots(
     block_offsets: paddle.Tensor,
     values: paddle.Tensor,
 ) -> None:
-    kv, num_blocks, bs, d = cache.shape
-    slots = block_indices * bs + block_offsets
-    rows = slots.unsqueeze(0) + (paddle.arange(kv) * (num_blocks * bs)).unsqueeze(1)
-    paddle.scatter_(
-        cache.reshape([kv * num_blocks * bs, d]),
-        rows.reshape([-1]),
-        values.transpose([1, 0, 2]).reshape([-1, d]),
-    )
+    _scatter_tokens(cache, block_indices, block_offsets, values)
 
 
 def _attend(
@@ -120,9 +125,10 @@ def prefill(
 
 def _gather_rows(cache: paddle.Tensor, block_list: paddle.Tensor) -> paddle.Tensor:
     """The blocks of each row of block_list [B, M], as [KV, B, M * bs, D]."""
-    kv, _, bs, d = cache.shape
+    _, kv, bs, d = cache.shape
     b, m = block_list.shape
-    return paddle.gather(cache, block_list.reshape([-1]), axis=1).reshape([kv, b, m * bs, d])
+    blocks = paddle.gather(cache, block_list.reshape([-1])).reshape([b * m, kv, bs * d])
+    return blocks.transpose([1, 0, 2]).reshape([kv, b, m * bs, d])
 
 
 def prefill_with_context(
@@ -150,26 +156,24 @@ def decode(
     """Each block attends on its own (its max, its sum), then blocks are combined per row
     after rescaling to the row's max, as flat paged attention does on the HPU."""
     r, h, d = q.shape
-    kv = k_cache.shape[0]
+    kv, bs = k_cache.shape[1], k_cache.shape[2]
     nb = block_list.shape[0]
-    q = q.reshape([r, kv, h // kv, d]).transpose([1, 0, 2, 3]) * (d**-0.5)
-    q_blocks = paddle.gather(q, block_groups, axis=1)  # [KV, NB, G, D]
-    keys = paddle.gather(k_cache, block_list, axis=1)  # [KV, NB, bs, D]
-    values = paddle.gather(v_cache, block_list, axis=1)
-    # Broadcasting the bias over the leading axis only: Paddle's CPU add is slow otherwise.
-    bias = block_bias.unsqueeze(1).expand([nb, h // kv, block_bias.shape[1]])
-    scores = paddle.matmul(q_blocks, keys, transpose_y=True) + bias
-    block_max = scores.max(axis=-1)  # [KV, NB, G]
+    q = q.reshape([r, kv, h // kv, d]) * (d**-0.5)
+    q_blocks = paddle.gather(q, block_groups)  # [NB, KV, G, D]: each block's row's queries
+    keys = paddle.gather(k_cache, block_list)  # [NB, KV, bs, D]
+    values = paddle.gather(v_cache, block_list)
+    scores = paddle.matmul(q_blocks, keys, transpose_y=True).reshape([nb, h, bs])
+    # The bias, expanded over heads, so that the add broadcasts nothing.
+    scores = scores + block_bias.unsqueeze(1).expand([nb, h, bs])
+    block_max = scores.max(axis=-1)  # [NB, H]
     # Rows own consecutive blocks (block_groups is sorted), so a segment max gives row maxima.
-    flat_max = block_max.transpose([1, 0, 2]).reshape([nb, -1])
-    row_max = paddle.geometric.segment_max(flat_max, block_groups)
-    scale = paddle.exp(flat_max - paddle.gather(row_max, block_groups))  # [NB, KV * G]
+    row_max = paddle.geometric.segment_max(block_max, block_groups)
+    scale = paddle.exp(block_max - paddle.gather(row_max, block_groups))  # [NB, H]
     probs = paddle.exp(scores - block_max.unsqueeze(-1))
-    block_out = paddle.matmul(probs, values).transpose([1, 0, 2, 3]).reshape([nb, h, d])
-    block_sum = probs.sum(axis=-1).transpose([1, 0, 2]).reshape([nb, h]) * scale
-    row_out = paddle.matmul(
-        block_mapping, (block_out * scale.unsqueeze(-1)).reshape([nb, -1]), transpose_x=True
-    )
+    block_out = paddle.matmul(probs.reshape([nb, kv, h // kv, bs]), values)  # [NB, KV, G, D]
+    block_out = block_out.reshape([nb, h, d]) * scale.unsqueeze(-1)
+    block_sum = probs.sum(axis=-1) * scale
+    row_out = paddle.matmul(block_mapping, block_out.reshape([nb, h * d]), transpose_x=True)
     row_sum = paddle.matmul(block_mapping, block_sum, transpose_x=True)  # [R, H]
     # Padding rows own no block: their sum is 0 and their output stays 0, not NaN.
     out = row_out.reshape([r, h, d]) / paddle.clip(row_sum, min=1e-30).unsqueeze(-1)

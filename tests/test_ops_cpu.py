@@ -1,0 +1,133 @@
+"""The CPU ops at serving sizes against a loop-per-row numpy oracle.
+
+The end-to-end oracle tests run small blocks and short contexts; these run one op at the
+shapes of a real decode or chunk (block size 128, a hundred blocks, scattered block
+lists), where layout and stride mistakes show up.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import paddle
+import pytest
+
+from stages.attention import ops_cpu
+
+H, KV, D, BS, HIDDEN = 8, 4, 64, 128, 96
+POOL = 161  # blocks, the last one scratch
+
+
+def rand(*shape: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(shape).astype("float32")
+
+
+def filled_cache(values: np.ndarray) -> paddle.Tensor:
+    """A cache whose block b holds values[b * BS : (b + 1) * BS], written a few blocks at a time."""
+    cache = ops_cpu.new_cache(POOL, BS, KV, D, "float32")
+    for first in range(0, POOL - 1, 8):
+        blocks = paddle.arange(first, min(first + 8, POOL - 1))
+        n = blocks.shape[0]
+        ops_cpu.write_blocks(cache, blocks, paddle.to_tensor(values[first * BS : (first + n) * BS]))
+    return cache
+
+
+def attend(q: np.ndarray, keys: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """One query [H, D] over keys, values [L, KV, D]: plain softmax attention."""
+    out = np.zeros((H, D), dtype=np.float64)
+    for h in range(H):
+        kv = h // (H // KV)
+        scores = keys[:, kv] @ q[h] / np.sqrt(D)
+        p = np.exp(scores - scores.max())
+        out[h] = (p / p.sum()) @ values[:, kv]
+    return out.reshape(-1)
+
+
+@pytest.fixture(scope="module")
+def cached():
+    keys, values = rand((POOL - 1) * BS, KV, D, seed=1), rand((POOL - 1) * BS, KV, D, seed=2)
+    return keys, values, filled_cache(keys), filled_cache(values)
+
+
+def test_decode_matches_per_row_attention(cached):
+    keys, values, k_cache, v_cache = cached
+    rng = np.random.default_rng(3)
+    lengths = rng.integers(1, 5 * BS, 24)  # tokens per row, its last block partly filled
+    counts = -(-lengths // BS)
+    block_list = rng.permutation(POOL - 1)[: counts.sum()]
+    padding = 5
+    groups = np.concatenate([np.repeat(np.arange(24), counts), np.full(padding, 23)])
+    blocks = np.concatenate([block_list, np.full(padding, POOL - 1)])
+    mapping = np.zeros((len(blocks), 24), dtype="float32")
+    mapping[np.arange(counts.sum()), groups[: counts.sum()]] = 1.0
+    first = np.repeat(np.cumsum(counts) - counts, counts)
+    filled = np.zeros(len(blocks), dtype=np.int64)
+    filled[: counts.sum()] = (
+        lengths[groups[: counts.sum()]] - (np.arange(counts.sum()) - first) * BS
+    )
+    bias = np.where(np.arange(BS)[None, :] < filled[:, None], 0.0, -1e30).astype("float32")
+    q, out_weight = rand(24, H, D, seed=4), rand(H * D, HIDDEN, seed=5)
+
+    got = ops_cpu.decode(
+        paddle.to_tensor(q),
+        k_cache,
+        v_cache,
+        paddle.to_tensor(blocks),
+        paddle.to_tensor(groups),
+        paddle.to_tensor(mapping),
+        paddle.to_tensor(bias),
+        paddle.to_tensor(out_weight),
+    ).numpy()
+
+    rows = []
+    for r in range(24):
+        own = block_list[(np.cumsum(counts) - counts)[r] :][: counts[r]]
+        slots = (own[:, None] * BS + np.arange(BS)).reshape(-1)[: lengths[r]]
+        rows.append(attend(q[r], keys[slots], values[slots]))
+    np.testing.assert_allclose(got, np.stack(rows) @ out_weight, rtol=1e-4, atol=1e-4)
+
+
+def test_prefill_with_context_matches_per_row_attention(cached):
+    keys, values, k_cache, v_cache = cached
+    rng = np.random.default_rng(6)
+    contexts, seq, width = np.array([3 * BS, BS, 0 + 2 * BS]), 2 * BS, 6
+    tables = [rng.permutation(POOL - 1)[:width] for _ in contexts]
+    visible = np.arange(width * BS)[None, None, :] <= (
+        contexts[:, None, None] + np.arange(seq)[None, :, None]
+    )
+    mask = np.where(visible, 0.0, -1e30).astype("float32")[:, None]
+    q, out_weight = rand(len(contexts), seq, H, D, seed=7), rand(H * D, HIDDEN, seed=8)
+
+    got = ops_cpu.prefill_with_context(
+        paddle.to_tensor(q),
+        k_cache,
+        v_cache,
+        paddle.to_tensor(np.stack(tables)),
+        paddle.to_tensor(mask),
+        paddle.to_tensor(out_weight),
+    ).numpy()
+
+    want = []
+    for row, (ctx, table) in enumerate(zip(contexts, tables, strict=True)):
+        slots = (table[:, None] * BS + np.arange(BS)).reshape(-1)
+        for i in range(seq):
+            seen = slots[: ctx + i + 1]
+            want.append(attend(q[row, i], keys[seen], values[seen]))
+    np.testing.assert_allclose(got, np.stack(want) @ out_weight, rtol=1e-4, atol=1e-4)
+
+
+def test_slot_writes_land_where_block_writes_put_the_same_tokens():
+    values = rand(3 * BS, KV, D, seed=9)
+    by_block = ops_cpu.new_cache(8, BS, KV, D, "float32")
+    ops_cpu.write_blocks(by_block, paddle.to_tensor([5, 0, 2]), paddle.to_tensor(values))
+    by_slot = ops_cpu.new_cache(8, BS, KV, D, "float32")
+    blocks = np.repeat([5, 0, 2], BS)
+    offsets = np.tile(np.arange(BS), 3)
+    order = np.random.default_rng(10).permutation(3 * BS)
+    ops_cpu.write_slots(
+        by_slot,
+        paddle.to_tensor(blocks[order]),
+        paddle.to_tensor(offsets[order]),
+        paddle.to_tensor(values[order]),
+    )
+    np.testing.assert_array_equal(by_block.numpy(), by_slot.numpy())
+    assert not by_block.numpy()[[1, 3, 4, 6, 7]].any()
