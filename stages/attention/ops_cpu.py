@@ -51,12 +51,15 @@ def qkv_rope(
     if bias is not None:
         qkv = qkv + bias
     t = x.shape[0]
-    q, k, v = paddle.split(
-        qkv, [num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim], axis=-1
+    rotary, v = paddle.split(qkv, [(num_heads + num_kv_heads) * head_dim, -1], axis=-1)
+    # Queries and keys rotate in one pass: at decode sizes each op's launch is the cost.
+    rotary = rotate(
+        rotary.reshape([t, num_heads + num_kv_heads, head_dim]),
+        cos.unsqueeze(1),
+        sin.unsqueeze(1),
+        interleaved,
     )
-    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-    q = rotate(q.reshape([t, num_heads, head_dim]), cos, sin, interleaved)
-    k = rotate(k.reshape([t, num_kv_heads, head_dim]), cos, sin, interleaved)
+    q, k = paddle.split(rotary, [num_heads, num_kv_heads], axis=1)
     return q, k, v.reshape([t, num_kv_heads, head_dim])
 
 
