@@ -79,8 +79,9 @@ def machine_line(rate: float, threads: int) -> str:
     ).stdout.strip()
     return (
         f"Commit {commit or 'unknown'}, {threads} Paddle threads. Floor = the run's model "
-        f"FLOPs (benchmarks/floor.py) over paddle.matmul's fp32 rate measured in the same "
-        f"process before each run ({rate / 1e9:.0f} GFLOP/s before the first); floor / wall "
+        "FLOPs (benchmarks/floor.py) over paddle.matmul's fp32 rate on the model's "
+        "projection shapes, measured in the same process just before and after each run "
+        f"(the higher of the two; {rate / 1e9:.0f} GFLOP/s for the first run); floor / wall "
         "is the fraction of the machine's limit reached."
     )
 

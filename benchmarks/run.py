@@ -14,8 +14,8 @@ Scenarios (model=small unless said):
   requests decode, scheduler=chunked at a small budget against scheduler=whole.
 
 Every row shows the machine's floor: the run's model FLOPs over the paddle.matmul rate
-measured in the same process just before the run. All runs of one invocation share the
-process, so their ratios are the figures to trust on a busy machine.
+measured in the same process just before and after the run (the higher). All runs of one
+invocation share the process, so their ratios are the figures to trust on a busy machine.
 """
 
 from __future__ import annotations
@@ -62,11 +62,13 @@ def run_scenario(name: str, args: argparse.Namespace) -> tuple[list[tuple[str, S
         ]
     if name == "latency":
         overrides = [
-            *base_overrides(args, args.requests),
+            *base_overrides(args, args.latency_requests),
             f"max_tokens={args.max_tokens}",
             f"workload.rate={args.rate}",
         ]
-        label = f"latency: {args.requests} at {args.rate} req/s, max_tokens={args.max_tokens}"
+        label = (
+            f"latency: {args.latency_requests} at {args.rate} req/s, max_tokens={args.max_tokens}"
+        )
         return [(label, serve(overrides))], []
     if name == "sweep":
         runs = []
@@ -108,7 +110,8 @@ def main() -> None:
     parser.add_argument("--max-prompt", type=int, default=1024)
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--max-tokens", type=int, default=2048, help="budget outside the sweep")
-    parser.add_argument("--rate", type=float, default=2.0, help="latency: requests/s")
+    parser.add_argument("--rate", type=float, default=0.5, help="latency: requests/s")
+    parser.add_argument("--latency-requests", type=int, default=32)
     parser.add_argument("--sweep", type=int, nargs="+", default=[256, 512, 1024, 2048])
     parser.add_argument("--sweep-requests", type=int, default=32)
     parser.add_argument("--chunk-budget", type=int, default=256, help="long_prompts: chunked")
@@ -127,7 +130,7 @@ def main() -> None:
         scenario_runs, scenario_notes = run_scenario(name, args)
         runs += scenario_runs
         notes += ["", *scenario_notes] if scenario_notes else []
-        print(run_table(scenario_runs)[-1], flush=True)
+        print("\n".join(run_table(scenario_runs)[2:]), flush=True)
     if profiler:
         profiler.stop()
         write_report(args.profile, profiler.output_text(unicode=True, show_all=False))
