@@ -45,6 +45,24 @@ def compose_config(overrides: Sequence[str]) -> DictConfig:
         return compose(config_name="config", overrides=list(overrides))
 
 
+def synthetic_overrides(
+    requests: int, min_prompt: int, max_prompt: int, new_tokens: int, threads: int
+) -> list[str]:
+    """model=small serving `requests` synthetic prompts, each asking for `new_tokens`."""
+    return [
+        "model=small",
+        f"num_threads={threads}",
+        f"max_num_seqs={requests}",
+        f"max_model_len={max_prompt + new_tokens}",
+        f"workload.num_requests={requests}",
+        f"workload.min_prompt_tokens={min_prompt}",
+        f"workload.max_prompt_tokens={max_prompt}",
+        f"workload.min_new_tokens={new_tokens}",
+        f"workload.max_new_tokens={new_tokens}",
+        "workload.ignore_eos=true",
+    ]
+
+
 @dataclass
 class TimedStep:
     record: StepRecord

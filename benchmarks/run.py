@@ -23,31 +23,16 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from benchmarks.harness import ServedRun, serve
+from benchmarks.harness import ServedRun, serve, synthetic_overrides
 from benchmarks.report import machine_line, overhead_table, run_table, write_report
 
 SCENARIOS = ("throughput", "latency", "sweep", "long_prompts")
 
 
-def workload(requests: int, min_prompt: int, max_prompt: int, new_tokens: int) -> list[str]:
-    return [
-        f"workload.num_requests={requests}",
-        f"workload.min_prompt_tokens={min_prompt}",
-        f"workload.max_prompt_tokens={max_prompt}",
-        f"workload.min_new_tokens={new_tokens}",
-        f"workload.max_new_tokens={new_tokens}",
-        "workload.ignore_eos=true",
-    ]
-
-
 def base_overrides(args: argparse.Namespace, requests: int) -> list[str]:
-    return [
-        "model=small",
-        f"num_threads={args.threads}",
-        f"max_num_seqs={requests}",
-        f"max_model_len={args.max_prompt + args.new_tokens}",
-        *workload(requests, args.min_prompt, args.max_prompt, args.new_tokens),
-    ]
+    return synthetic_overrides(
+        requests, args.min_prompt, args.max_prompt, args.new_tokens, args.threads
+    )
 
 
 def run_scenario(name: str, args: argparse.Namespace) -> tuple[list[tuple[str, ServedRun]], list]:
