@@ -146,6 +146,29 @@ def prefill_with_context(
     return _attend(q, keys, values, mask.squeeze(1), out_weight)
 
 
+# Decode gathers keys and values a tile of blocks at a time, sized so that a tile is still
+# in cache when its matmuls read it: the gather then costs one pass over memory, not three.
+_TILE_BYTES = 4 << 20
+
+
+def _attend_blocks(q, k_cache, v_cache, block_list, block_groups, block_bias):
+    """Per-block attention of each block's row's queries q [R, KV, G, D] (pre-scaled):
+    the block's score maximum [n, H], its exp-sum [n, H] and its weighted values [n, H, D]."""
+    n = block_list.shape[0]
+    _, kv, bs, d = k_cache.shape
+    h = kv * q.shape[2]
+    q_blocks = paddle.gather(q, block_groups)  # [n, KV, G, D]
+    keys = paddle.gather(k_cache, block_list)  # [n, KV, bs, D]
+    values = paddle.gather(v_cache, block_list)
+    scores = paddle.matmul(q_blocks, keys, transpose_y=True).reshape([n, h, bs])
+    # The bias, expanded over heads, so that the add broadcasts nothing.
+    scores = scores + block_bias.unsqueeze(1).expand([n, h, bs])
+    block_max = scores.max(axis=-1)
+    probs = paddle.exp(scores - block_max.unsqueeze(-1))
+    block_out = paddle.matmul(probs.reshape([n, kv, h // kv, bs]), values).reshape([n, h, d])
+    return block_max, probs.sum(axis=-1), block_out
+
+
 def decode(
     q: paddle.Tensor,
     k_cache: paddle.Tensor,
@@ -159,25 +182,30 @@ def decode(
     """Each block attends on its own (its max, its sum), then blocks are combined per row
     after rescaling to the row's max, as flat paged attention does on the HPU."""
     r, h, d = q.shape
-    kv, bs = k_cache.shape[1], k_cache.shape[2]
+    _, kv, bs, _ = k_cache.shape
     nb = block_list.shape[0]
     q = q.reshape([r, kv, h // kv, d]) * (d**-0.5)
-    q_blocks = paddle.gather(q, block_groups)  # [NB, KV, G, D]: each block's row's queries
-    keys = paddle.gather(k_cache, block_list)  # [NB, KV, bs, D]
-    values = paddle.gather(v_cache, block_list)
-    scores = paddle.matmul(q_blocks, keys, transpose_y=True).reshape([nb, h, bs])
-    # The bias, expanded over heads, so that the add broadcasts nothing.
-    scores = scores + block_bias.unsqueeze(1).expand([nb, h, bs])
-    block_max = scores.max(axis=-1)  # [NB, H]
+    tile = max(1, _TILE_BYTES // (kv * bs * d * k_cache.element_size()))
+    parts = [
+        _attend_blocks(
+            q,
+            k_cache,
+            v_cache,
+            block_list[lo : lo + tile],
+            block_groups[lo : lo + tile],
+            block_bias[lo : lo + tile],
+        )
+        for lo in range(0, nb, tile)
+    ]
+    block_max, block_sum, block_out = (
+        paddle.concat(x) if len(parts) > 1 else x[0] for x in zip(*parts, strict=True)
+    )
     # Rows own consecutive blocks (block_groups is sorted), so a segment max gives row maxima.
     row_max = paddle.geometric.segment_max(block_max, block_groups)
     scale = paddle.exp(block_max - paddle.gather(row_max, block_groups))  # [NB, H]
-    probs = paddle.exp(scores - block_max.unsqueeze(-1))
-    block_out = paddle.matmul(probs.reshape([nb, kv, h // kv, bs]), values)  # [NB, KV, G, D]
-    block_out = block_out.reshape([nb, h, d]) * scale.unsqueeze(-1)
-    block_sum = probs.sum(axis=-1) * scale
-    row_out = paddle.matmul(block_mapping, block_out.reshape([nb, h * d]), transpose_x=True)
-    row_sum = paddle.matmul(block_mapping, block_sum, transpose_x=True)  # [R, H]
+    block_out = (block_out * scale.unsqueeze(-1)).reshape([nb, h * d])
+    row_out = paddle.matmul(block_mapping, block_out, transpose_x=True)
+    row_sum = paddle.matmul(block_mapping, block_sum * scale, transpose_x=True)  # [R, H]
     # Padding rows own no block: their sum is 0 and their output stays 0, not NaN.
     out = row_out.reshape([r, h, d]) / paddle.clip(row_sum, min=1e-30).unsqueeze(-1)
     return paddle.matmul(out.reshape([r, h * d]), out_weight)
