@@ -28,7 +28,7 @@ from stages.checkpoint import export_hf_llama
 
 def peer_generate(
     folder: str | Path, prompts: list[list[int]], new_tokens: int, batch: int, pad_id: int
-):
+) -> tuple[list[list[int]], float]:
     """Greedy continuations from transformers (left-padded batches); returns (ids, seconds)."""
     import torch
     from transformers import LlamaForCausalLM

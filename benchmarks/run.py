@@ -11,7 +11,8 @@ Scenarios (model=small unless said):
 - latency: the same workload arriving as a Poisson process at --rate requests/s.
 - sweep: the per-step token budget (max_tokens) over the throughput workload.
 - long_prompts: +experiment=long_prompts (model=tiny): long prompts arriving while many
-  requests decode, scheduler=chunked at a small budget against scheduler=whole.
+  requests decode, scheduler=chunked at a small budget against scheduler=whole, --rounds
+  times each in the order chunked, whole, whole, chunked, ...
 
 Every row shows the machine's floor: the run's model FLOPs over the paddle.matmul rate
 measured in the same process just before and after the run (the higher). All runs of one
@@ -65,23 +66,37 @@ def run_scenario(name: str, args: argparse.Namespace) -> tuple[list[tuple[str, S
         return runs, []
     if name == "long_prompts":
         common = ["+experiment=long_prompts", f"num_threads={args.threads}"]
-        chunked = serve([*common, "scheduler=chunked", f"max_tokens={args.chunk_budget}"])
-        whole = serve([*common, "scheduler=whole", "max_tokens=2048"])
-        c, w = chunked.metrics, whole.metrics
+        settings = {
+            f"scheduler=chunked max_tokens={args.chunk_budget}": "chunked",
+            "scheduler=whole max_tokens=2048": "whole",
+        }
+        runs: dict[str, list[ServedRun]] = {"chunked": [], "whole": []}
+        labelled = []
+        # Chunked, whole, whole, chunked, ...: a drift in the machine's load evens out.
+        for index in range(args.rounds):
+            order = list(settings.items())
+            for setting, kind in order if index % 2 == 0 else order[::-1]:
+                run = serve([*common, *setting.split()])
+                runs[kind].append(run)
+                labelled.append((f"long_prompts: {setting} ({index + 1})", run))
+
+        def mean(kind: str, read) -> float:
+            return sum(read(run.metrics) for run in runs[kind]) / len(runs[kind])
+
+        itl = {kind: mean(kind, lambda m: m["itl_ms"]["p99"]) for kind in runs}
+        tput = {kind: mean(kind, lambda m: m["output_throughput"]) for kind in runs}
+        ttft = {kind: mean(kind, lambda m: m["ttft_ms"]["p50"]) for kind in runs}
         notes = [
             "### Long prompts while many requests decode",
             "",
-            f"p99 ITL: chunked (max_tokens={args.chunk_budget}) {c['itl_ms']['p99']:.0f} ms, "
-            f"whole {w['itl_ms']['p99']:.0f} ms, a ratio of "
-            f"**{c['itl_ms']['p99'] / w['itl_ms']['p99']:.2f}**; output throughput "
-            f"{c['output_throughput']:.1f} vs {w['output_throughput']:.1f} tok/s, a ratio of "
-            f"**{c['output_throughput'] / w['output_throughput']:.2f}**; TTFT p50 "
-            f"{c['ttft_ms']['p50']:.0f} vs {w['ttft_ms']['p50']:.0f} ms.",
+            f"Means over {args.rounds} rounds. p99 ITL: chunked (max_tokens={args.chunk_budget}) "
+            f"{itl['chunked']:.0f} ms, whole {itl['whole']:.0f} ms, a ratio of "
+            f"**{itl['chunked'] / itl['whole']:.2f}**; output throughput "
+            f"{tput['chunked']:.1f} vs {tput['whole']:.1f} tok/s, a ratio of "
+            f"**{tput['chunked'] / tput['whole']:.2f}**; TTFT p50 "
+            f"{ttft['chunked']:.0f} vs {ttft['whole']:.0f} ms.",
         ]
-        return [
-            (f"long_prompts: scheduler=chunked max_tokens={args.chunk_budget}", chunked),
-            ("long_prompts: scheduler=whole max_tokens=2048", whole),
-        ], notes
+        return labelled, notes
     raise ValueError(f"unknown scenario {name}")
 
 
@@ -100,6 +115,7 @@ def main() -> None:
     parser.add_argument("--sweep", type=int, nargs="+", default=[256, 512, 1024, 2048])
     parser.add_argument("--sweep-requests", type=int, default=32)
     parser.add_argument("--chunk-budget", type=int, default=256, help="long_prompts: chunked")
+    parser.add_argument("--rounds", type=int, default=2, help="long_prompts: runs of each")
     parser.add_argument("--profile", type=Path, help="pyinstrument text profile of the runs")
     args = parser.parse_args()
 

@@ -127,4 +127,5 @@ def test_long_prompts_preset_composes():
         cfg = compose(config_name="config", overrides=["+experiment=long_prompts"])
     assert cfg.workload._target_ == "stages.workload.MixedWorkload"
     longest = cfg.workload.parts.long.max_prompt_tokens + cfg.workload.parts.long.max_new_tokens
-    assert longest <= 2048 and cfg.max_num_seqs >= cfg.workload.parts.decode.num_requests
+    everyone = cfg.workload.parts.decode.num_requests + cfg.workload.parts.long.num_requests
+    assert longest <= 2048 and cfg.max_num_seqs >= everyone
