@@ -131,3 +131,12 @@ def test_slot_writes_land_where_block_writes_put_the_same_tokens():
     )
     np.testing.assert_array_equal(by_block.numpy(), by_slot.numpy())
     assert not by_block.numpy()[[1, 3, 4, 6, 7]].any()
+
+
+def test_causal_prefill_matches_per_row_attention():
+    b, s = 2, 5 * BS
+    q, k, v = rand(b, s, H, D, seed=11), rand(b, s, KV, D, seed=12), rand(b, s, KV, D, seed=13)
+    out_weight = rand(H * D, HIDDEN, seed=14)
+    got = ops_cpu.prefill(*map(paddle.to_tensor, (q, k, v, out_weight))).numpy()
+    want = [attend(q[r, i], k[r, : i + 1], v[r, : i + 1]) for r in range(b) for i in range(s)]
+    np.testing.assert_allclose(got, np.stack(want) @ out_weight, rtol=1e-4, atol=1e-4)

@@ -11,6 +11,9 @@ never repeats keys: a KV head's G queries are matmul'd together.
 
 from __future__ import annotations
 
+import functools
+
+import numpy as np
 import paddle
 import paddle.nn.functional as F
 
@@ -91,25 +94,27 @@ def write_slots(
     _scatter_tokens(cache, block_indices, block_offsets, values)
 
 
-def _attend(
-    q: paddle.Tensor,
-    keys: paddle.Tensor,
-    values: paddle.Tensor,
-    mask: paddle.Tensor,
-    out_weight: paddle.Tensor,
-) -> paddle.Tensor:
-    """q [B, S, H, D]; keys, values [KV, B, K, D]; mask [B, S, K] or [S, K], additive.
-
-    Scores are [KV, G, B, S, K], so the mask broadcasts over leading axes only and every
-    transpose is a plain 3-axis one: Paddle's CPU kernels are many times slower otherwise."""
+def _query_heads(q: paddle.Tensor, kv: int) -> paddle.Tensor:
+    """q [B, S, H, D] -> [KV, G, B, S, D], pre-scaled by 1 / sqrt(D)."""
     b, s, h, d = q.shape
-    kv = keys.shape[0]
     heads = q.reshape([b * s, h, d]).transpose([1, 0, 2]) * (d**-0.5)  # [H, T, D]
-    heads = heads.reshape([kv, h // kv, b, s, d])
+    return heads.reshape([kv, h // kv, b, s, d])
+
+
+def _softmax_attend(heads, keys, values, mask) -> paddle.Tensor:
+    """heads [KV, G, B, S, D]; keys, values [KV, B, K, D]; mask [B, S, K] or [S, K] additive.
+
+    Scores are [KV, G, B, S, K], so the mask broadcasts over leading axes only: Paddle's
+    CPU add is many times slower when it broadcasts over a middle axis."""
     scores = paddle.matmul(heads, keys.unsqueeze(1), transpose_y=True) + mask
-    out = paddle.matmul(F.softmax(scores, axis=-1), values.unsqueeze(1))  # [KV, G, B, S, D]
-    out = out.reshape([h, b * s, d]).transpose([1, 0, 2]).reshape([b * s, h * d])
-    return paddle.matmul(out, out_weight)
+    return paddle.matmul(F.softmax(scores, axis=-1), values.unsqueeze(1))  # [KV, G, B, S, D]
+
+
+def _project(out: paddle.Tensor, out_weight: paddle.Tensor) -> paddle.Tensor:
+    """[KV, G, B, S, D] -> [B * S, H * D] (plain 3-axis transposes only) @ out_weight."""
+    kv, g, b, s, d = out.shape
+    rows = out.reshape([kv * g, b * s, d]).transpose([1, 0, 2]).reshape([b * s, kv * g * d])
+    return paddle.matmul(rows, out_weight)
 
 
 def _kv_heads_first(x: paddle.Tensor) -> paddle.Tensor:
@@ -118,12 +123,20 @@ def _kv_heads_first(x: paddle.Tensor) -> paddle.Tensor:
     return x.reshape([b * s, kv, d]).transpose([1, 0, 2]).reshape([kv, b, s, d])
 
 
+@functools.lru_cache(maxsize=4)
+def _causal_bias(s: int, dtype: str) -> paddle.Tensor:
+    """[S, S] additive: query i sees keys 0..i. Built once per length, not once per layer
+    (building it took longer than the attention it masks)."""
+    return paddle.to_tensor(np.triu(np.full((s, s), _NEG, dtype=np.float32), 1)).astype(dtype)
+
+
 def prefill(
     q: paddle.Tensor, k: paddle.Tensor, v: paddle.Tensor, out_weight: paddle.Tensor
 ) -> paddle.Tensor:
-    s = k.shape[1]
-    causal = paddle.triu(paddle.full([s, s], _NEG, dtype=q.dtype), diagonal=1)
-    return _attend(q, _kv_heads_first(k), _kv_heads_first(v), causal, out_weight)
+    causal = _causal_bias(k.shape[1], str(q.dtype).split(".")[-1])
+    heads = _query_heads(q, k.shape[2])
+    out = _softmax_attend(heads, _kv_heads_first(k), _kv_heads_first(v), causal)
+    return _project(out, out_weight)
 
 
 def _gather_rows(cache: paddle.Tensor, block_list: paddle.Tensor) -> paddle.Tensor:
@@ -143,7 +156,8 @@ def prefill_with_context(
     out_weight: paddle.Tensor,
 ) -> paddle.Tensor:
     keys, values = _gather_rows(k_cache, block_list), _gather_rows(v_cache, block_list)
-    return _attend(q, keys, values, mask.squeeze(1), out_weight)
+    heads = _query_heads(q, k_cache.shape[1])
+    return _project(_softmax_attend(heads, keys, values, mask.squeeze(1)), out_weight)
 
 
 # Decode gathers keys and values a tile of blocks at a time, sized so that a tile is still
