@@ -36,6 +36,7 @@ class SchedulerConf:
     max_model_len: int = MISSING
     block_size: int = MISSING
     budget: str = "padded"  # padded: prefill rows cost their padded rectangle; real: tokens
+    max_padding: float = 0.25  # most of a step's prefill rectangle a joining row may pad
 
 
 @dataclass

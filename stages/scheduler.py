@@ -17,9 +17,37 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 from stages.block_pool import BlockPool, blocks_for
 from stages.request import PrefillChunk, Request, Status, StepPlan
+
+
+@dataclass
+class Rectangle:
+    """A step's prefill rows padded to one width of whole blocks, as the HPU runs them."""
+
+    block_size: int
+    rows: int = 0
+    width: int = 0
+    rounded: int = 0  # the rows' own lengths rounded up to blocks: padding no layout avoids
+
+    @property
+    def area(self) -> int:
+        return self.rows * self.width
+
+    def _rounded(self, n: int) -> int:
+        return blocks_for(n, self.block_size) * self.block_size
+
+    def padding_with(self, n: int) -> float:
+        """Share of the rectangle that would pad rows out to a longer neighbour's width."""
+        width = max(self.width, self._rounded(n))
+        return 1.0 - (self.rounded + self._rounded(n)) / ((self.rows + 1) * width)
+
+    def add(self, n: int) -> None:
+        self.rows += 1
+        self.width = max(self.width, self._rounded(n))
+        self.rounded += self._rounded(n)
 
 
 class ChunkedScheduler:
@@ -35,6 +63,7 @@ class ChunkedScheduler:
         align_chunks: bool = True,
         long_prefill_threshold: int = 0,
         budget: str = "padded",
+        max_padding: float = 0.25,
         eos_ids: Iterable[int] = (),
     ) -> None:
         if budget not in ("padded", "real"):
@@ -45,6 +74,9 @@ class ChunkedScheduler:
                 "a prefill row costs whole blocks; raise max_tokens or lower block_size"
             )
         self.padded_budget = budget == "padded"
+        if not 0.0 <= max_padding <= 1.0:
+            raise ValueError(f"scheduler.max_padding={max_padding}: choose a value in [0, 1]")
+        self.max_padding = max_padding
         self.max_tokens = max_tokens
         self.max_num_seqs = max_num_seqs
         self.max_model_len = max_model_len
@@ -97,20 +129,22 @@ class ChunkedScheduler:
         return bool(self.waiting or self.running)
 
     # -- one step ----------------------------------------------------------------------------
-    def _chunk_len(self, remaining: int, budget: int, rect: list[int]) -> int:
+    def _chunk_len(self, remaining: int, budget: int, rect: Rectangle) -> int:
         """Tokens of a prefill to run now; 0 means it waits for a later step.
 
-        `rect` is the step's prefill rectangle so far, [rows, width]; with the padded
-        budget a chunk may only be as long as the rectangle it grows still fits."""
+        With the padded budget a chunk may only be as long as the rectangle it grows
+        still fits, and it may not leave more than `max_padding` of the rectangle padding."""
         n = min(remaining, budget)
         if self.padded_budget:
-            rows, width = rect
             # A row within the current width costs that width; a wider one regrows the
             # rectangle, at most to the widest that rows + 1 rows still fit.
-            widest = (budget + rows * width) // (rows + 1) // self.block_size * self.block_size
+            widest = (budget + rect.area) // (rect.rows + 1) // self.block_size * self.block_size
             n = min(
                 remaining,
-                max(width if width <= budget else 0, widest if widest >= width else 0),
+                max(
+                    rect.width if rect.width <= budget else 0,
+                    widest if widest >= rect.width else 0,
+                ),
             )
         if self.long_prefill_threshold:
             n = min(n, self.long_prefill_threshold)
@@ -118,15 +152,15 @@ class ChunkedScheduler:
             # The HPU writes the cache in whole blocks, so a chunk that does not finish the
             # prompt must end on a block boundary; a leftover below a block waits.
             n -= n % self.block_size
+        if n and rect.rows and rect.padding_with(n) > self.max_padding:
+            return 0  # a short row beside a wide one: it leads a later step instead
         return n
 
-    def _charge(self, n: int, rect: list[int]) -> int:
+    def _charge(self, n: int, rect: Rectangle) -> int:
         """Budget a prefill chunk of n tokens uses; grows `rect` to hold it."""
-        if not self.padded_budget:
-            return n
-        rows, width = rect
-        rect[0], rect[1] = rows + 1, max(width, blocks_for(n, self.block_size) * self.block_size)
-        return rect[0] * rect[1] - rows * width
+        before = rect.area
+        rect.add(n)
+        return rect.area - before if self.padded_budget else n
 
     def _blocks_needed(self, request: Request, new_tokens: int) -> int:
         total = blocks_for(request.num_computed + new_tokens, self.block_size)
@@ -145,7 +179,7 @@ class ChunkedScheduler:
     def schedule(self, now: float = 0.0) -> StepPlan:
         plan = StepPlan()
         budget = self.max_tokens
-        rect = [0, 0]  # the prefill rows' padded rectangle: rows, width
+        rect = Rectangle(self.block_size)
         i = 0
         while i < len(self.running) and budget > 0:
             request = self.running[i]

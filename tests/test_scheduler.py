@@ -38,11 +38,14 @@ def drive(sched: ChunkedScheduler, requests: list[Request], max_steps: int = 100
         plan = sched.schedule()
         assert not plan.empty or plan.failed
         assert plan.num_tokens <= sched.max_tokens
-        if sched.padded_budget and plan.prefill:
-            # The padded step, what the device computes, fits the budget too.
-            width = max(blocks_for(c.length, sched.block_size) for c in plan.prefill)
-            padded = len(plan.prefill) * width * sched.block_size + len(plan.decode)
-            assert padded <= sched.max_tokens
+        if plan.prefill:
+            blocks = [blocks_for(c.length, sched.block_size) for c in plan.prefill]
+            if sched.padded_budget:
+                # The padded step, what the device computes, fits the budget too.
+                padded = len(blocks) * max(blocks) * sched.block_size + len(plan.decode)
+                assert padded <= sched.max_tokens
+            # Rows beyond the first pad the rectangle at most by max_padding.
+            assert sum(blocks) >= (1 - sched.max_padding) * len(blocks) * max(blocks) - 1e-9
         assert len(plan.prefill) + len(plan.decode) <= sched.max_num_seqs
         owners = {}
         for r in sched.running:
@@ -65,7 +68,7 @@ def drive(sched: ChunkedScheduler, requests: list[Request], max_steps: int = 100
 
 
 def test_vllm_unit_case_three_800_token_prompts_budget_1024():
-    sched = scheduler(align_chunks=False, budget="real")
+    sched = scheduler(align_chunks=False, budget="real", max_padding=1.0)
     reqs = [request(i, 800) for i in range(3)]
     for r in reqs:
         sched.add(r)
@@ -94,7 +97,7 @@ def test_reference_hang_case_finishes():
 
 @pytest.mark.parametrize(("budget", "second_chunk"), [("padded", 32), ("real", 48)])
 def test_short_remaining_prompt_waits_rather_than_misalign(budget, second_chunk):
-    sched = scheduler(max_tokens=64, block_size=16, budget=budget)
+    sched = scheduler(max_tokens=64, block_size=16, budget=budget, max_padding=1.0)
     r = request(0, 70)
     sched.add(r)
     first = sched.schedule()
@@ -112,21 +115,37 @@ def test_short_remaining_prompt_waits_rather_than_misalign(budget, second_chunk)
     ]
 
 
+def test_a_short_row_waits_rather_than_pad_a_wide_rectangle():
+    """Beside a 512-token chunk a 40-token prompt would leave the rectangle 44% padding."""
+    sched = scheduler(max_tokens=2048, block_size=32, max_padding=0.25)
+    for i, n in enumerate((512, 40, 480)):
+        sched.add(request(i, n))
+    first = sched.schedule()
+    assert [c.length for c in first.prefill] == [512]
+    sched.update(first, [7], 0.0)
+    second = sched.schedule()  # the short prompt now comes first and sets a narrow width
+    assert [(c.request.id, c.length) for c in second.prefill] == [("r1", 40)]
+    lenient = scheduler(max_tokens=2048, block_size=32, max_padding=1.0)
+    for i, n in enumerate((512, 40, 480)):
+        lenient.add(request(i, n))
+    assert [c.length for c in lenient.schedule().prefill] == [512, 40, 480]
+
+
 def test_padded_budget_keeps_short_rows_out_of_a_wide_rectangle():
     """A 300-token chunk makes the rectangle 320 wide; a 10-token prompt would cost 320."""
-    sched = scheduler(max_tokens=512, block_size=32)
+    sched = scheduler(max_tokens=512, block_size=32, max_padding=1.0)
     for i, n in enumerate((300, 10)):
         sched.add(request(i, n))
     plan = sched.schedule()
     assert [c.length for c in plan.prefill] == [300]
-    real = scheduler(max_tokens=512, block_size=32, budget="real")
+    real = scheduler(max_tokens=512, block_size=32, budget="real", max_padding=1.0)
     for i, n in enumerate((300, 10)):
         real.add(request(i, n))
     assert [c.length for c in real.schedule().prefill] == [300, 10]
 
 
 def test_long_prefill_threshold_caps_a_chunk():
-    sched = scheduler(max_tokens=1024, long_prefill_threshold=256)
+    sched = scheduler(max_tokens=1024, long_prefill_threshold=256, max_padding=1.0)
     sched.add(request(0, 1000))
     sched.add(request(1, 30))
     plan = sched.schedule()
@@ -178,10 +197,11 @@ def test_whole_scheduler_refuses_a_prompt_over_the_budget():
     threshold_blocks=st.integers(0, 4),
     whole=st.booleans(),
     budget=st.sampled_from(["padded", "real"]),
+    max_padding=st.sampled_from([0.0, 0.25, 1.0]),
 )
 def test_invariants_hold_for_any_workload(
     prompts, new, block_size, budget_blocks, extra_budget, max_num_seqs, pool_slack, align,
-    threshold_blocks, whole, budget,
+    threshold_blocks, whole, budget, max_padding,
 ):  # fmt: skip
     max_tokens = max(budget_blocks * block_size + extra_budget, max_num_seqs)
     reqs = [request(i, p, new[i]) for i, p in enumerate(prompts)]
@@ -193,6 +213,7 @@ def test_invariants_hold_for_any_workload(
         block_size=block_size,
         num_blocks=biggest + pool_slack,
         budget=budget,
+        max_padding=max_padding,
         **(
             {}
             if whole
