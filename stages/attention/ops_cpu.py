@@ -181,7 +181,7 @@ def _attend_blocks(q, k_cache, v_cache, block_list, block_groups, block_bias):
     # The bias, expanded over heads, so that the add broadcasts nothing.
     scores = scores + block_bias.unsqueeze(1).expand([n, h, bs])
     block_max = scores.max(axis=-1)
-    probs = paddle.exp(scores - block_max.unsqueeze(-1))
+    probs = paddle.exp(scores - block_max.unsqueeze(-1).expand([n, h, bs]))
     block_out = paddle.matmul(probs.reshape([n, kv, h // kv, bs]), values).reshape([n, h, d])
     return block_max, probs.sum(axis=-1), block_out
 
