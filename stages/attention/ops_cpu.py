@@ -168,21 +168,18 @@ def prefill_with_context(
 _TILE_BYTES = 4 << 20
 
 
-def _attend_blocks(q, k_cache, v_cache, block_list, block_groups, block_bias):
-    """Per-block attention of each block's row's queries q [R, KV, G, D] (pre-scaled):
-    the block's score maximum [n, H], its exp-sum [n, H] and its weighted values [n, H, D]."""
-    n = block_list.shape[0]
-    _, kv, bs, d = k_cache.shape
-    h = kv * q.shape[2]
-    q_blocks = paddle.gather(q, block_groups)  # [n, KV, G, D]
-    keys = paddle.gather(k_cache, block_list)  # [n, KV, bs, D]
-    values = paddle.gather(v_cache, block_list)
-    scores = paddle.matmul(q_blocks, keys, transpose_y=True).reshape([n, h, bs])
-    # The bias, expanded over heads, so that the add broadcasts nothing.
-    scores = scores + block_bias.unsqueeze(1).expand([n, h, bs])
+def _attend_blocks(q_blocks, k_cache, v_cache, block_ids, bias):
+    """Per-block attention: q_blocks [n, KV, G, D] (pre-scaled, each block's row's queries)
+    against the cache blocks block_ids [n]; bias [n, H, bs]. Returns each block's score
+    maximum [n, H], exp-sum [n, H] and weighted values [n, H, D]."""
+    n, kv, g, d = q_blocks.shape
+    h, bs = kv * g, bias.shape[-1]
+    keys = paddle.gather(k_cache, block_ids)  # [n, KV, bs, D]
+    scores = paddle.matmul(q_blocks, keys, transpose_y=True).reshape([n, h, bs]) + bias
     block_max = scores.max(axis=-1)
     probs = paddle.exp(scores - block_max.unsqueeze(-1).expand([n, h, bs]))
-    block_out = paddle.matmul(probs.reshape([n, kv, h // kv, bs]), values).reshape([n, h, d])
+    values = paddle.gather(v_cache, block_ids)
+    block_out = paddle.matmul(probs.reshape([n, kv, g, bs]), values).reshape([n, h, d])
     return block_max, probs.sum(axis=-1), block_out
 
 
@@ -203,17 +200,19 @@ def decode(
     nb = block_list.shape[0]
     q = q.reshape([r, kv, h // kv, d]) * (d**-0.5)
     tile = max(1, _TILE_BYTES // (kv * bs * d * k_cache.element_size()))
-    parts = [
-        _attend_blocks(
-            q,
-            k_cache,
-            v_cache,
-            block_list[lo : lo + tile],
-            block_groups[lo : lo + tile],
-            block_bias[lo : lo + tile],
-        )
-        for lo in range(0, nb, tile)
-    ]
+    q_blocks = paddle.gather(q, block_groups)  # [NB, KV, G, D]: each block's row's queries
+    # The bias, expanded over heads, so that the add broadcasts nothing.
+    bias = block_bias.unsqueeze(1).expand([nb, h, bs])
+    sections = [min(tile, nb - lo) for lo in range(0, nb, tile)]
+    # One split per tensor rather than three slices per tile: at 64 rows op launches add up.
+    tiles = zip(
+        *(
+            paddle.split(x, sections) if len(sections) > 1 else [x]
+            for x in (q_blocks, block_list, bias)
+        ),
+        strict=True,
+    )
+    parts = [_attend_blocks(q_tile, k_cache, v_cache, ids, b) for q_tile, ids, b in tiles]
     block_max, block_sum, block_out = (
         paddle.concat(x) if len(parts) > 1 else x[0] for x in zip(*parts, strict=True)
     )
