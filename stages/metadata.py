@@ -291,10 +291,9 @@ class HPUMetadataBuilder:
         filled = np.zeros(blocks, dtype=np.int64)
         filled[:used] = seq_lens[block_groups[:used]] - (np.arange(used) - first_block) * bs
         bias = np.where(np.arange(bs)[None, :] < filled[:, None], 0.0, _NEG).astype(np.float32)
+        # Each row writes its new token into the last of its blocks.
         write_blocks = np.full(rows, self.scratch_block, dtype=np.int64)
-        write_blocks[:n] = [
-            r.block_table[p // bs] for r, p in zip(requests, positions[:n], strict=True)
-        ]
+        write_blocks[:n] = block_list[np.cumsum(counts) - 1]
         offsets = np.where(np.arange(rows) < n, positions % bs, 0)
         return DecoderMeta(
             batch=n,
