@@ -21,14 +21,16 @@ def rand(*shape: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal(shape).astype("float32")
 
 
-def filled_cache(values: np.ndarray) -> paddle.Tensor:
-    """A cache whose block b holds values[b * BS : (b + 1) * BS], written a few blocks at a time."""
-    cache = ops_cpu.new_cache(POOL, BS, KV, D, "float32")
+def filled_caches(keys: np.ndarray, values: np.ndarray) -> tuple[paddle.Tensor, paddle.Tensor]:
+    """Caches whose block b holds keys / values[b * BS : (b + 1) * BS], a few blocks a write."""
+    k_cache, v_cache = (ops_cpu.new_cache(POOL, BS, KV, D, "float32") for _ in range(2))
     for first in range(0, POOL - 1, 8):
         blocks = paddle.arange(first, min(first + 8, POOL - 1))
-        n = blocks.shape[0]
-        ops_cpu.write_blocks(cache, blocks, paddle.to_tensor(values[first * BS : (first + n) * BS]))
-    return cache
+        rows = slice(first * BS, (first + blocks.shape[0]) * BS)
+        ops_cpu.write_blocks(
+            k_cache, v_cache, blocks, paddle.to_tensor(keys[rows]), paddle.to_tensor(values[rows])
+        )
+    return k_cache, v_cache
 
 
 def attend(q: np.ndarray, keys: np.ndarray, values: np.ndarray) -> np.ndarray:
@@ -45,7 +47,7 @@ def attend(q: np.ndarray, keys: np.ndarray, values: np.ndarray) -> np.ndarray:
 @pytest.fixture(scope="module")
 def cached():
     keys, values = rand((POOL - 1) * BS, KV, D, seed=1), rand((POOL - 1) * BS, KV, D, seed=2)
-    return keys, values, filled_cache(keys), filled_cache(values)
+    return keys, values, *filled_caches(keys, values)
 
 
 def test_decode_matches_per_row_attention(cached):
@@ -116,21 +118,28 @@ def test_prefill_with_context_matches_per_row_attention(cached):
 
 
 def test_slot_writes_land_where_block_writes_put_the_same_tokens():
-    values = rand(3 * BS, KV, D, seed=9)
-    by_block = ops_cpu.new_cache(8, BS, KV, D, "float32")
-    ops_cpu.write_blocks(by_block, paddle.to_tensor([5, 0, 2]), paddle.to_tensor(values))
-    by_slot = ops_cpu.new_cache(8, BS, KV, D, "float32")
+    keys, values = rand(3 * BS, KV, D, seed=9), rand(3 * BS, KV, D, seed=15)
+    by_block = [ops_cpu.new_cache(8, BS, KV, D, "float32") for _ in range(2)]
+    ops_cpu.write_blocks(
+        *by_block, paddle.to_tensor([5, 0, 2]), paddle.to_tensor(keys), paddle.to_tensor(values)
+    )
+    by_slot = [ops_cpu.new_cache(8, BS, KV, D, "float32") for _ in range(2)]
     blocks = np.repeat([5, 0, 2], BS)
     offsets = np.tile(np.arange(BS), 3)
     order = np.random.default_rng(10).permutation(3 * BS)
     ops_cpu.write_slots(
-        by_slot,
+        *by_slot,
         paddle.to_tensor(blocks[order]),
         paddle.to_tensor(offsets[order]),
+        paddle.to_tensor(keys[order]),
         paddle.to_tensor(values[order]),
     )
-    np.testing.assert_array_equal(by_block.numpy(), by_slot.numpy())
-    assert not by_block.numpy()[[1, 3, 4, 6, 7]].any()
+    for block_cache, slot_cache in zip(by_block, by_slot, strict=True):
+        np.testing.assert_array_equal(block_cache.numpy(), slot_cache.numpy())
+        assert not block_cache.numpy()[[1, 3, 4, 6, 7]].any()
+    # Keys and values went to their own caches: block 5 holds token 0 of each.
+    np.testing.assert_array_equal(by_block[0].numpy()[5, :, 0], keys[0])
+    np.testing.assert_array_equal(by_block[1].numpy()[5, :, 0], values[0])
 
 
 def test_causal_prefill_matches_per_row_attention():

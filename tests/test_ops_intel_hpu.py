@@ -148,8 +148,7 @@ def filled_caches(ops: IntelHPUOps, seed: int = 1):
     cpu = [ops_cpu.new_cache(NUM_BLOCKS, BS, KV, D, "float32") for _ in range(2)]
     for cache, x in zip(hpu, (keys, values), strict=True):
         cache[:] = x.reshape([NUM_BLOCKS, BS, KV, D])
-    for cache, x in zip(cpu, (keys, values), strict=True):
-        ops_cpu.write_blocks(cache, blocks, x)
+    ops_cpu.write_blocks(*cpu, blocks, keys, values)
     return hpu, cpu
 
 
@@ -200,33 +199,35 @@ def test_qkv_rope_refuses_a_weight_of_other_head_counts(ops):
 
 
 def test_write_blocks_index_copies_on_the_block_axis(ops, plugin):
-    cache = ops.new_cache(NUM_BLOCKS, BS, KV, D, "float32")
+    caches = [ops.new_cache(NUM_BLOCKS, BS, KV, D, "float32") for _ in range(2)]
     block_indices = paddle.to_tensor([4, 1], dtype="int64")
-    values = rand(2 * BS, KV, D)
+    keys, values = rand(2 * BS, KV, D), rand(2 * BS, KV, D, seed=3)
 
-    ops.write_blocks(cache, block_indices, values)
+    ops.write_blocks(*caches, block_indices, keys, values)
 
-    [(name, args, kwargs)] = plugin.calls
-    assert name == "index_copy_" and kwargs == {}
-    assert args[0] is cache and args[1] is block_indices and args[3] == 0
-    assert args[2].shape == [2, BS, KV, D]
-    blocks = values.numpy().reshape(2, BS, KV, D)
-    np.testing.assert_array_equal(cache.numpy()[4], blocks[0])
-    np.testing.assert_array_equal(cache.numpy()[1], blocks[1])
-    assert not cache.numpy()[[0, 2, 3, 5]].any()
+    assert len(plugin.calls) == 2  # one index_copy_ per cache
+    for (name, args, kwargs), cache, x in zip(plugin.calls, caches, (keys, values), strict=True):
+        assert name == "index_copy_" and kwargs == {}
+        assert args[0] is cache and args[1] is block_indices and args[3] == 0
+        assert args[2].shape == [2, BS, KV, D]
+        blocks = x.numpy().reshape(2, BS, KV, D)
+        np.testing.assert_array_equal(cache.numpy()[4], blocks[0])
+        np.testing.assert_array_equal(cache.numpy()[1], blocks[1])
+        assert not cache.numpy()[[0, 2, 3, 5]].any()
 
 
 def test_write_slots_puts_each_row_at_its_block_and_offset(ops, plugin):
-    cache = ops.new_cache(NUM_BLOCKS, BS, KV, D, "float32")
-    values = rand(3, KV, D)
+    caches = [ops.new_cache(NUM_BLOCKS, BS, KV, D, "float32") for _ in range(2)]
+    keys, values = rand(3, KV, D), rand(3, KV, D, seed=3)
 
-    ops.write_slots(cache, paddle.to_tensor([2, 2, 5]), paddle.to_tensor([0, 3, 1]), values)
+    ops.write_slots(*caches, paddle.to_tensor([2, 2, 5]), paddle.to_tensor([0, 3, 1]), keys, values)
 
     assert plugin.calls == []  # Paddle's index_put, not a plugin op
-    written = cache.numpy()
-    for row, (block, offset) in enumerate([(2, 0), (2, 3), (5, 1)]):
-        np.testing.assert_array_equal(written[block, offset], values.numpy()[row])
-    assert np.count_nonzero(np.abs(written).sum(axis=(2, 3))) == 3
+    for cache, x in zip(caches, (keys, values), strict=True):
+        written = cache.numpy()
+        for row, (block, offset) in enumerate([(2, 0), (2, 3), (5, 1)]):
+            np.testing.assert_array_equal(written[block, offset], x.numpy()[row])
+        assert np.count_nonzero(np.abs(written).sum(axis=(2, 3))) == 3
 
 
 def test_prefill_calls_causal_fused_sdpa_with_the_output_projection(ops, plugin):

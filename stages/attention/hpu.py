@@ -67,11 +67,10 @@ class PagedAttention:
             enc = meta.encoder
             b, s, _ = enc.shape
             k_enc, v_enc = k[:split], v[:split]
-            for cache, values in ((k_cache, k_enc), (v_cache, v_enc)):
-                if enc.block_indices is not None:
-                    ops.write_blocks(cache, enc.block_indices, values)
-                else:
-                    ops.write_slots(cache, enc.slot_blocks, enc.slot_offsets, values)
+            if enc.block_indices is not None:
+                ops.write_blocks(k_cache, v_cache, enc.block_indices, k_enc, v_enc)
+            else:
+                ops.write_slots(k_cache, v_cache, enc.slot_blocks, enc.slot_offsets, k_enc, v_enc)
             q_enc = q[:split].reshape([b, s, *q.shape[1:]])
             if enc.has_context:
                 out = ops.prefill_with_context(
@@ -85,8 +84,9 @@ class PagedAttention:
             parts.append(out)
         if meta.decoder:
             dec = meta.decoder
-            ops.write_slots(k_cache, dec.block_indices, dec.block_offsets, k[split:])
-            ops.write_slots(v_cache, dec.block_indices, dec.block_offsets, v[split:])
+            ops.write_slots(
+                k_cache, v_cache, dec.block_indices, dec.block_offsets, k[split:], v[split:]
+            )
             parts.append(
                 ops.decode(
                     q[split:],

@@ -44,18 +44,26 @@ class AttentionOps(Protocol):
         Returns q [T, H, D], k [T, KV, D], v [T, KV, D]."""
 
     def write_blocks(
-        self, cache: Cache, block_indices: paddle.Tensor, values: paddle.Tensor
+        self,
+        k_cache: Cache,
+        v_cache: Cache,
+        block_indices: paddle.Tensor,
+        k: paddle.Tensor,
+        v: paddle.Tensor,
     ) -> None:
-        """Block-granular prefill write: values [n * bs, KV, D] fill blocks block_indices [n]."""
+        """Block-granular prefill write: k, v [n * bs, KV, D] fill blocks block_indices [n]
+        of their caches."""
 
     def write_slots(
         self,
-        cache: Cache,
+        k_cache: Cache,
+        v_cache: Cache,
         block_indices: paddle.Tensor,
         block_offsets: paddle.Tensor,
-        values: paddle.Tensor,
+        k: paddle.Tensor,
+        v: paddle.Tensor,
     ) -> None:
-        """Slot writes: row i of values [n, KV, D] goes to (block_indices[i], block_offsets[i])."""
+        """Slot writes: row i of k, v [n, KV, D] goes to (block_indices[i], block_offsets[i])."""
 
     def prefill(
         self, q: paddle.Tensor, k: paddle.Tensor, v: paddle.Tensor, out_weight: paddle.Tensor

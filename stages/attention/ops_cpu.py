@@ -69,32 +69,35 @@ def qkv_rope(
     return q, k, v.reshape([t, num_kv_heads, head_dim])
 
 
-def _scatter_tokens(
-    cache: paddle.Tensor, blocks: paddle.Tensor, offsets: paddle.Tensor, values: paddle.Tensor
-) -> None:
-    """Token i of values [T, KV, D] goes to slot offsets[i] of block blocks[i], every head."""
-    num_blocks, kv, bs, d = cache.shape
-    rows = ((blocks * kv).unsqueeze(1) + paddle.arange(kv)) * bs + offsets.unsqueeze(1)
-    # The reshape is a view of the cache, so the scatter writes into it.
-    paddle.scatter_(
-        cache.reshape([num_blocks * kv * bs, d]), rows.reshape([-1]), values.reshape([-1, d])
-    )
-
-
-def write_blocks(cache: paddle.Tensor, block_indices: paddle.Tensor, values: paddle.Tensor) -> None:
-    bs = cache.shape[2]
-    n = block_indices.shape[0]
-    blocks = paddle.repeat_interleave(block_indices, bs)
-    _scatter_tokens(cache, blocks, paddle.tile(paddle.arange(bs), [n]), values)
-
-
 def write_slots(
-    cache: paddle.Tensor,
+    k_cache: paddle.Tensor,
+    v_cache: paddle.Tensor,
     block_indices: paddle.Tensor,
     block_offsets: paddle.Tensor,
-    values: paddle.Tensor,
+    k: paddle.Tensor,
+    v: paddle.Tensor,
 ) -> None:
-    _scatter_tokens(cache, block_indices, block_offsets, values)
+    """Token i of k, v [T, KV, D] goes to slot block_offsets[i] of block block_indices[i],
+    every head; the cache rows are worked out once for both caches."""
+    num_blocks, kv, bs, d = k_cache.shape
+    rows = ((block_indices * kv).unsqueeze(1) + paddle.arange(kv)) * bs
+    rows = (rows + block_offsets.unsqueeze(1)).reshape([-1])
+    for cache, values in ((k_cache, k), (v_cache, v)):
+        # The reshape is a view of the cache, so the scatter writes into it.
+        paddle.scatter_(cache.reshape([num_blocks * kv * bs, d]), rows, values.reshape([-1, d]))
+
+
+def write_blocks(
+    k_cache: paddle.Tensor,
+    v_cache: paddle.Tensor,
+    block_indices: paddle.Tensor,
+    k: paddle.Tensor,
+    v: paddle.Tensor,
+) -> None:
+    bs = k_cache.shape[2]
+    blocks = paddle.repeat_interleave(block_indices, bs)
+    offsets = paddle.tile(paddle.arange(bs), [block_indices.shape[0]])
+    write_slots(k_cache, v_cache, blocks, offsets, k, v)
 
 
 def _query_heads(q: paddle.Tensor, kv: int) -> paddle.Tensor:

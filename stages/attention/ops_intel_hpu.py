@@ -115,38 +115,59 @@ class IntelHPUOps:
         )
 
     def write_blocks(
-        self, cache: Cache, block_indices: paddle.Tensor, values: paddle.Tensor
+        self,
+        k_cache: Cache,
+        v_cache: Cache,
+        block_indices: paddle.Tensor,
+        k: paddle.Tensor,
+        v: paddle.Tensor,
     ) -> None:
-        _, block_size, num_kv_heads, head_dim = cache.shape
-        blocks = values.reshape([block_indices.shape[0], block_size, num_kv_heads, head_dim])
-        self.plugin.index_copy_(cache, block_indices, blocks.astype(cache.dtype), 0)
+        shape = [block_indices.shape[0], *k_cache.shape[1:]]
+        for cache, values in ((k_cache, k), (v_cache, v)):
+            blocks = values.reshape(shape).astype(cache.dtype)
+            self.plugin.index_copy_(cache, block_indices, blocks, 0)
 
     def write_slots(
         self,
-        cache: Cache,
+        k_cache: Cache,
+        v_cache: Cache,
         block_indices: paddle.Tensor,
         block_offsets: paddle.Tensor,
-        values: paddle.Tensor,
+        k: paddle.Tensor,
+        v: paddle.Tensor,
     ) -> None:
         # The same (block, offset) scatter fused_block_attention does inside, left to
         # Paddle's index_put, which the plugin implements for intel_hpu in place.
-        paddle.index_put_(cache, (block_indices, block_offsets), values.astype(cache.dtype))
+        for cache, values in ((k_cache, k), (v_cache, v)):
+            paddle.index_put_(cache, (block_indices, block_offsets), values.astype(cache.dtype))
+
+    def _sdpa(
+        self,
+        q: paddle.Tensor,
+        kv: paddle.Tensor,
+        mask: paddle.Tensor | None,
+        out_weight: paddle.Tensor,
+    ) -> paddle.Tensor:
+        """fused_sdpa_proj_t over q [B, S, H, D] and kv [2, B, K, KV, D]: causal without a
+        mask, else the mask [B, 1, 1, S, K] -> [B * S, hidden]."""
+        batch, seq, _, head_dim = q.shape
+        out = self.plugin.fused_sdpa_proj_t(
+            q,
+            kv,
+            mask,
+            None,  # valid_seq_len
+            out_weight,
+            scaling_factor=head_dim**-0.5,
+            causal=mask is None,
+            softmax_mode=0,
+        )
+        return out.reshape([batch * seq, -1])
 
     def prefill(
         self, q: paddle.Tensor, k: paddle.Tensor, v: paddle.Tensor, out_weight: paddle.Tensor
     ) -> paddle.Tensor:
-        batch, seq, _, head_dim = q.shape
-        out = self.plugin.fused_sdpa_proj_t(
-            q,
-            paddle.stack([k, v], axis=0),  # [2, B, S, KV, D]
-            None,  # attn_mask: causal alone, padding is a suffix of each row
-            None,  # valid_seq_len
-            out_weight,
-            scaling_factor=head_dim**-0.5,
-            causal=True,
-            softmax_mode=0,
-        )
-        return out.reshape([batch * seq, -1])
+        # No mask: causal alone, since padding is a suffix of each row.
+        return self._sdpa(q, paddle.stack([k, v], axis=0), None, out_weight)
 
     def prefill_with_context(
         self,
@@ -157,24 +178,15 @@ class IntelHPUOps:
         mask: paddle.Tensor,
         out_weight: paddle.Tensor,
     ) -> paddle.Tensor:
-        batch, seq, _, head_dim = q.shape
+        batch, _, _, head_dim = q.shape
         _, block_size, num_kv_heads, _ = k_cache.shape
         width = block_list.shape[1] * block_size
         flat = block_list.reshape([-1])
         keys = paddle.index_select(k_cache, flat, axis=0)
         values = paddle.index_select(v_cache, flat, axis=0)
         kv = paddle.stack([keys, values], axis=0).reshape([2, batch, width, num_kv_heads, head_dim])
-        out = self.plugin.fused_sdpa_proj_t(
-            q,
-            kv,
-            mask.unsqueeze(1).astype(q.dtype),  # [B, 1, 1, S, K]: a group axis for GQA
-            None,
-            out_weight,
-            scaling_factor=head_dim**-0.5,
-            causal=False,
-            softmax_mode=0,
-        )
-        return out.reshape([batch * seq, -1])
+        # The mask gets a group axis, [B, 1, 1, S, K], for the op's grouped-query path.
+        return self._sdpa(q, kv, mask.unsqueeze(1).astype(q.dtype), out_weight)
 
     def decode(
         self,
