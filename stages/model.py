@@ -19,6 +19,7 @@ import paddle
 import paddle.nn.functional as F
 from paddle.incubate.nn.functional import fused_rms_norm
 
+from stages import cpu_features
 from stages.metadata import ForwardMeta
 
 SUPPORTED_DTYPES = ("float32", "float16", "bfloat16")
@@ -225,6 +226,8 @@ class TransformerLM:
         self.rope_scaling = dict(rope_scaling) if rope_scaling else None
         self.rope_interleaved = rope_interleaved
         self.eos_ids = frozenset(eos_ids)
+        # Paddle's fused CPU RMSNorm executes AVX-512 unconditionally (SIGILL without it).
+        self._fused_rms_norm = paddle.get_device() != "cpu" or cpu_features.has_avx512()
         if weights is None:
             weights = self._draw_weights(np.random.default_rng(seed))
         self.embed = weights.embed
@@ -306,12 +309,13 @@ class TransformerLM:
         self.sin = paddle.to_tensor(np.sin(angles).astype(np.float32)).astype(self.dtype)
 
     def _rms_norm(self, x: paddle.Tensor, weight: paddle.Tensor) -> paddle.Tensor:
-        if x.dtype != paddle.float32:  # half-precision squares overflow: normalise in float32
-            x32 = x.astype("float32")
-            variance = x32.pow(2).mean(axis=-1, keepdim=True)
-            return (x32 * paddle.rsqrt(variance + self.rms_eps)).astype(x.dtype) * weight
-        # One fused kernel rather than five ops: at decode sizes the launches dominate.
-        return fused_rms_norm(x, weight, None, self.rms_eps, begin_norm_axis=x.ndim - 1)[0]
+        if x.dtype == paddle.float32 and self._fused_rms_norm:
+            # One fused kernel rather than five ops: at decode sizes the launches dominate.
+            return fused_rms_norm(x, weight, None, self.rms_eps, begin_norm_axis=x.ndim - 1)[0]
+        # Half-precision squares overflow: normalise in float32.
+        x32 = x if x.dtype == paddle.float32 else x.astype("float32")
+        normed = x32 * paddle.rsqrt(x32.pow(2).mean(axis=-1, keepdim=True) + self.rms_eps)
+        return (normed if normed.dtype == x.dtype else normed.astype(x.dtype)) * weight
 
     @paddle.no_grad()
     def forward(self, meta: ForwardMeta, attention) -> paddle.Tensor:
