@@ -12,6 +12,7 @@ import paddle
 import pytest
 
 from stages.attention import ops_cpu
+from tests import numpy_reference
 
 H, KV, D, BS, HIDDEN = 8, 4, 64, 128, 96
 POOL = 161  # blocks, the last one scratch
@@ -149,3 +150,36 @@ def test_causal_prefill_matches_per_row_attention():
     got = ops_cpu.prefill(*map(paddle.to_tensor, (q, k, v, out_weight))).numpy()
     want = [attend(q[r, i], k[r, : i + 1], v[r, : i + 1]) for r in range(b) for i in range(s)]
     np.testing.assert_allclose(got, np.stack(want) @ out_weight, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_qkv_rope_on_packed_weights_matches_numpy_rotary(interleaved):
+    """q and k come back in the backend's dim order; put back, they are the rotary positions
+    of numpy_reference, and the values are untouched."""
+    t, width = 300, (H + 2 * KV) * D
+    x, weight, bias = rand(t, HIDDEN, seed=5), rand(HIDDEN, width, seed=6), rand(width, seed=7)
+    positions = np.arange(t) + 40
+    inv_freq = 1.0 / 10000.0 ** (np.arange(D // 2) / (D // 2))
+    angles = np.outer(positions, inv_freq)
+    table = np.repeat(angles, 2, axis=1) if interleaved else np.concatenate([angles] * 2, axis=1)
+    packed = ops_cpu.pack_qkv(
+        paddle.to_tensor(weight), paddle.to_tensor(bias), H, KV, D, interleaved
+    )
+    q, k, v = ops_cpu.qkv_rope(
+        paddle.to_tensor(x),
+        *packed,
+        paddle.to_tensor(np.cos(table).astype("float32")),
+        paddle.to_tensor(np.sin(table).astype("float32")),
+        H,
+        KV,
+        D,
+        interleaved,
+    )
+    qkv = (x.astype(np.float64) @ weight + bias).reshape(t, H + 2 * KV, D)
+    order = ops_cpu.head_dim_order(D, interleaved)
+    want_q = numpy_reference.rotate(qkv[:, :H], angles, interleaved)
+    want_k = numpy_reference.rotate(qkv[:, H : H + KV], angles, interleaved)
+    np.testing.assert_allclose(q.numpy(), want_q[..., order], rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(k.numpy(), want_k[..., order], rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(v.numpy(), qkv[:, H + KV :], rtol=1e-4, atol=1e-4)
+    assert sorted(order) == list(range(D))

@@ -18,7 +18,7 @@ import pytest
 from pipeline import checks
 from pipeline.checks import ConfigError
 from pipeline.run import build_engine
-from stages.attention import ops_cpu, ops_intel_hpu
+from stages.attention import ops_cpu, ops_intel_hpu, reference
 from stages.attention.hpu import PagedAttention, load_ops
 from stages.attention.ops_intel_hpu import IntelHPUOps
 from tests.conftest import make_config
@@ -186,7 +186,7 @@ def check_qkv_rope(ops, plugin, interleaved):
     assert kwargs == {"transpose": False, "use_neox_style": not interleaved}
     assert q.shape == [t, H, D] and k.shape == v.shape == [t, KV, D]
     for got, want in zip(
-        (q, k, v), ops_cpu.qkv_rope(x, weight, bias, cos, sin, H, KV, D, interleaved), strict=True
+        (q, k, v), reference.qkv_rope(x, weight, bias, cos, sin, H, KV, D, interleaved), strict=True
     ):
         np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-5)
 

@@ -35,6 +35,7 @@ class PagedAttention:
         dtype: str = "float32",
     ) -> None:
         self.ops = load_ops(ops)
+        self._packed: dict[int, tuple] = {}  # id(weight) -> (weight, packed weight, bias)
         # One block past the pool is scratch: padding rows write there.
         self.k_cache = [
             self.ops.new_cache(num_blocks + 1, block_size, num_kv_heads, head_dim, dtype)
@@ -45,9 +46,29 @@ class PagedAttention:
             for _ in range(num_layers)
         ]
 
-    def qkv_rope(self, *args, **kwargs) -> tuple[paddle.Tensor, paddle.Tensor, paddle.Tensor]:
-        """The fused QKV projection and rotary positions: see AttentionOps.qkv_rope."""
-        return self.ops.qkv_rope(*args, **kwargs)
+    def qkv_rope(
+        self,
+        x: paddle.Tensor,
+        weight: paddle.Tensor,
+        bias: paddle.Tensor | None,
+        cos: paddle.Tensor,
+        sin: paddle.Tensor,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        interleaved: bool,
+    ) -> tuple[paddle.Tensor, paddle.Tensor, paddle.Tensor]:
+        """The fused QKV projection and rotary positions (AttentionOps.qkv_rope), on the
+        layer's weight packed once into the backend's layout."""
+        packed = self._packed.get(id(weight))
+        if packed is None or packed[0] is not weight:  # held, so an id is never reused
+            shape = (num_heads, num_kv_heads, head_dim, interleaved)
+            packed = (weight, *self.ops.pack_qkv(weight, bias, *shape))
+            self._packed[id(weight)] = packed
+        _, packed_weight, packed_bias = packed
+        return self.ops.qkv_rope(
+            x, packed_weight, packed_bias, cos, sin, num_heads, num_kv_heads, head_dim, interleaved
+        )
 
     def forward(
         self,

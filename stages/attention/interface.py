@@ -27,6 +27,20 @@ class AttentionOps(Protocol):
     ) -> Cache:
         """Zeroed storage for num_blocks blocks (the scratch block included)."""
 
+    def pack_qkv(
+        self,
+        weight: paddle.Tensor,
+        bias: paddle.Tensor | None,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        interleaved: bool,
+    ) -> tuple[paddle.Tensor, paddle.Tensor | None]:
+        """The fused QKV weight [hidden, (H + 2 KV) D] and bias in the layout this backend's
+        qkv_rope takes, made once per layer. A backend may reorder the dims within each
+        query and key head (the same order for both, so scores are unchanged); the values
+        keep theirs."""
+
     def qkv_rope(
         self,
         x: paddle.Tensor,
@@ -39,9 +53,10 @@ class AttentionOps(Protocol):
         head_dim: int,
         interleaved: bool,
     ) -> tuple[paddle.Tensor, paddle.Tensor, paddle.Tensor]:
-        """x [T, hidden] @ weight [hidden, (H + 2 KV) D] (+ bias), then rotary positions on q
-        and k (cos, sin [T, D]; `interleaved` rotates pairs (2i, 2i+1) rather than halves).
-        Returns q [T, H, D], k [T, KV, D], v [T, KV, D]."""
+        """x [T, hidden] @ weight [hidden, (H + 2 KV) D] (+ bias), as pack_qkv made them, then
+        rotary positions on q and k (cos, sin [T, D]; `interleaved` rotates pairs (2i, 2i+1)
+        rather than halves). Returns q [T, H, D], k [T, KV, D] (their dims in pack_qkv's
+        order), v [T, KV, D]."""
 
     def write_blocks(
         self,

@@ -75,6 +75,17 @@ class IntelHPUOps:
     ) -> Cache:
         return paddle.zeros([num_blocks, block_size, num_kv_heads, head_dim], dtype=dtype)
 
+    def pack_qkv(
+        self,
+        weight: paddle.Tensor,
+        bias: paddle.Tensor | None,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        interleaved: bool,
+    ) -> tuple[paddle.Tensor, paddle.Tensor | None]:
+        return weight, bias  # fused_qkv_rope takes the checkpoint's layout
+
     def qkv_rope(
         self,
         x: paddle.Tensor,

@@ -9,8 +9,31 @@ from __future__ import annotations
 import paddle
 import paddle.nn.functional as F
 
-from stages.attention.ops_cpu import qkv_rope
 from stages.metadata import ForwardMeta
+
+
+def rotate(
+    x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor, interleaved: bool
+) -> paddle.Tensor:
+    """Rotary positions on x [T, heads, D], written out as the papers state them."""
+    if interleaved:  # pairs (2i, 2i+1) rotate together
+        pairs = x.reshape([*x.shape[:-1], -1, 2])
+        rotated = paddle.stack([-pairs[..., 1], pairs[..., 0]], axis=-1).reshape(x.shape)
+    else:  # the first half rotates with the second
+        half = x.shape[-1] // 2
+        rotated = paddle.concat([-x[..., half:], x[..., :half]], axis=-1)
+    return x * cos.unsqueeze(1) + rotated * sin.unsqueeze(1)
+
+
+def qkv_rope(x, weight, bias, cos, sin, num_heads, num_kv_heads, head_dim, interleaved):
+    """The QKV projection and rotary positions in the checkpoint's own layout."""
+    qkv = paddle.matmul(x, weight)
+    if bias is not None:
+        qkv = qkv + bias
+    q, k, v = paddle.split(
+        qkv.reshape([x.shape[0], -1, head_dim]), [num_heads, num_kv_heads, num_kv_heads], axis=1
+    )
+    return rotate(q, cos, sin, interleaved), rotate(k, cos, sin, interleaved), v
 
 
 class ReferenceAttention:
@@ -43,7 +66,7 @@ class ReferenceAttention:
         out = paddle.matmul(F.softmax(scores, axis=-1), values)  # [H, n, D]
         return out.transpose([1, 0, 2]).reshape([n, h * d])
 
-    qkv_rope = staticmethod(qkv_rope)  # the projection is not what this oracle checks
+    qkv_rope = staticmethod(qkv_rope)
 
     def forward(self, layer: int, q, k, v, meta: ForwardMeta, out_weight) -> paddle.Tensor:
         out = paddle.zeros([q.shape[0], q.shape[1] * q.shape[2]], dtype=q.dtype)
