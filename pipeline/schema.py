@@ -71,6 +71,7 @@ class HPUMetadataConf:
     prefill_blocks: BucketAxisConf = field(default_factory=BucketAxisConf)
     decode_batch: BucketAxisConf = field(default_factory=BucketAxisConf)
     decode_blocks: BucketAxisConf = field(default_factory=BucketAxisConf)
+    decode_span: float = 2.0
 
 
 @dataclass

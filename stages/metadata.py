@@ -100,9 +100,12 @@ class DecoderMeta:
     block_indices: paddle.Tensor  # [batch] block of the slot each row writes
     block_offsets: paddle.Tensor  # [batch] offset of that slot in its block
     block_list: paddle.Tensor  # [blocks] every row's blocks, one row after another
-    block_groups: paddle.Tensor  # [blocks] the row owning each block (sorted)
+    block_groups: paddle.Tensor  # [blocks] the row owning each block (padding: the last)
     block_mapping: paddle.Tensor  # [blocks, batch] one-hot block -> row, zero for padding
     block_bias: paddle.Tensor  # [blocks, block_size] additive: 0 for a filled slot
+    # (first, end) when block_list is the pool's blocks first..end-1 in order (a span,
+    # other requests' and free blocks masked as padding) rather than listed row by row.
+    block_range: tuple[int, int] | None = None
 
 
 @dataclass
@@ -140,6 +143,7 @@ class HPUMetadataBuilder:
         decode_blocks: dict[str, int],
         bucketing: str = "linear",
         pad_id: int = 0,
+        decode_span: float = 2.0,
     ) -> None:
         if bucketing not in ("linear", "exponential"):
             raise ValueError(
@@ -181,6 +185,9 @@ class HPUMetadataBuilder:
         self.max_tokens = max_tokens
         self.scratch_block = num_blocks  # one block past the pool takes the padding's writes
         self.pad_id = pad_id
+        if decode_span < 0:
+            raise ValueError(f"metadata.decode_span={decode_span}: needs 0 (off) or more")
+        self.decode_span = decode_span
         self.buckets = Buckets(bucketing, axes)
 
     @property
@@ -261,6 +268,20 @@ class HPUMetadataBuilder:
             mask=mask,
         )
 
+    def _span_start(self, row_blocks: np.ndarray) -> int | None:
+        """Where the decode span starts, or None to list blocks row by row: the span runs
+        from the lowest to the highest of the rows' blocks, padded to its bucket, and is
+        taken while that bucket is at most decode_span times the row-by-row one."""
+        if not self.decode_span or not row_blocks.size:
+            return None
+        low, high = int(row_blocks.min()), int(row_blocks.max()) + 1
+        width, prepared = self.buckets.fit("decode_blocks", high - low)
+        listed, _ = self.buckets.fit("decode_blocks", row_blocks.size)
+        pool_end = self.scratch_block + 1  # the padded span stays inside the pool + scratch
+        if not prepared or width > self.decode_span * listed or width > pool_end:
+            return None
+        return min(low, pool_end - width)
+
     def _decoder(
         self, requests: list[Request], shape: tuple[int, int] | None = None
     ) -> DecoderMeta:
@@ -268,32 +289,44 @@ class HPUMetadataBuilder:
         n = len(requests)
         seq_lens_real = np.array([r.num_computed + 1 for r in requests], dtype=np.int64)
         counts = -(-seq_lens_real // bs)
+        used = int(counts.sum())
+        # Every row's blocks, one row after another.
+        row_blocks = np.array(
+            [b for r, c in zip(requests, counts, strict=True) for b in r.block_table[:c]],
+            dtype=np.int64,
+        )
+        start = None if shape else self._span_start(row_blocks)
         if shape is None:
-            shape = self.buckets.shape("decode", batch=n, blocks=int(counts.sum()))
+            needed = used if start is None else int(row_blocks.max()) + 1 - int(row_blocks.min())
+            shape = self.buckets.shape("decode", batch=n, blocks=needed)
         rows, blocks = shape
         seq_lens = np.zeros(rows, dtype=np.int64)
         seq_lens[:n] = seq_lens_real
         input_ids = np.full(rows, self.pad_id, dtype=np.int64)
         input_ids[:n] = [r.all_ids[r.num_computed] for r in requests]
         positions = np.maximum(seq_lens - 1, 0)
-        used = int(counts.sum())
-        block_list = np.full(blocks, self.scratch_block, dtype=np.int64)
-        if n:
-            block_list[:used] = np.concatenate(
-                [r.block_table[:c] for r, c in zip(requests, counts, strict=True)]
-            )
-        block_groups = np.full(blocks, rows - 1, dtype=np.int64)  # padding: last row, sorted
-        block_groups[:used] = np.repeat(np.arange(n), counts)
+        owner = np.repeat(np.arange(n), counts)
+        # Where each row block sits in the list: listed row by row, or at its place in the
+        # span, whose other blocks (free, or another request's) stay masked padding.
+        if start is None:
+            slots = np.arange(used)
+            block_list = np.full(blocks, self.scratch_block, dtype=np.int64)
+            block_list[:used] = row_blocks
+        else:
+            slots = row_blocks - start
+            block_list = np.arange(start, start + blocks, dtype=np.int64)
+        block_groups = np.full(blocks, rows - 1, dtype=np.int64)  # padding: the last row
+        block_groups[slots] = owner
         mapping = np.zeros((blocks, rows), dtype=np.float32)
-        mapping[np.arange(used), block_groups[:used]] = 1.0
+        mapping[slots, owner] = 1.0
         # Slots of a row's j-th block that hold tokens: seq_len - j * bs of them, at most bs.
-        first_block = np.repeat(np.cumsum(counts) - counts, counts)
+        index_in_row = np.arange(used) - np.repeat(np.cumsum(counts) - counts, counts)
         filled = np.zeros(blocks, dtype=np.int64)
-        filled[:used] = seq_lens[block_groups[:used]] - (np.arange(used) - first_block) * bs
+        filled[slots] = seq_lens_real[owner] - index_in_row * bs
         bias = np.where(np.arange(bs)[None, :] < filled[:, None], 0.0, _NEG).astype(np.float32)
         # Each row writes its new token into the last of its blocks.
         write_blocks = np.full(rows, self.scratch_block, dtype=np.int64)
-        write_blocks[:n] = block_list[np.cumsum(counts) - 1]
+        write_blocks[:n] = row_blocks[np.cumsum(counts) - 1]
         offsets = np.where(np.arange(rows) < n, positions % bs, 0)
         return DecoderMeta(
             batch=n,
@@ -308,6 +341,7 @@ class HPUMetadataBuilder:
             block_groups=paddle.to_tensor(block_groups),
             block_mapping=paddle.to_tensor(mapping),
             block_bias=paddle.to_tensor(bias),
+            block_range=None if start is None else (start, start + blocks),
         )
 
     def build(self, plan: StepPlan) -> ForwardMeta:

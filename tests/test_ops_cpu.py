@@ -51,22 +51,28 @@ def cached():
     return keys, values, *filled_caches(keys, values)
 
 
-def test_decode_matches_per_row_attention(cached):
+@pytest.mark.parametrize("layout", ["rows", "span"])
+def test_decode_matches_per_row_attention(cached, layout):
+    """Blocks listed row by row (padding at the end), or the whole pool read as a span in
+    which the rows' blocks interleave and every other block is masked padding."""
     keys, values, k_cache, v_cache = cached
     rng = np.random.default_rng(3)
     lengths = rng.integers(1, 5 * BS, 24)  # tokens per row, its last block partly filled
     counts = -(-lengths // BS)
     block_list = rng.permutation(POOL - 1)[: counts.sum()]
-    padding = 5
-    groups = np.concatenate([np.repeat(np.arange(24), counts), np.full(padding, 23)])
-    blocks = np.concatenate([block_list, np.full(padding, POOL - 1)])
+    owner = np.repeat(np.arange(24), counts)
+    index_in_row = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
+    if layout == "rows":
+        blocks = np.concatenate([block_list, np.full(5, POOL - 1)])
+        slots, block_range = np.arange(counts.sum()), None
+    else:
+        blocks, slots, block_range = np.arange(POOL), block_list, (0, POOL)
+    groups = np.full(len(blocks), 23)
+    groups[slots] = owner
     mapping = np.zeros((len(blocks), 24), dtype="float32")
-    mapping[np.arange(counts.sum()), groups[: counts.sum()]] = 1.0
-    first = np.repeat(np.cumsum(counts) - counts, counts)
+    mapping[slots, owner] = 1.0
     filled = np.zeros(len(blocks), dtype=np.int64)
-    filled[: counts.sum()] = (
-        lengths[groups[: counts.sum()]] - (np.arange(counts.sum()) - first) * BS
-    )
+    filled[slots] = lengths[owner] - index_in_row * BS
     bias = np.where(np.arange(BS)[None, :] < filled[:, None], 0.0, -1e30).astype("float32")
     q, out_weight = rand(24, H, D, seed=4), rand(H * D, HIDDEN, seed=5)
 
@@ -79,6 +85,7 @@ def test_decode_matches_per_row_attention(cached):
         paddle.to_tensor(mapping),
         paddle.to_tensor(bias),
         paddle.to_tensor(out_weight),
+        block_range,
     ).numpy()
 
     rows = []

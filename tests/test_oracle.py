@@ -93,6 +93,8 @@ HPU_CASES = {
         extend_only_steps,
     ),
     "real-token budget": (["max_tokens=40", "scheduler.budget=real"], mixed_steps),
+    "decode blocks listed row by row": (["max_tokens=48", "metadata.decode_span=0"], mixed_steps),
+    "decode spans of any width": (["max_tokens=48", "metadata.decode_span=1000"], mixed_steps),
     "warmup first": (["max_tokens=64", "warmup=true"], anything),
     "exponential buckets, block size 64": (
         ["metadata.bucketing=exponential", "block_size=64", "max_tokens=128"],

@@ -118,6 +118,7 @@ class PagedAttention:
                     dec.block_mapping,
                     dec.block_bias,
                     out_weight,
+                    dec.block_range,
                 )
             )
         return parts[0] if len(parts) == 1 else paddle.concat(parts, axis=0)

@@ -110,8 +110,12 @@ class AttentionOps(Protocol):
         block_mapping: paddle.Tensor,
         block_bias: paddle.Tensor,
         out_weight: paddle.Tensor,
+        block_range: tuple[int, int] | None = None,
     ) -> paddle.Tensor:
         """Flat paged attention, one query per row: q [R, H, D]; block_list [NB] the blocks
         of every row one after another, block_groups [NB] each block's row, block_mapping
         [NB, R] the same as one-hot rows (zero for padding blocks), block_bias [NB, bs]
-        additive (0 for a filled slot); then the output projection -> [R, hidden]."""
+        additive (0 for a filled slot); then the output projection -> [R, hidden].
+        block_range (first, end) says block_list is the pool's blocks first..end-1 in
+        order, rows' blocks interleaved and the others padding: a backend may read that
+        span in place; block_list stays valid for one that gathers."""

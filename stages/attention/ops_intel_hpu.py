@@ -209,8 +209,17 @@ class IntelHPUOps:
         block_mapping: paddle.Tensor,
         block_bias: paddle.Tensor,
         out_weight: paddle.Tensor,
+        block_range: tuple[int, int] | None = None,
     ) -> paddle.Tensor:
         rows, _, head_dim = q.shape
+        if block_range is not None:
+            # A span interleaves the rows' blocks; the fused op is given them row by row,
+            # as vllm-gaudi lists them (the padding, grouped with the last row, stays masked).
+            order = paddle.argsort(block_groups, stable=True)
+            block_list, block_groups, block_mapping, block_bias = (
+                paddle.gather(x, order)
+                for x in (block_list, block_groups, block_mapping, block_bias)
+            )
         # Padding blocks belong to the last row with bias -1e30 and a zero mapping row:
         # their block maximum never wins the row's maximum and their sum is mapped to 0.
         out = self.plugin.fused_flatpa_proj(
