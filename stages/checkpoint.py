@@ -304,9 +304,8 @@ class WeightPlan:
             offset += out
 
     def mlp(self, dest: str, prefix: str, hidden: int, inter: int, bias: bool) -> None:
-        self.linears(
-            dest + ".gate_up", prefix, hidden, [("gate_proj", inter), ("up_proj", inter)], bias
-        )
+        self.linears(dest + ".gate", prefix, hidden, [("gate_proj", inter)], bias)
+        self.linears(dest + ".up", prefix, hidden, [("up_proj", inter)], bias)
         self.linears(dest + ".down", prefix, inter, [("down_proj", hidden)], bias)
 
 
@@ -513,9 +512,11 @@ def load_state(
 def _assemble(spec: CheckpointSpec, state: Mapping[str, paddle.Tensor]) -> ModelWeights:
     def mlp(prefix: str) -> DenseMLP:
         return DenseMLP(
-            state[prefix + ".gate_up"],
+            state[prefix + ".gate"],
+            state[prefix + ".up"],
             state[prefix + ".down"],
-            state.get(prefix + ".gate_up.bias"),
+            state.get(prefix + ".gate.bias"),
+            state.get(prefix + ".up.bias"),
             state.get(prefix + ".down.bias"),
         )
 
@@ -610,8 +611,6 @@ def export_hf_llama(
     for index, layer in enumerate(model.layers):
         prefix = f"model.layers.{index}."
         qkv = host(layer.qkv)
-        gate_up = host(layer.mlp.gate_up)
-        inter = gate_up.shape[1] // 2
         tensors.update(
             {
                 prefix + "input_layernorm.weight": host(layer.attn_norm),
@@ -620,8 +619,8 @@ def export_hf_llama(
                 prefix + "self_attn.v_proj.weight": qkv[:, q_width + kv_width :].T.copy(),
                 prefix + "self_attn.o_proj.weight": host(layer.out).T.copy(),
                 prefix + "post_attention_layernorm.weight": host(layer.mlp_norm),
-                prefix + "mlp.gate_proj.weight": gate_up[:, :inter].T.copy(),
-                prefix + "mlp.up_proj.weight": gate_up[:, inter:].T.copy(),
+                prefix + "mlp.gate_proj.weight": host(layer.mlp.gate).T.copy(),
+                prefix + "mlp.up_proj.weight": host(layer.mlp.up).T.copy(),
                 prefix + "mlp.down_proj.weight": host(layer.mlp.down).T.copy(),
             }
         )

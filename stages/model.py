@@ -50,16 +50,20 @@ def _linear(x: paddle.Tensor, weight: paddle.Tensor, bias: paddle.Tensor | None)
 
 @dataclass
 class DenseMLP:
-    """SwiGLU: down(silu(gate(x)) * up(x)); gate and up share one [hidden, 2 * inter] matmul."""
+    """SwiGLU: down(silu(gate(x)) * up(x)). Gate and up are separate matmuls: splitting one
+    [hidden, 2 * intermediate] product costs a strided copy that Paddle's CPU kernels make
+    slowly (2048 rows: 3.8 ms, a third of the SwiGLU)."""
 
-    gate_up: paddle.Tensor  # [hidden, 2 * intermediate]
+    gate: paddle.Tensor  # [hidden, intermediate]
+    up: paddle.Tensor  # [hidden, intermediate]
     down: paddle.Tensor  # [intermediate, hidden]
-    gate_up_bias: paddle.Tensor | None = None
+    gate_bias: paddle.Tensor | None = None
+    up_bias: paddle.Tensor | None = None
     down_bias: paddle.Tensor | None = None
 
     def __call__(self, x: paddle.Tensor) -> paddle.Tensor:
-        gate, up = paddle.chunk(_linear(x, self.gate_up, self.gate_up_bias), 2, axis=-1)
-        return _linear(F.silu(gate) * up, self.down, self.down_bias)
+        gated = F.silu(_linear(x, self.gate, self.gate_bias)) * _linear(x, self.up, self.up_bias)
+        return _linear(gated, self.down, self.down_bias)
 
 
 @dataclass
@@ -289,9 +293,11 @@ class TransformerLM:
                 d.num_heads * d.head_dim, d.hidden_size, (d.num_heads * d.head_dim) ** -0.5
             )
             mlp_norm = ones(d.hidden_size)
+            # Gate and up are drawn as one matrix, as they always were, then split.
             gate_up = normal(d.hidden_size, 2 * d.intermediate_size, d.hidden_size**-0.5)
+            gate, up = (t.contiguous() for t in paddle.chunk(gate_up, 2, axis=1))
             down = normal(d.intermediate_size, d.hidden_size, d.intermediate_size**-0.5)
-            layers.append(LayerWeights(attn_norm, qkv, out, mlp_norm, DenseMLP(gate_up, down)))
+            layers.append(LayerWeights(attn_norm, qkv, out, mlp_norm, DenseMLP(gate, up, down)))
         final_norm = ones(d.hidden_size)
         lm_head = normal(d.hidden_size, d.vocab_size, d.hidden_size**-0.5)
         return ModelWeights(embed, layers, final_norm, lm_head)
