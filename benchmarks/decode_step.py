@@ -7,8 +7,8 @@ requests a filled cache of `context` tokens each, and times the model forward of
 step (metadata built once, outside the timing) and the whole step including the metadata
 build. The floor is the step's FLOPs over the Paddle matmul rate measured in the same run,
 both at the decode's own row count and at the best row count; beside it, the time to read
-the cached keys and values once at the read bandwidth measured in the same run, which
-bounds a decode at long context however fast its matmuls are.
+the cached keys and values, and the weights, once at the read bandwidth measured in the
+same run, which bounds a decode however fast its matmuls are.
 """
 
 from __future__ import annotations
@@ -96,7 +96,10 @@ def main() -> None:
     dims = engine.model.dims
     # Every cached key and value is read at least once per layer: decode's memory floor.
     kv_bytes = 2 * args.batch * args.context * dims.num_kv_heads * dims.head_dim * 4
-    memory_ms = dims.num_layers * kv_bytes / read_bandwidth() * 1e3
+    bandwidth = read_bandwidth()
+    memory_ms = dims.num_layers * kv_bytes / bandwidth * 1e3
+    # The weights are read once a step too: at small batches they do not stay in cache.
+    weights_ms = engine.model.num_bytes / bandwidth * 1e3
     print(f"decode step, model=small, batch {args.batch}, context {args.context}, {meta.bucket}")
     print(f"  forward            {forward_ms:8.2f} ms best, {forward_median:8.2f} ms median")
     print(f"  metadata + forward {step_ms:8.2f} ms best, {step_median:8.2f} ms median")
@@ -110,6 +113,11 @@ def main() -> None:
     print(
         f"  KV cache read once {memory_ms:6.2f} ms ({dims.num_layers * kv_bytes / 2**20:.0f} MiB "
         "at the read bandwidth measured here), a floor the FLOP count leaves out"
+    )
+    print(
+        f"  weights read once  {weights_ms:6.2f} ms ({engine.model.num_bytes / 2**20:.0f} MiB); "
+        f"with the KV cache, the memory floor is {memory_ms + weights_ms:.2f} ms "
+        f"(best forward = {forward_ms / (memory_ms + weights_ms):.2f}x)"
     )
 
 
