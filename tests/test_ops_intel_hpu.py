@@ -314,6 +314,43 @@ def check_decode(ops, plugin):
     np.testing.assert_allclose(out.numpy(), want.numpy(), rtol=1e-5, atol=1e-5)
 
 
+def test_a_decode_span_reaches_the_fused_op_row_by_row(ops, plugin):
+    """The same rows as check_decode, their blocks at their places in the span of blocks
+    0..5 (blocks 1 and 3 are another request's): the op gets them sorted by row, and the
+    output is the row-by-row one."""
+    (k_cache, v_cache), (k_cpu, v_cpu) = filled_caches(ops, seed=7)
+    rows = 3
+    block_groups = paddle.to_tensor([1, 2, 0, 2, 0, 2], dtype="int64")
+    mapping = np.zeros((6, rows), dtype="float32")
+    mapping[[0, 2, 4, 5], [1, 0, 0, 2]] = 1.0
+    filled = np.array([3, 0, BS, 0, 1, 1])
+    bias = np.where(np.arange(BS)[None, :] < filled[:, None], 0.0, -1e30).astype("float32")
+    q = rand(rows, H, D, seed=9)
+    span = (paddle.arange(6), block_groups, paddle.to_tensor(mapping), paddle.to_tensor(bias))
+
+    out = ops.decode(q, k_cache, v_cache, *span, OUT, (0, 6))
+
+    [(_, args, _)] = plugin.calls
+    groups = args[3].numpy()
+    assert (np.diff(groups) >= 0).all()
+    for block, row in zip(args[4].numpy(), groups, strict=True):
+        assert row == {0: 1, 2: 0, 4: 0, 5: 2}.get(int(block), 2)
+    listed = (
+        paddle.to_tensor([2, 4, 0, 5, 1], dtype="int64"),
+        paddle.to_tensor([0, 0, 1, 2, 2], dtype="int64"),
+        paddle.to_tensor(
+            (np.eye(rows)[[0, 0, 1, 2, 2]] * [[1], [1], [1], [1], [0]]).astype("float32")
+        ),
+        paddle.to_tensor(
+            np.where(
+                np.arange(BS)[None, :] < np.array([BS, 1, 3, 1, 0])[:, None], 0.0, -1e30
+            ).astype("float32")
+        ),
+    )
+    want = ops_cpu.decode(q, k_cpu, v_cpu, *listed, OUT)
+    np.testing.assert_allclose(out.numpy(), want.numpy(), rtol=1e-5, atol=1e-5)
+
+
 class SwappedGroupsAndList(RecordingOps):
     """As if the binding passed block_list where the op takes block_groups."""
 
