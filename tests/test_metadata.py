@@ -43,7 +43,7 @@ TABLES = [[4, 7], [5], [6, 9, 10]]  # rows interleave in blocks 4..10; block 8 i
 LENGTHS = [20, 3, 40]
 
 
-def check_rows(meta, start: int) -> None:
+def check_rows(meta, start: int | None) -> None:
     """Every row block sits at its place, owned, and unmasked exactly over its tokens;
     every other entry is masked padding mapped to no row."""
     dec = meta.decoder
@@ -52,7 +52,7 @@ def check_rows(meta, start: int) -> None:
     seen = set()
     for row, (table, length) in enumerate(zip(TABLES, LENGTHS, strict=True)):
         for j, block in enumerate(table):
-            (slot,) = np.flatnonzero(block_list == block) if start < 0 else [block - start]
+            (slot,) = np.flatnonzero(block_list == block) if start is None else [block - start]
             assert block_list[slot] == block and groups[slot] == row
             assert mapping[slot].tolist() == [
                 1.0 if r == row else 0.0 for r in range(len(mapping[0]))
@@ -80,7 +80,7 @@ def test_rows_are_listed_when_the_span_is_off_or_too_wide(decode_span):
     listed = meta.decoder.block_list.numpy().tolist()
     assert listed[:6] == [b for t in TABLES for b in t]
     assert meta.decoder.block_groups.numpy().tolist()[:6] == [0, 0, 1, 2, 2, 2]
-    check_rows(meta, -1)
+    check_rows(meta, None)
 
 
 def test_a_span_near_the_pool_end_shifts_down_to_stay_inside():

@@ -53,22 +53,15 @@ class PagedAttention:
         bias: paddle.Tensor | None,
         cos: paddle.Tensor,
         sin: paddle.Tensor,
-        num_heads: int,
-        num_kv_heads: int,
-        head_dim: int,
-        interleaved: bool,
+        *heads: int | bool,
     ) -> tuple[paddle.Tensor, paddle.Tensor, paddle.Tensor]:
-        """The fused QKV projection and rotary positions (AttentionOps.qkv_rope), on the
-        layer's weight packed once into the backend's layout."""
+        """AttentionOps.qkv_rope on the layer's weight, packed once into the backend's
+        layout; `heads` are num_heads, num_kv_heads, head_dim and interleaved."""
         packed = self._packed.get(id(weight))
         if packed is None or packed[0] is not weight:  # held, so an id is never reused
-            shape = (num_heads, num_kv_heads, head_dim, interleaved)
-            packed = (weight, *self.ops.pack_qkv(weight, bias, *shape))
+            packed = (weight, *self.ops.pack_qkv(weight, bias, *heads))
             self._packed[id(weight)] = packed
-        _, packed_weight, packed_bias = packed
-        return self.ops.qkv_rope(
-            x, packed_weight, packed_bias, cos, sin, num_heads, num_kv_heads, head_dim, interleaved
-        )
+        return self.ops.qkv_rope(x, packed[1], packed[2], cos, sin, *heads)
 
     def forward(
         self,

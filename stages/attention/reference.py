@@ -25,7 +25,17 @@ def rotate(
     return x * cos.unsqueeze(1) + rotated * sin.unsqueeze(1)
 
 
-def qkv_rope(x, weight, bias, cos, sin, num_heads, num_kv_heads, head_dim, interleaved):
+def qkv_rope(
+    x: paddle.Tensor,
+    weight: paddle.Tensor,
+    bias: paddle.Tensor | None,
+    cos: paddle.Tensor,
+    sin: paddle.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    interleaved: bool,
+) -> tuple[paddle.Tensor, paddle.Tensor, paddle.Tensor]:
     """The QKV projection and rotary positions in the checkpoint's own layout."""
     qkv = paddle.matmul(x, weight)
     if bias is not None:
