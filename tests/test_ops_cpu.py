@@ -24,7 +24,7 @@ def rand(*shape: int, seed: int) -> np.ndarray:
 
 def filled_caches(keys: np.ndarray, values: np.ndarray) -> tuple[paddle.Tensor, paddle.Tensor]:
     """Caches whose block b holds keys / values[b * BS : (b + 1) * BS], a few blocks a write."""
-    k_cache, v_cache = (ops_cpu.new_cache(POOL, BS, KV, D, "float32") for _ in range(2))
+    k_cache, v_cache = ops_cpu.new_caches(POOL, BS, KV, D, "float32")
     for first in range(0, POOL - 1, 8):
         blocks = paddle.arange(first, min(first + 8, POOL - 1))
         rows = slice(first * BS, (first + blocks.shape[0]) * BS)
@@ -127,11 +127,11 @@ def test_prefill_with_context_matches_per_row_attention(cached):
 
 def test_slot_writes_land_where_block_writes_put_the_same_tokens():
     keys, values = rand(3 * BS, KV, D, seed=9), rand(3 * BS, KV, D, seed=15)
-    by_block = [ops_cpu.new_cache(8, BS, KV, D, "float32") for _ in range(2)]
+    by_block = ops_cpu.new_caches(8, BS, KV, D, "float32")
     ops_cpu.write_blocks(
         *by_block, paddle.to_tensor([5, 0, 2]), paddle.to_tensor(keys), paddle.to_tensor(values)
     )
-    by_slot = [ops_cpu.new_cache(8, BS, KV, D, "float32") for _ in range(2)]
+    by_slot = ops_cpu.new_caches(8, BS, KV, D, "float32")
     blocks = np.repeat([5, 0, 2], BS)
     offsets = np.tile(np.arange(BS), 3)
     order = np.random.default_rng(10).permutation(3 * BS)
@@ -145,8 +145,9 @@ def test_slot_writes_land_where_block_writes_put_the_same_tokens():
     for block_cache, slot_cache in zip(by_block, by_slot, strict=True):
         np.testing.assert_array_equal(block_cache.numpy(), slot_cache.numpy())
         assert not block_cache.numpy()[[1, 3, 4, 6, 7]].any()
-    # Keys and values went to their own caches: block 5 holds token 0 of each.
-    np.testing.assert_array_equal(by_block[0].numpy()[5, :, 0], keys[0])
+    # Keys and values went to their own caches: block 5 holds token 0 of each, the keys'
+    # blocks transposed.
+    np.testing.assert_array_equal(by_block[0].numpy()[5, :, :, 0], keys[0])
     np.testing.assert_array_equal(by_block[1].numpy()[5, :, 0], values[0])
 
 

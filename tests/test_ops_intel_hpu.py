@@ -144,18 +144,18 @@ def filled_caches(ops: IntelHPUOps, seed: int = 1):
         rand(NUM_BLOCKS * BS, KV, D, seed=seed + 1),
     )
     blocks = paddle.arange(NUM_BLOCKS, dtype="int64")
-    hpu = [ops.new_cache(NUM_BLOCKS, BS, KV, D, "float32") for _ in range(2)]
-    cpu = [ops_cpu.new_cache(NUM_BLOCKS, BS, KV, D, "float32") for _ in range(2)]
+    hpu = ops.new_caches(NUM_BLOCKS, BS, KV, D, "float32")
+    cpu = ops_cpu.new_caches(NUM_BLOCKS, BS, KV, D, "float32")
     for cache, x in zip(hpu, (keys, values), strict=True):
         cache[:] = x.reshape([NUM_BLOCKS, BS, KV, D])
     ops_cpu.write_blocks(*cpu, blocks, keys, values)
     return hpu, cpu
 
 
-def test_new_cache_is_the_reference_layout(ops):
-    cache = ops.new_cache(NUM_BLOCKS, BS, KV, D, "float32")
-    assert cache.shape == [NUM_BLOCKS, BS, KV, D] and cache.dtype == paddle.float32
-    assert not cache.numpy().any()
+def test_new_caches_are_the_reference_layout(ops):
+    for cache in ops.new_caches(NUM_BLOCKS, BS, KV, D, "float32"):
+        assert cache.shape == [NUM_BLOCKS, BS, KV, D] and cache.dtype == paddle.float32
+        assert not cache.numpy().any()
 
 
 @pytest.mark.parametrize("interleaved", [False, True])
@@ -199,7 +199,7 @@ def test_qkv_rope_refuses_a_weight_of_other_head_counts(ops):
 
 
 def test_write_blocks_index_copies_on_the_block_axis(ops, plugin):
-    caches = [ops.new_cache(NUM_BLOCKS, BS, KV, D, "float32") for _ in range(2)]
+    caches = ops.new_caches(NUM_BLOCKS, BS, KV, D, "float32")
     block_indices = paddle.to_tensor([4, 1], dtype="int64")
     keys, values = rand(2 * BS, KV, D), rand(2 * BS, KV, D, seed=3)
 
@@ -217,7 +217,7 @@ def test_write_blocks_index_copies_on_the_block_axis(ops, plugin):
 
 
 def test_write_slots_puts_each_row_at_its_block_and_offset(ops, plugin):
-    caches = [ops.new_cache(NUM_BLOCKS, BS, KV, D, "float32") for _ in range(2)]
+    caches = ops.new_caches(NUM_BLOCKS, BS, KV, D, "float32")
     keys, values = rand(3, KV, D), rand(3, KV, D, seed=3)
 
     ops.write_slots(*caches, paddle.to_tensor([2, 2, 5]), paddle.to_tensor([0, 3, 1]), keys, values)

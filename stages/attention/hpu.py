@@ -37,14 +37,12 @@ class PagedAttention:
         self.ops = load_ops(ops)
         self._packed: dict[int, tuple] = {}  # id(weight) -> (weight, packed weight, bias)
         # One block past the pool is scratch: padding rows write there.
-        self.k_cache = [
-            self.ops.new_cache(num_blocks + 1, block_size, num_kv_heads, head_dim, dtype)
+        caches = [
+            self.ops.new_caches(num_blocks + 1, block_size, num_kv_heads, head_dim, dtype)
             for _ in range(num_layers)
         ]
-        self.v_cache = [
-            self.ops.new_cache(num_blocks + 1, block_size, num_kv_heads, head_dim, dtype)
-            for _ in range(num_layers)
-        ]
+        self.k_cache = [k for k, _ in caches]
+        self.v_cache = [v for _, v in caches]
 
     def qkv_rope(
         self,

@@ -22,10 +22,11 @@ Cache = Any  # a backend's own layout of one layer's keys or values
 
 
 class AttentionOps(Protocol):
-    def new_cache(
+    def new_caches(
         self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: str
-    ) -> Cache:
-        """Zeroed storage for num_blocks blocks (the scratch block included)."""
+    ) -> tuple[Cache, Cache]:
+        """One layer's zeroed key and value storage for num_blocks blocks (the scratch
+        block included); a backend may lay keys out differently from values."""
 
     def pack_qkv(
         self,

@@ -9,8 +9,8 @@ HPU hardware. Signatures follow the op definitions (`PD_BUILD_OP`) in
 `custom_ops/tests/`; later plugin versions add optional quantisation scales to several ops.
 
 Which op each function calls:
-- `new_cache`: none; `[num_blocks, block_size, kv_heads, head_dim]` zeros, the layout of
-  FastDeploy's `get_kv_cache_shape`.
+- `new_caches`: none; `[num_blocks, block_size, kv_heads, head_dim]` zeros for keys and
+  values alike, the layout of FastDeploy's `get_kv_cache_shape`.
 - `qkv_rope`: `fused_qkv_rope`, every token as one batch row (`total_batch=1`),
   `transpose=False` (weight `[hidden, (H + 2 KV) D]`, as FastDeploy passes it).
 - `write_blocks`: `index_copy_` on the block axis (`dim=0`), as `forward_extend` writes a
@@ -70,10 +70,11 @@ class IntelHPUOps:
     def __init__(self, plugin: Any) -> None:
         self.plugin = plugin
 
-    def new_cache(
+    def new_caches(
         self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: str
-    ) -> Cache:
-        return paddle.zeros([num_blocks, block_size, num_kv_heads, head_dim], dtype=dtype)
+    ) -> tuple[Cache, Cache]:
+        shape = [num_blocks, block_size, num_kv_heads, head_dim]
+        return paddle.zeros(shape, dtype=dtype), paddle.zeros(shape, dtype=dtype)
 
     def pack_qkv(
         self,
