@@ -103,6 +103,10 @@ class DecoderMeta:
     block_groups: paddle.Tensor  # [blocks] the row owning each block (padding: the last)
     block_mapping: paddle.Tensor  # [blocks, batch] one-hot block -> row, zero for padding
     block_bias: paddle.Tensor  # [blocks, block_size] additive: 0 for a filled slot
+    # [blocks] each block's place with rows side by side, row_width blocks a row:
+    # row * row_width + its index in the row; padding blocks batch * row_width, a spare row.
+    row_slots: paddle.Tensor
+    row_width: int  # the most blocks any row has
     # (first, end) when block_list is the pool's blocks first..end-1 in order (a span,
     # other requests' and free blocks masked as padding) rather than listed row by row.
     block_range: tuple[int, int] | None = None
@@ -324,6 +328,9 @@ class HPUMetadataBuilder:
         filled = np.zeros(blocks, dtype=np.int64)
         filled[slots] = seq_lens_real[owner] - index_in_row * bs
         bias = np.where(np.arange(bs)[None, :] < filled[:, None], 0.0, _NEG).astype(np.float32)
+        row_width = max(1, int(counts.max(initial=0)))
+        row_slots = np.full(blocks, rows * row_width, dtype=np.int64)
+        row_slots[slots] = owner * row_width + index_in_row
         # Each row writes its new token into the last of its blocks.
         write_blocks = np.full(rows, self.scratch_block, dtype=np.int64)
         write_blocks[:n] = row_blocks[np.cumsum(counts) - 1]
@@ -341,6 +348,8 @@ class HPUMetadataBuilder:
             block_groups=paddle.to_tensor(block_groups),
             block_mapping=paddle.to_tensor(mapping),
             block_bias=paddle.to_tensor(bias),
+            row_slots=paddle.to_tensor(row_slots),
+            row_width=row_width,
             block_range=None if start is None else (start, start + blocks),
         )
 

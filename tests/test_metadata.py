@@ -44,11 +44,14 @@ LENGTHS = [20, 3, 40]
 
 
 def check_rows(meta, start: int | None) -> None:
-    """Every row block sits at its place, owned, and unmasked exactly over its tokens;
-    every other entry is masked padding mapped to no row."""
+    """Every row block sits at its place, owned, and unmasked exactly over its tokens,
+    its row slot its row's stretch of 3 blocks (the widest row's) plus its index in the
+    row; every other entry is masked padding mapped to no row, slotted in the spare row."""
     dec = meta.decoder
     block_list, groups = dec.block_list.numpy(), dec.block_groups.numpy()
     mapping, bias = dec.block_mapping.numpy(), dec.block_bias.numpy()
+    row_slots = dec.row_slots.numpy()
+    assert dec.row_width == 3
     seen = set()
     for row, (table, length) in enumerate(zip(TABLES, LENGTHS, strict=True)):
         for j, block in enumerate(table):
@@ -59,9 +62,11 @@ def check_rows(meta, start: int | None) -> None:
             ]
             visible = min(BS, length - j * BS)
             assert (bias[slot, :visible] == 0).all() and (bias[slot, visible:] < -1e29).all()
+            assert row_slots[slot] == row * 3 + j
             seen.add(int(slot))
     others = [s for s in range(len(block_list)) if s not in seen]
     assert (mapping[others] == 0).all() and (bias[others] < -1e29).all()
+    assert (row_slots[others] == dec.shape[0] * 3).all()
     assert dec.block_indices.numpy()[:3].tolist() == [t[-1] for t in TABLES]
 
 

@@ -74,6 +74,9 @@ def test_decode_matches_per_row_attention(cached, layout):
     filled = np.zeros(len(blocks), dtype=np.int64)
     filled[slots] = lengths[owner] - index_in_row * BS
     bias = np.where(np.arange(BS)[None, :] < filled[:, None], 0.0, -1e30).astype("float32")
+    width = int(counts.max())  # rows side by side: row r's k-th block at r * width + k
+    row_slots = np.full(len(blocks), 24 * width)
+    row_slots[slots] = owner * width + index_in_row
     q, out_weight = rand(24, H, D, seed=4), rand(H * D, HIDDEN, seed=5)
 
     got = ops_cpu.decode(
@@ -84,6 +87,8 @@ def test_decode_matches_per_row_attention(cached, layout):
         paddle.to_tensor(groups),
         paddle.to_tensor(mapping),
         paddle.to_tensor(bias),
+        paddle.to_tensor(row_slots),
+        width,
         paddle.to_tensor(out_weight),
         block_range,
     ).numpy()

@@ -293,9 +293,13 @@ def check_decode(ops, plugin):
     filled = np.array([BS, 1, 3, 1, 0])
     bias = np.where(np.arange(BS)[None, :] < filled[:, None], 0.0, -1e30).astype("float32")
     block_mapping, block_bias = paddle.to_tensor(mapping), paddle.to_tensor(bias)
+    # Rows side by side, two blocks each: row 0's at 0 and 1, row 1's at 2, row 2's at 4;
+    # the padding at 6, the spare row.
+    row_slots = paddle.to_tensor([0, 1, 2, 4, 6], dtype="int64")
     q = rand(rows, H, D, seed=9)
+    flat = (block_list, block_groups, block_mapping, block_bias, row_slots, 2)
 
-    out = ops.decode(q, k_cache, v_cache, block_list, block_groups, block_mapping, block_bias, OUT)
+    out = ops.decode(q, k_cache, v_cache, *flat, OUT)
 
     [(name, args, kwargs)] = plugin.calls
     assert name == "fused_flatpa_proj"
@@ -310,7 +314,7 @@ def check_decode(ops, plugin):
     assert args[7] is OUT
     assert kwargs == {"scaling_factor": D**-0.5}
     assert out.shape == [rows, HIDDEN]
-    want = ops_cpu.decode(q, k_cpu, v_cpu, block_list, block_groups, block_mapping, block_bias, OUT)
+    want = ops_cpu.decode(q, k_cpu, v_cpu, *flat, OUT)
     np.testing.assert_allclose(out.numpy(), want.numpy(), rtol=1e-5, atol=1e-5)
 
 
@@ -326,7 +330,15 @@ def test_a_decode_span_reaches_the_fused_op_row_by_row(ops, plugin):
     filled = np.array([3, 0, BS, 0, 1, 1])
     bias = np.where(np.arange(BS)[None, :] < filled[:, None], 0.0, -1e30).astype("float32")
     q = rand(rows, H, D, seed=9)
-    span = (paddle.arange(6), block_groups, paddle.to_tensor(mapping), paddle.to_tensor(bias))
+    row_slots = paddle.to_tensor([2, 6, 0, 6, 1, 4], dtype="int64")
+    span = (
+        paddle.arange(6),
+        block_groups,
+        paddle.to_tensor(mapping),
+        paddle.to_tensor(bias),
+        row_slots,
+        2,
+    )
 
     out = ops.decode(q, k_cache, v_cache, *span, OUT, (0, 6))
 
@@ -346,6 +358,8 @@ def test_a_decode_span_reaches_the_fused_op_row_by_row(ops, plugin):
                 np.arange(BS)[None, :] < np.array([BS, 1, 3, 1, 0])[:, None], 0.0, -1e30
             ).astype("float32")
         ),
+        paddle.to_tensor([0, 1, 2, 4, 6], dtype="int64"),
+        2,
     )
     want = ops_cpu.decode(q, k_cpu, v_cpu, *listed, OUT)
     np.testing.assert_allclose(out.numpy(), want.numpy(), rtol=1e-5, atol=1e-5)

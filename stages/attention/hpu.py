@@ -108,6 +108,8 @@ class PagedAttention:
                     dec.block_groups,
                     dec.block_mapping,
                     dec.block_bias,
+                    dec.row_slots,
+                    dec.row_width,
                     out_weight,
                     dec.block_range,
                 )

@@ -110,6 +110,8 @@ class AttentionOps(Protocol):
         block_groups: paddle.Tensor,
         block_mapping: paddle.Tensor,
         block_bias: paddle.Tensor,
+        row_slots: paddle.Tensor,
+        row_width: int,
         out_weight: paddle.Tensor,
         block_range: tuple[int, int] | None = None,
     ) -> paddle.Tensor:
@@ -117,6 +119,10 @@ class AttentionOps(Protocol):
         of every row one after another, block_groups [NB] each block's row, block_mapping
         [NB, R] the same as one-hot rows (zero for padding blocks), block_bias [NB, bs]
         additive (0 for a filled slot); then the output projection -> [R, hidden].
-        block_range (first, end) says block_list is the pool's blocks first..end-1 in
-        order, rows' blocks interleaved and the others padding: a backend may read that
-        span in place; block_list stays valid for one that gathers."""
+        row_slots [NB] places each block when the rows' blocks are laid side by side,
+        row_width blocks a row: row * row_width + the block's index in its row, padding
+        blocks R * row_width (a spare row); a backend that combines blocks by their maxima,
+        as the HPU's fused op does, needs neither. block_range (first, end) says
+        block_list is the pool's blocks first..end-1 in order, rows' blocks interleaved
+        and the others padding: a backend may read that span in place; block_list stays
+        valid for one that gathers."""

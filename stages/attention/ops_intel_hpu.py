@@ -209,9 +209,12 @@ class IntelHPUOps:
         block_groups: paddle.Tensor,
         block_mapping: paddle.Tensor,
         block_bias: paddle.Tensor,
+        row_slots: paddle.Tensor,
+        row_width: int,
         out_weight: paddle.Tensor,
         block_range: tuple[int, int] | None = None,
     ) -> paddle.Tensor:
+        # row_slots and row_width go unused: the fused op combines blocks by their maxima.
         rows, _, head_dim = q.shape
         if block_range is not None:
             # A span interleaves the rows' blocks; the fused op is given them row by row,
