@@ -140,10 +140,12 @@ def test_slot_writes_land_where_block_writes_put_the_same_tokens():
     blocks = np.repeat([5, 0, 2], BS)
     offsets = np.tile(np.arange(BS), 3)
     order = np.random.default_rng(10).permutation(3 * BS)
+    slots = ops_cpu.slot_index(
+        by_slot[0], paddle.to_tensor(blocks[order]), paddle.to_tensor(offsets[order])
+    )
     ops_cpu.write_slots(
         *by_slot,
-        paddle.to_tensor(blocks[order]),
-        paddle.to_tensor(offsets[order]),
+        slots,
         paddle.to_tensor(keys[order]),
         paddle.to_tensor(values[order]),
     )
@@ -178,9 +180,7 @@ def test_qkv_rope_on_packed_weights_matches_numpy_rotary(interleaved):
     packed = ops_cpu.pack_qkv(
         paddle.to_tensor(weight), paddle.to_tensor(bias), H, KV, D, interleaved
     )
-    q, k, v = ops_cpu.qkv_rope(
-        paddle.to_tensor(x),
-        *packed,
+    rope = ops_cpu.rope_table(
         paddle.to_tensor(np.cos(table).astype("float32")),
         paddle.to_tensor(np.sin(table).astype("float32")),
         H,
@@ -188,6 +188,7 @@ def test_qkv_rope_on_packed_weights_matches_numpy_rotary(interleaved):
         D,
         interleaved,
     )
+    q, k, v = ops_cpu.qkv_rope(paddle.to_tensor(x), *packed, rope, H, KV, D, interleaved)
     qkv = (x.astype(np.float64) @ weight + bias).reshape(t, H + 2 * KV, D)
     order = ops_cpu.head_dim_order(D, interleaved)
     want_q = numpy_reference.rotate(qkv[:, :H], angles, interleaved)

@@ -174,7 +174,8 @@ def check_qkv_rope(ops, plugin, interleaved):
     cos = paddle.to_tensor(np.cos(angles).astype("float32"))
     sin = paddle.to_tensor(np.sin(angles).astype("float32"))
 
-    q, k, v = ops.qkv_rope(x, weight, bias, cos, sin, H, KV, D, interleaved)
+    rope = ops.rope_table(cos, sin, H, KV, D, interleaved)
+    q, k, v = ops.qkv_rope(x, weight, bias, rope, H, KV, D, interleaved)
 
     [(name, args, kwargs)] = plugin.calls
     assert name == "fused_qkv_rope"
@@ -193,9 +194,8 @@ def check_qkv_rope(ops, plugin, interleaved):
 
 def test_qkv_rope_refuses_a_weight_of_other_head_counts(ops):
     with pytest.raises(ValueError, match="num_kv_heads"):
-        ops.qkv_rope(
-            rand(2, 16), rand(16, (H + 2) * D), None, rand(2, D), rand(2, D), H, KV, D, False
-        )
+        rope = ops.rope_table(rand(2, D), rand(2, D), H, KV, D, False)
+        ops.qkv_rope(rand(2, 16), rand(16, (H + 2) * D), None, rope, H, KV, D, False)
 
 
 def test_write_blocks_index_copies_on_the_block_axis(ops, plugin):
@@ -220,7 +220,8 @@ def test_write_slots_puts_each_row_at_its_block_and_offset(ops, plugin):
     caches = ops.new_caches(NUM_BLOCKS, BS, KV, D, "float32")
     keys, values = rand(3, KV, D), rand(3, KV, D, seed=3)
 
-    ops.write_slots(*caches, paddle.to_tensor([2, 2, 5]), paddle.to_tensor([0, 3, 1]), keys, values)
+    slots = ops.slot_index(caches[0], paddle.to_tensor([2, 2, 5]), paddle.to_tensor([0, 3, 1]))
+    ops.write_slots(*caches, slots, keys, values)
 
     assert plugin.calls == []  # Paddle's index_put, not a plugin op
     for cache, x in zip(caches, (keys, values), strict=True):

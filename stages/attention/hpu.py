@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import paddle
 
 from stages.attention.interface import AttentionOps
@@ -36,6 +38,9 @@ class PagedAttention:
     ) -> None:
         self.ops = load_ops(ops)
         self._packed: dict[int, tuple] = {}  # id(weight) -> (weight, packed weight, bias)
+        # A forward's rotary table and slot indices, made at its first layer for them all:
+        # purpose -> (the tensor they were made from, held so its id is never reused, them).
+        self._per_step: dict[str, tuple[paddle.Tensor, object]] = {}
         # One block past the pool is scratch: padding rows write there.
         caches = [
             self.ops.new_caches(num_blocks + 1, block_size, num_kv_heads, head_dim, dtype)
@@ -59,7 +64,16 @@ class PagedAttention:
         if packed is None or packed[0] is not weight:  # held, so an id is never reused
             packed = (weight, *self.ops.pack_qkv(weight, bias, *heads))
             self._packed[id(weight)] = packed
-        return self.ops.qkv_rope(x, packed[1], packed[2], cos, sin, *heads)
+        rope = self._once("rope", cos, lambda: self.ops.rope_table(cos, sin, *heads))
+        return self.ops.qkv_rope(x, packed[1], packed[2], rope, *heads)
+
+    def _once(self, purpose: str, source: paddle.Tensor, make: Callable[[], object]) -> object:
+        """make(), unless it was made from this very tensor for this purpose already."""
+        made = self._per_step.get(purpose)
+        if made is None or made[0] is not source:
+            made = (source, make())
+            self._per_step[purpose] = made
+        return made[1]
 
     def forward(
         self,
@@ -82,7 +96,12 @@ class PagedAttention:
             if enc.block_indices is not None:
                 ops.write_blocks(k_cache, v_cache, enc.block_indices, k_enc, v_enc)
             else:
-                ops.write_slots(k_cache, v_cache, enc.slot_blocks, enc.slot_offsets, k_enc, v_enc)
+                slots = self._once(
+                    "encoder slots",
+                    enc.slot_blocks,
+                    lambda: ops.slot_index(k_cache, enc.slot_blocks, enc.slot_offsets),
+                )
+                ops.write_slots(k_cache, v_cache, slots, k_enc, v_enc)
             q_enc = q[:split].reshape([b, s, *q.shape[1:]])
             if enc.has_context:
                 out = ops.prefill_with_context(
@@ -96,9 +115,12 @@ class PagedAttention:
             parts.append(out)
         if meta.decoder:
             dec = meta.decoder
-            ops.write_slots(
-                k_cache, v_cache, dec.block_indices, dec.block_offsets, k[split:], v[split:]
+            slots = self._once(
+                "decoder slots",
+                dec.block_indices,
+                lambda: ops.slot_index(k_cache, dec.block_indices, dec.block_offsets),
             )
+            ops.write_slots(k_cache, v_cache, slots, k[split:], v[split:])
             parts.append(
                 ops.decode(
                     q[split:],

@@ -19,6 +19,8 @@ from typing import Any, Protocol
 import paddle
 
 Cache = Any  # a backend's own layout of one layer's keys or values
+RopeTable = Any  # a backend's own form of a forward's rotary angles
+SlotIndex = Any  # a backend's own form of a step's cache slots
 
 
 class AttentionOps(Protocol):
@@ -42,22 +44,33 @@ class AttentionOps(Protocol):
         query and key head (the same order for both, so scores are unchanged); the values
         keep theirs."""
 
-    def qkv_rope(
+    def rope_table(
         self,
-        x: paddle.Tensor,
-        weight: paddle.Tensor,
-        bias: paddle.Tensor | None,
         cos: paddle.Tensor,
         sin: paddle.Tensor,
         num_heads: int,
         num_kv_heads: int,
         head_dim: int,
         interleaved: bool,
+    ) -> RopeTable:
+        """The rotation of a forward's tokens (cos, sin [T, D]; `interleaved` rotates pairs
+        (2i, 2i+1) rather than halves) as this backend's qkv_rope applies it: made once per
+        forward, shared by every layer."""
+
+    def qkv_rope(
+        self,
+        x: paddle.Tensor,
+        weight: paddle.Tensor,
+        bias: paddle.Tensor | None,
+        rope: RopeTable,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        interleaved: bool,
     ) -> tuple[paddle.Tensor, paddle.Tensor, paddle.Tensor]:
         """x [T, hidden] @ weight [hidden, (H + 2 KV) D] (+ bias), as pack_qkv made them, then
-        rotary positions on q and k (cos, sin [T, D]; `interleaved` rotates pairs (2i, 2i+1)
-        rather than halves). Returns q [T, H, D], k [T, KV, D] (their dims in pack_qkv's
-        order), v [T, KV, D]."""
+        rotary positions on q and k as rope_table made them. Returns q [T, H, D], k [T, KV,
+        D] (their dims in pack_qkv's order), v [T, KV, D]."""
 
     def write_blocks(
         self,
@@ -70,16 +83,21 @@ class AttentionOps(Protocol):
         """Block-granular prefill write: k, v [n * bs, KV, D] fill blocks block_indices [n]
         of their caches."""
 
+    def slot_index(
+        self, k_cache: Cache, block_indices: paddle.Tensor, block_offsets: paddle.Tensor
+    ) -> SlotIndex:
+        """Slots (block_indices[i], block_offsets[i]) [n] as this backend's write_slots takes
+        them, for caches shaped like k_cache: made once per step, shared by every layer."""
+
     def write_slots(
         self,
         k_cache: Cache,
         v_cache: Cache,
-        block_indices: paddle.Tensor,
-        block_offsets: paddle.Tensor,
+        slots: SlotIndex,
         k: paddle.Tensor,
         v: paddle.Tensor,
     ) -> None:
-        """Slot writes: row i of k, v [n, KV, D] goes to (block_indices[i], block_offsets[i])."""
+        """Slot writes: row i of k, v [n, KV, D] goes to slot i of slot_index's slots."""
 
     def prefill(
         self, q: paddle.Tensor, k: paddle.Tensor, v: paddle.Tensor, out_weight: paddle.Tensor

@@ -65,25 +65,18 @@ def pack_qkv(
     return paddle.gather(weight, index, axis=1), packed_bias
 
 
-def qkv_rope(
-    x: paddle.Tensor,
-    weight: paddle.Tensor,
-    bias: paddle.Tensor | None,
+def rope_table(
     cos: paddle.Tensor,
     sin: paddle.Tensor,
     num_heads: int,
     num_kv_heads: int,
     head_dim: int,
     interleaved: bool,
-) -> tuple[paddle.Tensor, paddle.Tensor, paddle.Tensor]:
-    """weight and bias as pack_qkv made them: each rotary pair (a, b) of a head is one
-    complex number a + ib, turned by cos + i sin of its angle."""
-    qkv = paddle.matmul(x, weight)
-    if bias is not None:
-        qkv = qkv + bias
-    t, half = x.shape[0], head_dim // 2
+) -> paddle.Tensor:
+    """Each rotary pair's turn cos + i sin, tiled over the query and key heads: complex
+    [T, H + KV, D / 2]."""
+    t, half = cos.shape[0], head_dim // 2
     heads = num_heads + num_kv_heads
-    rotary, v = paddle.split(qkv, [heads * head_dim, -1], axis=-1)
     # cos and sin [T, D] hold each pair's angle twice; one of each pair makes the turn.
     if interleaved:
         cos, sin = cos[:, 0::2], sin[:, 0::2]
@@ -92,32 +85,58 @@ def qkv_rope(
     # Tiled over the heads as real numbers, then viewed as complex: Paddle's CPU expand and
     # broadcasting multiply are many times slower on complex or middle axes.
     turn = paddle.tile(paddle.stack([cos, sin], axis=-1).reshape([t, 1, head_dim]), [1, heads, 1])
-    turn = paddle.as_complex(turn.reshape([t, heads, half, 2]))
-    pairs = paddle.as_complex(rotary.reshape([t, heads, half, 2]))
-    rotated = paddle.as_real(pairs * turn).reshape([t, heads, head_dim])
+    return paddle.as_complex(turn.reshape([t, heads, half, 2]))
+
+
+def qkv_rope(
+    x: paddle.Tensor,
+    weight: paddle.Tensor,
+    bias: paddle.Tensor | None,
+    rope: paddle.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    interleaved: bool,
+) -> tuple[paddle.Tensor, paddle.Tensor, paddle.Tensor]:
+    """weight and bias as pack_qkv made them: each rotary pair (a, b) of a head is one
+    complex number a + ib, turned by rope_table's cos + i sin of its angle."""
+    qkv = paddle.matmul(x, weight)
+    if bias is not None:
+        qkv = qkv + bias
+    t, heads = x.shape[0], num_heads + num_kv_heads
+    rotary, v = paddle.split(qkv, [heads * head_dim, -1], axis=-1)
+    pairs = paddle.as_complex(rotary.reshape([t, heads, head_dim // 2, 2]))
+    rotated = paddle.as_real(pairs * rope).reshape([t, heads, head_dim])
     q, k = paddle.split(rotated, [num_heads, num_kv_heads], axis=1)
     return q, k, v.reshape([t, num_kv_heads, head_dim])
+
+
+def slot_index(
+    k_cache: paddle.Tensor, block_indices: paddle.Tensor, block_offsets: paddle.Tensor
+) -> tuple[paddle.Tensor, paddle.Tensor]:
+    """(value rows [n * KV], key elements [n * KV * D]): where token i's values go in the
+    value cache's rows of D, and each of its key's dims in the key cache's elements, which
+    lie bs apart in a transposed block."""
+    _, kv, d, bs = k_cache.shape
+    head_blocks = (block_indices * kv).unsqueeze(1) + paddle.arange(kv)  # [n, KV]
+    offsets = block_offsets.unsqueeze(1)
+    starts = (head_blocks * (d * bs) + offsets).unsqueeze(2)
+    elements = (starts + paddle.arange(d) * bs).reshape([-1])
+    return (head_blocks * bs + offsets).reshape([-1]), elements
 
 
 def write_slots(
     k_cache: paddle.Tensor,
     v_cache: paddle.Tensor,
-    block_indices: paddle.Tensor,
-    block_offsets: paddle.Tensor,
+    slots: tuple[paddle.Tensor, paddle.Tensor],
     k: paddle.Tensor,
     v: paddle.Tensor,
 ) -> None:
-    """Token i of k, v [T, KV, D] goes to slot block_offsets[i] of block block_indices[i],
-    every head."""
-    num_blocks, kv, bs, d = v_cache.shape
-    head_blocks = (block_indices * kv).unsqueeze(1) + paddle.arange(kv)  # [T, KV]
-    offsets = block_offsets.unsqueeze(1)
-    _write_value_rows(v_cache, (head_blocks * bs + offsets).reshape([-1]), v)
-    # A key's D dims lie bs apart in its transposed block: one cache element each.
-    starts = (head_blocks * (d * bs) + offsets).unsqueeze(2)
-    elements = (starts + paddle.arange(d) * bs).reshape([-1])
-    # The reshapes are views of the caches, so the scatters write into them.
-    paddle.scatter_(k_cache.reshape([-1, 1]), elements, k.reshape([-1, 1]))
+    """Token i of k, v [n, KV, D] to its slot, every head, as slot_index laid them out."""
+    value_rows, key_elements = slots
+    _write_value_rows(v_cache, value_rows, v)
+    # The reshape is a view of the cache, so the scatter writes into it.
+    paddle.scatter_(k_cache.reshape([-1, 1]), key_elements, k.reshape([-1, 1]))
 
 
 def _write_value_rows(v_cache: paddle.Tensor, rows: paddle.Tensor, v: paddle.Tensor) -> None:

@@ -87,13 +87,24 @@ class IntelHPUOps:
     ) -> tuple[paddle.Tensor, paddle.Tensor | None]:
         return weight, bias  # fused_qkv_rope takes the checkpoint's layout
 
+    def rope_table(
+        self,
+        cos: paddle.Tensor,
+        sin: paddle.Tensor,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        interleaved: bool,
+    ) -> paddle.Tensor:
+        """cos and sin stacked as the op's rotary_embs, [2, 1, T, 1, D]."""
+        return paddle.stack([cos, sin], axis=0).reshape([2, 1, cos.shape[0], 1, head_dim])
+
     def qkv_rope(
         self,
         x: paddle.Tensor,
         weight: paddle.Tensor,
         bias: paddle.Tensor | None,
-        cos: paddle.Tensor,
-        sin: paddle.Tensor,
+        rope: paddle.Tensor,
         num_heads: int,
         num_kv_heads: int,
         head_dim: int,
@@ -107,12 +118,11 @@ class IntelHPUOps:
                 f"qkv weight width {weight.shape[1]} != (num_heads {num_heads} + 2 * "
                 f"num_kv_heads {num_kv_heads}) * head_dim {head_dim}"
             )
-        rotary = paddle.stack([cos, sin], axis=0).reshape([2, 1, tokens, 1, head_dim])
         q, kv = self.plugin.fused_qkv_rope(
             x,
             weight,
             bias,
-            rotary.astype(x.dtype),
+            rope.astype(x.dtype),
             head_dim,
             num_heads,
             1,  # total_batch: every token of the step as one row; the op only reshapes by it
@@ -139,19 +149,23 @@ class IntelHPUOps:
             blocks = values.reshape(shape).astype(cache.dtype)
             self.plugin.index_copy_(cache, block_indices, blocks, 0)
 
+    def slot_index(
+        self, k_cache: Cache, block_indices: paddle.Tensor, block_offsets: paddle.Tensor
+    ) -> tuple[paddle.Tensor, paddle.Tensor]:
+        return block_indices, block_offsets
+
     def write_slots(
         self,
         k_cache: Cache,
         v_cache: Cache,
-        block_indices: paddle.Tensor,
-        block_offsets: paddle.Tensor,
+        slots: tuple[paddle.Tensor, paddle.Tensor],
         k: paddle.Tensor,
         v: paddle.Tensor,
     ) -> None:
         # The same (block, offset) scatter fused_block_attention does inside, left to
         # Paddle's index_put, which the plugin implements for intel_hpu in place.
         for cache, values in ((k_cache, k), (v_cache, v)):
-            paddle.index_put_(cache, (block_indices, block_offsets), values.astype(cache.dtype))
+            paddle.index_put_(cache, slots, values.astype(cache.dtype))
 
     def _sdpa(
         self,
