@@ -86,9 +86,7 @@ def test_decode_matches_per_row_attention(cached, layout):
         paddle.to_tensor(blocks),
         paddle.to_tensor(groups),
         paddle.to_tensor(mapping),
-        paddle.to_tensor(bias),
-        paddle.to_tensor(row_slots),
-        width,
+        ops_cpu.decode_layout(paddle.to_tensor(bias), paddle.to_tensor(row_slots), width, 24, H),
         paddle.to_tensor(out_weight),
         block_range,
     ).numpy()

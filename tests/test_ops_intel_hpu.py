@@ -298,9 +298,11 @@ def check_decode(ops, plugin):
     # the padding at 6, the spare row.
     row_slots = paddle.to_tensor([0, 1, 2, 4, 6], dtype="int64")
     q = rand(rows, H, D, seed=9)
-    flat = (block_list, block_groups, block_mapping, block_bias, row_slots, 2)
+    flat = (block_list, block_groups, block_mapping)
 
-    out = ops.decode(q, k_cache, v_cache, *flat, OUT)
+    out = ops.decode(
+        q, k_cache, v_cache, *flat, ops.decode_layout(block_bias, row_slots, 2, rows, H), OUT
+    )
 
     [(name, args, kwargs)] = plugin.calls
     assert name == "fused_flatpa_proj"
@@ -315,7 +317,8 @@ def check_decode(ops, plugin):
     assert args[7] is OUT
     assert kwargs == {"scaling_factor": D**-0.5}
     assert out.shape == [rows, HIDDEN]
-    want = ops_cpu.decode(q, k_cpu, v_cpu, *flat, OUT)
+    layout = ops_cpu.decode_layout(block_bias, row_slots, 2, rows, H)
+    want = ops_cpu.decode(q, k_cpu, v_cpu, *flat, layout, OUT)
     np.testing.assert_allclose(out.numpy(), want.numpy(), rtol=1e-5, atol=1e-5)
 
 
@@ -332,14 +335,8 @@ def test_a_decode_span_reaches_the_fused_op_row_by_row(ops, plugin):
     bias = np.where(np.arange(BS)[None, :] < filled[:, None], 0.0, -1e30).astype("float32")
     q = rand(rows, H, D, seed=9)
     row_slots = paddle.to_tensor([2, 6, 0, 6, 1, 4], dtype="int64")
-    span = (
-        paddle.arange(6),
-        block_groups,
-        paddle.to_tensor(mapping),
-        paddle.to_tensor(bias),
-        row_slots,
-        2,
-    )
+    layout = ops.decode_layout(paddle.to_tensor(bias), row_slots, 2, rows, H)
+    span = (paddle.arange(6), block_groups, paddle.to_tensor(mapping), layout)
 
     out = ops.decode(q, k_cache, v_cache, *span, OUT, (0, 6))
 
@@ -354,13 +351,17 @@ def test_a_decode_span_reaches_the_fused_op_row_by_row(ops, plugin):
         paddle.to_tensor(
             (np.eye(rows)[[0, 0, 1, 2, 2]] * [[1], [1], [1], [1], [0]]).astype("float32")
         ),
-        paddle.to_tensor(
-            np.where(
-                np.arange(BS)[None, :] < np.array([BS, 1, 3, 1, 0])[:, None], 0.0, -1e30
-            ).astype("float32")
+        ops_cpu.decode_layout(
+            paddle.to_tensor(
+                np.where(
+                    np.arange(BS)[None, :] < np.array([BS, 1, 3, 1, 0])[:, None], 0.0, -1e30
+                ).astype("float32")
+            ),
+            paddle.to_tensor([0, 1, 2, 4, 6], dtype="int64"),
+            2,
+            rows,
+            H,
         ),
-        paddle.to_tensor([0, 1, 2, 4, 6], dtype="int64"),
-        2,
     )
     want = ops_cpu.decode(q, k_cpu, v_cpu, *listed, OUT)
     np.testing.assert_allclose(out.numpy(), want.numpy(), rtol=1e-5, atol=1e-5)

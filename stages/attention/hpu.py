@@ -121,6 +121,13 @@ class PagedAttention:
                 lambda: ops.slot_index(k_cache, dec.block_indices, dec.block_offsets),
             )
             ops.write_slots(k_cache, v_cache, slots, k[split:], v[split:])
+            layout = self._once(
+                "decode layout",
+                dec.block_bias,
+                lambda: ops.decode_layout(
+                    dec.block_bias, dec.row_slots, dec.row_width, dec.shape[0], q.shape[1]
+                ),
+            )
             parts.append(
                 ops.decode(
                     q[split:],
@@ -129,9 +136,7 @@ class PagedAttention:
                     dec.block_list,
                     dec.block_groups,
                     dec.block_mapping,
-                    dec.block_bias,
-                    dec.row_slots,
-                    dec.row_width,
+                    layout,
                     out_weight,
                     dec.block_range,
                 )

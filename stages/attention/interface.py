@@ -21,6 +21,7 @@ import paddle
 Cache = Any  # a backend's own layout of one layer's keys or values
 RopeTable = Any  # a backend's own form of a forward's rotary angles
 SlotIndex = Any  # a backend's own form of a step's cache slots
+DecodeLayout = Any  # a backend's own form of a step's decode mask and row placement
 
 
 class AttentionOps(Protocol):
@@ -119,6 +120,21 @@ class AttentionOps(Protocol):
         q [B, S, H, D], block_list [B, M], mask [B, 1, S, M * bs] additive, then the output
         projection -> [B * S, hidden]."""
 
+    def decode_layout(
+        self,
+        block_bias: paddle.Tensor,
+        row_slots: paddle.Tensor,
+        row_width: int,
+        num_rows: int,
+        num_heads: int,
+    ) -> DecodeLayout:
+        """A step's decode masking and row placement as this backend's decode takes them,
+        made once per step, shared by every layer: block_bias [NB, bs] additive (0 for a
+        filled slot); row_slots [NB] places each block when the rows' blocks are laid side
+        by side, row_width blocks a row: row * row_width + the block's index in its row,
+        padding blocks num_rows * row_width (a spare row). A backend that combines blocks
+        by their maxima, as the HPU's fused op does, needs only the bias."""
+
     def decode(
         self,
         q: paddle.Tensor,
@@ -127,20 +143,14 @@ class AttentionOps(Protocol):
         block_list: paddle.Tensor,
         block_groups: paddle.Tensor,
         block_mapping: paddle.Tensor,
-        block_bias: paddle.Tensor,
-        row_slots: paddle.Tensor,
-        row_width: int,
+        layout: DecodeLayout,
         out_weight: paddle.Tensor,
         block_range: tuple[int, int] | None = None,
     ) -> paddle.Tensor:
         """Flat paged attention, one query per row: q [R, H, D]; block_list [NB] the blocks
         of every row one after another, block_groups [NB] each block's row, block_mapping
-        [NB, R] the same as one-hot rows (zero for padding blocks), block_bias [NB, bs]
-        additive (0 for a filled slot); then the output projection -> [R, hidden].
-        row_slots [NB] places each block when the rows' blocks are laid side by side,
-        row_width blocks a row: row * row_width + the block's index in its row, padding
-        blocks R * row_width (a spare row); a backend that combines blocks by their maxima,
-        as the HPU's fused op does, needs neither. block_range (first, end) says
+        [NB, R] the same as one-hot rows (zero for padding blocks), layout as decode_layout
+        made it; then the output projection -> [R, hidden]. block_range (first, end) says
         block_list is the pool's blocks first..end-1 in order, rows' blocks interleaved
         and the others padding: a backend may read that span in place; block_list stays
         valid for one that gathers."""

@@ -16,6 +16,7 @@ Grouped-query attention never repeats keys: a KV head's G queries are matmul'd t
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import numpy as np
 import paddle
@@ -268,6 +269,30 @@ def prefill_with_context(
 _TILE_BYTES = 4 << 20
 
 
+class DecodeLayout(NamedTuple):
+    bias: paddle.Tensor  # [NB, H, bs]: expanded over heads, so that the add broadcasts nothing
+    places: paddle.Tensor  # [NB, H]: each block's scores' rows in the side-by-side buffer
+    row_width: int
+
+
+def decode_layout(
+    block_bias: paddle.Tensor,
+    row_slots: paddle.Tensor,
+    row_width: int,
+    num_rows: int,
+    num_heads: int,
+) -> DecodeLayout:
+    """The bias over every head, and where each (block, head) row of scores goes: head
+    by head, each row (and a spare one for padding blocks) owns row_width blocks."""
+    nb, bs = block_bias.shape
+    per_head = (num_rows + 1) * row_width
+    return DecodeLayout(
+        bias=block_bias.unsqueeze(1).expand([nb, num_heads, bs]),
+        places=row_slots.unsqueeze(1) + paddle.arange(num_heads) * per_head,
+        row_width=row_width,
+    )
+
+
 def decode(
     q: paddle.Tensor,
     k_cache: paddle.Tensor,
@@ -275,29 +300,24 @@ def decode(
     block_list: paddle.Tensor,
     block_groups: paddle.Tensor,
     block_mapping: paddle.Tensor,
-    block_bias: paddle.Tensor,
-    row_slots: paddle.Tensor,
-    row_width: int,
+    layout: DecodeLayout,
     out_weight: paddle.Tensor,
     block_range: tuple[int, int] | None = None,
 ) -> paddle.Tensor:
-    """Each block's scores go to its row's stretch of one buffer, rows side by side (row
-    slots), where one in-place softmax normalises every row over all its blocks; the
-    block mapping then sums each row's weighted values. That is fewer and lighter ops
-    than combining per-block maxima and sums, as the HPU's flat attention does, with the
-    same result (32 rows of 512 tokens: 27 against 30 ms a forward). A block span (block_range)
-    is read in place: matmuls straight over a slice of the cache run twice as fast as
-    gathering the same blocks first."""
+    """Each block's scores go to its row's stretch of one buffer, rows side by side
+    (decode_layout's places), where one in-place softmax normalises every row over all its
+    blocks; the block mapping then sums each row's weighted values. That is fewer and
+    lighter ops than combining per-block maxima and sums, as the HPU's flat attention
+    does, with the same result (32 rows of 512 tokens: 27 against 30 ms a forward). A
+    block span (block_range) is read in place: matmuls straight over a slice of the cache
+    run twice as fast as gathering the same blocks first."""
     r, h, d = q.shape
     _, kv, bs, _ = v_cache.shape
     nb = block_list.shape[0]
     q = q.reshape([r, kv, h // kv, d]) * (d**-0.5)
     q_blocks = paddle.gather(q, block_groups)  # [NB, KV, G, D]: each block's row's queries
-    # The bias, expanded over heads, so that the add broadcasts nothing.
-    bias = block_bias.unsqueeze(1).expand([nb, h, bs])
-    # Head by head, each row (and a spare one for padding blocks) owns row_width blocks.
+    bias, places, row_width = layout
     per_head = (r + 1) * row_width
-    places = row_slots.unsqueeze(1) + paddle.arange(h) * per_head  # [NB, H]
     if block_range is not None:
         first, end = block_range
         sections = [nb]

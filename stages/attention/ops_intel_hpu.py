@@ -214,6 +214,16 @@ class IntelHPUOps:
         # The mask gets a group axis, [B, 1, 1, S, K], for the op's grouped-query path.
         return self._sdpa(q, kv, mask.unsqueeze(1).astype(q.dtype), out_weight)
 
+    def decode_layout(
+        self,
+        block_bias: paddle.Tensor,
+        row_slots: paddle.Tensor,
+        row_width: int,
+        num_rows: int,
+        num_heads: int,
+    ) -> paddle.Tensor:
+        return block_bias  # the fused op combines blocks by their maxima: no row slots
+
     def decode(
         self,
         q: paddle.Tensor,
@@ -223,12 +233,10 @@ class IntelHPUOps:
         block_groups: paddle.Tensor,
         block_mapping: paddle.Tensor,
         block_bias: paddle.Tensor,
-        row_slots: paddle.Tensor,
-        row_width: int,
         out_weight: paddle.Tensor,
         block_range: tuple[int, int] | None = None,
     ) -> paddle.Tensor:
-        # row_slots and row_width go unused: the fused op combines blocks by their maxima.
+        """block_bias is decode_layout's layout."""
         rows, _, head_dim = q.shape
         if block_range is not None:
             # A span interleaves the rows' blocks; the fused op is given them row by row,
