@@ -38,8 +38,9 @@ class PagedAttention:
     ) -> None:
         self.ops = load_ops(ops)
         self._packed: dict[int, tuple] = {}  # id(weight) -> (weight, packed weight, bias)
-        # A forward's rotary table and slot indices, made at its first layer for them all:
-        # purpose -> (the tensor they were made from, held so its id is never reused, them).
+        # A forward's rotary table, slot indices and decode layout, made at its first layer
+        # for them all: purpose -> (the tensor they were made from, held so its id is never
+        # reused, what was made).
         self._per_step: dict[str, tuple[paddle.Tensor, object]] = {}
         # One block past the pool is scratch: padding rows write there.
         caches = [

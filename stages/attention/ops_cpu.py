@@ -119,11 +119,16 @@ def slot_index(
     value cache's rows of D, and each of its key's dims in the key cache's elements, which
     lie bs apart in a transposed block."""
     _, kv, d, bs = k_cache.shape
-    head_blocks = (block_indices * kv).unsqueeze(1) + paddle.arange(kv)  # [n, KV]
+    head_blocks = _head_blocks(block_indices, kv)
     offsets = block_offsets.unsqueeze(1)
     starts = (head_blocks * (d * bs) + offsets).unsqueeze(2)
     elements = (starts + paddle.arange(d) * bs).reshape([-1])
     return (head_blocks * bs + offsets).reshape([-1]), elements
+
+
+def _head_blocks(block_indices: paddle.Tensor, kv: int) -> paddle.Tensor:
+    """[n, KV]: each block's per-head blocks, numbered as the caches' first two axes."""
+    return (block_indices * kv).unsqueeze(1) + paddle.arange(kv)
 
 
 def write_slots(
@@ -158,7 +163,7 @@ def write_blocks(
     # Each block's keys [bs, KV * D] transposed whole, one 3-axis transpose for all blocks.
     key_blocks = k.reshape([n, bs, kv * d]).transpose([0, 2, 1]).reshape([n, kv * d * bs])
     paddle.scatter_(k_cache.reshape([num_blocks, kv * d * bs]), block_indices, key_blocks)
-    head_blocks = (block_indices * kv).unsqueeze(1) + paddle.arange(kv)  # [n, KV]
+    head_blocks = _head_blocks(block_indices, kv)
     rows = (head_blocks * bs).unsqueeze(1) + paddle.arange(bs).unsqueeze(1)  # [n, bs, KV]
     _write_value_rows(v_cache, rows.reshape([-1]), v)
 
@@ -240,7 +245,7 @@ def _gather_rows(cache: paddle.Tensor, block_list: paddle.Tensor) -> paddle.Tens
 def _gather_key_columns(k_cache: paddle.Tensor, block_list: paddle.Tensor) -> paddle.Tensor:
     """The transposed key blocks of each row of block_list [B, M], side by side as
     [KV, B, D, M * bs]: split and joined on the last axis, where one 4-axis transpose
-    would take ten times as long (2 rows of 8 blocks: 0.5 against 4.7 ms)."""
+    takes ten times as long (2 rows of 8 blocks: 0.4 against 4.6 ms)."""
     _, kv, d, bs = k_cache.shape
     b, m = block_list.shape
     blocks = paddle.gather(k_cache, block_list.reshape([-1])).reshape([b * m, kv, d * bs])
