@@ -23,11 +23,10 @@ import time
 
 import numpy as np
 import paddle
-from hydra import compose, initialize_config_module
 
 from benchmarks.floor import matmul_rate, step_flops
+from pipeline.compose import compose_config
 from pipeline.run import build_engine
-from pipeline.schema import register_schemas
 from stages.request import Request, StepPlan
 
 
@@ -39,8 +38,8 @@ def decode_plan(engine, batch: int, context: int) -> StepPlan:
         ids = rng.integers(0, 256, context).tolist()
         r = Request(id=f"r{i}", index=i, prompt="", prompt_ids=ids[:-1], max_new_tokens=2)
         r.output_ids = ids[-1:]
+        engine.scheduler.kv_cache.allocate_slots(r, context)  # blocks for every token
         r.num_computed = context - 1
-        r.block_table = engine.scheduler.pool.allocate(-(-context // engine.scheduler.block_size))
         requests.append(r)
     return StepPlan(decode=requests)
 
@@ -74,18 +73,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5, help="forward and floor in turn")
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides")
     args = parser.parse_args()
-    register_schemas()
-    with initialize_config_module(config_module="pipeline.conf", version_base="1.3"):
-        cfg = compose(
-            config_name="config",
-            overrides=[
-                "model=small",
-                f"num_threads={args.threads}",
-                f"max_num_seqs={args.batch}",
-                f"num_blocks={args.batch * (-(-(args.context + 1) // 128))}",
-                *args.overrides,
-            ],
-        )
+    cfg = compose_config(
+        [
+            "model=small",
+            f"num_threads={args.threads}",
+            f"max_num_seqs={args.batch}",
+            f"num_blocks={args.batch * (-(-(args.context + 1) // 128))}",
+            *args.overrides,
+        ]
+    )
     engine, _ = build_engine(cfg)
     plan = decode_plan(engine, args.batch, args.context)
     meta = engine.metadata.build(plan)

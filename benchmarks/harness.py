@@ -13,13 +13,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from hydra import compose, initialize_config_module
-from omegaconf import DictConfig
-
 from benchmarks.floor import matmul_rate, run_flops
+from pipeline.compose import compose_config
 from pipeline.metrics import StepRecord, summarise
 from pipeline.run import build_engine
-from pipeline.schema import register_schemas
 from stages.request import Request
 
 # (name in the report, engine attribute, method): the calls one step makes.
@@ -34,15 +31,8 @@ TIMED_STAGES = (
 # Calls inside the model forward, shown as parts of it: attention with its output projection.
 INNER_STAGES = (
     ("forward: qkv_rope", "attention", "qkv_rope"),
-    ("forward: attention", "attention", "forward"),
+    ("forward: attention", "attention", "attend"),
 )
-
-
-def compose_config(overrides: Sequence[str]) -> DictConfig:
-    """The pipeline's config as `python -m pipeline OVERRIDES` composes it."""
-    register_schemas()
-    with initialize_config_module(config_module="pipeline.conf", version_base="1.3"):
-        return compose(config_name="config", overrides=list(overrides))
 
 
 def synthetic_overrides(

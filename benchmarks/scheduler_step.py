@@ -11,24 +11,28 @@ from __future__ import annotations
 import argparse
 import time
 
-from stages.request import Request
+import numpy as np
+
+from stages.kv_cache import KVCacheManager
+from stages.request import Request, Samples
 from stages.scheduler import ChunkedScheduler
+from stages.stopping import StopRule
 
 
 def make_scheduler(running: int, waiting: int) -> ChunkedScheduler:
     sched = ChunkedScheduler(
+        kv_cache=KVCacheManager(num_blocks=running * 32 + 64, block_size=128),
+        stop=StopRule((), max_model_len=4096),
         max_tokens=8192,
         max_num_seqs=running,
         max_model_len=4096,
-        block_size=128,
-        num_blocks=running * 32 + 64,
     )
     for i in range(running + waiting):
         sched.add(Request(f"r{i}", i, "x", [1] * 100, max_new_tokens=1_000_000))
     # Fill the running set and move everyone to decode.
     while len(sched.running) < running:
         plan = sched.schedule()
-        sched.update(plan, [7] * (len(plan.prefill) + len(plan.decode)), 0.0)
+        sched.update(plan, Samples(np.full(len(plan.sampled_requests), 7)), 0.0)
     return sched
 
 
@@ -45,7 +49,7 @@ def main() -> None:
             t = time.perf_counter()
             plan = sched.schedule()
             times.append(time.perf_counter() - t)
-            sched.update(plan, [7] * (len(plan.prefill) + len(plan.decode)), 0.0)
+            sched.update(plan, Samples(np.full(len(plan.sampled_requests), 7)), 0.0)
         times.sort()
         print(
             f"running={len(sched.running)} waiting={len(sched.waiting)}: "

@@ -5,18 +5,48 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import structlog
 
 from pipeline.metrics import StepRecord
+from stages.interfaces import Attention, MetadataBuilder, Model, Sampler, Scheduler, Tokenizer
 from stages.metadata import ForwardMeta
 from stages.request import Request, StepPlan
 
 log = structlog.get_logger(__name__)
 
 
+class WallClock:
+    """Seconds since the run's start; idling sleeps."""
+
+    def __init__(self) -> None:
+        self._start = time.perf_counter()
+
+    def __call__(self) -> float:
+        return time.perf_counter() - self._start
+
+    def sleep_until(self, t: float) -> None:
+        time.sleep(max(0.0, t - self()))
+
+
+@dataclass
+class StepResult:
+    plan: StepPlan
+    meta: ForwardMeta | None  # None when the plan had nothing to run
+    finished: list[Request]  # requests that stopped after this step's samples
+
+
 class Engine:
-    def __init__(self, tokenizer, scheduler, metadata, model, attention, sampler) -> None:
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        scheduler: Scheduler,
+        metadata: MetadataBuilder,
+        model: Model,
+        attention: Attention,
+        sampler: Sampler,
+    ) -> None:
         self.tokenizer = tokenizer
         self.scheduler = scheduler
         self.metadata = metadata
@@ -24,10 +54,20 @@ class Engine:
         self.attention = attention
         self.sampler = sampler
 
+    def step(self, now: Callable[[], float]) -> StepResult:
+        plan = self.scheduler.schedule(now())
+        if plan.empty:
+            return StepResult(plan, None, [])
+        meta = self.metadata.build(plan)
+        logits = self.model.forward(meta, self.attention)
+        samples = self.sampler.sample(logits, plan.sampled_requests)
+        finished = self.scheduler.update(plan, samples, now())
+        return StepResult(plan, meta, finished)
+
     def warmup(self) -> float:
         """Runs every prepared bucket shape once, as the HPU compiles them before serving."""
         start = time.perf_counter()
-        phases = self.metadata.warmup_shapes(mixed=self.scheduler.chunked)
+        phases = self.metadata.warmup_shapes(mixed=self.scheduler.splits_prompts)
         for phase, shapes in phases.items():
             t = time.perf_counter()
             for prefill, decode in shapes:
@@ -48,77 +88,35 @@ class Engine:
                 if reason:
                     r.fail(reason, r.arrival_s)
 
-    def step(self, plan: StepPlan, now: Callable[[], float]) -> ForwardMeta:
-        meta = self.metadata.build(plan)
-        logits = self.model.forward(meta, self.attention)
-        samples = self.sampler.sample(logits, plan.sampled_requests)
-        t = now()
-        sampled = self.scheduler.update(plan, samples.token_ids, t)
-        if samples.logprobs is not None:
-            rows = {id(r): i for i, r in enumerate(plan.sampled_requests)}
-            for r in sampled:
-                r.logprobs.append(samples.logprobs[rows[id(r)]])
-        for r in sampled:
-            if r.stop and not r.finished and self._hit_stop(r):
-                self.scheduler.finish(r, "stop", t)
-        return meta
-
-    def _hit_stop(self, r: Request) -> bool:
-        # Decoding only a tail long enough for the longest stop string keeps this cheap.
-        tail = self.tokenizer.decode(r.output_ids[-4 * max(map(len, r.stop)) :])
-        return any(s in tail for s in r.stop)
-
     def run(
         self,
         requests: Sequence[Request],
         on_step: Callable[[StepRecord], None] = lambda record: None,
         on_finish: Callable[[Request], None] = lambda request: None,
     ) -> float:
-        """Serves every request to its end; returns the wall time in seconds."""
-        start = time.perf_counter()
-
-        def now() -> float:
-            return time.perf_counter() - start
-
+        """Serves every request to its end; returns the run's time in seconds."""
+        clock = WallClock()
         self.reject_invalid(requests)
         for r in requests:
             if r.finished:
                 on_finish(r)
         pending = deque(sorted((r for r in requests if not r.finished), key=lambda r: r.arrival_s))
-        step = 0
+        index = 0
         while pending or self.scheduler.has_work:
-            t = now()
+            t = clock()
             while pending and pending[0].arrival_s <= t:
                 self.scheduler.add(pending.popleft())
             if not self.scheduler.has_work:
-                time.sleep(max(0.0, pending[0].arrival_s - t))  # idle until the next arrival
+                clock.sleep_until(pending[0].arrival_s)  # idle until the next arrival
                 continue
-            plan = self.scheduler.schedule(t)
-            for r in plan.failed:
+            result = self.step(clock)
+            for r in result.plan.failed + result.finished:
+                self.attention.release(r)
                 on_finish(r)
-            if plan.empty:
-                if plan.failed:
+            if result.meta is None:
+                if result.plan.failed:
                     continue
                 raise RuntimeError("the scheduler found nothing to run while requests wait")
-            meta = self.step(plan, now)
-            for r in plan.sampled_requests:
-                if r.finished:
-                    self.attention.release(r.id)
-                    on_finish(r)
-            on_step(
-                StepRecord(
-                    step=step,
-                    mode=plan.mode,
-                    prefill=[
-                        {"id": c.request.id, "start": c.start, "end": c.end} for c in plan.prefill
-                    ],
-                    decode=[r.id for r in plan.decode],
-                    preempted=[r.id for r in plan.preempted],
-                    num_tokens=plan.num_tokens,
-                    padded_tokens=meta.padded_tokens,
-                    bucket=meta.bucket,
-                    duration_s=now() - t,
-                )
-            )
-            step += 1
-        return now()
+            on_step(StepRecord.of(index, result.plan, result.meta, clock() - t))
+            index += 1
+        return clock()

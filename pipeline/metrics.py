@@ -16,11 +16,14 @@ from typing import Any
 
 import numpy as np
 
-from stages.request import Request
+from stages.metadata import ForwardMeta
+from stages.request import Request, StepPlan
 
 
 @dataclass
 class StepRecord:
+    """One line of steps.jsonl."""
+
     step: int
     mode: str
     prefill: list[dict[str, Any]]
@@ -30,6 +33,20 @@ class StepRecord:
     padded_tokens: int
     bucket: str
     duration_s: float
+
+    @classmethod
+    def of(cls, step: int, plan: StepPlan, meta: ForwardMeta, duration_s: float) -> StepRecord:
+        return cls(
+            step=step,
+            mode=plan.mode,
+            prefill=[{"id": c.request.id, "start": c.start, "end": c.end} for c in plan.prefill],
+            decode=[r.id for r in plan.decode],
+            preempted=[r.id for r in plan.preempted],
+            num_tokens=plan.num_tokens,
+            padded_tokens=meta.padded_tokens,
+            bucket=meta.bucket,
+            duration_s=duration_s,
+        )
 
 
 def stats(values: Sequence[float]) -> dict[str, float | None]:

@@ -18,8 +18,9 @@ from pipeline.allocator import keep_freed_memory
 from pipeline.checks import ConfigError, check_config
 from pipeline.engine import Engine
 from pipeline.metrics import StepRecord, summarise
-from stages.block_pool import blocks_for
+from stages.kv_cache import KVCacheManager, blocks_for
 from stages.request import Request
+from stages.stopping import StopRule
 
 log = structlog.get_logger(__name__)
 
@@ -76,26 +77,35 @@ def build_engine(cfg: DictConfig) -> tuple[Engine, list[Request]]:
             f"{tokenizer.vocab_size}: pick a matching model and tokenizer"
         )
     requests = build(cfg.workload).load(tokenizer)
-    num_blocks = cfg.num_blocks or derive_num_blocks(cfg, requests)
+    kv_cache = build_kv_cache(cfg, requests)
     # A checkpoint's config and generation config name its end tokens too.
-    eos_ids = tokenizer.eos_ids | model.eos_ids
+    stop = StopRule(tokenizer.eos_ids | model.eos_ids, cfg.max_model_len, tokenizer.decode)
     dims = model.dims
+    attention = build(
+        cfg.attention,
+        kv_cache=kv_cache,
+        num_layers=dims.num_layers,
+        num_kv_heads=dims.num_kv_heads,
+        head_dim=dims.head_dim,
+        dtype=model.dtype,
+    )
+    attention.load_weights(model)
     engine = Engine(
         tokenizer=tokenizer,
-        scheduler=build(cfg.scheduler, num_blocks=num_blocks, eos_ids=eos_ids),
-        metadata=build(cfg.metadata, num_blocks=num_blocks, pad_id=tokenizer.pad_id),
+        scheduler=build(cfg.scheduler, kv_cache=kv_cache, stop=stop),
+        metadata=build(cfg.metadata, kv_cache=kv_cache, pad_id=tokenizer.pad_id),
         model=model,
-        attention=build(
-            cfg.attention,
-            num_blocks=num_blocks,
-            num_layers=dims.num_layers,
-            num_kv_heads=dims.num_kv_heads,
-            head_dim=dims.head_dim,
-            dtype=model.dtype,
-        ),
+        attention=attention,
         sampler=build(cfg.sampler),
     )
     return engine, requests
+
+
+def build_kv_cache(cfg: DictConfig, requests: list[Request]) -> KVCacheManager:
+    try:
+        return KVCacheManager(cfg.num_blocks or derive_num_blocks(cfg, requests), cfg.block_size)
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
 
 
 def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
@@ -103,7 +113,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     artefacts.write_resolved_config(cfg, out_dir)
     engine, requests = build_engine(cfg)
     tokenizer = engine.tokenizer
-    num_blocks = engine.scheduler.pool.num_blocks
+    num_blocks = engine.scheduler.kv_cache.num_blocks
     log.info(
         "pipeline_ready",
         requests=len(requests),

@@ -11,7 +11,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from omegaconf import II, MISSING
+
+from stages.buckets import Bucketing
+from stages.scheduler import Budget
 
 
 @dataclass
@@ -23,27 +26,26 @@ class ByteTokenizerConf:
 @dataclass
 class HfTokenizerConf:
     _target_: str = "stages.tokenizer.HfTokenizer"
-    path: str = MISSING  # a folder holding tokenizer.json
-    add_special_tokens: bool = True
-    add_bos: bool = False
+    path: str = II("model.path")  # a folder holding tokenizer.json; the model's by default
+    add_special_tokens: bool = True  # tokenizer.json's own template, as transformers encodes
+    add_bos: bool = False  # also put the BOS id first when the template does not
 
 
 @dataclass
 class SchedulerConf:
     _target_: str = MISSING
-    max_tokens: int = MISSING
-    max_num_seqs: int = MISSING
-    max_model_len: int = MISSING
-    block_size: int = MISSING
-    budget: str = "padded"  # padded: prefill rows cost their padded rectangle; real: tokens
-    max_padding: float = 0.25  # most of a step's prefill rectangle a joining row may pad
+    max_tokens: int = II("max_tokens")
+    max_num_seqs: int = II("max_num_seqs")
+    max_model_len: int = II("max_model_len")
+    budget: Budget = Budget.padded  # padded: a prefill row costs its padded width; real: tokens
+    max_padding: float = 0.25  # a row joins a step's prefill rectangle only below this padding
 
 
 @dataclass
 class ChunkedSchedulerConf(SchedulerConf):
     _target_: str = "stages.scheduler.ChunkedScheduler"
-    align_chunks: bool = True
-    long_prefill_threshold: int = 0
+    align_chunks: bool = True  # non-final chunks are whole blocks (the HPU rule)
+    long_prefill_threshold: int = 0  # cap on one request's chunk, tokens; 0 = off
 
 
 @dataclass
@@ -53,32 +55,41 @@ class WholeSchedulerConf(SchedulerConf):
 
 @dataclass
 class BucketAxisConf:
-    min: int = 0  # 0 = derived from block_size, max_tokens, max_num_seqs, max_model_len
+    """The prepared sizes of one bucket dimension. 0 derives a value from the limits (min: 1
+    or block_size; step: 1 or block_size; max: max_num_seqs, max_tokens or max_model_len /
+    block_size; for decode_blocks, all rows' blocks up to the pool)."""
+
+    min: int = 0
     step: int = 0
     max: int = 0
+
+
+def _axis(min: int = 0, step: int = 0) -> Any:
+    return field(default_factory=lambda: BucketAxisConf(min=min, step=step))
 
 
 @dataclass
 class HPUMetadataConf:
     _target_: str = "stages.metadata.HPUMetadataBuilder"
-    block_size: int = MISSING
-    max_tokens: int = MISSING
-    max_num_seqs: int = MISSING
-    max_model_len: int = MISSING
-    bucketing: str = "linear"
-    prefill_batch: BucketAxisConf = field(default_factory=BucketAxisConf)
-    prefill_seq: BucketAxisConf = field(default_factory=BucketAxisConf)
-    prefill_blocks: BucketAxisConf = field(default_factory=BucketAxisConf)
-    decode_batch: BucketAxisConf = field(default_factory=BucketAxisConf)
-    decode_blocks: BucketAxisConf = field(default_factory=BucketAxisConf)
+    max_tokens: int = II("max_tokens")
+    max_num_seqs: int = II("max_num_seqs")
+    max_model_len: int = II("max_model_len")
+    bucketing: Bucketing = Bucketing.linear
+    prefill_batch: BucketAxisConf = _axis(min=1, step=1)
+    prefill_seq: BucketAxisConf = _axis()  # tokens, multiples of block_size
+    prefill_blocks: BucketAxisConf = _axis(min=1, step=2)  # context + chunk blocks per row
+    decode_batch: BucketAxisConf = _axis(min=1, step=4)
+    decode_blocks: BucketAxisConf = _axis(min=1, step=8)  # blocks of all rows together
+    # Decode reads one contiguous span of the pool (blocks of other requests masked out)
+    # while its bucket is at most this many times the rows' own blocks; otherwise blocks are
+    # listed row by row. A span needs no gather on the CPU; 0 always lists row by row.
     decode_span: float = 2.0
 
 
 @dataclass
 class PagedAttentionConf:
     _target_: str = "stages.attention.hpu.PagedAttention"
-    block_size: int = MISSING
-    ops: str = "cpu"
+    ops: str = "cpu"  # cpu (plain Paddle) or intel_hpu (the plugin's ops)
 
 
 @dataclass
@@ -89,17 +100,17 @@ class ReferenceAttentionConf:
 @dataclass
 class GreedySamplerConf:
     _target_: str = "stages.sampler.GreedySampler"
-    logprobs: int = 0
+    logprobs: int = 0  # top-k log-probabilities per generated token; 0 = off
 
 
 @dataclass
 class RandomSamplerConf:
     _target_: str = "stages.sampler.RandomSampler"
     temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int = MISSING
-    logprobs: int = 0
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1.0 = off
+    seed: int = II("seed")
+    logprobs: int = 0  # top-k log-probabilities per generated token; 0 = off
 
 
 @dataclass
@@ -111,11 +122,11 @@ class TransformerConf:
     num_heads: int = MISSING
     num_kv_heads: int = MISSING
     intermediate_size: int = MISSING
-    max_position: int = MISSING
+    max_position: int = II("max_model_len")
     head_dim: int = 0  # 0 = hidden_size / num_heads
     rope_theta: float = 10000.0
     rms_eps: float = 1e-6
-    seed: int = MISSING
+    seed: int = II("seed")
     dtype: str = "float32"
 
 
@@ -123,8 +134,8 @@ class TransformerConf:
 class HfModelConf:
     _target_: str = "stages.checkpoint.load_hf_model"
     path: str = MISSING  # a local Hugging Face-format folder
-    dtype: str = "float32"  # compute dtype
-    max_position: int = 0  # rotary table length; 0 = the config's max_position_embeddings
+    dtype: str = "float32"  # compute dtype; stored bf16 / fp16 / fp32 weights are converted
+    max_position: int = II("max_model_len")  # rotary table; 0 = max_position_embeddings
 
 
 @dataclass
@@ -136,9 +147,9 @@ class SyntheticWorkloadConf:
     min_new_tokens: int = 8
     max_new_tokens: int = 32
     ignore_eos: bool = True
-    rate: float = 0.0
-    start_s: float = 0.0  # arrivals begin here
-    seed: int = MISSING
+    rate: float = 0.0  # Poisson arrivals, requests/s; 0 = all at once
+    start_s: float = 0.0  # arrivals begin here, seconds after the start
+    seed: int = II("seed")
 
 
 @dataclass
@@ -150,11 +161,11 @@ class MixedWorkloadConf:
 @dataclass
 class JsonlWorkloadConf:
     _target_: str = "stages.workload.JsonlWorkload"
-    path: str = MISSING
+    path: str = MISSING  # a jsonl file, one request per line
     num_requests: int = 0  # 0 = every line
     max_new_tokens: int = 64  # for lines that do not say
-    rate: float = 0.0
-    seed: int = MISSING
+    rate: float = 0.0  # Poisson arrivals when lines give no arrival_s
+    seed: int = II("seed")
 
 
 @dataclass
@@ -166,15 +177,15 @@ class PipelineConf:
     sampler: Any = MISSING
     model: Any = MISSING
     workload: Any = MISSING
-    max_tokens: int = 512
-    block_size: int = 128
-    max_num_seqs: int = 32
-    max_model_len: int = 2048
-    num_blocks: int = 0  # 0 = derived so that the workload fits
-    seed: int = 0
-    device: str = "cpu"
-    warmup: bool = False
-    num_threads: int = 2
+    max_tokens: int = 512  # per-step token budget (FastDeploy's max_num_batched_tokens)
+    block_size: int = 128  # KV-cache block, tokens
+    max_num_seqs: int = 32  # requests in one step at most
+    max_model_len: int = 2048  # prompt + output tokens of one request at most
+    num_blocks: int = 0  # KV block pool size; 0 = derived so that the workload fits
+    seed: int = 0  # model weights, workload and sampling streams
+    device: str = "cpu"  # cpu, or intel_hpu where the plugin is installed
+    warmup: bool = False  # run every bucket shape once before the workload
+    num_threads: int = 2  # Paddle's CPU math threads
 
 
 SCHEMAS = {

@@ -1,11 +1,13 @@
 """Forward metadata: a step plan laid out in the static, padded shapes an HPU executes.
 
-The encoder part holds the prefilling requests as a rectangle [batch, seq] with `seq` a
-multiple of the block size; the decoder part holds one token per decoding request. Both
-are padded to buckets so that only a small set of shapes ever reaches the device. Padding
-rows write their keys and values to a scratch block past the pool, so they never touch a
-request's cache. Block tables are left-aligned: key position j of a row is the j-th token
-of its sequence, whatever the row's context length.
+The prefill part (FastDeploy's "encoder" part) holds the step's prefill chunks as a
+rectangle [batch, seq] with `seq` a multiple of the block size; the decode part
+(FastDeploy's "decoder" part) holds one token per decoding request. Both are padded to
+buckets so that only a small set of shapes ever reaches the device. Padding rows write
+their keys and values to the KV cache's scratch block, so they never touch a request's
+cache. Block tables are left-aligned: key position j of a row is the j-th token of its
+sequence, whatever the row's context length (FastDeploy right-aligned them while its mask
+assumed left alignment, so prefills of different context lengths attended to wrong keys).
 """
 
 from __future__ import annotations
@@ -14,66 +16,17 @@ from dataclasses import dataclass
 
 import numpy as np
 import paddle
-import structlog
 
+from stages.buckets import Axis, Bucketing, Buckets
+from stages.kv_cache import KVCacheManager, blocks_for
 from stages.request import PrefillChunk, Request, StepPlan
-
-log = structlog.get_logger(__name__)
-
-
-@dataclass(frozen=True)
-class Axis:
-    """The prepared sizes of one bucket dimension."""
-
-    min: int
-    step: int
-    max: int
-
-    def sizes(self, strategy: str) -> list[int]:
-        top = -(-self.max // self.step) * self.step
-        if strategy == "exponential":
-            sizes, n = [], self.min
-            while n < top:
-                sizes.append(n)
-                n *= 2
-            return [*sizes, top]
-        return list(range(self.min, top, self.step)) + [top]
-
-
-class Buckets:
-    """Finds the smallest prepared size >= n in each dimension; beyond the largest, a miss."""
-
-    def __init__(self, strategy: str, axes: dict[str, Axis]) -> None:
-        self.strategy = strategy
-        self.axes = axes
-        self.sizes = {name: np.array(axis.sizes(strategy)) for name, axis in axes.items()}
-        self.misses = 0
-        self._missed_shapes: set[tuple] = set()
-
-    def fit(self, name: str, n: int) -> tuple[int, bool]:
-        sizes = self.sizes[name]
-        i = int(np.searchsorted(sizes, n))
-        if i < len(sizes):
-            return int(sizes[i]), True
-        step = self.axes[name].step
-        return -(-n // step) * step, False  # fallback: an unprepared shape, never a dropped row
-
-    def shape(self, kind: str, **dims: int) -> tuple[int, ...]:
-        fitted = [self.fit(f"{kind}_{name}", n) for name, n in dims.items()]
-        shape = tuple(size for size, _ in fitted)
-        if not all(hit for _, hit in fitted):
-            self.misses += 1
-            if (kind, shape) not in self._missed_shapes:
-                self._missed_shapes.add((kind, shape))
-                log.warning("bucket_miss", kind=kind, needed=dims, fallback=shape)
-        return shape
 
 
 @dataclass
-class EncoderMeta:
+class PrefillMeta:
     batch: int  # real rows
     shape: tuple[int, int, int]  # (batch, seq, blocks) after padding
-    request_ids: list[str]
+    seq_ids: list[int]  # each real row's request (its internal sequence number)
     input_ids: np.ndarray  # [batch, seq]
     positions: np.ndarray  # [batch, seq]
     context_lens: np.ndarray  # [batch] tokens already cached before this chunk
@@ -90,13 +43,12 @@ class EncoderMeta:
 
 
 @dataclass
-class DecoderMeta:
+class DecodeMeta:
     batch: int
     shape: tuple[int, int]  # (batch, blocks): rows and flattened block list after padding
-    request_ids: list[str]
+    seq_ids: list[int]
     input_ids: np.ndarray  # [batch]
     positions: np.ndarray  # [batch]
-    seq_lens: np.ndarray  # [batch] tokens in the cache once this step's token is written
     block_indices: paddle.Tensor  # [batch] block of the slot each row writes
     block_offsets: paddle.Tensor  # [batch] offset of that slot in its block
     block_list: paddle.Tensor  # [blocks] every row's blocks, one row after another
@@ -114,10 +66,10 @@ class DecoderMeta:
 
 @dataclass
 class ForwardMeta:
-    mode: str  # extend, decode or mixed
-    encoder: EncoderMeta | None
-    decoder: DecoderMeta | None
-    input_ids: paddle.Tensor  # [tokens] encoder rows flattened, then decoder rows
+    mode: str  # extend (prefill only: FastDeploy's name), decode or mixed
+    prefill: PrefillMeta | None
+    decode: DecodeMeta | None
+    input_ids: paddle.Tensor  # [tokens] prefill rows flattened, then decode rows
     positions: paddle.Tensor  # [tokens]
     logits_rows: paddle.Tensor  # last real token of each chunk, then every decode row
     num_tokens: int
@@ -125,72 +77,71 @@ class ForwardMeta:
     bucket: str
 
     @property
-    def encoder_tokens(self) -> int:
-        return self.encoder.shape[0] * self.encoder.shape[1] if self.encoder else 0
+    def prefill_tokens(self) -> int:
+        return self.prefill.shape[0] * self.prefill.shape[1] if self.prefill else 0
 
 
 _NEG = -1e30  # additive mask; finite so that fully masked padding rows stay finite
+
+AXES = ("prefill_batch", "prefill_seq", "prefill_blocks", "decode_batch", "decode_blocks")
+
+
+def derived_axes(
+    block_size: int, max_tokens: int, max_num_seqs: int, max_model_len: int, num_blocks: int
+) -> dict[str, dict[str, int]]:
+    """Each bucket axis's min, step and max as derived from the limits the scheduler
+    enforces: what a 0 in the config stands for."""
+    blocks_per_seq = blocks_for(max_model_len, block_size)
+    decode_blocks = min(num_blocks, max_num_seqs * blocks_per_seq)
+    return {
+        "prefill_batch": {"min": 1, "step": 1, "max": max_num_seqs},
+        "prefill_seq": {"min": block_size, "step": block_size, "max": max_tokens},
+        "prefill_blocks": {"min": 1, "step": 1, "max": blocks_per_seq},
+        "decode_batch": {"min": 1, "step": 1, "max": max_num_seqs},
+        "decode_blocks": {"min": 1, "step": 1, "max": decode_blocks},
+    }
 
 
 class HPUMetadataBuilder:
     def __init__(
         self,
-        block_size: int,
+        kv_cache: KVCacheManager,
         max_tokens: int,
         max_num_seqs: int,
         max_model_len: int,
-        num_blocks: int,
         prefill_batch: dict[str, int],
         prefill_seq: dict[str, int],
         prefill_blocks: dict[str, int],
         decode_batch: dict[str, int],
         decode_blocks: dict[str, int],
-        bucketing: str = "linear",
+        bucketing: Bucketing | str = Bucketing.linear,
         pad_id: int = 0,
         decode_span: float = 2.0,
     ) -> None:
-        if bucketing not in ("linear", "exponential"):
-            raise ValueError(
-                f"metadata.bucketing={bucketing}: choose metadata.bucketing=linear or exponential"
-            )
-        # A 0 in a bucket axis is derived from the limits the scheduler enforces.
-        blocks_per_seq = -(-max_model_len // block_size)
-        derived = {
-            "prefill_batch": {"min": 1, "step": 1, "max": max_num_seqs},
-            "prefill_seq": {"min": block_size, "step": block_size, "max": max_tokens},
-            "prefill_blocks": {"min": 1, "step": 1, "max": blocks_per_seq},
-            "decode_batch": {"min": 1, "step": 1, "max": max_num_seqs},
-            "decode_blocks": {
-                "min": 1,
-                "step": 1,
-                "max": min(num_blocks, max_num_seqs * blocks_per_seq),
-            },
-        }
-        given = {
-            "prefill_batch": prefill_batch,
-            "prefill_seq": prefill_seq,
-            "prefill_blocks": prefill_blocks,
-            "decode_batch": decode_batch,
-            "decode_blocks": decode_blocks,
-        }
+        bs = kv_cache.block_size
+        derived = derived_axes(bs, max_tokens, max_num_seqs, max_model_len, kv_cache.num_blocks)
+        given = dict(zip(AXES, (prefill_batch, prefill_seq, prefill_blocks, decode_batch,
+                                decode_blocks), strict=True))  # fmt: skip
         axes = {
-            name: Axis(**{key: value or derived[name][key] for key, value in given[name].items()})
-            for name in given
+            name: Axis(**{key: given[name][key] or derived[name][key] for key in derived[name]})
+            for name in AXES
         }
         for name, axis in axes.items():
-            if not 1 <= axis.min <= axis.max:
-                raise ValueError(f"metadata.{name}: need 1 <= min <= max (0 derives a value)")
-        if axes["prefill_seq"].step % block_size or axes["prefill_seq"].min % block_size:
+            if not 1 <= axis.min <= axis.max or axis.step < 1:
+                raise ValueError(
+                    f"metadata.{name}: need 1 <= min <= max and step >= 1 (0 derives a value)"
+                )
+        if axes["prefill_seq"].step % bs or axes["prefill_seq"].min % bs:
             raise ValueError(
                 "metadata.prefill_seq.min and .step must be multiples of block_size: a chunk "
                 "is padded to whole blocks"
             )
-        self.block_size = block_size
-        self.max_tokens = max_tokens
-        self.scratch_block = num_blocks  # one block past the pool takes the padding's writes
-        self.pad_id = pad_id
         if decode_span < 0:
             raise ValueError(f"metadata.decode_span={decode_span}: needs 0 (off) or more")
+        self.kv_cache = kv_cache
+        self.block_size = bs
+        self.max_tokens = max_tokens
+        self.pad_id = pad_id
         self.decode_span = decode_span
         self.buckets = Buckets(bucketing, axes)
 
@@ -198,80 +149,125 @@ class HPUMetadataBuilder:
     def bucket_misses(self) -> int:
         return self.buckets.misses
 
-    def _padded_tables(self, tables: list[list[int]], rows: int, blocks: int) -> np.ndarray:
-        padded = np.full((rows, blocks), self.scratch_block, dtype=np.int64)
-        for r, table in enumerate(tables):
-            padded[r, : min(len(table), blocks)] = table[:blocks]
-        return padded
+    @property
+    def scratch(self) -> int:
+        return self.kv_cache.scratch_block
 
-    def _encoder(
-        self, chunks: list[PrefillChunk], shape: tuple[int, int, int] | None = None
-    ) -> EncoderMeta:
-        """The encoder part; `shape` forces a bucket (warmup, where every row is padding)."""
+    # -- the step ----------------------------------------------------------------------------
+    def build(self, plan: StepPlan) -> ForwardMeta:
+        prefill = self._prefill(plan.prefill, self._prefill_shape(plan.prefill))
+        decode = self._decode(plan.decode) if plan.decode else None
+        return self._assemble(plan.mode, prefill, decode, plan.num_tokens)
+
+    def dummy(
+        self, prefill: tuple[int, int, int] | None, decode: tuple[int, int] | None
+    ) -> ForwardMeta:
+        """A step of the given bucket shapes made only of padding: what warmup runs."""
+        prefill_meta = self._prefill([], prefill) if prefill else None
+        decode_meta = self._decode([], decode) if decode else None
+        mode = "mixed" if prefill and decode else "extend" if prefill else "decode"
+        return self._assemble(mode, prefill_meta, decode_meta, 0)
+
+    # -- the prefill part --------------------------------------------------------------------
+    def _prefill_shape(self, chunks: list[PrefillChunk]) -> tuple[int, int, int] | None:
+        if not chunks:
+            return None
         bs = self.block_size
-        lens = np.array([c.length for c in chunks], dtype=np.int64)
-        ctx = np.array([c.start for c in chunks], dtype=np.int64)
+        return self.buckets.shape(
+            "prefill",
+            batch=len(chunks),
+            seq=blocks_for(max(c.length for c in chunks), bs) * bs,
+            blocks=max(blocks_for(c.end, bs) for c in chunks),
+        )
+
+    def _prefill(
+        self, chunks: list[PrefillChunk], shape: tuple[int, int, int] | None
+    ) -> PrefillMeta | None:
+        """The prefill part in a bucket `shape` (warmup passes one with no chunks)."""
         if shape is None:
-            shape = self.buckets.shape(
-                "prefill",
-                batch=len(chunks),
-                seq=-(-int(lens.max()) // bs) * bs,
-                blocks=int((-(-(ctx + lens) // bs)).max()),
-            )
+            return None
         rows, seq, blocks = shape
-        input_ids = np.full((rows, seq), self.pad_id, dtype=np.int64)
         context_lens = np.zeros(rows, dtype=np.int64)
         chunk_lens = np.zeros(rows, dtype=np.int64)
-        context_lens[: len(chunks)] = ctx
-        chunk_lens[: len(chunks)] = lens
+        context_lens[: len(chunks)] = [c.start for c in chunks]
+        chunk_lens[: len(chunks)] = [c.length for c in chunks]
+        input_ids = np.full((rows, seq), self.pad_id, dtype=np.int64)
         for r, c in enumerate(chunks):
             input_ids[r, : c.length] = c.request.all_ids[c.start : c.end]
         # Wide enough for every block a padded chunk touches, so padding stays in the table.
-        table_width = max(blocks, int((context_lens // bs).max()) + seq // bs + 1)
-        tables = self._padded_tables([c.request.block_table for c in chunks], rows, table_width)
+        width = max(
+            blocks, int((context_lens // self.block_size).max()) + seq // self.block_size + 1
+        )
+        tables = self._padded_tables([c.request for c in chunks], rows, width)
         # Positions run on from each row's own context length; padding stays in range.
         positions = context_lens[:, None] + np.arange(seq)
         real = np.arange(seq)[None, :] < chunk_lens[:, None]
-        block_indices = slot_blocks = slot_offsets = None
-        if not (context_lens % bs).any():
-            # A chunk's j-th block is its row's block ctx / bs + j; beyond the chunk, scratch.
-            first = context_lens[:, None] // bs + np.arange(seq // bs)
-            used = np.arange(seq // bs)[None, :] * bs < chunk_lens[:, None]
-            dest = np.where(used, np.take_along_axis(tables, first, axis=1), self.scratch_block)
-            block_indices = paddle.to_tensor(dest.reshape(-1))
-        else:
-            token_blocks = np.take_along_axis(tables, positions // bs, axis=1)
-            blocks_of = np.where(real, token_blocks, self.scratch_block)
-            offsets = np.where(real, positions % bs, np.arange(seq) % bs)
-            slot_blocks = paddle.to_tensor(blocks_of.reshape(-1))
-            slot_offsets = paddle.to_tensor(offsets.reshape(-1))
-        positions = np.where(real, positions, 0)
+        writes = self._prefill_writes(context_lens, chunk_lens, tables, positions, real)
         # Warmup compiles the with-context path for every shape that has room for context.
-        has_context = bool(ctx.any()) if chunks else blocks * bs > seq
-        block_list = mask = None
-        if has_context:
-            # Key j is the j-th token of the sequence: visible to query i iff j <= ctx + i.
-            visible = np.arange(blocks * bs)[None, None, :] <= (
-                context_lens[:, None, None] + np.arange(seq)[None, :, None]
-            )
-            block_list = paddle.to_tensor(tables[:, :blocks])
-            mask = paddle.to_tensor(np.where(visible, 0.0, _NEG).astype(np.float32)[:, None])
-        return EncoderMeta(
+        has_context = bool(context_lens.any()) if chunks else blocks * self.block_size > seq
+        block_list, mask = (
+            self._context(context_lens, tables[:, :blocks], seq) if has_context else (None, None)
+        )
+        return PrefillMeta(
             batch=len(chunks),
             shape=(rows, seq, blocks),
-            request_ids=[c.request.id for c in chunks],
+            seq_ids=[c.request.seq_id for c in chunks],
             input_ids=input_ids,
-            positions=positions,
+            positions=np.where(real, positions, 0),
             context_lens=context_lens,
             chunk_lens=chunk_lens,
-            block_indices=block_indices,
-            slot_blocks=slot_blocks,
-            slot_offsets=slot_offsets,
+            block_indices=writes[0],
+            slot_blocks=writes[1],
+            slot_offsets=writes[2],
             has_context=has_context,
             block_list=block_list,
             mask=mask,
         )
 
+    def _padded_tables(self, requests: list[Request], rows: int, blocks: int) -> np.ndarray:
+        """[rows, blocks] block tables, left-aligned, padded with the scratch block."""
+        padded = np.full((rows, blocks), self.scratch, dtype=np.int64)
+        for r, request in enumerate(requests):
+            table = self.kv_cache.block_table(request)[:blocks]
+            padded[r, : len(table)] = table
+        return padded
+
+    def _prefill_writes(
+        self,
+        context_lens: np.ndarray,
+        chunk_lens: np.ndarray,
+        tables: np.ndarray,
+        positions: np.ndarray,
+        real: np.ndarray,
+    ) -> tuple[paddle.Tensor | None, paddle.Tensor | None, paddle.Tensor | None]:
+        """Where the chunk's keys and values go: (block_indices, None, None) when every
+        chunk starts on a block boundary, else token slots (None, blocks, offsets)."""
+        bs = self.block_size
+        seq_blocks = positions.shape[1] // bs
+        if not (context_lens % bs).any():
+            # A chunk's j-th block is its row's block ctx / bs + j; beyond the chunk, scratch.
+            first = context_lens[:, None] // bs + np.arange(seq_blocks)
+            used = np.arange(seq_blocks)[None, :] * bs < chunk_lens[:, None]
+            dest = np.where(used, np.take_along_axis(tables, first, axis=1), self.scratch)
+            return paddle.to_tensor(dest.reshape(-1)), None, None
+        token_blocks = np.take_along_axis(tables, positions // bs, axis=1)
+        blocks_of = np.where(real, token_blocks, self.scratch)
+        offsets = np.where(real, positions % bs, np.arange(positions.shape[1]) % bs)
+        return None, paddle.to_tensor(blocks_of.reshape(-1)), paddle.to_tensor(offsets.reshape(-1))
+
+    def _context(
+        self, context_lens: np.ndarray, tables: np.ndarray, seq: int
+    ) -> tuple[paddle.Tensor, paddle.Tensor]:
+        """The block list and mask of a prefill with context: key j is the j-th token of
+        the sequence, visible to query i iff j <= ctx + i."""
+        keys = tables.shape[1] * self.block_size
+        visible = np.arange(keys)[None, None, :] <= (
+            context_lens[:, None, None] + np.arange(seq)[None, :, None]
+        )
+        mask = np.where(visible, 0.0, _NEG).astype(np.float32)[:, None]
+        return paddle.to_tensor(tables), paddle.to_tensor(mask)
+
+    # -- the decode part ---------------------------------------------------------------------
     def _span_start(self, row_blocks: np.ndarray) -> int | None:
         """Where the decode span starts, or None to list blocks row by row: the span runs
         from the lowest to the highest of the rows' blocks, padded to its bucket, and is
@@ -281,154 +277,161 @@ class HPUMetadataBuilder:
         low, high = int(row_blocks.min()), int(row_blocks.max()) + 1
         width, prepared = self.buckets.fit("decode_blocks", high - low)
         listed, _ = self.buckets.fit("decode_blocks", row_blocks.size)
-        pool_end = self.scratch_block + 1  # the padded span stays inside the pool + scratch
+        pool_end = self.kv_cache.num_cache_blocks  # the padded span stays inside the cache
         if not prepared or width > self.decode_span * listed or width > pool_end:
             return None
         return min(low, pool_end - width)
 
-    def _decoder(
-        self, requests: list[Request], shape: tuple[int, int] | None = None
-    ) -> DecoderMeta:
-        bs = self.block_size
+    def _decode(self, requests: list[Request], shape: tuple[int, int] | None = None) -> DecodeMeta:
+        """The decode part; `shape` forces a bucket (warmup, where every row is padding)."""
         n = len(requests)
-        seq_lens_real = np.array([r.num_computed + 1 for r in requests], dtype=np.int64)
-        counts = -(-seq_lens_real // bs)
-        used = int(counts.sum())
+        seq_lens = np.array([r.num_computed + 1 for r in requests], dtype=np.int64)
+        counts = blocks_for(seq_lens, self.block_size)
         # Every row's blocks, one row after another.
         row_blocks = np.array(
-            [b for r, c in zip(requests, counts, strict=True) for b in r.block_table[:c]],
+            [
+                b
+                for r, c in zip(requests, counts, strict=True)
+                for b in self.kv_cache.block_table(r)[:c]
+            ],
             dtype=np.int64,
         )
         start = None if shape else self._span_start(row_blocks)
         if shape is None:
-            needed = used if start is None else int(row_blocks.max()) + 1 - int(row_blocks.min())
+            needed = row_blocks.size if start is None else int(np.ptp(row_blocks)) + 1
             shape = self.buckets.shape("decode", batch=n, blocks=needed)
         rows, blocks = shape
-        seq_lens = np.zeros(rows, dtype=np.int64)
-        seq_lens[:n] = seq_lens_real
+        block_list, slots = self._decode_block_list(row_blocks, start, blocks)
+        owner = np.repeat(np.arange(n), counts)
+        index_in_row = np.arange(row_blocks.size) - np.repeat(np.cumsum(counts) - counts, counts)
+        # A row's j-th block holds seq_len - j * block_size of its tokens (all, if more).
+        tokens_in_block = seq_lens[owner] - index_in_row * self.block_size
+        positions = np.zeros(rows, dtype=np.int64)
+        positions[:n] = seq_lens - 1
         input_ids = np.full(rows, self.pad_id, dtype=np.int64)
         input_ids[:n] = [r.all_ids[r.num_computed] for r in requests]
-        positions = np.maximum(seq_lens - 1, 0)
-        owner = np.repeat(np.arange(n), counts)
-        # Where each row block sits in the list: listed row by row, or at its place in the
-        # span, whose other blocks (free, or another request's) stay masked padding.
-        if start is None:
-            slots = np.arange(used)
-            block_list = np.full(blocks, self.scratch_block, dtype=np.int64)
-            block_list[:used] = row_blocks
-        else:
-            slots = row_blocks - start
-            block_list = np.arange(start, start + blocks, dtype=np.int64)
-        block_groups = np.full(blocks, rows - 1, dtype=np.int64)  # padding: the last row
-        block_groups[slots] = owner
-        mapping = np.zeros((blocks, rows), dtype=np.float32)
-        mapping[slots, owner] = 1.0
-        # Slots of a row's j-th block that hold tokens: seq_len - j * bs of them, at most bs.
-        index_in_row = np.arange(used) - np.repeat(np.cumsum(counts) - counts, counts)
-        filled = np.zeros(blocks, dtype=np.int64)
-        filled[slots] = seq_lens_real[owner] - index_in_row * bs
-        bias = np.where(np.arange(bs)[None, :] < filled[:, None], 0.0, _NEG).astype(np.float32)
         row_width = max(1, int(counts.max(initial=0)))
-        row_slots = np.full(blocks, rows * row_width, dtype=np.int64)
-        row_slots[slots] = owner * row_width + index_in_row
-        # Each row writes its new token into the last of its blocks.
-        write_blocks = np.full(rows, self.scratch_block, dtype=np.int64)
-        write_blocks[:n] = row_blocks[np.cumsum(counts) - 1]
-        offsets = np.where(np.arange(rows) < n, positions % bs, 0)
-        return DecoderMeta(
+        return DecodeMeta(
             batch=n,
             shape=(rows, blocks),
-            request_ids=[r.id for r in requests],
+            seq_ids=[r.seq_id for r in requests],
             input_ids=input_ids,
             positions=positions,
-            seq_lens=seq_lens,
-            block_indices=paddle.to_tensor(write_blocks),
-            block_offsets=paddle.to_tensor(offsets),
+            **self._decode_writes(row_blocks, counts, positions, rows),
             block_list=paddle.to_tensor(block_list),
-            block_groups=paddle.to_tensor(block_groups),
-            block_mapping=paddle.to_tensor(mapping),
-            block_bias=paddle.to_tensor(bias),
-            row_slots=paddle.to_tensor(row_slots),
+            block_groups=paddle.to_tensor(self._scatter(blocks, slots, owner, rows - 1)),
+            block_mapping=paddle.to_tensor(self._mapping(blocks, rows, slots, owner)),
+            block_bias=paddle.to_tensor(self._bias(blocks, slots, tokens_in_block)),
+            row_slots=paddle.to_tensor(
+                self._scatter(blocks, slots, owner * row_width + index_in_row, rows * row_width)
+            ),
             row_width=row_width,
             block_range=None if start is None else (start, start + blocks),
         )
 
-    def build(self, plan: StepPlan) -> ForwardMeta:
-        encoder = self._encoder(plan.prefill) if plan.prefill else None
-        decoder = self._decoder(plan.decode) if plan.decode else None
-        return self._assemble(plan.mode, encoder, decoder, plan.num_tokens)
+    def _decode_block_list(
+        self, row_blocks: np.ndarray, start: int | None, blocks: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(block_list [blocks], where each row block sits in it): listed row by row, or
+        each at its place in the span, whose other blocks (free, or another request's)
+        stay masked padding."""
+        if start is None:
+            block_list = np.full(blocks, self.scratch, dtype=np.int64)
+            block_list[: row_blocks.size] = row_blocks
+            return block_list, np.arange(row_blocks.size)
+        return np.arange(start, start + blocks, dtype=np.int64), row_blocks - start
 
-    def dummy(
-        self, prefill: tuple[int, int, int] | None, decode: tuple[int, int] | None
-    ) -> ForwardMeta:
-        """A step of the given bucket shapes made only of padding: what warmup runs."""
-        encoder = self._encoder([], prefill) if prefill else None
-        decoder = self._decoder([], decode) if decode else None
-        mode = "mixed" if prefill and decode else "extend" if prefill else "decode"
-        return self._assemble(mode, encoder, decoder, 0)
+    @staticmethod
+    def _scatter(size: int, slots: np.ndarray, values: np.ndarray, fill: int) -> np.ndarray:
+        out = np.full(size, fill, dtype=np.int64)
+        out[slots] = values
+        return out
 
+    @staticmethod
+    def _mapping(blocks: int, rows: int, slots: np.ndarray, owner: np.ndarray) -> np.ndarray:
+        mapping = np.zeros((blocks, rows), dtype=np.float32)
+        mapping[slots, owner] = 1.0
+        return mapping
+
+    def _bias(self, blocks: int, slots: np.ndarray, tokens_in_block: np.ndarray) -> np.ndarray:
+        """[blocks, block_size] additive: 0 for the slots of each listed block that hold
+        tokens (its first tokens_in_block of them), masked elsewhere and for padding."""
+        filled = np.zeros(blocks, dtype=np.int64)
+        filled[slots] = tokens_in_block
+        visible = np.arange(self.block_size)[None, :] < filled[:, None]
+        return np.where(visible, 0.0, _NEG).astype(np.float32)
+
+    def _decode_writes(
+        self, row_blocks: np.ndarray, counts: np.ndarray, positions: np.ndarray, rows: int
+    ) -> dict[str, paddle.Tensor]:
+        """Each row writes its new token into the last of its blocks; padding, to scratch."""
+        n = counts.size
+        write_blocks = np.full(rows, self.scratch, dtype=np.int64)
+        write_blocks[:n] = row_blocks[np.cumsum(counts) - 1]
+        offsets = np.where(np.arange(rows) < n, positions % self.block_size, 0)
+        return {
+            "block_indices": paddle.to_tensor(write_blocks),
+            "block_offsets": paddle.to_tensor(offsets),
+        }
+
+    # -- warmup ------------------------------------------------------------------------------
     def warmup_shapes(self, mixed: bool) -> dict[str, list[tuple]]:
         """Every prepared prefill and decode shape; with chunking, a coarse mixed grid too
-        (one prefill row, the widest block tables), as the reference warms it."""
-        sizes = self.buckets.sizes
+        (one prefill row, the widest block tables), as FastDeploy warms it."""
+        sizes = {name: [int(v) for v in values] for name, values in self.buckets.sizes.items()}
         budget = self.max_tokens
-        prefill = [
-            (b, s, m)
-            for b in sizes["prefill_batch"]
-            for s in sizes["prefill_seq"]
-            for m in sizes["prefill_blocks"]
-            if b * s <= budget and m * self.block_size >= s
-        ]
-        decode = [(b, m) for b in sizes["decode_batch"] for m in sizes["decode_blocks"]]
         shapes: dict[str, list[tuple]] = {
-            "prefill": [(p, None) for p in prefill],
-            "decode": [(None, d) for d in decode],
+            "prefill": [
+                ((b, s, m), None)
+                for b in sizes["prefill_batch"]
+                for s in sizes["prefill_seq"]
+                for m in sizes["prefill_blocks"]
+                if b * s <= budget and m * self.block_size >= s
+            ],
+            "decode": [
+                (None, (b, m)) for b in sizes["decode_batch"] for m in sizes["decode_blocks"]
+            ],
         }
         if mixed:
-            widest_p, widest_d = int(sizes["prefill_blocks"][-1]), int(sizes["decode_blocks"][-1])
+            widest_p, widest_d = sizes["prefill_blocks"][-1], sizes["decode_blocks"][-1]
             shapes["mixed"] = [
-                ((1, int(s), widest_p), (int(b), widest_d))
+                ((1, s, widest_p), (b, widest_d))
                 for s in sizes["prefill_seq"]
                 for b in sizes["decode_batch"]
                 if s + b <= budget
             ]
-        return {
-            phase: [
-                tuple(None if x is None else tuple(int(v) for v in x) for x in pair)
-                for pair in pairs
-            ]
-            for phase, pairs in shapes.items()
-        }
+        return shapes
 
+    # -- both parts --------------------------------------------------------------------------
     def _assemble(
         self,
         mode: str,
-        encoder: EncoderMeta | None,
-        decoder: DecoderMeta | None,
+        prefill: PrefillMeta | None,
+        decode: DecodeMeta | None,
         num_tokens: int,
     ) -> ForwardMeta:
         ids, positions, rows, bucket = [], [], [], []
         offset = 0
-        if encoder:
-            b, s, m = encoder.shape
-            ids.append(encoder.input_ids.reshape(-1))
-            positions.append(encoder.positions.reshape(-1))
-            rows.append(np.arange(encoder.batch) * s + encoder.chunk_lens[: encoder.batch] - 1)
+        if prefill:
+            b, s, m = prefill.shape
+            ids.append(prefill.input_ids.reshape(-1))
+            positions.append(prefill.positions.reshape(-1))
+            rows.append(np.arange(prefill.batch) * s + prefill.chunk_lens[: prefill.batch] - 1)
             bucket.append(f"prefill {b}x{s}x{m}")
             offset = b * s
-        if decoder:
-            ids.append(decoder.input_ids)
-            positions.append(decoder.positions)
-            rows.append(offset + np.arange(decoder.batch))
-            bucket.append(f"decode {decoder.shape[0]}x{decoder.shape[1]}")
+        if decode:
+            ids.append(decode.input_ids)
+            positions.append(decode.positions)
+            rows.append(offset + np.arange(decode.batch))
+            bucket.append(f"decode {decode.shape[0]}x{decode.shape[1]}")
         input_ids = np.concatenate(ids)
         logits_rows = np.concatenate(rows).astype(np.int64)
         if not logits_rows.size:
             logits_rows = np.zeros(1, dtype=np.int64)  # warmup: one row keeps the shapes valid
         return ForwardMeta(
             mode=mode,
-            encoder=encoder,
-            decoder=decoder,
+            prefill=prefill,
+            decode=decode,
             input_ids=paddle.to_tensor(input_ids),
             positions=paddle.to_tensor(np.concatenate(positions)),
             logits_rows=paddle.to_tensor(logits_rows),

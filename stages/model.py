@@ -329,24 +329,15 @@ class TransformerLM:
     @paddle.no_grad()
     def forward(self, meta: ForwardMeta, attention) -> paddle.Tensor:
         """Logits [rows, vocab] for meta.logits_rows: each chunk's last token, each decode."""
-        d = self.dims
         h = paddle.gather(self.embed, meta.input_ids)
         cos = paddle.gather(self.cos, meta.positions)  # [tokens, head_dim]
         sin = paddle.gather(self.sin, meta.positions)
+        state = attention.prepare(meta, cos, sin)
         for index, layer in enumerate(self.layers):
             # QKV and RoPE belong to the attention stage's ops: the HPU fuses them.
-            q, k, v = attention.qkv_rope(
-                self._rms_norm(h, layer.attn_norm),
-                layer.qkv,
-                layer.qkv_bias,
-                cos,
-                sin,
-                d.num_heads,
-                d.num_kv_heads,
-                d.head_dim,
-                self.rope_interleaved,
-            )
-            attended = attention.forward(index, q, k, v, meta, layer.out)  # projected
+            x = self._rms_norm(h, layer.attn_norm)
+            q, k, v = attention.qkv_rope(index, x, state)
+            attended = attention.attend(index, q, k, v, state, out_weight=layer.out)
             h = h + (attended if layer.out_bias is None else attended + layer.out_bias)
             h = h + layer.mlp(self._rms_norm(h, layer.mlp_norm))
         last = self._rms_norm(paddle.gather(h, meta.logits_rows), self.final_norm)

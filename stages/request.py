@@ -3,7 +3,14 @@
 from __future__ import annotations
 
 import enum
+import itertools
 from dataclasses import dataclass, field
+
+import numpy as np
+
+# Every request gets its own sequence number: stages key their state by it, never by the
+# user's id, which two lines of a file may share.
+_seq_ids = itertools.count()
 
 
 class Status(enum.Enum):
@@ -33,10 +40,10 @@ class Request:
     ignore_eos: bool = False
     stop: list[str] = field(default_factory=list)
     sampling: SamplingParams = field(default_factory=SamplingParams)
+    seq_id: int = field(default_factory=lambda: next(_seq_ids))
 
     output_ids: list[int] = field(default_factory=list)
     num_computed: int = 0  # tokens whose keys and values are in the cache
-    block_table: list[int] = field(default_factory=list)
     status: Status = Status.WAITING
     finish_reason: str | None = None
     error: str | None = None
@@ -57,11 +64,28 @@ class Request:
     def finished(self) -> bool:
         return self.status is Status.FINISHED
 
-    def fail(self, message: str, now: float) -> None:
+    def append_token(self, token: int, now: float, logprobs: dict[int, float] | None) -> None:
+        self.output_ids.append(token)
+        self.token_times.append(now)
+        if logprobs is not None:
+            self.logprobs.append(logprobs)
+
+    def finish(self, reason: str, now: float) -> None:
         self.status = Status.FINISHED
-        self.finish_reason = "error"
-        self.error = message
+        self.finish_reason = reason
         self.finish_s = now
+
+    def fail(self, message: str, now: float) -> None:
+        self.finish("error", now)
+        self.error = message
+
+
+@dataclass
+class Samples:
+    """A step's sampled tokens, one per logits row (StepPlan.sampled_requests' order)."""
+
+    token_ids: np.ndarray  # [rows] int64
+    logprobs: list[dict[int, float]] | None = None  # per row: top-k token id -> log-probability
 
 
 @dataclass

@@ -15,20 +15,12 @@ import functools
 import hashlib
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from numbers import Integral, Real
 
 import numpy as np
 import paddle
 
-from stages.request import Request
-
-
-@dataclass
-class Samples:
-    token_ids: np.ndarray  # [rows] int64, one per logits row
-    logprobs: list[dict[int, float]] | None = None  # per row: top-k token id -> log-probability
-
+from stages.request import Request, Samples
 
 # ---------------------------------------------------------------------------------------------
 # Counter-based uniforms

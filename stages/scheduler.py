@@ -2,25 +2,38 @@
 
 Each step walks the running requests first, in admission order (a decode costs one token,
 an unfinished prefill continues), then admits waiting requests while the budget,
-`max_num_seqs` and the block pool allow. When the pool runs dry the most recently admitted
+`max_num_seqs` and the KV cache allow. When the cache runs dry the most recently admitted
 request is preempted by recompute.
 
 What a prefill chunk costs is `budget`: `padded` (the HPU rule, default) charges the
 tokens the device computes, since the step's prefill rows are padded to one rectangle of
 whole blocks: adding a row grows it from rows x width to (rows + 1) x max(width, the
 row's blocks). The budget then bounds the padded step, so the metadata builder never
-meets a step larger than the budget and never has to drop or split a scheduled row.
-`real` charges real tokens only (vLLM's rule); the padded step may then exceed the budget.
+meets a step larger than the budget and never has to drop or split a scheduled row
+(FastDeploy's metadata op capped padded slots while its scheduler counted real tokens,
+and dropped what did not fit). `real` charges real tokens only (vLLM's rule); the padded
+step may then exceed the budget.
+
+`ChunkedScheduler` splits prompts into chunks; `WholeScheduler` overrides the chunk policy
+so that a prompt is prefilled in one step or waits.
 """
 
 from __future__ import annotations
 
+import enum
 from collections import deque
-from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from stages.block_pool import BlockPool, blocks_for
-from stages.request import PrefillChunk, Request, Status, StepPlan
+from stages.kv_cache import KVCacheManager, blocks_for
+from stages.request import PrefillChunk, Request, Samples, Status, StepPlan
+from stages.stopping import StopRule
+
+
+class Budget(str, enum.Enum):
+    """Members are named by their values: OmegaConf matches a config value by name."""
+
+    padded = "padded"  # a prefill row costs its share of the padded rectangle
+    real = "real"  # a prefill row costs its real tokens
 
 
 @dataclass
@@ -50,32 +63,41 @@ class Rectangle:
         self.rounded += self._rounded(n)
 
 
+@dataclass
+class StepBudget:
+    """The tokens a step has left, and the prefill rectangle it has built so far."""
+
+    left: int
+    rect: Rectangle
+
+
 class ChunkedScheduler:
-    chunked = True
+    splits_prompts = True
 
     def __init__(
         self,
+        kv_cache: KVCacheManager,
+        stop: StopRule,
         max_tokens: int,
         max_num_seqs: int,
         max_model_len: int,
-        block_size: int,
-        num_blocks: int,
         align_chunks: bool = True,
         long_prefill_threshold: int = 0,
-        budget: str = "padded",
+        budget: Budget | str = Budget.padded,
         max_padding: float = 0.25,
-        eos_ids: Iterable[int] = (),
     ) -> None:
-        if budget not in ("padded", "real"):
-            raise ValueError(f"scheduler.budget={budget}: choose scheduler.budget=padded or real")
-        if budget == "padded" and max_tokens < block_size:
+        budget = Budget(budget)
+        block_size = kv_cache.block_size
+        if budget is Budget.padded and max_tokens < block_size:
             raise ValueError(
                 f"max_tokens={max_tokens} < block_size={block_size}: with scheduler.budget=padded "
                 "a prefill row costs whole blocks; raise max_tokens or lower block_size"
             )
-        self.padded_budget = budget == "padded"
         if not 0.0 <= max_padding <= 1.0:
             raise ValueError(f"scheduler.max_padding={max_padding}: choose a value in [0, 1]")
+        self.kv_cache = kv_cache
+        self.stop = stop
+        self.padded_budget = budget is Budget.padded
         self.max_padding = max_padding
         self.max_tokens = max_tokens
         self.max_num_seqs = max_num_seqs
@@ -83,8 +105,6 @@ class ChunkedScheduler:
         self.block_size = block_size
         self.align_chunks = align_chunks
         self.long_prefill_threshold = long_prefill_threshold
-        self.eos_ids = frozenset(eos_ids)
-        self.pool = BlockPool(num_blocks)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
 
@@ -101,24 +121,16 @@ class ChunkedScheduler:
                 f"prompt has {n} tokens, max_model_len={self.max_model_len} leaves no room "
                 "for output: shorten the prompt or raise max_model_len"
             )
-        if not self.chunked and self._whole_cost(n) > self.max_tokens:
-            return (
-                f"prompt has {n} tokens ({self._whole_cost(n)} padded to whole blocks), more "
-                f"than max_tokens={self.max_tokens}, and scheduler=whole never splits a prompt: "
-                "raise max_tokens or use scheduler=chunked"
-            )
-        longest = min(n + request.max_new_tokens, self.max_model_len)
-        needed = blocks_for(longest, self.block_size)
-        if needed > self.pool.num_blocks:
+        too_long = self._one_step_error(n)
+        if too_long:
+            return f"prompt has {too_long}: raise max_tokens or use scheduler=chunked"
+        needed = self.kv_cache.blocks_for(min(n + request.max_new_tokens, self.max_model_len))
+        if needed > self.kv_cache.num_blocks:
             return (
                 f"needs {needed} KV blocks of {self.block_size} tokens, the pool has "
-                f"num_blocks={self.pool.num_blocks}: raise num_blocks (0 derives it)"
+                f"num_blocks={self.kv_cache.num_blocks}: raise num_blocks (0 derives it)"
             )
         return None
-
-    def _whole_cost(self, n: int) -> int:
-        """Budget a whole prompt of n tokens needs on its own."""
-        return blocks_for(n, self.block_size) * self.block_size if self.padded_budget else n
 
     def add(self, request: Request) -> None:
         request.status = Status.WAITING
@@ -128,21 +140,28 @@ class ChunkedScheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    # -- one step ----------------------------------------------------------------------------
-    def _chunk_len(self, remaining: int, budget: int, rect: Rectangle) -> int:
+    # -- the chunk policy --------------------------------------------------------------------
+    def _one_step_error(self, num_tokens: int) -> str | None:
+        """What keeps a prefill of num_tokens from ever being scheduled: nothing, since a
+        chunked prefill splits any prompt."""
+        return None
+
+    def _prefill_len(self, remaining: int, budget: StepBudget) -> int:
         """Tokens of a prefill to run now; 0 means it waits for a later step.
 
         With the padded budget a chunk may only be as long as the rectangle it grows
         still fits, and it may not leave more than `max_padding` of the rectangle padding."""
-        n = min(remaining, budget)
+        rect = budget.rect
+        n = min(remaining, budget.left)
         if self.padded_budget:
             # A row within the current width costs that width; a wider one regrows the
             # rectangle, at most to the widest that rows + 1 rows still fit.
-            widest = (budget + rect.area) // (rect.rows + 1) // self.block_size * self.block_size
+            widest = (budget.left + rect.area) // (rect.rows + 1)
+            widest -= widest % self.block_size
             n = min(
                 remaining,
                 max(
-                    rect.width if rect.width <= budget else 0,
+                    rect.width if rect.width <= budget.left else 0,
                     widest if widest >= rect.width else 0,
                 ),
             )
@@ -156,135 +175,131 @@ class ChunkedScheduler:
             return 0  # a short row beside a wide one: it leads a later step instead
         return n
 
-    def _charge(self, n: int, rect: Rectangle) -> int:
-        """Budget a prefill chunk of n tokens uses; grows `rect` to hold it."""
-        before = rect.area
-        rect.add(n)
-        return rect.area - before if self.padded_budget else n
+    def _charge(self, n: int, budget: StepBudget) -> None:
+        """Takes a prefill chunk of n tokens out of the budget; grows its rectangle."""
+        before = budget.rect.area
+        budget.rect.add(n)
+        budget.left -= budget.rect.area - before if self.padded_budget else n
 
-    def _blocks_needed(self, request: Request, new_tokens: int) -> int:
-        total = blocks_for(request.num_computed + new_tokens, self.block_size)
-        return max(0, total - len(request.block_table))
+    # -- one step ----------------------------------------------------------------------------
+    def schedule(self, now: float = 0.0) -> StepPlan:
+        plan = StepPlan()
+        budget = StepBudget(self.max_tokens, Rectangle(self.block_size))
+        self._continue_running(plan, budget)
+        # Like FastDeploy, nothing new is admitted in a step that had to preempt.
+        if not plan.preempted:
+            self._admit_waiting(plan, budget, now)
+        return plan
+
+    def _continue_running(self, plan: StepPlan, budget: StepBudget) -> None:
+        """A decode or the next chunk for each running request, oldest first; the newest
+        are preempted when the cache has no room for an older one."""
+        i = 0
+        while i < len(self.running) and budget.left > 0:
+            request = self.running[i]
+            remaining = request.num_tokens - request.num_computed
+            is_decode = remaining == 1 and bool(request.output_ids)
+            n = 1 if is_decode else self._prefill_len(remaining, budget)
+            if n == 0:
+                i += 1
+                continue
+            while not self.kv_cache.can_fit(request, n) and self.running[-1] is not request:
+                self._preempt(self.running[-1], plan)
+            if not self.kv_cache.allocate_slots(request, n):
+                self._preempt(request, plan)
+                return
+            if is_decode:
+                plan.decode.append(request)
+                budget.left -= 1
+            else:
+                plan.prefill.append(self._chunk(request, n))
+                self._charge(n, budget)
+            i += 1
+
+    def _admit_waiting(self, plan: StepPlan, budget: StepBudget, now: float) -> None:
+        """First chunks of waiting requests, in order, while the budget, max_num_seqs and
+        the cache allow; the first that does not fit ends admission (it never loops)."""
+        while self.waiting and budget.left > 0 and len(self.running) < self.max_num_seqs:
+            request = self.waiting[0]
+            remaining = request.num_tokens - request.num_computed
+            too_long = self._one_step_error(remaining)
+            if too_long:  # only a preempted request gets here: its recompute outgrew a step
+                self.waiting.popleft()
+                request.fail(f"preempted at {too_long}: raise max_tokens or num_blocks", now)
+                plan.failed.append(request)
+                continue
+            n = self._prefill_len(remaining, budget)
+            if n == 0 or not self.kv_cache.allocate_slots(request, n):
+                return
+            self.waiting.popleft()
+            request.status = Status.RUNNING
+            self.running.append(request)
+            plan.prefill.append(self._chunk(request, n))
+            self._charge(n, budget)
+
+    @staticmethod
+    def _chunk(request: Request, n: int) -> PrefillChunk:
+        return PrefillChunk(request, request.num_computed, request.num_computed + n)
 
     def _preempt(self, victim: Request, plan: StepPlan) -> None:
         self.running.remove(victim)
-        self.pool.release(victim.block_table)
-        victim.block_table = []
+        self.kv_cache.free(victim)
         victim.num_computed = 0  # recomputed later from prompt + generated tokens
         victim.status = Status.WAITING
         victim.num_preemptions += 1
         self.waiting.appendleft(victim)
         plan.preempted.append(victim)
 
-    def schedule(self, now: float = 0.0) -> StepPlan:
-        plan = StepPlan()
-        budget = self.max_tokens
-        rect = Rectangle(self.block_size)
-        i = 0
-        while i < len(self.running) and budget > 0:
-            request = self.running[i]
-            remaining = request.num_tokens - request.num_computed
-            is_decode = remaining == 1 and bool(request.output_ids)
-            n = 1 if is_decode else self._chunk_len(remaining, budget, rect)
-            if n == 0:
-                i += 1
-                continue
-            needed = self._blocks_needed(request, n)
-            while needed > self.pool.num_free and self.running[-1] is not request:
-                self._preempt(self.running[-1], plan)
-            if needed > self.pool.num_free:
-                self._preempt(request, plan)
-                break
-            request.block_table += self.pool.allocate(needed)
-            if is_decode:
-                plan.decode.append(request)
-                budget -= 1
-            else:
-                plan.prefill.append(
-                    PrefillChunk(request, request.num_computed, request.num_computed + n)
-                )
-                budget -= self._charge(n, rect)
-            i += 1
-
-        # Like the reference, nothing new is admitted in a step that had to preempt.
-        while not plan.preempted and self.waiting and budget > 0:
-            if len(self.running) >= self.max_num_seqs:
-                break
-            request = self.waiting[0]
-            remaining = request.num_tokens - request.num_computed
-            if not self.chunked and self._whole_cost(remaining) > self.max_tokens:
-                # Only a preempted request can get here: its recompute outgrew the budget.
-                self.waiting.popleft()
-                request.fail(
-                    f"preempted at {remaining} tokens, more than max_tokens={self.max_tokens} "
-                    "that scheduler=whole must prefill at once: raise max_tokens or num_blocks",
-                    now,
-                )
-                plan.failed.append(request)
-                continue
-            n = self._chunk_len(remaining, budget, rect)
-            if n == 0 or (not self.chunked and n < remaining):
-                break  # the leftover budget ends admission for this step; it never loops
-            needed = self._blocks_needed(request, n)
-            if needed > self.pool.num_free:
-                break
-            self.waiting.popleft()
-            request.status = Status.RUNNING
-            request.block_table += self.pool.allocate(needed)
-            self.running.append(request)
-            plan.prefill.append(
-                PrefillChunk(request, request.num_computed, request.num_computed + n)
-            )
-            budget -= self._charge(n, rect)
-        return plan
-
     # -- after the forward -------------------------------------------------------------------
-    def update(self, plan: StepPlan, token_ids: Sequence[int], now: float) -> list[Request]:
-        """Advance each scheduled request; returns the requests whose sample was kept."""
-        sampled = []
-        for row, chunk in enumerate(plan.prefill):
-            request = chunk.request
-            final = chunk.is_final
-            request.num_computed = chunk.end
-            # The sample at the end of a non-final chunk predicts a prompt token: discard it.
-            if final:
-                self._append(request, int(token_ids[row]), now)
-                sampled.append(request)
-        offset = len(plan.prefill)
-        for row, request in enumerate(plan.decode):
-            request.num_computed += 1
-            self._append(request, int(token_ids[offset + row]), now)
-            sampled.append(request)
-        return sampled
-
-    def _append(self, request: Request, token: int, now: float) -> None:
-        request.output_ids.append(token)
-        request.token_times.append(now)
-        if not request.ignore_eos and token in self.eos_ids:
-            self.finish(request, "stop", now)
-        elif len(request.output_ids) >= request.max_new_tokens:
-            self.finish(request, "length", now)
-        elif request.num_tokens >= self.max_model_len:
-            self.finish(request, "length", now)
+    def update(self, plan: StepPlan, samples: Samples, now: float) -> list[Request]:
+        """Advances each scheduled request and keeps its sample, unless the row ended a
+        non-final chunk (that sample predicts a prompt token); returns the requests that
+        finished."""
+        finished = []
+        rows = [(c.request, c.end, c.is_final) for c in plan.prefill]
+        rows += [(r, r.num_computed + 1, True) for r in plan.decode]
+        for row, (request, computed, keeps_sample) in enumerate(rows):
+            request.num_computed = computed
+            if not keeps_sample:
+                continue
+            logprobs = samples.logprobs[row] if samples.logprobs is not None else None
+            request.append_token(int(samples.token_ids[row]), now, logprobs)
+            reason = self.stop.reason(request)
+            if reason:
+                self.finish(request, reason, now)
+                finished.append(request)
+        return finished
 
     def finish(self, request: Request, reason: str, now: float) -> None:
         if request.finished:
             return
         if request in self.running:
             self.running.remove(request)
-        self.pool.release(request.block_table)
-        request.block_table = []
-        request.status = Status.FINISHED
-        request.finish_reason = reason
-        request.finish_s = now
+        self.kv_cache.free(request)
+        request.finish(reason, now)
 
 
 class WholeScheduler(ChunkedScheduler):
     """Prefills every prompt in one step: the baseline that chunked prefill is measured against."""
 
-    chunked = False
+    splits_prompts = False
 
     def __init__(self, **kwargs) -> None:
-        kwargs["align_chunks"] = False
-        kwargs["long_prefill_threshold"] = 0
-        super().__init__(**kwargs)
+        super().__init__(align_chunks=False, long_prefill_threshold=0, **kwargs)
+
+    def _one_step_error(self, num_tokens: int) -> str | None:
+        cost = self._whole_cost(num_tokens)
+        if cost <= self.max_tokens:
+            return None
+        return (
+            f"{num_tokens} tokens ({cost} padded to whole blocks), more than "
+            f"max_tokens={self.max_tokens}, and scheduler=whole never splits a prompt"
+        )
+
+    def _whole_cost(self, n: int) -> int:
+        """Budget a whole prompt of n tokens needs on its own."""
+        return self.kv_cache.blocks_for(n) * self.block_size if self.padded_budget else n
+
+    def _prefill_len(self, remaining: int, budget: StepBudget) -> int:
+        n = super()._prefill_len(remaining, budget)
+        return n if n == remaining else 0

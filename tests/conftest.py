@@ -6,14 +6,11 @@ from collections.abc import Sequence
 
 import numpy as np
 import pytest
-from hydra import compose, initialize_config_module
 from omegaconf import DictConfig
 
+from pipeline.compose import compose_config
 from pipeline.run import build_engine
-from pipeline.schema import register_schemas
 from stages.request import Request
-
-register_schemas()
 
 # Small enough for seconds per run, long enough that prompts span several blocks and chunks.
 LIMITS = ["block_size=16", "max_model_len=256", "max_num_seqs=8"]
@@ -42,8 +39,7 @@ TINY = [
 def make_config(overrides: Sequence[str] = ()) -> DictConfig:
     """The small defaults, with the synthetic workload's keys only when it is the workload."""
     base = LIMITS if any(o.startswith("workload=") for o in overrides) else SMALL
-    with initialize_config_module(config_module="pipeline.conf", version_base="1.3"):
-        return compose(config_name="config", overrides=[*base, *overrides])
+    return compose_config([*base, *overrides])
 
 
 class RecordingSampler:

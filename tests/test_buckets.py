@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from stages.metadata import Axis, Buckets
+from stages.buckets import Axis, Buckets
 from tests.conftest import serve
 
 

@@ -233,7 +233,7 @@ def test_checkpoint_logits_match_numpy_reference(tmp_path, case):
     steps = []
     got, engine = serve(["model=hf", f"model.path={folder}", *HF], record_logits=True, steps=steps)
     assert any(c["start"] > 0 for s in steps for c in s.prefill), "no prompt was chunked"
-    assert engine.scheduler.eos_ids == {EOS, END_OF_TURN}
+    assert engine.scheduler.stop.eos_ids == {EOS, END_OF_TURN}
     worst = 0.0
     for rid, request in got.items():
         assert request.finish_reason == "length", request.error

@@ -5,20 +5,30 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from stages.kv_cache import KVCacheManager
 from stages.metadata import HPUMetadataBuilder
 from stages.request import Request, StepPlan
 
 BS, POOL = 16, 40
 
 
+class GivenTables(KVCacheManager):
+    """The pool, with each request's blocks given by the test rather than allocated."""
+
+    def assign(self, request: Request, table: list[int]) -> None:
+        self._tables[request.seq_id] = table
+
+
+KV = GivenTables(POOL, BS)
+
+
 def builder(decode_span: float, blocks_step: int = 1) -> HPUMetadataBuilder:
     axis = {"min": 0, "step": 0, "max": 0}
     return HPUMetadataBuilder(
-        block_size=BS,
+        kv_cache=KV,
         max_tokens=64,
         max_num_seqs=8,
         max_model_len=256,
-        num_blocks=POOL,
         prefill_batch=axis,
         prefill_seq=axis,
         prefill_blocks=axis,
@@ -34,7 +44,7 @@ def decoding(tables: list[list[int]], lengths: list[int]) -> list[Request]:
     for i, (table, length) in enumerate(zip(tables, lengths, strict=True)):
         r = Request(id=f"r{i}", index=i, prompt="", prompt_ids=[1] * length, max_new_tokens=4)
         r.num_computed = length - 1
-        r.block_table = table
+        KV.assign(r, table)
         requests.append(r)
     return requests
 
@@ -47,7 +57,7 @@ def check_rows(meta, start: int | None) -> None:
     """Every row block sits at its place, owned, and unmasked exactly over its tokens,
     its row slot its row's stretch of 3 blocks (the widest row's) plus its index in the
     row; every other entry is masked padding mapped to no row, slotted in the spare row."""
-    dec = meta.decoder
+    dec = meta.decode
     block_list, groups = dec.block_list.numpy(), dec.block_groups.numpy()
     mapping, bias = dec.block_mapping.numpy(), dec.block_bias.numpy()
     row_slots = dec.row_slots.numpy()
@@ -72,25 +82,25 @@ def check_rows(meta, start: int | None) -> None:
 
 def test_a_compact_step_reads_one_span_with_the_other_blocks_masked():
     meta = builder(decode_span=2.0).build(StepPlan(decode=decoding(TABLES, LENGTHS)))
-    first, end = meta.decoder.block_range
+    first, end = meta.decode.block_range
     assert first <= 4 and end >= 11 and end <= POOL + 1
-    assert meta.decoder.block_list.numpy().tolist() == list(range(first, end))
+    assert meta.decode.block_list.numpy().tolist() == list(range(first, end))
     check_rows(meta, first)
 
 
 @pytest.mark.parametrize("decode_span", [0.0, 1.0])
 def test_rows_are_listed_when_the_span_is_off_or_too_wide(decode_span):
     meta = builder(decode_span).build(StepPlan(decode=decoding(TABLES, LENGTHS)))
-    assert meta.decoder.block_range is None
-    listed = meta.decoder.block_list.numpy().tolist()
+    assert meta.decode.block_range is None
+    listed = meta.decode.block_list.numpy().tolist()
     assert listed[:6] == [b for t in TABLES for b in t]
-    assert meta.decoder.block_groups.numpy().tolist()[:6] == [0, 0, 1, 2, 2, 2]
+    assert meta.decode.block_groups.numpy().tolist()[:6] == [0, 0, 1, 2, 2, 2]
     check_rows(meta, None)
 
 
 def test_a_span_near_the_pool_end_shifts_down_to_stay_inside():
     tables = [[POOL - 1], [POOL - 3]]
     meta = builder(decode_span=8.0, blocks_step=8).build(StepPlan(decode=decoding(tables, [5, 9])))
-    first, end = meta.decoder.block_range
-    assert meta.decoder.shape[1] == end - first == 9  # 3 blocks padded to the bucket of 9
+    first, end = meta.decode.block_range
+    assert meta.decode.shape[1] == end - first == 9  # 3 blocks padded to the bucket of 9
     assert end == POOL + 1 and first == POOL + 1 - 9  # shifted down, the scratch block last

@@ -21,6 +21,7 @@ from pipeline.run import build_engine
 from stages.attention import ops_cpu, ops_intel_hpu, reference
 from stages.attention.hpu import PagedAttention, load_ops
 from stages.attention.ops_intel_hpu import IntelHPUOps
+from stages.kv_cache import KVCacheManager
 from tests.conftest import make_config
 
 H, KV, D, BS = 4, 2, 8, 4  # query heads, key/value heads, head size, block size
@@ -411,7 +412,7 @@ def test_load_ops_builds_the_backend_from_the_installed_plugin(monkeypatch, plug
     monkeypatch.setitem(sys.modules, "paddlenlp_ops", plugin)
     backend = load_ops("intel_hpu")
     assert isinstance(backend, IntelHPUOps) and backend.plugin is plugin
-    attention = PagedAttention(NUM_BLOCKS, BS, 2, KV, D, ops="intel_hpu")
+    attention = PagedAttention(KVCacheManager(NUM_BLOCKS, BS), 2, KV, D, ops="intel_hpu")
     assert [c.shape for c in attention.k_cache] == [[NUM_BLOCKS + 1, BS, KV, D]] * 2
 
 

@@ -126,4 +126,4 @@ def test_preempted_requests_match_reference():
     assert sum(r.num_preemptions for r in got.values()) >= 2, "the pool did not force preemption"
     for rid, request in got.items():
         assert request.output_ids == ref[rid].output_ids, rid
-    assert engine.scheduler.pool.num_free == 10
+    assert engine.scheduler.kv_cache.num_free_blocks == 10

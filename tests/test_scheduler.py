@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stages.block_pool import blocks_for
-from stages.request import Request
+from stages.kv_cache import KVCacheManager, blocks_for
+from stages.request import Request, Samples
 from stages.scheduler import ChunkedScheduler, WholeScheduler
+from stages.stopping import StopRule
 
 
 def request(i: int, prompt_len: int, new: int = 4) -> Request:
@@ -19,9 +21,15 @@ def scheduler(**kw) -> ChunkedScheduler:
     args = dict(max_tokens=1024, max_num_seqs=64, max_model_len=100_000, block_size=16)
     args.update(kw)
     args.setdefault("num_blocks", 10_000)
-    cls = kw.pop("cls", ChunkedScheduler)
-    args.pop("cls", None)
-    return cls(**args)
+    cls = args.pop("cls", ChunkedScheduler)
+    kv_cache = KVCacheManager(args.pop("num_blocks"), args.pop("block_size"))
+    stop = StopRule((), args["max_model_len"])
+    return cls(kv_cache=kv_cache, stop=stop, **args)
+
+
+def sevens(rows: int) -> Samples:
+    """Token 7 for every row: no stage here looks at the values."""
+    return Samples(np.full(rows, 7, dtype=np.int64))
 
 
 def drive(sched: ChunkedScheduler, requests: list[Request], max_steps: int = 100_000):
@@ -48,19 +56,20 @@ def drive(sched: ChunkedScheduler, requests: list[Request], max_steps: int = 100
             assert sum(blocks) >= (1 - sched.max_padding) * len(blocks) * max(blocks) - 1e-9
         assert len(plan.prefill) + len(plan.decode) <= sched.max_num_seqs
         owners = {}
+        kv = sched.kv_cache
         for r in sched.running:
-            for b in r.block_table:
+            for b in kv.block_table(r):
                 assert b not in owners, "a block is shared"
                 owners[b] = r.id
-            assert len(r.block_table) >= blocks_for(r.num_computed, sched.block_size)
-        assert len(owners) + sched.pool.num_free == sched.pool.num_blocks
+            assert len(kv.block_table(r)) >= blocks_for(r.num_computed, sched.block_size)
+        assert len(owners) + kv.num_free_blocks == kv.num_blocks
         for chunk in plan.prefill:
             if sched.align_chunks and not chunk.is_final:
                 assert chunk.length % sched.block_size == 0
                 assert chunk.start % sched.block_size == 0
-        sched.update(plan, [7] * (len(plan.prefill) + len(plan.decode)), 0.0)
+        sched.update(plan, sevens(len(plan.sampled_requests)), 0.0)
         plans.append(plan)
-    assert sched.pool.num_free == sched.pool.num_blocks, "blocks leaked"
+    assert sched.kv_cache.num_free_blocks == sched.kv_cache.num_blocks, "blocks leaked"
     for r in requests:
         assert r.finished
         assert r.error is not None or len(r.output_ids) == r.max_new_tokens
@@ -83,7 +92,7 @@ def test_reference_hang_case_finishes():
     decoding = [request(i, 10, new=50) for i in range(5)]
     for r in decoding:
         sched.add(r)
-    sched.update(sched.schedule(), [7] * 5, 0.0)  # all five now decode
+    sched.update(sched.schedule(), sevens(5), 0.0)  # all five now decode
     partial = request(5, 4100)  # 4091 left after 5 decodes, cut to 3968: 123 left, below a block
     long = request(6, 9000)
     for r in (partial, long):
@@ -102,7 +111,7 @@ def test_short_remaining_prompt_waits_rather_than_misalign(budget, second_chunk)
     sched.add(r)
     first = sched.schedule()
     assert first.prefill[0].length == 64
-    sched.update(first, [7], 0.0)
+    sched.update(first, sevens(1), 0.0)
     r2 = request(1, 100)
     sched.add(r2)
     second = sched.schedule()
@@ -122,7 +131,7 @@ def test_a_short_row_waits_rather_than_pad_a_wide_rectangle():
         sched.add(request(i, n))
     first = sched.schedule()
     assert [c.length for c in first.prefill] == [512]
-    sched.update(first, [7], 0.0)
+    sched.update(first, sevens(1), 0.0)
     second = sched.schedule()  # the short prompt now comes first and sets a narrow width
     assert [(c.request.id, c.length) for c in second.prefill] == [("r1", 40)]
     lenient = scheduler(max_tokens=2048, block_size=32, max_padding=1.0)

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 
 import numpy as np
-from hydra import compose, initialize_config_module
 from hydra.utils import instantiate
 
+from pipeline.compose import compose_config
 from stages.tokenizer import ByteTokenizer
 from stages.workload import SyntheticWorkload, poisson_arrivals
 from tests.conftest import make_config, serve
@@ -123,8 +123,7 @@ def test_mixed_workload_from_the_config():
 
 
 def test_long_prompts_preset_composes():
-    with initialize_config_module(config_module="pipeline.conf", version_base="1.3"):
-        cfg = compose(config_name="config", overrides=["+experiment=long_prompts"])
+    cfg = compose_config(["+experiment=long_prompts"])
     assert cfg.workload._target_ == "stages.workload.MixedWorkload"
     longest = cfg.workload.parts.long.max_prompt_tokens + cfg.workload.parts.long.max_new_tokens
     everyone = cfg.workload.parts.decode.num_requests + cfg.workload.parts.long.num_requests

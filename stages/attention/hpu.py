@@ -1,13 +1,16 @@
-"""HPU-style paged attention: a block pool per layer, encoder rows then decoder rows."""
+"""HPU-style paged attention: a block pool per layer, prefill rows then decode rows."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import paddle
 
-from stages.attention.interface import AttentionOps
+from stages.attention.interface import AttentionOps, DecodeLayout, RopeTable, SlotIndex
+from stages.kv_cache import KVCacheManager
 from stages.metadata import ForwardMeta
+from stages.request import Request
 
 
 def load_ops(name: str) -> AttentionOps:
@@ -23,13 +26,37 @@ def load_ops(name: str) -> AttentionOps:
     raise ValueError(f"attention.ops={name}: choose attention.ops=cpu or intel_hpu")
 
 
+class Heads(NamedTuple):
+    """A model's attention heads, in the order the ops interface takes them."""
+
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    interleaved: bool  # rotary pairs (2i, 2i+1) rather than halves
+
+    @classmethod
+    def of(cls, model: Any) -> Heads:
+        d = model.dims
+        return cls(d.num_heads, d.num_kv_heads, d.head_dim, model.rope_interleaved)
+
+
+@dataclass
+class StepState:
+    """What every layer of one forward shares, made once by `prepare` in the backend's form."""
+
+    meta: ForwardMeta
+    rope: RopeTable
+    prefill_slots: SlotIndex | None  # token slots of an unaligned prefill
+    decode_slots: SlotIndex | None  # each decode row's write slot
+    decode_layout: DecodeLayout | None  # the decode's mask and row placement
+
+
 class PagedAttention:
-    """Owns the KV cache tensors; the scheduler owns which blocks each request holds."""
+    """Owns the KV cache tensors; the KV-cache manager owns which blocks each request holds."""
 
     def __init__(
         self,
-        num_blocks: int,
-        block_size: int,
+        kv_cache: KVCacheManager,
         num_layers: int,
         num_kv_heads: int,
         head_dim: int,
@@ -37,112 +64,99 @@ class PagedAttention:
         dtype: str = "float32",
     ) -> None:
         self.ops = load_ops(ops)
-        self._packed: dict[int, tuple] = {}  # id(weight) -> (weight, packed weight, bias)
-        # A forward's rotary table, slot indices and decode layout, made at its first layer
-        # for them all: purpose -> (the tensor they were made from, held so its id is never
-        # reused, what was made).
-        self._per_step: dict[str, tuple[paddle.Tensor, object]] = {}
-        # One block past the pool is scratch: padding rows write there.
         caches = [
-            self.ops.new_caches(num_blocks + 1, block_size, num_kv_heads, head_dim, dtype)
+            self.ops.new_caches(
+                kv_cache.num_cache_blocks, kv_cache.block_size, num_kv_heads, head_dim, dtype
+            )
             for _ in range(num_layers)
         ]
         self.k_cache = [k for k, _ in caches]
         self.v_cache = [v for _, v in caches]
+        self.heads: Heads | None = None
+        self._qkv: list[tuple[paddle.Tensor, paddle.Tensor | None]] = []
+
+    def load_weights(self, model: Any) -> None:
+        """Each layer's QKV weight and bias in the backend's layout, made once."""
+        self.heads = Heads.of(model)
+        self._qkv = [
+            self.ops.pack_qkv(layer.qkv, layer.qkv_bias, *self.heads) for layer in model.layers
+        ]
+
+    def prepare(self, meta: ForwardMeta, cos: paddle.Tensor, sin: paddle.Tensor) -> StepState:
+        ops, k_cache = self.ops, self.k_cache[0]  # every layer's cache has one shape
+        prefill, decode = meta.prefill, meta.decode
+        prefill_slots = decode_slots = layout = None
+        if prefill is not None and prefill.block_indices is None:
+            prefill_slots = ops.slot_index(k_cache, prefill.slot_blocks, prefill.slot_offsets)
+        if decode is not None:
+            decode_slots = ops.slot_index(k_cache, decode.block_indices, decode.block_offsets)
+            layout = ops.decode_layout(
+                decode.block_bias,
+                decode.row_slots,
+                decode.row_width,
+                decode.shape[0],
+                self.heads.num_heads,
+            )
+        rope = ops.rope_table(cos, sin, *self.heads)
+        return StepState(meta, rope, prefill_slots, decode_slots, layout)
 
     def qkv_rope(
-        self,
-        x: paddle.Tensor,
-        weight: paddle.Tensor,
-        bias: paddle.Tensor | None,
-        cos: paddle.Tensor,
-        sin: paddle.Tensor,
-        *heads: int | bool,
+        self, layer: int, x: paddle.Tensor, state: StepState
     ) -> tuple[paddle.Tensor, paddle.Tensor, paddle.Tensor]:
-        """AttentionOps.qkv_rope on the layer's weight, packed once into the backend's
-        layout; `heads` are num_heads, num_kv_heads, head_dim and interleaved."""
-        packed = self._packed.get(id(weight))
-        if packed is None or packed[0] is not weight:  # held, so an id is never reused
-            packed = (weight, *self.ops.pack_qkv(weight, bias, *heads))
-            self._packed[id(weight)] = packed
-        rope = self._once("rope", cos, lambda: self.ops.rope_table(cos, sin, *heads))
-        return self.ops.qkv_rope(x, packed[1], packed[2], rope, *heads)
+        weight, bias = self._qkv[layer]
+        return self.ops.qkv_rope(x, weight, bias, state.rope, *self.heads)
 
-    def _once(self, purpose: str, source: paddle.Tensor, make: Callable[[], object]) -> object:
-        """make(), unless it was made from this very tensor for this purpose already."""
-        made = self._per_step.get(purpose)
-        if made is None or made[0] is not source:
-            made = (source, make())
-            self._per_step[purpose] = made
-        return made[1]
-
-    def forward(
+    def attend(
         self,
         layer: int,
         q: paddle.Tensor,
         k: paddle.Tensor,
         v: paddle.Tensor,
-        meta: ForwardMeta,
+        state: StepState,
         out_weight: paddle.Tensor,
     ) -> paddle.Tensor:
         """q [tokens, heads, dim], k/v [tokens, kv_heads, dim] -> attention through the
-        output projection out_weight, [tokens, hidden]: encoder rows, then decoder rows."""
-        ops, k_cache, v_cache = self.ops, self.k_cache[layer], self.v_cache[layer]
-        split = meta.encoder_tokens
+        output projection out_weight, [tokens, hidden]: prefill rows, then decode rows."""
+        split = state.meta.prefill_tokens
         parts = []
-        if meta.encoder:
-            enc = meta.encoder
-            b, s, _ = enc.shape
-            k_enc, v_enc = k[:split], v[:split]
-            if enc.block_indices is not None:
-                ops.write_blocks(k_cache, v_cache, enc.block_indices, k_enc, v_enc)
-            else:
-                slots = self._once(
-                    "encoder slots",
-                    enc.slot_blocks,
-                    lambda: ops.slot_index(k_cache, enc.slot_blocks, enc.slot_offsets),
-                )
-                ops.write_slots(k_cache, v_cache, slots, k_enc, v_enc)
-            q_enc = q[:split].reshape([b, s, *q.shape[1:]])
-            if enc.has_context:
-                out = ops.prefill_with_context(
-                    q_enc, k_cache, v_cache, enc.block_list, enc.mask, out_weight
-                )
-            else:
-                kv_shape = [b, s, *k.shape[1:]]
-                out = ops.prefill(
-                    q_enc, k_enc.reshape(kv_shape), v_enc.reshape(kv_shape), out_weight
-                )
-            parts.append(out)
-        if meta.decoder:
-            dec = meta.decoder
-            slots = self._once(
-                "decoder slots",
-                dec.block_indices,
-                lambda: ops.slot_index(k_cache, dec.block_indices, dec.block_offsets),
-            )
-            ops.write_slots(k_cache, v_cache, slots, k[split:], v[split:])
-            layout = self._once(
-                "decode layout",
-                dec.block_bias,
-                lambda: ops.decode_layout(
-                    dec.block_bias, dec.row_slots, dec.row_width, dec.shape[0], q.shape[1]
-                ),
-            )
-            parts.append(
-                ops.decode(
-                    q[split:],
-                    k_cache,
-                    v_cache,
-                    dec.block_list,
-                    dec.block_groups,
-                    dec.block_mapping,
-                    layout,
-                    out_weight,
-                    dec.block_range,
-                )
-            )
+        if state.meta.prefill:
+            parts.append(self._prefill(layer, q[:split], k[:split], v[:split], state, out_weight))
+        if state.meta.decode:
+            parts.append(self._decode(layer, q[split:], k[split:], v[split:], state, out_weight))
         return parts[0] if len(parts) == 1 else paddle.concat(parts, axis=0)
 
-    def release(self, request_id: str) -> None:
-        """Nothing to do: a finished request's blocks go back to the pool via the scheduler."""
+    def _prefill(self, layer: int, q, k, v, state: StepState, out_weight) -> paddle.Tensor:
+        ops, k_cache, v_cache = self.ops, self.k_cache[layer], self.v_cache[layer]
+        meta = state.meta.prefill
+        b, s, _ = meta.shape
+        if meta.block_indices is not None:
+            ops.write_blocks(k_cache, v_cache, meta.block_indices, k, v)
+        else:
+            ops.write_slots(k_cache, v_cache, state.prefill_slots, k, v)
+        q = q.reshape([b, s, *q.shape[1:]])
+        if meta.has_context:
+            return ops.prefill_with_context(
+                q, k_cache, v_cache, meta.block_list, meta.mask, out_weight
+            )
+        kv_shape = [b, s, *k.shape[1:]]
+        return ops.prefill(q, k.reshape(kv_shape), v.reshape(kv_shape), out_weight)
+
+    def _decode(self, layer: int, q, k, v, state: StepState, out_weight) -> paddle.Tensor:
+        ops, k_cache, v_cache = self.ops, self.k_cache[layer], self.v_cache[layer]
+        meta = state.meta.decode
+        ops.write_slots(k_cache, v_cache, state.decode_slots, k, v)
+        return ops.decode(
+            q,
+            k_cache,
+            v_cache,
+            meta.block_list,
+            meta.block_groups,
+            meta.block_mapping,
+            state.decode_layout,
+            out_weight,
+            meta.block_range,
+        )
+
+    def release(self, request: Request) -> None:
+        """Nothing to do: a finished request's blocks go back to the pool via the KV-cache
+        manager."""

@@ -6,10 +6,14 @@ layout of the step's rows. Tests compare every other configuration against it.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import paddle
 import paddle.nn.functional as F
 
+from stages.attention.hpu import Heads
 from stages.metadata import ForwardMeta
+from stages.request import Request
 
 
 def rotate(
@@ -46,25 +50,50 @@ def qkv_rope(
     return rotate(q, cos, sin, interleaved), rotate(k, cos, sin, interleaved), v
 
 
-class ReferenceAttention:
-    def __init__(self, num_layers: int, **_unused) -> None:
-        self.keys: list[dict[str, paddle.Tensor]] = [{} for _ in range(num_layers)]
-        self.values: list[dict[str, paddle.Tensor]] = [{} for _ in range(num_layers)]
+@dataclass
+class ReferenceStep:
+    meta: ForwardMeta
+    cos: paddle.Tensor
+    sin: paddle.Tensor
 
-    def _attend(self, layer: int, rid: str, start: int, q, k, v) -> paddle.Tensor:
-        """q [n, H, D] at positions start..start+n-1 of request rid -> [n, H*D]."""
+
+class ReferenceAttention:
+    """Keys and values per request, keyed by its internal sequence number."""
+
+    def __init__(self, num_layers: int, **_unused) -> None:
+        self.keys: list[dict[int, paddle.Tensor]] = [{} for _ in range(num_layers)]
+        self.values: list[dict[int, paddle.Tensor]] = [{} for _ in range(num_layers)]
+        self.heads: Heads | None = None
+        self._qkv: list[tuple[paddle.Tensor, paddle.Tensor | None]] = []
+
+    def load_weights(self, model) -> None:
+        """The checkpoint's own layout: nothing to pack."""
+        self.heads = Heads.of(model)
+        self._qkv = [(layer.qkv, layer.qkv_bias) for layer in model.layers]
+
+    def prepare(self, meta: ForwardMeta, cos: paddle.Tensor, sin: paddle.Tensor) -> ReferenceStep:
+        return ReferenceStep(meta, cos, sin)
+
+    def qkv_rope(
+        self, layer: int, x: paddle.Tensor, state: ReferenceStep
+    ) -> tuple[paddle.Tensor, paddle.Tensor, paddle.Tensor]:
+        weight, bias = self._qkv[layer]
+        return qkv_rope(x, weight, bias, state.cos, state.sin, *self.heads)
+
+    def _attend(self, layer: int, seq: int, start: int, q, k, v) -> paddle.Tensor:
+        """q [n, H, D] at positions start..start+n-1 of sequence seq -> [n, H*D]."""
         if start == 0:  # a new request, or one recomputed after preemption
-            self.keys[layer][rid] = k
-            self.values[layer][rid] = v
+            self.keys[layer][seq] = k
+            self.values[layer][seq] = v
         else:
-            cached = self.keys[layer][rid]
+            cached = self.keys[layer][seq]
             if cached.shape[0] != start:
                 raise RuntimeError(
-                    f"{rid}: cache holds {cached.shape[0]} tokens, step starts at {start}"
+                    f"sequence {seq}: cache holds {cached.shape[0]} tokens, step starts at {start}"
                 )
-            self.keys[layer][rid] = paddle.concat([cached, k])
-            self.values[layer][rid] = paddle.concat([self.values[layer][rid], v])
-        keys, values = self.keys[layer][rid], self.values[layer][rid]
+            self.keys[layer][seq] = paddle.concat([cached, k])
+            self.values[layer][seq] = paddle.concat([self.values[layer][seq], v])
+        keys, values = self.keys[layer][seq], self.values[layer][seq]
         n, h, d = q.shape
         group = h // keys.shape[1]
         keys = paddle.repeat_interleave(keys, group, axis=1).transpose([1, 0, 2])  # [H, L, D]
@@ -76,30 +105,27 @@ class ReferenceAttention:
         out = paddle.matmul(F.softmax(scores, axis=-1), values)  # [H, n, D]
         return out.transpose([1, 0, 2]).reshape([n, h * d])
 
-    qkv_rope = staticmethod(qkv_rope)
-
-    def forward(self, layer: int, q, k, v, meta: ForwardMeta, out_weight) -> paddle.Tensor:
+    def attend(
+        self, layer: int, q, k, v, state: ReferenceStep, out_weight: paddle.Tensor
+    ) -> paddle.Tensor:
+        meta = state.meta
         out = paddle.zeros([q.shape[0], q.shape[1] * q.shape[2]], dtype=q.dtype)
-        if meta.encoder:
-            enc = meta.encoder
-            seq = enc.shape[1]
-            for r in range(enc.batch):
-                lo, n = r * seq, int(enc.chunk_lens[r])
-                rows = slice(lo, lo + n)
-                start = int(enc.context_lens[r])
-                out[rows] = self._attend(
-                    layer, enc.request_ids[r], start, q[rows], k[rows], v[rows]
-                )
-        if meta.decoder:
-            dec = meta.decoder
-            base = meta.encoder_tokens
-            for r in range(dec.batch):
-                row = slice(base + r, base + r + 1)
-                start = int(dec.positions[r])
-                out[row] = self._attend(layer, dec.request_ids[r], start, q[row], k[row], v[row])
+        rows = []  # (first row, tokens, sequence, start position)
+        if meta.prefill:
+            seq = meta.prefill.shape[1]
+            for r in range(meta.prefill.batch):
+                n, start = int(meta.prefill.chunk_lens[r]), int(meta.prefill.context_lens[r])
+                rows.append((r * seq, n, meta.prefill.seq_ids[r], start))
+        if meta.decode:
+            base = meta.prefill_tokens
+            for r in range(meta.decode.batch):
+                rows.append((base + r, 1, meta.decode.seq_ids[r], int(meta.decode.positions[r])))
+        for lo, n, seq_id, start in rows:
+            span = slice(lo, lo + n)
+            out[span] = self._attend(layer, seq_id, start, q[span], k[span], v[span])
         return paddle.matmul(out, out_weight)
 
-    def release(self, request_id: str) -> None:
+    def release(self, request: Request) -> None:
         for layer in range(len(self.keys)):
-            self.keys[layer].pop(request_id, None)
-            self.values[layer].pop(request_id, None)
+            self.keys[layer].pop(request.seq_id, None)
+            self.values[layer].pop(request.seq_id, None)

@@ -1,0 +1,110 @@
+"""What each stage offers the engine: the contracts `pipeline.engine.Engine` is typed against.
+
+A stage is any object with these methods; Hydra builds it from its group's config. The
+attention backends' kernels have their own contract, `stages.attention.interface.AttentionOps`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import paddle
+
+from stages.metadata import ForwardMeta
+from stages.request import Request, Samples, StepPlan
+
+
+class Tokenizer(Protocol):
+    vocab_size: int
+    pad_id: int
+
+    @property
+    def eos_ids(self) -> frozenset[int]: ...
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+
+class Scheduler(Protocol):
+    """Chooses each step's work under the budget; advances requests after the forward."""
+
+    splits_prompts: bool  # chunked prefill: steps mix a prompt's chunk with decodes
+
+    def rejection(self, request: Request) -> str | None:
+        """Why the request can never be served under the current limits, or None."""
+
+    def add(self, request: Request) -> None:
+        """An arrived request joins the waiting queue."""
+
+    @property
+    def has_work(self) -> bool: ...
+
+    def schedule(self, now: float) -> StepPlan:
+        """The next step: prefill chunks and decodes; preempted and failed requests."""
+
+    def update(self, plan: StepPlan, samples: Samples, now: float) -> list[Request]:
+        """Keeps the step's samples and ends requests that stop; returns those."""
+
+
+class MetadataBuilder(Protocol):
+    """Lays a step plan out in the padded, bucketed shapes the device runs."""
+
+    bucket_misses: int
+
+    def build(self, plan: StepPlan) -> ForwardMeta: ...
+
+    def dummy(
+        self, prefill: tuple[int, int, int] | None, decode: tuple[int, int] | None
+    ) -> ForwardMeta:
+        """A step of the given bucket shapes made only of padding (warmup)."""
+
+    def warmup_shapes(self, mixed: bool) -> dict[str, list[tuple]]:
+        """Every prepared shape, by phase (prefill, decode, mixed)."""
+
+
+class Attention(Protocol):
+    """Owns the KV cache tensors and the per-step state every layer shares."""
+
+    def load_weights(self, model: Model) -> None:
+        """Puts each layer's QKV weight into the backend's layout, once."""
+
+    def prepare(self, meta: ForwardMeta, cos: paddle.Tensor, sin: paddle.Tensor) -> Any:
+        """The state one forward's layers share (rotary table, write slots, decode layout)."""
+
+    def qkv_rope(
+        self, layer: int, x: paddle.Tensor, state: Any
+    ) -> tuple[paddle.Tensor, paddle.Tensor, paddle.Tensor]:
+        """The layer's QKV projection of x with rotary positions: q, k, v."""
+
+    def attend(
+        self,
+        layer: int,
+        q: paddle.Tensor,
+        k: paddle.Tensor,
+        v: paddle.Tensor,
+        state: Any,
+        out_weight: paddle.Tensor,
+    ) -> paddle.Tensor:
+        """Writes k, v to the cache and attends, through the output projection."""
+
+    def release(self, request: Request) -> None:
+        """Drops whatever the stage holds for a finished request."""
+
+
+class Model(Protocol):
+    dtype: str
+
+    @property
+    def num_parameters(self) -> int: ...
+
+    def forward(self, meta: ForwardMeta, attention: Attention) -> paddle.Tensor:
+        """Logits [rows, vocab] for meta.logits_rows."""
+
+
+class Sampler(Protocol):
+    def validate_request(self, request: Request) -> str | None:
+        """Why the request's own sampling values are invalid, or None."""
+
+    def sample(self, logits: paddle.Tensor, requests: Sequence[Request]) -> Samples: ...
