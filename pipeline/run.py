@@ -11,11 +11,11 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue
-from tqdm import tqdm
 
 from pipeline import artefacts
 from pipeline.allocator import keep_freed_memory
 from pipeline.checks import ConfigError, check_config
+from pipeline.console import Progress, summary_table
 from pipeline.engine import Engine
 from pipeline.metrics import StepRecord, summarise
 from stages.kv_cache import KVCacheManager, blocks_for
@@ -125,28 +125,24 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
 
     steps: list[StepRecord] = []
     writer = artefacts.StepWriter(out_dir)
-    bar = tqdm(total=len(requests), unit="req", desc="requests", disable=None, leave=False)
-    produced, elapsed = 0, 0.0
+    progress = Progress(len(requests))
 
     def on_step(record: StepRecord) -> None:
-        nonlocal produced, elapsed
         steps.append(record)
         writer(record)
-        produced += len(record.decode) + len(record.prefill)
-        elapsed += record.duration_s  # a running total: summing every step each step is O(n^2)
-        bar.set_postfix(step=record.step, tok_s=f"{produced / elapsed:.0f}" if elapsed else "-")
+        progress.on_step(record)
 
     warmup_s = engine.warmup() if cfg.warmup else 0.0
     status, duration = "ok", 0.0
     try:
-        duration = engine.run(requests, on_step=on_step, on_finish=lambda r: bar.update(1))
+        duration = engine.run(requests, on_step=on_step, on_finish=lambda r: progress.on_finish())
     except KeyboardInterrupt:
         status = "interrupted"
         for r in requests:
             if not r.finished:
                 r.fail("the run was interrupted before this request finished", r.arrival_s)
     finally:
-        bar.close()
+        progress.close()
         writer.close()
         artefacts.write_generations(requests, tokenizer, out_dir)
 
@@ -165,4 +161,5 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
         errors=metrics["num_errors"],
         out_dir=str(out_dir),
     )
+    print(f"{status}: {out_dir}\n{summary_table(metrics)}")
     return metrics

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -34,6 +38,23 @@ TINY = [
     "workload.min_new_tokens=3",
     "workload.max_new_tokens=6",
 ]
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run_cli(cwd: Path, module: str, *args: object) -> subprocess.CompletedProcess:
+    """`python -m module args` in a fresh process, as a user types it (HYDRA_FULL_ERROR unset)."""
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    return subprocess.run(
+        [sys.executable, "-m", module, *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+        timeout=300,
+    )
 
 
 def make_config(overrides: Sequence[str] = ()) -> DictConfig:

@@ -400,6 +400,7 @@ def test_half_precision_compute_is_refused_where_paddle_has_no_kernel():
         check_dtype("int8")
 
 
+@pytest.mark.slow
 def test_command_line_error_is_one_line_with_exit_2(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
     result = subprocess.run(

@@ -4,26 +4,19 @@ every file of the contract."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 
 import pytest
 import yaml
+from hydra.errors import ConfigCompositionException
 
-from tests.conftest import SMALL
+from pipeline.checks import ConfigError, check_config
+from pipeline.compose import compose_config
+from tests.conftest import SMALL, run_cli
 
 
 def pipeline(tmp_path, *overrides: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
-    return subprocess.run(
-        [sys.executable, "-m", "pipeline", f"hydra.run.dir={tmp_path}", *overrides],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=tmp_path,
-        timeout=300,
-    )
+    return run_cli(tmp_path, "pipeline", f"hydra.run.dir={tmp_path}", *overrides)
 
 
 BAD = {
@@ -39,13 +32,32 @@ BAD = {
 
 
 @pytest.mark.parametrize(("overrides", "message"), BAD.values(), ids=BAD.keys())
-def test_bad_config_gives_one_clear_line(tmp_path, overrides, message):
-    result = pipeline(tmp_path, *overrides)
+def test_bad_config_gives_one_clear_line(overrides, message):
+    """Composed and checked in-process, as the command line does before it builds anything."""
+    with pytest.raises((ConfigCompositionException, ConfigError)) as err:
+        check_config(compose_config(overrides))
+    first_line = str(err.value).splitlines()[0] + str(err.value.__cause__ or "")
+    assert message in first_line
+
+
+@pytest.mark.slow
+def test_a_bad_config_exits_2_with_one_line(tmp_path):
+    result = pipeline(tmp_path, "block_size=48")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "Error: block_size=48 is not a power of two: set block_size=16, 64 or 128"
+    ]
+
+
+@pytest.mark.slow
+def test_a_misspelt_key_fails_at_composition(tmp_path):
+    result = pipeline(tmp_path, "max_tokns=512")
     assert result.returncode != 0
-    assert message in result.stderr
+    assert "Key 'max_tokns' not in 'PipelineConf'" in result.stderr
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_run_leaves_the_contract_files(tmp_path):
     result = pipeline(tmp_path, *SMALL, "max_tokens=32")
     assert result.returncode == 0, result.stderr

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,9 +13,7 @@ import pytest
 import yaml
 
 from pipeline.review import config_diff, load_run, main, outputs_verdict
-from tests.conftest import TINY
-
-REPO = Path(__file__).resolve().parents[1]
+from tests.conftest import TINY, run_cli
 
 CONFIG: dict[str, Any] = {
     "tokenizer": {"_target_": "stages.tokenizer.ByteTokenizer", "add_bos": True},
@@ -199,16 +195,7 @@ def test_sweep_against_a_baseline(tmp_path, capsys):
 
 
 def cli(cwd: Path, module: str, *args: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
-    return subprocess.run(
-        [sys.executable, "-m", module, *map(str, args)],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=cwd,
-        timeout=300,
-    )
+    return run_cli(cwd, module, *args)
 
 
 @pytest.fixture(scope="module")
@@ -231,6 +218,7 @@ def job_dir(sweep: Path, *overrides: str) -> Path:
     raise LookupError(overrides)
 
 
+@pytest.mark.slow
 def test_review_of_real_runs(real_sweep):
     base = job_dir(real_sweep, "max_tokens=32", "model.seed=0")
     budget = job_dir(real_sweep, "max_tokens=64", "model.seed=0")
@@ -247,6 +235,7 @@ def test_review_of_real_runs(real_sweep):
     assert "tokens differ for" in differ.stdout and "first differs at token" in differ.stdout
 
 
+@pytest.mark.slow
 def test_real_sweep_summary_and_baseline_review(real_sweep):
     assert (real_sweep / "summary.png").is_file()
     md = (real_sweep / "summary.md").read_text()

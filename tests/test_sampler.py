@@ -337,6 +337,7 @@ def test_bad_config_is_a_config_error():
         build_engine(make_config(["sampler=random", "sampler.top_p=0"]))
 
 
+@pytest.mark.slow
 def test_bad_config_is_one_line_on_the_command_line(tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "pipeline", f"hydra.run.dir={tmp_path}", "sampler=random"]

@@ -5,18 +5,15 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from pipeline.summary import build_summary, main, read_job, swept_keys
-from tests.conftest import TINY
-
-REPO = Path(__file__).resolve().parents[1]
+from tests.conftest import TINY, run_cli
 
 
 def metrics(throughput: float, **extra: Any) -> dict[str, Any]:
@@ -108,18 +105,10 @@ def test_cli_on_a_folder_without_jobs_exits_2(tmp_path, capsys):
 
 
 def pipeline(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
-    return subprocess.run(
-        [sys.executable, "-m", "pipeline", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=tmp_path,
-        timeout=300,
-    )
+    return run_cli(tmp_path, "pipeline", *args)
 
 
+@pytest.mark.slow
 def test_real_multirun_with_a_failing_job(tmp_path):
     sweep = tmp_path / "sweep"
     # max_tokens=2 is below max_num_seqs=4: that job fails at start, the others run.
@@ -135,6 +124,7 @@ def test_real_multirun_with_a_failing_job(tmp_path):
     assert "| 2 | `max_tokens=2` | failed |" in (sweep / "summary.md").read_text()
 
 
+@pytest.mark.slow
 def test_sweep_with_the_joblib_launcher(tmp_path):
     sweep = tmp_path / "sweep"
     result = pipeline(
