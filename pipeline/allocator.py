@@ -13,7 +13,7 @@ def keep_freed_memory(threshold_bytes: int = 1 << 30) -> bool:
     """Stops glibc from returning multi-megabyte tensors to the kernel on every free.
 
     By default each large step tensor is a fresh mmap, and touching its pages costs more
-    than the op itself (a 4.7 MB gather: 2 ms instead of 0.1 ms here). Returns False where
+    than the op itself (benchmarks/results.md, "Design measurements"). Returns False where
     the C library has no mallopt (not glibc)."""
     name = ctypes.util.find_library("c")
     if not name:

@@ -52,7 +52,7 @@ def _linear(x: paddle.Tensor, weight: paddle.Tensor, bias: paddle.Tensor | None)
 class DenseMLP:
     """SwiGLU: down(silu(gate(x)) * up(x)). Gate and up are separate matmuls: splitting one
     [hidden, 2 * intermediate] product costs a strided copy that Paddle's CPU kernels make
-    slowly (2048 rows: 3.8 ms, a third of the SwiGLU)."""
+    slowly (figures: benchmarks/results.md, "Design measurements")."""
 
     gate: paddle.Tensor  # [hidden, intermediate]
     up: paddle.Tensor  # [hidden, intermediate]
@@ -317,7 +317,7 @@ class TransformerLM:
 
         The mean of squares is a matmul with a 1/hidden column and the scaling an outer
         product: Paddle's CPU row reductions, `pow` and broadcasting multiplies are many
-        times slower than its matmuls (2048 rows: 0.5 ms against 2.6 ms for the plain ops).
+        times slower than its matmuls (benchmarks/results.md, "Design measurements").
         Paddle's fused RMSNorm kernel is not used: on a CPU it executes AVX-512
         instructions whatever the processor, and dies where they are missing."""
         x32 = x if x.dtype == paddle.float32 else x.astype("float32")

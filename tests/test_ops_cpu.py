@@ -12,6 +12,7 @@ import paddle
 import pytest
 
 from stages.attention import ops_cpu
+from stages.attention.interface import Heads
 from tests import numpy_reference
 
 H, KV, D, BS, HIDDEN = 8, 4, 64, 128, 96
@@ -175,18 +176,14 @@ def test_qkv_rope_on_packed_weights_matches_numpy_rotary(interleaved):
     inv_freq = 1.0 / 10000.0 ** (np.arange(D // 2) / (D // 2))
     angles = np.outer(positions, inv_freq)
     table = np.repeat(angles, 2, axis=1) if interleaved else np.concatenate([angles] * 2, axis=1)
-    packed = ops_cpu.pack_qkv(
-        paddle.to_tensor(weight), paddle.to_tensor(bias), H, KV, D, interleaved
-    )
+    heads = Heads(H, KV, D, interleaved)
+    packed = ops_cpu.pack_qkv(paddle.to_tensor(weight), paddle.to_tensor(bias), heads)
     rope = ops_cpu.rope_table(
         paddle.to_tensor(np.cos(table).astype("float32")),
         paddle.to_tensor(np.sin(table).astype("float32")),
-        H,
-        KV,
-        D,
-        interleaved,
+        heads,
     )
-    q, k, v = ops_cpu.qkv_rope(paddle.to_tensor(x), *packed, rope, H, KV, D, interleaved)
+    q, k, v = ops_cpu.qkv_rope(paddle.to_tensor(x), *packed, rope, heads)
     qkv = (x.astype(np.float64) @ weight + bias).reshape(t, H + 2 * KV, D)
     order = ops_cpu.head_dim_order(D, interleaved)
     want_q = numpy_reference.rotate(qkv[:, :H], angles, interleaved)

@@ -20,6 +20,7 @@ from pipeline.checks import ConfigError
 from pipeline.run import build_engine
 from stages.attention import ops_cpu, ops_intel_hpu, reference
 from stages.attention.hpu import PagedAttention, load_ops
+from stages.attention.interface import Heads
 from stages.attention.ops_intel_hpu import IntelHPUOps
 from stages.kv_cache import KVCacheManager
 from tests.conftest import make_config
@@ -175,8 +176,8 @@ def check_qkv_rope(ops, plugin, interleaved):
     cos = paddle.to_tensor(np.cos(angles).astype("float32"))
     sin = paddle.to_tensor(np.sin(angles).astype("float32"))
 
-    rope = ops.rope_table(cos, sin, H, KV, D, interleaved)
-    q, k, v = ops.qkv_rope(x, weight, bias, rope, H, KV, D, interleaved)
+    rope = ops.rope_table(cos, sin, Heads(H, KV, D, interleaved))
+    q, k, v = ops.qkv_rope(x, weight, bias, rope, Heads(H, KV, D, interleaved))
 
     [(name, args, kwargs)] = plugin.calls
     assert name == "fused_qkv_rope"
@@ -188,15 +189,17 @@ def check_qkv_rope(ops, plugin, interleaved):
     assert kwargs == {"transpose": False, "use_neox_style": not interleaved}
     assert q.shape == [t, H, D] and k.shape == v.shape == [t, KV, D]
     for got, want in zip(
-        (q, k, v), reference.qkv_rope(x, weight, bias, cos, sin, H, KV, D, interleaved), strict=True
+        (q, k, v),
+        reference.qkv_rope(x, weight, bias, cos, sin, Heads(H, KV, D, interleaved)),
+        strict=True,
     ):
         np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-5)
 
 
 def test_qkv_rope_refuses_a_weight_of_other_head_counts(ops):
     with pytest.raises(ValueError, match="num_kv_heads"):
-        rope = ops.rope_table(rand(2, D), rand(2, D), H, KV, D, False)
-        ops.qkv_rope(rand(2, 16), rand(16, (H + 2) * D), None, rope, H, KV, D, False)
+        rope = ops.rope_table(rand(2, D), rand(2, D), Heads(H, KV, D, False))
+        ops.qkv_rope(rand(2, 16), rand(16, (H + 2) * D), None, rope, Heads(H, KV, D, False))
 
 
 def test_write_blocks_index_copies_on_the_block_axis(ops, plugin):

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 import paddle
 
-from stages.attention.interface import AttentionOps, DecodeLayout, RopeTable, SlotIndex
+from stages.attention.interface import AttentionOps, DecodeLayout, Heads, RopeTable, SlotIndex
 from stages.kv_cache import KVCacheManager
 from stages.metadata import ForwardMeta
 from stages.request import Request
@@ -24,20 +24,6 @@ def load_ops(name: str) -> AttentionOps:
 
         return ops_intel_hpu.load()
     raise ValueError(f"attention.ops={name}: choose attention.ops=cpu or intel_hpu")
-
-
-class Heads(NamedTuple):
-    """A model's attention heads, in the order the ops interface takes them."""
-
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    interleaved: bool  # rotary pairs (2i, 2i+1) rather than halves
-
-    @classmethod
-    def of(cls, model: Any) -> Heads:
-        d = model.dims
-        return cls(d.num_heads, d.num_kv_heads, d.head_dim, model.rope_interleaved)
 
 
 @dataclass
@@ -79,7 +65,7 @@ class PagedAttention:
         """Each layer's QKV weight and bias in the backend's layout, made once."""
         self.heads = Heads.of(model)
         self._qkv = [
-            self.ops.pack_qkv(layer.qkv, layer.qkv_bias, *self.heads) for layer in model.layers
+            self.ops.pack_qkv(layer.qkv, layer.qkv_bias, self.heads) for layer in model.layers
         ]
 
     def prepare(self, meta: ForwardMeta, cos: paddle.Tensor, sin: paddle.Tensor) -> StepState:
@@ -97,14 +83,14 @@ class PagedAttention:
                 decode.shape[0],
                 self.heads.num_heads,
             )
-        rope = ops.rope_table(cos, sin, *self.heads)
+        rope = ops.rope_table(cos, sin, self.heads)
         return StepState(meta, rope, prefill_slots, decode_slots, layout)
 
     def qkv_rope(
         self, layer: int, x: paddle.Tensor, state: StepState
     ) -> tuple[paddle.Tensor, paddle.Tensor, paddle.Tensor]:
         weight, bias = self._qkv[layer]
-        return self.ops.qkv_rope(x, weight, bias, state.rope, *self.heads)
+        return self.ops.qkv_rope(x, weight, bias, state.rope, self.heads)
 
     def attend(
         self,

@@ -14,7 +14,7 @@ indices past the pool name the scratch block, which only padding reads or writes
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import paddle
 
@@ -22,6 +22,20 @@ Cache = Any  # a backend's own layout of one layer's keys or values
 RopeTable = Any  # a backend's own form of a forward's rotary angles
 SlotIndex = Any  # a backend's own form of a step's cache slots
 DecodeLayout = Any  # a backend's own form of a step's decode mask and row placement
+
+
+class Heads(NamedTuple):
+    """A model's attention heads."""
+
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    interleaved: bool  # rotary pairs (2i, 2i+1) rather than halves (i, i + D/2)
+
+    @classmethod
+    def of(cls, model: Any) -> Heads:
+        d = model.dims
+        return cls(d.num_heads, d.num_kv_heads, d.head_dim, model.rope_interleaved)
 
 
 class AttentionOps(Protocol):
@@ -35,10 +49,7 @@ class AttentionOps(Protocol):
         self,
         weight: paddle.Tensor,
         bias: paddle.Tensor | None,
-        num_heads: int,
-        num_kv_heads: int,
-        head_dim: int,
-        interleaved: bool,
+        heads: Heads,
     ) -> tuple[paddle.Tensor, paddle.Tensor | None]:
         """The fused QKV weight [hidden, (H + 2 KV) D] and bias in the layout this backend's
         qkv_rope takes, made once per layer. A backend may reorder the dims within each
@@ -49,10 +60,7 @@ class AttentionOps(Protocol):
         self,
         cos: paddle.Tensor,
         sin: paddle.Tensor,
-        num_heads: int,
-        num_kv_heads: int,
-        head_dim: int,
-        interleaved: bool,
+        heads: Heads,
     ) -> RopeTable:
         """The rotation of a forward's tokens (cos, sin [T, D]; `interleaved` rotates pairs
         (2i, 2i+1) rather than halves) as this backend's qkv_rope applies it: made once per
@@ -64,10 +72,7 @@ class AttentionOps(Protocol):
         weight: paddle.Tensor,
         bias: paddle.Tensor | None,
         rope: RopeTable,
-        num_heads: int,
-        num_kv_heads: int,
-        head_dim: int,
-        interleaved: bool,
+        heads: Heads,
     ) -> tuple[paddle.Tensor, paddle.Tensor, paddle.Tensor]:
         """x [T, hidden] @ weight [hidden, (H + 2 KV) D] (+ bias), as pack_qkv made them, then
         rotary positions on q and k as rope_table made them. Returns q [T, H, D], k [T, KV,

@@ -1,13 +1,13 @@
 """The attention ops in plain Paddle, vectorised over the batch: the CPU side of the ops interface.
 
-A layer's CPU value cache is [num_blocks, kv_heads, block_size, head_dim]: the reference's
+A layer's CPU value cache is [num_blocks, kv_heads, block_size, head_dim]: FastDeploy's
 [num_blocks, block_size, kv_heads, head_dim] with each block stored head by head, so that
 a gathered block is a batch of per-head [block_size, head_dim] matrices, ready for a
 batched matmul, and a gather copies whole contiguous blocks. The key cache stores each
 head's block transposed, [num_blocks, kv_heads, head_dim, block_size]: a decode's scores
 are then queries [G, D] @ keys [D, bs], a form MKL's batched matmul runs at the speed the
-memory delivers the keys, where keys [bs, D] @ queries^T [D, G] (G = 2) took 1.6 times
-as long (64 decode rows, 1,150-token contexts: 3.3 against 2.0 ms a layer). Paddle's CPU
+memory delivers the keys, where keys [bs, D] @ queries^T [D, G] (G = 2) take far longer
+(figures for this and the choices below: benchmarks/results.md, "Design measurements"). Paddle's CPU
 transposes of more than three axes, and adds that broadcast over middle axes, are many
 times slower than the arithmetic at these sizes; the layouts here avoid both.
 Grouped-query attention never repeats keys: a KV head's G queries are matmul'd together.
@@ -21,6 +21,8 @@ from typing import NamedTuple
 import numpy as np
 import paddle
 import paddle.nn.functional as F
+
+from stages.attention.interface import Heads
 
 _NEG = -1e30
 
@@ -47,14 +49,12 @@ def head_dim_order(head_dim: int, interleaved: bool) -> np.ndarray:
 def pack_qkv(
     weight: paddle.Tensor,
     bias: paddle.Tensor | None,
-    num_heads: int,
-    num_kv_heads: int,
-    head_dim: int,
-    interleaved: bool,
+    heads: Heads,
 ) -> tuple[paddle.Tensor, paddle.Tensor | None]:
     """Query and key columns reordered head by head so that each rotary pair is adjacent:
     qkv_rope then rotates with one complex multiply instead of slicing and concatenating
     halves (Paddle's CPU copies of strided halves cost more than the matmul at 2048 rows)."""
+    num_heads, num_kv_heads, head_dim, interleaved = heads
     order = head_dim_order(head_dim, interleaved)
     rotary_heads = num_heads + num_kv_heads
     columns = np.concatenate(
@@ -69,15 +69,13 @@ def pack_qkv(
 def rope_table(
     cos: paddle.Tensor,
     sin: paddle.Tensor,
-    num_heads: int,
-    num_kv_heads: int,
-    head_dim: int,
-    interleaved: bool,
+    heads: Heads,
 ) -> paddle.Tensor:
     """Each rotary pair's turn cos + i sin, tiled over the query and key heads: complex
     [T, H + KV, D / 2]."""
+    num_heads, num_kv_heads, head_dim, interleaved = heads
     t, half = cos.shape[0], head_dim // 2
-    heads = num_heads + num_kv_heads
+    rotary_heads = num_heads + num_kv_heads
     # cos and sin [T, D] hold each pair's angle twice; one of each pair makes the turn.
     if interleaved:
         cos, sin = cos[:, 0::2], sin[:, 0::2]
@@ -85,8 +83,9 @@ def rope_table(
         cos, sin = cos[:, :half], sin[:, :half]
     # Tiled over the heads as real numbers, then viewed as complex: Paddle's CPU expand and
     # broadcasting multiply are many times slower on complex or middle axes.
-    turn = paddle.tile(paddle.stack([cos, sin], axis=-1).reshape([t, 1, head_dim]), [1, heads, 1])
-    return paddle.as_complex(turn.reshape([t, heads, half, 2]))
+    pair_turns = paddle.stack([cos, sin], axis=-1).reshape([t, 1, head_dim])
+    turn = paddle.tile(pair_turns, [1, rotary_heads, 1])
+    return paddle.as_complex(turn.reshape([t, rotary_heads, half, 2]))
 
 
 def qkv_rope(
@@ -94,13 +93,11 @@ def qkv_rope(
     weight: paddle.Tensor,
     bias: paddle.Tensor | None,
     rope: paddle.Tensor,
-    num_heads: int,
-    num_kv_heads: int,
-    head_dim: int,
-    interleaved: bool,
+    heads: Heads,
 ) -> tuple[paddle.Tensor, paddle.Tensor, paddle.Tensor]:
     """weight and bias as pack_qkv made them: each rotary pair (a, b) of a head is one
     complex number a + ib, turned by rope_table's cos + i sin of its angle."""
+    num_heads, num_kv_heads, head_dim, interleaved = heads
     qkv = paddle.matmul(x, weight)
     if bias is not None:
         qkv = qkv + bias
@@ -182,7 +179,7 @@ def _softmax_attend(heads, keys, values, mask, keys_transposed: bool = False) ->
     Scores are [KV, G, B, S, K], so the mask broadcasts over leading axes only: Paddle's
     CPU add is many times slower when it broadcasts over a middle axis. The mask and the
     softmax work in place: scores are the step's largest tensor, and each fresh copy of it
-    costs more than the arithmetic (2 x 896 tokens: 68 against 76 ms a layer)."""
+    costs more than the arithmetic."""
     scores = paddle.matmul(heads, keys.unsqueeze(1), transpose_y=not keys_transposed)
     scores.add_(mask)
     return paddle.matmul(F.softmax_(scores, axis=-1), values.unsqueeze(1))  # [KV, G, B, S, D]
@@ -222,7 +219,7 @@ def prefill(
     split = int(s * 0.71) if s >= _SPLIT_CAUSAL_FROM else s
     parts = []
     for lo, hi in ((0, split), (split, s)):
-        if hi > lo:  # queries lo..hi-1 see keys 0..hi-1 (2 x 896 tokens: 55 against 64 ms)
+        if hi > lo:  # queries lo..hi-1 see keys 0..hi-1
             out = _softmax_attend(
                 _query_heads(q[:, lo:hi], kv),
                 _kv_heads_first(k[:, :hi]),
@@ -245,7 +242,7 @@ def _gather_rows(cache: paddle.Tensor, block_list: paddle.Tensor) -> paddle.Tens
 def _gather_key_columns(k_cache: paddle.Tensor, block_list: paddle.Tensor) -> paddle.Tensor:
     """The transposed key blocks of each row of block_list [B, M], side by side as
     [KV, B, D, M * bs]: split and joined on the last axis, where one 4-axis transpose
-    takes ten times as long (2 rows of 8 blocks: 0.4 against 4.6 ms)."""
+    takes about ten times as long."""
     _, kv, d, bs = k_cache.shape
     b, m = block_list.shape
     blocks = paddle.gather(k_cache, block_list.reshape([-1])).reshape([b * m, kv, d * bs])
@@ -313,7 +310,7 @@ def decode(
     (decode_layout's places), where one in-place softmax normalises every row over all its
     blocks; the block mapping then sums each row's weighted values. That is fewer and
     lighter ops than combining per-block maxima and sums, as the HPU's flat attention
-    does, with the same result (32 rows of 512 tokens: 27 against 30 ms a forward). A
+    does, with the same result. A
     block span (block_range) is read in place: matmuls straight over a slice of the cache
     run twice as fast as gathering the same blocks first."""
     r, h, d = q.shape

@@ -46,7 +46,7 @@ from typing import Any
 
 import paddle
 
-from stages.attention.interface import Cache
+from stages.attention.interface import Cache, Heads
 
 INSTALL_HINT = (
     "attention.ops=intel_hpu needs the Intel HPU plugin: install paddle-custom-device for "
@@ -80,10 +80,7 @@ class IntelHPUOps:
         self,
         weight: paddle.Tensor,
         bias: paddle.Tensor | None,
-        num_heads: int,
-        num_kv_heads: int,
-        head_dim: int,
-        interleaved: bool,
+        heads: Heads,
     ) -> tuple[paddle.Tensor, paddle.Tensor | None]:
         return weight, bias  # fused_qkv_rope takes the checkpoint's layout
 
@@ -91,13 +88,10 @@ class IntelHPUOps:
         self,
         cos: paddle.Tensor,
         sin: paddle.Tensor,
-        num_heads: int,
-        num_kv_heads: int,
-        head_dim: int,
-        interleaved: bool,
+        heads: Heads,
     ) -> paddle.Tensor:
         """cos and sin stacked as the op's rotary_embs, [2, 1, T, 1, D]."""
-        return paddle.stack([cos, sin], axis=0).reshape([2, 1, cos.shape[0], 1, head_dim])
+        return paddle.stack([cos, sin], axis=0).reshape([2, 1, cos.shape[0], 1, heads.head_dim])
 
     def qkv_rope(
         self,
@@ -105,11 +99,9 @@ class IntelHPUOps:
         weight: paddle.Tensor,
         bias: paddle.Tensor | None,
         rope: paddle.Tensor,
-        num_heads: int,
-        num_kv_heads: int,
-        head_dim: int,
-        interleaved: bool,
+        heads: Heads,
     ) -> tuple[paddle.Tensor, paddle.Tensor, paddle.Tensor]:
+        num_heads, num_kv_heads, head_dim, interleaved = heads
         tokens = x.shape[0]
         # The op derives the KV head count from the weight's width; a mismatch would
         # silently split q, k and v at the wrong columns.

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import paddle
 import paddle.nn.functional as F
 
-from stages.attention.hpu import Heads
+from stages.attention.interface import Heads
 from stages.metadata import ForwardMeta
 from stages.request import Request
 
@@ -35,12 +35,10 @@ def qkv_rope(
     bias: paddle.Tensor | None,
     cos: paddle.Tensor,
     sin: paddle.Tensor,
-    num_heads: int,
-    num_kv_heads: int,
-    head_dim: int,
-    interleaved: bool,
+    heads: Heads,
 ) -> tuple[paddle.Tensor, paddle.Tensor, paddle.Tensor]:
     """The QKV projection and rotary positions in the checkpoint's own layout."""
+    num_heads, num_kv_heads, head_dim, interleaved = heads
     qkv = paddle.matmul(x, weight)
     if bias is not None:
         qkv = qkv + bias
@@ -78,7 +76,7 @@ class ReferenceAttention:
         self, layer: int, x: paddle.Tensor, state: ReferenceStep
     ) -> tuple[paddle.Tensor, paddle.Tensor, paddle.Tensor]:
         weight, bias = self._qkv[layer]
-        return qkv_rope(x, weight, bias, state.cos, state.sin, *self.heads)
+        return qkv_rope(x, weight, bias, state.cos, state.sin, self.heads)
 
     def _attend(self, layer: int, seq: int, start: int, q, k, v) -> paddle.Tensor:
         """q [n, H, D] at positions start..start+n-1 of sequence seq -> [n, H*D]."""
