@@ -33,6 +33,7 @@ def generation_line(request: Request, tokenizer) -> dict[str, Any]:
         "id": request.id,
         "prompt": request.prompt,
         "prompt_tokens": len(request.prompt_ids),
+        "cached_tokens": request.cached_tokens,
         "output_ids": request.output_ids,
         "output_text": output_text(request, tokenizer),
         "finish_reason": request.finish_reason,

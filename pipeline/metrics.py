@@ -39,7 +39,10 @@ class StepRecord:
         return cls(
             step=step,
             mode=plan.mode,
-            prefill=[{"id": c.request.id, "start": c.start, "end": c.end} for c in plan.prefill],
+            prefill=[
+                {"id": c.request.id, "start": c.start, "end": c.end, "cached": c.cached}
+                for c in plan.prefill
+            ],
             decode=[r.id for r in plan.decode],
             preempted=[r.id for r in plan.preempted],
             num_tokens=plan.num_tokens,
@@ -87,6 +90,8 @@ def summarise(
     served = [r for r in requests if r.finish_reason != "error"]
     output_tokens = sum(len(r.output_ids) for r in requests)
     real = sum(s.num_tokens for s in steps)
+    prompt = sum(len(r.prompt_ids) for r in served)
+    cached = sum(r.cached_tokens for r in served)
     padded = sum(s.padded_tokens for s in steps)
 
     def ms(values: list[float | None]) -> dict[str, float | None]:
@@ -106,4 +111,5 @@ def summarise(
         "e2e_ms": ms([e2e_s(r) for r in served]),
         "token_utilization": real / padded if padded else None,
         "num_preemptions": sum(r.num_preemptions for r in requests),
+        "prefix_cache_hit_rate": cached / prompt if prompt else None,
     }

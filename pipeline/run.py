@@ -8,7 +8,7 @@ from typing import Any
 import paddle
 import structlog
 from hydra.errors import InstantiationException
-from hydra.utils import instantiate
+from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue
 
@@ -102,8 +102,14 @@ def build_engine(cfg: DictConfig) -> tuple[Engine, list[Request]]:
 
 
 def build_kv_cache(cfg: DictConfig, requests: list[Request]) -> KVCacheManager:
+    """The block pool; prefix caching where the attention stage reads a paged cache (the
+    dense oracle keeps each request's keys apart, so it has nothing to share)."""
+    attention = get_class(cfg.attention._target_)
+    caching = cfg.prefix_caching and getattr(attention, "supports_prefix_caching", False)
     try:
-        return KVCacheManager(cfg.num_blocks or derive_num_blocks(cfg, requests), cfg.block_size)
+        return KVCacheManager(
+            cfg.num_blocks or derive_num_blocks(cfg, requests), cfg.block_size, caching
+        )
     except ValueError as err:
         raise ConfigError(str(err)) from err
 
@@ -121,6 +127,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
         num_blocks=num_blocks,
         max_tokens=cfg.max_tokens,
         block_size=cfg.block_size,
+        prefix_caching=engine.scheduler.kv_cache.prefix is not None,
     )
 
     steps: list[StepRecord] = []

@@ -182,6 +182,7 @@ class PipelineConf:
     max_num_seqs: int = 32  # requests in one step at most
     max_model_len: int = 2048  # prompt + output tokens of one request at most
     num_blocks: int = 0  # KV block pool size; 0 = derived so that the workload fits
+    prefix_caching: bool = True  # reuse the KV blocks of a shared prompt prefix
     seed: int = 0  # model weights, workload and sampling streams
     device: str = "cpu"  # cpu, or intel_hpu where the plugin is installed
     warmup: bool = False  # run every bucket shape once before the workload

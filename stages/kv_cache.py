@@ -1,13 +1,25 @@
-"""The KV-cache manager: the block pool, each request's block table and the scratch block.
+"""The KV-cache manager: the block pool, each request's block table, the scratch block and
+the prefix cache.
 
 The scheduler asks it for room (`allocate_slots`) and gives blocks back (`free`); the
 metadata builder reads block tables from it, and the attention stage sizes its tensors by
 it. Block arithmetic lives here and nowhere else.
+
+Prefix caching: a full block's content hash covers its parent block's hash and its own
+token ids, so equal hashes mean an equal whole prefix. A block is free (no content),
+held (by one or more requests: its reference count), or cached (content kept, held by
+nobody): cached blocks are reused by a later request with the same prefix, and evicted
+least recently used, only when a fresh block is needed and none is free.
 """
 
 from __future__ import annotations
 
+import hashlib
 import heapq
+from collections import OrderedDict
+from collections.abc import Sequence
+
+import numpy as np
 
 from stages.request import Request
 
@@ -15,6 +27,14 @@ from stages.request import Request
 def blocks_for(num_tokens: int, block_size: int) -> int:
     """Blocks that hold num_tokens tokens."""
     return -(-num_tokens // block_size)
+
+
+def chain_hash(parent: bytes, token_ids: np.ndarray) -> bytes:
+    """A block's content hash: its parent's hash and its token ids (int64), by blake2b."""
+    return hashlib.blake2b(parent + token_ids.tobytes(), digest_size=16).digest()
+
+
+ROOT_HASH = b""  # the parent of a sequence's first block
 
 
 class BlockPool:
@@ -35,20 +55,60 @@ class BlockPool:
             raise RuntimeError(f"asked for {count} blocks, {len(self._free)} free")
         return [heapq.heappop(self._free) for _ in range(count)]
 
-    def release(self, blocks: list[int]) -> None:
+    def release(self, blocks: Sequence[int]) -> None:
         for block in blocks:
             heapq.heappush(self._free, block)
+
+
+class PrefixCache:
+    """Content hashes of full blocks, reference counts, and the cached blocks nobody holds
+    in least-recently-used order."""
+
+    def __init__(self, num_blocks: int) -> None:
+        self.refs = [0] * num_blocks
+        self.block_of: dict[bytes, int] = {}  # content hash -> block
+        self.hash_of: dict[int, bytes] = {}  # block -> content hash
+        self.unheld: OrderedDict[int, None] = OrderedDict()  # cached, held by nobody: LRU first
+
+    def hold(self, block: int) -> None:
+        self.refs[block] += 1
+        self.unheld.pop(block, None)
+
+    def drop(self, block: int) -> bool:
+        """One holder fewer; True when the block is now free (held by nobody, no content)."""
+        self.refs[block] -= 1
+        if self.refs[block]:
+            return False
+        if block in self.hash_of:
+            self.unheld[block] = None
+            return False
+        return True
+
+    def register(self, block: int, content: bytes) -> None:
+        """The block's content is now `content`, unless another block already holds it."""
+        if content not in self.block_of and block not in self.hash_of:
+            self.block_of[content] = block
+            self.hash_of[block] = content
+
+    def evict(self) -> int:
+        """The least recently used cached block, its content forgotten."""
+        block, _ = self.unheld.popitem(last=False)
+        del self.block_of[self.hash_of.pop(block)]
+        return block
 
 
 class KVCacheManager:
     """Which blocks each request holds, keyed by the request's internal sequence number."""
 
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(self, num_blocks: int, block_size: int, prefix_caching: bool = False) -> None:
         if num_blocks < 1:
             raise ValueError(f"num_blocks={num_blocks}: the KV pool needs at least one block")
         self.block_size = block_size
         self.pool = BlockPool(num_blocks)
+        self.prefix = PrefixCache(num_blocks) if prefix_caching else None
         self._tables: dict[int, list[int]] = {}
+        self._chains: dict[int, list[bytes]] = {}  # content hashes of a request's full blocks
+        self._registered: dict[int, int] = {}  # how many of its blocks have been registered
 
     @property
     def num_blocks(self) -> int:
@@ -67,7 +127,9 @@ class KVCacheManager:
 
     @property
     def num_free_blocks(self) -> int:
-        return self.pool.num_free
+        """Blocks a request could be given now: free ones and cached ones nobody holds."""
+        unheld = len(self.prefix.unheld) if self.prefix else 0
+        return self.pool.num_free + unheld
 
     def blocks_for(self, num_tokens: int) -> int:
         return blocks_for(num_tokens, self.block_size)
@@ -76,24 +138,91 @@ class KVCacheManager:
         """The request's blocks in sequence order (empty when it holds none)."""
         return self._tables.get(request.seq_id, [])
 
+    # -- prefix caching ----------------------------------------------------------------------
+    def match_prefix(self, request: Request) -> list[int]:
+        """The cached blocks of the longest cached prefix of the request's tokens, whole
+        blocks only, always leaving its last token to compute (so there are logits to
+        sample); touches nothing. Empty without prefix caching."""
+        if self.prefix is None:
+            return []
+        chain = self._chain(request, (request.num_tokens - 1) // self.block_size)
+        blocks = []
+        for content in chain:
+            block = self.prefix.block_of.get(content)
+            if block is None:
+                break
+            blocks.append(block)
+        return blocks
+
+    def _chain(self, request: Request, num_blocks: int) -> list[bytes]:
+        """Content hashes of the request's first num_blocks full blocks, made once each."""
+        chain = self._chains.setdefault(request.seq_id, [])
+        if len(chain) < num_blocks:
+            bs = self.block_size
+            ids = np.asarray(request.all_ids[len(chain) * bs : num_blocks * bs], dtype=np.int64)
+            parent = chain[-1] if chain else ROOT_HASH
+            for j in range(num_blocks - len(chain)):
+                parent = chain_hash(parent, ids[j * bs : (j + 1) * bs])
+                chain.append(parent)
+        return chain[:num_blocks]
+
+    def cache_computed_blocks(self, request: Request) -> None:
+        """Registers the content of the request's blocks that its computed tokens fill."""
+        if self.prefix is None:
+            return
+        table = self.block_table(request)
+        full = min(request.num_computed // self.block_size, len(table))
+        done = self._registered.get(request.seq_id, 0)
+        if full > done:
+            chain = self._chain(request, full)
+            for block, content in zip(table[done:full], chain[done:], strict=True):
+                self.prefix.register(block, content)
+            self._registered[request.seq_id] = full
+
+    # -- allocation --------------------------------------------------------------------------
     def num_new_blocks(self, request: Request, num_new_tokens: int) -> int:
         """Blocks the request still needs to hold its computed tokens plus num_new_tokens."""
         total = self.blocks_for(request.num_computed + num_new_tokens)
         return max(0, total - len(self.block_table(request)))
 
     def can_fit(self, request: Request, num_new_tokens: int) -> bool:
-        return self.num_new_blocks(request, num_new_tokens) <= self.pool.num_free
+        return self.num_new_blocks(request, num_new_tokens) <= self.num_free_blocks
 
-    def allocate_slots(self, request: Request, num_new_tokens: int) -> bool:
+    def allocate_slots(
+        self, request: Request, num_new_tokens: int, cached: Sequence[int] = ()
+    ) -> bool:
         """Room for num_new_tokens more tokens of the request; False (nothing taken) when
-        the pool cannot give it."""
-        needed = self.num_new_blocks(request, num_new_tokens)
-        if needed > self.pool.num_free:
+        the pool cannot give it. `cached` is a prefix match_prefix found for a request
+        holding no blocks, whose num_computed already counts them: it takes them too."""
+        unheld = sum(1 for b in cached if b in self.prefix.unheld) if cached else 0
+        new = self.blocks_for(request.num_computed + num_new_tokens)
+        new -= len(self.block_table(request)) + len(cached)
+        if max(0, new) > self.num_free_blocks - unheld:
             return False
-        if needed:
-            self._tables.setdefault(request.seq_id, []).extend(self.pool.allocate(needed))
+        table = self._tables.setdefault(request.seq_id, [])
+        for block in cached:
+            self.prefix.hold(block)
+        table.extend(cached)
+        table.extend(self._take(max(0, new)))
         return True
 
+    def _take(self, count: int) -> list[int]:
+        """count fresh blocks: free ones first, then cached ones nobody holds, oldest first."""
+        from_pool = min(count, self.pool.num_free)
+        blocks = self.pool.allocate(from_pool)
+        blocks += [self.prefix.evict() for _ in range(count - from_pool)]
+        if self.prefix is not None:
+            for block in blocks:
+                self.prefix.hold(block)
+        return blocks
+
     def free(self, request: Request) -> None:
-        """Every block the request holds goes back to the pool."""
-        self.pool.release(self._tables.pop(request.seq_id, []))
+        """The request lets go of every block it holds: a block nobody holds goes back to
+        the pool, or stays cached when its content is known."""
+        table = self._tables.pop(request.seq_id, [])
+        self._chains.pop(request.seq_id, None)
+        self._registered.pop(request.seq_id, None)
+        if self.prefix is None:
+            self.pool.release(table)
+        else:
+            self.pool.release([b for b in table if self.prefix.drop(b)])

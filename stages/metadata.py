@@ -274,6 +274,8 @@ class HPUMetadataBuilder:
         taken while that bucket is at most decode_span times the row-by-row one."""
         if not self.decode_span or not row_blocks.size:
             return None
+        if np.unique(row_blocks).size < row_blocks.size:
+            return None  # rows share cached prefix blocks: a span has one place per block
         low, high = int(row_blocks.min()), int(row_blocks.max()) + 1
         width, prepared = self.buckets.fit("decode_blocks", high - low)
         listed, _ = self.buckets.fit("decode_blocks", row_blocks.size)

@@ -50,6 +50,7 @@ class Request:
     token_times: list[float] = field(default_factory=list)  # seconds since the run's start
     finish_s: float | None = None
     num_preemptions: int = 0
+    cached_tokens: int = 0  # prompt tokens found in the prefix cache at first admission
     logprobs: list[dict[int, float]] = field(default_factory=list)  # per output token, if asked
 
     @property
@@ -93,6 +94,7 @@ class PrefillChunk:
     request: Request
     start: int  # first position computed by this chunk
     end: int  # one past the last
+    cached: int = 0  # tokens before start taken from the prefix cache at this admission
 
     @property
     def length(self) -> int:

@@ -218,9 +218,12 @@ class ChunkedScheduler:
 
     def _admit_waiting(self, plan: StepPlan, budget: StepBudget, now: float) -> None:
         """First chunks of waiting requests, in order, while the budget, max_num_seqs and
-        the cache allow; the first that does not fit ends admission (it never loops)."""
+        the cache allow; the first that does not fit ends admission (it never loops). A
+        request's first chunk starts after its longest cached prefix."""
         while self.waiting and budget.left > 0 and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
+            cached = self.kv_cache.match_prefix(request)
+            request.num_computed = len(cached) * self.block_size
             remaining = request.num_tokens - request.num_computed
             too_long = self._one_step_error(remaining)
             if too_long:  # only a preempted request gets here: its recompute outgrew a step
@@ -229,17 +232,20 @@ class ChunkedScheduler:
                 plan.failed.append(request)
                 continue
             n = self._prefill_len(remaining, budget)
-            if n == 0 or not self.kv_cache.allocate_slots(request, n):
+            if n == 0 or not self.kv_cache.allocate_slots(request, n, cached):
+                request.num_computed = 0
                 return
             self.waiting.popleft()
             request.status = Status.RUNNING
+            if not request.num_preemptions:
+                request.cached_tokens = request.num_computed
             self.running.append(request)
-            plan.prefill.append(self._chunk(request, n))
+            plan.prefill.append(self._chunk(request, n, cached=request.num_computed))
             self._charge(n, budget)
 
     @staticmethod
-    def _chunk(request: Request, n: int) -> PrefillChunk:
-        return PrefillChunk(request, request.num_computed, request.num_computed + n)
+    def _chunk(request: Request, n: int, cached: int = 0) -> PrefillChunk:
+        return PrefillChunk(request, request.num_computed, request.num_computed + n, cached)
 
     def _preempt(self, victim: Request, plan: StepPlan) -> None:
         self.running.remove(victim)
@@ -260,6 +266,7 @@ class ChunkedScheduler:
         rows += [(r, r.num_computed + 1, True) for r in plan.decode]
         for row, (request, computed, keeps_sample) in enumerate(rows):
             request.num_computed = computed
+            self.kv_cache.cache_computed_blocks(request)  # its keys and values are written now
             if not keeps_sample:
                 continue
             logprobs = samples.logprobs[row] if samples.logprobs is not None else None

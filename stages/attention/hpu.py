@@ -40,6 +40,8 @@ class StepState:
 class PagedAttention:
     """Owns the KV cache tensors; the KV-cache manager owns which blocks each request holds."""
 
+    supports_prefix_caching = True  # requests may share a cached prefix's blocks
+
     def __init__(
         self,
         kv_cache: KVCacheManager,

@@ -58,6 +58,8 @@ class ReferenceStep:
 class ReferenceAttention:
     """Keys and values per request, keyed by its internal sequence number."""
 
+    supports_prefix_caching = False  # each request computes every one of its tokens
+
     def __init__(self, num_layers: int, **_unused) -> None:
         self.keys: list[dict[int, paddle.Tensor]] = [{} for _ in range(num_layers)]
         self.values: list[dict[int, paddle.Tensor]] = [{} for _ in range(num_layers)]
