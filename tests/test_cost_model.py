@@ -95,6 +95,7 @@ def test_prefill_flops_by_hand_when_compute_bound():
     assert parts["prefill_attention"] == pytest.approx(attention / FLOPS)
     assert parts["kv_write"] == pytest.approx(128 * KV_BYTES_PER_TOKEN / BANDWIDTH)
     # The lm head reads its weights once for 2 rows: memory-bound.
+    assert spec.lm_head_flops(2) == lm_head < LM_HEAD_PARAMS * 2 / BANDWIDTH * FLOPS
     assert parts["lm_head"] == pytest.approx(LM_HEAD_PARAMS * 2 / BANDWIDTH)
 
 
@@ -167,9 +168,7 @@ def test_kv_pool_of_llama_8b_on_gaudi2():
         spec = instantiate(compose(config_name="config", overrides=["model=spec/llama31_8b"]).model)
         gaudi2 = instantiate(compose(config_name="hardware/gaudi2").hardware)
         h100 = instantiate(compose(config_name="hardware/h100").hardware)
-        big = instantiate(
-            compose(config_name="config", overrides=["model=spec/llama31_70b"]).model
-        )
+        big = instantiate(compose(config_name="config", overrides=["model=spec/llama31_70b"]).model)
     # 96 GiB less 10%, 16.06 GB of bf16 weights, 4 GiB of graphs; 128 x 128 KiB a block.
     free = 96 * GIB * 0.9 - 8_030_261_248 * 2 - 4 * GIB
     assert kv_pool_blocks(spec, gaudi2, 128, 1) == int(free // (128 * 128 * 1024))

@@ -9,7 +9,7 @@ import pytest
 from hydra import compose, initialize_config_module
 from hydra.utils import instantiate
 
-from pipeline.checks import ConfigError
+from pipeline.checks import ConfigError, check_config
 from pipeline.run import build
 from pipeline.schema import register_schemas
 from stages.simulator.spec import ModelSpec, MoeLayout, model_spec
@@ -193,3 +193,10 @@ def test_bad_spec_configs_are_one_line_errors(tmp_path):
         model_spec(**TINY, num_experts=8, experts_per_token=9, expert_intermediate_size=32)
     with pytest.raises(ValueError, match="moe_layer"):
         MoeLayout(8, 2, 32, 0, frozenset())
+
+
+def test_the_engine_refuses_a_spec_without_weights():
+    with initialize_config_module(config_module="pipeline.conf", version_base="1.3"):
+        cfg = compose(config_name="config", overrides=["model=spec/llama31_8b"])
+    with pytest.raises(ConfigError, match="model=spec is a model without weights"):
+        check_config(cfg)
