@@ -25,9 +25,11 @@ class StepShape:
     def __post_init__(self) -> None:
         if self.block_size < 1:
             raise ValueError(f"StepShape: block_size={self.block_size} must be >= 1")
-        for name, dims in (("prefill", self.prefill), ("decode", self.decode)):
-            if dims is not None and min(dims) < 0:
-                raise ValueError(f"StepShape: {name}={dims} has a negative dimension")
+        for name, dims, size in (("prefill", self.prefill, 3), ("decode", self.decode, 2)):
+            if dims is not None and (len(dims) != size or min(dims) < 0):
+                raise ValueError(
+                    f"StepShape: {name}={dims} must be {size} dimensions, none negative"
+                )
         if len(self.context_lens) not in (0, len(self.chunk_lens)):
             raise ValueError(
                 f"StepShape: {len(self.context_lens)} context_lens for "

@@ -244,6 +244,15 @@ def spec_from_hf_config(config: dict[str, Any], name: str, dtype_bytes: int = 2)
     )
 
 
+def _spec_from_file(config: str, name: str, dtype_bytes: int) -> ModelSpec:
+    from stages.checkpoint import read_json  # imports Paddle, which presets do not need
+
+    path = Path(config).expanduser()
+    if path.is_dir():
+        path = path / "config.json"
+    return spec_from_hf_config(read_json(path), name or path.parent.name, dtype_bytes)
+
+
 def model_spec(
     config: str = "",
     name: str = "",
@@ -272,12 +281,7 @@ def model_spec(
                 "model.config is given with architecture fields too: give either "
                 "model.config=PATH or the fields (a model=spec/NAME preset), not both"
             )
-        from stages.checkpoint import read_json
-
-        path = Path(config).expanduser()
-        if path.is_dir():
-            path = path / "config.json"
-        return spec_from_hf_config(read_json(path), name or path.parent.name, dtype_bytes)
+        return _spec_from_file(config, name, dtype_bytes)
     if not hidden_size:
         raise ValueError(
             "model=spec has no architecture: give model.config=PATH (a config.json or its "
