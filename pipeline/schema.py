@@ -169,6 +169,61 @@ class JsonlWorkloadConf:
 
 
 @dataclass
+class SpecModelConf:
+    """A model without weights, for the simulated device: config.json or a preset's fields."""
+
+    _target_: str = "stages.simulator.spec.model_spec"
+    config: str = ""  # a config.json (or its folder); "" = the fields below
+    name: str = ""
+    vocab_size: int = 0
+    hidden_size: int = 0
+    num_layers: int = 0
+    num_heads: int = 0
+    num_kv_heads: int = 0
+    head_dim: int = 0  # 0 = hidden_size / num_heads
+    intermediate_size: int = 0
+    tied_embeddings: bool = False
+    qkv_bias: bool = False
+    num_experts: int = 0  # routed experts; 0 = a dense model
+    experts_per_token: int = 0
+    expert_intermediate_size: int = 0
+    num_shared_experts: int = 0
+    moe_layer_start: int = 0
+    moe_layer_end: int = -1  # -1 = the last layer
+    moe_layer_interval: int = 1
+    dtype_bytes: int = 2  # bf16
+
+
+@dataclass
+class HardwareConf:
+    """A device's public figures and the cost model's (uncalibrated) factors."""
+
+    _target_: str = "stages.simulator.hardware.HardwareProfile"
+    name: str = MISSING
+    bf16_tflops: float = MISSING  # dense peak
+    hbm_bandwidth_gbs: float = MISSING
+    hbm_capacity_gib: float = MISSING
+    interconnect_gbs: float = MISSING  # per device, one direction
+    gemm_efficiency: float = MISSING
+    attention_efficiency: float = MISSING
+    memory_efficiency: float = MISSING
+    interconnect_efficiency: float = MISSING
+    step_overhead_s: float = MISSING
+    compile_s: float = MISSING  # one bucket's graph at warmup
+    recompile_s: float = MISSING  # a bucket miss
+    graph_memory_gib: float = MISSING
+    kv_headroom: float = 0.1
+    pads_to_buckets: bool = True
+    coefficients: dict[str, float] = field(default_factory=dict)  # fitted; empty = defaults
+
+
+@dataclass
+class MeasuredHardwareConf:
+    _target_: str = "stages.simulator.hardware.read_profile"
+    path: str = MISSING  # a profile YAML written by CostModel.write_profile
+
+
+@dataclass
 class PipelineConf:
     tokenizer: Any = MISSING
     scheduler: Any = MISSING
@@ -201,6 +256,9 @@ SCHEMAS = {
     ("sampler", "random"): RandomSamplerConf,
     ("model", "transformer"): TransformerConf,
     ("model", "hf"): HfModelConf,
+    ("model", "spec"): SpecModelConf,
+    ("hardware", "device"): HardwareConf,
+    ("hardware", "measured"): MeasuredHardwareConf,
     ("workload", "synthetic"): SyntheticWorkloadConf,
     ("workload", "jsonl"): JsonlWorkloadConf,
     ("workload", "mixed"): MixedWorkloadConf,

@@ -1,0 +1,1 @@
+"""A simulated device: model specs without weights, hardware profiles and a step cost model."""

@@ -1,0 +1,311 @@
+"""Model specs without weights: the architecture's sizes and the arithmetic of a step on them.
+
+A `ModelSpec` comes from a Hugging Face config.json (`model=spec model.config=PATH`, read by
+`stages.checkpoint.read_spec`) or from a preset's fields (`model=spec/llama31_8b`). Every count
+is per device under tensor parallelism `tp`: attention heads, KV heads, MLP and expert widths,
+and the vocabulary are split; norms and the MoE router are replicated; KV heads are replicated
+when there are fewer of them than devices.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class MoeLayout:
+    """Routed experts of the MoE layers (ERNIE-4.5 style: shared experts always run)."""
+
+    num_experts: int
+    experts_per_token: int
+    expert_intermediate_size: int
+    num_shared_experts: int
+    layers: frozenset[int]
+
+    def __post_init__(self) -> None:
+        if self.expert_intermediate_size < 1 or self.num_shared_experts < 0:
+            raise ValueError(
+                f"model.expert_intermediate_size={self.expert_intermediate_size} must be >= 1 "
+                f"and model.num_shared_experts={self.num_shared_experts} >= 0"
+            )
+        if not self.layers:
+            raise ValueError("model: no layer routes to experts: check model.moe_layer_*")
+
+    def experts_touched(self, tokens: float) -> float:
+        """Distinct experts a step's tokens route to, expected under uniform routing: each
+        expert is missed by a token with probability 1 - k/E."""
+        if tokens <= 0:
+            return 0.0
+        e, k = self.num_experts, self.experts_per_token
+        return e * (1.0 - (1.0 - k / e) ** tokens)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int  # the dense MLP's (dense layers of a MoE model too)
+    tied_embeddings: bool = False
+    qkv_bias: bool = False
+    dtype_bytes: int = 2  # bf16
+    moe: MoeLayout | None = None
+
+    def __post_init__(self) -> None:
+        for key in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"model.{key}={getattr(self, key)} must be >= 1")
+        for key in ("head_dim", "intermediate_size", "dtype_bytes"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"model.{key}={getattr(self, key)} must be >= 1")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"model.num_heads={self.num_heads} is not a multiple of "
+                f"model.num_kv_heads={self.num_kv_heads}"
+            )
+        moe = self.moe
+        if moe is not None and not 1 <= moe.experts_per_token <= moe.num_experts:
+            raise ValueError(
+                f"model.experts_per_token={moe.experts_per_token} must be between 1 and "
+                f"model.num_experts={moe.num_experts}"
+            )
+
+    # -- tensor parallelism -------------------------------------------------------------
+
+    def check_tp(self, tp: int) -> None:
+        kv = self.num_kv_heads
+        if tp < 1 or self.num_heads % tp or (kv % tp and tp % kv):
+            raise ValueError(
+                f"tp={tp} does not split {self.name}'s {self.num_heads} heads and {kv} KV "
+                "heads evenly: choose a tp dividing num_heads, with KV heads divisible by "
+                "it or it by them"
+            )
+
+    def heads_per_device(self, tp: int = 1) -> int:
+        self.check_tp(tp)
+        return self.num_heads // tp
+
+    def kv_heads_per_device(self, tp: int = 1) -> int:
+        self.check_tp(tp)
+        return max(1, self.num_kv_heads // tp)
+
+    # -- parameters ---------------------------------------------------------------------
+
+    @property
+    def num_moe_layers(self) -> int:
+        return 0 if self.moe is None else len(self.moe.layers)
+
+    @property
+    def num_dense_layers(self) -> int:
+        return self.num_layers - self.num_moe_layers
+
+    def attention_params(self, tp: int = 1) -> int:
+        """One layer's q, k, v and o projections (and q/k/v biases), per device."""
+        h, d = self.hidden_size, self.head_dim
+        q, kv = self.heads_per_device(tp), self.kv_heads_per_device(tp)
+        bias = d * (q + 2 * kv) if self.qkv_bias else 0
+        return h * d * (2 * q + 2 * kv) + bias
+
+    def dense_mlp_params(self, tp: int = 1) -> int:
+        return 3 * self.hidden_size * _ceil_div(self.intermediate_size, tp)
+
+    def expert_params(self, tp: int = 1) -> int:
+        """One routed expert's gate, up and down projections, per device."""
+        if self.moe is None:
+            return 0
+        return 3 * self.hidden_size * _ceil_div(self.moe.expert_intermediate_size, tp)
+
+    def router_params(self) -> int:
+        """The router's weight and correction bias, replicated on every device."""
+        return 0 if self.moe is None else (self.hidden_size + 1) * self.moe.num_experts
+
+    def lm_head_params(self, tp: int = 1) -> int:
+        return _ceil_div(self.vocab_size, tp) * self.hidden_size
+
+    def _moe_layer_params(self, tp: int, experts: float) -> float:
+        shared = self.moe.num_shared_experts if self.moe else 0
+        return self.router_params() + (shared + experts) * self.expert_params(tp)
+
+    def _params(self, tp: int, experts: float, embeddings: bool) -> float:
+        layers = self.num_layers * (self.attention_params(tp) + 2 * self.hidden_size)
+        layers += self.num_dense_layers * self.dense_mlp_params(tp)
+        layers += self.num_moe_layers * self._moe_layer_params(tp, experts)
+        tables = 1 if self.tied_embeddings else 2
+        return layers + self.hidden_size + (tables * self.lm_head_params(tp) if embeddings else 0)
+
+    def num_parameters(self, tp: int = 1) -> int:
+        """Every weight (per device at `tp`): embeddings, layers, final norm, untied lm head."""
+        experts = self.moe.num_experts if self.moe else 0
+        return int(self._params(tp, experts, embeddings=True))
+
+    def active_parameters(self, embeddings: bool = True) -> int:
+        """The weights one token runs through: the routed experts it picks, not all."""
+        experts = self.moe.experts_per_token if self.moe else 0
+        return int(self._params(1, experts, embeddings))
+
+    def weight_bytes(self, tp: int = 1) -> int:
+        return self.num_parameters(tp) * self.dtype_bytes
+
+    def kv_bytes_per_token(self, tp: int = 1) -> int:
+        """Keys and values of one token in every layer, per device."""
+        per_layer = 2 * self.kv_heads_per_device(tp) * self.head_dim * self.dtype_bytes
+        return self.num_layers * per_layer
+
+    # -- the terms of a step ------------------------------------------------------------
+
+    def linear_flops(self, tokens: float, tp: int = 1) -> float:
+        """Projections, MLPs and experts over `tokens` rows: 2 FLOPs a multiply-add, each
+        token through its top-k routed experts, the shared experts and the router."""
+        k = self.moe.experts_per_token if self.moe else 0
+        per_token = self.num_layers * self.attention_params(tp)
+        per_token += self.num_dense_layers * self.dense_mlp_params(tp)
+        per_token += self.num_moe_layers * self._moe_layer_params(tp, k)
+        return 2.0 * tokens * per_token
+
+    def linear_bytes(self, tokens: float, tp: int = 1) -> float:
+        """Weights the GEMMs read once: every dense matrix, and of the routed experts only
+        those the step's tokens touch. Activations and norm vectors are left out: small
+        beside the weights wherever the weights' read is what bounds the step."""
+        if tokens <= 0:
+            return 0.0
+        touched = self.moe.experts_touched(tokens) if self.moe else 0.0
+        params = self.num_layers * self.attention_params(tp)
+        params += self.num_dense_layers * self.dense_mlp_params(tp)
+        params += self.num_moe_layers * self._moe_layer_params(tp, touched)
+        return params * self.dtype_bytes
+
+    def attention_flops(self, query_key_pairs: float, tp: int = 1) -> float:
+        """QK and PV: 2 x head_dim FLOPs each, per query-key pair, head and layer."""
+        heads = self.heads_per_device(tp)
+        return 4.0 * query_key_pairs * heads * self.head_dim * self.num_layers
+
+    def kv_bytes(self, tokens: float, tp: int = 1) -> float:
+        """KV cache traffic of `tokens` slots (read or written) in every layer."""
+        return tokens * self.kv_bytes_per_token(tp)
+
+    def lm_head_flops(self, rows: float, tp: int = 1) -> float:
+        return 2.0 * rows * self.lm_head_params(tp)
+
+    def lm_head_bytes(self, rows: float, tp: int = 1) -> float:
+        return self.lm_head_params(tp) * self.dtype_bytes if rows > 0 else 0.0
+
+    def allreduce_bytes(self, tokens: float, tp: int = 1) -> float:
+        """What each device sends in the ring all-reduces of a step: two per layer (after
+        attention and after the MLP), each of tokens x hidden activations."""
+        if tp == 1 or tokens <= 0:
+            return 0.0
+        message = tokens * self.hidden_size * self.dtype_bytes
+        return 2 * self.num_layers * message * 2.0 * (tp - 1) / tp
+
+
+def _moe_layers(num_layers: int, start: int, end: int, interval: int) -> frozenset[int]:
+    """ERNIE-4.5's rule: every `interval`-th layer from start to end (inclusive, -1 = last)."""
+    end = num_layers - 1 if end < 0 else end
+    return frozenset(i for i in range(num_layers) if (i + 1) % interval == 0 and start <= i <= end)
+
+
+def spec_from_hf_config(config: dict[str, Any], name: str, dtype_bytes: int = 2) -> ModelSpec:
+    """A spec from config.json's fields, checked by the checkpoint reader."""
+    from stages.checkpoint import read_spec  # imports Paddle, which presets do not need
+
+    checked = read_spec(config)
+    dims, moe = checked.dims, checked.moe
+    return ModelSpec(
+        name=name,
+        vocab_size=dims.vocab_size,
+        hidden_size=dims.hidden_size,
+        num_layers=dims.num_layers,
+        num_heads=dims.num_heads,
+        num_kv_heads=dims.num_kv_heads,
+        head_dim=dims.head_dim,
+        intermediate_size=dims.intermediate_size,
+        tied_embeddings=checked.tied,
+        qkv_bias=checked.qkv_bias,
+        dtype_bytes=dtype_bytes,
+        moe=None
+        if moe is None
+        else MoeLayout(
+            num_experts=moe.num_experts,
+            experts_per_token=moe.top_k,
+            expert_intermediate_size=moe.intermediate_size,
+            num_shared_experts=moe.num_shared,
+            layers=moe.layers,
+        ),
+    )
+
+
+def _spec_from_file(config: str, name: str, dtype_bytes: int) -> ModelSpec:
+    from stages.checkpoint import read_json  # imports Paddle, which presets do not need
+
+    path = Path(config).expanduser()
+    if path.is_dir():
+        path = path / "config.json"
+    return spec_from_hf_config(read_json(path), name or path.parent.name, dtype_bytes)
+
+
+def model_spec(
+    config: str = "",
+    name: str = "",
+    vocab_size: int = 0,
+    hidden_size: int = 0,
+    num_layers: int = 0,
+    num_heads: int = 0,
+    num_kv_heads: int = 0,
+    head_dim: int = 0,
+    intermediate_size: int = 0,
+    tied_embeddings: bool = False,
+    qkv_bias: bool = False,
+    num_experts: int = 0,
+    experts_per_token: int = 0,
+    expert_intermediate_size: int = 0,
+    num_shared_experts: int = 0,
+    moe_layer_start: int = 0,
+    moe_layer_end: int = -1,
+    moe_layer_interval: int = 1,
+    dtype_bytes: int = 2,
+) -> ModelSpec:
+    """The `model=spec` option: config.json at `config`, or else the fields given."""
+    if config:
+        if hidden_size or num_layers or vocab_size:
+            raise ValueError(
+                "model.config is given with architecture fields too: give either "
+                "model.config=PATH or the fields (a model=spec/NAME preset), not both"
+            )
+        return _spec_from_file(config, name, dtype_bytes)
+    if not hidden_size:
+        raise ValueError(
+            "model=spec has no architecture: give model.config=PATH (a config.json or its "
+            "folder) or choose a preset, e.g. model=spec/llama31_8b"
+        )
+    if moe_layer_interval < 1:
+        raise ValueError(f"model.moe_layer_interval={moe_layer_interval} must be >= 1")
+    moe = None
+    if num_experts:
+        layers = _moe_layers(num_layers, moe_layer_start, moe_layer_end, moe_layer_interval)
+        moe = MoeLayout(
+            num_experts, experts_per_token, expert_intermediate_size, num_shared_experts, layers
+        )
+    return ModelSpec(
+        name=name or "spec",
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        num_layers=num_layers,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim or (hidden_size // num_heads if num_heads else 0),
+        intermediate_size=intermediate_size,
+        tied_embeddings=tied_embeddings,
+        qkv_bias=qkv_bias,
+        dtype_bytes=dtype_bytes,
+        moe=moe,
+    )
