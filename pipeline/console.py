@@ -39,6 +39,7 @@ def _ms(metrics: Mapping[str, Any], key: str, stat: str) -> str:
 def summary_table(metrics: Mapping[str, Any]) -> str:
     """The headline figures of a run, one per line."""
     utilization = metrics.get("token_utilization")
+    hit_rate = metrics.get("prefix_cache_hit_rate")
     rows = [
         ("requests", f"{metrics['num_requests']} ({metrics['num_errors']} errors)"),
         ("output throughput", f"{metrics['output_throughput']:.1f} tok/s"),
@@ -46,6 +47,7 @@ def summary_table(metrics: Mapping[str, Any]) -> str:
         ("TPOT p50", _ms(metrics, "tpot_ms", "p50")),
         ("ITL p99", _ms(metrics, "itl_ms", "p99")),
         ("token utilization", "-" if utilization is None else f"{utilization:.2f}"),
+        ("prefix cache hits", "-" if hit_rate is None else f"{hit_rate:.0%} of prompt tokens"),
         ("bucket misses", str(metrics.get("bucket_misses", 0))),
         ("preemptions", str(metrics.get("num_preemptions", 0))),
     ]

@@ -150,12 +150,29 @@ class SyntheticWorkloadConf:
     rate: float = 0.0  # Poisson arrivals, requests/s; 0 = all at once
     start_s: float = 0.0  # arrivals begin here, seconds after the start
     seed: int = II("seed")
+    shared_prefix_tokens: int = 0  # each prompt starts with a shared prefix this long; 0 = none
+    num_prefixes: int = 1  # distinct shared prefixes; request i has prefix i mod this
 
 
 @dataclass
 class MixedWorkloadConf:
     _target_: str = "stages.workload.MixedWorkload"
     parts: dict[str, SyntheticWorkloadConf] = field(default_factory=dict)
+
+
+@dataclass
+class MultiTurnWorkloadConf:
+    _target_: str = "stages.workload.MultiTurnWorkload"
+    num_conversations: int = 8
+    turns: int = 4  # each turn's prompt: the previous prompt, its answer and a new question
+    system_prompt_tokens: int = 256
+    min_question_tokens: int = 16
+    max_question_tokens: int = 64
+    min_answer_tokens: int = 16  # the recorded answer's length is the turn's max_new_tokens
+    max_answer_tokens: int = 64
+    rate: float = 0.0  # conversations start as a Poisson process, per second; 0 = all at once
+    turn_gap_s: float = 1.0  # a turn arrives this long after the previous one
+    seed: int = II("seed")
 
 
 @dataclass
@@ -262,6 +279,7 @@ SCHEMAS = {
     ("workload", "synthetic"): SyntheticWorkloadConf,
     ("workload", "jsonl"): JsonlWorkloadConf,
     ("workload", "mixed"): MixedWorkloadConf,
+    ("workload", "multiturn"): MultiTurnWorkloadConf,
 }
 
 

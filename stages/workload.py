@@ -46,10 +46,21 @@ def prompt_of_length(tokenizer: Tokenizer, text: str, target: int) -> str:
     return text[:lo]
 
 
+def _text(rng: np.random.Generator, tokenizer: Tokenizer, target: int) -> str:
+    """Seeded words encoding to `target` tokens (within a token or two for subwords)."""
+    words = rng.choice(_WORDS, size=target + 8).tolist()
+    text = " ".join(words)
+    while len(tokenizer.encode(text)) < target:  # a subword tokenizer merges words
+        text += " " + " ".join(rng.choice(_WORDS, size=target).tolist())
+    return prompt_of_length(tokenizer, text, target)
+
+
 class SyntheticWorkload:
     """Seeded prompts with lengths drawn uniformly from a token range, each asking for a
     number of new tokens drawn from another, like vLLM's random dataset but readable
-    (words, not random ids); Poisson arrivals at `rate` from `start_s`."""
+    (words, not random ids); Poisson arrivals at `rate` from `start_s`. With
+    `shared_prefix_tokens`, each prompt starts with one of `num_prefixes` shared prefixes of
+    that length (a system prompt), request i with prefix i mod num_prefixes."""
 
     def __init__(
         self,
@@ -62,7 +73,14 @@ class SyntheticWorkload:
         rate: float = 0.0,
         start_s: float = 0.0,
         seed: int = 0,
+        shared_prefix_tokens: int = 0,
+        num_prefixes: int = 1,
     ) -> None:
+        if shared_prefix_tokens < 0 or num_prefixes < 1:
+            raise ValueError(
+                "workload.shared_prefix_tokens must be >= 0 (0 = none) and "
+                "workload.num_prefixes >= 1"
+            )
         if not 1 <= min_prompt_tokens <= max_prompt_tokens:
             raise ValueError(
                 "workload.min_prompt_tokens must be >= 1 and <= workload.max_prompt_tokens"
@@ -80,22 +98,28 @@ class SyntheticWorkload:
         self.rate = rate
         self.start_s = start_s
         self.seed = seed
+        self.shared_prefix_tokens = shared_prefix_tokens
+        self.num_prefixes = num_prefixes
 
-    def _text(self, rng: np.random.Generator, tokenizer: Tokenizer, target: int) -> str:
-        words = rng.choice(_WORDS, size=target + 8).tolist()
-        text = " ".join(words)
-        while len(tokenizer.encode(text)) < target:  # a subword tokenizer merges words
-            text += " " + " ".join(rng.choice(_WORDS, size=target).tolist())
-        return prompt_of_length(tokenizer, text, target)
+    def _prefixes(self, tokenizer: Tokenizer) -> list[str]:
+        """The shared prefixes, from a stream of their own: without them, a seed gives the
+        same prompts as it always has."""
+        if not self.shared_prefix_tokens:
+            return [""]
+        rng = np.random.default_rng([self.seed, 1])
+        return [
+            _text(rng, tokenizer, self.shared_prefix_tokens) + " " for _ in range(self.num_prefixes)
+        ]
 
     def load(self, tokenizer: Tokenizer, id_prefix: str = "req") -> list[Request]:
         rng = np.random.default_rng(self.seed)
         lengths = rng.integers(self.prompt_range[0], self.prompt_range[1] + 1, self.num_requests)
         new_tokens = rng.integers(self.new_range[0], self.new_range[1] + 1, self.num_requests)
         arrivals = poisson_arrivals(self.num_requests, self.rate, rng, self.start_s)
+        prefixes = self._prefixes(tokenizer)
         requests = []
         for i in range(self.num_requests):
-            prompt = self._text(rng, tokenizer, int(lengths[i]))
+            prompt = prefixes[i % len(prefixes)] + _text(rng, tokenizer, int(lengths[i]))
             requests.append(
                 Request(
                     id=f"{id_prefix}-{i}",
@@ -126,6 +150,86 @@ class MixedWorkload:
         requests = []
         for name, part in self.parts.items():
             for request in part.load(tokenizer, id_prefix=name):
+                request.index = len(requests)
+                requests.append(request)
+        return requests
+
+
+class MultiTurnWorkload:
+    """Chat conversations replayed turn by turn, as from a recorded chat log: turn t's
+    prompt is the conversation's system prompt, every earlier question with its recorded
+    answer, and a new question, so each turn's prompt is the previous one plus its answer
+    plus a question, and a prefix cache serves all but the new tail. A turn asks for as
+    many new tokens as its recorded answer has (ignoring EOS) and arrives `turn_gap_s`
+    after the previous one; conversations start as a Poisson process at `rate` (0: all
+    at once). Ids are `convC-turnT`."""
+
+    def __init__(
+        self,
+        num_conversations: int = 8,
+        turns: int = 4,
+        system_prompt_tokens: int = 256,
+        min_question_tokens: int = 16,
+        max_question_tokens: int = 64,
+        min_answer_tokens: int = 16,
+        max_answer_tokens: int = 64,
+        rate: float = 0.0,
+        turn_gap_s: float = 1.0,
+        seed: int = 0,
+    ) -> None:
+        if num_conversations < 1 or turns < 1 or system_prompt_tokens < 0:
+            raise ValueError(
+                "workload.num_conversations and workload.turns must be >= 1, "
+                "workload.system_prompt_tokens >= 0"
+            )
+        if not 1 <= min_question_tokens <= max_question_tokens:
+            raise ValueError("workload.min_question_tokens must be >= 1 and <= the max")
+        if not 1 <= min_answer_tokens <= max_answer_tokens:
+            raise ValueError("workload.min_answer_tokens must be >= 1 and <= the max")
+        if rate < 0 or turn_gap_s < 0:
+            raise ValueError("workload.rate and workload.turn_gap_s must be >= 0")
+        self.num_conversations = num_conversations
+        self.turns = turns
+        self.system_prompt_tokens = system_prompt_tokens
+        self.question_range = (min_question_tokens, max_question_tokens)
+        self.answer_range = (min_answer_tokens, max_answer_tokens)
+        self.rate = rate
+        self.turn_gap_s = turn_gap_s
+        self.seed = seed
+
+    def _conversation(
+        self, rng: np.random.Generator, tokenizer: Tokenizer, c: int, start: float
+    ) -> list[Request]:
+        history = (
+            _text(rng, tokenizer, self.system_prompt_tokens) + "\n"
+            if self.system_prompt_tokens
+            else ""
+        )
+        turns = []
+        for t in range(self.turns):
+            question = _text(rng, tokenizer, int(rng.integers(*self.question_range, endpoint=True)))
+            answer_tokens = int(rng.integers(*self.answer_range, endpoint=True))
+            prompt = f"{history}user: {question}\nassistant:"
+            turns.append(
+                Request(
+                    id=f"conv{c}-turn{t}",
+                    index=0,
+                    prompt=prompt,
+                    prompt_ids=tokenizer.encode(prompt),
+                    max_new_tokens=answer_tokens,
+                    arrival_s=start + t * self.turn_gap_s,
+                    ignore_eos=True,
+                )
+            )
+            history = f"{prompt} {_text(rng, tokenizer, answer_tokens)}\n"
+        return turns
+
+    def load(self, tokenizer: Tokenizer) -> list[Request]:
+        rng = np.random.default_rng(self.seed)
+        starts = poisson_arrivals(self.num_conversations, self.rate, rng)
+        requests = []
+        for c, start in enumerate(starts):
+            for request in self._conversation(rng, tokenizer, c, start):
                 request.index = len(requests)
                 requests.append(request)
         return requests
