@@ -80,22 +80,34 @@ def build_engine(cfg: DictConfig) -> tuple[Engine, list[Request]]:
     # A checkpoint's config and generation config name its end tokens too.
     eos_ids = tokenizer.eos_ids | model.eos_ids
     dims = model.dims
+    attention = build(
+        cfg.attention,
+        num_blocks=num_blocks,
+        num_layers=dims.num_layers,
+        num_kv_heads=dims.num_kv_heads,
+        head_dim=dims.head_dim,
+        dtype=model.dtype,
+    )
+    check_attention_ops(model, attention, cfg.attention.get("ops"))
     engine = Engine(
         tokenizer=tokenizer,
         scheduler=build(cfg.scheduler, num_blocks=num_blocks, eos_ids=eos_ids),
         metadata=build(cfg.metadata, num_blocks=num_blocks, pad_id=tokenizer.pad_id),
         model=model,
-        attention=build(
-            cfg.attention,
-            num_blocks=num_blocks,
-            num_layers=dims.num_layers,
-            num_kv_heads=dims.num_kv_heads,
-            head_dim=dims.head_dim,
-            dtype=model.dtype,
-        ),
+        attention=attention,
         sampler=build(cfg.sampler),
     )
     return engine, requests
+
+
+def check_attention_ops(model: Any, attention: Any, ops_name: str | None) -> None:
+    """A model that norms each query and key head needs ops that can (the HPU's cannot)."""
+    ops = getattr(attention, "ops", None)  # the dense reference has no backend: it can
+    if model.has_qk_norm and ops is not None and not getattr(ops, "supports_qk_norm", False):
+        raise ConfigError(
+            f"attention.ops={ops_name} has no fused q/k norm, which this model needs "
+            "(per-head RMSNorm of queries and keys, as in Qwen3): set attention.ops=cpu"
+        )
 
 
 def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:

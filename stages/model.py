@@ -1,7 +1,8 @@
-"""A decoder-only transformer of the Llama / Qwen2 / ERNIE-4.5 family, written with Paddle ops.
+"""A decoder-only transformer of the Llama / Qwen / ERNIE-4.5 family, written with Paddle ops.
 
 RMSNorm, rotary positions (rotate-half, or interleaved pairs as in ERNIE-4.5), grouped-query
-attention with optional q/k/v biases, and a SwiGLU MLP or a mixture of experts. The model
+attention with optional q/k/v biases and per-head q/k RMSNorm (Qwen3), and a SwiGLU MLP or
+a mixture of experts. The model
 computes projections and the MLP on all of a step's rows; attention goes to the attention
 stage, which owns the KV cache. Built-in weights are drawn from a seed, so no download;
 stages/checkpoint.py builds the same model from a Hugging Face folder.
@@ -117,6 +118,8 @@ class LayerWeights:
     mlp: DenseMLP | MoeMLP
     qkv_bias: paddle.Tensor | None = None  # [(heads + 2 * kv_heads) * head_dim]
     out_bias: paddle.Tensor | None = None
+    q_norm: paddle.Tensor | None = None  # [head_dim]: RMSNorm of each query head (Qwen3)
+    k_norm: paddle.Tensor | None = None  # [head_dim]: of each key head
 
 
 @dataclass
@@ -246,6 +249,10 @@ class TransformerLM:
         )
 
     @property
+    def has_qk_norm(self) -> bool:
+        return any(layer.q_norm is not None for layer in self.layers)
+
+    @property
     def has_moe(self) -> bool:
         return any(isinstance(layer.mlp, MoeMLP) for layer in self.layers)
 
@@ -334,6 +341,10 @@ class TransformerLM:
         cos = paddle.gather(self.cos, meta.positions)  # [tokens, head_dim]
         sin = paddle.gather(self.sin, meta.positions)
         for index, layer in enumerate(self.layers):
+            # Only q/k-normed models pass the norm, so the others' call stays as it was.
+            qk_norm = {}
+            if layer.q_norm is not None:
+                qk_norm["qk_norm"] = (layer.q_norm, layer.k_norm, self.rms_eps)
             # QKV and RoPE belong to the attention stage's ops: the HPU fuses them.
             q, k, v = attention.qkv_rope(
                 self._rms_norm(h, layer.attn_norm),
@@ -345,6 +356,7 @@ class TransformerLM:
                 d.num_kv_heads,
                 d.head_dim,
                 self.rope_interleaved,
+                **qk_norm,
             )
             attended = attention.forward(index, q, k, v, meta, layer.out)  # projected
             h = h + (attended if layer.out_bias is None else attended + layer.out_bias)

@@ -58,15 +58,20 @@ class PagedAttention:
         cos: paddle.Tensor,
         sin: paddle.Tensor,
         *heads: int | bool,
+        qk_norm: tuple[paddle.Tensor, paddle.Tensor, float] | None = None,
     ) -> tuple[paddle.Tensor, paddle.Tensor, paddle.Tensor]:
         """AttentionOps.qkv_rope on the layer's weight, packed once into the backend's
-        layout; `heads` are num_heads, num_kv_heads, head_dim and interleaved."""
+        layout; `heads` are num_heads, num_kv_heads, head_dim and interleaved; qk_norm
+        (q weight, k weight, eps), when the model norms heads, is packed with the weight."""
         packed = self._packed.get(id(weight))
         if packed is None or packed[0] is not weight:  # held, so an id is never reused
-            packed = (weight, *self.ops.pack_qkv(weight, bias, *heads))
+            norm = None if qk_norm is None else self.ops.pack_qk_norm(*qk_norm, *heads)
+            packed = (weight, *self.ops.pack_qkv(weight, bias, *heads), norm)
             self._packed[id(weight)] = packed
         rope = self._once("rope", cos, lambda: self.ops.rope_table(cos, sin, *heads))
-        return self.ops.qkv_rope(x, packed[1], packed[2], rope, *heads)
+        if packed[3] is None:  # the call of models without q/k norms stays as it was
+            return self.ops.qkv_rope(x, packed[1], packed[2], rope, *heads)
+        return self.ops.qkv_rope(x, packed[1], packed[2], rope, *heads, qk_norm=packed[3])
 
     def _once(self, purpose: str, source: paddle.Tensor, make: Callable[[], object]) -> object:
         """make(), unless it was made from this very tensor for this purpose already."""

@@ -35,15 +35,27 @@ def qkv_rope(
     num_kv_heads: int,
     head_dim: int,
     interleaved: bool,
+    qk_norm: tuple[paddle.Tensor, paddle.Tensor, float] | None = None,
 ) -> tuple[paddle.Tensor, paddle.Tensor, paddle.Tensor]:
-    """The QKV projection and rotary positions in the checkpoint's own layout."""
+    """The QKV projection and rotary positions in the checkpoint's own layout; qk_norm
+    (q weight [D], k weight [D], eps) RMS-norms each query and key head first."""
     qkv = paddle.matmul(x, weight)
     if bias is not None:
         qkv = qkv + bias
     q, k, v = paddle.split(
         qkv.reshape([x.shape[0], -1, head_dim]), [num_heads, num_kv_heads, num_kv_heads], axis=1
     )
+    if qk_norm is not None:
+        q_weight, k_weight, eps = qk_norm
+        q, k = head_rms_norm(q, q_weight, eps), head_rms_norm(k, k_weight, eps)
     return rotate(q, cos, sin, interleaved), rotate(k, cos, sin, interleaved), v
+
+
+def head_rms_norm(x: paddle.Tensor, weight: paddle.Tensor, eps: float) -> paddle.Tensor:
+    """x [T, heads, D] / the root mean square of each head * weight [D], in float32."""
+    x32 = x.astype("float32")
+    normed = x32 * paddle.rsqrt((x32 * x32).mean(axis=-1, keepdim=True) + eps)
+    return normed.astype(x.dtype) * weight
 
 
 class ReferenceAttention:
