@@ -7,7 +7,7 @@ import json
 import os
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +19,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
 
 from pipeline.checks import ConfigError
 from pipeline.run import build_engine
-from stages.checkpoint import SUPPORTED_ARCHITECTURES, export_hf_llama, load_hf_model
+from stages.checkpoint import SUPPORTED_ARCHITECTURES, export_hf_llama, load_hf_model, read_spec
 from stages.model import check_dtype
 from stages.workload import _WORDS
 from tests import numpy_reference
@@ -341,9 +341,67 @@ def test_missing_folder_and_config(tmp_path):
 
 
 def test_unknown_architecture_lists_the_supported_ones(tmp_path):
-    folder, config = good_folder(tmp_path, architectures=["MistralForCausalLM"])
-    text = expect_error(folder, "'MistralForCausalLM' is not supported")
+    folder, config = good_folder(tmp_path, architectures=["GPT2LMHeadModel"])
+    text = expect_error(folder, "'GPT2LMHeadModel' is not supported")
     assert all(name in text for name in SUPPORTED_ARCHITECTURES)
+
+
+@pytest.mark.parametrize(
+    ("names", "family"),
+    [
+        (["Ernie4_5_ForCausalLM", "Ernie4_5ForCausalLM"], "Ernie4_5_ForCausalLM"),
+        (["Ernie4_5_MoeForCausalLM", "Ernie4_5MoeForCausalLM"], "Ernie4_5_MoeForCausalLM"),
+    ],
+)
+def test_remote_code_and_transformers_names_read_alike(names, family):
+    """Baidu's remote-code name and transformers' own give the same model."""
+    specs = [read_spec(base_config(name, 40, **MOE)) for name in names]
+    assert {s.family for s in specs} == {family}
+    assert len({replace(s, architecture="") for s in specs}) == 1
+    assert specs[0].rope_interleaved and specs[0].tied
+
+
+def test_fused_experts_misshapen_or_missing_are_named(tmp_path):
+    config = base_config("Ernie4_5_MoeForCausalLM", 40, **MOE)
+    folder = tmp_path / "model"
+    weights = hf_weights(config, np.random.default_rng(0), fused_experts=True)
+    down = "model.layers.2.mlp.experts.down_proj"
+    weights[down] = weights[down].transpose(0, 2, 1)  # [experts, inter, hidden]
+    write_checkpoint(folder, config, weights, "float32")
+    expect_error(folder, f"weight {down} has shape [4, 32, 64], expected [4, 64, 32]")
+    del weights[down]
+    write_checkpoint(folder, config, weights, "float32")
+    expect_error(folder, f"weight {down} is missing")
+
+
+def test_a_sliding_window_covering_the_served_context_is_served(tmp_path):
+    folder, _ = good_folder(tmp_path, architectures=["MistralForCausalLM"], sliding_window=256)
+    expect_error(folder, "sliding_window=256 is smaller than the context of 512 tokens")
+    model = load_hf_model(str(folder), max_position=256)  # max_model_len=256 fits the window
+    assert model.max_position == 256
+
+
+def test_hpu_ops_refuse_a_q_k_normed_model_at_start(tmp_path, monkeypatch):
+    """The HPU's fused_qkv_rope has no per-head norm: a Qwen3 model is refused when the
+    pipeline is built, in one line, before any step."""
+    from pipeline import checks, run
+
+    folder, _, _ = make_folder(tmp_path, "qwen3, q/k norm, head_dim 32, tied")
+    monkeypatch.setitem(sys.modules, "paddlenlp_ops", object())  # a stand-in plugin
+    monkeypatch.setattr(checks, "_hpu_plugin_present", lambda: True)
+    monkeypatch.setattr(checks, "_hpu_ops_present", lambda: True)
+    monkeypatch.setattr(run.paddle, "set_device", lambda device: None)  # no HPU here
+    hpu = ["attention.ops=intel_hpu", "device=intel_hpu", *HF]
+    with pytest.raises(ConfigError) as err:
+        build_engine(make_config(["model=hf", f"model.path={folder}", *hpu]))
+    message = str(err.value)
+    assert message.startswith("attention.ops=intel_hpu has no fused q/k norm")
+    assert message.endswith("set attention.ops=cpu") and "\n" not in message
+    # A model without q/k norms is built on the same ops.
+    (tmp_path / "llama").mkdir()
+    folder, _, _ = make_folder(tmp_path / "llama", "llama, llama3 rope, fp32")
+    engine, _ = build_engine(make_config(["model=hf", f"model.path={folder}", *hpu]))
+    assert type(engine.attention.ops).__name__ == "IntelHPUOps"
 
 
 def test_missing_and_misshapen_weights_are_named(tmp_path):
@@ -383,6 +441,19 @@ def test_missing_and_misshapen_weights_are_named(tmp_path):
         (
             {"architectures": ["Qwen2ForCausalLM"], "use_sliding_window": True},
             "use_sliding_window=true is not supported",
+        ),
+        (
+            {"architectures": ["Qwen3ForCausalLM"], "use_sliding_window": True},
+            "use_sliding_window=true is not supported",
+        ),
+        (
+            {"architectures": ["MistralForCausalLM"], "sliding_window": 128},
+            "config.json: sliding_window=128 is smaller than the context of 512 tokens, and "
+            "every layer attends to the whole context here: lower max_model_len to at most 128",
+        ),
+        (
+            {"architectures": ["MistralForCausalLM"], "sliding_window": 0},
+            "sliding_window=0 is out of range",
         ),
     ],
 )
