@@ -514,11 +514,17 @@ _NUMPY_DTYPES = {"F32": "<f4", "F16": "<f2", "BF16": "<u2", "F64": "<f8"}
 CHUNK_BYTES = 2 << 20
 
 
-def _data_offsets(path: Path) -> tuple[int, dict[str, Any]]:
+def read_header(path: Path) -> tuple[int, dict[str, Any]]:
     """Where the data starts and the header (an 8-byte little-endian length, then JSON)."""
-    with path.open("rb") as f:
-        (length,) = struct.unpack("<Q", f.read(8))
-        return 8 + length, json.loads(f.read(length))
+    try:
+        with path.open("rb") as f:
+            (length,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(length))
+    except (OSError, struct.error, ValueError) as err:  # JSON and UTF-8 errors included
+        raise ValueError(f"{path} is not a readable safetensors file: {err}") from err
+    if not isinstance(header, dict):
+        raise ValueError(f"{path} is not a readable safetensors file: its header is no object")
+    return 8 + length, header
 
 
 def _as_rows(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -616,7 +622,7 @@ def load_state(
     buffers: dict[str, np.ndarray] = {}
     state: dict[str, paddle.Tensor] = {}
     for path, keys in by_shard.items():
-        data_start, header = _data_offsets(path)
+        data_start, header = read_header(path)
         with path.open("rb") as file:
             for key in keys:
                 placements, entry = plan.placements[key], header[key]
