@@ -2,10 +2,10 @@
 
 RMSNorm, rotary positions (rotate-half, or interleaved pairs as in ERNIE-4.5), grouped-query
 attention with optional q/k/v biases and per-head q/k RMSNorm (Qwen3), and a SwiGLU MLP or
-a mixture of experts. The model
-computes projections and the MLP on all of a step's rows; attention goes to the attention
-stage, which owns the KV cache. Built-in weights are drawn from a seed, so no download;
-stages/checkpoint.py builds the same model from a Hugging Face folder.
+a mixture of experts. The model computes projections and the MLP on all of a step's rows;
+attention goes to the attention stage, which owns the KV cache. Built-in weights are drawn
+from a seed, so no download; stages/checkpoint.py builds the same model from a Hugging Face
+folder.
 """
 
 from __future__ import annotations

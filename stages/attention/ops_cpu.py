@@ -86,9 +86,7 @@ def pack_qk_norm(
     head, so qkv_rope scales all heads with one multiply that broadcasts over tokens only."""
     index = paddle.to_tensor(head_dim_order(head_dim, interleaved))
     q, k = paddle.gather(q_weight, index), paddle.gather(k_weight, index)
-    rows = paddle.concat(
-        [q.unsqueeze(0).tile([num_heads, 1]), k.unsqueeze(0).tile([num_kv_heads, 1])]
-    )
+    rows = paddle.concat([q.tile([num_heads, 1]), k.tile([num_kv_heads, 1])])
     mean_column = paddle.full([head_dim, 1], 1.0 / head_dim, dtype="float32")
     return QkNorm(rows, mean_column, eps)
 
