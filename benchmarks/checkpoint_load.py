@@ -72,15 +72,15 @@ def generate(folder: Path, stored: str, shards: int, seed: int = 0) -> int:
     """Writes config.json and `shards` safetensors files plus the index; returns the bytes."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps({**CONFIG, "torch_dtype": stored}))
-    names = list(weight_plan(read_spec(CONFIG)).placements.items())
+    names = list(weight_plan(read_spec(CONFIG)).shapes.items())
     rng = np.random.default_rng(seed)
     weight_map, total = {}, 0
     for index, group in enumerate(np.array_split(np.arange(len(names)), shards)):
         file = f"model-{index + 1:05d}-of-{shards:05d}.safetensors"
         tensors = {}
         for i in group:
-            key, placement = names[i]
-            values = rng.standard_normal(placement.shape, dtype=np.float32) * 0.02
+            key, shape = names[i]
+            values = rng.standard_normal(shape, dtype=np.float32) * 0.02
             tensors[key] = paddle.to_tensor(values).astype(stored)
             weight_map[key] = file
         save_file(tensors, str(folder / file), metadata={"format": "pt"})

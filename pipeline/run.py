@@ -89,7 +89,10 @@ def build_engine(cfg: DictConfig) -> tuple[Engine, list[Request]]:
         head_dim=dims.head_dim,
         dtype=model.dtype,
     )
-    attention.load_weights(model)
+    try:
+        attention.load_weights(model)
+    except ValueError as err:  # e.g. a q/k-normed model on ops that have no q/k norm
+        raise ConfigError(str(err)) from err
     engine = Engine(
         tokenizer=tokenizer,
         scheduler=build(cfg.scheduler, kv_cache=kv_cache, stop=stop),

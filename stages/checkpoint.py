@@ -1,11 +1,13 @@
 """Hugging Face-format checkpoints: a local folder of config.json and *.safetensors.
 
-`load_hf_model` (the `model=hf` option) reads LlamaForCausalLM, Qwen2ForCausalLM,
-Ernie4_5_ForCausalLM and Ernie4_5_MoeForCausalLM folders into TransformerLM; `export_hf_llama`
-writes the built-in model as a LlamaForCausalLM folder. Only safetensors are read, so
-nothing from the folder is executed or unpickled. Weights load shard by shard and tensor by
-tensor, each written straight into its place in the model's layout and handed to Paddle
-without a copy, so loading needs little more memory than the loaded model.
+`load_hf_model` (the `model=hf` option) reads Llama, Mistral, Qwen2, Qwen3, ERNIE-4.5 and
+ERNIE-4.5 MoE folders into TransformerLM, under the architecture names of Baidu's
+remote-code folders and of transformers' own classes, with MoE experts stored per expert
+or fused (transformers 5); `export_hf_llama` writes the built-in model as a
+LlamaForCausalLM folder. Only safetensors are read, so nothing from the folder is executed
+or unpickled. Weights load shard by shard and tensor by tensor, each written straight into
+its place in the model's layout and handed to Paddle without a copy, so loading needs
+little more memory than the loaded model.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import json
 import math
 import struct
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,11 +38,27 @@ from stages.model import (
     rope_inv_freq,
 )
 
+# Architecture families, named by their first name below.
 LLAMA = "LlamaForCausalLM"
+MISTRAL = "MistralForCausalLM"  # Llama's layout
 QWEN2 = "Qwen2ForCausalLM"
+QWEN3 = "Qwen3ForCausalLM"
 ERNIE = "Ernie4_5_ForCausalLM"
 ERNIE_MOE = "Ernie4_5_MoeForCausalLM"
-SUPPORTED_ARCHITECTURES = (LLAMA, QWEN2, ERNIE, ERNIE_MOE)
+# Every name real folders give an architecture: Baidu's remote-code classes
+# (Ernie4_5_ForCausalLM) and transformers' own (Ernie4_5ForCausalLM), which write the same
+# tensors; Ernie4_5MoeForCausalLM is the MoE's name in some Baidu-derived folders.
+ARCHITECTURE_FAMILIES = {
+    LLAMA: LLAMA,
+    MISTRAL: MISTRAL,
+    QWEN2: QWEN2,
+    QWEN3: QWEN3,
+    ERNIE: ERNIE,
+    "Ernie4_5ForCausalLM": ERNIE,
+    ERNIE_MOE: ERNIE_MOE,
+    "Ernie4_5MoeForCausalLM": ERNIE_MOE,
+}
+SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURE_FAMILIES)
 
 INDEX_FILE = "model.safetensors.index.json"
 # Formats that are unpickled (or need their framework's own loader) when read.
@@ -111,7 +129,8 @@ class MoeSpec:
 class CheckpointSpec:
     """What config.json says about the architecture, checked."""
 
-    architecture: str
+    architecture: str  # as config.json names it
+    family: str  # the architecture family of ARCHITECTURE_FAMILIES
     dims: ModelDims
     max_position_embeddings: int
     rms_eps: float
@@ -124,6 +143,8 @@ class CheckpointSpec:
     mlp_bias: bool
     lm_head_bias: bool
     moe: MoeSpec | None = None
+    qk_norm: bool = False  # RMSNorm over each query and key head before rotary (Qwen3)
+    sliding_window: int | None = None  # each token attends to at most this many (Mistral)
 
 
 class _Fields:
@@ -186,16 +207,37 @@ def _moe_layers(fields: _Fields, num_layers: int) -> frozenset[int]:
     return frozenset(i for i in range(num_layers) if (i + 1) % interval == 0 and start <= i <= end)
 
 
-def read_spec(config: Mapping[str, Any]) -> CheckpointSpec:
-    """Checks config.json against what the model supports; ValueError names the field."""
+def _moe(f: _Fields, num_layers: int) -> MoeSpec:
+    num_experts = f.integer("moe_num_experts")
+    moe = MoeSpec(
+        num_experts=num_experts,
+        top_k=f.integer("moe_k"),
+        intermediate_size=f.integer("moe_intermediate_size"),
+        num_shared=f.integer("moe_num_shared_experts", 0, minimum=0),
+        norm_min=f.number("moe_norm_min", 1e-12),
+        layers=_moe_layers(f, num_layers),
+    )
+    if moe.top_k > num_experts:
+        raise ValueError(
+            f"config.json: moe_k={moe.top_k} is out of range (at most "
+            f"moe_num_experts={num_experts})"
+        )
+    return moe
+
+
+def _architecture(config: Mapping[str, Any]) -> tuple[str, str]:
+    """(the name config.json gives, its family), or the one line listing the supported."""
     architectures = config.get("architectures")
     name = architectures[0] if isinstance(architectures, list) and architectures else None
-    if name not in SUPPORTED_ARCHITECTURES:
+    if name not in ARCHITECTURE_FAMILIES:
         raise ValueError(
             f"config.json: architecture {name!r} is not supported: supported are "
             f"{', '.join(SUPPORTED_ARCHITECTURES)}"
         )
-    f = _Fields(config)
+    return name, ARCHITECTURE_FAMILIES[name]
+
+
+def _dims(f: _Fields) -> ModelDims:
     hidden = f.integer("hidden_size")
     num_heads = f.integer("num_attention_heads")
     num_kv_heads = f.integer("num_key_value_heads", num_heads)
@@ -207,69 +249,92 @@ def read_spec(config: Mapping[str, Any]) -> CheckpointSpec:
     head_dim = f.integer("head_dim", hidden // num_heads if hidden % num_heads == 0 else None)
     if head_dim % 2:
         raise ValueError(f"config.json: head_dim={head_dim} is out of range (rotary needs it even)")
-    if config.get("hidden_act", "silu") != "silu":
-        raise ValueError(
-            f"config.json: hidden_act={config['hidden_act']!r} is not supported (silu)"
-        )
-    if name == QWEN2 and f.flag("use_sliding_window", False):
+    return ModelDims(
+        vocab_size=f.integer("vocab_size"),
+        hidden_size=hidden,
+        num_layers=f.integer("num_hidden_layers"),
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        intermediate_size=f.integer("intermediate_size"),
+    )
+
+
+def _sliding_window(family: str, f: _Fields) -> int | None:
+    """Mistral's window (null = none); Qwen's sliding layers are refused outright."""
+    if family in (QWEN2, QWEN3) and f.flag("use_sliding_window", False):
         raise ValueError(
             "config.json: use_sliding_window=true is not supported: every layer attends to "
             "the whole context here"
         )
-    theta, scaling = _rope(config, f)
-    rope_inv_freq(head_dim, theta, scaling)  # an unsupported scaling fails before any loading
-    num_layers = f.integer("num_hidden_layers")
-    ernie = name in (ERNIE, ERNIE_MOE)
-    ernie_bias = ernie and f.flag("use_bias", False)
-    llama_attention_bias = name == LLAMA and f.flag("attention_bias", False)
-    moe = None
-    if name == ERNIE_MOE:
-        num_experts = f.integer("moe_num_experts")
-        moe = MoeSpec(
-            num_experts=num_experts,
-            top_k=f.integer("moe_k"),
-            intermediate_size=f.integer("moe_intermediate_size"),
-            num_shared=f.integer("moe_num_shared_experts", 0, minimum=0),
-            norm_min=f.number("moe_norm_min", 1e-12),
-            layers=_moe_layers(f, num_layers),
+    if family != MISTRAL or f.config.get("sliding_window") is None:
+        return None
+    return f.integer("sliding_window")
+
+
+def read_spec(config: Mapping[str, Any]) -> CheckpointSpec:
+    """Checks config.json against what the model supports; ValueError names the field."""
+    name, family = _architecture(config)
+    f = _Fields(config)
+    dims = _dims(f)
+    if config.get("hidden_act", "silu") != "silu":
+        raise ValueError(
+            f"config.json: hidden_act={config['hidden_act']!r} is not supported (silu)"
         )
-        if moe.top_k > num_experts:
-            raise ValueError(
-                f"config.json: moe_k={moe.top_k} is out of range (at most "
-                f"moe_num_experts={num_experts})"
-            )
+    sliding_window = _sliding_window(family, f)
+    theta, scaling = _rope(config, f)
+    rope_inv_freq(dims.head_dim, theta, scaling)  # an unsupported scaling fails before loading
+    ernie = family in (ERNIE, ERNIE_MOE)
+    ernie_bias = ernie and f.flag("use_bias", False)
+    llama_like = family in (LLAMA, MISTRAL, QWEN3)  # attention_bias: q, k, v and o biases
+    attention_bias = llama_like and f.flag("attention_bias", False)
     return CheckpointSpec(
         architecture=name,
-        dims=ModelDims(
-            vocab_size=f.integer("vocab_size"),
-            hidden_size=hidden,
-            num_layers=num_layers,
-            num_heads=num_heads,
-            num_kv_heads=num_kv_heads,
-            head_dim=head_dim,
-            intermediate_size=f.integer("intermediate_size"),
-        ),
+        family=family,
+        dims=dims,
         max_position_embeddings=f.integer("max_position_embeddings", 2048),
         rms_eps=f.number("rms_norm_eps", 1e-6),
         rope_theta=theta,
         rope_scaling=scaling,
         rope_interleaved=ernie,  # ERNIE-4.5 rotates pairs (2i, 2i + 1), GLM style
         tied=f.flag("tie_word_embeddings", ernie),  # ERNIE-4.5 ties by default
-        qkv_bias=name == QWEN2 or llama_attention_bias or ernie_bias,
-        out_bias=llama_attention_bias or ernie_bias,
-        mlp_bias=(name == LLAMA and f.flag("mlp_bias", False)) or ernie_bias,
-        lm_head_bias=name == ERNIE_MOE and ernie_bias,
-        moe=moe,
+        qkv_bias=family == QWEN2 or attention_bias or ernie_bias,
+        out_bias=attention_bias or ernie_bias,
+        mlp_bias=(family in (LLAMA, MISTRAL) and f.flag("mlp_bias", False)) or ernie_bias,
+        lm_head_bias=family == ERNIE_MOE and ernie_bias,
+        moe=_moe(f, dims.num_layers) if family == ERNIE_MOE else None,
+        qk_norm=family == QWEN3,
+        sliding_window=sliding_window,
     )
+
+
+def check_context(spec: CheckpointSpec, context: int) -> None:
+    """Refuses serving `context` tokens (max_model_len) where the model cannot attend to them
+    all: past its position table, or past a sliding window, which this engine does not
+    apply (every layer attends to the whole context)."""
+    if context > spec.max_position_embeddings:
+        raise ValueError(
+            f"max_model_len={context} is above the model's max_position_embeddings="
+            f"{spec.max_position_embeddings} (config.json): lower max_model_len"
+        )
+    window = spec.sliding_window
+    if window is not None and window < context:
+        raise ValueError(
+            f"config.json: sliding_window={window} is smaller than the context of {context} "
+            f"tokens, and every layer attends to the whole context here: lower max_model_len "
+            f"to at most {window}"
+        )
 
 
 @dataclass(frozen=True)
 class Placement:
-    """Where one stored tensor goes: into buffer `dest`, at `cols` of its last axis (all of
-    it when None), transposed first when stored as an HF Linear weight [out, in]."""
+    """Where (part of) one stored tensor goes: rows `rows` of it, seen as [-1, last axis]
+    (all of it when None), into buffer `dest` at `cols` of its last axis (all of it when
+    None), transposed first when stored as an HF Linear weight [out, in]. A fused tensor
+    (all experts' gate_up_proj) has one placement per part."""
 
     dest: str
-    shape: tuple[int, ...]
+    rows: slice | None = None
     cols: slice | None = None
     transpose: bool = False
 
@@ -277,12 +342,17 @@ class Placement:
 @dataclass
 class WeightPlan:
     buffers: dict[str, tuple[int, ...]] = field(default_factory=dict)
-    placements: dict[str, Placement] = field(default_factory=dict)
+    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)  # stored, by HF name
+    placements: dict[str, list[Placement]] = field(default_factory=dict)
     float32_buffers: set[str] = field(default_factory=set)  # kept float32 whatever the dtype
 
-    def vector(self, key: str, dest: str, size: int) -> None:
+    def place(self, key: str, shape: tuple[int, ...], placement: Placement) -> None:
+        self.shapes[key] = shape
+        self.placements.setdefault(key, []).append(placement)
+
+    def vector(self, key: str, dest: str, size: int, stored: tuple[int, ...] = ()) -> None:
         self.buffers[dest] = (size,)
-        self.placements[key] = Placement(dest, (size,))
+        self.place(key, stored or (size,), Placement(dest))
 
     def linears(
         self, dest: str, prefix: str, in_features: int, parts: Iterable[tuple[str, int]], bias: bool
@@ -296,11 +366,10 @@ class WeightPlan:
         offset = 0
         for name, out in parts:
             cols = slice(offset, offset + out)
-            self.placements[f"{prefix}{name}.weight"] = Placement(
-                dest, (out, in_features), cols, transpose=True
-            )
+            key = f"{prefix}{name}.weight"
+            self.place(key, (out, in_features), Placement(dest, cols=cols, transpose=True))
             if bias:
-                self.placements[f"{prefix}{name}.bias"] = Placement(dest + ".bias", (out,), cols)
+                self.place(f"{prefix}{name}.bias", (out,), Placement(dest + ".bias", cols=cols))
             offset += out
 
     def mlp(self, dest: str, prefix: str, hidden: int, inter: int, bias: bool) -> None:
@@ -308,15 +377,69 @@ class WeightPlan:
         self.linears(dest + ".up", prefix, hidden, [("up_proj", inter)], bias)
         self.linears(dest + ".down", prefix, inter, [("down_proj", hidden)], bias)
 
+    def fused_experts(self, dest: str, prefix: str, experts: int, hidden: int, inter: int) -> None:
+        """transformers 5's fused experts (its Experts modules and conversion mapping):
+        gate_up_proj [experts, 2 * inter, hidden], each expert's gate rows then its up rows,
+        and down_proj [experts, hidden, inter]; every expert's slice is an HF Linear
+        [out, in], unbiased."""
+        gate_up, down = prefix + "gate_up_proj", prefix + "down_proj"
+        for e in range(experts):
+            to = f"{dest}.{e}"
+            self.buffers |= {to + ".gate": (hidden, inter), to + ".up": (hidden, inter)}
+            self.buffers[to + ".down"] = (inter, hidden)
+            first = 2 * e * inter
+            parts = {
+                "gate": slice(first, first + inter),
+                "up": slice(first + inter, first + 2 * inter),
+            }
+            for name, rows in parts.items():
+                placement = Placement(f"{to}.{name}", rows=rows, transpose=True)
+                self.place(gate_up, (experts, 2 * inter, hidden), placement)
+            rows = slice(e * hidden, (e + 1) * hidden)
+            placement = Placement(to + ".down", rows=rows, transpose=True)
+            self.place(down, (experts, hidden, inter), placement)
 
-def weight_plan(spec: CheckpointSpec) -> WeightPlan:
-    """Every tensor the architecture needs, by its HF name, and where it goes."""
+
+# Where transformers 5 and the remote code keep the MoE router's correction bias.
+CORRECTION_BIAS_KEYS = (
+    "mlp.moe_statics.e_score_correction_bias",
+    "mlp.gate.moe_statics.e_score_correction_bias",
+)
+
+
+def _moe_plan(
+    plan: WeightPlan, spec: CheckpointSpec, src: str, dest: str, stored: Collection[str]
+) -> None:
+    """One MoE layer's router, experts (per expert or fused, as stored) and shared experts."""
+    moe, h = spec.moe, spec.dims.hidden_size
+    plan.buffers[dest + "router"] = (h, moe.num_experts)
+    plan.place(
+        src + "mlp.gate.weight", (moe.num_experts, h), Placement(dest + "router", transpose=True)
+    )
+    bias_key = next((k for k in CORRECTION_BIAS_KEYS if src + k in stored), CORRECTION_BIAS_KEYS[0])
+    plan.vector(src + bias_key, dest + "correction", moe.num_experts, (1, moe.num_experts))
+    plan.float32_buffers |= {dest + "router", dest + "correction"}
+    experts, inter = src + "mlp.experts.", moe.intermediate_size
+    if experts + "gate_up_proj" in stored:
+        plan.fused_experts(dest + "experts", experts, moe.num_experts, h, inter)
+    else:
+        for e in range(moe.num_experts):
+            plan.mlp(f"{dest}experts.{e}", f"{experts}{e}.", h, inter, spec.mlp_bias)
+    if moe.num_shared:
+        shared = inter * moe.num_shared
+        plan.mlp(dest + "shared", src + "mlp.shared_experts.", h, shared, spec.mlp_bias)
+
+
+def weight_plan(spec: CheckpointSpec, stored: Collection[str] = ()) -> WeightPlan:
+    """Every tensor the architecture needs, by its HF name, and where it goes. `stored`, the
+    folder's tensor names, picks between namings (fused or per-expert MoE experts); without
+    it, the per-expert naming of Baidu's folders."""
     plan = WeightPlan()
     dims = spec.dims
     h, d, vocab = dims.hidden_size, dims.head_dim, dims.vocab_size
     q_width, kv_width = dims.num_heads * d, dims.num_kv_heads * d
     plan.buffers["embed"] = (vocab, h)
-    plan.placements["model.embed_tokens.weight"] = Placement("embed", (vocab, h))
+    plan.place("model.embed_tokens.weight", (vocab, h), Placement("embed"))
     for i in range(dims.num_layers):
         src, dest = f"model.layers.{i}.", f"layers.{i}."
         plan.vector(src + "input_layernorm.weight", dest + "attn_norm", h)
@@ -324,30 +447,13 @@ def weight_plan(spec: CheckpointSpec) -> WeightPlan:
         attn = [("q_proj", q_width), ("k_proj", kv_width), ("v_proj", kv_width)]
         plan.linears(dest + "qkv", src + "self_attn.", h, attn, spec.qkv_bias)
         plan.linears(dest + "out", src + "self_attn.", q_width, [("o_proj", h)], spec.out_bias)
-        moe = spec.moe
-        if moe is None or i not in moe.layers:
+        if spec.qk_norm:
+            plan.vector(src + "self_attn.q_norm.weight", dest + "q_norm", d)
+            plan.vector(src + "self_attn.k_norm.weight", dest + "k_norm", d)
+        if spec.moe is not None and i in spec.moe.layers:
+            _moe_plan(plan, spec, src, dest, stored)
+        else:
             plan.mlp(dest + "mlp", src + "mlp.", h, dims.intermediate_size, spec.mlp_bias)
-            continue
-        plan.buffers[dest + "router"] = (h, moe.num_experts)
-        plan.placements[src + "mlp.gate.weight"] = Placement(
-            dest + "router", (moe.num_experts, h), transpose=True
-        )
-        plan.buffers[dest + "correction"] = (moe.num_experts,)
-        plan.placements[src + "mlp.moe_statics.e_score_correction_bias"] = Placement(
-            dest + "correction", (1, moe.num_experts)
-        )
-        plan.float32_buffers |= {dest + "router", dest + "correction"}
-        for e in range(moe.num_experts):
-            plan.mlp(
-                f"{dest}experts.{e}",
-                f"{src}mlp.experts.{e}.",
-                h,
-                moe.intermediate_size,
-                spec.mlp_bias,
-            )
-        if moe.num_shared:
-            shared = moe.intermediate_size * moe.num_shared
-            plan.mlp(dest + "shared", src + "mlp.shared_experts.", h, shared, spec.mlp_bias)
     plan.vector("model.norm.weight", "final_norm", h)
     if not spec.tied:
         plan.linears("lm_head", "", h, [("lm_head", vocab)], spec.lm_head_bias)
@@ -408,11 +514,23 @@ _NUMPY_DTYPES = {"F32": "<f4", "F16": "<f2", "BF16": "<u2", "F64": "<f8"}
 CHUNK_BYTES = 2 << 20
 
 
-def _data_offsets(path: Path) -> tuple[int, dict[str, Any]]:
+def read_header(path: Path) -> tuple[int, dict[str, Any]]:
     """Where the data starts and the header (an 8-byte little-endian length, then JSON)."""
-    with path.open("rb") as f:
-        (length,) = struct.unpack("<Q", f.read(8))
-        return 8 + length, json.loads(f.read(length))
+    try:
+        with path.open("rb") as f:
+            (length,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(length))
+    except (OSError, struct.error, ValueError) as err:  # JSON and UTF-8 errors included
+        raise ValueError(f"{path} is not a readable safetensors file: {err}") from err
+    if not isinstance(header, dict):
+        raise ValueError(f"{path} is not a readable safetensors file: its header is no object")
+    return 8 + length, header
+
+
+def _as_rows(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """A stored shape as rows of its last axis, [-1, last], the view placements' rows
+    index; a vector stays one (its rows are single values)."""
+    return shape if len(shape) <= 2 else (math.prod(shape[:-1]), shape[-1])
 
 
 def _row_blocks(
@@ -439,7 +557,13 @@ def _row_blocks(
 
 
 def _place(target: np.ndarray, placement: Placement, first: int, block: np.ndarray) -> None:
-    """Writes rows first.. of a stored tensor to where the model keeps them."""
+    """Writes rows first.. of a stored tensor to where the model keeps them: the rows of the
+    placement's part, if it has one, counted from the part's first."""
+    if placement.rows is not None:
+        lo, hi = max(first, placement.rows.start), min(first + len(block), placement.rows.stop)
+        if lo >= hi:
+            return
+        block, first = block[lo - first : hi - first], lo - placement.rows.start
     start = placement.cols.start if placement.cols is not None else 0
     if placement.transpose:  # HF Linear rows are output features: columns of [in, out]
         target[:, start + first : start + first + block.shape[0]] = block.T
@@ -456,56 +580,64 @@ def _to_paddle(buffer: np.ndarray, dtype: str) -> paddle.Tensor:
     return paddle.to_tensor(buffer).astype(dtype)
 
 
-def load_state(
-    files: Mapping[str, Path], plan: WeightPlan, dtype: str, folder: Path
-) -> dict[str, paddle.Tensor]:
-    """Reads every planned tensor, shard by shard and block by block, into the model's
-    layout; each model tensor goes to Paddle as soon as its last part is in."""
-    missing = [key for key in plan.placements if key not in files]
+def check_headers(
+    files: Mapping[str, Path], plan: WeightPlan, folder: Path
+) -> dict[Path, list[str]]:
+    """Every planned tensor is stored, with its shape and a readable dtype, from the
+    safetensors headers alone; returns the planned names by shard."""
+    missing = [key for key in plan.shapes if key not in files]
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
         raise ValueError(f"weight {missing[0]} is missing from {folder}{more}")
     by_shard: dict[Path, list[str]] = defaultdict(list)
-    for key in plan.placements:
+    for key in plan.shapes:
         by_shard[files[key]].append(key)
-
-    # safetensors checks each header; every shape and dtype is checked before any data.
     for path, keys in by_shard.items():
-        with _open(path) as handle:
+        with _open(path) as handle:  # safetensors checks each header as it opens it
             for key in keys:
                 stored = handle.get_slice(key)
                 shape, kind = tuple(stored.get_shape()), stored.get_dtype()
-                expected = plan.placements[key].shape
-                if shape != expected:
+                if shape != plan.shapes[key]:
                     raise ValueError(
-                        f"weight {key} has shape {list(shape)}, expected {list(expected)}"
+                        f"weight {key} has shape {list(shape)}, expected {list(plan.shapes[key])}"
                     )
                 if kind not in _NUMPY_DTYPES:
                     raise ValueError(
                         f"weight {key} is stored as {kind}: supported are "
                         f"{', '.join(_NUMPY_DTYPES)}"
                     )
+    return by_shard
 
+
+def load_state(
+    files: Mapping[str, Path], plan: WeightPlan, dtype: str, folder: Path
+) -> dict[str, paddle.Tensor]:
+    """Reads every planned tensor, shard by shard and block by block, into the model's
+    layout; each model tensor goes to Paddle as soon as its last part is in."""
+    by_shard = check_headers(files, plan, folder)  # every shape and dtype before any data
     pending: dict[str, int] = defaultdict(int)
-    for placement in plan.placements.values():
-        pending[placement.dest] += 1
+    for placements in plan.placements.values():
+        for placement in placements:
+            pending[placement.dest] += 1
     buffers: dict[str, np.ndarray] = {}
     state: dict[str, paddle.Tensor] = {}
     for path, keys in by_shard.items():
-        data_start, header = _data_offsets(path)
+        data_start, header = read_header(path)
         with path.open("rb") as file:
             for key in keys:
-                placement, entry = plan.placements[key], header[key]
-                dest = placement.dest
-                if dest not in buffers:
+                placements, entry = plan.placements[key], header[key]
+                for dest in {p.dest for p in placements} - buffers.keys():
                     buffers[dest] = np.empty(plan.buffers[dest], dtype=np.float32)
                 offset = data_start + entry["data_offsets"][0]
-                for first, block in _row_blocks(file, offset, entry["dtype"], placement.shape):
-                    _place(buffers[dest], placement, first, block)
-                pending[dest] -= 1
-                if not pending[dest]:
-                    keep32 = dest in plan.float32_buffers
-                    state[dest] = _to_paddle(buffers.pop(dest), "float32" if keep32 else dtype)
+                rows = _as_rows(plan.shapes[key])
+                for first, block in _row_blocks(file, offset, entry["dtype"], rows):
+                    for placement in placements:
+                        _place(buffers[placement.dest], placement, first, block)
+                for dest in (p.dest for p in placements):
+                    pending[dest] -= 1
+                    if not pending[dest]:
+                        keep32 = dest in plan.float32_buffers
+                        state[dest] = _to_paddle(buffers.pop(dest), "float32" if keep32 else dtype)
     return state
 
 
@@ -543,6 +675,8 @@ def _assemble(spec: CheckpointSpec, state: Mapping[str, paddle.Tensor]) -> Model
                 mlp=block,
                 qkv_bias=state.get(p + "qkv.bias"),
                 out_bias=state.get(p + "out.bias"),
+                q_norm=state.get(p + "q_norm"),
+                k_norm=state.get(p + "k_norm"),
             )
         )
     return ModelWeights(
@@ -560,13 +694,9 @@ def load_hf_model(path: str, dtype: str = "float32", max_position: int = 0) -> T
     folder = model_folder(path)
     spec = read_spec(read_json(folder / "config.json"))
     check_dtype(dtype)
-    if max_position > spec.max_position_embeddings:
-        raise ValueError(
-            f"max_model_len={max_position} is above the model's max_position_embeddings="
-            f"{spec.max_position_embeddings} (config.json): lower max_model_len"
-        )
-    plan = weight_plan(spec)
-    state = load_state(weight_files(folder), plan, dtype, folder)
+    check_context(spec, max_position or spec.max_position_embeddings)
+    files = weight_files(folder)
+    state = load_state(files, weight_plan(spec, files.keys()), dtype, folder)
     return TransformerLM(
         vocab_size=spec.dims.vocab_size,
         hidden_size=spec.dims.hidden_size,

@@ -1,10 +1,11 @@
-"""A decoder-only transformer of the Llama / Qwen2 / ERNIE-4.5 family, written with Paddle ops.
+"""A decoder-only transformer of the Llama / Qwen / ERNIE-4.5 family, written with Paddle ops.
 
 RMSNorm, rotary positions (rotate-half, or interleaved pairs as in ERNIE-4.5), grouped-query
-attention with optional q/k/v biases, and a SwiGLU MLP or a mixture of experts. The model
-computes projections and the MLP on all of a step's rows; attention goes to the attention
-stage, which owns the KV cache. Built-in weights are drawn from a seed, so no download;
-stages/checkpoint.py builds the same model from a Hugging Face folder.
+attention with optional q/k/v biases and per-head q/k RMSNorm (Qwen3), and a SwiGLU MLP or
+a mixture of experts. The model computes projections and the MLP on all of a step's rows;
+attention goes to the attention stage, which owns the KV cache. Built-in weights are drawn
+from a seed, so no download; stages/checkpoint.py builds the same model from a Hugging Face
+folder.
 """
 
 from __future__ import annotations
@@ -117,6 +118,8 @@ class LayerWeights:
     mlp: DenseMLP | MoeMLP
     qkv_bias: paddle.Tensor | None = None  # [(heads + 2 * kv_heads) * head_dim]
     out_bias: paddle.Tensor | None = None
+    q_norm: paddle.Tensor | None = None  # [head_dim]: RMSNorm of each query head (Qwen3)
+    k_norm: paddle.Tensor | None = None  # [head_dim]: of each key head
 
 
 @dataclass
@@ -244,6 +247,10 @@ class TransformerLM:
         return self.lm_head_bias is not None or any(
             layer.qkv_bias is not None or layer.out_bias is not None for layer in self.layers
         )
+
+    @property
+    def has_qk_norm(self) -> bool:
+        return any(layer.q_norm is not None for layer in self.layers)
 
     @property
     def has_moe(self) -> bool:

@@ -1,9 +1,10 @@
 """A plain numpy forward pass of the Hugging Face architectures the loader reads.
 
-Written from the architectures' definitions in transformers' modeling files (Llama, Qwen2,
-ERNIE-4.5 and ERNIE-4.5 MoE), independently of the project's model: it takes the HF
-tensors by their HF names and layouts ([out, in] Linear weights), runs one sequence with
-dense causal attention over all of it, in float64, one token at a time where that is the
+Written from the architectures' definitions in transformers' modeling files (Llama,
+Mistral, Qwen2, Qwen3, ERNIE-4.5 and ERNIE-4.5 MoE), independently of the project's model:
+it takes the HF tensors by their HF names and layouts ([out, in] Linear weights; MoE
+experts per expert or fused as transformers 5 keeps them), runs one sequence with dense
+causal attention over all of it, in float64, one token at a time where that is the
 plainest (the experts).
 """
 
@@ -27,9 +28,10 @@ def read_weights(folder: Path) -> dict[str, np.ndarray]:
 
 
 def inverse_frequencies(config: Mapping[str, Any], head_dim: int) -> np.ndarray:
-    base = config.get("rope_theta", 10000.0)
+    params = config.get("rope_parameters") or {}  # transformers 5: theta and scaling in one
+    base = params.get("rope_theta", config.get("rope_theta", 10000.0))
     inv_freq = 1.0 / base ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
-    scaling = config.get("rope_scaling") or {}
+    scaling = config.get("rope_scaling") or params
     kind = scaling.get("rope_type", scaling.get("type", "default"))
     if kind == "default":
         return inv_freq
@@ -72,6 +74,17 @@ def swiglu(x: np.ndarray, w: Mapping[str, np.ndarray], prefix: str) -> np.ndarra
     return linear(hidden, w, prefix + "down_proj")
 
 
+def expert(x: np.ndarray, w: Mapping[str, np.ndarray], prefix: str, e: int) -> np.ndarray:
+    """Expert e of the experts under prefix ("...mlp.experts."): per expert, or fused as
+    transformers' Ernie4_5_MoeExperts computes it: linear(x, gate_up_proj[e]) chunked in
+    two, gate then up; then linear(., down_proj[e])."""
+    fused = w.get(prefix + "gate_up_proj")
+    if fused is None:
+        return swiglu(x, w, f"{prefix}{e}.")
+    gate, up = np.split(x @ fused[e].T, 2, axis=-1)
+    return (silu(gate) * up) @ w[prefix + "down_proj"][e].T
+
+
 def rotate(x: np.ndarray, angles: np.ndarray, interleaved: bool) -> np.ndarray:
     """x [T, heads, D], angles [T, D / 2]. Rotate-half pairs dim i with dim i + D/2;
     interleaved (ERNIE-4.5) pairs dim 2i with 2i + 1."""
@@ -90,7 +103,7 @@ def rotate(x: np.ndarray, angles: np.ndarray, interleaved: bool) -> np.ndarray:
 
 
 def is_moe_layer(config: Mapping[str, Any], index: int) -> bool:
-    if config["architectures"][0] != "Ernie4_5_MoeForCausalLM":
+    if config["architectures"][0] not in ("Ernie4_5_MoeForCausalLM", "Ernie4_5MoeForCausalLM"):
         return False
     end = config.get("moe_layer_end_index", -1)
     end = config["num_hidden_layers"] - 1 if end == -1 else end
@@ -105,13 +118,14 @@ def moe_block(
     """Softmax router; the top k of softmax + correction bias are chosen; their softmax
     weights renormalised (sum clamped at moe_norm_min); shared experts always added."""
     probs = softmax(x @ w[prefix + "gate.weight"].T)
-    bias = w[prefix + "moe_statics.e_score_correction_bias"].reshape(-1)
+    bias_key = "moe_statics.e_score_correction_bias"  # transformers 5 puts it in the gate
+    bias = w.get(prefix + bias_key, w.get(prefix + "gate." + bias_key)).reshape(-1)
     out = np.zeros_like(x)
     for t in range(x.shape[0]):
         chosen = np.argsort(-(probs[t] + bias), kind="stable")[: config["moe_k"]]
         weights = probs[t, chosen] / max(probs[t, chosen].sum(), config.get("moe_norm_min", 1e-12))
-        for expert, weight in zip(chosen, weights, strict=True):
-            out[t] += weight * swiglu(x[t : t + 1], w, f"{prefix}experts.{expert}.")[0]
+        for e, weight in zip(chosen, weights, strict=True):
+            out[t] += weight * expert(x[t : t + 1], w, prefix + "experts.", e)[0]
     if config.get("moe_num_shared_experts", 0):
         out += swiglu(x, w, prefix + "shared_experts.")
     return out
@@ -137,6 +151,9 @@ def forward(
         q = linear(x, w, p + "self_attn.q_proj").reshape(n, heads, head_dim)
         k = linear(x, w, p + "self_attn.k_proj").reshape(n, kv_heads, head_dim)
         v = linear(x, w, p + "self_attn.v_proj").reshape(n, kv_heads, head_dim)
+        if arch == "Qwen3ForCausalLM":  # RMSNorm over each head, before rotary
+            q = rms_norm(q, w[p + "self_attn.q_norm.weight"], eps)
+            k = rms_norm(k, w[p + "self_attn.k_norm.weight"], eps)
         q, k = rotate(q, angles, interleaved), rotate(k, angles, interleaved)
         attended = np.empty((n, heads, head_dim))
         for head in range(heads):

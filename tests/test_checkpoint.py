@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +19,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
 
 from pipeline.checks import ConfigError
 from pipeline.run import build_engine
-from stages.checkpoint import SUPPORTED_ARCHITECTURES, export_hf_llama, load_hf_model
+from stages.checkpoint import SUPPORTED_ARCHITECTURES, export_hf_llama, load_hf_model, read_spec
 from stages.model import check_dtype
 from stages.workload import _WORDS
 from tests import numpy_reference
@@ -62,8 +63,12 @@ def base_config(architecture: str, vocab_size: int, **extra) -> dict:
     }
 
 
-def hf_weights(config: dict, rng: np.random.Generator) -> dict[str, np.ndarray]:
-    """Random tensors under the HF names and [out, in] shapes of the config's architecture."""
+def hf_weights(
+    config: dict, rng: np.random.Generator, fused_experts: bool = False
+) -> dict[str, np.ndarray]:
+    """Random tensors under the HF names and [out, in] shapes of the config's architecture;
+    MoE experts per expert (Baidu's folders, transformers' original format) or fused, with
+    the correction bias in the gate, as transformers 5 keeps them."""
     arch = config["architectures"][0]
     h, vocab = config["hidden_size"], config["vocab_size"]
     heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
@@ -80,8 +85,8 @@ def hf_weights(config: dict, rng: np.random.Generator) -> dict[str, np.ndarray]:
         if bias:
             w[name + ".bias"] = rng.normal(0, 0.2, out)
 
-    def norm(name: str) -> None:
-        w[name] = 1.0 + rng.normal(0, 0.1, h)
+    def norm(name: str, size: int = h) -> None:
+        w[name] = 1.0 + rng.normal(0, 0.1, size)
 
     def mlp(prefix: str, inter: int) -> None:
         linear(prefix + "gate_proj", inter, h, mlp_bias)
@@ -97,21 +102,34 @@ def hf_weights(config: dict, rng: np.random.Generator) -> dict[str, np.ndarray]:
         linear(p + "self_attn.k_proj", kv_heads * d, h, qkv_bias)
         linear(p + "self_attn.v_proj", kv_heads * d, h, qkv_bias)
         linear(p + "self_attn.o_proj", h, heads * d, out_bias)
+        if arch == "Qwen3ForCausalLM":
+            norm(p + "self_attn.q_norm.weight", d)
+            norm(p + "self_attn.k_norm.weight", d)
         if numpy_reference.is_moe_layer(config, i):
-            experts = config["moe_num_experts"]
-            w[p + "mlp.gate.weight"] = rng.normal(0, 1, (experts, h))
-            w[p + "mlp.moe_statics.e_score_correction_bias"] = rng.normal(0, 0.05, (1, experts))
-            for e in range(experts):
-                mlp(f"{p}mlp.experts.{e}.", config["moe_intermediate_size"])
-            shared = config.get("moe_num_shared_experts", 0)
-            if shared:
-                mlp(p + "mlp.shared_experts.", config["moe_intermediate_size"] * shared)
+            moe_weights(w, config, p + "mlp.", rng, fused_experts, mlp)
         else:
             mlp(p + "mlp.", config["intermediate_size"])
     norm("model.norm.weight")
     if not config.get("tie_word_embeddings", ernie):
         linear("lm_head", vocab, h, arch == "Ernie4_5_MoeForCausalLM" and ernie_bias)
     return w
+
+
+def moe_weights(w: dict, config: dict, prefix: str, rng, fused: bool, mlp) -> None:
+    h, experts = config["hidden_size"], config["moe_num_experts"]
+    inter = config["moe_intermediate_size"]
+    w[prefix + "gate.weight"] = rng.normal(0, 1, (experts, h))
+    bias = prefix + ("gate." if fused else "") + "moe_statics.e_score_correction_bias"
+    w[bias] = rng.normal(0, 0.05, (1, experts))
+    if fused:  # [experts, 2 * inter, hidden] (gate rows, then up) and [experts, hidden, inter]
+        w[prefix + "experts.gate_up_proj"] = rng.normal(0, h**-0.5, (experts, 2 * inter, h))
+        w[prefix + "experts.down_proj"] = rng.normal(0, inter**-0.5, (experts, h, inter))
+    else:
+        for e in range(experts):
+            mlp(f"{prefix}experts.{e}.", inter)
+    shared = config.get("moe_num_shared_experts", 0)
+    if shared:
+        mlp(prefix + "shared_experts.", inter * shared)
 
 
 def stored(array: np.ndarray, dtype: str) -> np.ndarray:
@@ -173,16 +191,25 @@ LLAMA3_SCALING = {
     "original_max_position_embeddings": 64,
 }
 
-# architecture, config fields, stored dtype, shards, tokenizer puts BOS first
+
+@dataclass(frozen=True)
+class Case:
+    architecture: str
+    fields: dict  # config.json beyond base_config
+    dtype: str = "float32"  # stored
+    shards: int = 1
+    bos_template: bool = False  # the tokenizer puts BOS first
+    fused_experts: bool = False
+    attention: str = "hpu"
+
+
+# transformers 5 writes rope_theta inside rope_parameters.
+ROPE_PARAMETERS = {"rope_parameters": {"rope_theta": 500000.0, "rope_type": "default"}}
 CASES = {
-    "llama, llama3 rope, fp32": (
-        "LlamaForCausalLM",
-        {"rope_scaling": LLAMA3_SCALING},
-        "float32",
-        1,
-        True,
+    "llama, llama3 rope, fp32": Case(
+        "LlamaForCausalLM", {"rope_scaling": LLAMA3_SCALING}, bos_template=True
     ),
-    "llama, biases, linear rope, fp16": (
+    "llama, biases, linear rope, fp16": Case(
         "LlamaForCausalLM",
         {
             "attention_bias": True,
@@ -190,36 +217,47 @@ CASES = {
             "rope_scaling": {"type": "linear", "factor": 2.0},
         },
         "float16",
-        1,
-        True,
+        bos_template=True,
     ),
-    "qwen2, tied, sharded, bf16": (
-        "Qwen2ForCausalLM",
-        {"tie_word_embeddings": True, "rope_theta": 1e6},
-        "bfloat16",
-        2,
-        False,
+    "mistral, window beyond the context, head_dim 8": Case(
+        "MistralForCausalLM", {"sliding_window": 4096, "head_dim": 8}, bos_template=True
     ),
-    "ernie-4.5 dense, head_dim 24, bf16": (
+    "qwen2, tied, sharded, bf16": Case(
+        "Qwen2ForCausalLM", {"tie_word_embeddings": True, "rope_theta": 1e6}, "bfloat16", 2
+    ),
+    "qwen3, q/k norm, head_dim 32, tied": Case(
+        "Qwen3ForCausalLM", {"head_dim": 32, "tie_word_embeddings": True, "rope_theta": 1e6}
+    ),
+    "qwen3, q/k norm, attention biases, bf16, reference attention": Case(
+        "Qwen3ForCausalLM", {"attention_bias": True}, "bfloat16", attention="reference"
+    ),
+    "ernie-4.5 dense, head_dim 24, bf16": Case(
         "Ernie4_5_ForCausalLM",
         {"head_dim": 24, "use_bias": True, "rope_theta": 500000.0},
         "bfloat16",
-        1,
-        False,
     ),
-    "ernie-4.5 moe, sharded": ("Ernie4_5_MoeForCausalLM", MOE, "float32", 3, False),
+    "ernie-4.5 dense, transformers' name, rope_parameters": Case(
+        "Ernie4_5ForCausalLM", {"head_dim": 16, **ROPE_PARAMETERS}, "bfloat16"
+    ),
+    "ernie-4.5 moe, sharded": Case("Ernie4_5_MoeForCausalLM", MOE, shards=3),
+    "ernie-4.5 moe, fused experts, sharded, bf16": Case(
+        "Ernie4_5_MoeForCausalLM", {**MOE, **ROPE_PARAMETERS}, "bfloat16", 2, fused_experts=True
+    ),
+    "ernie-4.5 moe, other name, fused experts": Case(
+        "Ernie4_5MoeForCausalLM", MOE, attention="reference", fused_experts=True
+    ),
 }
 
 
-def make_folder(tmp_path: Path, case: str) -> tuple[Path, dict, dict[str, np.ndarray]]:
-    arch, extra, dtype, shards, bos_template = CASES[case]
+def make_folder(tmp_path: Path, name: str) -> tuple[Path, dict, dict[str, np.ndarray]]:
+    case = CASES[name]
     folder = tmp_path / "model"
     folder.mkdir()
-    vocab = write_tokenizer(folder, bos_template)
-    config = base_config(arch, vocab + 6, **extra)  # padded past the tokenizer, as real ones are
-    weights = write_checkpoint(
-        folder, config, hf_weights(config, np.random.default_rng(0)), dtype, shards
-    )
+    vocab = write_tokenizer(folder, case.bos_template)
+    # The vocabulary is padded past the tokenizer, as real ones are.
+    config = base_config(case.architecture, vocab + 6, **case.fields)
+    weights = hf_weights(config, np.random.default_rng(0), case.fused_experts)
+    weights = write_checkpoint(folder, config, weights, case.dtype, case.shards)
     (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [EOS, END_OF_TURN]}))
     return folder, config, weights
 
@@ -231,13 +269,14 @@ HF = ["tokenizer=hf", "max_tokens=32"]
 def test_checkpoint_logits_match_numpy_reference(tmp_path, case):
     folder, config, weights = make_folder(tmp_path, case)
     steps = []
-    got, engine = serve(["model=hf", f"model.path={folder}", *HF], record_logits=True, steps=steps)
+    overrides = ["model=hf", f"model.path={folder}", f"attention={CASES[case].attention}", *HF]
+    got, engine = serve(overrides, record_logits=True, steps=steps)
     assert any(c["start"] > 0 for s in steps for c in s.prefill), "no prompt was chunked"
     assert engine.scheduler.stop.eos_ids == {EOS, END_OF_TURN}
     worst = 0.0
     for rid, request in got.items():
         assert request.finish_reason == "length", request.error
-        assert (request.prompt_ids[0] == BOS) == CASES[case][4]
+        assert (request.prompt_ids[0] == BOS) == CASES[case].bos_template
         sequence = request.prompt_ids + request.output_ids[:-1]
         expected = numpy_reference.forward(config, weights, sequence)
         for j in range(len(request.output_ids)):
@@ -302,9 +341,67 @@ def test_missing_folder_and_config(tmp_path):
 
 
 def test_unknown_architecture_lists_the_supported_ones(tmp_path):
-    folder, config = good_folder(tmp_path, architectures=["MistralForCausalLM"])
-    text = expect_error(folder, "'MistralForCausalLM' is not supported")
+    folder, config = good_folder(tmp_path, architectures=["GPT2LMHeadModel"])
+    text = expect_error(folder, "'GPT2LMHeadModel' is not supported")
     assert all(name in text for name in SUPPORTED_ARCHITECTURES)
+
+
+@pytest.mark.parametrize(
+    ("names", "family"),
+    [
+        (["Ernie4_5_ForCausalLM", "Ernie4_5ForCausalLM"], "Ernie4_5_ForCausalLM"),
+        (["Ernie4_5_MoeForCausalLM", "Ernie4_5MoeForCausalLM"], "Ernie4_5_MoeForCausalLM"),
+    ],
+)
+def test_remote_code_and_transformers_names_read_alike(names, family):
+    """Baidu's remote-code name and transformers' own give the same model."""
+    specs = [read_spec(base_config(name, 40, **MOE)) for name in names]
+    assert {s.family for s in specs} == {family}
+    assert len({replace(s, architecture="") for s in specs}) == 1
+    assert specs[0].rope_interleaved and specs[0].tied
+
+
+def test_fused_experts_misshapen_or_missing_are_named(tmp_path):
+    config = base_config("Ernie4_5_MoeForCausalLM", 40, **MOE)
+    folder = tmp_path / "model"
+    weights = hf_weights(config, np.random.default_rng(0), fused_experts=True)
+    down = "model.layers.2.mlp.experts.down_proj"
+    weights[down] = weights[down].transpose(0, 2, 1)  # [experts, inter, hidden]
+    write_checkpoint(folder, config, weights, "float32")
+    expect_error(folder, f"weight {down} has shape [4, 32, 64], expected [4, 64, 32]")
+    del weights[down]
+    write_checkpoint(folder, config, weights, "float32")
+    expect_error(folder, f"weight {down} is missing")
+
+
+def test_a_sliding_window_covering_the_served_context_is_served(tmp_path):
+    folder, _ = good_folder(tmp_path, architectures=["MistralForCausalLM"], sliding_window=256)
+    expect_error(folder, "sliding_window=256 is smaller than the context of 512 tokens")
+    model = load_hf_model(str(folder), max_position=256)  # max_model_len=256 fits the window
+    assert model.max_position == 256
+
+
+def test_hpu_ops_refuse_a_q_k_normed_model_at_start(tmp_path, monkeypatch):
+    """The HPU's fused_qkv_rope has no per-head norm: a Qwen3 model is refused when the
+    pipeline is built, in one line, before any step."""
+    from pipeline import checks, run
+
+    folder, _, _ = make_folder(tmp_path, "qwen3, q/k norm, head_dim 32, tied")
+    monkeypatch.setitem(sys.modules, "paddlenlp_ops", object())  # a stand-in plugin
+    monkeypatch.setattr(checks, "_hpu_plugin_present", lambda: True)
+    monkeypatch.setattr(checks, "_hpu_ops_present", lambda: True)
+    monkeypatch.setattr(run.paddle, "set_device", lambda device: None)  # no HPU here
+    hpu = ["attention.ops=intel_hpu", "device=intel_hpu", *HF]
+    with pytest.raises(ConfigError) as err:
+        build_engine(make_config(["model=hf", f"model.path={folder}", *hpu]))
+    message = str(err.value)
+    assert message.startswith("attention.ops=intel_hpu has no fused q/k norm")
+    assert message.endswith("set attention.ops=cpu") and "\n" not in message
+    # A model without q/k norms is built on the same ops.
+    (tmp_path / "llama").mkdir()
+    folder, _, _ = make_folder(tmp_path / "llama", "llama, llama3 rope, fp32")
+    engine, _ = build_engine(make_config(["model=hf", f"model.path={folder}", *hpu]))
+    assert type(engine.attention.ops).__name__ == "IntelHPUOps"
 
 
 def test_missing_and_misshapen_weights_are_named(tmp_path):
@@ -344,6 +441,19 @@ def test_missing_and_misshapen_weights_are_named(tmp_path):
         (
             {"architectures": ["Qwen2ForCausalLM"], "use_sliding_window": True},
             "use_sliding_window=true is not supported",
+        ),
+        (
+            {"architectures": ["Qwen3ForCausalLM"], "use_sliding_window": True},
+            "use_sliding_window=true is not supported",
+        ),
+        (
+            {"architectures": ["MistralForCausalLM"], "sliding_window": 128},
+            "config.json: sliding_window=128 is smaller than the context of 512 tokens, and "
+            "every layer attends to the whole context here: lower max_model_len to at most 128",
+        ),
+        (
+            {"architectures": ["MistralForCausalLM"], "sliding_window": 0},
+            "sliding_window=0 is out of range",
         ),
     ],
 )

@@ -62,12 +62,20 @@ class PagedAttention:
         self.v_cache = [v for _, v in caches]
         self.heads: Heads | None = None
         self._qkv: list[tuple[paddle.Tensor, paddle.Tensor | None]] = []
+        self._qk_norm: list[Any] = []  # per layer: the backend's q/k norm, or None
 
     def load_weights(self, model: Any) -> None:
-        """Each layer's QKV weight and bias in the backend's layout, made once."""
+        """Each layer's QKV weight and bias (and q/k norm, if any) in the backend's layout,
+        made once; ValueError when the backend cannot run the model's q/k norm."""
         self.heads = Heads.of(model)
         self._qkv = [
             self.ops.pack_qkv(layer.qkv, layer.qkv_bias, self.heads) for layer in model.layers
+        ]
+        self._qk_norm = [
+            None
+            if layer.q_norm is None
+            else self.ops.pack_qk_norm(layer.q_norm, layer.k_norm, model.rms_eps, self.heads)
+            for layer in model.layers
         ]
 
     def prepare(self, meta: ForwardMeta, cos: paddle.Tensor, sin: paddle.Tensor) -> StepState:
@@ -92,7 +100,10 @@ class PagedAttention:
         self, layer: int, x: paddle.Tensor, state: StepState
     ) -> tuple[paddle.Tensor, paddle.Tensor, paddle.Tensor]:
         weight, bias = self._qkv[layer]
-        return self.ops.qkv_rope(x, weight, bias, state.rope, self.heads)
+        norm = self._qk_norm[layer]
+        if norm is None:  # a backend without q/k norms is called as it always was
+            return self.ops.qkv_rope(x, weight, bias, state.rope, self.heads)
+        return self.ops.qkv_rope(x, weight, bias, state.rope, self.heads, qk_norm=norm)
 
     def attend(
         self,

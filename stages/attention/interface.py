@@ -22,6 +22,7 @@ Cache = Any  # a backend's own layout of one layer's keys or values
 RopeTable = Any  # a backend's own form of a forward's rotary angles
 SlotIndex = Any  # a backend's own form of a step's cache slots
 DecodeLayout = Any  # a backend's own form of a step's decode mask and row placement
+QkNorm = Any  # a backend's own form of a layer's per-head q/k RMSNorm
 
 
 class Heads(NamedTuple):
@@ -39,6 +40,10 @@ class Heads(NamedTuple):
 
 
 class AttentionOps(Protocol):
+    # Whether qkv_rope can norm each query and key head (Qwen3); a backend without it is
+    # refused at start for such a model.
+    supports_qk_norm: bool
+
     def new_caches(
         self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: str
     ) -> tuple[Cache, Cache]:
@@ -55,6 +60,13 @@ class AttentionOps(Protocol):
         qkv_rope takes, made once per layer. A backend may reorder the dims within each
         query and key head (the same order for both, so scores are unchanged); the values
         keep theirs."""
+
+    def pack_qk_norm(
+        self, q_weight: paddle.Tensor, k_weight: paddle.Tensor, eps: float, heads: Heads
+    ) -> QkNorm:
+        """The RMSNorm weights [D] of every query head and every key head, and its epsilon,
+        as this backend's qkv_rope takes them, made once per layer: the weights' dims in
+        pack_qkv's order (a head's root mean square does not depend on the order)."""
 
     def rope_table(
         self,
@@ -73,10 +85,12 @@ class AttentionOps(Protocol):
         bias: paddle.Tensor | None,
         rope: RopeTable,
         heads: Heads,
+        qk_norm: QkNorm | None = None,
     ) -> tuple[paddle.Tensor, paddle.Tensor, paddle.Tensor]:
         """x [T, hidden] @ weight [hidden, (H + 2 KV) D] (+ bias), as pack_qkv made them, then
-        rotary positions on q and k as rope_table made them. Returns q [T, H, D], k [T, KV,
-        D] (their dims in pack_qkv's order), v [T, KV, D]."""
+        each query and key head RMS-normed if qk_norm (as pack_qk_norm made it), then rotary
+        positions on q and k as rope_table made them. Returns q [T, H, D], k [T, KV, D]
+        (their dims in pack_qkv's order), v [T, KV, D]."""
 
     def write_blocks(
         self,

@@ -25,6 +25,7 @@ import paddle.nn.functional as F
 from stages.attention.interface import Heads
 
 _NEG = -1e30
+supports_qk_norm = True
 
 
 def new_caches(
@@ -66,6 +67,31 @@ def pack_qkv(
     return paddle.gather(weight, index, axis=1), packed_bias
 
 
+class QkNorm(NamedTuple):
+    weight: paddle.Tensor  # [H + KV, D]: each query head's weight, then each key head's
+    mean_column: paddle.Tensor  # [D, 1] of 1 / D: a head's mean of squares as a matmul
+    eps: float
+
+
+def pack_qk_norm(
+    q_weight: paddle.Tensor, k_weight: paddle.Tensor, eps: float, heads: Heads
+) -> QkNorm:
+    """The q and k norm weights in pack_qkv's order of a head's dims, one row per rotary
+    head, so qkv_rope scales all heads with one multiply that broadcasts over tokens only."""
+    index = paddle.to_tensor(head_dim_order(heads.head_dim, heads.interleaved))
+    q, k = paddle.gather(q_weight, index), paddle.gather(k_weight, index)
+    rows = paddle.concat([q.tile([heads.num_heads, 1]), k.tile([heads.num_kv_heads, 1])])
+    mean_column = paddle.full([heads.head_dim, 1], 1.0 / heads.head_dim, dtype="float32")
+    return QkNorm(rows, mean_column, eps)
+
+
+def _norm_heads(heads: paddle.Tensor, norm: QkNorm) -> paddle.Tensor:
+    """RMSNorm over each head of heads [T, H + KV, D], in float32 as the model's norms."""
+    x32 = heads if heads.dtype == paddle.float32 else heads.astype("float32")
+    inv_rms = paddle.rsqrt(paddle.matmul(x32 * x32, norm.mean_column) + norm.eps)
+    return (x32 * inv_rms).astype(heads.dtype) * norm.weight
+
+
 def rope_table(
     cos: paddle.Tensor,
     sin: paddle.Tensor,
@@ -94,17 +120,21 @@ def qkv_rope(
     bias: paddle.Tensor | None,
     rope: paddle.Tensor,
     heads: Heads,
+    qk_norm: QkNorm | None = None,
 ) -> tuple[paddle.Tensor, paddle.Tensor, paddle.Tensor]:
     """weight and bias as pack_qkv made them: each rotary pair (a, b) of a head is one
-    complex number a + ib, turned by rope_table's cos + i sin of its angle."""
-    num_heads, num_kv_heads, head_dim, interleaved = heads
+    complex number a + ib, turned by rope_table's cos + i sin of its angle; heads normed
+    first with qk_norm as pack_qk_norm made it."""
+    num_heads, num_kv_heads, head_dim, _ = heads
     qkv = paddle.matmul(x, weight)
     if bias is not None:
         qkv = qkv + bias
-    t, heads = x.shape[0], num_heads + num_kv_heads
-    rotary, v = paddle.split(qkv, [heads * head_dim, -1], axis=-1)
-    pairs = paddle.as_complex(rotary.reshape([t, heads, head_dim // 2, 2]))
-    rotated = paddle.as_real(pairs * rope).reshape([t, heads, head_dim])
+    t, rotary_heads = x.shape[0], num_heads + num_kv_heads
+    rotary, v = paddle.split(qkv, [rotary_heads * head_dim, -1], axis=-1)
+    if qk_norm is not None:
+        rotary = _norm_heads(rotary.reshape([t, rotary_heads, head_dim]), qk_norm)
+    pairs = paddle.as_complex(rotary.reshape([t, rotary_heads, head_dim // 2, 2]))
+    rotated = paddle.as_real(pairs * rope).reshape([t, rotary_heads, head_dim])
     q, k = paddle.split(rotated, [num_heads, num_kv_heads], axis=1)
     return q, k, v.reshape([t, num_kv_heads, head_dim])
 

@@ -64,11 +64,23 @@ def load() -> IntelHPUOps:
     return IntelHPUOps(plugin)
 
 
+QK_NORM_REFUSAL = (
+    "attention.ops=intel_hpu has no fused q/k norm, which this model needs (per-head "
+    "RMSNorm of queries and keys, as in Qwen3): set attention.ops=cpu"
+)
+
+
 class IntelHPUOps:
     """The ops interface over `plugin`, the `paddlenlp_ops` module or a stand-in for it."""
 
+    # fused_qkv_rope has no per-head norm between the projection and the rotation.
+    supports_qk_norm = False
+
     def __init__(self, plugin: Any) -> None:
         self.plugin = plugin
+
+    def pack_qk_norm(self, *args: Any) -> None:
+        raise ValueError(QK_NORM_REFUSAL)
 
     def new_caches(
         self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: str
@@ -100,7 +112,10 @@ class IntelHPUOps:
         bias: paddle.Tensor | None,
         rope: paddle.Tensor,
         heads: Heads,
+        qk_norm: Any = None,
     ) -> tuple[paddle.Tensor, paddle.Tensor, paddle.Tensor]:
+        if qk_norm is not None:
+            raise ValueError(QK_NORM_REFUSAL)
         num_heads, num_kv_heads, head_dim, interleaved = heads
         tokens = x.shape[0]
         # The op derives the KV head count from the weight's width; a mismatch would

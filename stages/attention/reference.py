@@ -36,8 +36,10 @@ def qkv_rope(
     cos: paddle.Tensor,
     sin: paddle.Tensor,
     heads: Heads,
+    qk_norm: tuple[paddle.Tensor, paddle.Tensor, float] | None = None,
 ) -> tuple[paddle.Tensor, paddle.Tensor, paddle.Tensor]:
-    """The QKV projection and rotary positions in the checkpoint's own layout."""
+    """The QKV projection and rotary positions in the checkpoint's own layout; qk_norm
+    (q weight [D], k weight [D], eps) RMS-norms each query and key head first."""
     num_heads, num_kv_heads, head_dim, interleaved = heads
     qkv = paddle.matmul(x, weight)
     if bias is not None:
@@ -45,7 +47,17 @@ def qkv_rope(
     q, k, v = paddle.split(
         qkv.reshape([x.shape[0], -1, head_dim]), [num_heads, num_kv_heads, num_kv_heads], axis=1
     )
+    if qk_norm is not None:
+        q_weight, k_weight, eps = qk_norm
+        q, k = head_rms_norm(q, q_weight, eps), head_rms_norm(k, k_weight, eps)
     return rotate(q, cos, sin, interleaved), rotate(k, cos, sin, interleaved), v
+
+
+def head_rms_norm(x: paddle.Tensor, weight: paddle.Tensor, eps: float) -> paddle.Tensor:
+    """x [T, heads, D] / the root mean square of each head * weight [D], in float32."""
+    x32 = x.astype("float32")
+    normed = x32 * paddle.rsqrt((x32 * x32).mean(axis=-1, keepdim=True) + eps)
+    return normed.astype(x.dtype) * weight
 
 
 @dataclass
@@ -65,11 +77,16 @@ class ReferenceAttention:
         self.values: list[dict[int, paddle.Tensor]] = [{} for _ in range(num_layers)]
         self.heads: Heads | None = None
         self._qkv: list[tuple[paddle.Tensor, paddle.Tensor | None]] = []
+        self._qk_norm: list[tuple[paddle.Tensor, paddle.Tensor, float] | None] = []
 
     def load_weights(self, model) -> None:
         """The checkpoint's own layout: nothing to pack."""
         self.heads = Heads.of(model)
         self._qkv = [(layer.qkv, layer.qkv_bias) for layer in model.layers]
+        self._qk_norm = [
+            None if layer.q_norm is None else (layer.q_norm, layer.k_norm, model.rms_eps)
+            for layer in model.layers
+        ]
 
     def prepare(self, meta: ForwardMeta, cos: paddle.Tensor, sin: paddle.Tensor) -> ReferenceStep:
         return ReferenceStep(meta, cos, sin)
@@ -78,7 +95,7 @@ class ReferenceAttention:
         self, layer: int, x: paddle.Tensor, state: ReferenceStep
     ) -> tuple[paddle.Tensor, paddle.Tensor, paddle.Tensor]:
         weight, bias = self._qkv[layer]
-        return qkv_rope(x, weight, bias, state.cos, state.sin, self.heads)
+        return qkv_rope(x, weight, bias, state.cos, state.sin, self.heads, self._qk_norm[layer])
 
     def _attend(self, layer: int, seq: int, start: int, q, k, v) -> paddle.Tensor:
         """q [n, H, D] at positions start..start+n-1 of sequence seq -> [n, H*D]."""

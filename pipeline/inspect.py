@@ -1,0 +1,252 @@
+"""`python -m pipeline.inspect MODEL_DIR`: what a Hugging Face folder holds, and whether
+this engine can serve it, from config.json and the safetensors headers alone.
+
+Nothing is built and no weight is read: the figures come from the config and the tensor
+shapes in each shard's header. `--json` prints one JSON document. Exit code 0 when the
+engine can serve the folder, 1 when it cannot (the report says why, in one line), 2 for a
+folder that is not a model (no folder, or no readable config.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from stages.checkpoint import (
+    CheckpointSpec,
+    check_context,
+    check_headers,
+    model_folder,
+    read_header,
+    read_json,
+    read_spec,
+    read_special_ids,
+    weight_files,
+    weight_plan,
+)
+from stages.model import rope_type
+
+SERVABLE, NOT_SERVABLE, NOT_A_MODEL = 0, 1, 2
+
+
+class NotAModel(ValueError):
+    """The folder has no model to describe."""
+
+
+def stored_tensors(files: Mapping[str, Path]) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """Each stored tensor's dtype and shape, from its shard's header."""
+    tensors: dict[str, tuple[str, tuple[int, ...]]] = {}
+    for path in sorted(set(files.values())):
+        _, header = read_header(path)
+        for name, entry in header.items():
+            if name != "__metadata__" and files.get(name) == path:
+                tensors[name] = (entry["dtype"], tuple(entry["shape"]))
+    return tensors
+
+
+def _token_names(folder: Path) -> dict[int, str]:
+    """Special tokens' text by id, from tokenizer.json's added tokens (when it is there)."""
+    try:
+        added = read_json(folder / "tokenizer.json", required=False).get("added_tokens", [])
+    except ValueError:
+        return {}
+    return {t["id"]: t["content"] for t in added if isinstance(t, dict) and "id" in t}
+
+
+def _specials(folder: Path) -> dict[str, Any]:
+    ids, names = read_special_ids(folder), _token_names(folder)
+
+    def named(token: int | None) -> dict[str, Any] | None:
+        return None if token is None else {"id": token, "token": names.get(token)}
+
+    return {
+        "tokenizer_json": (folder / "tokenizer.json").is_file(),
+        "bos": named(ids.bos_id),
+        "eos": [named(t) for t in sorted(ids.eos_ids)],
+        "pad": named(ids.pad_id),
+    }
+
+
+def _moe(spec: CheckpointSpec, tensors: Mapping[str, Any], total: int) -> dict[str, Any] | None:
+    """The MoE figures; a token runs top_k of each MoE layer's experts, so the others'
+    weights are idle for it: `active_parameters` is the total less those."""
+    moe = spec.moe
+    if moe is None:
+        return None
+    h, inter = spec.dims.hidden_size, moe.intermediate_size
+    per_expert = 3 * h * inter + ((2 * inter + h) if spec.mlp_bias else 0)
+    fused = any(name.endswith("mlp.experts.gate_up_proj") for name in tensors)
+    return {
+        "experts": moe.num_experts,
+        "top_k": moe.top_k,
+        "shared_experts": moe.num_shared,
+        "intermediate_size": inter,
+        "moe_layers": sorted(moe.layers),
+        "experts_stored": "fused" if fused else "per expert",
+        "active_parameters": total - len(moe.layers) * (moe.num_experts - moe.top_k) * per_expert,
+    }
+
+
+def _figures(config: Mapping[str, Any], spec: CheckpointSpec | None) -> dict[str, Any]:
+    """Shape figures: from the checked spec, or read as given when the spec is refused."""
+    if spec is None:
+        keys = ("num_hidden_layers", "hidden_size", "intermediate_size", "vocab_size")
+        heads = config.get("num_attention_heads")
+        return {
+            **{k: config.get(k) for k in keys},
+            "num_attention_heads": heads,
+            "num_key_value_heads": config.get("num_key_value_heads", heads),
+            "head_dim": config.get("head_dim"),
+            "max_position_embeddings": config.get("max_position_embeddings"),
+        }
+    d = spec.dims
+    return {
+        "num_hidden_layers": d.num_layers,
+        "hidden_size": d.hidden_size,
+        "intermediate_size": d.intermediate_size,
+        "vocab_size": d.vocab_size,
+        "num_attention_heads": d.num_heads,
+        "num_key_value_heads": d.num_kv_heads,
+        "head_dim": d.head_dim,
+        "max_position_embeddings": spec.max_position_embeddings,
+        "sliding_window": spec.sliding_window,
+        "rope_theta": spec.rope_theta,
+        "rope_scaling": rope_type(spec.rope_scaling),
+        "tied_embeddings": spec.tied,
+        "qkv_bias": spec.qkv_bias,
+        "qk_norm": spec.qk_norm,
+    }
+
+
+def _servable(folder: Path, config: Mapping[str, Any], context: int) -> tuple[Any, ...]:
+    """(spec or None, stored tensors, None or the one line saying why it cannot be served),
+    each check as load_hf_model makes it, without reading a weight."""
+    spec, tensors = None, {}
+    try:
+        spec = read_spec(config)
+        check_context(spec, context or spec.max_position_embeddings)
+        files = weight_files(folder)
+        tensors = stored_tensors(files)
+        check_headers(files, weight_plan(spec, files.keys()), folder)
+    except ValueError as err:
+        if not tensors:  # still count what is stored, where the headers can be read
+            try:
+                tensors = stored_tensors(weight_files(folder))
+            except ValueError:
+                tensors = {}
+        return spec, tensors, str(err)
+    return spec, tensors, None
+
+
+def describe(path: str | Path, max_model_len: int = 0) -> dict[str, Any]:
+    """The report of a model folder; NotAModel when it holds none. `max_model_len` (0 = the
+    model's max_position_embeddings) is the context it would be served with."""
+    try:
+        folder = model_folder(path, key="MODEL_DIR")
+        config = read_json(folder / "config.json")
+    except ValueError as err:
+        raise NotAModel(str(err)) from err
+    spec, tensors, reason = _servable(folder, config, max_model_len)
+    architectures = config.get("architectures")
+    dtypes = Counter(kind for kind, _ in tensors.values())
+    parameters = sum(math.prod(shape) for _, shape in tensors.values())
+    return {
+        "folder": str(folder),
+        "architecture": architectures[0] if isinstance(architectures, list) else None,
+        "family": spec.family if spec else None,
+        "servable": reason is None,
+        "reason": reason,
+        "parameters": parameters,
+        "tensors": len(tensors),
+        "stored_dtypes": dict(sorted(dtypes.items())),
+        "config_dtype": config.get("dtype", config.get("torch_dtype")),
+        **_figures(config, spec),
+        "special_tokens": _specials(folder),
+        "moe": _moe(spec, tensors, parameters) if spec else None,
+    }
+
+
+def _token(entry: Mapping[str, Any] | None) -> str:
+    if entry is None:
+        return "none"
+    return f"{entry['id']}" + (f" {entry['token']}" if entry["token"] is not None else "")
+
+
+def _counts(counts: Mapping[str, int]) -> str:
+    return ", ".join(f"{kind} ({n} tensors)" for kind, n in counts.items()) or "none"
+
+
+def _moe_line(report: Mapping[str, Any]) -> str:
+    moe = report["moe"]
+    return (
+        f"{moe['experts']} experts, top {moe['top_k']}, {moe['shared_experts']} shared, "
+        f"intermediate {moe['intermediate_size']}, in {len(moe['moe_layers'])} of "
+        f"{report['num_hidden_layers']} layers, stored {moe['experts_stored']}; "
+        f"{moe['active_parameters']:,} parameters active per token"
+    )
+
+
+def render(report: Mapping[str, Any]) -> str:
+    """The report as aligned lines for a terminal."""
+    r = report
+    specials = r["special_tokens"]
+    eos = ", ".join(_token(e) for e in specials["eos"]) or "none"
+    tokens = f"BOS {_token(specials['bos'])}; EOS {eos}; PAD {_token(specials['pad'])}"
+    shape = (
+        f"{r['num_hidden_layers']}, hidden {r['hidden_size']}, "
+        f"intermediate {r['intermediate_size']}, vocab {r['vocab_size']}"
+    )
+    heads = (
+        f"{r['num_attention_heads']} heads, {r['num_key_value_heads']} KV heads, "
+        f"head_dim {r['head_dim']}" + (", q/k norm" if r.get("qk_norm") else "")
+    )
+    window = f", sliding window {r['sliding_window']}" if r.get("sliding_window") else ""
+    rows = [
+        ("folder", r["folder"]),
+        ("architecture", r["architecture"]),
+        ("servable", "yes" if r["servable"] else f"no: {r['reason']}"),
+        ("parameters", f"{r['parameters']:,} in {r['tensors']} tensors"),
+        ("dtype", f"stored {_counts(r['stored_dtypes'])}; config {r['config_dtype']}"),
+        ("layers", shape),
+        ("attention", heads),
+        ("context", f"{r['max_position_embeddings']} positions" + window),
+        ("tokens", tokens + ("" if specials["tokenizer_json"] else " (no tokenizer.json)")),
+    ]
+    if r.get("rope_theta") is not None:
+        rows.append(("rope", f"theta {r['rope_theta']:g}, scaling {r['rope_scaling']}"))
+    if r.get("moe"):
+        rows.append(("moe", _moe_line(r)))
+    width = max(len(name) for name, _ in rows)
+    return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m pipeline.inspect", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("model_dir", metavar="MODEL_DIR")
+    parser.add_argument("--json", action="store_true", help="print one JSON document")
+    parser.add_argument(
+        "--max-model-len",
+        type=int,
+        default=0,
+        help="the context it would be served with (default: max_position_embeddings)",
+    )
+    args = parser.parse_args(argv)
+    try:
+        report = describe(args.model_dir, args.max_model_len)
+    except NotAModel as err:
+        print(f"Error: {err}", file=sys.stderr)
+        return NOT_A_MODEL
+    print(json.dumps(report, indent=2) if args.json else render(report))
+    return SERVABLE if report["servable"] else NOT_SERVABLE
+
+
+if __name__ == "__main__":
+    sys.exit(main())
