@@ -1,0 +1,217 @@
+"""Prefix caching: the KV-cache manager's block states, and tokens equal to the dense oracle."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from stages.kv_cache import KVCacheManager
+from stages.request import Request, Samples
+from stages.scheduler import ChunkedScheduler
+from stages.stopping import StopRule
+from tests.conftest import serve
+
+BS = 4
+
+
+def request(i: int, ids: list[int], new: int = 3) -> Request:
+    return Request(id=f"r{i}", index=i, prompt="x", prompt_ids=list(ids), max_new_tokens=new)
+
+
+def computed(kv: KVCacheManager, r: Request) -> None:
+    """Allocates and 'computes' the whole prompt of r, then lets it go: its full blocks stay."""
+    assert kv.allocate_slots(r, len(r.prompt_ids))
+    r.num_computed = len(r.prompt_ids)
+    kv.cache_computed_blocks(r)
+    kv.free(r)
+
+
+def test_a_cached_prefix_is_found_in_whole_blocks_leaving_the_last_token():
+    kv = KVCacheManager(16, BS, prefix_caching=True)
+    computed(kv, request(0, range(10)))  # blocks [0-3], [4-7] full; [8, 9] is not cached
+    assert len(kv.match_prefix(request(1, range(10)))) == 2
+    assert len(kv.match_prefix(request(2, [*range(9), 99]))) == 2
+    # A prompt of exactly two cached blocks recomputes its last block, so it has logits.
+    assert len(kv.match_prefix(request(3, range(8)))) == 1
+    assert len(kv.match_prefix(request(4, range(7)))) == 1
+
+
+def test_two_prompts_differing_in_one_token_of_the_first_block_share_nothing():
+    kv = KVCacheManager(16, BS, prefix_caching=True)
+    computed(kv, request(0, range(12)))
+    other = list(range(12))
+    other[1] = 77
+    assert kv.match_prefix(request(1, other)) == []
+    # The hash covers the parent: the same second block after another first one is no match.
+    assert kv.match_prefix(request(2, [50, 51, 52, 53, *range(4, 12)])) == []
+
+
+def test_cached_blocks_are_evicted_least_recently_used_only_when_no_block_is_free():
+    kv = KVCacheManager(4, BS, prefix_caching=True)
+    first, second = request(0, range(5)), request(1, range(100, 105))
+    computed(kv, first)  # caches block 0
+    computed(kv, second)  # caches block 1; blocks 2, 3 were never used
+    assert kv.num_free_blocks == 4
+    taker = request(2, range(200, 215))
+    assert kv.allocate_slots(taker, 8)  # takes the two free blocks first
+    assert len(kv.match_prefix(request(3, range(5)))) == 1
+    assert kv.allocate_slots(taker, 12)  # one more block: the older cached one goes
+    assert kv.match_prefix(request(4, range(5))) == []
+    assert len(kv.match_prefix(request(5, range(100, 105)))) == 1
+
+
+def test_a_block_held_by_two_requests_is_freed_by_neither_alone():
+    kv = KVCacheManager(8, BS, prefix_caching=True)
+    computed(kv, request(0, range(9)))
+    a, b = request(1, range(9)), request(2, range(9))
+    for r in (a, b):
+        cached = kv.match_prefix(r)
+        r.num_computed = len(cached) * BS
+        assert kv.allocate_slots(r, 1, cached)
+    shared = kv.block_table(a)[:2]
+    assert shared == kv.block_table(b)[:2]
+    kv.free(a)
+    assert all(kv.prefix.refs[block] == 1 for block in shared)
+    assert not set(shared) & set(kv.prefix.unheld)
+    kv.free(b)
+    assert set(shared) <= set(kv.prefix.unheld)
+
+
+# ---------------------------------------------------------------------------------------------
+# Property: any workload with shared prefixes keeps every block in exactly one state.
+
+
+def check_blocks(sched: ChunkedScheduler) -> None:
+    kv = sched.kv_cache
+    prefix = kv.prefix
+    holders: dict[int, int] = {}
+    for r in sched.running:
+        for block in kv.block_table(r):
+            holders[block] = holders.get(block, 0) + 1
+    free = set(kv.pool._free)
+    for block in range(kv.num_blocks):
+        assert prefix.refs[block] >= 0
+        assert prefix.refs[block] == holders.get(block, 0), "a reference count is off"
+        states = [block in free, block in prefix.unheld, prefix.refs[block] > 0]
+        assert sum(states) == 1, f"block {block} is in {states} (free, cached, held)"
+        if block in prefix.unheld:
+            assert block in prefix.hash_of
+
+
+def check_writes(sched: ChunkedScheduler, plan) -> None:
+    """Every slot the step writes is in a block only its writer holds and whose content is
+    not cached yet: a cached or shared block is never written again."""
+    kv = sched.kv_cache
+    rows = [(c.request, range(c.start, c.end)) for c in plan.prefill]
+    rows += [(r, range(r.num_computed, r.num_computed + 1)) for r in plan.decode]
+    for r, positions in rows:
+        table = kv.block_table(r)
+        for pos in positions:
+            block = table[pos // kv.block_size]
+            assert kv.prefix.refs[block] == 1, "a shared block is written"
+            assert block not in kv.prefix.hash_of, "a cached block is written"
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    num_prefixes=st.integers(1, 3),
+    prefix_blocks=st.integers(0, 4),
+    tails=st.lists(st.integers(1, 12), min_size=1, max_size=10),
+    new=st.integers(1, 8),
+    budget_blocks=st.integers(1, 6),
+    pool_slack=st.integers(0, 12),
+    seed=st.integers(0, 1000),
+)
+def test_block_states_hold_for_any_workload_with_shared_prefixes(
+    num_prefixes, prefix_blocks, tails, new, budget_blocks, pool_slack, seed
+):
+    rng = np.random.default_rng(seed)
+    prefixes = [rng.integers(0, 50, prefix_blocks * BS).tolist() for _ in range(num_prefixes)]
+    reqs = [
+        request(i, prefixes[i % num_prefixes] + rng.integers(0, 50, tail).tolist(), new)
+        for i, tail in enumerate(tails)
+    ]
+    longest = max(len(r.prompt_ids) + new for r in reqs)
+    kv = KVCacheManager(-(-longest // BS) + pool_slack, BS, prefix_caching=True)
+    sched = ChunkedScheduler(
+        kv_cache=kv,
+        stop=StopRule((), 10_000),
+        max_tokens=budget_blocks * BS,
+        max_num_seqs=4,
+        max_model_len=10_000,
+    )
+    for r in reqs:
+        sched.add(r)
+    for _ in range(5_000):
+        if not sched.has_work:
+            break
+        plan = sched.schedule()
+        check_writes(sched, plan)
+        tokens = rng.integers(0, 50, len(plan.sampled_requests))
+        sched.update(plan, Samples(tokens.astype(np.int64)), 0.0)
+        check_blocks(sched)
+    assert not sched.has_work, "the scheduler did not finish"
+    assert all(len(r.output_ids) == new for r in reqs)
+    assert kv.num_free_blocks == kv.num_blocks, "at the end every block is free or cached"
+    check_blocks(sched)
+
+
+# ---------------------------------------------------------------------------------------------
+# Tokens: caching on equals caching off equals the dense oracle.
+
+SHARED = [
+    "workload.num_requests=8",
+    "workload.shared_prefix_tokens=150",  # more than a block of 128
+    "workload.num_prefixes=2",
+    "workload.min_prompt_tokens=3",
+    "workload.max_prompt_tokens=40",
+    "workload.min_new_tokens=4",
+    "workload.max_new_tokens=12",
+]
+ORACLE = ["attention=reference", "scheduler=whole", "max_tokens=4096"]
+
+
+@functools.lru_cache(maxsize=4)
+def oracle(workload: tuple[str, ...]) -> dict[str, Request]:
+    """The dense oracle's requests on the same workload (arrival rates change the prompts
+    drawn, so each workload gets its own)."""
+    return serve([*SHARED, *workload, *ORACLE])[0]
+
+
+CASES = {
+    "block 16, budget of one block": ["max_tokens=16"],
+    "block 16, budget 64": ["max_tokens=64"],
+    # A large budget admits every request in the first step, before anything is cached:
+    # arrivals spread out give later requests a cached prefix.
+    "block 16, budget 4096": ["max_tokens=4096", "workload.rate=20"],
+    "block 128, budget 128": ["block_size=128", "max_tokens=128"],
+    "block 128, budget 4096": ["block_size=128", "max_tokens=4096", "workload.rate=20"],
+    "preemption by a small pool": ["max_tokens=32", "num_blocks=20"],
+    "arrivals while the prefix is computed": ["max_tokens=16", "workload.rate=200"],
+}
+
+
+@pytest.mark.parametrize("overrides", CASES.values(), ids=CASES.keys())
+def test_cached_prefixes_give_the_oracle_tokens(overrides):
+    want_by_id = oracle(tuple(o for o in overrides if o.startswith("workload.")))
+    got, engine = serve([*SHARED, *overrides])
+    assert engine.scheduler.kv_cache.prefix is not None
+    assert sum(r.cached_tokens for r in got.values()) > 0, "no prefix was reused"
+    for rid, want in want_by_id.items():
+        assert got[rid].output_ids == want.output_ids, rid
+    off, _ = serve([*SHARED, *overrides, "prefix_caching=false"])
+    assert all(off[rid].output_ids == want.output_ids for rid, want in want_by_id.items())
+    assert all(r.cached_tokens == 0 for r in off.values())
+
+
+def test_preemption_keeps_cached_blocks_for_the_recompute():
+    steps = []
+    got, engine = serve([*SHARED, "max_tokens=32", "num_blocks=20"], steps=steps)
+    assert sum(r.num_preemptions for r in got.values()) > 0, "the pool did not preempt"
+    readmitted = [c for s in steps for c in s.prefill if c["cached"] and c["start"] > 0]
+    assert readmitted, "no admission started after a cached prefix"
+    assert engine.scheduler.kv_cache.num_free_blocks == 20
