@@ -30,7 +30,7 @@ def blocks_for(num_tokens: int, block_size: int) -> int:
 
 
 def chain_hash(parent: bytes, token_ids: np.ndarray) -> bytes:
-    """A block's content hash: its parent's hash and its token ids (int64), by blake2b."""
+    """A block's content hash: its parent's hash and its token ids (int32), by blake2b."""
     return hashlib.blake2b(parent + token_ids.tobytes(), digest_size=16).digest()
 
 
@@ -107,7 +107,6 @@ class KVCacheManager:
         self.pool = BlockPool(num_blocks)
         self.prefix = PrefixCache(num_blocks) if prefix_caching else None
         self._tables: dict[int, list[int]] = {}
-        self._chains: dict[int, list[bytes]] = {}  # content hashes of a request's full blocks
         self._registered: dict[int, int] = {}  # how many of its blocks have been registered
 
     @property
@@ -145,7 +144,7 @@ class KVCacheManager:
         sample); touches nothing. Empty without prefix caching."""
         if self.prefix is None:
             return []
-        chain = self._chain(request, (request.num_tokens - 1) // self.block_size)
+        chain = self.block_hashes(request, (request.num_tokens - 1) // self.block_size)
         blocks = []
         for content in chain:
             block = self.prefix.block_of.get(content)
@@ -154,12 +153,14 @@ class KVCacheManager:
             blocks.append(block)
         return blocks
 
-    def _chain(self, request: Request, num_blocks: int) -> list[bytes]:
-        """Content hashes of the request's first num_blocks full blocks, made once each."""
-        chain = self._chains.setdefault(request.seq_id, [])
+    def block_hashes(self, request: Request, num_blocks: int) -> list[bytes]:
+        """Content hashes of the request's first num_blocks full blocks, each made once and
+        kept on the request (the scheduler makes a prompt's when it arrives, as vLLM does,
+        so that admission only looks them up)."""
+        chain = request.block_hashes
         if len(chain) < num_blocks:
             bs = self.block_size
-            ids = np.asarray(request.all_ids[len(chain) * bs : num_blocks * bs], dtype=np.int64)
+            ids = np.asarray(request.all_ids[len(chain) * bs : num_blocks * bs], dtype=np.int32)
             parent = chain[-1] if chain else ROOT_HASH
             for j in range(num_blocks - len(chain)):
                 parent = chain_hash(parent, ids[j * bs : (j + 1) * bs])
@@ -174,7 +175,7 @@ class KVCacheManager:
         full = min(request.num_computed // self.block_size, len(table))
         done = self._registered.get(request.seq_id, 0)
         if full > done:
-            chain = self._chain(request, full)
+            chain = self.block_hashes(request, full)
             for block, content in zip(table[done:full], chain[done:], strict=True):
                 self.prefix.register(block, content)
             self._registered[request.seq_id] = full
@@ -220,7 +221,6 @@ class KVCacheManager:
         """The request lets go of every block it holds: a block nobody holds goes back to
         the pool, or stays cached when its content is known."""
         table = self._tables.pop(request.seq_id, [])
-        self._chains.pop(request.seq_id, None)
         self._registered.pop(request.seq_id, None)
         if self.prefix is None:
             self.pool.release(table)

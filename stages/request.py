@@ -51,6 +51,7 @@ class Request:
     finish_s: float | None = None
     num_preemptions: int = 0
     cached_tokens: int = 0  # prompt tokens found in the prefix cache at first admission
+    block_hashes: list[bytes] = field(default_factory=list)  # content hashes of full blocks
     logprobs: list[dict[int, float]] = field(default_factory=list)  # per output token, if asked
 
     @property

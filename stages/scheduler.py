@@ -134,6 +134,8 @@ class ChunkedScheduler:
 
     def add(self, request: Request) -> None:
         request.status = Status.WAITING
+        if self.kv_cache.prefix is not None:  # hashed now: admission only looks blocks up
+            self.kv_cache.block_hashes(request, (request.num_tokens - 1) // self.block_size)
         self.waiting.append(request)
 
     @property
