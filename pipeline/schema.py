@@ -158,6 +158,24 @@ class JsonlWorkloadConf:
 
 
 @dataclass
+class TraceWorkloadConf:
+    _target_: str = "stages.trace.TraceWorkload"
+    path: str = MISSING  # a trace file the user brings
+    format: str = "auto"  # auto, azure, burstgpt, mooncake, sharegpt, vidur
+    model_filter: str = ""  # burstgpt: keep this model's rows; "" = all
+    trace_block_size: int = 512  # mooncake: tokens per hash id
+    time_scale: float = 1.0  # multiplies the gaps between arrivals
+    start_s: float = 0.0  # window start, trace seconds after the shift
+    duration_s: float = 0.0  # window length; 0 = to the end
+    num_requests: int = 0  # the first N; 0 = all
+    rate: float = 0.0  # sharegpt (no timestamps): Poisson arrivals, requests/s; 0 = all at once
+    too_long: str = "clip"  # clip or error: prompts longer than max_model_len - 1
+    seed: int = MISSING
+    max_model_len: int = MISSING
+    max_num_seqs: int = MISSING
+
+
+@dataclass
 class PipelineConf:
     tokenizer: Any = MISSING
     scheduler: Any = MISSING
@@ -192,6 +210,7 @@ SCHEMAS = {
     ("workload", "synthetic"): SyntheticWorkloadConf,
     ("workload", "jsonl"): JsonlWorkloadConf,
     ("workload", "mixed"): MixedWorkloadConf,
+    ("workload", "trace"): TraceWorkloadConf,
 }
 
 
