@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import csv
 import functools
+import gc
+import io
 import json
 import re
-from array import array
+import warnings
 from collections import Counter, OrderedDict
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
@@ -283,104 +286,195 @@ def _is_number(text: str) -> bool:
         return False
 
 
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's cycle collector paused while a trace becomes objects: none of them is garbage,
+    and its passes over the growing heap would cost more than the load itself (3x here)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 # -- readers ---------------------------------------------------------------------------------
 @dataclass
 class TraceRows:
-    """A token-count trace, one entry per row kept, compactly: a malformed row is kept too
-    (inputs -1, its message in `errors`) with the time of the row before it."""
+    """A token-count trace's kept rows as arrays. A malformed row is kept too, as inputs -1
+    with its message in `errors`, and the time of the good row before it (NaN if none)."""
 
-    lines: array = field(default_factory=lambda: array("q"))
-    times: array = field(default_factory=lambda: array("d"))
-    inputs: array = field(default_factory=lambda: array("q"))
-    outputs: array = field(default_factory=lambda: array("q"))
+    lines: np.ndarray
+    times: np.ndarray  # seconds
+    inputs: np.ndarray
+    outputs: np.ndarray
+    errors: dict[int, str]  # line -> message
+    counts: Counter
     hash_ids: list[tuple[int, ...]] | None = None  # Mooncake's, per row
-    errors: dict[int, str] = field(default_factory=dict)  # line -> message
-    counts: Counter = field(default_factory=Counter)
-    _last_time: float = float("nan")
 
-    def add(self, line: int, time: float, n_in: int, n_out: int) -> None:
-        self.lines.append(line)
-        self.times.append(time)
-        self.inputs.append(n_in)
-        self.outputs.append(n_out)
-        self._last_time = time
 
-    def add_error(self, line: int, message: str) -> None:
-        self.errors[line] = message
-        self.counts["malformed"] += 1
-        self.add(line, self._last_time, -1, 0)
-        if self.hash_ids is not None:
-            self.hash_ids.append(())
+def _forward_filled(times: np.ndarray, valid: np.ndarray) -> np.ndarray:
+    """Each invalid entry takes the time of the valid one before it, NaN before the first."""
+    times = np.where(valid, times, np.nan)
+    last = np.maximum.accumulate(np.where(valid, np.arange(len(times)), 0))
+    return times[last] if len(times) else times
+
+
+def _csv_records(text: str) -> tuple[list[list[str]], Sequence[int]]:
+    """The non-blank CSV records and their line numbers; a file without quotes or blank lines
+    (the usual trace) takes a fast path with no per-row Python loop for the numbers."""
+    if '"' not in text:
+        lines = text.splitlines()
+        if all(lines):
+            return [line.split(",") for line in lines], range(1, len(lines) + 1)
+    reader = csv.reader(io.StringIO(text, newline=""))
+    records, numbers = [], []
+    for record in reader:
+        if record:
+            records.append(record)
+            numbers.append(reader.line_num)
+    return records, numbers
+
+
+def _column(values: list[str], bulk: Any, one: Any) -> tuple[np.ndarray, dict[int, str]]:
+    """A column converted in one numpy call, or, when a value is bad, value by value with
+    each bad one's message."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # numpy's deprecated time-zone parse: go one by one
+            return bulk(values), {}
+    except (ValueError, TypeError, OverflowError, Warning):
+        out, errors = np.zeros(len(values)), {}
+        for i, value in enumerate(values):
+            try:
+                out[i] = one(value)
+            except ValueError as err:
+                errors[i] = str(err)
+        return out, errors
+
+
+def _count_column(values: list[str], name: str, minimum: int) -> tuple[np.ndarray, dict]:
+    counts, errors = _column(
+        values, lambda v: np.array(v).astype(np.int64), lambda v: _count(v, name, minimum)
+    )
+    counts = counts.astype(np.int64)
+    for i in np.flatnonzero(counts < minimum).tolist():
+        errors.setdefault(i, f"{name}={counts[i]} must be >= {minimum}")
+    return counts, errors
+
+
+def _time_column(values: list[str], format: str, name: str) -> tuple[np.ndarray, dict]:
+    if format == "azure":
+        bulk = _bulk_datetimes
+        one = datetime_seconds
+    else:
+        bulk = lambda v: np.array(v).astype(np.float64)  # noqa: E731
+        one = _seconds
+    times, errors = _column(values, bulk, one)
+    for i in np.flatnonzero(~np.isfinite(times)).tolist():
+        errors.setdefault(i, f"{values[i]!r} is not a finite time")
+    return times, {i: f"{name}: {message}" for i, message in errors.items()}
+
+
+def _bulk_datetimes(values: list[str]) -> np.ndarray:
+    stamps = np.array(values, dtype="datetime64[ns]")
+    seconds = stamps.astype(np.int64) / 1e9
+    return np.where(np.isnat(stamps), np.nan, seconds)
 
 
 def read_csv_trace(path: Path, format: str, model_filter: str = "") -> TraceRows:
     """Azure, BurstGPT or Vidur rows; BurstGPT rows of 0 response tokens are failed requests,
     skipped and counted, and `model_filter` keeps one model's rows."""
-    time_of = datetime_seconds if format == "azure" else _seconds
-    rows = TraceRows()
-    with open(path, newline="", encoding="utf-8-sig") as f:
-        reader = csv.reader(f)
-        header = [name.strip() for name in next(reader, [])]
-        wanted = CSV_COLUMNS[format] + ((BURSTGPT_MODEL,) if format == "burstgpt" else ())
-        col = {name: header.index(name) for name in wanted}
-        c_time, c_in, c_out = (col[name] for name in CSV_COLUMNS[format])
-        c_model = col.get(BURSTGPT_MODEL)
-        t_name, in_name, out_name = CSV_COLUMNS[format]
-        for row in reader:
-            if not row:
-                continue  # a blank line is no row
-            line = reader.line_num
-            rows.counts["rows"] += 1
-            if len(row) != len(header):
-                rows.add_error(line, f"{len(row)} fields, the header has {len(header)}")
-                continue
-            if c_model is not None and model_filter and row[c_model] != model_filter:
-                rows.counts["other_model_skipped"] += 1
-                continue
-            try:
-                time = _time(time_of, row[c_time], t_name)
-                n_in = _count(row[c_in], in_name, 1)
-                n_out = _count(row[c_out], out_name, 0)
-            except ValueError as err:
-                rows.add_error(line, str(err))
-                continue
-            if format == "burstgpt" and n_out == 0:
-                rows.counts["failed_skipped"] += 1
-                continue
-            rows.add(line, time, n_in, n_out)
-    return rows
+    records, numbers = _csv_records(path.read_text(encoding="utf-8-sig"))
+    header = [name.strip() for name in records[0]]
+    records, lines = records[1:], np.asarray(numbers[1:], dtype=np.int64)
+    counts: Counter = Counter(rows=len(records))
+    errors = {
+        i: f"{len(r)} fields, the header has {len(header)}"
+        for i, r in enumerate(records)
+        if len(r) != len(header)
+    }
+    t_name, in_name, out_name = CSV_COLUMNS[format]
+    if errors:  # the columns below are read from full rows only: put blanks in the others
+        records = [r if len(r) == len(header) else [""] * len(header) for r in records]
+    keep = np.ones(len(records), dtype=bool)
+    if format == "burstgpt" and model_filter:
+        c_model = header.index(BURSTGPT_MODEL)
+        keep = np.array([r[c_model] == model_filter for r in records], dtype=bool)
+        keep[list(errors)] = True  # a malformed row is reported whatever its model
+        counts["other_model_skipped"] = int((~keep).sum())
+    columns = [[r[header.index(name)] for r in records] for name in CSV_COLUMNS[format]]
+    times, time_errors = _time_column(columns[0], format, t_name)
+    inputs, in_errors = _count_column(columns[1], in_name, 1)
+    outputs, out_errors = _count_column(columns[2], out_name, 0)
+    for found in (time_errors, in_errors, out_errors):
+        for i, message in found.items():
+            if keep[i]:  # another model's row is skipped, however its numbers read
+                errors.setdefault(i, message)
+    valid = np.ones(len(records), dtype=bool)
+    valid[list(errors)] = False
+    if format == "burstgpt":
+        failed = valid & keep & (outputs == 0)
+        counts["failed_skipped"] = int(failed.sum())
+        keep &= ~failed
+    counts["malformed"] = len(errors)
+    inputs = np.where(valid, inputs, -1)
+    times = _forward_filled(times, valid & keep)
+    return TraceRows(
+        lines=lines[keep],
+        times=times[keep],
+        inputs=inputs[keep],
+        outputs=outputs[keep],
+        errors={int(lines[i]): message for i, message in errors.items()},
+        counts=counts,
+    )
+
+
+def _mooncake_entry(raw: str) -> tuple[float, int, int, tuple[int, ...]]:
+    entry = json.loads(raw)
+    if not isinstance(entry, dict):
+        raise ValueError("a line must be a JSON object")
+    missing = [k for k in (*MOONCAKE_KEYS, "hash_ids") if k not in entry]
+    if missing:
+        raise ValueError(f"missing field(s) {missing}")
+    stamp = entry["timestamp"]
+    if not isinstance(stamp, int | float) or isinstance(stamp, bool) or not np.isfinite(stamp):
+        raise ValueError(f"timestamp={stamp!r} is not a number of ms")
+    n_in = _count(entry["input_length"], "input_length", 1)
+    n_out = _count(entry["output_length"], "output_length", 0)
+    hashes = entry["hash_ids"]
+    if not isinstance(hashes, list):
+        raise ValueError("hash_ids must be a list of whole numbers >= 0")
+    return stamp / 1000.0, n_in, n_out, tuple(_count(h, "hash_ids entry", 0) for h in hashes)
 
 
 def read_mooncake(path: Path) -> TraceRows:
     """Mooncake JSONL rows: timestamp in ms, lengths, and the prefix blocks' hash ids."""
-    rows = TraceRows(hash_ids=[])
+    lines, times, inputs, outputs, hash_ids = [], [], [], [], []
+    errors: dict[int, str] = {}
     with open(path, encoding="utf-8-sig") as f:
         for line, raw in enumerate(f, start=1):
             if not raw.strip():
                 continue
-            rows.counts["rows"] += 1
             try:
-                entry = json.loads(raw)
-                if not isinstance(entry, dict):
-                    raise ValueError("a line must be a JSON object")
-                missing = [k for k in (*MOONCAKE_KEYS, "hash_ids") if k not in entry]
-                if missing:
-                    raise ValueError(f"missing field(s) {missing}")
-                stamp = entry["timestamp"]
-                if not isinstance(stamp, int | float) or isinstance(stamp, bool):
-                    raise ValueError(f"timestamp={stamp!r} is not a number of ms")
-                n_in = _count(entry["input_length"], "input_length", 1)
-                n_out = _count(entry["output_length"], "output_length", 0)
-                hashes = entry["hash_ids"]
-                if not isinstance(hashes, list):
-                    raise ValueError("hash_ids must be a list of whole numbers >= 0")
-                hash_ids = tuple(_count(h, "hash_ids entry", 0) for h in hashes)
+                row = _mooncake_entry(raw)
             except ValueError as err:  # json.JSONDecodeError is a ValueError
-                rows.add_error(line, str(err))
-                continue
-            rows.add(line, stamp / 1000.0, n_in, n_out)
-            rows.hash_ids.append(hash_ids)
-    return rows
+                errors[line] = str(err)
+                row = (np.nan, -1, 0, ())
+            lines.append(line)
+            for column, value in zip((times, inputs, outputs, hash_ids), row, strict=True):
+                column.append(value)
+    inputs_array = np.array(inputs, dtype=np.int64)
+    return TraceRows(
+        lines=np.array(lines, dtype=np.int64),
+        times=_forward_filled(np.array(times, dtype=np.float64), inputs_array >= 0),
+        inputs=inputs_array,
+        outputs=np.array(outputs, dtype=np.int64),
+        errors=errors,
+        counts=Counter(rows=len(lines), malformed=len(errors)),
+        hash_ids=hash_ids,
+    )
 
 
 @dataclass
@@ -522,10 +616,11 @@ class TraceWorkload:
         self.max_model_len = max_model_len
         self.max_num_seqs = max_num_seqs
         self.counts: dict[str, Any] = {"format": self.format, **dict.fromkeys(COUNT_KEYS, 0)}
-        if self.format == "sharegpt":
-            self._read_conversations()
-        else:
-            self._read_rows()
+        with collector_paused():
+            if self.format == "sharegpt":
+                self._read_conversations()
+            else:
+                self._read_rows()
 
     def _check_keys(
         self, model_filter: str, time_scale: float, start_s: float, duration_s: float, rate: float
@@ -553,8 +648,7 @@ class TraceWorkload:
         else:
             rows = read_csv_trace(self.path, self.format, self.model_filter)
         self.counts.update(rows.counts)
-        times = np.frombuffer(rows.times, dtype=np.float64)
-        valid = np.frombuffer(rows.inputs, dtype=np.int64) >= 0
+        times, valid = rows.times, rows.inputs >= 0
         origin = times[valid].min() if valid.any() else 0.0
         # A malformed row before the first good one has no time to borrow: it takes the first.
         shifted = np.where(np.isnan(times), origin, times) - origin
@@ -594,10 +688,11 @@ class TraceWorkload:
         return ", ".join(f"{k} {v}" for k, v in self.counts.items() if k != "format" and v)
 
     def load(self, tokenizer: Tokenizer) -> list[Request]:
-        if self.format == "sharegpt":
-            requests = self._conversation_requests(tokenizer)
-        else:
-            requests = self._row_requests(tokenizer)
+        with collector_paused():
+            if self.format == "sharegpt":
+                requests = self._conversation_requests(tokenizer)
+            else:
+                requests = self._row_requests(tokenizer)
         self.counts["requests"] = len(requests)
         log.info("trace_loaded", path=str(self.path), **self.counts)
         return requests
@@ -629,9 +724,9 @@ class TraceWorkload:
         source = PromptIdSource(
             prompt_vocab(tokenizer), self.seed, self.trace_block_size, 2 * self.max_num_seqs
         )
-        lines = np.frombuffer(rows.lines, dtype=np.int64)[selected].tolist()
-        inputs = np.frombuffer(rows.inputs, dtype=np.int64)[selected].tolist()
-        outputs = np.frombuffer(rows.outputs, dtype=np.int64)[selected].tolist()
+        lines = rows.lines[selected].tolist()
+        inputs = rows.inputs[selected].tolist()
+        outputs = rows.outputs[selected].tolist()
         hash_ids = rows.hash_ids
         keys = (
             lines
