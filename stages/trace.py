@@ -146,6 +146,11 @@ class SeededPromptIds(Sequence[int]):
 
     __hash__ = None  # type: ignore[assignment]  (equal to lists, so unhashable like them)
 
+    def prefix(self, length: int) -> SeededPromptIds:
+        """The first `length` ids, still undrawn: a row's stream and a block's are drawn in
+        order, so a shorter draw is a prefix of a longer one."""
+        return SeededPromptIds(min(length, self._length), self._key, self._source)
+
     def __repr__(self) -> str:
         return f"SeededPromptIds(length={self._length}, key={self._key!r})"
 
@@ -559,6 +564,30 @@ COUNT_KEYS = (
 )  # fmt: skip
 
 
+def _trace_path(path: str) -> Path:
+    if not path:
+        raise ValueError("workload.path is required with workload=trace: set workload.path=FILE")
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise ValueError(f"workload.path={path} is not a file")
+    return file
+
+
+def _check_values(
+    format: str, too_long: str, time_scale: float, start_s: float, duration_s: float,
+    num_requests: int, rate: float,
+) -> None:  # fmt: skip
+    if format != "auto" and format not in FORMATS:
+        raise ValueError(f"workload.format={format}: choose auto or one of {FORMAT_LIST}")
+    if too_long not in ("clip", "error"):
+        raise ValueError(f"workload.too_long={too_long}: choose workload.too_long=clip or error")
+    if time_scale <= 0 or start_s < 0 or duration_s < 0 or num_requests < 0 or rate < 0:
+        raise ValueError(
+            "workload.time_scale must be > 0, and workload.start_s, duration_s, "
+            "num_requests and rate >= 0"
+        )
+
+
 class TraceWorkload:
     """The requests of a serving trace file, with its arrivals (shifted so the first is 0,
     windowed, scaled) and lengths; a token-count row's prompt ids are seeded and drawn at
@@ -582,24 +611,8 @@ class TraceWorkload:
         max_model_len: int = 2048,
         max_num_seqs: int = 32,
     ) -> None:
-        if not path:
-            raise ValueError(
-                "workload.path is required with workload=trace: set workload.path=FILE"
-            )
-        self.path = Path(path).expanduser()
-        if not self.path.is_file():
-            raise ValueError(f"workload.path={path} is not a file")
-        if format != "auto" and format not in FORMATS:
-            raise ValueError(f"workload.format={format}: choose auto or one of {FORMAT_LIST}")
-        if too_long not in ("clip", "error"):
-            raise ValueError(
-                f"workload.too_long={too_long}: choose workload.too_long=clip or error"
-            )
-        if time_scale <= 0 or start_s < 0 or duration_s < 0 or num_requests < 0 or rate < 0:
-            raise ValueError(
-                "workload.time_scale must be > 0, and workload.start_s, duration_s, "
-                "num_requests and rate >= 0"
-            )
+        self.path = _trace_path(path)
+        _check_values(format, too_long, time_scale, start_s, duration_s, num_requests, rate)
         if trace_block_size < 1 or max_model_len < 2 or max_num_seqs < 1:
             raise ValueError(
                 "workload.trace_block_size and max_num_seqs must be >= 1, max_model_len >= 2"
@@ -697,27 +710,38 @@ class TraceWorkload:
         log.info("trace_loaded", path=str(self.path), **self.counts)
         return requests
 
-    def _failed(self, index: int, rid: str, line: int, message: str, **fields: Any) -> Request:
+    def _request(
+        self, index: int, rid: str, line: int, prompt: str, ids: Sequence[int], n_out: int,
+        arrival: float, error: str | None = None,
+    ) -> Request:  # fmt: skip
+        """A trace request; a prompt over max_model_len - 1 tokens is clipped or rejected, and
+        an error (a malformed row's) ends the request at its arrival."""
+        limit = self.max_model_len - 1
+        if error is None and len(ids) > limit:
+            if self.too_long == "error":
+                self.counts["rejected"] += 1
+                error = (
+                    f"prompt has {len(ids)} tokens, max_model_len={self.max_model_len} leaves "
+                    f"room for {limit} and one output token: raise max_model_len or set "
+                    "workload.too_long=clip"
+                )
+            else:
+                self.counts["clipped"] += 1
+                ids = ids.prefix(limit) if isinstance(ids, SeededPromptIds) else ids[:limit]
         request = Request(
             id=rid,
             index=index,
-            prompt=fields.pop("prompt", PLACEHOLDER_PROMPT),
-            prompt_ids=fields.pop("prompt_ids", []),
-            max_new_tokens=fields.pop("max_new_tokens", 0),
-            arrival_s=fields.pop("arrival_s", 0.0),
+            prompt=prompt,
+            prompt_ids=ids,
+            max_new_tokens=n_out,
+            arrival_s=arrival,
             ignore_eos=True,
             stop=NO_STOP,
             sampling=NO_SAMPLING,
         )
-        request.fail(f"{self.path.name} line {line}: {message}", request.arrival_s)
+        if error is not None:
+            request.fail(f"{self.path.name} line {line}: {error}", arrival)
         return request
-
-    def _too_long(self, n: int) -> str:
-        return (
-            f"prompt has {n} tokens, max_model_len={self.max_model_len} leaves room for "
-            f"{self.max_model_len - 1} and one output token: raise max_model_len or set "
-            "workload.too_long=clip"
-        )
 
     def _row_requests(self, tokenizer: Tokenizer) -> list[Request]:
         rows, selected = self._rows, self._selected
@@ -733,52 +757,27 @@ class TraceWorkload:
             if hash_ids is None
             else [(ln, hash_ids[j]) for ln, j in zip(lines, selected, strict=True)]
         )
-        limit = self.max_model_len - 1
-        requests: list[Request] = []
-        for i, (line, key, n_in, n_out, arrival) in enumerate(
-            zip(lines, keys, inputs, outputs, self._arrivals.tolist(), strict=True)
-        ):
-            rid = f"line-{line}"
-            if n_in < 0:
-                requests.append(self._failed(i, rid, line, rows.errors[line], arrival_s=arrival))
-                continue
-            if n_in > limit and self.too_long == "error":
-                self.counts["rejected"] += 1
-                ids = SeededPromptIds(n_in, key, source)
-                requests.append(
-                    self._failed(
-                        i,
-                        rid,
-                        line,
-                        self._too_long(n_in),
-                        prompt_ids=ids,
-                        max_new_tokens=n_out,
-                        arrival_s=arrival,
-                    )  # fmt: skip
-                )
-                continue
-            if n_in > limit:
-                self.counts["clipped"] += 1
-                n_in = limit
-            requests.append(
-                Request(
-                    id=rid,
-                    index=i,
-                    prompt=PLACEHOLDER_PROMPT,
-                    prompt_ids=SeededPromptIds(n_in, key, source),
-                    max_new_tokens=n_out,
-                    arrival_s=arrival,
-                    ignore_eos=True,
-                    stop=NO_STOP,
-                    sampling=NO_SAMPLING,
-                )
+        request, placeholder, errors = self._request, PLACEHOLDER_PROMPT, rows.errors
+        return [
+            request(
+                i,
+                f"line-{line}",
+                line,
+                placeholder,
+                SeededPromptIds(n_in, key, source),
+                n_out,
+                arrival,
+            )  # fmt: skip
+            if n_in >= 0
+            else request(i, f"line-{line}", line, placeholder, [], 0, arrival, errors[line])
+            for i, (line, key, n_in, n_out, arrival) in enumerate(
+                zip(lines, keys, inputs, outputs, self._arrivals.tolist(), strict=True)
             )
-        return requests
+        ]
 
     def _conversation_requests(self, tokenizer: Tokenizer) -> list[Request]:
         conversations = self._conversations
         arrivals = poisson_arrivals(len(conversations), self.rate, np.random.default_rng(self.seed))
-        limit = self.max_model_len - 1
         requests: list[Request] = []
         seen: set[str] = set()
         for i, (conv, arrival) in enumerate(zip(conversations, arrivals, strict=True)):
@@ -786,39 +785,12 @@ class TraceWorkload:
             rid = conv.id if conv.id and conv.id not in seen else f"line-{conv.line}"
             seen.add(rid)
             if conv.error:
-                requests.append(self._failed(i, rid, conv.line, conv.error, arrival_s=arrival))
+                requests.append(
+                    self._request(i, rid, conv.line, PLACEHOLDER_PROMPT, [], 0, arrival, conv.error)
+                )
                 continue
             ids = tokenizer.encode(conv.prompt)
             n_out = len(tokenizer.encode(conv.reply))  # as vLLM's serving benchmark counts it
-            if len(ids) > limit and self.too_long == "error":
-                self.counts["rejected"] += 1
-                requests.append(
-                    self._failed(
-                        i,
-                        rid,
-                        conv.line,
-                        self._too_long(len(ids)),
-                        prompt=conv.prompt,
-                        prompt_ids=ids,
-                        max_new_tokens=n_out,
-                        arrival_s=arrival,
-                    )  # fmt: skip
-                )
-                continue
-            if len(ids) > limit:
-                self.counts["clipped"] += 1
-                ids = ids[:limit]  # the text stays the trace's; prompt_tokens shows the cut
-            requests.append(
-                Request(
-                    id=rid,
-                    index=i,
-                    prompt=conv.prompt,
-                    prompt_ids=ids,
-                    max_new_tokens=n_out,
-                    arrival_s=arrival,
-                    ignore_eos=True,
-                    stop=NO_STOP,
-                    sampling=NO_SAMPLING,
-                )
-            )
+            # A clipped prompt's text stays the trace's; prompt_tokens shows the cut.
+            requests.append(self._request(i, rid, conv.line, conv.prompt, ids, n_out, arrival))
         return requests

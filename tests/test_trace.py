@@ -141,6 +141,13 @@ def test_a_malformed_row_is_that_requests_error_with_its_line(tmp_path, fmt):
     served = [r for r in requests if not r.finished]
     assert [len(r.prompt_ids) for r in served] == [40, 70, 20, 33]
     assert workload.counts["malformed"] == len(bad)
+    # A bad row has the time of the good row before it (0.5 s) for the window.
+    _, requests = load(path, start_s=0.5)
+    assert [r.finished for r in requests] == [False] + [True] * len(bad) + [False, False]
+    assert all(r.arrival_s == 0.0 for r in requests[: 1 + len(bad)])
+    workload, requests = load(path, start_s=0.75)
+    assert not any(r.finished for r in requests)
+    assert workload.counts["outside_window"] == 2 + len(bad)
 
 
 def test_field_errors_name_the_field(tmp_path):
@@ -309,6 +316,8 @@ def test_too_long_clips_or_errors(tmp_path, fmt):
         path = timed_trace(tmp_path, fmt, [(0.0, 40, 5), (0.5, 300, 3)])
     workload, requests = load(path, max_model_len=128)
     assert len(requests[1].prompt_ids) == 127  # room for one output token
+    _, whole = load(path, max_model_len=512)
+    assert list(requests[1].prompt_ids) == list(whole[1].prompt_ids)[:127]  # its start
     assert not requests[1].finished and workload.counts["clipped"] == 1
     workload, requests = load(path, max_model_len=128, too_long="error")
     assert requests[1].finish_reason == "error" and "max_model_len=128" in requests[1].error
@@ -328,6 +337,9 @@ def test_seeded_prompt_ids_are_lazy_and_deterministic():
     assert ids + [7, 8] == [*drawn, 7, 8] and [1] + ids == [1, *drawn]
     assert ids == drawn and ids == SeededPromptIds(1000, 17, source)
     assert ids != SeededPromptIds(1000, 18, source)
+    assert list(ids.prefix(333)) == drawn[:333]  # a shorter draw is the longer one's start
+    blocks = SeededPromptIds(45, (1, (4, 5, 6)), source)
+    assert list(blocks.prefix(21)) == list(blocks)[:21]
     assert ids != SeededPromptIds(1000, 17, PromptIdSource(vocab, 4, 16, 2))
     # Only the `capacity` most recently used are kept; a dropped one draws the same again.
     others = [SeededPromptIds(50, k, source) for k in (1, 2)]
