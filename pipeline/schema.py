@@ -241,6 +241,24 @@ class MeasuredHardwareConf:
 
 
 @dataclass
+class TraceWorkloadConf:
+    _target_: str = "stages.trace.TraceWorkload"
+    path: str = MISSING  # a trace file the user brings (see the README's "Serving traces")
+    format: str = "auto"  # auto, azure, burstgpt, mooncake, sharegpt, vidur
+    model_filter: str = ""  # burstgpt: keep this model's rows; "" = all
+    trace_block_size: int = 512  # mooncake: tokens per hash id
+    time_scale: float = 1.0  # multiplies the gaps between arrivals
+    start_s: float = 0.0  # window start, trace seconds after the shift
+    duration_s: float = 0.0  # window length; 0 = to the end
+    num_requests: int = 0  # the first N; 0 = all
+    rate: float = 0.0  # sharegpt (no timestamps): Poisson arrivals, requests/s; 0 = all at once
+    too_long: str = "clip"  # clip or error: prompts longer than max_model_len - 1
+    seed: int = II("seed")
+    max_model_len: int = II("max_model_len")
+    max_num_seqs: int = II("max_num_seqs")
+
+
+@dataclass
 class PipelineConf:
     tokenizer: Any = MISSING
     scheduler: Any = MISSING
@@ -280,6 +298,7 @@ SCHEMAS = {
     ("workload", "jsonl"): JsonlWorkloadConf,
     ("workload", "mixed"): MixedWorkloadConf,
     ("workload", "multiturn"): MultiTurnWorkloadConf,
+    ("workload", "trace"): TraceWorkloadConf,
 }
 
 

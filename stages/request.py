@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -29,12 +30,12 @@ class SamplingParams:
     seed: int | None = None
 
 
-@dataclass
+@dataclass(slots=True)  # no per-object dict: a trace may hold a million requests
 class Request:
     id: str
     index: int  # position in the workload, the order of generations.jsonl
     prompt: str
-    prompt_ids: list[int]
+    prompt_ids: Sequence[int]  # a list, or ids drawn when first used (stages.trace)
     max_new_tokens: int
     arrival_s: float = 0.0
     ignore_eos: bool = False

@@ -285,6 +285,7 @@ class ChunkedScheduler:
         if request in self.running:
             self.running.remove(request)
         self.kv_cache.free(request)
+        request.block_hashes = []  # a finished request's hashes are never looked up again
         request.finish(reason, now)
 
 

@@ -73,6 +73,12 @@ class HfTokenizer:
     def eos_ids(self) -> frozenset[int]:
         return self._eos_ids
 
+    @property
+    def special_ids(self) -> frozenset[int]:
+        """tokenizer.json's added special tokens (chat markers and the like)."""
+        decoder = self._tokenizer.get_added_tokens_decoder()
+        return frozenset(i for i, token in decoder.items() if token.special)
+
     def encode(self, text: str) -> list[int]:
         ids = self._tokenizer.encode(text, add_special_tokens=self.add_special_tokens).ids
         if self.add_bos and (not ids or ids[0] != self.bos_id):
