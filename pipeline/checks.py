@@ -38,10 +38,11 @@ def check_config(cfg: DictConfig) -> None:
     bs = cfg.block_size
     if bs < 1 or bs & (bs - 1):
         raise ConfigError(f"block_size={bs} is not a power of two: set block_size=16, 64 or 128")
-    if cfg.model.get("_target_") == "stages.simulator.spec.model_spec":
+    simulated = cfg.executor.name == "simulated"
+    if cfg.model.get("_target_") == "stages.simulator.spec.model_spec" and not simulated:
         raise ConfigError(
-            "model=spec is a model without weights, for the simulated device's cost model; "
-            "the engine serves model=tiny, small or hf"
+            "model=spec is a model without weights, for the simulated device: add "
+            "executor=simulated (and a hardware=...), or serve model=tiny, small or hf"
         )
     if cfg.max_tokens < 1 or cfg.max_num_seqs < 1:
         raise ConfigError("max_tokens and max_num_seqs must be >= 1")

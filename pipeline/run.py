@@ -20,6 +20,16 @@ from pipeline.engine import Engine
 from pipeline.metrics import StepRecord, summarise
 from stages.kv_cache import KVCacheManager, blocks_for
 from stages.request import Request
+from stages.simulator.device import (
+    NoAttention,
+    SimulatedDevice,
+    VirtualClock,
+    WorkloadLengthSampler,
+    graphs,
+    pick_token,
+    spec_of,
+)
+from stages.simulator.hardware import kv_pool_blocks
 from stages.stopping import StopRule
 
 log = structlog.get_logger(__name__)
@@ -66,6 +76,8 @@ def build_engine(cfg: DictConfig) -> tuple[Engine, list[Request]]:
     """Checks the config, builds every stage and loads the workload."""
     check_resolves(cfg)
     check_config(cfg)
+    if cfg.executor.name == "simulated":
+        return build_simulated_engine(cfg)
     keep_freed_memory()
     paddle.set_device(cfg.device)
     paddle.base.core.set_num_threads(cfg.num_threads)
@@ -102,6 +114,55 @@ def build_engine(cfg: DictConfig) -> tuple[Engine, list[Request]]:
         sampler=build(cfg.sampler),
     )
     return engine, requests
+
+
+def build_simulated_engine(cfg: DictConfig) -> tuple[Engine, list[Request]]:
+    """The real scheduler, KV-cache manager and metadata builder (shapes only) with a
+    simulated device in place of the forward pass, on a virtual clock."""
+    tokenizer = build(cfg.tokenizer)
+    model = OmegaConf.to_container(cfg.model, resolve=True)
+    spec = build(cfg.model) if model["_target_"].endswith("model_spec") else spec_of(model)
+    if cfg.hardware is None:
+        raise ConfigError("executor=simulated needs a device: give hardware=gaudi3 (or ...)")
+    hardware = build(cfg.hardware)
+    requests = build(cfg.workload).load(tokenizer)
+    try:
+        num_blocks = cfg.num_blocks or kv_pool_blocks(spec, hardware, cfg.block_size, cfg.tp)
+        clock = VirtualClock()
+        device = SimulatedDevice(spec, hardware, clock, cfg.tp)
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
+    kv_cache = KVCacheManager(num_blocks, cfg.block_size, cfg.prefix_caching)
+    stop = StopRule((), cfg.max_model_len)  # output lengths come from the workload
+    engine = Engine(
+        tokenizer=tokenizer,
+        scheduler=build(cfg.scheduler, kv_cache=kv_cache, stop=stop),
+        metadata=build(cfg.metadata, kv_cache=kv_cache, pad_id=tokenizer.pad_id, shapes_only=True),
+        model=device,
+        attention=NoAttention(),
+        sampler=WorkloadLengthSampler(pick_token(tokenizer.eos_ids, tokenizer.vocab_size)),
+        clock=clock,
+    )
+    return engine, requests
+
+
+def device_metrics(engine: Engine) -> dict[str, Any]:
+    """What a simulated run predicts beyond the serving metrics: the device, the graphs
+    warmup would compile and how long that takes, and the compiles during serving."""
+    device = engine.model
+    if not isinstance(device, SimulatedDevice):
+        return {"simulated": False}
+    phases = engine.metadata.warmup_shapes(mixed=engine.scheduler.splits_prompts)
+    shapes = {g for pairs in phases.values() for p, d in pairs for g in graphs(p, d)}
+    return {
+        "simulated": True,
+        "hardware": device.hardware.name,
+        "model": device.spec.name,
+        "tp": device.cost.tp,
+        "warmup_shapes": len(shapes),
+        "predicted_warmup_s": device.cost.warmup_time(len(shapes)),
+        "serving_compiles": device.recompiles,
+    }
 
 
 def build_kv_cache(cfg: DictConfig, requests: list[Request]) -> KVCacheManager:
@@ -161,6 +222,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
         **summarise(requests, steps, duration),
         "bucket_misses": engine.metadata.bucket_misses,
         "warmup_s": warmup_s,
+        **device_metrics(engine),
     }
     artefacts.write_metrics(metrics, out_dir)
     log.info(

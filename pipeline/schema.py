@@ -7,6 +7,7 @@ before anything runs.
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -258,6 +259,23 @@ class TraceWorkloadConf:
     max_num_seqs: int = II("max_num_seqs")
 
 
+class Executor(str, enum.Enum):
+    """Members are named by their values: OmegaConf matches a config value by name."""
+
+    paddle = "paddle"  # the real forward pass, in Paddle
+    simulated = "simulated"  # a cost model of `hardware` in place of the forward pass
+
+
+@dataclass
+class PaddleExecutorConf:
+    name: Executor = Executor.paddle
+
+
+@dataclass
+class SimulatedExecutorConf:
+    name: Executor = Executor.simulated
+
+
 @dataclass
 class PipelineConf:
     tokenizer: Any = MISSING
@@ -267,6 +285,9 @@ class PipelineConf:
     sampler: Any = MISSING
     model: Any = MISSING
     workload: Any = MISSING
+    executor: Any = MISSING
+    hardware: Any = None  # executor=simulated: the device profile (hardware=gaudi3, ...)
+    tp: int = 1  # executor=simulated: tensor-parallel degree of the simulated deployment
     max_tokens: int = 512  # per-step token budget (FastDeploy's max_num_batched_tokens)
     block_size: int = 128  # KV-cache block, tokens
     max_num_seqs: int = 32  # requests in one step at most
@@ -298,6 +319,8 @@ SCHEMAS = {
     ("workload", "jsonl"): JsonlWorkloadConf,
     ("workload", "mixed"): MixedWorkloadConf,
     ("workload", "multiturn"): MultiTurnWorkloadConf,
+    ("executor", "paddle"): PaddleExecutorConf,
+    ("executor", "simulated"): SimulatedExecutorConf,
     ("workload", "trace"): TraceWorkloadConf,
 }
 

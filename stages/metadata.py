@@ -20,6 +20,7 @@ import paddle
 from stages.buckets import Axis, Bucketing, Buckets
 from stages.kv_cache import KVCacheManager, blocks_for
 from stages.request import PrefillChunk, Request, StepPlan
+from stages.simulator.shape import StepShape
 
 
 @dataclass
@@ -69,12 +70,14 @@ class ForwardMeta:
     mode: str  # extend (prefill only: FastDeploy's name), decode or mixed
     prefill: PrefillMeta | None
     decode: DecodeMeta | None
-    input_ids: paddle.Tensor  # [tokens] prefill rows flattened, then decode rows
-    positions: paddle.Tensor  # [tokens]
-    logits_rows: paddle.Tensor  # last real token of each chunk, then every decode row
+    # None when the builder lays out shapes only (a simulated device needs no tensors).
+    input_ids: paddle.Tensor | None  # [tokens] prefill rows flattened, then decode rows
+    positions: paddle.Tensor | None  # [tokens]
+    logits_rows: paddle.Tensor | None  # last real token of each chunk, then every decode row
     num_tokens: int
     padded_tokens: int
     bucket: str
+    shape: StepShape  # the buckets and real lengths: what a cost model reads
 
     @property
     def prefill_tokens(self) -> int:
@@ -117,7 +120,10 @@ class HPUMetadataBuilder:
         bucketing: Bucketing | str = Bucketing.linear,
         pad_id: int = 0,
         decode_span: float = 2.0,
+        shapes_only: bool = False,
     ) -> None:
+        """shapes_only: build() gives the buckets and lengths but no tensors, and lists
+        decode blocks row by row as the HPU's fused op takes them (a simulated device)."""
         bs = kv_cache.block_size
         derived = derived_axes(bs, max_tokens, max_num_seqs, max_model_len, kv_cache.num_blocks)
         given = dict(zip(AXES, (prefill_batch, prefill_seq, prefill_blocks, decode_batch,
@@ -142,7 +148,8 @@ class HPUMetadataBuilder:
         self.block_size = bs
         self.max_tokens = max_tokens
         self.pad_id = pad_id
-        self.decode_span = decode_span
+        self.decode_span = 0.0 if shapes_only else decode_span
+        self.shapes_only = shapes_only
         self.buckets = Buckets(bucketing, axes)
 
     @property
@@ -155,9 +162,39 @@ class HPUMetadataBuilder:
 
     # -- the step ----------------------------------------------------------------------------
     def build(self, plan: StepPlan) -> ForwardMeta:
+        if self.shapes_only:
+            return self._shapes(plan)
         prefill = self._prefill(plan.prefill, self._prefill_shape(plan.prefill))
         decode = self._decode(plan.decode) if plan.decode else None
-        return self._assemble(plan.mode, prefill, decode, plan.num_tokens)
+        shape = step_shape(
+            self.block_size,
+            plan,
+            prefill.shape if prefill else None,
+            decode.shape if decode else None,
+        )
+        return self._assemble(plan.mode, prefill, decode, plan.num_tokens, shape)
+
+    def _shapes(self, plan: StepPlan) -> ForwardMeta:
+        """The step's buckets alone, as a simulated device needs them."""
+        prefill = self._prefill_shape(plan.prefill)
+        decode = None
+        if plan.decode:
+            blocks = sum(self.kv_cache.blocks_for(r.num_computed + 1) for r in plan.decode)
+            decode = self.buckets.shape("decode", batch=len(plan.decode), blocks=blocks)
+        padded = (prefill[0] * prefill[1] if prefill else 0) + (decode[0] if decode else 0)
+        shape = step_shape(self.block_size, plan, prefill, decode)
+        return ForwardMeta(
+            mode=plan.mode,
+            prefill=None,
+            decode=None,
+            input_ids=None,
+            positions=None,
+            logits_rows=None,
+            num_tokens=plan.num_tokens,
+            padded_tokens=padded,
+            bucket=bucket_label(prefill, decode),
+            shape=shape,
+        )
 
     def dummy(
         self, prefill: tuple[int, int, int] | None, decode: tuple[int, int] | None
@@ -166,7 +203,8 @@ class HPUMetadataBuilder:
         prefill_meta = self._prefill([], prefill) if prefill else None
         decode_meta = self._decode([], decode) if decode else None
         mode = "mixed" if prefill and decode else "extend" if prefill else "decode"
-        return self._assemble(mode, prefill_meta, decode_meta, 0)
+        shape = StepShape(self.block_size, prefill, decode)
+        return self._assemble(mode, prefill_meta, decode_meta, 0, shape)
 
     # -- the prefill part --------------------------------------------------------------------
     def _prefill_shape(self, chunks: list[PrefillChunk]) -> tuple[int, int, int] | None:
@@ -411,21 +449,20 @@ class HPUMetadataBuilder:
         prefill: PrefillMeta | None,
         decode: DecodeMeta | None,
         num_tokens: int,
+        shape: StepShape,
     ) -> ForwardMeta:
-        ids, positions, rows, bucket = [], [], [], []
+        ids, positions, rows = [], [], []
         offset = 0
         if prefill:
-            b, s, m = prefill.shape
+            b, s, _ = prefill.shape
             ids.append(prefill.input_ids.reshape(-1))
             positions.append(prefill.positions.reshape(-1))
             rows.append(np.arange(prefill.batch) * s + prefill.chunk_lens[: prefill.batch] - 1)
-            bucket.append(f"prefill {b}x{s}x{m}")
             offset = b * s
         if decode:
             ids.append(decode.input_ids)
             positions.append(decode.positions)
             rows.append(offset + np.arange(decode.batch))
-            bucket.append(f"decode {decode.shape[0]}x{decode.shape[1]}")
         input_ids = np.concatenate(ids)
         logits_rows = np.concatenate(rows).astype(np.int64)
         if not logits_rows.size:
@@ -439,5 +476,30 @@ class HPUMetadataBuilder:
             logits_rows=paddle.to_tensor(logits_rows),
             num_tokens=num_tokens,
             padded_tokens=len(input_ids),
-            bucket=" + ".join(bucket),
+            bucket=bucket_label(shape.prefill, shape.decode),
+            shape=shape,
         )
+
+
+def bucket_label(prefill: tuple | None, decode: tuple | None) -> str:
+    """steps.jsonl's `bucket`: e.g. "prefill 2x256x4 + decode 8x24"."""
+    parts = [f"prefill {'x'.join(map(str, prefill))}"] if prefill else []
+    parts += [f"decode {'x'.join(map(str, decode))}"] if decode else []
+    return " + ".join(parts)
+
+
+def step_shape(
+    block_size: int,
+    plan: StepPlan,
+    prefill: tuple[int, int, int] | None,
+    decode: tuple[int, int] | None,
+) -> StepShape:
+    """The step's buckets and each row's real lengths."""
+    return StepShape(
+        block_size,
+        prefill,
+        decode,
+        chunk_lens=tuple(c.length for c in plan.prefill),
+        context_lens=tuple(c.start for c in plan.prefill),
+        decode_lens=tuple(r.num_computed + 1 for r in plan.decode),
+    )

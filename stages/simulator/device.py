@@ -1,0 +1,135 @@
+"""The simulated device: the engine's model, attention and sampler stages for a target the
+user does not have. The scheduler, KV-cache manager and metadata builder are the real ones;
+each step's time comes from the cost model and advances a virtual clock.
+
+Graphs: like an HPU, the device runs a compiled graph per bucket shape, one for a step's
+prefill part and one for its decode part. Warmup compiles every prepared shape (the
+predicted warmup time); during serving, a part whose shape was never compiled compiles
+first and pays `recompile_s` once. Without warmup, every shape compiles at its first use.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from stages.metadata import ForwardMeta
+from stages.request import Request, Samples
+from stages.simulator.cost_model import CostModel
+from stages.simulator.hardware import HardwareProfile
+from stages.simulator.spec import ModelSpec
+
+
+class VirtualClock:
+    """Seconds since the run's start, advanced only by predicted step times and idle gaps,
+    never by the simulator's own time."""
+
+    def __init__(self) -> None:
+        self._now = 0.0
+
+    def __call__(self) -> float:
+        return self._now
+
+    def advance(self, seconds: float) -> None:
+        self._now += seconds
+
+    def sleep_until(self, t: float) -> None:
+        self._now = max(self._now, t)
+
+    def restart(self) -> None:
+        self._now = 0.0
+
+
+def graphs(prefill: tuple | None, decode: tuple | None) -> list[tuple]:
+    """The compiled graphs a step runs: its prefill part's and its decode part's shape."""
+    parts = [("prefill", prefill), ("decode", decode)]
+    return [(kind, dims) for kind, dims in parts if dims is not None]
+
+
+class SimulatedDevice:
+    """The Model stage of a simulated run: forward predicts the step's time."""
+
+    dtype = "bfloat16"
+
+    def __init__(
+        self, spec: ModelSpec, hardware: HardwareProfile, clock: VirtualClock, tp: int = 1
+    ) -> None:
+        self.spec = spec
+        self.hardware = hardware
+        self.cost = CostModel(spec, hardware, tp)
+        self.clock = clock
+        self.compiled: set[tuple] = set()
+        self.recompiles = 0
+
+    @property
+    def num_parameters(self) -> int:
+        return self.spec.num_parameters()
+
+    def compile_shapes(self, phases: Mapping[str, Sequence[tuple]]) -> float:
+        """Warmup: every prepared shape compiled once; returns the predicted seconds."""
+        for pairs in phases.values():
+            for prefill, decode in pairs:
+                self.compiled.update(graphs(prefill, decode))
+        return self.cost.warmup_time(len(self.compiled))
+
+    def forward(self, meta: ForwardMeta, attention: Any = None) -> None:
+        shape = meta.shape
+        new = [g for g in graphs(shape.prefill, shape.decode) if g not in self.compiled]
+        self.compiled.update(new)
+        self.recompiles += len(new)
+        self.clock.advance(self.cost.step_time(shape) + len(new) * self.hardware.recompile_s)
+
+
+class NoAttention:
+    """A simulated run keeps no keys or values: the KV-cache manager's books are enough."""
+
+    supports_prefix_caching = True
+
+    def release(self, request: Request) -> None:
+        """Nothing is held."""
+
+
+class WorkloadLengthSampler:
+    """Every request gets as many tokens as it asks for: one fixed token that ends nothing."""
+
+    def __init__(self, token: int = 0) -> None:
+        self.token = token
+
+    def validate_request(self, request: Request) -> str | None:
+        return None
+
+    def sample(self, logits: Any, requests: Sequence[Request]) -> Samples:
+        return Samples(np.full(len(requests), self.token, dtype=np.int64))
+
+
+def spec_of(model: Mapping[str, Any] | ModelSpec, dtype_bytes: int = 0) -> ModelSpec:
+    """The sizes of a model config (built-in, Hugging Face folder or spec), without weights."""
+    if isinstance(model, ModelSpec):
+        return model
+    target = str(model.get("_target_", ""))
+    if target.endswith("TransformerLM"):
+        dtype = str(model.get("dtype", "float32"))
+        return ModelSpec(
+            name="built-in",
+            vocab_size=model["vocab_size"],
+            hidden_size=model["hidden_size"],
+            num_layers=model["num_layers"],
+            num_heads=model["num_heads"],
+            num_kv_heads=model["num_kv_heads"],
+            head_dim=model.get("head_dim") or model["hidden_size"] // model["num_heads"],
+            intermediate_size=model["intermediate_size"],
+            dtype_bytes=dtype_bytes or (4 if dtype == "float32" else 2),
+        )
+    if target.endswith("load_hf_model"):
+        from stages.simulator.spec import model_spec
+
+        return model_spec(config=str(model["path"]), dtype_bytes=dtype_bytes or 2)
+    raise ValueError(f"executor=simulated cannot size model {target}: use model=spec/NAME")
+
+
+def pick_token(eos_ids: Iterable[int], vocab_size: int) -> int:
+    """A token id that is no end-of-sequence id."""
+    eos = set(eos_ids)
+    return next(i for i in range(vocab_size) if i not in eos)
