@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,9 +17,12 @@ from tqdm import tqdm
 
 from pipeline import artefacts
 from pipeline.allocator import keep_freed_memory
+from pipeline.artefacts import INTERRUPTED
 from pipeline.checks import ConfigError, check_config
 from pipeline.engine import Engine
 from pipeline.metrics import StepRecord, summarise
+from pipeline.resume import Previous, load_previous, pending_requests
+from pipeline.stopping import RunInterrupted, as_interrupted, stop_on_signals
 from stages.block_pool import blocks_for
 from stages.request import Request
 
@@ -98,61 +103,101 @@ def build_engine(cfg: DictConfig) -> tuple[Engine, list[Request]]:
     return engine, requests
 
 
-def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
-    check_resolves(cfg)
-    artefacts.write_resolved_config(cfg, out_dir)
-    engine, requests = build_engine(cfg)
-    tokenizer = engine.tokenizer
-    num_blocks = engine.scheduler.pool.num_blocks
+def run(cfg: DictConfig, out_dir: Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
+    """Serves the workload into `out_dir`; with `resume=RUN_DIR`, completes that folder
+    instead, with its own config (`overrides` are the command line's, checked against it).
+    A stop signal raises RunInterrupted once the folder is written."""
+    with stop_on_signals():
+        check_resolves(cfg)
+        previous = None
+        if cfg.get("resume"):
+            previous = load_previous(cfg.resume, overrides)
+            cfg, out_dir = previous.cfg, previous.folder
+            check_resolves(cfg)
+            problem = artefacts.run_folder_problem(out_dir)
+            if problem:
+                raise ConfigError(problem)
+        else:
+            artefacts.write_resolved_config(cfg, out_dir)
+        engine, requests = build_engine(cfg)
+        return serve(cfg, engine, requests, out_dir, previous)
+
+
+def serve(
+    cfg: DictConfig,
+    engine: Engine,
+    requests: list[Request],
+    out_dir: Path,
+    previous: Previous | None = None,
+) -> dict[str, Any]:
+    """Serves the requests the folder has no generation for, writing each as it finishes."""
+    pending = pending_requests(requests, previous) if previous else list(requests)
     log.info(
         "pipeline_ready",
-        requests=len(requests),
+        requests=len(pending),
+        resumed_from=len(requests) - len(pending) if previous else None,
         model_parameters=engine.model.num_parameters,
-        num_blocks=num_blocks,
+        num_blocks=engine.scheduler.pool.num_blocks,
         max_tokens=cfg.max_tokens,
         block_size=cfg.block_size,
     )
-
-    steps: list[StepRecord] = []
-    writer = artefacts.StepWriter(out_dir)
-    bar = tqdm(total=len(requests), unit="req", desc="requests", disable=None, leave=False)
+    steps: list[StepRecord] = list(previous.steps) if previous else []
+    first_step = len(steps)
+    step_writer = artefacts.StepWriter(out_dir, append=previous is not None)
+    generations = artefacts.GenerationWriter(
+        out_dir, engine.tokenizer, previous.kept.values() if previous else ()
+    )
+    bar = tqdm(total=len(pending), unit="req", desc="requests", disable=None, leave=False)
     produced, elapsed = 0, 0.0
 
     def on_step(record: StepRecord) -> None:
         nonlocal produced, elapsed
+        record.step += first_step  # a resumed folder's steps go on from the earlier ones
         steps.append(record)
-        writer(record)
+        step_writer(record)
         produced += len(record.decode) + len(record.prefill)
         elapsed += record.duration_s  # a running total: summing every step each step is O(n^2)
         bar.set_postfix(step=record.step, tok_s=f"{produced / elapsed:.0f}" if elapsed else "-")
 
+    def on_finish(request: Request) -> None:
+        generations(request)
+        bar.update(1)
+
     warmup_s = engine.warmup() if cfg.warmup else 0.0
-    status, duration = "ok", 0.0
+    stopped: RunInterrupted | None = None
+    start = time.perf_counter()
     try:
-        duration = engine.run(requests, on_step=on_step, on_finish=lambda r: bar.update(1))
-    except KeyboardInterrupt:
-        status = "interrupted"
-        for r in requests:
+        duration = engine.run(pending, on_step=on_step, on_finish=on_finish)
+    except (RunInterrupted, KeyboardInterrupt) as err:
+        stopped = as_interrupted(err)
+        duration = time.perf_counter() - start
+        for r in pending:
             if not r.finished:
-                r.fail("the run was interrupted before this request finished", r.arrival_s)
+                r.fail(INTERRUPTED, duration)
+                generations(r)
     finally:
         bar.close()
-        writer.close()
-        artefacts.write_generations(requests, tokenizer, out_dir)
-
+        step_writer.close()
+    generations.finish()
+    status = "interrupted" if stopped else "ok"
     metrics = {
         "status": status,
-        **summarise(requests, steps, duration),
+        **summarise(requests, steps, duration + (previous.duration_s if previous else 0.0)),
         "bucket_misses": engine.metadata.bucket_misses,
         "warmup_s": warmup_s,
     }
+    if previous:
+        metrics["resumed_requests"] = len(pending)
     artefacts.write_metrics(metrics, out_dir)
     log.info(
         "run_finished",
         status=status,
-        duration_s=round(duration, 3),
+        duration_s=round(metrics["duration_s"], 3),
         output_throughput=round(metrics["output_throughput"], 1),
         errors=metrics["num_errors"],
         out_dir=str(out_dir),
     )
+    if stopped:
+        stopped.recorded = True
+        raise stopped
     return metrics
