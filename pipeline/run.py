@@ -18,7 +18,7 @@ from tqdm import tqdm
 from pipeline import artefacts
 from pipeline.allocator import keep_freed_memory
 from pipeline.artefacts import INTERRUPTED
-from pipeline.checks import ConfigError, check_config
+from pipeline.checks import ConfigError, check_config, check_memory
 from pipeline.engine import Engine
 from pipeline.metrics import StepRecord, summarise
 from pipeline.resume import Previous, load_previous, pending_requests
@@ -82,6 +82,7 @@ def build_engine(cfg: DictConfig) -> tuple[Engine, list[Request]]:
         )
     requests = build(cfg.workload).load(tokenizer)
     num_blocks = cfg.num_blocks or derive_num_blocks(cfg, requests)
+    check_memory(cfg, num_blocks)
     # A checkpoint's config and generation config name its end tokens too.
     eos_ids = tokenizer.eos_ids | model.eos_ids
     dims = model.dims
