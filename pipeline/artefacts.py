@@ -77,6 +77,7 @@ def generation_line(request: Request, tokenizer) -> dict[str, Any]:
         "index": request.index,
         "prompt": request.prompt,
         "prompt_tokens": len(request.prompt_ids),
+        "max_new_tokens": request.max_new_tokens,
         "output_ids": request.output_ids,
         "output_text": output_text(request, tokenizer),
         "finish_reason": request.finish_reason,
