@@ -214,7 +214,10 @@ def _workload_difference(a: Run, b: Run) -> str | None:
     gen_a = {g.get("id"): g for g in a.generations}
     gen_b = {g.get("id"): g for g in b.generations}
     for rid in gen_a.keys() & gen_b.keys():
-        if request_key(gen_a[rid]) != request_key(gen_b[rid]):
+        ka, kb = request_key(gen_a[rid]), request_key(gen_b[rid])
+        if None in (ka["max_new_tokens"], kb["max_new_tokens"]):  # a folder from before limits
+            ka["max_new_tokens"] = kb["max_new_tokens"] = None
+        if ka != kb:
             return f"the runs serve different workloads (request {rid} differs)"
     if a.complete and b.complete:
         return (
