@@ -79,6 +79,17 @@ def test_a_repeated_id_is_the_second_lines_error(tmp_path):
         (b'{"prompt": "a", "id": [1]}', "'id' must be a string or an integer"),
         (b"[" * 100_000, "nested too deeply"),
     ],
+    ids=[
+        "arrival-1e9",
+        "arrival-nan",
+        "arrival-inf",
+        "arrival-negative",
+        "arrival-bool",
+        "ignore-eos-string",
+        "huge-top-k",
+        "id-list",
+        "deep-nesting",
+    ],  # fmt: skip
 )
 def test_bad_values_are_that_lines_error(tmp_path, raw, message):
     got = load(tmp_path, raw + b"\n" + lines({"id": "ok", "prompt": "fine"}))
