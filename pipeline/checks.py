@@ -102,6 +102,7 @@ BUCKET_ENTRY_BYTES = 44  # a Python int in a list (36) and its int64 copy (8)
 BLOCK_ENTRY_BYTES = 36  # a free-list entry of the block pool
 ROPE_BYTES_PER_DIM = 16  # float64 angles, cos and sin, then their float32 tables
 REQUEST_BYTES, TOKEN_BYTES = 4096, 16  # a request's fixed part; a prompt token's id and text
+MAX_LAYERS = 4096  # the deepest published decoders have a few hundred
 
 
 def _flat(node: Any, prefix: str = "") -> dict[str, Any]:
@@ -227,6 +228,11 @@ def memory_estimate(cfg: DictConfig, num_blocks: int) -> dict[str, int]:
     """Bytes each large allocation will take: the KV pool, the weights, the rotary table,
     the bucket tables, the block pool's free list and the requests."""
     dims, params, positions = model_shape(cfg)
+    if dims.num_layers > MAX_LAYERS:
+        raise ConfigError(
+            f"the model has {dims.num_layers} layers, above the limit of {MAX_LAYERS}: check "
+            "num_hidden_layers in its config.json (or model.num_layers)"
+        )
     dtype_bytes = 2 if str(cfg.model.get("dtype", "float32")) in ("bfloat16", "float16") else 4
     kv = (num_blocks + 1) * cfg.block_size * dims.num_layers * dims.num_kv_heads
     kv *= dims.head_dim * 2 * dtype_bytes

@@ -167,11 +167,13 @@ def test_a_checkpoint_claiming_huge_layers_is_refused_before_loading(tmp_path):
 
     folder, _ = good_folder(tmp_path)
     config = json.loads((folder / "config.json").read_text())
-    config["num_hidden_layers"] = 10**7
-    (folder / "config.json").write_text(json.dumps(config))
     cfg = make_config(["model=hf", f"model.path={folder}", "max_model_len=256"])
-    with pytest.raises(ConfigError, match="weights"):
-        check_config(cfg)
+    for layers, message in [(10**5, "100000 layers, above the limit of 4096"), (4000, "weights")]:
+        config["num_hidden_layers"] = layers
+        config["hidden_size"] = config["intermediate_size"] = 8192  # 4000 x 0.9 GB
+        (folder / "config.json").write_text(json.dumps(config))
+        with pytest.raises(ConfigError, match=message):
+            check_config(cfg)
 
 
 def test_a_fifo_for_weights_is_refused_without_opening_it(tmp_path):
