@@ -25,8 +25,8 @@ import numpy as np
 import paddle
 
 from benchmarks.floor import matmul_rate, step_flops
+from pipeline.build import build_engine
 from pipeline.compose import compose_config
-from pipeline.run import build_engine
 from stages.request import Request, StepPlan
 
 

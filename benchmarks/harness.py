@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from benchmarks.floor import matmul_rate, run_flops
+from pipeline.build import build_engine
 from pipeline.compose import compose_config
 from pipeline.metrics import StepRecord, summarise
-from pipeline.run import build_engine
 from stages.request import Request
 
 # (name in the report, engine attribute, method): the calls one step makes.

@@ -16,31 +16,47 @@ from pipeline import artefacts, logs  # noqa: F401  (logs configures structlog)
 from pipeline.checks import ConfigError
 from pipeline.run import run
 from pipeline.schema import register_schemas
+from pipeline.stopping import RunInterrupted
 
 log = structlog.get_logger("pipeline")
 register_schemas()
 
 
+def _record_failure(status: str, message: str, out_dir: Path) -> None:
+    """metrics.json says why the run ended, unless the folder cannot be written either."""
+    try:
+        artefacts.write_metrics({"status": status, "error": message}, out_dir)
+    except artefacts.RunFolderError:
+        pass
+
+
 @hydra.main(version_base="1.3", config_path="pkg://pipeline.conf", config_name="config")
 def main(cfg: DictConfig) -> None:
     hydra_cfg = HydraConfig.get()
-    out_dir = Path(hydra_cfg.runtime.output_dir)
+    out_dir = Path(hydra_cfg.runtime.output_dir)  # with resume, only a failure is noted here
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
     structlog.contextvars.clear_contextvars()  # a joblib worker runs several jobs
     structlog.contextvars.bind_contextvars(job=hydra_cfg.job.get("num", 0) if multirun else 0)
     try:
-        run(cfg, out_dir)
+        run(cfg, out_dir, overrides=list(hydra_cfg.overrides.task))
+    except RunInterrupted as stop:
+        if not stop.recorded:  # stopped before serving began
+            _record_failure("interrupted", str(stop), out_dir)
+        # Exiting (not returning) ends a sweep too: the jobs after this one do not start.
+        log.warning("run_interrupted", signal=str(stop), out_dir=str(out_dir))
+        sys.exit(stop.exit_code)
     except Exception as err:
-        message = str(err) if isinstance(err, ConfigError) else f"{type(err).__name__}: {err}"
-        artefacts.write_metrics({"status": "failed", "error": message}, out_dir)
+        known = isinstance(err, ConfigError | artefacts.RunFolderError)
+        message = str(err) if known else f"{type(err).__name__}: {err}"
+        _record_failure("failed", message, out_dir)
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
         if multirun:  # one failed job must not stop the sweep
             log.error("job_failed", error=message)
             return
-        if isinstance(err, ConfigError):
+        if known:
             print(f"Error: {message}", file=sys.stderr)
-            sys.exit(2)
+            sys.exit(2 if isinstance(err, ConfigError) else 1)
         raise
 
 

@@ -1,21 +1,64 @@
-"""The run folder's files: resolved config, generations, steps and metrics."""
+"""The run folder's files: resolved config, generations, steps and metrics.
+
+Everything is written as it happens and flushed line by line, so a run stopped by a signal,
+a kill or a full disk leaves what it finished readable: generations.jsonl gets a line as
+each request finishes (in finish order, each with its workload `index`) and is rewritten in
+workload order at the end; steps.jsonl gets a line per step; whole files (metrics.json, the
+final generations.jsonl) are replaced atomically, never left half written.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Sequence
+import os
+import sys
+import tempfile
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from pipeline.metrics import StepRecord, e2e_s, itl_s, ttft_s
 from stages.request import Request
 
+GENERATIONS, STEPS, METRICS = "generations.jsonl", "steps.jsonl", "metrics.json"
+RESOLVED_CONFIG = "resolved_config.yaml"
+# The error of a request a signal stopped; resuming the folder serves these again.
+INTERRUPTED = "interrupted: the run stopped before this request finished"
+
+
+class RunFolderError(Exception):
+    """A run-folder file that cannot be written; the message names the path and the reason."""
+
+
+@contextmanager
+def writing(path: Path) -> Iterator[None]:
+    """Turns an OSError (disk full, read-only, a directory in the way) into one line."""
+    try:
+        yield
+    except OSError as err:
+        raise RunFolderError(f"cannot write {path}: {err.strerror or err}") from err
+
+
+def replace_text(path: Path, text: str) -> None:
+    """Writes `path` whole or not at all: a temporary file beside it, then a rename."""
+    with writing(path):
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(text)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
 
 def write_resolved_config(cfg: DictConfig, out_dir: Path) -> None:
-    (out_dir / "resolved_config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    replace_text(out_dir / RESOLVED_CONFIG, OmegaConf.to_yaml(cfg, resolve=True))
 
 
 def output_text(request: Request, tokenizer) -> str:
@@ -31,8 +74,10 @@ def output_text(request: Request, tokenizer) -> str:
 def generation_line(request: Request, tokenizer) -> dict[str, Any]:
     line = {
         "id": request.id,
+        "index": request.index,
         "prompt": request.prompt,
         "prompt_tokens": len(request.prompt_ids),
+        "max_new_tokens": request.max_new_tokens,
         "cached_tokens": request.cached_tokens,
         "output_ids": request.output_ids,
         "output_text": output_text(request, tokenizer),
@@ -47,24 +92,117 @@ def generation_line(request: Request, tokenizer) -> dict[str, Any]:
     return line
 
 
-def write_generations(requests: Sequence[Request], tokenizer, out_dir: Path) -> None:
-    with open(out_dir / "generations.jsonl", "w", encoding="utf-8") as f:
-        for request in sorted(requests, key=lambda r: r.index):
-            f.write(json.dumps(generation_line(request, tokenizer), ensure_ascii=False) + "\n")
+def _dumps(line: dict[str, Any]) -> str:
+    return json.dumps(line, ensure_ascii=False) + "\n"
+
+
+class GenerationWriter:
+    """Appends each request's line as it finishes; `finish` rewrites the file in workload
+    order. `kept` are lines of an earlier run of the same folder (a resume)."""
+
+    def __init__(self, out_dir: Path, tokenizer, kept: Iterable[dict[str, Any]] = ()) -> None:
+        self.path = out_dir / GENERATIONS
+        self.tokenizer = tokenizer
+        self.lines: dict[int, dict[str, Any]] = {}
+        with writing(self.path):
+            self._file = open(self.path, "w", encoding="utf-8")  # noqa: SIM115
+        for line in kept:
+            self._append(line)
+
+    def _append(self, line: dict[str, Any]) -> None:
+        self.lines[line["index"]] = line
+        with writing(self.path):
+            self._file.write(_dumps(line))
+            self._file.flush()
+
+    def __call__(self, request: Request) -> None:
+        if request.index not in self.lines:
+            self._append(generation_line(request, self.tokenizer))
+
+    def close(self) -> None:
+        with writing(self.path):
+            self._file.close()
+
+    def finish(self) -> None:
+        """The whole file again, in workload order, replacing the finish-order one."""
+        self.close()
+        replace_text(self.path, "".join(_dumps(self.lines[i]) for i in sorted(self.lines)))
+
+
+def read_generations(path: Path) -> list[dict[str, Any]]:
+    """The lines of a generations.jsonl; a last line cut short by a kill is left out, any
+    other line that is not JSON raises ValueError naming it."""
+    lines = []
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for number, raw in enumerate(f, start=1):
+            if not raw.strip():
+                continue
+            try:
+                lines.append(json.loads(raw))
+            except json.JSONDecodeError as err:
+                if not raw.endswith("\n"):  # the write a kill interrupted
+                    break
+                raise ValueError(f"{path}:{number} is not valid JSON: {err}") from err
+    return lines
 
 
 class StepWriter:
-    """Appends one line per engine step as it happens, so a long run can be watched."""
+    """Appends one line per engine step as it happens, flushed, so a run can be watched."""
 
-    def __init__(self, out_dir: Path) -> None:
-        self._file = open(out_dir / "steps.jsonl", "w", encoding="utf-8")  # noqa: SIM115
+    def __init__(self, out_dir: Path, append: bool = False) -> None:
+        self.path = out_dir / STEPS
+        with writing(self.path):
+            self._file = open(self.path, "a" if append else "w", encoding="utf-8")  # noqa: SIM115
 
     def __call__(self, record: StepRecord) -> None:
-        self._file.write(json.dumps(dataclasses.asdict(record)) + "\n")
+        with writing(self.path):
+            self._file.write(json.dumps(dataclasses.asdict(record)) + "\n")
+            self._file.flush()
 
     def close(self) -> None:
-        self._file.close()
+        with writing(self.path):
+            self._file.close()
 
 
 def write_metrics(metrics: dict[str, Any], out_dir: Path) -> None:
-    (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    replace_text(out_dir / METRICS, json.dumps(metrics, indent=2) + "\n")
+
+
+def run_folder_problem(folder: Path) -> str | None:
+    """Why the run folder could not take the run's files, or None. Creates nothing: the
+    nearest existing folder on the way must be writable, and no file name taken by a
+    directory."""
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"the run folder {folder} is under {existing}, which is a file: choose another one"
+    if existing == folder:
+        for name in (GENERATIONS, STEPS, METRICS, RESOLVED_CONFIG):
+            path = folder / name
+            if path.exists() and not path.is_file():
+                return f"{path} is not a regular file: remove it or choose another run folder"
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as err:
+        return f"the run folder {folder} cannot be written ({existing}: {err.strerror or err})"
+    return None
+
+
+def _refuse_folder(folder: Path) -> None:
+    problem = run_folder_problem(folder)
+    if problem:
+        print(f"Error: {problem}", file=sys.stderr)
+        sys.exit(2)
+
+
+class RunFolderCheck(Callback):
+    """Checks the run (or sweep) folder before Hydra makes it, so a folder under a file or on
+    a read-only file system is one line and exit code 2, not Hydra's traceback."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        _refuse_folder(Path(config.hydra.run.dir))
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        _refuse_folder(Path(config.hydra.sweep.dir))

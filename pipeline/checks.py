@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import importlib.util
+import math
 import sys
+from pathlib import Path
+from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 
 class ConfigError(ValueError):
@@ -35,6 +38,7 @@ def _hpu_ops_present() -> bool:
 
 
 def check_config(cfg: DictConfig) -> None:
+    check_bounds(cfg)
     bs = cfg.block_size
     if bs < 1 or bs & (bs - 1):
         raise ConfigError(f"block_size={bs} is not a power of two: set block_size=16, 64 or 128")
@@ -92,4 +96,199 @@ def check_config(cfg: DictConfig) -> None:
     if ops == "intel_hpu" and not _hpu_ops_present():
         raise ConfigError(
             f"attention.ops=intel_hpu: paddlenlp_ops is missing; install {_HPU_OPS_PACKAGES}"
+        )
+    if not simulated:  # a simulated device allocates no tensors
+        check_memory(cfg, cfg.num_blocks)  # a derived pool is checked again once it is known
+
+
+# ------------------------------------------------------------------------ bounds and memory
+
+MAX_REQUESTS = 1_000_000  # per workload (or part): more is a typo, and each request is held
+MAX_ARRIVAL_S = 86_400.0  # a day: arrivals later than this would idle the run for ever
+BUCKET_ENTRY_BYTES = 44  # a Python int in a list (36) and its int64 copy (8)
+BLOCK_ENTRY_BYTES = 36  # a free-list entry of the block pool
+ROPE_BYTES_PER_DIM = 16  # float64 angles, cos and sin, then their float32 tables
+REQUEST_BYTES, TOKEN_BYTES = 4096, 16  # a request's fixed part; a prompt token's id and text
+MAX_LAYERS = 4096  # the deepest published decoders have a few hundred
+
+
+def _flat(node: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(node, dict):
+        out: dict[str, Any] = {}
+        for key, value in node.items():
+            out.update(_flat(value, f"{prefix}.{key}" if prefix else str(key)))
+        return out
+    return {prefix: node}
+
+
+def _check_workload_bounds(key: str, value: Any, node: dict[str, Any]) -> None:
+    name = key.rsplit(".", 1)[-1]
+    if name == "num_requests" and value > MAX_REQUESTS:
+        raise ConfigError(f"{key}={value} is above the limit of {MAX_REQUESTS} requests")
+    if name == "start_s" and not 0 <= value <= MAX_ARRIVAL_S:
+        raise ConfigError(f"{key}={value}: must be within 0 and {MAX_ARRIVAL_S:.0f} s (a day)")
+    if name == "rate" and value > 0:
+        last = node.get("start_s", 0.0) + node.get("num_requests", 1) / value
+        if last > MAX_ARRIVAL_S:
+            raise ConfigError(
+                f"{key}={value} spreads the requests over about {last:.3g} s, more than a day: "
+                "raise the rate (requests per second) or set 0 for all at once"
+            )
+
+
+def check_bounds(cfg: DictConfig) -> None:
+    """Every number is finite, and every count and time of the workload within its limits."""
+    flat = _flat(OmegaConf.to_container(cfg, resolve=True))
+    for key, value in flat.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{key}={value}: must be a finite number")
+    workload = OmegaConf.to_container(cfg.workload, resolve=True)
+    nodes = [workload, *(workload.get("parts") or {}).values()]
+    for node in nodes:
+        for name, value in node.items():
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                prefix = (
+                    "workload" if node is workload else f"workload.parts.{_part(workload, node)}"
+                )
+                _check_workload_bounds(f"{prefix}.{name}", value, node)
+
+
+def _part(workload: dict[str, Any], node: dict[str, Any]) -> str:
+    return next(name for name, part in workload["parts"].items() if part is node)
+
+
+def mem_available() -> int | None:
+    """MemAvailable from /proc/meminfo in bytes, or None where there is none."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _hf_files(folder: Path) -> None:
+    """A weight file that is a FIFO or a device would block or never end: refuse it."""
+    for path in sorted(folder.glob("*.safetensors")):
+        if not path.is_file():
+            raise ConfigError(f"{path} is not a regular file: model.path must hold real files")
+
+
+def model_shape(cfg: DictConfig) -> tuple[Any, int, int]:
+    """(ModelDims, parameters, rotary positions) the model config will build, from the
+    built-in model's keys or a checkpoint's config.json; nothing is loaded."""
+    from stages.checkpoint import model_folder, read_json, read_spec
+    from stages.model import ModelDims
+
+    node = cfg.model
+    if str(node.get("_target_", "")).endswith("load_hf_model"):
+        try:
+            folder = model_folder(node.path)
+            _hf_files(folder)
+            spec = read_spec(read_json(folder / "config.json"))
+        except ValueError as err:
+            raise ConfigError(str(err)) from err
+        params = spec.dims.num_parameters
+        if spec.moe is not None:
+            per_expert = 3 * spec.dims.hidden_size * spec.moe.intermediate_size
+            params += (
+                len(spec.moe.layers) * (spec.moe.num_experts + spec.moe.num_shared) * per_expert
+            )
+        return spec.dims, params, node.max_position or spec.max_position_embeddings
+    heads = node.num_heads
+    dims = ModelDims(
+        vocab_size=node.vocab_size,
+        hidden_size=node.hidden_size,
+        num_layers=node.num_layers,
+        num_heads=heads,
+        num_kv_heads=node.num_kv_heads,
+        head_dim=node.head_dim or (node.hidden_size // heads if heads > 0 else 0),
+        intermediate_size=node.intermediate_size,
+    )
+    return dims, dims.num_parameters, node.max_position
+
+
+def _bucket_entries(cfg: DictConfig, num_blocks: int) -> int:
+    """How many sizes the metadata builder's bucket axes will hold (0 keys derived)."""
+    bs, per_seq = cfg.block_size, -(-cfg.max_model_len // cfg.block_size)
+    derived = {
+        "prefill_batch": (1, 1, cfg.max_num_seqs),
+        "prefill_seq": (bs, bs, cfg.max_tokens),
+        "prefill_blocks": (1, 1, per_seq),
+        "decode_batch": (1, 1, cfg.max_num_seqs),
+        "decode_blocks": (1, 1, min(max(num_blocks, 1), cfg.max_num_seqs * per_seq)),
+    }
+    total = 0
+    for name, (lo, step, top) in derived.items():
+        axis = cfg.metadata.get(name) or {}
+        lo, step, top = axis.get("min") or lo, axis.get("step") or step, axis.get("max") or top
+        if cfg.metadata.get("bucketing") == "exponential":
+            total += max(1, int(math.log2(max(top / max(lo, 1), 1))) + 2)
+        else:
+            total += max(1, (top - lo) // max(step, 1) + 2)
+    return total
+
+
+def memory_estimate(cfg: DictConfig, num_blocks: int) -> dict[str, int]:
+    """Bytes each large allocation will take: the KV pool, the weights, the rotary table,
+    the bucket tables, the block pool's free list and the requests."""
+    dims, params, positions = model_shape(cfg)
+    if dims.num_layers > MAX_LAYERS:
+        raise ConfigError(
+            f"the model has {dims.num_layers} layers, above the limit of {MAX_LAYERS}: check "
+            "num_hidden_layers in its config.json (or model.num_layers)"
+        )
+    dtype_bytes = 2 if str(cfg.model.get("dtype", "float32")) in ("bfloat16", "float16") else 4
+    kv = (num_blocks + 1) * cfg.block_size * dims.num_layers * dims.num_kv_heads
+    kv *= dims.head_dim * 2 * dtype_bytes
+    workload = OmegaConf.to_container(cfg.workload, resolve=True)
+    parts = list((workload.get("parts") or {}).values()) or [workload]
+    requests = 0
+    for part in parts:
+        if "max_prompt_tokens" in part:
+            count = part.get("num_requests", 0)
+            requests += count * (REQUEST_BYTES + TOKEN_BYTES * part["max_prompt_tokens"])
+        elif part.get("path"):
+            size = Path(str(part["path"])).expanduser()
+            requests += 4 * TOKEN_BYTES * (size.stat().st_size if size.is_file() else 0)
+    return {
+        "KV cache": kv,
+        "weights": params * dtype_bytes,
+        "rotary table": positions * dims.head_dim * ROPE_BYTES_PER_DIM,
+        "bucket tables": _bucket_entries(cfg, num_blocks) * BUCKET_ENTRY_BYTES,
+        "block pool": num_blocks * BLOCK_ENTRY_BYTES,
+        "requests": requests,
+    }
+
+
+# What to lower when a part of the estimate is the largest.
+_REMEDY = {
+    "KV cache": "num_blocks (0 derives what the workload needs)",
+    "weights": "the model's size",
+    "rotary table": "max_model_len",
+    "bucket tables": "max_num_seqs, max_tokens or the metadata bucket axes",
+    "block pool": "num_blocks",
+    "requests": "workload.num_requests or the prompt lengths",
+}
+
+
+def _gb(n: float) -> str:
+    return f"{n / 2**30:.3g} GiB"
+
+
+def check_memory(cfg: DictConfig, num_blocks: int, available: int | None = None) -> None:
+    """Refuses a run whose allocations would not fit the machine's available memory."""
+    available = mem_available() if available is None else available
+    if available is None:
+        return
+    parts = memory_estimate(cfg, num_blocks)
+    need = sum(parts.values())
+    if need > available:
+        biggest = sorted(parts.items(), key=lambda kv: -kv[1])[:2]
+        detail = ", ".join(f"{name} {_gb(n)}" for name, n in biggest)
+        raise ConfigError(
+            f"the run would need about {_gb(need)} of memory ({detail}) and the machine has "
+            f"{_gb(available)} available: lower {_REMEDY[biggest[0][0]]}"
         )

@@ -5,12 +5,14 @@ whether the generated tokens are still the same.
     python -m pipeline.review SWEEP_DIR --baseline K
 
 Exit codes: 0 reviewed; 1 outputs differ (or are not comparable) with --fail-on-output-diff,
-the CI gate; 2 bad input (not a run, no generations, runs on different workloads).
+the CI gate; 2 bad input (not a run, no generations, runs on different workloads). Workloads are
+compared by content (ids, prompts, limits), so a copied workload file is the same one.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import sys
@@ -22,6 +24,7 @@ from typing import Any
 import yaml
 from deepdiff import DeepDiff
 
+from pipeline.artefacts import read_generations
 from pipeline.summary import find_jobs
 
 # Tokens shown around a divergence: enough to recognise the text, short enough for a line.
@@ -47,9 +50,20 @@ class Run:
     generations: list[dict[str, Any]] = field(default_factory=list)
 
     @property
-    def workload(self) -> dict[str, Any]:
-        """What decides the requests served: the workload node and the seed."""
-        return {"workload": self.config.get("workload"), "seed": self.config.get("seed")}
+    def complete(self) -> bool:
+        """Whether every request of the workload has its line (a run that ended normally)."""
+        return self.metrics.get("status") == "ok"
+
+
+def request_key(line: dict[str, Any]) -> dict[str, Any]:
+    """What makes a request the same request in two runs: its prompt and its limit."""
+    return {"prompt": line.get("prompt"), "max_new_tokens": line.get("max_new_tokens")}
+
+
+def workload_digest(generations: Sequence[dict[str, Any]]) -> str:
+    """A hash of the requests served (ids, prompts, limits), whatever file they came from."""
+    keyed = sorted((str(g.get("id")), request_key(g)) for g in generations)
+    return hashlib.sha256(json.dumps(keyed, sort_keys=True).encode()).hexdigest()
 
 
 def _read_yaml(path: Path) -> Any:
@@ -78,7 +92,8 @@ def load_run(path: Path) -> Run:
     overrides = None
     if (hydra_dir / "overrides.yaml").is_file():
         overrides = [str(o) for o in _read_yaml(hydra_dir / "overrides.yaml") or []]
-    metrics: dict[str, Any] = {}
+    # A folder without metrics.json is a run that was killed before it could write one.
+    metrics: dict[str, Any] = {"status": "interrupted"}
     if (path / "metrics.json").is_file():
         try:
             metrics = json.loads((path / "metrics.json").read_text(encoding="utf-8"))
@@ -86,19 +101,15 @@ def load_run(path: Path) -> Run:
             raise ReviewError(f"{path}/metrics.json is not valid JSON: {err}") from err
     generations_path = path / "generations.jsonl"
     if not generations_path.is_file():
-        why = f" (its metrics.json says {metrics['status']}" if metrics.get("status") else ""
+        has_metrics = (path / "metrics.json").is_file()
+        why = f" (its metrics.json says {metrics['status']}" if has_metrics else ""
         if why and metrics.get("error"):
             why += ": " + " ".join(str(metrics["error"]).split())  # one line on stderr
         raise ReviewError(f"{path} has no generations.jsonl{why + ')' if why else ''}")
-    generations = []
-    with open(generations_path, encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                generations.append(json.loads(line))
-            except json.JSONDecodeError as err:
-                raise ReviewError(f"{generations_path}:{number} is not valid JSON: {err}") from err
+    try:
+        generations = read_generations(generations_path)
+    except ValueError as err:
+        raise ReviewError(str(err)) from err
     return Run(path, config, choices, overrides, metrics, generations)
 
 
@@ -196,13 +207,24 @@ def _show(decode, ids: Sequence[int]) -> str:
 
 
 def _workload_difference(a: Run, b: Run) -> str | None:
-    if a.workload == b.workload:
+    """Why the two runs did not serve the same requests, or None. An unfinished run (killed
+    or interrupted) may lack requests; the ones both have must still be the same."""
+    if workload_digest(a.generations) == workload_digest(b.generations):
         return None
-    diff = config_diff(a.workload, b.workload)
-    parts = [f"{k} {v['a']!r} vs {v['b']!r}" for k, v in diff["changed"].items()]
-    parts += [f"{k} only in B" for k in diff["added"]]
-    parts += [f"{k} only in A" for k in diff["removed"]]
-    return "the runs serve different workloads (" + ", ".join(parts) + ")"
+    gen_a = {g.get("id"): g for g in a.generations}
+    gen_b = {g.get("id"): g for g in b.generations}
+    for rid in gen_a.keys() & gen_b.keys():
+        ka, kb = request_key(gen_a[rid]), request_key(gen_b[rid])
+        if None in (ka["max_new_tokens"], kb["max_new_tokens"]):  # a folder from before limits
+            ka["max_new_tokens"] = kb["max_new_tokens"] = None
+        if ka != kb:
+            return f"the runs serve different workloads (request {rid} differs)"
+    if a.complete and b.complete:
+        return (
+            f"the runs serve different workloads ({len(gen_a)} vs {len(gen_b)} requests, "
+            f"{len(gen_a.keys() & gen_b.keys())} in common)"
+        )
+    return None
 
 
 def outputs_verdict(a: Run, b: Run) -> dict[str, Any]:
@@ -210,11 +232,6 @@ def outputs_verdict(a: Run, b: Run) -> dict[str, Any]:
     reason = _workload_difference(a, b)
     gen_a = {g["id"]: g for g in a.generations}
     gen_b = {g["id"]: g for g in b.generations}
-    if reason is None:
-        for rid in gen_a.keys() & gen_b.keys():
-            if gen_a[rid].get("prompt") != gen_b[rid].get("prompt"):
-                reason = f"request {rid} has a different prompt in each run"
-                break
     if reason is not None:
         return {"comparable": False, "reason": reason}
 

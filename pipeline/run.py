@@ -1,149 +1,125 @@
-"""Builds the stages from a composed config, serves the workload, writes the run folder."""
+"""Serves a composed config into its run folder, or completes an interrupted one."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import paddle
 import structlog
-from hydra.errors import InstantiationException
-from hydra.utils import get_class, instantiate
-from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue
+from omegaconf import DictConfig
 
 from pipeline import artefacts
-from pipeline.allocator import keep_freed_memory
-from pipeline.checks import ConfigError, check_config
+from pipeline.artefacts import INTERRUPTED
+from pipeline.build import build_engine, check_resolves
+from pipeline.checks import ConfigError
 from pipeline.console import Progress, summary_table
 from pipeline.engine import Engine
 from pipeline.metrics import StepRecord, summarise
-from stages.kv_cache import KVCacheManager, blocks_for
+from pipeline.resume import Previous, load_previous, pending_requests
+from pipeline.stopping import RunInterrupted, as_interrupted, stop_on_signals
 from stages.request import Request
-from stages.simulator.device import (
-    NoAttention,
-    SimulatedDevice,
-    VirtualClock,
-    WorkloadLengthSampler,
-    graphs,
-    pick_token,
-    spec_of,
-)
-from stages.simulator.hardware import kv_pool_blocks
-from stages.stopping import StopRule
+from stages.simulator.device import SimulatedDevice, graphs
 
 log = structlog.get_logger(__name__)
 
 
-def build(node: DictConfig, **runtime: Any) -> Any:
-    """Instantiates one stage; a constructor's ValueError becomes a one-line config error."""
-    try:
-        return instantiate(node, **runtime)
-    except InstantiationException as err:
-        cause = err.__cause__
-        if isinstance(cause, ValueError):
-            raise ConfigError(str(cause)) from err
-        raise
+def run(cfg: DictConfig, out_dir: Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
+    """Serves the workload into `out_dir`; with `resume=RUN_DIR`, completes that folder
+    instead, with its own config (`overrides` are the command line's, checked against it).
+    A stop signal raises RunInterrupted once the folder is written."""
+    with stop_on_signals():
+        check_resolves(cfg)
+        previous = None
+        if cfg.get("resume"):
+            previous = load_previous(cfg.resume, overrides)
+            cfg, out_dir = previous.cfg, previous.folder
+            check_resolves(cfg)
+            problem = artefacts.run_folder_problem(out_dir)
+            if problem:
+                raise ConfigError(problem)
+        else:
+            artefacts.write_resolved_config(cfg, out_dir)
+        engine, requests = build_engine(cfg)
+        return serve(cfg, engine, requests, out_dir, previous)
 
 
-def check_resolves(cfg: DictConfig) -> None:
-    """Every key is set and every interpolation resolves (e.g. model.path for model=hf, and
-    tokenizer.path, which defaults to it), or one line names the key."""
-    try:
-        OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
-    except MissingMandatoryValue as err:
-        raise ConfigError(f"{err.full_key} is not set: give {err.full_key}=...") from err
-    except InterpolationResolutionError as err:
-        reason = str(err.msg).splitlines()[0]
-        raise ConfigError(
-            f"{err.full_key} does not resolve ({reason}): give {err.full_key}=..."
-        ) from err
-
-
-def derive_num_blocks(cfg: DictConfig, requests: list[Request]) -> int:
-    """Enough blocks that no request is ever preempted, and no more than the workload needs."""
-    per_seq = blocks_for(cfg.max_model_len, cfg.block_size)
-    workload = sum(
-        blocks_for(
-            min(len(r.prompt_ids) + max(r.max_new_tokens, 0), cfg.max_model_len), cfg.block_size
-        )
-        for r in requests
+def serve(
+    cfg: DictConfig,
+    engine: Engine,
+    requests: list[Request],
+    out_dir: Path,
+    previous: Previous | None = None,
+) -> dict[str, Any]:
+    """Serves the requests the folder has no generation for, writing each as it finishes."""
+    pending = pending_requests(requests, previous) if previous else list(requests)
+    log.info(
+        "pipeline_ready",
+        requests=len(pending),
+        resumed_from=len(requests) - len(pending) if previous else None,
+        model_parameters=engine.model.num_parameters,
+        num_blocks=engine.scheduler.kv_cache.num_blocks,
+        max_tokens=cfg.max_tokens,
+        block_size=cfg.block_size,
+        prefix_caching=engine.scheduler.kv_cache.prefix is not None,
     )
-    return max(1, min(cfg.max_num_seqs * per_seq, workload))
-
-
-def build_engine(cfg: DictConfig) -> tuple[Engine, list[Request]]:
-    """Checks the config, builds every stage and loads the workload."""
-    check_resolves(cfg)
-    check_config(cfg)
-    if cfg.executor.name == "simulated":
-        return build_simulated_engine(cfg)
-    keep_freed_memory()
-    paddle.set_device(cfg.device)
-    paddle.base.core.set_num_threads(cfg.num_threads)
-    tokenizer = build(cfg.tokenizer)
-    model = build(cfg.model)
-    if model.dims.vocab_size < tokenizer.vocab_size:
-        raise ConfigError(
-            f"model.vocab_size={model.dims.vocab_size} is smaller than the tokenizer's "
-            f"{tokenizer.vocab_size}: pick a matching model and tokenizer"
-        )
-    requests = build(cfg.workload).load(tokenizer)
-    kv_cache = build_kv_cache(cfg, requests)
-    # A checkpoint's config and generation config name its end tokens too.
-    stop = StopRule(tokenizer.eos_ids | model.eos_ids, cfg.max_model_len, tokenizer.decode)
-    dims = model.dims
-    attention = build(
-        cfg.attention,
-        kv_cache=kv_cache,
-        num_layers=dims.num_layers,
-        num_kv_heads=dims.num_kv_heads,
-        head_dim=dims.head_dim,
-        dtype=model.dtype,
+    steps: list[StepRecord] = list(previous.steps) if previous else []
+    first_step = len(steps)
+    step_writer = artefacts.StepWriter(out_dir, append=previous is not None)
+    generations = artefacts.GenerationWriter(
+        out_dir, engine.tokenizer, previous.kept.values() if previous else ()
     )
+    progress = Progress(len(pending))
+
+    def on_step(record: StepRecord) -> None:
+        record.step += first_step  # a resumed folder's steps go on from the earlier ones
+        steps.append(record)
+        step_writer(record)
+        progress.on_step(record)
+
+    def on_finish(request: Request) -> None:
+        generations(request)
+        progress.on_finish()
+
+    warmup_s = engine.warmup() if cfg.warmup else 0.0
+    stopped: RunInterrupted | None = None
     try:
-        attention.load_weights(model)
-    except ValueError as err:  # e.g. a q/k-normed model on ops that have no q/k norm
-        raise ConfigError(str(err)) from err
-    engine = Engine(
-        tokenizer=tokenizer,
-        scheduler=build(cfg.scheduler, kv_cache=kv_cache, stop=stop),
-        metadata=build(cfg.metadata, kv_cache=kv_cache, pad_id=tokenizer.pad_id),
-        model=model,
-        attention=attention,
-        sampler=build(cfg.sampler),
+        duration = engine.run(pending, on_step=on_step, on_finish=on_finish)
+    except (RunInterrupted, KeyboardInterrupt) as err:
+        stopped = as_interrupted(err)
+        duration = engine.clock()  # the run's clock: the wall's, or a simulated device's
+        for r in pending:
+            if not r.finished:
+                r.fail(INTERRUPTED, duration)
+                generations(r)
+    finally:
+        progress.close()
+        step_writer.close()
+    generations.finish()
+    status = "interrupted" if stopped else "ok"
+    metrics = {
+        "status": status,
+        **summarise(requests, steps, duration + (previous.duration_s if previous else 0.0)),
+        "bucket_misses": engine.metadata.bucket_misses,
+        "warmup_s": warmup_s,
+        **device_metrics(engine),
+    }
+    if previous:
+        metrics["resumed_requests"] = len(pending)
+    artefacts.write_metrics(metrics, out_dir)
+    log.info(
+        "run_finished",
+        status=status,
+        duration_s=round(metrics["duration_s"], 3),
+        output_throughput=round(metrics["output_throughput"], 1),
+        errors=metrics["num_errors"],
+        out_dir=str(out_dir),
     )
-    return engine, requests
-
-
-def build_simulated_engine(cfg: DictConfig) -> tuple[Engine, list[Request]]:
-    """The real scheduler, KV-cache manager and metadata builder (shapes only) with a
-    simulated device in place of the forward pass, on a virtual clock."""
-    tokenizer = build(cfg.tokenizer)
-    model = OmegaConf.to_container(cfg.model, resolve=True)
-    spec = build(cfg.model) if model["_target_"].endswith("model_spec") else spec_of(model)
-    if cfg.hardware is None:
-        raise ConfigError("executor=simulated needs a device: give hardware=gaudi3 (or ...)")
-    hardware = build(cfg.hardware)
-    requests = build(cfg.workload).load(tokenizer)
-    try:
-        num_blocks = cfg.num_blocks or kv_pool_blocks(spec, hardware, cfg.block_size, cfg.tp)
-        clock = VirtualClock()
-        device = SimulatedDevice(spec, hardware, clock, cfg.tp)
-    except ValueError as err:
-        raise ConfigError(str(err)) from err
-    kv_cache = KVCacheManager(num_blocks, cfg.block_size, cfg.prefix_caching)
-    stop = StopRule((), cfg.max_model_len)  # output lengths come from the workload
-    engine = Engine(
-        tokenizer=tokenizer,
-        scheduler=build(cfg.scheduler, kv_cache=kv_cache, stop=stop),
-        metadata=build(cfg.metadata, kv_cache=kv_cache, pad_id=tokenizer.pad_id, shapes_only=True),
-        model=device,
-        attention=NoAttention(),
-        sampler=WorkloadLengthSampler(pick_token(tokenizer.eos_ids, tokenizer.vocab_size)),
-        clock=clock,
-    )
-    return engine, requests
+    print(f"{status}: {out_dir}\n{summary_table(metrics)}")
+    if stopped:
+        stopped.recorded = True
+        raise stopped
+    return metrics
 
 
 def device_metrics(engine: Engine) -> dict[str, Any]:
@@ -163,75 +139,3 @@ def device_metrics(engine: Engine) -> dict[str, Any]:
         "predicted_warmup_s": device.cost.warmup_time(len(shapes)),
         "serving_compiles": device.recompiles,
     }
-
-
-def build_kv_cache(cfg: DictConfig, requests: list[Request]) -> KVCacheManager:
-    """The block pool; prefix caching where the attention stage reads a paged cache (the
-    dense oracle keeps each request's keys apart, so it has nothing to share)."""
-    attention = get_class(cfg.attention._target_)
-    caching = cfg.prefix_caching and getattr(attention, "supports_prefix_caching", False)
-    try:
-        return KVCacheManager(
-            cfg.num_blocks or derive_num_blocks(cfg, requests), cfg.block_size, caching
-        )
-    except ValueError as err:
-        raise ConfigError(str(err)) from err
-
-
-def run(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
-    check_resolves(cfg)
-    artefacts.write_resolved_config(cfg, out_dir)
-    engine, requests = build_engine(cfg)
-    tokenizer = engine.tokenizer
-    num_blocks = engine.scheduler.kv_cache.num_blocks
-    log.info(
-        "pipeline_ready",
-        requests=len(requests),
-        model_parameters=engine.model.num_parameters,
-        num_blocks=num_blocks,
-        max_tokens=cfg.max_tokens,
-        block_size=cfg.block_size,
-        prefix_caching=engine.scheduler.kv_cache.prefix is not None,
-    )
-
-    steps: list[StepRecord] = []
-    writer = artefacts.StepWriter(out_dir)
-    progress = Progress(len(requests))
-
-    def on_step(record: StepRecord) -> None:
-        steps.append(record)
-        writer(record)
-        progress.on_step(record)
-
-    warmup_s = engine.warmup() if cfg.warmup else 0.0
-    status, duration = "ok", 0.0
-    try:
-        duration = engine.run(requests, on_step=on_step, on_finish=lambda r: progress.on_finish())
-    except KeyboardInterrupt:
-        status = "interrupted"
-        for r in requests:
-            if not r.finished:
-                r.fail("the run was interrupted before this request finished", r.arrival_s)
-    finally:
-        progress.close()
-        writer.close()
-        artefacts.write_generations(requests, tokenizer, out_dir)
-
-    metrics = {
-        "status": status,
-        **summarise(requests, steps, duration),
-        "bucket_misses": engine.metadata.bucket_misses,
-        "warmup_s": warmup_s,
-        **device_metrics(engine),
-    }
-    artefacts.write_metrics(metrics, out_dir)
-    log.info(
-        "run_finished",
-        status=status,
-        duration_s=round(duration, 3),
-        output_throughput=round(metrics["output_throughput"], 1),
-        errors=metrics["num_errors"],
-        out_dir=str(out_dir),
-    )
-    print(f"{status}: {out_dir}\n{summary_table(metrics)}")
-    return metrics

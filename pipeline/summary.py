@@ -94,13 +94,13 @@ def _job_number(job_dir: Path, fallback: int) -> int:
 
 
 def read_job(job_dir: Path, fallback_num: int = 0) -> Job:
-    """A job's overrides and metrics; a job that never wrote metrics.json is `missing`."""
+    """A job's overrides and metrics; a job that never wrote metrics.json is `interrupted`."""
     given = yaml.safe_load((job_dir / ".hydra" / "overrides.yaml").read_text()) or []
     overrides = [str(o) for o in given]
     num = _job_number(job_dir, fallback_num)
     metrics_path = job_dir / "metrics.json"
-    if not metrics_path.is_file():
-        return Job(num, job_dir, overrides, "missing", error="no metrics.json")
+    if not metrics_path.is_file():  # killed before it could write one (SIGKILL, power loss)
+        return Job(num, job_dir, overrides, "interrupted", error="no metrics.json")
     try:
         metrics = json.loads(metrics_path.read_text())
     except (OSError, json.JSONDecodeError) as err:

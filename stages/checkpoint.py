@@ -87,14 +87,14 @@ def model_folder(path: str | Path, key: str = "model.path") -> Path:
     return folder
 
 
-def _token_ids(value: Any) -> list[int]:
-    if isinstance(value, bool) or value is None:
+def _token_ids(value: Any, key: str = "token id") -> list[int]:
+    if value is None:
         return []
-    if isinstance(value, int):
-        return [value]
-    if isinstance(value, list):
-        return [v for v in value if isinstance(v, int) and not isinstance(v, bool)]
-    return []
+    values = value if isinstance(value, list) else [value]
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        # A string such as "2" would otherwise be dropped, silently disabling the token.
+        raise ValueError(f"{key}={value!r} must be a token id (an integer) or a list of them")
+    return values
 
 
 @dataclass(frozen=True)
@@ -109,9 +109,14 @@ def read_special_ids(folder: Path) -> SpecialIds:
     EOS is the union of both, since generation configs often add end-of-turn ids."""
     config = read_json(folder / "config.json", required=False)
     generation = read_json(folder / "generation_config.json", required=False)
-    eos = _token_ids(config.get("eos_token_id")) + _token_ids(generation.get("eos_token_id"))
-    bos = _token_ids(generation.get("bos_token_id")) or _token_ids(config.get("bos_token_id"))
-    pad = _token_ids(config.get("pad_token_id")) or _token_ids(generation.get("pad_token_id"))
+
+    def ids(source: dict[str, Any], name: str, key: str) -> list[int]:
+        return _token_ids(source.get(key), f"{name} {key}")
+
+    gen = "generation_config.json"
+    eos = ids(config, "config.json", "eos_token_id") + ids(generation, gen, "eos_token_id")
+    bos = ids(generation, gen, "bos_token_id") or ids(config, "config.json", "bos_token_id")
+    pad = ids(config, "config.json", "pad_token_id") or ids(generation, gen, "pad_token_id")
     return SpecialIds(bos[0] if bos else None, frozenset(eos), pad[0] if pad else None)
 
 
@@ -695,6 +700,18 @@ def load_hf_model(path: str, dtype: str = "float32", max_position: int = 0) -> T
     spec = read_spec(read_json(folder / "config.json"))
     check_dtype(dtype)
     check_context(spec, max_position or spec.max_position_embeddings)
+    special = read_special_ids(folder)
+    for name, ids in (
+        ("bos", [special.bos_id]),
+        ("eos", special.eos_ids),
+        ("pad", [special.pad_id]),
+    ):
+        bad = sorted(i for i in ids if i is not None and not 0 <= i < spec.dims.vocab_size)
+        if bad:
+            raise ValueError(
+                f"{folder}: {name}_token_id {bad[0]} is outside the vocabulary "
+                f"(vocab_size={spec.dims.vocab_size} in config.json)"
+            )
     files = weight_files(folder)
     state = load_state(files, weight_plan(spec, files.keys()), dtype, folder)
     return TransformerLM(
@@ -712,7 +729,7 @@ def load_hf_model(path: str, dtype: str = "float32", max_position: int = 0) -> T
         rope_scaling=spec.rope_scaling,
         rope_interleaved=spec.rope_interleaved,
         weights=_assemble(spec, state),
-        eos_ids=read_special_ids(folder).eos_ids,
+        eos_ids=special.eos_ids,
     )
 
 

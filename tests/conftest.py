@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from omegaconf import DictConfig
 
+from pipeline.build import build_engine
 from pipeline.compose import compose_config
-from pipeline.run import build_engine
 from stages.request import Request
 
 # Small enough for seconds per run, long enough that prompts span several blocks and chunks.

@@ -40,7 +40,7 @@ def test_misses_are_counted_and_outputs_unchanged(reference_run):
 
 def test_warmup_covers_the_workload(reference_run):
     ref, _ = reference_run
-    from pipeline.run import build_engine
+    from pipeline.build import build_engine
     from tests.conftest import make_config
 
     engine, requests = build_engine(make_config(["max_tokens=64", "warmup=true"]))
@@ -51,7 +51,7 @@ def test_warmup_covers_the_workload(reference_run):
 
 
 def test_warmup_shapes_respect_the_budget():
-    from pipeline.run import build_engine
+    from pipeline.build import build_engine
     from tests.conftest import make_config
 
     engine, _ = build_engine(make_config(["max_tokens=64"]))

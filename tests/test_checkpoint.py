@@ -17,8 +17,8 @@ from safetensors.numpy import save_file
 from safetensors.paddle import save_file as save_paddle
 from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
 
+from pipeline.build import build_engine
 from pipeline.checks import ConfigError
-from pipeline.run import build_engine
 from stages.checkpoint import SUPPORTED_ARCHITECTURES, export_hf_llama, load_hf_model, read_spec
 from stages.model import check_dtype
 from stages.workload import _WORDS
@@ -384,7 +384,7 @@ def test_a_sliding_window_covering_the_served_context_is_served(tmp_path):
 def test_hpu_ops_refuse_a_q_k_normed_model_at_start(tmp_path, monkeypatch):
     """The HPU's fused_qkv_rope has no per-head norm: a Qwen3 model is refused when the
     pipeline is built, in one line, before any step."""
-    from pipeline import checks, run
+    from pipeline import build as run, checks
 
     folder, _, _ = make_folder(tmp_path, "qwen3, q/k norm, head_dim 32, tied")
     monkeypatch.setitem(sys.modules, "paddlenlp_ops", object())  # a stand-in plugin

@@ -9,8 +9,8 @@ import pytest
 from hydra import compose, initialize_config_module
 from hydra.utils import instantiate
 
+from pipeline.build import build
 from pipeline.checks import ConfigError, check_config
-from pipeline.run import build
 from pipeline.schema import register_schemas
 from stages.simulator.spec import ModelSpec, MoeLayout, model_spec
 

@@ -16,8 +16,8 @@ import paddle
 import pytest
 
 from pipeline import checks
+from pipeline.build import build_engine
 from pipeline.checks import ConfigError
-from pipeline.run import build_engine
 from stages.attention import ops_cpu, ops_intel_hpu, reference
 from stages.attention.hpu import PagedAttention, load_ops
 from stages.attention.interface import Heads

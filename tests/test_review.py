@@ -22,7 +22,7 @@ CONFIG: dict[str, Any] = {
     "max_tokens": 512,
     "seed": 0,
 }
-PROMPTS = {"req-0": "the block", "req-1": "a cache"}
+PROMPTS = {"req-0": "the block", "req-1": "a cache", "req-2": "a third one"}
 
 
 def make_run(
@@ -132,19 +132,50 @@ def test_different_workloads_are_not_comparable(tmp_path, capsys):
     other = copy.deepcopy(CONFIG)
     other["workload"]["num_requests"] = 3
     a = make_run(tmp_path / "a", SAME)
-    b = make_run(tmp_path / "b", SAME, other)
+    b = make_run(tmp_path / "b", {**SAME, "req-2": "xyz"}, other)
 
     code, out, err = review(capsys, a, b)
     assert code == 2
     assert "== Config" in out and "== Metrics" in out  # the other parts are still shown
     assert "outputs not comparable" in out
-    assert err.count("\n") == 1 and "workload.num_requests 2 vs 3" in err
+    assert err.count("\n") == 1 and "2 vs 3 requests, 2 in common" in err
 
     code, _, err = review(capsys, a, b, "--fail-on-output-diff")
     assert code == 1 and "not comparable" in err
 
-    seeded = {**CONFIG, "seed": 1}
-    assert review(capsys, a, make_run(tmp_path / "c", SAME, seeded))[0] == 2
+    prompts = dict(PROMPTS)
+    PROMPTS["req-1"] = "another prompt"  # same ids and count, one prompt changed
+    try:
+        changed = make_run(tmp_path / "c", SAME)
+    finally:
+        PROMPTS.update(prompts)
+    code, _, err = review(capsys, a, changed)
+    assert code == 2 and "request req-1 differs" in err
+
+
+def test_a_copied_workload_file_is_the_same_workload(tmp_path, capsys):
+    # The same requests read from another path: the config differs, the workload does not.
+    moved = copy.deepcopy(CONFIG)
+    moved["workload"]["path"] = "/elsewhere/prompts.jsonl"
+    a = make_run(tmp_path / "a", SAME, {**CONFIG, "workload": {"path": "/here/prompts.jsonl"}})
+    b = make_run(tmp_path / "b", SAME, moved)
+    code, out, _ = review(capsys, a, b)
+    assert code == 0 and "identical tokens for 2/2 requests" in out
+    assert "workload.path" in out  # the config diff still shows the move
+
+
+def test_a_killed_run_is_read_as_interrupted(tmp_path, capsys):
+    a = make_run(tmp_path / "a", SAME)
+    killed = make_run(tmp_path / "b", {"req-0": "hello world"})
+    (killed / "metrics.json").unlink()
+    with open(killed / "generations.jsonl", "a") as f:
+        f.write('{"id": "req-1", "prompt": "a ca')  # the line a kill cut short
+    run = load_run(killed)
+    assert run.metrics == {"status": "interrupted"} and [g["id"] for g in run.generations] == [
+        "req-0"
+    ]
+    code, out, _ = review(capsys, a, killed)
+    assert code == 0 and "req-1: only in A" in out
 
 
 def test_bad_folders_exit_2_with_one_line(tmp_path, capsys):

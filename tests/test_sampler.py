@@ -14,8 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pipeline.build import build_engine
 from pipeline.checks import ConfigError
-from pipeline.run import build_engine, run
+from pipeline.run import run
 from stages.request import Request, SamplingParams
 from stages.sampler import GreedySampler, RandomSampler, uniforms
 from tests.conftest import make_config

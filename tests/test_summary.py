@@ -59,7 +59,7 @@ def test_summary_lists_every_job_with_its_status(tmp_path):
     assert [(r["job"], r["status"]) for r in rows] == [
         ("0", "ok"),
         ("1", "failed"),
-        ("2", "missing"),
+        ("2", "interrupted"),  # no metrics.json: killed before it wrote one
     ]
     assert rows[0]["overrides"] == "max_tokens=256 seed=1"
     assert float(rows[0]["output_throughput"]) == 100.0
@@ -69,7 +69,7 @@ def test_summary_lists_every_job_with_its_status(tmp_path):
     md = (tmp_path / "summary.md").read_text()
     assert "Swept: `max_tokens`" in md and "`seed=1`" in md
     assert "| 1 | `max_tokens=512` | failed |" in md
-    assert "job 1 (failed): boom" in md and "job 2 (missing)" in md
+    assert "job 1 (failed): boom" in md and "job 2 (interrupted)" in md
     assert (tmp_path / "summary.png").stat().st_size > 10_000
 
 

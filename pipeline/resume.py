@@ -1,0 +1,136 @@
+"""Resuming a run folder: `python -m pipeline +resume=RUN_DIR` serves the requests the folder
+has no finished generation for, with the folder's own config, and completes the folder.
+
+Greedy tokens depend only on a request's own prompt, so the resumed requests get the tokens
+an uninterrupted run would have given them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import DictConfig, OmegaConf
+
+from pipeline import artefacts
+from pipeline.checks import ConfigError
+from pipeline.metrics import StepRecord
+from stages.request import Request, Status
+
+# Keys that change how fast a run goes, never which tokens it makes.
+TOKEN_NEUTRAL = frozenset({"num_threads", "warmup"})
+
+
+@dataclass
+class Previous:
+    """What an earlier run left in its folder."""
+
+    folder: Path
+    cfg: DictConfig
+    kept: dict[int, dict[str, Any]]  # finished generation lines by workload index
+    steps: list[StepRecord] = field(default_factory=list)
+    duration_s: float = 0.0
+
+
+def _config(folder: Path) -> tuple[DictConfig, dict[str, str]]:
+    """The folder's composed config (Hydra's own copy first) and its group choices."""
+    for path in (folder / ".hydra" / "config.yaml", folder / artefacts.RESOLVED_CONFIG):
+        if path.is_file():
+            cfg = OmegaConf.load(path)
+            break
+    else:
+        raise ConfigError(f"resume={folder} is not a run folder: it has no .hydra/config.yaml")
+    choices: dict[str, str] = {}
+    hydra_file = folder / ".hydra" / "hydra.yaml"
+    if hydra_file.is_file():
+        runtime = (yaml.safe_load(hydra_file.read_text()) or {}).get("hydra", {}).get("runtime")
+        choices = {str(k): str(v) for k, v in ((runtime or {}).get("choices") or {}).items()}
+    return cfg, choices
+
+
+def apply_overrides(cfg: DictConfig, choices: dict[str, str], overrides: Sequence[str]) -> None:
+    """Token-neutral overrides are applied; any other that changes a value is refused."""
+    for override in OverridesParser.create().parse_overrides(list(overrides)):
+        key = override.key_or_group
+        if key == "resume":
+            continue
+        value = override.value()
+        if key in TOKEN_NEUTRAL:
+            OmegaConf.update(cfg, key, value, force_add=True)
+            continue
+        old = choices[key] if key in choices else OmegaConf.select(cfg, key, default=None)
+        if isinstance(old, DictConfig):
+            old = OmegaConf.to_container(old, resolve=True)
+        if str(old) != str(value):
+            raise ConfigError(
+                f"resume: {override.input_line} changes {key} (the run has {old!r}), which can "
+                f"change the tokens; resume with the run's own config (only "
+                f"{', '.join(sorted(TOKEN_NEUTRAL))} may change)"
+            )
+
+
+def _steps(path: Path) -> list[StepRecord]:
+    if not path.is_file():
+        return []
+    return [StepRecord(**line) for line in artefacts.read_generations(path)]
+
+
+def load_previous(folder: str | Path, overrides: Sequence[str] = ()) -> Previous:
+    folder = Path(folder).expanduser()
+    if not folder.is_dir():
+        raise ConfigError(f"resume={folder}: no such folder")
+    cfg, choices = _config(folder)
+    apply_overrides(cfg, choices, overrides)
+    kept: dict[int, dict[str, Any]] = {}
+    generations = folder / artefacts.GENERATIONS
+    if generations.is_file():
+        try:
+            lines = artefacts.read_generations(generations)
+        except ValueError as err:
+            raise ConfigError(f"resume: {err}") from err
+        for position, line in enumerate(lines):
+            if line.get("error") != artefacts.INTERRUPTED:
+                kept[int(line.get("index", position))] = line
+    steps = _steps(folder / artefacts.STEPS)
+    duration = sum(s.duration_s for s in steps)
+    metrics_file = folder / artefacts.METRICS
+    if metrics_file.is_file():
+        try:
+            duration = float(json.loads(metrics_file.read_text()).get("duration_s") or duration)
+        except (ValueError, TypeError):
+            pass  # a metrics.json cut short: the steps' own times stand
+    return Previous(folder, cfg, kept, steps, duration)
+
+
+def restore(request: Request, line: dict[str, Any]) -> None:
+    """A finished request as the earlier run left it, times shifted to its own arrival."""
+    request.output_ids = [int(t) for t in line.get("output_ids") or []]
+    request.finish_reason = line.get("finish_reason")
+    request.error = line.get("error")
+    request.status = Status.FINISHED
+    ttft, e2e = line.get("ttft_s"), line.get("e2e_s")
+    if ttft is not None:
+        gaps = np.cumsum([0.0, *(line.get("itl_s") or [])])
+        request.token_times = (request.arrival_s + ttft + gaps).tolist()
+    request.finish_s = request.arrival_s + (e2e if e2e is not None else 0.0)
+    request.logprobs = [{int(k): v for k, v in e.items()} for e in line.get("logprobs") or []]
+
+
+def pending_requests(requests: Sequence[Request], previous: Previous) -> list[Request]:
+    """Restores every request the folder finished; returns the others, to be served."""
+    by_index = {r.index: r for r in requests}
+    for index, line in previous.kept.items():
+        request = by_index.get(index)
+        if request is None or request.id != line.get("id") or request.prompt != line.get("prompt"):
+            raise ConfigError(
+                f"resume: request {line.get('id')!r} (workload index {index}) of "
+                f"{previous.folder} is not in the workload any more: its file or seed changed"
+            )
+        restore(request, line)
+    return [r for r in requests if r.index not in previous.kept]
