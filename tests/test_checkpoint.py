@@ -384,7 +384,8 @@ def test_a_sliding_window_covering_the_served_context_is_served(tmp_path):
 def test_hpu_ops_refuse_a_q_k_normed_model_at_start(tmp_path, monkeypatch):
     """The HPU's fused_qkv_rope has no per-head norm: a Qwen3 model is refused when the
     pipeline is built, in one line, before any step."""
-    from pipeline import build as run, checks
+    from pipeline import build as run
+    from pipeline import checks
 
     folder, _, _ = make_folder(tmp_path, "qwen3, q/k norm, head_dim 32, tied")
     monkeypatch.setitem(sys.modules, "paddlenlp_ops", object())  # a stand-in plugin
