@@ -37,6 +37,16 @@ def chain_hash(parent: bytes, token_ids: np.ndarray) -> bytes:
 ROOT_HASH = b""  # the parent of a sequence's first block
 
 
+def token_slice(request: Request, start: int, end: int) -> list[int]:
+    """The request's token ids start..end-1, prompt then output, without joining the whole
+    sequence first (a long prompt's ids may be made on demand)."""
+    prompt = request.prompt_ids
+    ids = list(prompt[start : min(end, len(prompt))]) if start < len(prompt) else []
+    if end > len(prompt):
+        ids += request.output_ids[max(0, start - len(prompt)) : end - len(prompt)]
+    return ids
+
+
 class BlockPool:
     """Hands out the lowest-numbered free blocks first, so the blocks in use stay packed at
     the start of the pool: a decode step can then read the cache as one contiguous span
@@ -160,7 +170,7 @@ class KVCacheManager:
         chain = request.block_hashes
         if len(chain) < num_blocks:
             bs = self.block_size
-            ids = np.asarray(request.all_ids[len(chain) * bs : num_blocks * bs], dtype=np.int32)
+            ids = np.asarray(token_slice(request, len(chain) * bs, num_blocks * bs), np.int32)
             parent = chain[-1] if chain else ROOT_HASH
             for j in range(num_blocks - len(chain)):
                 parent = chain_hash(parent, ids[j * bs : (j + 1) * bs])
@@ -171,10 +181,11 @@ class KVCacheManager:
         """Registers the content of the request's blocks that its computed tokens fill."""
         if self.prefix is None:
             return
-        table = self.block_table(request)
-        full = min(request.num_computed // self.block_size, len(table))
+        full = request.num_computed // self.block_size
         done = self._registered.get(request.seq_id, 0)
-        if full > done:
+        if full > done:  # the common case, a decode within a block, returns here
+            table = self.block_table(request)
+            full = min(full, len(table))
             chain = self.block_hashes(request, full)
             for block, content in zip(table[done:full], chain[done:], strict=True):
                 self.prefix.register(block, content)
@@ -195,9 +206,12 @@ class KVCacheManager:
         """Room for num_new_tokens more tokens of the request; False (nothing taken) when
         the pool cannot give it. `cached` is a prefix match_prefix found for a request
         holding no blocks, whose num_computed already counts them: it takes them too."""
+        table = self._tables.get(request.seq_id)
+        held = len(table) if table else 0
+        new = -(-(request.num_computed + num_new_tokens) // self.block_size) - held - len(cached)
+        if new <= 0 and not cached:  # the common case: a decode within its last block
+            return True
         unheld = sum(1 for b in cached if b in self.prefix.unheld) if cached else 0
-        new = self.blocks_for(request.num_computed + num_new_tokens)
-        new -= len(self.block_table(request)) + len(cached)
         if max(0, new) > self.num_free_blocks - unheld:
             return False
         table = self._tables.setdefault(request.seq_id, [])

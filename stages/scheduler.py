@@ -205,11 +205,11 @@ class ChunkedScheduler:
             if n == 0:
                 i += 1
                 continue
-            while not self.kv_cache.can_fit(request, n) and self.running[-1] is not request:
+            while not self.kv_cache.allocate_slots(request, n):
+                if self.running[-1] is request:  # nothing newer is left to preempt
+                    self._preempt(request, plan)
+                    return
                 self._preempt(self.running[-1], plan)
-            if not self.kv_cache.allocate_slots(request, n):
-                self._preempt(request, plan)
-                return
             if is_decode:
                 plan.decode.append(request)
                 budget.left -= 1

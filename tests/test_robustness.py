@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import tempfile
+import time
 
 import pytest
 
@@ -233,10 +234,14 @@ def record(step: int) -> StepRecord:
 
 
 def test_steps_are_on_disk_as_they_happen(tmp_path):
+    """A step is on disk within StepWriter.FLUSH_S of the next one being written."""
     writer = artefacts.StepWriter(tmp_path)
     writer(record(0))
-    writer(record(1))
     on_disk = (tmp_path / "steps.jsonl").read_text().splitlines()  # before close
+    assert [json.loads(line)["step"] for line in on_disk] == [0]
+    time.sleep(writer.FLUSH_S)
+    writer(record(1))
+    on_disk = (tmp_path / "steps.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in on_disk] == [0, 1]
     writer.close()
 
