@@ -153,13 +153,18 @@ class CostModel:
         return num_shapes * self.hardware.compile_s
 
     def fit(
-        self, samples: Sequence[tuple[StepShape, float]], terms: Sequence[str] | None = None
+        self,
+        samples: Sequence[tuple[StepShape, float]],
+        terms: Sequence[str] | None = None,
+        relative: bool = False,
     ) -> dict[str, float]:
         """Coefficients that best explain measured (shape, seconds) steps, all >= 0.
 
         Only `terms` (default: every term and the overhead) are fitted; the others keep their
         coefficients, as does a term no sample exercises (an all-zero column, e.g. the
         all-reduce at tp=1). A miss's recompile penalty is taken off its time first.
+        `relative` weighs each sample by 1 / its time, so that small steps count as much
+        as large ones (the squared relative error is minimised).
         """
         names = (*TERMS, OVERHEAD)
         chosen = names if terms is None else tuple(terms)
@@ -167,6 +172,9 @@ class CostModel:
         if unknown:
             raise ValueError(f"fit: unknown terms {', '.join(unknown)}; the terms are {names}")
         a, b = self._design(samples)
+        if relative:
+            weight = 1.0 / np.maximum(b, 1e-12)
+            a, b = a * weight[:, None], b * weight
         fixed = [j for j, name in enumerate(names) if name not in chosen]
         b = b - a[:, fixed] @ np.array([self.coefficients[names[j]] for j in fixed])
         used = [j for j in range(len(names)) if names[j] in chosen and a[:, j].any()]

@@ -1,0 +1,148 @@
+"""Does the simulated device predict real runs? Calibrate on this CPU, then predict
+held-out configurations that the calibration never saw and compare with real runs.
+
+    python -m benchmarks.validate_simulator --out benchmarks/simulator.md   (~10 min)
+
+Calibration (pipeline.calibrate) times padding-only steps of the warmup shapes; each
+held-out configuration is then served for real (executor=paddle) and simulated
+(executor=simulated hardware=measured) on the same workload. Decode blocks are listed row
+by row in both (metadata.decode_span=0), as the HPU lists them. Per metric: the median and
+worst absolute error, and the Spearman rank correlation of the configurations.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.build import build_engine
+from pipeline.calibrate import calibrate, error_summary
+from pipeline.compose import compose_config
+from pipeline.metrics import StepRecord, summarise
+from stages.simulator.hardware import write_profile
+
+BASE = [
+    "model=small",
+    "max_num_seqs=16",
+    "max_model_len=1024",
+    "metadata.decode_span=0",
+    "workload.num_requests=24",
+    "workload.min_prompt_tokens=16",
+    "workload.max_prompt_tokens=560",
+    "workload.min_new_tokens=16",
+    "workload.max_new_tokens=48",
+]
+HELD_OUT = {
+    "budget 256, block 16": ["max_tokens=256", "block_size=16"],
+    "budget 512": ["max_tokens=512"],
+    "budget 1024, block 64": ["max_tokens=1024", "block_size=64"],
+    "budget 2048": ["max_tokens=2048"],
+    "budget 4096": ["max_tokens=4096"],
+    "exponential buckets": ["max_tokens=1024", "metadata.bucketing=exponential"],
+    "exponential, block 16": ["max_tokens=512", "block_size=16", "metadata.bucketing=exponential"],
+    "whole, budget 1024": ["scheduler=whole", "max_tokens=1024"],
+    "arrivals 1/s (idle)": ["max_tokens=1024", "workload.rate=1"],
+    "arrivals 4/s": ["max_tokens=1024", "workload.rate=4"],
+    "arrivals 16/s (saturated)": ["max_tokens=1024", "workload.rate=16"],
+    "shared prefix, caching on": ["max_tokens=1024", "workload.shared_prefix_tokens=384"],
+    "shared prefix, caching off": [
+        "max_tokens=1024",
+        "workload.shared_prefix_tokens=384",
+        "prefix_caching=false",
+    ],
+}
+METRICS = {
+    "throughput": lambda m: m["output_throughput"],
+    "TTFT p50": lambda m: m["ttft_ms"]["p50"],
+    "TTFT p99": lambda m: m["ttft_ms"]["p99"],
+    "ITL p50": lambda m: m["itl_ms"]["p50"],
+    "ITL p99": lambda m: m["itl_ms"]["p99"],
+    "E2E p50": lambda m: m["e2e_ms"]["p50"],
+}
+
+
+def served_metrics(overrides: list[str]) -> dict:
+    engine, requests = build_engine(compose_config(overrides))
+    steps: list[StepRecord] = []
+    duration = engine.run(requests, on_step=steps.append)
+    return summarise(requests, steps, duration)
+
+
+def spearman(a: list[float], b: list[float]) -> float:
+    rank = lambda x: np.argsort(np.argsort(x))  # noqa: E731
+    return float(np.corrcoef(rank(a), rank(b))[0, 1])
+
+
+def table(real: dict[str, dict], predicted: dict[str, dict]) -> list[str]:
+    lines = [
+        "| metric | median error | worst error | rank correlation (Spearman) |",
+        "| --- | ---: | ---: | ---: |",
+    ]
+    for name, read in METRICS.items():
+        got = [read(real[c]) for c in HELD_OUT]
+        want = [read(predicted[c]) for c in HELD_OUT]
+        errors = [abs(p - r) / r for r, p in zip(got, want, strict=True)]
+        lines.append(
+            f"| {name} | {np.median(errors):.1%} | {max(errors):.1%} | {spearman(got, want):.2f} |"
+        )
+    return lines
+
+
+def per_config(real: dict[str, dict], predicted: dict[str, dict]) -> list[str]:
+    lines = [
+        "| configuration | throughput real / predicted tok/s | TTFT p50 ms | ITL p50 ms |",
+        "| --- | ---: | ---: | ---: |",
+    ]
+    for c in HELD_OUT:
+        r, p = real[c], predicted[c]
+        lines.append(
+            f"| {c} | {r['output_throughput']:.0f} / {p['output_throughput']:.0f} | "
+            f"{r['ttft_ms']['p50']:.0f} / {p['ttft_ms']['p50']:.0f} | "
+            f"{r['itl_ms']['p50']:.1f} / {p['itl_ms']['p50']:.1f} |"
+        )
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--shapes", type=int, default=100, help="calibration grid size")
+    args = parser.parse_args()
+    calibration = compose_config([*BASE, "max_tokens=2048"])
+    profile, coefficients, report = calibrate(calibration, args.shapes)
+    fit = error_summary(report)
+    print(f"calibrated on {len(report)} step shapes: {fit}", flush=True)
+    with tempfile.TemporaryDirectory() as folder:
+        path = write_profile(Path(folder) / "hardware.yaml", profile, coefficients)
+        simulated = ["executor=simulated", "hardware=measured", f"hardware.path={path}"]
+        real, predicted = {}, {}
+        for name, overrides in HELD_OUT.items():
+            real[name] = served_metrics([*BASE, *overrides])
+            predicted[name] = served_metrics([*BASE, *overrides, *simulated])
+            print(f"{name}: real {real[name]['output_throughput']:.0f} tok/s, predicted "
+                  f"{predicted[name]['output_throughput']:.0f}", flush=True)  # fmt: skip
+    text = "\n".join(
+        [
+            "# Simulated device against real runs (this CPU)",
+            "",
+            f"Calibrated on {len(report)} padding-only step shapes (model=small): fitted step "
+            f"times within {fit['median_error']:.1%} median, {fit['worst_error']:.1%} worst. "
+            f"Coefficients: {', '.join(f'{k} {v:.3g}' for k, v in coefficients.items())}.",
+            f"{len(HELD_OUT)} held-out configurations, each served for real and simulated "
+            "(`python -m benchmarks.validate_simulator`).",
+            "",
+            *table(real, predicted),
+            "",
+            *per_config(real, predicted),
+        ]
+    )
+    print(text)
+    if args.out:
+        args.out.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

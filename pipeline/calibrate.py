@@ -1,0 +1,139 @@
+"""`python -m pipeline.calibrate [overrides]`: fit the simulated device to this machine.
+
+Times the real executor (metadata build and forward) on a grid of step shapes, the warmup
+shapes, and fits the cost model's coefficients to them; writes `hardware.yaml` into the
+run folder, for `executor=simulated hardware=measured hardware.path=FILE`. On this machine
+that calibrates the CPU; on an HPU with the plugin (`device=intel_hpu
+attention.ops=intel_hpu`) the same command records the HPU.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import hydra
+import numpy as np
+import paddle
+import structlog
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from pipeline import logs  # noqa: F401  (logs configures structlog)
+from pipeline.build import build_engine
+from pipeline.engine import Engine
+from pipeline.schema import register_schemas
+from stages.simulator.cost_model import CostModel
+from stages.simulator.device import spec_of
+from stages.simulator.hardware import HardwareProfile, write_profile
+from stages.simulator.shape import StepShape
+
+log = structlog.get_logger(__name__)
+# Terms a grid of padding-only steps can tell apart at tp=1: KV writes scale with tokens as
+# the projections do, the lm head runs on one row in warmup steps, there is no all-reduce.
+FITTED_TERMS = ("linear", "prefill_attention", "decode_attention", "overhead")
+
+
+def measured_rates(threads: int) -> dict[str, float]:
+    """This machine's fp32 matmul rate (FLOP/s) and read bandwidth (bytes/s), best of a few
+    tries: the roofline needs the peak to choose each term's regime."""
+    a, b = paddle.rand([1024, 1024]), paddle.rand([1024, 1024])
+    x = paddle.ones([64 * 2**20 // 4])
+
+    def best(fn, repeats: int = 5) -> float:
+        fn()
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+        return min(times)
+
+    matmul_s = best(lambda: float(paddle.matmul(a, b)[0, 0]))
+    read_s = best(lambda: float(x.sum()))
+    return {"flops": 2 * 1024**3 / matmul_s, "bytes": x.shape[0] * 4 / read_s}
+
+
+def cpu_profile(rates: dict[str, float]) -> HardwareProfile:
+    """The measured peaks as a device profile; coefficients are fitted on top of them."""
+    meminfo = Path("/proc/meminfo").read_text().split()
+    capacity = int(meminfo[meminfo.index("MemTotal:") + 1]) / 2**20
+    return HardwareProfile(
+        name="measured-cpu",
+        bf16_tflops=rates["flops"] / 1e12,  # fp32 here: the CPU multiplies in fp32
+        hbm_bandwidth_gbs=rates["bytes"] / 1e9,
+        hbm_capacity_gib=capacity,
+        interconnect_gbs=1.0,
+        gemm_efficiency=1.0,
+        attention_efficiency=1.0,
+        memory_efficiency=1.0,
+        interconnect_efficiency=1.0,
+        step_overhead_s=0.0,
+        compile_s=0.0,  # eager Paddle compiles nothing: no warmup cost, no miss penalty
+        recompile_s=0.0,
+        graph_memory_gib=0.0,
+        pads_to_buckets=True,  # the CPU backend computes the padded buckets too
+    )
+
+
+def grid(engine: Engine, max_shapes: int) -> list[tuple]:
+    """Up to max_shapes (prefill, decode) warmup shapes, spread evenly over each phase."""
+    phases = engine.metadata.warmup_shapes(mixed=engine.scheduler.splits_prompts)
+    per_phase = max(1, max_shapes // max(1, len(phases)))
+    chosen = []
+    for shapes in phases.values():
+        picks = np.unique(np.linspace(0, len(shapes) - 1, min(per_phase, len(shapes))).astype(int))
+        chosen += [shapes[i] for i in picks]
+    return chosen
+
+
+def time_shape(engine: Engine, prefill: tuple | None, decode: tuple | None) -> float:
+    """Best of three: building the step's metadata and running the forward, as a step does."""
+    times = []
+    for _ in range(4):
+        start = time.perf_counter()
+        logits = engine.model.forward(engine.metadata.dummy(prefill, decode), engine.attention)
+        float(logits[0, 0])  # wait for the device
+        times.append(time.perf_counter() - start)
+    return min(times[1:])
+
+
+def calibrate(cfg: DictConfig, max_shapes: int = 120) -> tuple[HardwareProfile, dict, list]:
+    """The fitted profile, its coefficients, and the (shape, measured, predicted) samples."""
+    engine, _ = build_engine(cfg)
+    profile = cpu_profile(measured_rates(cfg.num_threads))
+    spec = spec_of(OmegaConf.to_container(cfg.model, resolve=True))
+    samples = []
+    for prefill, decode in grid(engine, max_shapes):
+        shape = StepShape(cfg.block_size, prefill, decode)
+        samples.append((shape, time_shape(engine, prefill, decode)))
+    cost = CostModel(spec, profile)
+    coefficients = cost.fit(samples, terms=FITTED_TERMS, relative=True)
+    fitted = cost.with_coefficients(coefficients)
+    report = [(s, t, fitted.step_time(s)) for s, t in samples]
+    return profile, coefficients, report
+
+
+def error_summary(report: Sequence[tuple]) -> dict[str, float]:
+    errors = np.array([abs(p - t) / t for _, t, p in report])
+    return {"median_error": float(np.median(errors)), "worst_error": float(errors.max())}
+
+
+@hydra.main(version_base="1.3", config_path="pkg://pipeline.conf", config_name="config")
+def main(cfg: DictConfig) -> None:
+    out_dir = Path(HydraConfig.get().runtime.output_dir)
+    profile, coefficients, report = calibrate(cfg, int(cfg.get("calibrate_shapes", 120)))
+    path = write_profile(out_dir / "hardware.yaml", profile, coefficients)
+    summary = {"samples": len(report), **error_summary(report), "coefficients": coefficients}
+    (out_dir / "calibration.json").write_text(json.dumps(summary, indent=2) + "\n")
+    log.info("calibrated", profile=str(path), samples=len(report), **error_summary(report))
+    print(f"{path}\n  steps timed: {len(report)}; fitted step time within "
+          f"{summary['median_error']:.1%} (median), {summary['worst_error']:.1%} (worst)\n"
+          f"  use: executor=simulated hardware=measured hardware.path={path}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    register_schemas()
+    main()
