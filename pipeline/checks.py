@@ -48,6 +48,14 @@ def check_config(cfg: DictConfig) -> None:
             "model=spec is a model without weights, for the simulated device: add "
             "executor=simulated (and a hardware=...), or serve model=tiny, small or hf"
         )
+    _check_limits(cfg)
+    _check_chunks(cfg, bs)
+    _check_device(cfg)
+    if not simulated:  # a simulated device allocates no tensors
+        check_memory(cfg, cfg.num_blocks)  # a derived pool is checked again once it is known
+
+
+def _check_limits(cfg: DictConfig) -> None:
     if cfg.max_tokens < 1 or cfg.max_num_seqs < 1:
         raise ConfigError("max_tokens and max_num_seqs must be >= 1")
     if cfg.max_tokens < cfg.max_num_seqs:
@@ -63,6 +71,9 @@ def check_config(cfg: DictConfig) -> None:
         raise ConfigError(f"num_threads={cfg.num_threads}: must be >= 1")
     if cfg.device not in ("cpu", "intel_hpu"):
         raise ConfigError(f"device={cfg.device}: choose device=cpu or device=intel_hpu")
+
+
+def _check_chunks(cfg: DictConfig, bs: int) -> None:
     aligned = cfg.scheduler.get("align_chunks", False)
     if aligned and cfg.max_tokens < bs:
         raise ConfigError(
@@ -75,6 +86,9 @@ def check_config(cfg: DictConfig) -> None:
             f"scheduler.long_prefill_threshold={threshold}: use 0 (off) or a value >= "
             f"block_size={bs} when chunks are block-aligned"
         )
+
+
+def _check_device(cfg: DictConfig) -> None:
     ops = cfg.attention.get("ops")
     if ops == "intel_hpu":
         if cfg.device != "intel_hpu":
@@ -97,8 +111,6 @@ def check_config(cfg: DictConfig) -> None:
         raise ConfigError(
             f"attention.ops=intel_hpu: paddlenlp_ops is missing; install {_HPU_OPS_PACKAGES}"
         )
-    if not simulated:  # a simulated device allocates no tensors
-        check_memory(cfg, cfg.num_blocks)  # a derived pool is checked again once it is known
 
 
 # ------------------------------------------------------------------------ bounds and memory

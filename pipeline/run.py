@@ -64,38 +64,8 @@ def serve(
         prefix_caching=engine.scheduler.kv_cache.prefix is not None,
     )
     steps: list[StepRecord] = list(previous.steps) if previous else []
-    first_step = len(steps)
-    step_writer = artefacts.StepWriter(out_dir, append=previous is not None)
-    generations = artefacts.GenerationWriter(
-        out_dir, engine.tokenizer, previous.kept.values() if previous else ()
-    )
-    progress = Progress(len(pending))
-
-    def on_step(record: StepRecord) -> None:
-        record.step += first_step  # a resumed folder's steps go on from the earlier ones
-        steps.append(record)
-        step_writer(record)
-        progress.on_step(record)
-
-    def on_finish(request: Request) -> None:
-        generations(request)
-        progress.on_finish()
-
     warmup_s = engine.warmup() if cfg.warmup else 0.0
-    stopped: RunInterrupted | None = None
-    try:
-        duration = engine.run(pending, on_step=on_step, on_finish=on_finish)
-    except (RunInterrupted, KeyboardInterrupt) as err:
-        stopped = as_interrupted(err)
-        duration = engine.clock()  # the run's clock: the wall's, or a simulated device's
-        for r in pending:
-            if not r.finished:
-                r.fail(INTERRUPTED, duration)
-                generations(r)
-    finally:
-        progress.close()
-        step_writer.close()
-    generations.finish()
+    duration, stopped = serve_pending(engine, pending, out_dir, previous, steps)
     status = "interrupted" if stopped else "ok"
     metrics = {
         "status": status,
@@ -120,6 +90,49 @@ def serve(
         stopped.recorded = True
         raise stopped
     return metrics
+
+
+def serve_pending(
+    engine: Engine,
+    pending: list[Request],
+    out_dir: Path,
+    previous: Previous | None,
+    steps: list[StepRecord],
+) -> tuple[float, RunInterrupted | None]:
+    """Runs the engine, appending each step and each finished request to the folder as it
+    happens; returns the run's time and the signal that stopped it, if one did."""
+    first_step = len(steps)
+    step_writer = artefacts.StepWriter(out_dir, append=previous is not None)
+    generations = artefacts.GenerationWriter(
+        out_dir, engine.tokenizer, previous.kept.values() if previous else ()
+    )
+    progress = Progress(len(pending))
+
+    def on_step(record: StepRecord) -> None:
+        record.step += first_step  # a resumed folder's steps go on from the earlier ones
+        steps.append(record)
+        step_writer(record)
+        progress.on_step(record)
+
+    def on_finish(request: Request) -> None:
+        generations(request)
+        progress.on_finish()
+
+    stopped: RunInterrupted | None = None
+    try:
+        duration = engine.run(pending, on_step=on_step, on_finish=on_finish)
+    except (RunInterrupted, KeyboardInterrupt) as err:
+        stopped = as_interrupted(err)
+        duration = engine.clock()  # the run's clock: the wall's, or a simulated device's
+        for r in pending:
+            if not r.finished:
+                r.fail(INTERRUPTED, duration)
+                generations(r)
+    finally:
+        progress.close()
+        step_writer.close()
+    generations.finish()
+    return duration, stopped
 
 
 def device_metrics(engine: Engine) -> dict[str, Any]:
