@@ -741,14 +741,25 @@ def export_hf_llama(
     eos_token_id: int | list[int] | None = None,
 ) -> Path:
     """Writes `model` as a LlamaForCausalLM folder (config.json, model.safetensors).
-
-    HF Linear weights are [out, in]; the model keeps [in, out] for its matmuls, so every
-    projection is transposed on the way out. Returns the folder."""
+    Returns the folder."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    d = model.dims
     if model.rope_interleaved or model.has_biases or model.has_moe:
         raise ValueError("export_hf_llama writes dense Llama models (rotate-half RoPE, no biases)")
+    save_file(_llama_tensors(model), str(folder / "model.safetensors"), metadata={"format": "pt"})
+    config = _llama_config(model)
+    if bos_token_id is not None:
+        config["bos_token_id"] = bos_token_id
+    if eos_token_id is not None:
+        config["eos_token_id"] = eos_token_id
+    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return folder
+
+
+def _llama_tensors(model: TransformerLM) -> dict[str, np.ndarray]:
+    """The weights under Hugging Face's Llama names. HF Linear weights are [out, in]; the
+    model keeps [in, out] for its matmuls, so every projection is transposed."""
+    d = model.dims
     q_width, kv_width = d.num_heads * d.head_dim, d.num_kv_heads * d.head_dim
 
     def host(tensor) -> np.ndarray:
@@ -772,12 +783,14 @@ def export_hf_llama(
             }
         )
     tensors["model.norm.weight"] = host(model.final_norm)
-    tied = model.lm_head is None
-    if not tied:
+    if model.lm_head is not None:
         tensors["lm_head.weight"] = host(model.lm_head).T.copy()
-    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    return tensors
 
-    config = {
+
+def _llama_config(model: TransformerLM) -> dict[str, Any]:
+    d = model.dims
+    return {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
         "vocab_size": d.vocab_size,
@@ -794,12 +807,6 @@ def export_hf_llama(
         "rope_scaling": model.rope_scaling,
         "attention_bias": False,
         "mlp_bias": False,
-        "tie_word_embeddings": tied,
+        "tie_word_embeddings": model.lm_head is None,
         "torch_dtype": model.dtype,
     }
-    if bos_token_id is not None:
-        config["bos_token_id"] = bos_token_id
-    if eos_token_id is not None:
-        config["eos_token_id"] = eos_token_id
-    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    return folder
