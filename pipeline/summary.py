@@ -36,6 +36,8 @@ HEADLINE: list[tuple[str, tuple[str, ...]]] = [
     ("token_utilization", ("token_utilization",)),
     ("num_preemptions", ("num_preemptions",)),
     ("bucket_misses", ("bucket_misses",)),
+    ("prefix_cache_hit_rate", ("prefix_cache_hit_rate",)),
+    ("predicted_warmup_s", ("predicted_warmup_s",)),  # simulated runs only
 ]
 COLUMNS = ["job", "overrides", "status", *(name for name, _ in HEADLINE), "error"]
 
@@ -46,6 +48,8 @@ PANELS = [
     ("itl_p99_ms", "ITL p99 (ms)"),
     ("output_throughput", "Output throughput (tok/s)"),
     ("token_utilization", "Token utilization (real / padded)"),
+    ("prefix_cache_hit_rate", "Prefix cache hit rate"),
+    ("predicted_warmup_s", "Warmup, predicted (s)"),
 ]
 
 
@@ -193,7 +197,6 @@ def write_plot(jobs: Sequence[Job], keys: Sequence[str], path: Path) -> None:
 
     matplotlib.use("Agg")  # no display on a cluster node or in CI
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import NullLocator
 
     x_key = keys[0] if keys else "job"
     labels = [j.override_values.get(x_key, "") if keys else str(j.num) for j in jobs]
@@ -210,8 +213,8 @@ def write_plot(jobs: Sequence[Job], keys: Sequence[str], path: Path) -> None:
         name = " ".join(f"{k}={job.override_values.get(k, '')}" for k in keys[1:])
         series.setdefault(name, []).append((position[label], job))
 
-    # Two rows of three: five metric panels, and the sixth says what the plot leaves out.
-    fig, axes = plt.subplots(2, 3, figsize=(13, 7.5))
+    # Two rows of four: the metric panels, and the last says what the plot leaves out.
+    fig, axes = plt.subplots(2, 4, figsize=(17, 7.5))
     flat = list(axes.flat)
     for ax, (column, title) in zip(flat, PANELS, strict=False):
         for name, points in series.items():
@@ -221,33 +224,45 @@ def write_plot(jobs: Sequence[Job], keys: Sequence[str], path: Path) -> None:
         ax.set_title(title, fontsize=10)
         ax.set_xlabel(x_key)
         ax.grid(True, alpha=0.3)
-        if numbers is not None:
-            lo, hi = min(numbers), max(numbers)
-            if lo > 0 and hi / lo >= 8:
-                ax.set_xscale("log", base=2)  # 256..4096 sweeps read evenly spaced
-                ax.xaxis.set_minor_locator(NullLocator())
-                ax.set_xlim(lo / 1.25, hi * 1.25)
-            else:
-                pad = (hi - lo) * 0.06 or 0.5
-                ax.set_xlim(lo - pad, hi + pad)
-            ax.set_xticks(sorted(numbers), [_fmt_tick(n) for n in sorted(numbers)])
-        else:
-            ax.set_xticks(list(position.values()), distinct, rotation=30, ha="right")
-            ax.set_xlim(-0.5, len(distinct) - 0.5)
+        _x_axis(ax, numbers, position, distinct)
     if len(series) > 1:
         flat[0].legend(fontsize=8)
-    notes = flat[-1]
-    notes.axis("off")
-    failed = [j for j in jobs if j.status != "ok"]
-    text = [f"{len(jobs)} jobs, {len(jobs) - len(failed)} ok", f"x: {x_key}"]
-    if failed:
-        text += ["", "no point for:"]
-        text += [f"job {j.num} ({j.status}) {' '.join(_own(j, keys))}" for j in failed]
-    notes.text(0.0, 1.0, "\n".join(text), va="top", fontsize=10, family="monospace", wrap=True)
+    _notes(flat[-1], jobs, keys, x_key)
     fig.suptitle(f"Sweep {path.parent}", fontsize=11)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def _x_axis(ax: Any, numbers: list[float] | None, position: dict, distinct: list[str]) -> None:
+    """Numbers on a linear or (for wide ranges) base-2 log axis; other values as categories."""
+    from matplotlib.ticker import NullLocator
+
+    if numbers is None:
+        ax.set_xticks(list(position.values()), distinct, rotation=30, ha="right")
+        ax.set_xlim(-0.5, len(distinct) - 0.5)
+        return
+    lo, hi = min(numbers), max(numbers)
+    if lo > 0 and hi / lo >= 8:
+        ax.set_xscale("log", base=2)  # 256..4096 sweeps read evenly spaced
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.set_xlim(lo / 1.25, hi * 1.25)
+    else:
+        pad = (hi - lo) * 0.06 or 0.5
+        ax.set_xlim(lo - pad, hi + pad)
+    ax.set_xticks(sorted(numbers), [_fmt_tick(n) for n in sorted(numbers)])
+
+
+def _notes(ax: Any, jobs: Sequence[Job], keys: Sequence[str], x_key: str) -> None:
+    ax.axis("off")
+    failed = [j for j in jobs if j.status != "ok"]
+    text = [f"{len(jobs)} jobs, {len(jobs) - len(failed)} ok", f"x: {x_key}"]
+    if any(j.metrics.get("simulated") for j in jobs):
+        text.append("simulated: predicted figures")
+    if failed:
+        text += ["", "no point for:"]
+        text += [f"job {j.num} ({j.status}) {' '.join(_own(j, keys))}" for j in failed]
+    ax.text(0.0, 1.0, "\n".join(text), va="top", fontsize=10, family="monospace", wrap=True)
 
 
 def _own(job: Job, keys: Sequence[str]) -> list[str]:
