@@ -192,14 +192,6 @@ class KVCacheManager:
             self._registered[request.seq_id] = full
 
     # -- allocation --------------------------------------------------------------------------
-    def num_new_blocks(self, request: Request, num_new_tokens: int) -> int:
-        """Blocks the request still needs to hold its computed tokens plus num_new_tokens."""
-        total = self.blocks_for(request.num_computed + num_new_tokens)
-        return max(0, total - len(self.block_table(request)))
-
-    def can_fit(self, request: Request, num_new_tokens: int) -> bool:
-        return self.num_new_blocks(request, num_new_tokens) <= self.num_free_blocks
-
     def allocate_slots(
         self, request: Request, num_new_tokens: int, cached: Sequence[int] = ()
     ) -> bool:
