@@ -59,3 +59,12 @@ def test_warmup_shapes_respect_the_budget():
     assert set(phases) == {"prefill", "decode", "mixed"}
     assert all(p[0] * p[1] <= 64 for p, _ in phases["prefill"])
     assert all(p[0] == 1 for p, _ in phases["mixed"])
+
+
+def test_a_negative_bucket_step_is_one_line_at_start():
+    from pipeline.build import build_engine
+    from pipeline.checks import ConfigError
+    from tests.conftest import make_config
+
+    with pytest.raises(ConfigError, match=r"^metadata.prefill_batch: need 1 <= min <= max"):
+        build_engine(make_config(["metadata.prefill_batch.step=-1"]))
