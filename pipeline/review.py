@@ -316,8 +316,22 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]], indent: str = "
 
 def render(doc: dict[str, Any]) -> str:
     """The review as plain text: config, metrics, outputs."""
-    cfg = doc["config"]
-    out = [f"A: {doc['a']}", f"B: {doc['b']}", "", "== Config (resolved_config.yaml) =="]
+    out = [f"A: {doc['a']}", f"B: {doc['b']}", ""]
+    out += _render_config(doc["config"])
+    out += ["", "== Metrics (metrics.json) =="]
+    rows = [
+        [k, _cell(r["a"]), _cell(r["b"]), _cell(r["delta"]), _ratio(r["ratio"])]
+        for k, r in doc["metrics"].items()
+    ]
+    out += _table(["metric", "A", "B", "B - A", "B / A"], rows) if rows else ["  no metrics"]
+    out += ["", "== Outputs (generations.jsonl) ==", verdict_line(doc["outputs"])]
+    for d in doc["outputs"].get("differences", []):
+        out += _render_difference(d)
+    return "\n".join(out)
+
+
+def _render_config(cfg: dict[str, Any]) -> list[str]:
+    out = ["== Config (resolved_config.yaml) =="]
     if not (cfg["changed"] or cfg["added"] or cfg["removed"]):
         out.append("  no differences")
     if cfg["changed"]:
@@ -329,7 +343,6 @@ def render(doc: dict[str, Any]) -> str:
     if cfg["removed"]:
         out.append("removed (only in A):")
         out += [f"  {k}: {v!r}" for k, v in cfg["removed"].items()]
-
     ca, cb = cfg["choices"]["a"], cfg["choices"]["b"]
     groups = [*ca, *(g for g in cb if g not in ca)]
     if groups:
@@ -344,29 +357,25 @@ def render(doc: dict[str, Any]) -> str:
         given = cfg["overrides"][side]
         shown = "(unknown: no .hydra/overrides.yaml)" if given is None else " ".join(given)
         out.append(f"  {side.upper()}: {shown or '(none)'}")
+    return out
 
-    out += ["", "== Metrics (metrics.json) =="]
-    rows = [
-        [k, _cell(r["a"]), _cell(r["b"]), _cell(r["delta"]), _ratio(r["ratio"])]
-        for k, r in doc["metrics"].items()
+
+def _render_difference(d: dict[str, Any]) -> list[str]:
+    """Where one request's outputs part, with both continuations."""
+    if d["position"] is None:
+        return [f"  {d['id']}: {d['note']}"]
+    lengths = f"{d['lengths']['a']}/{d['lengths']['b']} tokens"
+    before = d["context"] if d["position"] else "(start of the output)"
+    out = [
+        f"  {d['id']}: first differs at token {d['position']} ({lengths})",
+        f"    before: {before}",
+        f"    A: {d['a']}",
+        f"    B: {d['b']}",
     ]
-    out += _table(["metric", "A", "B", "B - A", "B / A"], rows) if rows else ["  no metrics"]
-
-    out += ["", "== Outputs (generations.jsonl) ==", verdict_line(doc["outputs"])]
-    for d in doc["outputs"].get("differences", []):
-        if d["position"] is None:
-            out.append(f"  {d['id']}: {d['note']}")
-            continue
-        lengths = f"{d['lengths']['a']}/{d['lengths']['b']} tokens"
-        out.append(f"  {d['id']}: first differs at token {d['position']} ({lengths})")
-        before = d["context"] if d["position"] else "(start of the output)"
-        out.append(f"    before: {before}")
-        out.append(f"    A: {d['a']}")
-        out.append(f"    B: {d['b']}")
-        for side in ("a", "b"):
-            if d["errors"][side]:
-                out.append(f"    {side.upper()} error: {d['errors'][side]}")
-    return "\n".join(out)
+    for side in ("a", "b"):
+        if d["errors"][side]:
+            out.append(f"    {side.upper()} error: {d['errors'][side]}")
+    return out
 
 
 def _ratio(value: float | None) -> str:
