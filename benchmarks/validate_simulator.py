@@ -13,6 +13,7 @@ worst absolute error, and the Spearman rank correlation of the configurations.
 from __future__ import annotations
 
 import argparse
+import os
 import tempfile
 from pathlib import Path
 
@@ -132,7 +133,9 @@ def main() -> None:
             f"times within {fit['median_error']:.1%} median, {fit['worst_error']:.1%} worst. "
             f"Coefficients: {', '.join(f'{k} {v:.3g}' for k, v in coefficients.items())}.",
             f"{len(HELD_OUT)} held-out configurations, each served for real and simulated "
-            "(`python -m benchmarks.validate_simulator`).",
+            "(`python -m benchmarks.validate_simulator`). Load average at the end: "
+            f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (other work on the machine "
+            "shows in the real runs, not in the predictions).",
             "",
             *table(real, predicted),
             "",
