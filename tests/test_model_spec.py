@@ -13,6 +13,7 @@ from pipeline.build import build
 from pipeline.checks import ConfigError, check_config
 from pipeline.schema import register_schemas
 from stages.simulator.spec import ModelSpec, MoeLayout, model_spec
+from tests.test_cost_model import TINY
 
 register_schemas()
 
@@ -49,18 +50,6 @@ def test_published_splits_of_qwen_and_ernie_moe():
     assert ernie.active_parameters(embeddings=False) == pytest.approx(3e9, rel=0.05)
     assert ernie.num_parameters() == pytest.approx(21e9, rel=0.05)
     assert ernie.num_moe_layers == 27 and ernie.num_dense_layers == 1
-
-
-TINY = dict(
-    name="tiny",
-    vocab_size=1000,
-    hidden_size=64,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=16,
-    intermediate_size=128,
-)
 
 
 def test_tiny_parameter_count_by_hand():
