@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import structlog
 
+from pipeline.checks import ConfigError
 from pipeline.metrics import StepRecord
 from stages.interfaces import Attention, MetadataBuilder, Model, Sampler, Scheduler, Tokenizer
 from stages.metadata import ForwardMeta
@@ -67,6 +68,7 @@ class Engine:
     def warmup(self) -> float:
         """Runs every prepared bucket shape once, as the HPU compiles them before serving."""
         start = time.perf_counter()
+        self.check_warmup_budget()
         phases = self.metadata.warmup_shapes(mixed=self.scheduler.splits_prompts)
         for phase, shapes in phases.items():
             t = time.perf_counter()
@@ -79,6 +81,22 @@ class Engine:
                 seconds=round(time.perf_counter() - t, 3),
             )
         return time.perf_counter() - start
+
+    def check_warmup_budget(self) -> None:
+        """Logs how many shapes each warmup phase compiles; a set beyond
+        metadata.max_warmup_shapes stops the run before compiling any."""
+        counts = self.metadata.warmup_counts(mixed=self.scheduler.splits_prompts)
+        total = sum(counts.values())
+        log.info("warmup_plan", total=total, **counts)
+        limit = self.metadata.max_warmup_shapes
+        if limit and total > limit:
+            phases = ", ".join(f"{phase} {n:,}" for phase, n in counts.items())
+            raise ConfigError(
+                f"warmup would compile {total:,} shapes ({phases}), more than "
+                f"metadata.max_warmup_shapes={limit}: set metadata.bucketing=exponential, "
+                "coarser metadata.<axis>.step, or a planned set with metadata.<axis>.sizes "
+                "(python -m pipeline.buckets plan RUN), or raise metadata.max_warmup_shapes"
+            )
 
     def reject_invalid(self, requests: Sequence[Request]) -> None:
         """A request that can never be served ends now with its reason; the others go on."""
