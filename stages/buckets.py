@@ -77,22 +77,42 @@ class Buckets:
         return shape
 
 
+def prefill_count(
+    batch: Sequence[int], seq: Sequence[int], blocks: Sequence[int], block_size: int, budget: int
+) -> int:
+    """Prefill warmup shapes: batch * seq within the budget, and block tables wide enough
+    for the chunk (blocks * block_size >= seq)."""
+    batch_sorted = np.sort(np.asarray(batch, dtype=np.int64))
+    seq_arr = np.asarray(seq, dtype=np.int64)
+    blocks_sorted = np.sort(np.asarray(blocks, dtype=np.int64))
+    in_budget = np.searchsorted(batch_sorted, budget // seq_arr, side="right")
+    wide = blocks_sorted.size - np.searchsorted(blocks_sorted, -(-seq_arr // block_size))
+    return int((in_budget * wide).sum())
+
+
+def mixed_count(seq: Sequence[int], decode_batch: Sequence[int], budget: int) -> int:
+    """Mixed warmup shapes: one prefill row of each seq beside each decode batch, within
+    the budget."""
+    batch_sorted = np.sort(np.asarray(decode_batch, dtype=np.int64))
+    rest = budget - np.asarray(seq, dtype=np.int64)
+    return int(np.searchsorted(batch_sorted, rest, side="right").sum())
+
+
 def warmup_counts(
     sizes: Mapping[str, Sequence[int]], block_size: int, max_tokens: int, mixed: bool
 ) -> dict[str, int]:
     """How many shapes each warmup phase compiles, counted arithmetically (the product of
     the axes can run to millions): the same filters as the builder's warmup_shapes."""
-    batch = np.sort(np.asarray(sizes["prefill_batch"], dtype=np.int64))
-    seq = np.asarray(sizes["prefill_seq"], dtype=np.int64)
-    blocks = np.sort(np.asarray(sizes["prefill_blocks"], dtype=np.int64))
-    decode_batch = np.sort(np.asarray(sizes["decode_batch"], dtype=np.int64))
-    # prefill: batch * seq within the budget, and block tables wide enough for the chunk.
-    batches_in_budget = np.searchsorted(batch, max_tokens // seq, side="right")
-    wide_enough = blocks.size - np.searchsorted(blocks, -(-seq // block_size), side="left")
     counts = {
-        "prefill": int((batches_in_budget * wide_enough).sum()),
-        "decode": decode_batch.size * len(sizes["decode_blocks"]),
+        "prefill": prefill_count(
+            sizes["prefill_batch"],
+            sizes["prefill_seq"],
+            sizes["prefill_blocks"],
+            block_size,
+            max_tokens,
+        ),
+        "decode": len(sizes["decode_batch"]) * len(sizes["decode_blocks"]),
     }
-    if mixed:  # one prefill row of each seq beside each decode batch, within the budget
-        counts["mixed"] = int(np.searchsorted(decode_batch, max_tokens - seq, side="right").sum())
+    if mixed:
+        counts["mixed"] = mixed_count(sizes["prefill_seq"], sizes["decode_batch"], max_tokens)
     return counts
