@@ -8,15 +8,20 @@ per padded block (a padded block is block_size KV slots read for nothing).
 Per axis the problem is 1-D: a step needing n pays w * (smallest size >= n), so the best
 k sizes are a k-breakpoint partition of the observed values' histogram, found exactly by
 dynamic programming; the observed maximum is always a size, so every observed step fits.
-Prefill batch and seq multiply, so they are chosen together: each is exact given the
-other, alternated until neither improves (a local optimum of the pair). The shape count
-couples the axes (warmup compiles the filtered product), so every split of the budget
-into sizes per axis is searched, keeping the cheapest whose count fits and whose padded
-shapes are all among the ones warmup compiles.
+Prefill batch and seq multiply, so they are chosen together: every batch set is tried
+with its exact seq sizes while the sets are few (EXHAUSTIVE_LIMIT), else each axis is
+exact given the other, alternated until neither improves (a local optimum). The shape
+count couples the axes (warmup compiles the filtered product), so every split of the
+budget into sizes per axis is searched, keeping the cheapest whose count fits and whose
+padded steps all land on shapes warmup compiles. Each axis takes its cheapest sizes for
+its count; when the warmup filters would prefer other sizes of that count, the result
+can fall short of the global optimum (the tests compare it with brute force).
 """
 
 from __future__ import annotations
 
+import itertools
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -112,11 +117,37 @@ def pad_to(values: np.ndarray, sizes: Sequence[int]) -> np.ndarray:
 
 
 # -- prefill batch x seq, chosen together -----------------------------------------------------
+EXHAUSTIVE_LIMIT = 256  # batch size sets tried one by one at most; beyond, alternation
+
+
 def plan_prefill_pair(
+    batch: np.ndarray, seq: np.ndarray, k_batch: int, k_seq: int
+) -> tuple[float, list[int], list[int]]:
+    """(padded tokens, batch sizes, seq sizes) with k_batch and k_seq sizes. Exact when
+    the batch sets are few enough to try each (the seq sizes are then exact for each);
+    otherwise each axis exact given the other, alternated from both starts."""
+    distinct = np.unique(batch)
+    top, rest = int(distinct[-1]), [int(v) for v in distinct[:-1]]
+    k_batch = min(k_batch, distinct.size)
+    if math.comb(len(rest), k_batch - 1) <= EXHAUSTIVE_LIMIT:
+        candidates = ([*c, top] for c in itertools.combinations(rest, k_batch - 1))
+        return min(
+            (_seq_given_batch(batch, seq, list(sizes), k_seq) for sizes in candidates),
+            key=lambda plan: plan[0],
+        )
+    return _alternate(batch, seq, k_batch, k_seq)
+
+
+def _seq_given_batch(
+    batch: np.ndarray, seq: np.ndarray, batch_sizes: list[int], k_seq: int
+) -> tuple[float, list[int], list[int]]:
+    cost, seq_sizes = breakpoint_table(seq, pad_to(batch, batch_sizes), k_seq)[-1]
+    return cost, batch_sizes, seq_sizes
+
+
+def _alternate(
     batch: np.ndarray, seq: np.ndarray, k_batch: int, k_seq: int, rounds: int = 20
 ) -> tuple[float, list[int], list[int]]:
-    """(padded tokens, batch sizes, seq sizes): each axis exact given the other,
-    alternated from both starts, the better kept."""
     best = None
     for seq_first in (True, False):
         batch_sizes, seq_sizes = [int(batch.max())], [int(seq.max())]
@@ -167,11 +198,12 @@ def plan_buckets(
     limits = _Limits(block_size, max_tokens, mixed, block_weight * block_size)
     values = workload.axis_values()
     tables = {
-        name: _axis_table(values[name], max_shapes, unobserved[name])
+        name: _axis_table(values[name], max_shapes, unobserved.get(name))
         for name in ("prefill_blocks", "decode_batch", "decode_blocks")
     }
-    for name in BLOCK_AXES:  # padded blocks cost block_cost each; padded rows cost one token
-        tables[name] = [(c * limits.block_cost, s) for c, s in tables[name]]
+    for name in BLOCK_AXES:  # each block padding adds costs block_cost; a padded row, one token
+        own = float(values[name].sum())
+        tables[name] = [((c - own) * limits.block_cost, s) for c, s in tables[name]]
     best: Plan | None = None
     for pair in _prefill_pairs(workload, max_shapes, unobserved, limits):
         plan = _best_with_pair(workload, pair, tables, max_shapes, limits)
@@ -186,7 +218,7 @@ def plan_buckets(
 
 
 def _axis_table(
-    values: np.ndarray, k_max: int, fallback: list[int]
+    values: np.ndarray, k_max: int, fallback: list[int] | None
 ) -> list[tuple[float, list[int]]]:
     if not values.size:
         return [(0.0, list(fallback))]
