@@ -265,8 +265,8 @@ def main(argv: list[str] | None = None) -> int:
     plan.add_argument(
         "--block-weight",
         type=float,
-        default=0.005,
-        help="a padded block costs this x block_size tokens (default 0.005)",
+        default=0.001,
+        help="a padded block costs this x block_size tokens (default 0.001)",
     )
     shown = commands.add_parser("show", help="a run's bucket use and padding")
     shown.add_argument("run", type=Path)
