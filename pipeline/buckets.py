@@ -241,11 +241,8 @@ def show(run: Path) -> str:
     real = sum(s["num_tokens"] for s in steps)
     padded = sum(s["padded_tokens"] for s in steps)
     metrics_path = run / "metrics.json"
-    misses = (
-        json.loads(metrics_path.read_text()).get("bucket_misses", "?")
-        if (metrics_path.is_file())
-        else "?"
-    )
+    metrics = json.loads(metrics_path.read_text()) if metrics_path.is_file() else {}
+    misses = metrics.get("bucket_misses", "unknown")
     out.append(
         f"{len(steps)} steps, {len(by_bucket)} buckets used: {real} real tokens, {padded} "
         f"padded ({padded - real} padding), token utilization "
