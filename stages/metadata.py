@@ -214,9 +214,9 @@ class HPUMetadataBuilder:
 
     # -- the prefill part --------------------------------------------------------------------
     def _prefill_shape(
-        self, chunks: list[PrefillChunk], needed: dict[str, list[int]]
+        self, chunks: list[PrefillChunk], needed: dict[str, list[int]] | None = None
     ) -> tuple[int, int, int] | None:
-        """The prefill bucket; records the dims it pads in `needed`."""
+        """The prefill bucket; records the dims it pads in `needed` when given."""
         if not chunks:
             return None
         bs = self.block_size
@@ -225,7 +225,8 @@ class HPUMetadataBuilder:
             "seq": blocks_for(max(c.length for c in chunks), bs) * bs,
             "blocks": max(blocks_for(c.end, bs) for c in chunks),
         }
-        needed["prefill"] = list(dims.values())
+        if needed is not None:
+            needed["prefill"] = list(dims.values())
         return self.buckets.shape("prefill", **dims)
 
     def _prefill(
