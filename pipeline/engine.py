@@ -10,6 +10,7 @@ from typing import Protocol
 
 import structlog
 
+from pipeline.checks import ConfigError
 from pipeline.metrics import StepRecord
 from stages.interfaces import Attention, MetadataBuilder, Model, Sampler, Scheduler, Tokenizer
 from stages.metadata import ForwardMeta
@@ -83,9 +84,11 @@ class Engine:
     def warmup(self) -> float:
         """Runs every prepared bucket shape once, as the HPU compiles them before serving."""
         start = time.perf_counter()
-        phases = self.metadata.warmup_shapes(mixed=self.scheduler.splits_prompts)
         predict = getattr(self.model, "compile_shapes", None)
-        if predict is not None:  # a simulated device predicts the compile time instead
+        # A simulated device predicts the compile time of any set, however large.
+        self.check_warmup_budget(enforce=predict is None)
+        phases = self.metadata.warmup_shapes(mixed=self.scheduler.splits_prompts)
+        if predict is not None:
             return predict(phases)
         for phase, shapes in phases.items():
             t = time.perf_counter()
@@ -98,6 +101,22 @@ class Engine:
                 seconds=round(time.perf_counter() - t, 3),
             )
         return time.perf_counter() - start
+
+    def check_warmup_budget(self, enforce: bool = True) -> None:
+        """Logs how many shapes each warmup phase compiles; a set beyond
+        metadata.max_warmup_shapes stops the run before compiling any (when enforced)."""
+        counts = self.metadata.warmup_counts(mixed=self.scheduler.splits_prompts)
+        total = sum(counts.values())
+        log.info("warmup_plan", total=total, **counts)
+        limit = self.metadata.max_warmup_shapes
+        if enforce and limit and total > limit:
+            phases = ", ".join(f"{phase} {n:,}" for phase, n in counts.items())
+            raise ConfigError(
+                f"warmup would compile {total:,} shapes ({phases}), more than "
+                f"metadata.max_warmup_shapes={limit}: set metadata.bucketing=exponential, "
+                "coarser metadata.<axis>.step, or a planned set with metadata.<axis>.sizes "
+                "(python -m pipeline.buckets plan RUN), or raise metadata.max_warmup_shapes"
+            )
 
     def reject_invalid(self, requests: Sequence[Request]) -> None:
         """A request that can never be served ends now with its reason; the others go on."""

@@ -11,7 +11,7 @@ request with one output token has no TPOT and no gap.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -33,6 +33,8 @@ class StepRecord:
     padded_tokens: int
     bucket: str
     duration_s: float
+    # each part's dims before padding: prefill [batch, seq, blocks], decode [batch, blocks]
+    needed: dict[str, list[int]] = field(default_factory=dict)
 
     @classmethod
     def of(cls, step: int, plan: StepPlan, meta: ForwardMeta, duration_s: float) -> StepRecord:
@@ -49,6 +51,7 @@ class StepRecord:
             padded_tokens=meta.padded_tokens,
             bucket=meta.bucket,
             duration_s=duration_s,
+            needed=meta.needed,
         )
 
 

@@ -56,13 +56,17 @@ class WholeSchedulerConf(SchedulerConf):
 
 @dataclass
 class BucketAxisConf:
-    """The prepared sizes of one bucket dimension. 0 derives a value from the limits (min: 1
-    or block_size; step: 1 or block_size; max: max_num_seqs, max_tokens or max_model_len /
-    block_size; for decode_blocks, all rows' blocks up to the pool)."""
+    """The prepared sizes of one bucket dimension: `sizes`, or min/step/max. 0 derives a
+    value from the limits (min: 1 or block_size; step: 1 or block_size; max: max_num_seqs,
+    max_tokens or max_model_len / block_size; for decode_blocks, all rows' blocks up to the
+    pool)."""
 
     min: int = 0
     step: int = 0
     max: int = 0
+    # The prepared sizes themselves, increasing (a planned set); non-empty wins over
+    # min/step/max, whose step still rounds a miss's fallback shape.
+    sizes: list[int] = field(default_factory=list)
 
 
 def _axis(min: int = 0, step: int = 0) -> Any:
@@ -85,6 +89,8 @@ class HPUMetadataConf:
     # while its bucket is at most this many times the rows' own blocks; otherwise blocks are
     # listed row by row. A span needs no gather on the CPU; 0 always lists row by row.
     decode_span: float = 2.0
+    # warmup=true stops at start when the set holds more shapes than this; 0 = no limit.
+    max_warmup_shapes: int = 512
 
 
 @dataclass

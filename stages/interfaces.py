@@ -63,6 +63,11 @@ class MetadataBuilder(Protocol):
     def warmup_shapes(self, mixed: bool) -> dict[str, list[tuple]]:
         """Every prepared shape, by phase (prefill, decode, mixed)."""
 
+    max_warmup_shapes: int  # warmup refuses a larger set; 0 = no limit
+
+    def warmup_counts(self, mixed: bool) -> dict[str, int]:
+        """How many shapes warmup_shapes holds per phase, counted without listing them."""
+
 
 class Attention(Protocol):
     """Owns the KV cache tensors and the per-step state every layer shares."""

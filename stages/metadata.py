@@ -12,12 +12,14 @@ assumed left alignment, so prefills of different context lengths attended to wro
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import paddle
 
-from stages.buckets import Axis, Bucketing, Buckets
+from stages.buckets import Axis, Bucketing, Buckets, warmup_counts
 from stages.kv_cache import KVCacheManager, blocks_for
 from stages.request import PrefillChunk, Request, StepPlan
 from stages.simulator.shape import StepShape
@@ -78,6 +80,9 @@ class ForwardMeta:
     padded_tokens: int
     bucket: str
     shape: StepShape  # the buckets and real lengths: what a cost model reads
+    # Each part's dims before padding to its bucket (what a bucket plan is chosen from):
+    # prefill [batch, seq, blocks per row], decode [batch, blocks listed or spanned].
+    needed: dict[str, list[int]] = field(default_factory=dict)
 
     @property
     def prefill_tokens(self) -> int:
@@ -105,6 +110,50 @@ def derived_axes(
     }
 
 
+def resolve_axes(
+    given: Mapping[str, Mapping[str, Any]],
+    block_size: int,
+    max_tokens: int,
+    max_num_seqs: int,
+    max_model_len: int,
+    num_blocks: int,
+) -> dict[str, Axis]:
+    """Each bucket axis from its config (`sizes`, or min/step/max with 0 derived from the
+    limits); a ValueError names the key to change."""
+    derived = derived_axes(block_size, max_tokens, max_num_seqs, max_model_len, num_blocks)
+    axes = {}
+    for name in AXES:
+        conf = given[name]
+        axis = Axis(**{key: conf[key] or derived[name][key] for key in derived[name]})
+        sizes = [int(v) for v in (conf.get("sizes") or ())]
+        if sizes:
+            _check_sizes(name, sizes, block_size)
+            axis = Axis(min=sizes[0], step=axis.step, max=sizes[-1], explicit=tuple(sizes))
+        if not 1 <= axis.min <= axis.max or axis.step < 1:
+            raise ValueError(
+                f"metadata.{name}: need 1 <= min <= max and step >= 1 (0 derives a value)"
+            )
+        axes[name] = axis
+    if axes["prefill_seq"].step % block_size or axes["prefill_seq"].min % block_size:
+        raise ValueError(
+            "metadata.prefill_seq.min and .step must be multiples of block_size: a chunk "
+            "is padded to whole blocks"
+        )
+    return axes
+
+
+def _check_sizes(name: str, sizes: list[int], block_size: int) -> None:
+    if sizes[0] < 1 or any(a >= b for a, b in zip(sizes, sizes[1:], strict=False)):
+        raise ValueError(
+            f"metadata.{name}.sizes={sizes}: give increasing positive sizes, e.g. [1, 4, 16]"
+        )
+    if name == "prefill_seq" and any(size % block_size for size in sizes):
+        raise ValueError(
+            f"metadata.prefill_seq.sizes={sizes}: each must be a multiple of "
+            f"block_size={block_size}, as a chunk is padded to whole blocks"
+        )
+
+
 class HPUMetadataBuilder:
     def __init__(
         self,
@@ -112,36 +161,28 @@ class HPUMetadataBuilder:
         max_tokens: int,
         max_num_seqs: int,
         max_model_len: int,
-        prefill_batch: dict[str, int],
-        prefill_seq: dict[str, int],
-        prefill_blocks: dict[str, int],
-        decode_batch: dict[str, int],
-        decode_blocks: dict[str, int],
+        prefill_batch: dict[str, Any],
+        prefill_seq: dict[str, Any],
+        prefill_blocks: dict[str, Any],
+        decode_batch: dict[str, Any],
+        decode_blocks: dict[str, Any],
         bucketing: Bucketing | str = Bucketing.linear,
         pad_id: int = 0,
         decode_span: float = 2.0,
+        max_warmup_shapes: int = 512,
         shapes_only: bool = False,
     ) -> None:
         """shapes_only: build() gives the buckets and lengths but no tensors, and lists
         decode blocks row by row as the HPU's fused op takes them (a simulated device)."""
         bs = kv_cache.block_size
-        derived = derived_axes(bs, max_tokens, max_num_seqs, max_model_len, kv_cache.num_blocks)
         given = dict(zip(AXES, (prefill_batch, prefill_seq, prefill_blocks, decode_batch,
                                 decode_blocks), strict=True))  # fmt: skip
-        axes = {
-            name: Axis(**{key: given[name][key] or derived[name][key] for key in derived[name]})
-            for name in AXES
-        }
-        for name, axis in axes.items():
-            if not 1 <= axis.min <= axis.max or axis.step < 1:
-                raise ValueError(
-                    f"metadata.{name}: need 1 <= min <= max and step >= 1 (0 derives a value)"
-                )
-        if axes["prefill_seq"].step % bs or axes["prefill_seq"].min % bs:
+        axes = resolve_axes(given, bs, max_tokens, max_num_seqs, max_model_len, kv_cache.num_blocks)
+        if max_warmup_shapes < 0:
             raise ValueError(
-                "metadata.prefill_seq.min and .step must be multiples of block_size: a chunk "
-                "is padded to whole blocks"
+                f"metadata.max_warmup_shapes={max_warmup_shapes}: needs 0 (no limit) or more"
             )
+        self.max_warmup_shapes = max_warmup_shapes
         if decode_span < 0:
             raise ValueError(f"metadata.decode_span={decode_span}: needs 0 (off) or more")
         self.kv_cache = kv_cache
@@ -164,22 +205,27 @@ class HPUMetadataBuilder:
     def build(self, plan: StepPlan) -> ForwardMeta:
         if self.shapes_only:
             return self._shapes(plan)
-        prefill = self._prefill(plan.prefill, self._prefill_shape(plan.prefill))
-        decode = self._decode(plan.decode) if plan.decode else None
+        needed: dict[str, list[int]] = {}
+        prefill = self._prefill(plan.prefill, self._prefill_shape(plan.prefill, needed))
+        decode = self._decode(plan.decode, needed=needed) if plan.decode else None
         shape = step_shape(
             self.block_size,
             plan,
             prefill.shape if prefill else None,
             decode.shape if decode else None,
         )
-        return self._assemble(plan.mode, prefill, decode, plan.num_tokens, shape)
+        meta = self._assemble(plan.mode, prefill, decode, plan.num_tokens, shape)
+        meta.needed = needed
+        return meta
 
     def _shapes(self, plan: StepPlan) -> ForwardMeta:
         """The step's buckets alone, as a simulated device needs them."""
-        prefill = self._prefill_shape(plan.prefill)
+        needed: dict[str, list[int]] = {}
+        prefill = self._prefill_shape(plan.prefill, needed)
         decode = None
         if plan.decode:
             blocks = sum(self.kv_cache.blocks_for(r.num_computed + 1) for r in plan.decode)
+            needed["decode"] = [len(plan.decode), blocks]
             decode = self.buckets.shape("decode", batch=len(plan.decode), blocks=blocks)
         padded = (prefill[0] * prefill[1] if prefill else 0) + (decode[0] if decode else 0)
         shape = step_shape(self.block_size, plan, prefill, decode)
@@ -194,6 +240,7 @@ class HPUMetadataBuilder:
             padded_tokens=padded,
             bucket=bucket_label(prefill, decode),
             shape=shape,
+            needed=needed,
         )
 
     def dummy(
@@ -207,16 +254,21 @@ class HPUMetadataBuilder:
         return self._assemble(mode, prefill_meta, decode_meta, 0, shape)
 
     # -- the prefill part --------------------------------------------------------------------
-    def _prefill_shape(self, chunks: list[PrefillChunk]) -> tuple[int, int, int] | None:
+    def _prefill_shape(
+        self, chunks: list[PrefillChunk], needed: dict[str, list[int]] | None = None
+    ) -> tuple[int, int, int] | None:
+        """The prefill bucket; records the dims it pads in `needed` when given."""
         if not chunks:
             return None
         bs = self.block_size
-        return self.buckets.shape(
-            "prefill",
-            batch=len(chunks),
-            seq=blocks_for(max(c.length for c in chunks), bs) * bs,
-            blocks=max(blocks_for(c.end, bs) for c in chunks),
-        )
+        dims = {
+            "batch": len(chunks),
+            "seq": blocks_for(max(c.length for c in chunks), bs) * bs,
+            "blocks": max(blocks_for(c.end, bs) for c in chunks),
+        }
+        if needed is not None:
+            needed["prefill"] = list(dims.values())
+        return self.buckets.shape("prefill", **dims)
 
     def _prefill(
         self, chunks: list[PrefillChunk], shape: tuple[int, int, int] | None
@@ -322,8 +374,14 @@ class HPUMetadataBuilder:
             return None
         return min(low, pool_end - width)
 
-    def _decode(self, requests: list[Request], shape: tuple[int, int] | None = None) -> DecodeMeta:
-        """The decode part; `shape` forces a bucket (warmup, where every row is padding)."""
+    def _decode(
+        self,
+        requests: list[Request],
+        shape: tuple[int, int] | None = None,
+        needed: dict[str, list[int]] | None = None,
+    ) -> DecodeMeta:
+        """The decode part; `shape` forces a bucket (warmup, where every row is padding).
+        Records the dims it pads in `needed`."""
         n = len(requests)
         seq_lens = np.array([r.num_computed + 1 for r in requests], dtype=np.int64)
         counts = blocks_for(seq_lens, self.block_size)
@@ -338,8 +396,10 @@ class HPUMetadataBuilder:
         )
         start = None if shape else self._span_start(row_blocks)
         if shape is None:
-            needed = row_blocks.size if start is None else int(np.ptp(row_blocks)) + 1
-            shape = self.buckets.shape("decode", batch=n, blocks=needed)
+            blocks_needed = row_blocks.size if start is None else int(np.ptp(row_blocks)) + 1
+            if needed is not None:
+                needed["decode"] = [n, blocks_needed]
+            shape = self.buckets.shape("decode", batch=n, blocks=blocks_needed)
         rows, blocks = shape
         block_list, slots = self._decode_block_list(row_blocks, start, blocks)
         owner = np.repeat(np.arange(n), counts)
@@ -415,6 +475,11 @@ class HPUMetadataBuilder:
         }
 
     # -- warmup ------------------------------------------------------------------------------
+    def warmup_counts(self, mixed: bool) -> dict[str, int]:
+        """How many shapes each phase of warmup_shapes holds, without listing them."""
+        sizes = {name: values.tolist() for name, values in self.buckets.sizes.items()}
+        return warmup_counts(sizes, self.block_size, self.max_tokens, mixed)
+
     def warmup_shapes(self, mixed: bool) -> dict[str, list[tuple]]:
         """Every prepared prefill and decode shape; with chunking, a coarse mixed grid too
         (one prefill row, the widest block tables), as FastDeploy warms it."""

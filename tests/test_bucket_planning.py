@@ -1,0 +1,356 @@
+"""Bucket planning: explicit sizes, the needed dims in steps.jsonl, the warmup budget, the
+planner's optimality against brute force, and coverage of the planned workload."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from omegaconf import OmegaConf
+
+from pipeline.buckets import main as buckets_main
+from pipeline.buckets import plan_source, run_limits
+from pipeline.checks import ConfigError
+from pipeline.compose import compose_config
+from pipeline.run import build_engine
+from stages.bucket_planner import (
+    Workload,
+    breakpoint_table,
+    evaluate,
+    pad_to,
+    plan_buckets,
+    plan_prefill_pair,
+)
+from stages.buckets import Axis, Buckets, warmup_counts
+from stages.kv_cache import blocks_for
+from tests.conftest import LIMITS, SMALL, make_config, run_cli, serve
+
+# -- helpers ---------------------------------------------------------------------------------
+
+
+def subsets_with_max(values: list[int]):
+    """Every set of the distinct values that holds the largest (what covers them all)."""
+    distinct = sorted(set(values))
+    rest, top = distinct[:-1], distinct[-1]
+    for k in range(len(rest) + 1):
+        for combo in itertools.combinations(rest, k):
+            yield [*combo, top]
+
+
+def padded_sum(values, weights, sizes) -> float:
+    """Independent of the planner: each value padded to the first size at least it."""
+    return float(
+        sum(w * min(s for s in sizes if s >= v) for v, w in zip(values, weights, strict=True))
+    )
+
+
+def write_run(folder: Path, overrides: list[str]) -> tuple[Path, list[dict], object]:
+    """Serves in-process and writes the files the planner reads (resolved config with the
+    pool size the run had, steps.jsonl, metrics.json)."""
+    cfg = make_config(overrides)
+    steps: list = []
+    got, engine = serve(overrides, steps=steps)
+    folder.mkdir(parents=True)
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    resolved["num_blocks"] = engine.scheduler.kv_cache.num_blocks
+    (folder / "resolved_config.yaml").write_text(OmegaConf.to_yaml(resolved))
+    records = [dataclasses.asdict(s) for s in steps]
+    (folder / "steps.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (folder / "metrics.json").write_text(
+        json.dumps({"bucket_misses": engine.metadata.bucket_misses})
+    )
+    return folder, records, (got, engine)
+
+
+# -- explicit sizes and composition -----------------------------------------------------------
+
+
+def test_sizes_win_over_min_step_max_and_keep_the_fallback_step():
+    axis = Axis(min=1, step=4, max=32, explicit=(2, 5, 9))
+    assert axis.sizes("linear") == axis.sizes("exponential") == [2, 5, 9]
+    buckets = Buckets("linear", {"decode_batch": axis, "decode_blocks": Axis(1, 1, 4)})
+    assert buckets.shape("decode", batch=6, blocks=2) == (9, 2)
+    assert buckets.shape("decode", batch=10, blocks=2) == (12, 2)  # miss: step 4 rounds it
+    assert buckets.misses == 1
+
+
+@pytest.mark.parametrize(
+    ("override", "words"),
+    [
+        ("metadata.decode_batch.sizes=[4,2]", "metadata.decode_batch.sizes=[4, 2]"),
+        ("metadata.prefill_batch.sizes=[0,2]", "increasing positive"),
+        ("metadata.prefill_seq.sizes=[16,40]", "multiple of block_size=16"),
+    ],
+)
+def test_bad_sizes_are_one_line_config_errors(override, words):
+    with pytest.raises(ConfigError) as err:
+        build_engine(make_config([override]))
+    assert words in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_planned_file_composes_into_exactly_its_sizes(tmp_path):
+    folder, _, _ = write_run(tmp_path / "run", [])
+    plan, _ = plan_source(folder, 40, tmp_path / "plan", "mine", block_weight=0.005)
+    text = (tmp_path / "plan" / "buckets" / "mine.yaml").read_text()
+    assert text.startswith("# @package _global_")
+    cfg = compose_config(
+        [*SMALL, f"hydra.searchpath=[file://{tmp_path / 'plan'}]", "+buckets=mine"]
+    )
+    engine, _ = build_engine(cfg)
+    got = {name: values.tolist() for name, values in engine.metadata.buckets.sizes.items()}
+    assert got == plan.sizes
+    assert sum(engine.metadata.warmup_counts(mixed=True).values()) <= 40
+
+
+# -- the needed dims in steps.jsonl -----------------------------------------------------------
+
+
+def test_needed_dims_are_the_unpadded_step_and_pad_to_its_bucket():
+    steps: list = []
+    _, engine = serve(["metadata.decode_span=0"], steps=steps)
+    bs = 16
+    buckets = engine.metadata.buckets
+    assert steps and all(s.needed for s in steps)
+    for s in steps:
+        parts = []
+        if s.prefill:
+            # independently from the plan's chunks: rows, widest chunk in blocks, widest table
+            widest = max(c["end"] - c["start"] for c in s.prefill)
+            expected = [len(s.prefill), blocks_for(widest, bs) * bs]
+            expected.append(max(blocks_for(c["end"], bs) for c in s.prefill))
+            assert s.needed["prefill"] == expected
+            shape, _ = buckets.pad(
+                "prefill", dict(zip(("batch", "seq", "blocks"), expected, strict=True))
+            )
+            parts.append("prefill " + "x".join(map(str, shape)))
+        if s.decode:
+            assert s.needed["decode"][0] == len(s.decode)
+            shape, _ = buckets.pad(
+                "decode", dict(zip(("batch", "blocks"), s.needed["decode"], strict=True))
+            )
+            parts.append("decode " + "x".join(map(str, shape)))
+        assert " + ".join(parts) == s.bucket
+
+
+def test_evaluating_the_runs_own_set_reproduces_its_padding_and_misses(tmp_path):
+    overrides = ["metadata.decode_batch.max=4", "metadata.decode_batch.step=2"]
+    folder, records, (_, engine) = write_run(tmp_path / "run", overrides)
+    limits = run_limits(folder)
+    result = evaluate(
+        Workload.of(records),
+        limits.buckets("linear"),
+        limits.block_size,
+        limits.max_tokens,
+        limits.mixed,
+    )
+    assert result.padded_tokens == sum(r["padded_tokens"] for r in records)
+    assert result.misses == engine.metadata.bucket_misses > 0
+
+
+# -- counting and the warmup budget -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        [],
+        ["max_tokens=100", "metadata.prefill_seq.step=32"],
+        ["metadata.bucketing=exponential", "max_model_len=512"],
+        ["metadata.prefill_seq.sizes=[32,48,96]", "metadata.decode_batch.sizes=[1,3,8]"],
+    ],
+)
+def test_counting_equals_the_listed_shapes(overrides):
+    engine, _ = build_engine(make_config(overrides))
+    for mixed in (True, False):
+        listed = {k: len(v) for k, v in engine.metadata.warmup_shapes(mixed).items()}
+        assert engine.metadata.warmup_counts(mixed) == listed
+
+
+def test_counting_a_huge_set_needs_no_list():
+    n = 4000
+    sizes = {
+        "prefill_batch": list(range(1, n + 1)),
+        "prefill_seq": list(range(16, 16 * n + 1, 16)),
+        "prefill_blocks": list(range(1, n + 1)),
+        "decode_batch": list(range(1, n + 1)),
+        "decode_blocks": list(range(1, n + 1)),
+    }
+    counts = warmup_counts(sizes, 16, 16 * n, mixed=True)
+    # by hand: seq 16j allows batch <= n / j, tables m >= j: sum_j floor(n/j) * (n - j + 1)
+    j = np.arange(1, n + 1)
+    assert counts["prefill"] == int(((n // j) * (n - j + 1)).sum())
+    assert counts["decode"] == n * n
+    assert counts["mixed"] == int(np.minimum(n, 16 * n - 16 * j).sum())
+
+
+def test_a_set_beyond_the_warmup_budget_stops_before_compiling():
+    engine, _ = build_engine(make_config(["warmup=true", "metadata.max_warmup_shapes=10"]))
+    total = sum(engine.metadata.warmup_counts(mixed=True).values())
+    with pytest.raises(ConfigError) as err:
+        engine.warmup()
+    message = str(err.value)
+    assert f"{total:,} shapes" in message and "\n" not in message
+    for key in ("metadata.bucketing=exponential", ".step", ".sizes"):
+        assert key in message
+
+
+def test_the_warmup_budget_exits_2_from_the_command_line(tmp_path):
+    done = run_cli(
+        tmp_path, "pipeline", *LIMITS, "warmup=true", "metadata.max_warmup_shapes=5",
+        "workload.num_requests=1", f"hydra.run.dir={tmp_path / 'run'}",
+    )  # fmt: skip
+    assert done.returncode == 2
+    errors = [line for line in done.stderr.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and "metadata.max_warmup_shapes=5" in errors[0]
+
+
+# -- optimality -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_one_axis_breakpoints_are_optimal(seed):
+    rng = np.random.default_rng(seed)
+    values = rng.integers(1, 40, size=30)
+    weights = rng.integers(1, 5, size=30).astype(float)
+    table = breakpoint_table(values, weights, k_max=8)
+    for k, (cost, sizes) in enumerate(table, start=1):
+        assert len(sizes) == k and max(sizes) == values.max()
+        assert cost == pytest.approx(padded_sum(values, weights, sizes))
+        best = min(padded_sum(values, weights, s) for s in subsets_with_max(values) if len(s) == k)
+        assert cost == pytest.approx(best)
+
+
+def test_one_axis_hand_made_case():
+    # values 1, 2, 8, 9 once each: with two sizes, {2, 9} pads 1 -> 2 and 8 -> 9: 22
+    assert breakpoint_table(np.array([1, 2, 8, 9]), np.ones(4), 2)[1] == (22.0, [2, 9])
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_prefill_pair_is_optimal(seed):
+    rng = np.random.default_rng(seed)
+    batch = rng.integers(1, 7, size=25)
+    seq = rng.integers(1, 7, size=25) * 16
+    for k_batch, k_seq in [(1, 2), (2, 2), (3, 2), (2, 4)]:
+        cost, batch_sizes, seq_sizes = plan_prefill_pair(batch, seq, k_batch, k_seq)
+        assert cost == pytest.approx(
+            float((pad_to(batch, batch_sizes) * pad_to(seq, seq_sizes)).sum())
+        )
+        best = min(
+            float((pad_to(batch, bs) * pad_to(seq, ss)).sum())
+            for bs in subsets_with_max(batch.tolist())
+            for ss in subsets_with_max(seq.tolist())
+            if len(bs) == min(k_batch, len(set(batch.tolist())))
+            and len(ss) == min(k_seq, len(set(seq.tolist())))
+        )
+        assert cost == pytest.approx(best)
+
+
+def brute_force_plan(workload, max_shapes, block_size, max_tokens, block_cost):
+    """Every set of observed sizes per axis: the cheapest that fits the budget and keeps
+    each observed step in a warmed bucket."""
+    values = workload.axis_values()
+    names = list(values)
+    best = None
+    for choice in itertools.product(*(subsets_with_max(values[n].tolist()) for n in names)):
+        sizes = dict(zip(names, choice, strict=True))
+        if sum(warmup_counts(sizes, block_size, max_tokens, mixed=True).values()) > max_shapes:
+            continue
+        pb, ps, pm = (pad_to(values[n], sizes[n]) for n in names[:3])
+        if (pb * ps > max_tokens).any() or (pm * block_size < ps).any():
+            continue
+        db, dm = (pad_to(values[n], sizes[n]) for n in names[3:])
+        blocks = (pm - values["prefill_blocks"]).sum() + (dm - values["decode_blocks"]).sum()
+        cost = float((pb * ps).sum() + db.sum() + block_cost * blocks)
+        if best is None or cost < best[0]:
+            best = (cost, sizes)
+    return best
+
+
+HAND_MADE = Workload(
+    # (batch, seq, blocks) prefills and (batch, blocks) decodes, block_size 16; max_tokens
+    # 64 keeps the 4 x 32 corner out of warmup, so rows and seq sizes must be chosen together
+    prefill=np.array([[4, 16, 1], [4, 16, 3], [1, 64, 4], [2, 32, 2], [1, 32, 6], [3, 16, 5]]),
+    decode=np.array([[1, 2], [2, 3], [5, 9], [6, 12], [6, 14], [3, 5]]),
+    real_tokens=200,
+)
+
+
+@pytest.mark.parametrize("max_shapes", [6, 8, 10, 12, 16, 20, 30, 60])
+def test_the_whole_plan_is_optimal_on_a_hand_made_workload(max_shapes):
+    brute = brute_force_plan(HAND_MADE, max_shapes, 16, 64, block_cost=0.1 * 16)
+    if brute is None:  # nothing fits: the planner says so
+        with pytest.raises(ValueError, match="raise --max-shapes"):
+            plan_buckets(HAND_MADE, max_shapes, 16, 64, True, 0.1, unobserved={})
+        return
+    plan = plan_buckets(HAND_MADE, max_shapes, 16, 64, True, 0.1, unobserved={})
+    reached = evaluate(HAND_MADE, Buckets("linear", _axes(plan.sizes)), 16, 64, True)
+    assert reached.misses == reached.unwarmed == 0 and reached.num_shapes <= max_shapes
+    # the plan's own account of its cost, the evaluation's, and the brute force agree
+    assert plan.cost == pytest.approx(reached.padded_tokens + 1.6 * reached.padded_blocks)
+    assert plan.cost == pytest.approx(brute[0])
+
+
+def _axes(sizes):
+    return {name: Axis(s[0], 1, s[-1], tuple(s)) for name, s in sizes.items()}
+
+
+# -- coverage on the planned workload and off it ----------------------------------------------
+
+
+def test_plan_covers_its_workload_and_counts_misses_on_another(tmp_path, reference_run):
+    folder, records, _ = write_run(tmp_path / "run", [])
+    plan, results = plan_source(folder, 48, tmp_path / "plan", "planned", block_weight=0.005)
+    assert results["plan"].misses == results["plan"].unwarmed == 0
+    planned = [f"hydra.searchpath=[file://{tmp_path / 'plan'}]", "+buckets=planned"]
+    steps: list = []
+    got, engine = serve(planned, steps=steps)
+    assert engine.metadata.bucket_misses == 0
+    assert sum(s.padded_tokens for s in steps) == results["plan"].padded_tokens
+    ref, _ = reference_run
+    assert all(got[rid].output_ids == ref[rid].output_ids for rid in ref)
+    # Another workload: longer prompts, more at once. Misses are counted, nothing dropped.
+    other = ["workload.num_requests=8", "workload.max_prompt_tokens=240", "workload.seed=5"]
+    base, _ = serve(other)
+    off, engine = serve([*other, *planned])
+    assert engine.metadata.bucket_misses > 0
+    assert set(off) == set(base) and all(r.finish_reason != "error" for r in off.values())
+    assert all(off[rid].output_ids == base[rid].output_ids for rid in base)
+
+
+def test_plan_beats_exponential_and_matches_linear_on_its_workload(tmp_path):
+    folder, _, _ = write_run(tmp_path / "run", [])
+    _, results = plan_source(folder, 64, tmp_path / "plan", "planned", block_weight=0.0)
+    plan, linear, exponential = (results[k] for k in ("plan", "linear", "exponential"))
+    assert plan.num_shapes <= 64 < linear.num_shapes
+    assert plan.utilization >= linear.utilization
+    assert plan.utilization > exponential.utilization
+
+
+# -- the command line -------------------------------------------------------------------------
+
+
+def test_cli_plans_from_a_sweep_and_shows_a_run(tmp_path, capsys):
+    write_run(tmp_path / "sweep" / "0", [])
+    write_run(tmp_path / "sweep" / "1", ["workload.seed=3"])
+    assert buckets_main(["plan", str(tmp_path / "sweep"), "--max-shapes", "50",
+                         "--out", str(tmp_path / "out")]) == 0  # fmt: skip
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "2 run(s)" in report and "| plan |" in report and "| exponential |" in report
+    assert (tmp_path / "out" / "buckets" / "planned.yaml").is_file()
+    capsys.readouterr()
+    assert buckets_main(["show", str(tmp_path / "sweep" / "0")]) == 0
+    shown = capsys.readouterr().out
+    records = [json.loads(x) for x in (tmp_path / "sweep" / "0" / "steps.jsonl").open()]
+    real = sum(r["num_tokens"] for r in records)
+    padded = sum(r["padded_tokens"] for r in records)
+    assert f"token utilization {real / padded:.3f}" in shown
+    assert records[0]["bucket"] in shown
+
+
+def test_cli_refuses_a_folder_without_steps(tmp_path, capsys):
+    assert buckets_main(["plan", str(tmp_path), "--out", str(tmp_path / "out")]) == 2
+    assert "no steps.jsonl" in capsys.readouterr().err
