@@ -1,7 +1,12 @@
 """`python -m pipeline.buckets`: plan a bucket set from served steps, or show a run's use.
 
     python -m pipeline.buckets plan RUN_OR_SWEEP --max-shapes 64 --out DIR [--name planned]
+    python -m pipeline.buckets plan --workload OVERRIDES... --max-shapes 64 --out DIR
     python -m pipeline.buckets show RUN
+
+With --workload, SOURCE is a workload config (any overrides of `python -m pipeline`): it is
+served on the simulated device (shapes only, no weights; `hardware=gaudi3` unless given)
+into DIR/simulated-run, and the plan is made from those steps.
 
 `plan` writes DIR/buckets/NAME.yaml, a config file used as
 `python -m pipeline hydra.searchpath=[file://DIR] +buckets=NAME`, and DIR/report.md: the
@@ -251,11 +256,25 @@ def show(run: Path) -> str:
     return "\n".join(out)
 
 
+def simulated_run(overrides: list[str], folder: Path) -> Path:
+    """Serves a workload config on the simulated device into `folder`: the steps the real
+    scheduler and metadata builder make for it, without a forward pass."""
+    from pipeline.compose import compose_config
+    from pipeline.run import run
+
+    device = [] if any(o.startswith("hardware=") for o in overrides) else ["hardware=gaudi3"]
+    cfg = compose_config(["executor=simulated", *device, *overrides])
+    folder.mkdir(parents=True, exist_ok=True)
+    run(cfg, folder)
+    return folder
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pipeline.buckets", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     plan = commands.add_parser("plan", help="choose bucket sizes from a run's or sweep's steps")
-    plan.add_argument("source", type=Path)
+    plan.add_argument("source", type=Path, nargs="?", help="a run or sweep folder")
+    plan.add_argument("--workload", nargs="+", metavar="OVERRIDE", help="plan for a config")
     plan.add_argument("--max-shapes", type=int, default=64, help="warmup shapes at most")
     plan.add_argument("--out", type=Path, required=True)
     plan.add_argument("--name", default="planned", help="the bucket file: +buckets=NAME")
@@ -274,7 +293,12 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.max_shapes < 1 or args.block_weight < 0:
             raise SourceError("--max-shapes needs 1 or more and --block-weight 0 or more")
-        plan_source(args.source, args.max_shapes, args.out, args.name, args.block_weight)
+        source = args.source
+        if args.workload:
+            source = simulated_run(args.workload, args.out / "simulated-run")
+        elif source is None:
+            raise SourceError("give a run or sweep folder, or --workload OVERRIDES")
+        plan_source(source, args.max_shapes, args.out, args.name, args.block_weight)
     except ValueError as err:  # a bad folder, or no set within the budget
         print(f"Error: {err}", file=sys.stderr)
         return 2
