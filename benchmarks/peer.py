@@ -15,6 +15,7 @@ overhead outside the model forward.
 from __future__ import annotations
 
 import argparse
+import os
 import tempfile
 import time
 from collections.abc import Iterator
@@ -108,6 +109,7 @@ class Round:
     engine: dict[str, ServedRun]  # setting -> run
     peer: dict[int, tuple[list[list[int]], float]]  # batch size -> (ids, seconds)
     matches: list[dict]  # every engine run against every peer run
+    load: float = 0.0  # the machine's 1-minute load average at the round's end
 
     def engine_rate(self, setting: str) -> float:
         return self.engine[setting].metrics["output_throughput"]
@@ -159,6 +161,7 @@ def run_rounds(args: argparse.Namespace, base: list[str], folder: str) -> list[R
         current.matches = [
             compare(run, ids) for run in current.engine.values() for ids, _ in current.peer.values()
         ]
+        current.load = os.getloadavg()[0]
         rounds.append(current)
         print(
             f"round {index + 1}: "
@@ -187,7 +190,7 @@ def report(args: argparse.Namespace, rounds: list[Round]) -> list[str]:
         rows.append(
             f"| {index + 1} | {r.first} | "
             + " | ".join(cells)
-            + f" | {r.ratio:.2f}x | {match['matching']}/{match['total']} |"
+            + f" | {r.ratio:.2f}x | {match['matching']}/{match['total']} | {r.load:.1f} |"
         )
     ratios = [r.ratio for r in rounds]
     engine_medians = {s: float(np.median([r.engine_rate(s) for r in rounds])) for s in settings}
@@ -207,8 +210,8 @@ def report(args: argparse.Namespace, rounds: list[Round]) -> list[str]:
         "",
         machine_line(rounds[0].engine[settings[0]].matmul_rate, args.threads),
         "",
-        "| round | first | " + " | ".join(header) + " | best / best | tokens identical |",
-        "| ---: | --- | " + " | ".join("---:" for _ in header) + " | ---: | ---: |",
+        "| round | first | " + " | ".join(header) + " | best / best | tokens identical | load |",
+        "| ---: | --- | " + " | ".join("---:" for _ in header) + " | ---: | ---: | ---: |",
         *rows,
         "",
         f"Output throughput ratio, this engine's best setting over the peer's best batch "
@@ -225,6 +228,9 @@ def report(args: argparse.Namespace, rounds: list[Round]) -> list[str]:
             if worst["first_divergence"]
             else "."
         ),
+        f"load = the machine's 1-minute load average at the end of the round, on "
+        f"{os.cpu_count()} cores: other work on a shared machine slows both sides, and the "
+        "peer's many small two-thread operators the more.",
         "",
         f"### This engine's last run [{best_setting or 'defaults'}]",
         "",

@@ -3,17 +3,21 @@
     python -m benchmarks.profile_steps                          (from the repository root)
     python -m benchmarks.profile_steps --model small --peer-batch 16 max_tokens=4096
 
-Every model forward of both sides runs under its framework's profiler (Paddle's for this
-engine, torch.profiler for transformers), one forward at a time, and is filed under its
-phase: this engine's steps are prefill-only (`extend`), `mixed` or `decode`; the peer's
-first forward of each generate() call is its prefill, the rest are decodes. Inside a phase
-the operators' own CPU time is summed by kind (matmuls, attention, gathers and copies,
-elementwise, other); what the forward's wall time holds beyond its operators is Python and
-op-launch overhead, and the time outside the forwards is each side's loop (scheduling,
-metadata and sampling here; logits processing and input bookkeeping in generate()).
+Every model forward of this engine runs under Paddle's profiler, one forward at a time;
+the peer's modules are timed by hooks (torch.profiler slows its matmuls about tenfold
+here, which would misname the gap). Each forward is filed under its phase: this engine's
+steps are prefill-only (`extend`), `mixed` or `decode`; the peer's first forward of each
+generate() call is its prefill, the rest are decodes. Inside a phase the operators' own
+CPU time is summed by kind (matmuls, attention, gathers and copies, elementwise, other)
+from Paddle's operator times and from the peer's module times (a Linear is a matmul, the
+attention module's own time is attention, norms and the MLP's multiply are elementwise);
+what this engine's forward holds beyond its operators is Python and op-launch overhead
+(the peer's is inside its modules' times), and the time outside the forwards is each
+side's loop (scheduling, metadata and sampling here; logits processing and input
+bookkeeping in generate()).
 
-Profiling slows both sides (each forward pays for the profiler's start and stop), so the
-totals run above the throughput benchmark's; the shares are the figures to compare.
+The profiler's own start and stop are left out of the totals; recording still slows this
+engine's operators somewhat, so the shares are the figures to compare.
 """
 
 from __future__ import annotations
@@ -124,7 +128,8 @@ class PhaseProfile:
         self.ops: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
         self.calls: dict[str, int] = defaultdict(int)
         self.loop_s = 0.0  # the run's wall time outside the forwards
-        self.total_s = 0.0
+        self.total_s = 0.0  # the run's wall time, the profiler's own start and stop left out
+        self.profiler_s = 0.0
         self.tokens = 0
 
     def add(self, phase: str, wall: float, op_seconds: dict[str, float], calls: int) -> None:
@@ -138,12 +143,16 @@ class PhaseProfile:
         lines = []
         for phase in sorted(self.wall, key=lambda p: -self.wall[p]):
             wall, ops = self.wall[phase], self.ops[phase]
-            launch = max(0.0, wall - sum(ops.values()))
+            launch = wall - sum(ops.values())
             cells = [f"{ops[k]:.2f}" for k in KINDS]
             lines.append(
                 f"| {side} | {phase} | {self.forwards[phase]} | {wall:.2f} | "
                 + " | ".join(cells)
-                + f" | {launch:.2f} | {self.calls[phase] / self.forwards[phase]:.0f} |"
+                + (
+                    f" | {launch:.2f} | {self.calls[phase] / self.forwards[phase]:.0f} |"
+                    if self.calls[phase]
+                    else " | (in the kinds) | - |"
+                )
             )
         lines.append(
             f"| {side} | loop outside the forward | - | {self.loop_s:.2f} | "
@@ -176,6 +185,7 @@ def profile_engine(overrides: list[str]) -> tuple[PhaseProfile, object]:
         prof = paddle_profiler.Profiler(
             targets=[paddle_profiler.ProfilerTarget.CPU], on_trace_ready=lambda _: None
         )
+        begin = time.perf_counter()
         prof.start()
         start = time.perf_counter()
         logits = forward(meta, attention)
@@ -183,44 +193,81 @@ def profile_engine(overrides: list[str]) -> tuple[PhaseProfile, object]:
         wall = time.perf_counter() - start
         prof.stop()
         profile.add(meta.mode, wall, *_paddle_ops(prof))
+        profile.profiler_s += time.perf_counter() - begin - wall
         return logits
 
     engine.model.forward = profiled
     start = time.perf_counter()
     engine.run(requests)
-    profile.total_s = time.perf_counter() - start
+    profile.total_s = time.perf_counter() - start - profile.profiler_s
     profile.loop_s = profile.total_s - sum(profile.wall.values())
     profile.tokens = sum(len(r.output_ids) for r in requests)
     return profile, (engine, requests)
 
 
+# The peer's modules by kind: torch.profiler slows its matmuls about tenfold here, so the
+# peer is timed by module hooks instead, each module's own time (its timed children's taken
+# out) filed under a kind; its Python overhead is then inside each module's time.
+_PEER_KINDS = {
+    "Linear": "matmul",
+    "LlamaAttention": "attention",  # rotary, the cache's concatenation, SDPA, reshapes
+    "LlamaRMSNorm": "elementwise",
+    "SiLUActivation": "elementwise",
+    "LlamaMLP": "elementwise",  # silu(gate) * up
+    "LlamaDecoderLayer": "elementwise",  # the residual adds
+    "LlamaRotaryEmbedding": "elementwise",  # cos and sin of the positions
+    "Embedding": "gather/copy",
+}
+
+
+def _module_timers(model, totals: dict[str, float]) -> None:
+    """Hooks adding each module's own seconds (less its children's) to totals[kind]."""
+    stack: list[list[float]] = []  # per open module: [start, children's seconds]
+
+    def before(module, _args) -> None:
+        stack.append([time.perf_counter(), 0.0])
+
+    def after(module, _args, _out) -> None:
+        start, children = stack.pop()
+        elapsed = time.perf_counter() - start
+        if stack:
+            stack[-1][1] += elapsed
+        totals[_PEER_KINDS.get(type(module).__name__, "other")] += elapsed - children
+
+    for module in model.modules():
+        module.register_forward_pre_hook(before)
+        module.register_forward_hook(after)
+
+
 def profile_peer(folder: Path, prompts: list[list[int]], new_tokens: int, batch: int, pad: int):
     import torch
-    from torch.profiler import ProfilerActivity
-    from torch.profiler import profile as torch_profile
     from transformers import LlamaForCausalLM
 
     model = LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     model.generation_config.eos_token_id = None
     profile = PhaseProfile()
+    totals: dict[str, float] = defaultdict(float)
+    _module_timers(model, totals)
     forward = model.forward
     calls_in_batch = [0]
 
     def profiled(*args, **kwargs):
         phase = "prefill" if calls_in_batch[0] == 0 else "decode"
         calls_in_batch[0] += 1
-        with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
-            start = time.perf_counter()
-            out = forward(*args, **kwargs)
-            wall = time.perf_counter() - start
-        events = prof.key_averages()
-        seconds = {e.key: e.self_cpu_time_total / 1e6 for e in events}
-        profile.add(phase, wall, seconds, sum(e.count for e in events))
+        totals.clear()
+        start = time.perf_counter()
+        out = forward(*args, **kwargs)
+        wall = time.perf_counter() - start
+        profile.add(phase, wall, dict(totals), 0)
         return out
 
     model.forward = profiled
-    start = time.perf_counter()
     with torch.inference_mode():
+        ids, mask, _ = next(sorted_batches(prompts[:batch], batch, pad))  # untimed warm-up
+        model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=2, do_sample=False)
+        for table in (profile.wall, profile.ops, profile.forwards):
+            table.clear()
+        start = time.perf_counter()
         for ids, mask, _ in sorted_batches(prompts, batch, pad):
             calls_in_batch[0] = 0
             out = model.generate(
