@@ -8,7 +8,8 @@ the peer's modules are timed by hooks (torch.profiler slows its matmuls about te
 here, which would misname the gap). Each forward is filed under its phase: this engine's
 steps are prefill-only (`extend`), `mixed` or `decode`; the peer's first forward of each
 generate() call is its prefill, the rest are decodes. Inside a phase the operators' own
-CPU time is summed by kind (matmuls, attention, gathers and copies, elementwise, other)
+CPU time is summed by kind (matmuls, attention, gathers and copies (a
+reshape that has to copy is one), elementwise, other)
 from Paddle's operator times and from the peer's module times (a Linear is a matmul, the
 attention module's own time is attention, norms and the MLP's multiply are elementwise);
 what this engine's forward holds beyond its operators is Python and op-launch overhead
@@ -41,80 +42,31 @@ from stages.checkpoint import export_hf_llama
 KINDS = ("matmul", "attention", "gather/copy", "elementwise", "other")
 # Operator names (lower case, either framework) by kind; the first kind that matches wins.
 _KIND_WORDS = (
-    ("attention", ("softmax", "attention", "sdpa", "flash")),
-    ("matmul", ("matmul", "addmm", "bmm", "mm", "linear", "dot")),
+    ("attention", "softmax attention sdpa flash".split()),
+    ("matmul", "matmul addmm bmm mm linear dot".split()),
     (
         "gather/copy",
-        (
-            "gather",
-            "scatter",
-            "index",
-            "slice",
-            "split",
-            "concat",
-            "cat",
-            "stack",
-            "unbind",
-            "copy",
-            "contiguous",
-            "transpose",
-            "permute",
-            "expand",
-            "tile",
-            "repeat",
-            "clone",
-            "to_tensor",
-            "full",
-            "zeros",
-            "empty",
-            "arange",
-            "as_complex",
-            "as_real",
-            "view_as",
-            "embedding",
-            "take_along",
-        ),
+        """gather scatter index index_select slice split concat cat stack unbind copy
+        contiguous transpose permute expand tile repeat clone to_tensor full zeros empty
+        arange as_complex as_real view_as embedding take_along_axis reshape squeeze
+        unsqueeze flatten view""".split(),
     ),
     (
         "elementwise",
-        (
-            "add",
-            "mul",
-            "sub",
-            "div",
-            "silu",
-            "rsqrt",
-            "pow",
-            "mean",
-            "neg",
-            "exp",
-            "scale",
-            "cos",
-            "sin",
-            "where",
-            "masked_fill",
-            "sum",
-            "cast",
-            "_to_copy",
-            "sigmoid",
-            "max",
-            "min",
-            "argmax",
-            "cumsum",
-            "eq",
-            "ne",
-            "lt",
-            "gt",
-            "fill",
-        ),
+        """add mul multiply sub subtract div divide silu rsqrt pow mean neg exp scale cos
+        sin where masked_fill sum cast to_copy sigmoid max min argmax cumsum eq ne lt gt
+        fill""".split(),
     ),
 )
 
 
 def kind_of(op: str) -> str:
-    name = op.lower()
-    for kind, words in _KIND_WORDS:
-        if any(word in name for word in words):
+    """An operator's kind: its whole name (namespace and in-place mark dropped), or one of
+    its underscore-separated words, is in a kind's list."""
+    name = op.lower().rsplit("::", 1)[-1].strip("_")
+    words = {name, *name.split("_")}
+    for kind, names in _KIND_WORDS:
+        if words & set(names):
             return kind
     return "other"
 
