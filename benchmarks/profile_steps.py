@@ -88,8 +88,8 @@ class PhaseProfile:
         self.forwards[phase] += 1
         self.wall[phase] += wall
         self.calls[phase] += calls
-        for op, seconds in op_seconds.items():
-            self.ops[phase][kind_of(op)] += seconds
+        for op, seconds in op_seconds.items():  # operator names, or kinds already
+            self.ops[phase][op if op in KINDS else kind_of(op)] += seconds
 
     def rows(self, side: str) -> list[str]:
         lines = []

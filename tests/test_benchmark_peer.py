@@ -75,3 +75,9 @@ def test_phase_profile_launch_is_wall_beyond_operators() -> None:
     cells = [c.strip() for c in row.strip("|").split("|")]
     # side, phase, forwards, wall, matmul, attention, gather, elementwise, other, launch, ops
     assert cells[2:] == ["1", "1.00", "0.50", "0.20", "0.00", "0.10", "0.00", "0.20", "10"]
+
+
+def test_phase_profile_keeps_times_already_filed_by_kind() -> None:
+    profile = PhaseProfile()
+    profile.add("decode", 1.0, {"elementwise": 0.3, "gather/copy": 0.1, "matmul": 0.4}, calls=0)
+    assert dict(profile.ops["decode"]) == {"elementwise": 0.3, "gather/copy": 0.1, "matmul": 0.4}
