@@ -83,7 +83,8 @@ def build_engine(cfg: DictConfig) -> tuple[Engine, list[Request]]:
             f"model.vocab_size={model.dims.vocab_size} is smaller than the tokenizer's "
             f"{tokenizer.vocab_size}: pick a matching model and tokenizer"
         )
-    requests = build(cfg.workload).load(tokenizer)
+    workload = build(cfg.workload)
+    requests = workload.load(tokenizer)
     kv_cache = build_kv_cache(cfg, requests)
     # A checkpoint's config and generation config name its end tokens too.
     stop = StopRule(tokenizer.eos_ids | model.eos_ids, cfg.max_model_len, tokenizer.decode)
@@ -107,6 +108,7 @@ def build_engine(cfg: DictConfig) -> tuple[Engine, list[Request]]:
         model=model,
         attention=attention,
         sampler=build(cfg.sampler),
+        workload_counts=getattr(workload, "counts", None),
     )
     return engine, requests
 
@@ -120,7 +122,8 @@ def build_simulated_engine(cfg: DictConfig) -> tuple[Engine, list[Request]]:
     if cfg.hardware is None:
         raise ConfigError("executor=simulated needs a device: give hardware=gaudi3 (or ...)")
     hardware = build(cfg.hardware)
-    requests = build(cfg.workload).load(tokenizer)
+    workload = build(cfg.workload)
+    requests = workload.load(tokenizer)
     try:
         num_blocks = cfg.num_blocks or kv_pool_blocks(spec, hardware, cfg.block_size, cfg.tp)
         clock = VirtualClock()
@@ -137,6 +140,7 @@ def build_simulated_engine(cfg: DictConfig) -> tuple[Engine, list[Request]]:
         attention=NoAttention(),
         sampler=WorkloadLengthSampler(pick_token(tokenizer.eos_ids, tokenizer.vocab_size)),
         clock=clock,
+        workload_counts=getattr(workload, "counts", None),
     )
     return engine, requests
 

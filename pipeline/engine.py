@@ -61,8 +61,11 @@ class Engine:
         attention: Attention,
         sampler: Sampler,
         clock: Clock | None = None,
+        workload_counts: dict | None = None,
     ) -> None:
-        """clock: the run's time, by default the wall's; a simulated device's is virtual."""
+        """clock: the run's time, by default the wall's; a simulated device's is virtual.
+        workload_counts: what the workload counted as it loaded (a trace's skipped,
+        clipped and rejected rows), for the run's metrics."""
         self.tokenizer = tokenizer
         self.scheduler = scheduler
         self.metadata = metadata
@@ -70,6 +73,7 @@ class Engine:
         self.attention = attention
         self.sampler = sampler
         self.clock = clock or WallClock()
+        self.workload_counts = workload_counts or {}
 
     def step(self, now: Callable[[], float]) -> StepResult:
         plan = self.scheduler.schedule(now())

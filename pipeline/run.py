@@ -74,6 +74,8 @@ def serve(
         "warmup_s": warmup_s,
         **device_metrics(engine),
     }
+    if engine.workload_counts:
+        metrics["workload_counts"] = engine.workload_counts
     if previous:
         metrics["resumed_requests"] = len(pending)
     artefacts.write_metrics(metrics, out_dir)

@@ -374,7 +374,8 @@ def test_the_pipeline_serves_every_trace_request(tmp_path, fmt):
         rows = [(t / 10, n_in, n_out) for t, n_in, n_out in ROWS]  # a fast replay
         path = timed_trace(tmp_path, fmt, rows)
         expected = [n_out for _, _, n_out in rows]
-    got, _ = serve(["workload=trace", f"workload.path={path}", "workload.trace_block_size=16"])
+    got, engine = serve(["workload=trace", f"workload.path={path}", "workload.trace_block_size=16"])
+    assert engine.workload_counts["requests"] == len(expected)  # into metrics.json
     requests = sorted(got.values(), key=lambda r: r.index)
     assert [r.error for r in requests] == [None] * len(expected)
     assert [r.finish_reason for r in requests] == ["length"] * len(expected)
