@@ -29,6 +29,15 @@ TINY = dict(
     head_dim=16,
     intermediate_size=128,
 )
+# TINY with 8 routed experts (2 a token, width 32) and a shared one, MoE from layer 1.
+TINY_MOE = dict(
+    TINY,
+    num_experts=8,
+    experts_per_token=2,
+    expert_intermediate_size=32,
+    num_shared_experts=1,
+    moe_layer_start=1,
+)
 # Per layer: q 64x64, k and v 64x32 each, o 64x64, MLP 3 x 64x128.
 LINEAR_PARAMS = 2 * (64 * 64 + 2 * 64 * 32 + 64 * 64 + 3 * 64 * 128)
 LM_HEAD_PARAMS = 1000 * 64
@@ -115,14 +124,7 @@ def test_mixed_step_runs_its_gemms_on_the_concatenated_rows():
 
 
 def test_moe_step_reads_only_the_experts_its_tokens_touch():
-    spec = model_spec(
-        **TINY,
-        num_experts=8,
-        experts_per_token=2,
-        expert_intermediate_size=32,
-        num_shared_experts=1,
-        moe_layer_start=1,
-    )
+    spec = model_spec(**TINY_MOE)
     attention = 2 * (64 * 64 + 2 * 64 * 32 + 64 * 64)
     dense_mlp = 3 * 64 * 128  # layer 0
     expert, router = 3 * 64 * 32, 64 * 8 + 8

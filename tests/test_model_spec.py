@@ -13,7 +13,7 @@ from pipeline.build import build
 from pipeline.checks import ConfigError, check_config
 from pipeline.schema import register_schemas
 from stages.simulator.spec import ModelSpec, MoeLayout, model_spec
-from tests.test_cost_model import TINY
+from tests.test_cost_model import TINY, TINY_MOE
 
 register_schemas()
 
@@ -69,14 +69,7 @@ def test_tiny_parameter_count_by_hand():
 
 
 def test_moe_parameters_and_experts_touched_by_hand():
-    spec = model_spec(
-        **TINY,
-        num_experts=8,
-        experts_per_token=2,
-        expert_intermediate_size=32,
-        num_shared_experts=1,
-        moe_layer_start=1,
-    )
+    spec = model_spec(**TINY_MOE)
     assert spec.moe.layers == frozenset({1})
     attention, norms, dense = 12288, 128, 3 * 64 * 128
     expert, router = 3 * 64 * 32, 64 * 8 + 8
