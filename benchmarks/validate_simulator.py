@@ -3,11 +3,13 @@ held-out configurations that the calibration never saw and compare with real run
 
     python -m benchmarks.validate_simulator --out benchmarks/simulator.md   (~10 min)
 
-Calibration (pipeline.calibrate) times padding-only steps of the warmup shapes; each
-held-out configuration is then served for real (executor=paddle) and simulated
-(executor=simulated hardware=measured) on the same workload. Decode blocks are listed row
-by row in both (metadata.decode_span=0), as the HPU lists them. Per metric: the median and
-worst absolute error, and the Spearman rank correlation of the configurations.
+Calibration (pipeline.calibrate) fits the cost model to the steps of real runs of its own
+configurations (another workload seed, budgets and block sizes that no held-out
+configuration has); each held-out configuration is then served for real
+(executor=paddle) and simulated (executor=simulated hardware=measured) on the same
+workload. Decode blocks are listed row by row in both (metadata.decode_span=0), as the
+HPU lists them. Per metric: the median and worst absolute error, and the Spearman rank
+correlation of the configurations.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from pipeline.build import build_engine
 from pipeline.calibrate import calibrate, error_summary
 from pipeline.compose import compose_config
 from pipeline.metrics import StepRecord, summarise
+from pipeline.run import run
 from stages.simulator.hardware import write_profile
 
 BASE = [
@@ -36,6 +39,10 @@ BASE = [
     "workload.min_new_tokens=16",
     "workload.max_new_tokens=48",
 ]
+CALIBRATION = {
+    "budget 768, block 32": ["max_tokens=768", "block_size=32", "seed=1"],
+    "budget 3072, block 128": ["max_tokens=3072", "block_size=128", "seed=2"],
+}
 HELD_OUT = {
     "budget 256, block 16": ["max_tokens=256", "block_size=16"],
     "budget 512": ["max_tokens=512"],
@@ -110,13 +117,17 @@ def per_config(real: dict[str, dict], predicted: dict[str, dict]) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path)
-    parser.add_argument("--shapes", type=int, default=100, help="calibration grid size")
+    parser.add_argument("--grid", type=int, default=0, help="warmup shapes to fit as well")
     args = parser.parse_args()
-    calibration = compose_config([*BASE, "max_tokens=2048"])
-    profile, coefficients, report = calibrate(calibration, args.shapes)
-    fit = error_summary(report)
-    print(f"calibrated on {len(report)} step shapes: {fit}", flush=True)
     with tempfile.TemporaryDirectory() as folder:
+        runs = []
+        for i, overrides in enumerate(CALIBRATION.values()):
+            runs.append(Path(folder) / f"calibration-{i}")
+            run(compose_config([*BASE, *overrides]), runs[-1])
+        calibration = compose_config([*BASE, *next(iter(CALIBRATION.values()))])
+        profile, coefficients, report = calibrate(calibration, args.grid, runs)
+        fit = error_summary(report)
+        print(f"calibrated on {len(report)} steps: {fit}", flush=True)
         path = write_profile(Path(folder) / "hardware.yaml", profile, coefficients)
         simulated = ["executor=simulated", "hardware=measured", f"hardware.path={path}"]
         real, predicted = {}, {}
@@ -129,7 +140,8 @@ def main() -> None:
         [
             "# Simulated device against real runs (this CPU)",
             "",
-            f"Calibrated on {len(report)} padding-only step shapes (model=small): fitted step "
+            f"Calibrated on the {len(report)} steps of {len(CALIBRATION)} real runs "
+            f"({'; '.join(CALIBRATION)}; model=small, workload seeds 1 and 2): fitted step "
             f"times within {fit['median_error']:.1%} median, {fit['worst_error']:.1%} worst. "
             f"Coefficients: {', '.join(f'{k} {v:.3g}' for k, v in coefficients.items())}.",
             f"{len(HELD_OUT)} held-out configurations, each served for real and simulated "

@@ -1,10 +1,15 @@
 """`python -m pipeline.calibrate [overrides]`: fit the simulated device to this machine.
 
-Times the real executor (metadata build and forward) on a grid of step shapes, the warmup
-shapes, and fits the cost model's coefficients to them; writes `hardware.yaml` into the
-run folder, for `executor=simulated hardware=measured hardware.path=FILE`. On this machine
-that calibrates the CPU; on an HPU with the plugin (`device=intel_hpu
-attention.ops=intel_hpu`) the same command records the HPU.
+Serves the configured workload for real (executor=paddle) and fits the cost model's
+coefficients to its steps: each step's padded buckets and its measured time, scheduling,
+metadata, forward and sampling included, which is what a simulated step stands for. Real
+steps read KV blocks spread over the pool, with mixed prefill+decode shapes and one lm-head
+row per request, which padding-only warmup steps do not (`calibrate.grid_shapes=N` adds N
+of those); `calibrate.runs=[RUN,...]` adds the steps of earlier real runs, e.g. served on
+an HPU. Writes `hardware.yaml` into the run folder, for `executor=simulated
+hardware=measured hardware.path=FILE`. On this machine that calibrates the CPU; on an HPU
+with the plugin (`device=intel_hpu attention.ops=intel_hpu`) the same command records the
+HPU.
 """
 
 from __future__ import annotations
@@ -22,8 +27,11 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from pipeline import logs  # noqa: F401  (logs configures structlog)
+from pipeline.artefacts import RESOLVED_CONFIG, STEPS
 from pipeline.build import build_engine
+from pipeline.checks import ConfigError
 from pipeline.engine import Engine
+from pipeline.run import run
 from pipeline.schema import register_schemas
 from stages.simulator.cost_model import CostModel
 from stages.simulator.device import spec_of
@@ -31,8 +39,8 @@ from stages.simulator.hardware import HardwareProfile, write_profile
 from stages.simulator.shape import StepShape
 
 log = structlog.get_logger(__name__)
-# Terms a grid of padding-only steps can tell apart at tp=1: KV writes scale with tokens as
-# the projections do, the lm head runs on one row in warmup steps, there is no all-reduce.
+# Terms measured steps can tell apart at tp=1: KV writes scale with tokens as the
+# projections do, the lm head's rows follow the requests, there is no all-reduce.
 FITTED_TERMS = ("linear", "prefill_attention", "decode_attention", "overhead")
 
 
@@ -100,17 +108,66 @@ def time_shape(engine: Engine, prefill: tuple | None, decode: tuple | None) -> f
     return min(times[1:])
 
 
-def calibrate(cfg: DictConfig, max_shapes: int = 120) -> tuple[HardwareProfile, dict, list]:
-    """The fitted profile, its coefficients, and the (shape, measured, predicted) samples."""
-    engine, _ = build_engine(cfg)
+def bucket_dims(label: str) -> tuple[tuple | None, tuple | None]:
+    """The padded (prefill, decode) dims of steps.jsonl's `bucket`, e.g.
+    "prefill 2x256x4 + decode 8x24" (stages.metadata.bucket_label)."""
+    parts: dict[str, tuple] = {}
+    for part in label.split(" + "):
+        kind, _, dims = part.partition(" ")
+        size = {"prefill": 3, "decode": 2}.get(kind)
+        numbers = dims.split("x")
+        if size != len(numbers) or kind in parts or not all(n.isdigit() for n in numbers):
+            raise ValueError(f"bucket {label!r} is not 'prefill AxBxC + decode DxE'")
+        parts[kind] = tuple(int(n) for n in numbers)
+    return parts.get("prefill"), parts.get("decode")
+
+
+def run_samples(folder: str | Path) -> list[tuple[StepShape, float]]:
+    """A real run's steps as (shape, measured seconds), from its steps.jsonl."""
+    folder = Path(folder)
+    config = next((p for p in (folder / ".hydra" / "config.yaml", folder / RESOLVED_CONFIG)
+                   if p.is_file()), None)  # fmt: skip
+    if config is None or not (folder / STEPS).is_file():
+        raise ConfigError(f"calibrate.runs: {folder} is not a run folder (no config or {STEPS})")
+    cfg = OmegaConf.load(config)
+    if OmegaConf.select(cfg, "executor.name") == "simulated":
+        raise ConfigError(f"calibrate.runs: {folder} is a simulated run; give real runs")
+    samples = []
+    with (folder / STEPS).open(encoding="utf-8") as lines:
+        for number, line in enumerate(lines, 1):
+            try:
+                step = json.loads(line)
+                prefill, decode = bucket_dims(step["bucket"])
+                samples.append((StepShape(cfg.block_size, prefill, decode), step["duration_s"]))
+            except (ValueError, KeyError, TypeError) as e:
+                raise ConfigError(f"calibrate.runs: {folder / STEPS} line {number}: {e}") from e
+    return samples
+
+
+def calibrate(
+    cfg: DictConfig, grid_shapes: int = 0, runs: Sequence[str | Path] = ()
+) -> tuple[HardwareProfile, dict, list]:
+    """The fitted profile, its coefficients, and the (shape, measured, predicted) samples:
+    `grid_shapes` timed warmup shapes of cfg's engine and the steps of the real `runs`."""
     profile = cpu_profile(measured_rates(cfg.num_threads))
     spec = spec_of(OmegaConf.to_container(cfg.model, resolve=True))
-    samples = []
-    for prefill, decode in grid(engine, max_shapes):
-        shape = StepShape(cfg.block_size, prefill, decode)
-        samples.append((shape, time_shape(engine, prefill, decode)))
+    samples = [s for run in runs for s in run_samples(run)]
+    if grid_shapes:
+        engine, _ = build_engine(cfg)
+        for prefill, decode in grid(engine, grid_shapes):
+            shape = StepShape(cfg.block_size, prefill, decode)
+            samples.append((shape, time_shape(engine, prefill, decode)))
+    if not samples:
+        raise ConfigError("calibrate: no steps to fit: set calibrate.serve=true, "
+                          "calibrate.grid_shapes=N or calibrate.runs=[RUN]")  # fmt: skip
     cost = CostModel(spec, profile)
-    coefficients = cost.fit(samples, terms=FITTED_TERMS, relative=True)
+    try:
+        coefficients = cost.fit(samples, terms=FITTED_TERMS, relative=True)
+    except ValueError as e:
+        raise ConfigError(
+            f"calibrate: {e}; here, serve a workload of more varied prompt lengths and "
+            "arrivals, or add warmup shapes with calibrate.grid_shapes=N"
+        ) from e
     fitted = cost.with_coefficients(coefficients)
     report = [(s, t, fitted.step_time(s)) for s, t in samples]
     return profile, coefficients, report
@@ -124,12 +181,22 @@ def error_summary(report: Sequence[tuple]) -> dict[str, float]:
 @hydra.main(version_base="1.3", config_path="pkg://pipeline.conf", config_name="config")
 def main(cfg: DictConfig) -> None:
     out_dir = Path(HydraConfig.get().runtime.output_dir)
-    profile, coefficients, report = calibrate(cfg, int(cfg.get("calibrate_shapes", 120)))
+    options = cfg.calibrate
+    runs = list(options.runs)
+    try:
+        if options.serve:
+            served = out_dir / "served"
+            served.mkdir(exist_ok=True)
+            run(cfg, served)  # a real run folder of its own, summarised as usual
+            runs.append(served)
+        profile, coefficients, report = calibrate(cfg, options.grid_shapes, runs)
+    except ConfigError as e:
+        raise SystemExit(f"error: {e}") from None
     path = write_profile(out_dir / "hardware.yaml", profile, coefficients)
     summary = {"samples": len(report), **error_summary(report), "coefficients": coefficients}
     (out_dir / "calibration.json").write_text(json.dumps(summary, indent=2) + "\n")
     log.info("calibrated", profile=str(path), samples=len(report), **error_summary(report))
-    print(f"{path}\n  steps timed: {len(report)}; fitted step time within "
+    print(f"{path}\n  steps fitted: {len(report)}; fitted step time within "
           f"{summary['median_error']:.1%} (median), {summary['worst_error']:.1%} (worst)\n"
           f"  use: executor=simulated hardware=measured hardware.path={path}")  # fmt: skip
 

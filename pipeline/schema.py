@@ -283,6 +283,15 @@ class SimulatedExecutorConf:
 
 
 @dataclass
+class CalibrateConf:
+    """`python -m pipeline.calibrate`: which measured steps the cost model is fitted to."""
+
+    grid_shapes: int = 0  # padding-only warmup-shape steps to time; 0 = none
+    serve: bool = True  # serve the configured workload for real and fit its steps
+    runs: list[str] = field(default_factory=list)  # real run folders whose steps to fit too
+
+
+@dataclass
 class PipelineConf:
     tokenizer: Any = MISSING
     scheduler: Any = MISSING
@@ -304,6 +313,7 @@ class PipelineConf:
     device: str = "cpu"  # cpu, or intel_hpu where the plugin is installed
     warmup: bool = False  # run every bucket shape once before the workload
     num_threads: int = 2  # Paddle's CPU math threads
+    calibrate: CalibrateConf = field(default_factory=CalibrateConf)  # pipeline.calibrate only
 
 
 SCHEMAS = {

@@ -1,26 +1,93 @@
-"""Calibration: timed warmup-shape steps give a profile the simulated device reads."""
+"""Calibration: the steps of real runs (and timed warmup shapes) give a profile the simulated
+device reads; bad run folders are one-line errors."""
 
 from __future__ import annotations
 
-from pipeline.calibrate import calibrate, error_summary, grid
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from pipeline.calibrate import bucket_dims, calibrate, error_summary, grid, run_samples
+from pipeline.checks import ConfigError
 from pipeline.compose import compose_config
+from pipeline.run import run
+from stages.metadata import bucket_label
 from stages.simulator.hardware import read_profile, write_profile
-from tests.conftest import LIMITS, serve
+from tests.conftest import LIMITS, REPO, serve
 
 TINY_GRID = [*LIMITS, "max_tokens=64"]
+SERVED = [*TINY_GRID, "workload.num_requests=12", "workload.max_new_tokens=12"]
 
 
-def test_a_calibrated_profile_round_trips_into_a_simulated_run(tmp_path):
-    profile, coefficients, report = calibrate(compose_config(TINY_GRID), max_shapes=12)
-    assert len(report) >= 8 and all(v >= 0 for v in coefficients.values())
+@pytest.fixture(scope="module")
+def served_run(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("served")  # a run folder is made before it is served
+    run(compose_config(SERVED), folder)
+    return folder
+
+
+def test_bucket_labels_read_back_as_the_dims_they_print():
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        prefill = tuple(int(x) for x in rng.integers(1, 5000, 3)) if rng.random() < 0.7 else None
+        decode = tuple(int(x) for x in rng.integers(1, 5000, 2)) if rng.random() < 0.7 else None
+        if prefill or decode:
+            assert bucket_dims(bucket_label(prefill, decode)) == (prefill, decode)
+    for bad in ("prefill 2x3", "decode 4xa", "mixed 1x2", "decode 1x2 + decode 1x2", ""):
+        with pytest.raises(ValueError, match="is not 'prefill AxBxC"):
+            bucket_dims(bad)
+
+
+def test_a_run_folder_gives_one_sample_per_step_with_its_block_size(served_run):
+    lines = (served_run / "steps.jsonl").read_text().splitlines()
+    samples = run_samples(served_run)
+    assert len(samples) == len(lines) > 3
+    for (shape, seconds), line in zip(samples, lines, strict=True):
+        step = json.loads(line)
+        assert shape.block_size == 16 and seconds == step["duration_s"]
+        assert bucket_label(shape.prefill, shape.decode) == step["bucket"]
+
+
+def test_a_calibrated_profile_round_trips_into_a_simulated_run(served_run, tmp_path):
+    profile, coefficients, report = calibrate(compose_config(SERVED), runs=[served_run])
+    assert len(report) == len(run_samples(served_run)) and all(
+        v >= 0 for v in coefficients.values()
+    )
     assert error_summary(report)["median_error"] < 1.0  # a fit, however noisy the machine
     path = write_profile(tmp_path / "hardware.yaml", profile, coefficients)
     assert read_profile(path).coefficients == coefficients
     got, engine = serve(
-        [*TINY_GRID, "executor=simulated", "hardware=measured", f"hardware.path={path}"]
+        [*SERVED, "executor=simulated", "hardware=measured", f"hardware.path={path}"]
     )
     assert all(r.finish_reason == "length" for r in got.values())
     assert engine.model.cost.coefficients == coefficients
+
+
+def test_warmup_shapes_add_to_the_served_steps(served_run):
+    _, _, report = calibrate(compose_config(SERVED), grid_shapes=9, runs=[served_run])
+    assert len(report) == len(run_samples(served_run)) + 9
+
+
+def test_bad_run_folders_are_one_line_errors(served_run, tmp_path):
+    with pytest.raises(ConfigError, match="is not a run folder"):
+        run_samples(tmp_path)
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "resolved_config.yaml").write_text((served_run / "resolved_config.yaml").read_text())
+    lines = (served_run / "steps.jsonl").read_text().splitlines()
+    (broken / "steps.jsonl").write_text("\n".join([lines[0], '{"bucket": "prefill 1x"}']) + "\n")
+    with pytest.raises(ConfigError, match="steps.jsonl line 2"):
+        run_samples(broken)
+    simulated = tmp_path / "simulated"
+    simulated.mkdir()
+    run(compose_config([*SERVED, "executor=simulated", "model=spec/ernie45_0p3b"]), simulated)
+    with pytest.raises(ConfigError, match="is a simulated run; give real runs"):
+        run_samples(simulated)
+    with pytest.raises(ConfigError, match="no steps to fit"):
+        calibrate(compose_config(SERVED))
 
 
 def test_the_grid_spreads_over_every_phase():
@@ -30,3 +97,18 @@ def test_the_grid_spreads_over_every_phase():
     shapes = grid(engine, max_shapes=9)
     assert any(p and not d for p, d in shapes) and any(d and not p for p, d in shapes)
     assert any(p and d for p, d in shapes)  # the mixed phase of chunked prefill
+
+
+@pytest.mark.slow
+def test_the_command_serves_then_writes_a_profile(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "pipeline.calibrate", *SERVED, f"hydra.run.dir={tmp_path}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (tmp_path / "served" / "steps.jsonl").is_file()
+    fitted = json.loads((tmp_path / "calibration.json").read_text())
+    assert fitted["samples"] == len(run_samples(tmp_path / "served"))
+    assert read_profile(tmp_path / "hardware.yaml").coefficients == fitted["coefficients"]

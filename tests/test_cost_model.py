@@ -178,6 +178,18 @@ def test_kv_pool_of_llama_8b_on_gaudi2():
         kv_pool_blocks(big, h100, 128, 1)  # 141 GB of weights on an 80 GB device
 
 
+def test_each_gathered_block_costs_its_coefficient_in_every_layer():
+    # Uncalibrated, a block costs only its bytes; calibrated, 25 us per block and layer.
+    shape = StepShape(16, (2, 32, 3), (4, 10))  # 2 x 3 prefill blocks and 10 decode blocks
+    assert tiny_model().breakdown(shape)["kv_blocks"] == 0.0
+    fitted = tiny_model().with_coefficients({"kv_blocks": 25.0})
+    assert fitted.breakdown(shape)["kv_blocks"] == pytest.approx((6 + 10) * 2 * 25e-6)
+    real = StepShape(16, (2, 32, 3), (4, 10), (20, 5), (0, 30), (17, 33, 1, 16))
+    gpu = tiny_model(pads_to_buckets=False).with_coefficients({"kv_blocks": 25.0})
+    blocks = 2 + 3 + (2 + 3 + 1 + 1)  # ceil((chunk + context) / 16), ceil(len / 16)
+    assert gpu.breakdown(real)["kv_blocks"] == pytest.approx(blocks * 2 * 25e-6)
+
+
 def test_bad_hardware_and_coefficients_are_one_line_errors():
     with pytest.raises(ValueError, match="gemm_efficiency=1.5"):
         dataclasses.replace(DEVICE, gemm_efficiency=1.5)
@@ -196,7 +208,7 @@ def synthetic_samples(model: CostModel, rng: np.random.Generator, count: int):
         decode = (int(rng.choice([1, 2, 4, 8, 16, 32])), int(rng.integers(1, 64)))
         kind = i % 3
         shape = StepShape(
-            16,
+            int(rng.choice([16, 64])),
             prefill if kind != 1 else None,
             decode if kind != 0 else None,
             miss=bool(i % 7 == 0),
@@ -213,6 +225,7 @@ def test_fit_recovers_known_coefficients():
         "kv_write": 2.5,
         "lm_head": 0.9,
         "allreduce": 1.0,  # tp=1: no sample exercises it, so it keeps its value
+        "kv_blocks": 30.0,
         OVERHEAD: 0.004,
     }
     made = tiny_model().with_coefficients(truth)

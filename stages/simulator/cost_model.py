@@ -19,8 +19,21 @@ from stages.simulator.nnls import nnls
 from stages.simulator.shape import StepShape
 from stages.simulator.spec import ModelSpec
 
-TERMS = ("linear", "prefill_attention", "decode_attention", "kv_write", "lm_head", "allreduce")
+TERMS = (
+    "linear",
+    "prefill_attention",
+    "decode_attention",
+    "kv_write",
+    "lm_head",
+    "allreduce",
+    "kv_blocks",
+)
 OVERHEAD = "overhead"
+# The cost of handling one KV block in one layer (its index, gather and mask rows) beyond
+# its bytes, before its coefficient; it tells small blocks from large ones. A device's
+# profile sets its coefficient by calibration; uncalibrated it is 0 (the bytes alone).
+BLOCK_S = 1e-6
+UNCALIBRATED = {"kv_blocks": 0.0}
 RECOMPILE = "recompile"
 
 
@@ -34,6 +47,7 @@ class StepWork:
     decode_slots: float = 0.0  # KV slots decode attention reads (one query each)
     kv_writes: float = 0.0  # KV slots written
     sampled_rows: float = 0.0  # rows through the lm head
+    blocks: float = 0.0  # KV blocks attention gathers, prefill rows' and decode's
 
     def __add__(self, other: StepWork) -> StepWork:
         return StepWork(*(a + b for a, b in zip(self._values(), other._values(), strict=True)))
@@ -46,6 +60,7 @@ class StepWork:
             self.decode_slots,
             self.kv_writes,
             self.sampled_rows,
+            self.blocks,
         )
 
 
@@ -55,10 +70,12 @@ def padded_work(shape: StepShape) -> StepWork:
     if shape.prefill is not None:
         rows, seq, blocks = shape.prefill
         keys = blocks * shape.block_size
-        work += StepWork(rows * seq, rows * seq * keys, rows * keys, 0, rows * seq, rows)
+        work += StepWork(
+            rows * seq, rows * seq * keys, rows * keys, 0, rows * seq, rows, rows * blocks
+        )
     if shape.decode is not None:
         rows, blocks = shape.decode
-        work += StepWork(rows, 0, 0, blocks * shape.block_size, rows, rows)
+        work += StepWork(rows, 0, 0, blocks * shape.block_size, rows, rows, blocks)
     return work
 
 
@@ -73,9 +90,12 @@ def real_work(shape: StepShape) -> StepWork:
     # Query i of a chunk (1-based) sees the context and i of its own chunk's tokens.
     pairs = sum(c * ctx + c * (c + 1) / 2 for c, ctx in zip(chunks, contexts, strict=True))
     keys = sum(chunks) + sum(contexts)
-    prefill = StepWork(sum(chunks), pairs, keys, 0, sum(chunks), len(chunks))
-    rows = len(shape.decode_lens)
-    return prefill + StepWork(rows, 0, 0, sum(shape.decode_lens), rows, rows)
+    bs = shape.block_size
+    blocks = sum(-(-(c + ctx) // bs) for c, ctx in zip(chunks, contexts, strict=True))
+    prefill = StepWork(sum(chunks), pairs, keys, 0, sum(chunks), len(chunks), blocks)
+    rows, lens = len(shape.decode_lens), shape.decode_lens
+    decode_blocks = sum(-(-n // bs) for n in lens)
+    return prefill + StepWork(rows, 0, 0, sum(lens), rows, rows, decode_blocks)
 
 
 class CostModel:
@@ -90,7 +110,7 @@ class CostModel:
     ) -> None:
         spec.check_tp(tp)
         self.spec, self.hardware, self.tp = spec, hardware, tp
-        merged = {term: 1.0 for term in TERMS} | {OVERHEAD: hardware.step_overhead_s}
+        merged = {term: 1.0 for term in TERMS} | UNCALIBRATED | {OVERHEAD: hardware.step_overhead_s}
         for given in (hardware.coefficients, coefficients or {}):
             unknown = sorted(set(given) - set(merged))
             if unknown:
@@ -133,6 +153,7 @@ class CostModel:
                 spec.lm_head_bytes(w.sampled_rows, tp) / mem,
             ),
             "allreduce": spec.allreduce_bytes(w.linear_tokens, tp) / link,
+            "kv_blocks": w.blocks * spec.num_layers * BLOCK_S,
         }
 
     def breakdown(self, shape: StepShape) -> dict[str, float]:
