@@ -15,7 +15,9 @@ Grouped-query attention never repeats keys: a KV head's G queries are matmul'd t
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from collections.abc import Iterator
 from typing import NamedTuple
 
 import numpy as np
@@ -26,6 +28,30 @@ from stages.attention.interface import Heads
 
 _NEG = -1e30
 supports_qk_norm = True
+
+_STRIDE_FLAG = "FLAGS_use_stride_kernel"
+try:
+    _HAS_STRIDE_FLAG = _STRIDE_FLAG in paddle.get_flags([_STRIDE_FLAG])
+except ValueError:  # a Paddle without strided views
+    _HAS_STRIDE_FLAG = False
+
+
+@contextlib.contextmanager
+def dense_copies() -> Iterator[None]:
+    """Transposes and slices made inside are new dense tensors, copied by Paddle's own
+    transpose and slice kernels, rather than strided views. A view is copied anyway by the
+    next op that needs dense input (a matmul, a reshape), and that copy, Paddle's generic
+    strided one, takes several times longer (benchmarks/peer.md). Reshapes of dense
+    tensors stay views either way."""
+    if not _HAS_STRIDE_FLAG:
+        yield
+        return
+    previous = paddle.get_flags([_STRIDE_FLAG])[_STRIDE_FLAG]
+    paddle.set_flags({_STRIDE_FLAG: False})
+    try:
+        yield
+    finally:
+        paddle.set_flags({_STRIDE_FLAG: previous})
 
 
 def new_caches(
@@ -258,18 +284,20 @@ def _attend_tile(
     keys_transposed: bool,
 ) -> paddle.Tensor:
     """One row's queries [n, H, D] over keys [KV, K, D] ([KV, D, K] if keys_transposed) and
-    values [KV, K, D], mask [n, K] additive -> [n, H * D].
+    values [KV, K, D], all dense, mask [n, K] additive -> [n, H * D].
 
     A KV head's G query heads are rows of one matmul, [KV, G * n, D]: no key is repeated,
     and the mask broadcasts over leading axes only (Paddle's CPU add is many times slower
     when it broadcasts over a middle axis). The mask and the softmax work in place."""
     n, h, d = queries.shape
     kv = values.shape[0]
-    heads = queries.transpose([1, 0, 2]).reshape([kv, h // kv * n, d]) * (d**-0.5)
+    with dense_copies():
+        heads = queries.transpose([1, 0, 2]).reshape([kv, h // kv * n, d]) * (d**-0.5)
     scores = paddle.matmul(heads, keys, transpose_y=not keys_transposed)  # [KV, G * n, K]
     scores.reshape([kv, h // kv, n, -1]).add_(mask)
     out = paddle.matmul(F.softmax_(scores, axis=-1), values)  # [KV, G * n, D]
-    return out.reshape([h, n, d]).transpose([1, 0, 2]).reshape([n, h * d])
+    with dense_copies():
+        return out.reshape([h, n, d]).transpose([1, 0, 2]).reshape([n, h * d])
 
 
 def _attend_rows(
@@ -288,15 +316,11 @@ def _attend_rows(
         if tiles:
             keys, values = row_keys_values(row, tiles[-1].keys)
         for tile in tiles:
-            pieces.append(
-                _attend_tile(
-                    q[row, tile.start : tile.start + tile.size],
-                    keys[:, :, : tile.keys] if keys_transposed else keys[:, : tile.keys],
-                    values[:, : tile.keys],
-                    tile.mask,
-                    keys_transposed,
-                )
-            )
+            with dense_copies():  # each tile's key prefix as a dense matmul operand
+                queries = q[row, tile.start : tile.start + tile.size]
+                tile_keys = keys[:, :, : tile.keys] if keys_transposed else keys[:, : tile.keys]
+                tile_values = values[:, : tile.keys]
+            pieces.append(_attend_tile(queries, tile_keys, tile_values, tile.mask, keys_transposed))
         if length < s:  # padding queries: their outputs are never read
             pieces.append(paddle.zeros([s - length, h * d], dtype=q.dtype))
     return paddle.matmul(paddle.concat(pieces) if len(pieces) > 1 else pieces[0], out_weight)
@@ -319,7 +343,8 @@ def prefill(
         layout = prefill_layout(np.zeros(b, np.int64), np.full(b, s), _dtype(q))
 
     def row_keys_values(row: int, keys: int) -> tuple[paddle.Tensor, paddle.Tensor]:
-        return k[row, :keys].transpose([1, 0, 2]), v[row, :keys].transpose([1, 0, 2])
+        with dense_copies():
+            return k[row, :keys].transpose([1, 0, 2]), v[row, :keys].transpose([1, 0, 2])
 
     return _attend_rows(q, layout, row_keys_values, False, out_weight)
 
@@ -341,8 +366,9 @@ def prefill_with_context(
     bs = k_cache.shape[-1]
 
     def row_keys_values(row: int, keys: int) -> tuple[paddle.Tensor, paddle.Tensor]:
-        blocks = block_list[row, : -(-keys // bs)]
-        return _gather_key_columns(k_cache, blocks), _gather_rows(v_cache, blocks)
+        with dense_copies():
+            blocks = block_list[row, : -(-keys // bs)]
+            return _gather_key_columns(k_cache, blocks), _gather_rows(v_cache, blocks)
 
     return _attend_rows(q, layout, row_keys_values, True, out_weight)
 
