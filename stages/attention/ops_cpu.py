@@ -1,4 +1,7 @@
-"""The attention ops in plain Paddle, vectorised over the batch: the CPU side of the ops interface.
+"""The attention ops in plain Paddle: the CPU side of the ops interface.
+
+A prefill chunk is attended row by row, in tiles of queries that each read only the keys
+they can see; a decode is vectorised over the batch.
 
 A layer's CPU value cache is [num_blocks, kv_heads, block_size, head_dim]: FastDeploy's
 [num_blocks, block_size, kv_heads, head_dim] with each block stored head by head, so that
