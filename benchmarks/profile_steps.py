@@ -236,23 +236,30 @@ def profile_peer(folder: Path, prompts: list[list[int]], new_tokens: int, batch:
 
 
 def report(args: argparse.Namespace, ours: PhaseProfile, peer: PhaseProfile) -> list[str]:
+    """The markdown table; the peer's rows and figures only when it was profiled."""
     header = " | ".join(f"{k} s" for k in KINDS)
-    lines = [
+    with_peer = peer.total_s > 0
+    peer_title = f"; peer sorted by length in batches of {args.peer_batch}" if with_peer else ""
+    peer_figures = (
+        f", the peer {peer.total_s:.2f} s ({peer.tokens / peer.total_s:.0f} tok/s)"
+        if with_peer
+        else ""
+    )
+    return [
         f"### Profile, model={args.model}: {args.requests} requests, prompts "
         f"{args.min_prompt}-{args.max_prompt}, {args.new_tokens} new tokens, "
-        f"{args.threads} threads; peer sorted by length in batches of {args.peer_batch}",
+        f"{args.threads} threads{peer_title}",
         "",
         f"Under the profilers: this engine {ours.total_s:.2f} s ({ours.tokens / ours.total_s:.0f}"
-        f" tok/s), the peer {peer.total_s:.2f} s ({peer.tokens / peer.total_s:.0f} tok/s). "
+        f" tok/s){peer_figures}. "
         "Seconds summed over the run; launch = the forward's wall time beyond its operators' "
         "own time (Python, dispatch); ops = operator calls per forward.",
         "",
         f"| side | phase | forwards | wall s | {header} | launch s | ops |",
         "| --- | --- | ---: | ---: | " + " | ".join("---:" for _ in KINDS) + " | ---: | ---: |",
         *ours.rows("this engine"),
-        *peer.rows("peer"),
+        *(peer.rows("peer") if with_peer else []),
     ]
-    return lines
 
 
 def main() -> None:

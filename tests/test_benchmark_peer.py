@@ -10,7 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from benchmarks.peer import first_difference, sorted_batches  # noqa: E402
-from benchmarks.profile_steps import PhaseProfile, _module_timers, kind_of  # noqa: E402
+from benchmarks.profile_steps import PhaseProfile, _module_timers, kind_of, report  # noqa: E402
 
 
 def test_sorted_batches_pad_each_batch_to_its_own_longest_prompt() -> None:
@@ -81,3 +81,15 @@ def test_phase_profile_keeps_times_already_filed_by_kind() -> None:
     profile = PhaseProfile()
     profile.add("decode", 1.0, {"elementwise": 0.3, "gather/copy": 0.1, "matmul": 0.4}, calls=0)
     assert dict(profile.ops["decode"]) == {"elementwise": 0.3, "gather/copy": 0.1, "matmul": 0.4}
+
+
+def test_profile_report_without_the_peer_has_only_this_engines_rows() -> None:
+    """--skip-peer: no peer figures, no peer rows, and no division by its zero time."""
+    ours = PhaseProfile()
+    ours.add("decode", 2.0, {"matmul": 1.0}, calls=4)
+    ours.total_s, ours.tokens = 4.0, 100
+    args = type("Args", (), {"model": "tiny", "requests": 1, "min_prompt": 1, "max_prompt": 2,
+                             "new_tokens": 3, "threads": 2, "peer_batch": 16})()  # fmt: skip
+    text = "\n".join(report(args, ours, PhaseProfile()))
+    assert "this engine 4.00 s (25 tok/s)." in text
+    assert "peer" not in text

@@ -129,6 +129,44 @@ def test_prefill_with_context_matches_per_row_attention(cached):
     np.testing.assert_allclose(got, np.stack(want) @ out_weight, rtol=1e-4, atol=1e-4)
 
 
+def test_prefill_with_context_attends_only_each_rows_real_queries(cached):
+    """Rows of other lengths than the padded chunk, contexts off block boundaries, a row
+    without context and a padding row: each real query sees its context and its chunk up
+    to itself; padding queries come back finite (their outputs are never read)."""
+    keys, values, k_cache, v_cache = cached
+    rng = np.random.default_rng(16)
+    contexts = np.array([2 * BS + 37, 0, 5, 0])
+    lengths = np.array([3 * BS - 9, 2 * BS + 1, 40, 0])  # the last row is padding
+    seq, width = 3 * BS, 6
+    tables = np.stack([rng.permutation(POOL - 1)[:width] for _ in contexts])
+    visible = np.arange(width * BS)[None, None, :] <= (
+        contexts[:, None, None] + np.arange(seq)[None, :, None]
+    )
+    mask = np.where(visible, 0.0, -1e30).astype("float32")[:, None]
+    q, out_weight = rand(len(contexts), seq, H, D, seed=17), rand(H * D, HIDDEN, seed=18)
+    layout = ops_cpu.prefill_layout(contexts, lengths, "float32")
+    assert [len(row) for row in layout.rows] == [3, 3, 1, 0]
+
+    got = ops_cpu.prefill_with_context(
+        paddle.to_tensor(q),
+        k_cache,
+        v_cache,
+        paddle.to_tensor(tables),
+        paddle.to_tensor(mask),
+        paddle.to_tensor(out_weight),
+        layout,
+    ).numpy()
+
+    assert got.shape == (len(contexts) * seq, HIDDEN) and np.isfinite(got).all()
+    for row, (ctx, length, table) in enumerate(zip(contexts, lengths, tables, strict=True)):
+        slots = (table[:, None] * BS + np.arange(BS)).reshape(-1)
+        want = [attend(q[row, i], keys[slots[: ctx + i + 1]], values[slots[: ctx + i + 1]])
+                for i in range(length)]  # fmt: skip
+        if length:
+            rows = got[row * seq : row * seq + length]
+            np.testing.assert_allclose(rows, np.stack(want) @ out_weight, rtol=1e-4, atol=1e-4)
+
+
 def test_slot_writes_land_where_block_writes_put_the_same_tokens():
     keys, values = rand(3 * BS, KV, D, seed=9), rand(3 * BS, KV, D, seed=15)
     by_block = ops_cpu.new_caches(8, BS, KV, D, "float32")
@@ -164,6 +202,22 @@ def test_causal_prefill_matches_per_row_attention():
     got = ops_cpu.prefill(*map(paddle.to_tensor, (q, k, v, out_weight))).numpy()
     want = [attend(q[r, i], k[r, : i + 1], v[r, : i + 1]) for r in range(b) for i in range(s)]
     np.testing.assert_allclose(got, np.stack(want) @ out_weight, rtol=1e-4, atol=1e-4)
+
+
+def test_causal_prefill_skips_padding_and_tiles_long_rows():
+    """Rows shorter than the padded chunk, one a tile and a bit, one under a tile, one
+    padding only: the real queries match per-row attention."""
+    lengths = np.array([3 * ops_cpu.QUERY_TILE + 1, ops_cpu.QUERY_TILE - 3, 0])
+    b, s = len(lengths), 4 * ops_cpu.QUERY_TILE
+    q, k, v = rand(b, s, H, D, seed=19), rand(b, s, KV, D, seed=20), rand(b, s, KV, D, seed=21)
+    out_weight = rand(H * D, HIDDEN, seed=22)
+    layout = ops_cpu.prefill_layout(np.zeros(b, np.int64), lengths, "float32")
+    got = ops_cpu.prefill(*map(paddle.to_tensor, (q, k, v, out_weight)), layout).numpy()
+    assert got.shape == (b * s, HIDDEN) and np.isfinite(got).all()
+    for r, length in enumerate(lengths[:2]):
+        want = [attend(q[r, i], k[r, : i + 1], v[r, : i + 1]) for i in range(length)]
+        rows = got[r * s : r * s + length]
+        np.testing.assert_allclose(rows, np.stack(want) @ out_weight, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("interleaved", [False, True])

@@ -7,7 +7,14 @@ from typing import Any
 
 import paddle
 
-from stages.attention.interface import AttentionOps, DecodeLayout, Heads, RopeTable, SlotIndex
+from stages.attention.interface import (
+    AttentionOps,
+    DecodeLayout,
+    Heads,
+    PrefillLayout,
+    RopeTable,
+    SlotIndex,
+)
 from stages.kv_cache import KVCacheManager
 from stages.metadata import ForwardMeta
 from stages.request import Request
@@ -33,6 +40,7 @@ class StepState:
     meta: ForwardMeta
     rope: RopeTable
     prefill_slots: SlotIndex | None  # token slots of an unaligned prefill
+    prefill_layout: PrefillLayout | None  # the prefill rows' real lengths and contexts
     decode_slots: SlotIndex | None  # each decode row's write slot
     decode_layout: DecodeLayout | None  # the decode's mask and row placement
 
@@ -81,9 +89,13 @@ class PagedAttention:
     def prepare(self, meta: ForwardMeta, cos: paddle.Tensor, sin: paddle.Tensor) -> StepState:
         ops, k_cache = self.ops, self.k_cache[0]  # every layer's cache has one shape
         prefill, decode = meta.prefill, meta.decode
-        prefill_slots = decode_slots = layout = None
-        if prefill is not None and prefill.block_indices is None:
-            prefill_slots = ops.slot_index(k_cache, prefill.slot_blocks, prefill.slot_offsets)
+        prefill_slots = prefill_layout = decode_slots = layout = None
+        if prefill is not None:
+            prefill_layout = ops.prefill_layout(
+                prefill.context_lens, prefill.chunk_lens, str(cos.dtype).split(".")[-1]
+            )
+            if prefill.block_indices is None:
+                prefill_slots = ops.slot_index(k_cache, prefill.slot_blocks, prefill.slot_offsets)
         if decode is not None:
             decode_slots = ops.slot_index(k_cache, decode.block_indices, decode.block_offsets)
             layout = ops.decode_layout(
@@ -94,7 +106,7 @@ class PagedAttention:
                 self.heads.num_heads,
             )
         rope = ops.rope_table(cos, sin, self.heads)
-        return StepState(meta, rope, prefill_slots, decode_slots, layout)
+        return StepState(meta, rope, prefill_slots, prefill_layout, decode_slots, layout)
 
     def qkv_rope(
         self, layer: int, x: paddle.Tensor, state: StepState
@@ -135,10 +147,12 @@ class PagedAttention:
         q = q.reshape([b, s, *q.shape[1:]])
         if meta.has_context:
             return ops.prefill_with_context(
-                q, k_cache, v_cache, meta.block_list, meta.mask, out_weight
+                q, k_cache, v_cache, meta.block_list, meta.mask, out_weight, state.prefill_layout
             )
         kv_shape = [b, s, *k.shape[1:]]
-        return ops.prefill(q, k.reshape(kv_shape), v.reshape(kv_shape), out_weight)
+        return ops.prefill(
+            q, k.reshape(kv_shape), v.reshape(kv_shape), out_weight, state.prefill_layout
+        )
 
     def _decode(self, layer: int, q, k, v, state: StepState, out_weight) -> paddle.Tensor:
         ops, k_cache, v_cache = self.ops, self.k_cache[layer], self.v_cache[layer]

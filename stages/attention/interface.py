@@ -16,12 +16,14 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple, Protocol
 
+import numpy as np
 import paddle
 
 Cache = Any  # a backend's own layout of one layer's keys or values
 RopeTable = Any  # a backend's own form of a forward's rotary angles
 SlotIndex = Any  # a backend's own form of a step's cache slots
 DecodeLayout = Any  # a backend's own form of a step's decode mask and row placement
+PrefillLayout = Any  # a backend's own form of a step's prefill rows: lengths and contexts
 QkNorm = Any  # a backend's own form of a layer's per-head q/k RMSNorm
 
 
@@ -119,12 +121,26 @@ class AttentionOps(Protocol):
     ) -> None:
         """Slot writes: row i of k, v [n, KV, D] goes to slot i of slot_index's slots."""
 
+    def prefill_layout(
+        self, context_lens: np.ndarray, chunk_lens: np.ndarray, dtype: str
+    ) -> PrefillLayout:
+        """The prefill rows' contexts and real lengths [B] as this backend's prefill ops take
+        them, made once per step, shared by every layer. A backend that attends the padded
+        rectangle whole, with causality or the mask alone, needs none of it."""
+
     def prefill(
-        self, q: paddle.Tensor, k: paddle.Tensor, v: paddle.Tensor, out_weight: paddle.Tensor
+        self,
+        q: paddle.Tensor,
+        k: paddle.Tensor,
+        v: paddle.Tensor,
+        out_weight: paddle.Tensor,
+        layout: PrefillLayout | None = None,
     ) -> paddle.Tensor:
         """A first chunk, causal within the row: q [B, S, H, D], k, v [B, S, KV, D], then
         the output projection out_weight [H * D, hidden] -> [B * S, hidden]. Real tokens
-        are a prefix of each row, so causality alone keeps them off the padding."""
+        are a prefix of each row, so causality alone keeps them off the padding; the
+        outputs of padding queries are never read, so a backend may skip them (layout
+        says where they are)."""
 
     def prefill_with_context(
         self,
@@ -134,10 +150,11 @@ class AttentionOps(Protocol):
         block_list: paddle.Tensor,
         mask: paddle.Tensor,
         out_weight: paddle.Tensor,
+        layout: PrefillLayout | None = None,
     ) -> paddle.Tensor:
         """A later chunk (already written to the cache) over its context and itself:
         q [B, S, H, D], block_list [B, M], mask [B, 1, S, M * bs] additive, then the output
-        projection -> [B * S, hidden]."""
+        projection -> [B * S, hidden]. Padding queries as in prefill."""
 
     def decode_layout(
         self,

@@ -1,4 +1,7 @@
-"""The attention ops in plain Paddle, vectorised over the batch: the CPU side of the ops interface.
+"""The attention ops in plain Paddle: the CPU side of the ops interface.
+
+A prefill chunk is attended row by row, in tiles of queries that each read only the keys
+they can see; a decode is vectorised over the batch.
 
 A layer's CPU value cache is [num_blocks, kv_heads, block_size, head_dim]: FastDeploy's
 [num_blocks, block_size, kv_heads, head_dim] with each block stored head by head, so that
@@ -15,7 +18,9 @@ Grouped-query attention never repeats keys: a KV head's G queries are matmul'd t
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from collections.abc import Iterator
 from typing import NamedTuple
 
 import numpy as np
@@ -26,6 +31,30 @@ from stages.attention.interface import Heads
 
 _NEG = -1e30
 supports_qk_norm = True
+
+_STRIDE_FLAG = "FLAGS_use_stride_kernel"
+try:
+    _HAS_STRIDE_FLAG = _STRIDE_FLAG in paddle.get_flags([_STRIDE_FLAG])
+except ValueError:  # a Paddle without strided views
+    _HAS_STRIDE_FLAG = False
+
+
+@contextlib.contextmanager
+def dense_copies() -> Iterator[None]:
+    """Transposes and slices made inside are new dense tensors, copied by Paddle's own
+    transpose and slice kernels, rather than strided views. A view is copied anyway by the
+    next op that needs dense input (a matmul, a reshape), and that copy, Paddle's generic
+    strided one, takes several times longer (benchmarks/peer.md). Reshapes of dense
+    tensors stay views either way."""
+    if not _HAS_STRIDE_FLAG:
+        yield
+        return
+    previous = paddle.get_flags([_STRIDE_FLAG])[_STRIDE_FLAG]
+    paddle.set_flags({_STRIDE_FLAG: False})
+    try:
+        yield
+    finally:
+        paddle.set_flags({_STRIDE_FLAG: previous})
 
 
 def new_caches(
@@ -195,89 +224,132 @@ def write_blocks(
     _write_value_rows(v_cache, rows.reshape([-1]), v)
 
 
-def _query_heads(q: paddle.Tensor, kv: int) -> paddle.Tensor:
-    """q [B, S, H, D] -> [KV, G, B, S, D], pre-scaled by 1 / sqrt(D)."""
-    b, s, h, d = q.shape
-    heads = q.reshape([b * s, h, d]).transpose([1, 0, 2]) * (d**-0.5)  # [H, T, D]
-    return heads.reshape([kv, h // kv, b, s, d])
+# A chunk's queries are attended this many at a time, each tile over only the keys its
+# queries can see (the context, then the chunk up to the tile's last query): a causal
+# chunk then costs a little over half of its full square, a row's padding costs nothing,
+# and a tile's scores stay in cache from the matmul through the softmax.
+QUERY_TILE = 128
 
 
-def _softmax_attend(heads, keys, values, mask, keys_transposed: bool = False) -> paddle.Tensor:
-    """heads [KV, G, B, S, D]; keys [KV, B, K, D] ([KV, B, D, K] if keys_transposed), values
-    [KV, B, K, D]; mask [B, S, K] or [S, K] additive.
-
-    Scores are [KV, G, B, S, K], so the mask broadcasts over leading axes only: Paddle's
-    CPU add is many times slower when it broadcasts over a middle axis. The mask and the
-    softmax work in place: scores are the step's largest tensor, and each fresh copy of it
-    costs more than the arithmetic."""
-    scores = paddle.matmul(heads, keys.unsqueeze(1), transpose_y=not keys_transposed)
-    scores.add_(mask)
-    return paddle.matmul(F.softmax_(scores, axis=-1), values.unsqueeze(1))  # [KV, G, B, S, D]
+class PrefillTile(NamedTuple):
+    start: int  # the tile's first query in its row
+    size: int  # queries
+    keys: int  # keys the tile reads: the row's context + start + size
+    mask: paddle.Tensor  # [size, keys] additive: query i sees keys 0..keys - size + i
 
 
-def _project(out: paddle.Tensor, out_weight: paddle.Tensor) -> paddle.Tensor:
-    """[KV, G, B, S, D] -> [B * S, H * D] (plain 3-axis transposes only) @ out_weight."""
-    kv, g, b, s, d = out.shape
-    rows = out.reshape([kv * g, b * s, d]).transpose([1, 0, 2]).reshape([b * s, kv * g * d])
-    return paddle.matmul(rows, out_weight)
+class PrefillLayout(NamedTuple):
+    """Each prefill row's tiles (none for a padding row), made once per step."""
+
+    rows: tuple[tuple[PrefillTile, ...], ...]
 
 
-def _kv_heads_first(x: paddle.Tensor) -> paddle.Tensor:
-    """[B, S, KV, D] -> [KV, B, S, D]."""
-    b, s, kv, d = x.shape
-    return x.reshape([b * s, kv, d]).transpose([1, 0, 2]).reshape([kv, b, s, d])
+def prefill_layout(
+    context_lens: np.ndarray, chunk_lens: np.ndarray, dtype: str = "float32"
+) -> PrefillLayout:
+    """Tiles of QUERY_TILE queries over each row's real tokens; rows with equal offsets
+    share their masks."""
+    masks: dict[tuple[int, int], paddle.Tensor] = {}
+    rows = []
+    for context, length in zip(context_lens.tolist(), chunk_lens.tolist(), strict=True):
+        tiles = []
+        for start in range(0, length, QUERY_TILE):
+            size = min(QUERY_TILE, length - start)
+            seen = context + start  # keys every query of the tile sees
+            if (seen, size) not in masks:
+                masks[seen, size] = _tile_mask(seen, size, dtype)
+            tiles.append(PrefillTile(start, size, seen + size, masks[seen, size]))
+        rows.append(tuple(tiles))
+    return PrefillLayout(tuple(rows))
 
 
-@functools.lru_cache(maxsize=4)
+def _tile_mask(seen: int, size: int, dtype: str) -> paddle.Tensor:
+    """[size, seen + size] additive: every query sees the first `seen` keys, then the
+    tile's keys up to its own."""
+    causal = _causal_bias(size, dtype)
+    if not seen:
+        return causal
+    return paddle.concat([paddle.zeros([size, seen], dtype=dtype), causal], axis=1)
+
+
+@functools.lru_cache(maxsize=8)
 def _causal_bias(s: int, dtype: str) -> paddle.Tensor:
     """[S, S] additive: query i sees keys 0..i. Built once per length, not once per layer
     (building it took longer than the attention it masks)."""
     return paddle.to_tensor(np.triu(np.full((s, s), _NEG, dtype=np.float32), 1)).astype(dtype)
 
 
-# Causal rows at least this long are attended in two query parts, the first over its own
-# keys only: 0.71 of the row takes half of the triangle, and the second part skips the
-# first part's future keys. Shorter rows are not worth the extra ops.
-_SPLIT_CAUSAL_FROM = 512
+def _attend_tile(
+    queries: paddle.Tensor,
+    keys: paddle.Tensor,
+    values: paddle.Tensor,
+    mask: paddle.Tensor,
+    keys_transposed: bool,
+) -> paddle.Tensor:
+    """One row's queries [n, H, D] over keys [KV, K, D] ([KV, D, K] if keys_transposed) and
+    values [KV, K, D], all dense, mask [n, K] additive -> [n, H * D].
+
+    A KV head's G query heads are rows of one matmul, [KV, G * n, D]: no key is repeated,
+    and the mask broadcasts over leading axes only (Paddle's CPU add is many times slower
+    when it broadcasts over a middle axis). The mask and the softmax work in place."""
+    n, h, d = queries.shape
+    kv = values.shape[0]
+    with dense_copies():
+        heads = queries.transpose([1, 0, 2]).reshape([kv, h // kv * n, d]) * (d**-0.5)
+    scores = paddle.matmul(heads, keys, transpose_y=not keys_transposed)  # [KV, G * n, K]
+    scores.reshape([kv, h // kv, n, -1]).add_(mask)
+    out = paddle.matmul(F.softmax_(scores, axis=-1), values)  # [KV, G * n, D]
+    with dense_copies():
+        return out.reshape([h, n, d]).transpose([1, 0, 2]).reshape([n, h * d])
+
+
+def _attend_rows(
+    q: paddle.Tensor,
+    layout: PrefillLayout,
+    row_keys_values,
+    keys_transposed: bool,
+    out_weight: paddle.Tensor,
+) -> paddle.Tensor:
+    """Every row's tiles, its padding as zeros, then one output projection -> [B * S, hidden].
+    row_keys_values(row, keys) gives the row's first `keys` keys and values."""
+    b, s, h, d = q.shape
+    pieces = []
+    for row, tiles in enumerate(layout.rows):
+        length = tiles[-1].start + tiles[-1].size if tiles else 0
+        if tiles:
+            keys, values = row_keys_values(row, tiles[-1].keys)
+        for tile in tiles:
+            with dense_copies():  # each tile's key prefix as a dense matmul operand
+                queries = q[row, tile.start : tile.start + tile.size]
+                tile_keys = keys[:, :, : tile.keys] if keys_transposed else keys[:, : tile.keys]
+                tile_values = values[:, : tile.keys]
+            pieces.append(_attend_tile(queries, tile_keys, tile_values, tile.mask, keys_transposed))
+        if length < s:  # padding queries: their outputs are never read
+            pieces.append(paddle.zeros([s - length, h * d], dtype=q.dtype))
+    return paddle.matmul(paddle.concat(pieces) if len(pieces) > 1 else pieces[0], out_weight)
+
+
+def _dtype(x: paddle.Tensor) -> str:
+    return str(x.dtype).split(".")[-1]
 
 
 def prefill(
-    q: paddle.Tensor, k: paddle.Tensor, v: paddle.Tensor, out_weight: paddle.Tensor
+    q: paddle.Tensor,
+    k: paddle.Tensor,
+    v: paddle.Tensor,
+    out_weight: paddle.Tensor,
+    layout: PrefillLayout | None = None,
 ) -> paddle.Tensor:
-    b, s, kv = k.shape[0], k.shape[1], k.shape[2]
-    causal = _causal_bias(s, str(q.dtype).split(".")[-1])
-    split = int(s * 0.71) if s >= _SPLIT_CAUSAL_FROM else s
-    parts = []
-    for lo, hi in ((0, split), (split, s)):
-        if hi > lo:  # queries lo..hi-1 see keys 0..hi-1
-            out = _softmax_attend(
-                _query_heads(q[:, lo:hi], kv),
-                _kv_heads_first(k[:, :hi]),
-                _kv_heads_first(v[:, :hi]),
-                causal[lo:hi, :hi],
-            )
-            parts.append(_project(out, out_weight).reshape([b, hi - lo, -1]))
-    rows = parts[0] if len(parts) == 1 else paddle.concat(parts, axis=1)
-    return rows.reshape([b * s, -1])
+    """layout: the rows' real lengths as prefill_layout made them; None = every row full."""
+    b, s = q.shape[0], q.shape[1]
+    if layout is None:
+        layout = prefill_layout(np.zeros(b, np.int64), np.full(b, s), _dtype(q))
 
+    def row_keys_values(row: int, keys: int) -> tuple[paddle.Tensor, paddle.Tensor]:
+        with dense_copies():
+            return k[row, :keys].transpose([1, 0, 2]), v[row, :keys].transpose([1, 0, 2])
 
-def _gather_rows(cache: paddle.Tensor, block_list: paddle.Tensor) -> paddle.Tensor:
-    """The value blocks of each row of block_list [B, M], as [KV, B, M * bs, D]."""
-    _, kv, bs, d = cache.shape
-    b, m = block_list.shape
-    blocks = paddle.gather(cache, block_list.reshape([-1])).reshape([b * m, kv, bs * d])
-    return blocks.transpose([1, 0, 2]).reshape([kv, b, m * bs, d])
-
-
-def _gather_key_columns(k_cache: paddle.Tensor, block_list: paddle.Tensor) -> paddle.Tensor:
-    """The transposed key blocks of each row of block_list [B, M], side by side as
-    [KV, B, D, M * bs]: split and joined on the last axis, where one 4-axis transpose
-    takes about ten times as long."""
-    _, kv, d, bs = k_cache.shape
-    b, m = block_list.shape
-    blocks = paddle.gather(k_cache, block_list.reshape([-1])).reshape([b * m, kv, d * bs])
-    by_head = blocks.transpose([1, 0, 2]).reshape([kv, b, m, d, bs])
-    return paddle.concat(paddle.unbind(by_head, axis=2), axis=-1)
+    return _attend_rows(q, layout, row_keys_values, False, out_weight)
 
 
 def prefill_with_context(
@@ -287,12 +359,40 @@ def prefill_with_context(
     block_list: paddle.Tensor,
     mask: paddle.Tensor,
     out_weight: paddle.Tensor,
+    layout: PrefillLayout | None = None,
 ) -> paddle.Tensor:
-    keys = _gather_key_columns(k_cache, block_list)
-    values = _gather_rows(v_cache, block_list)
-    heads = _query_heads(q, k_cache.shape[1])
-    out = _softmax_attend(heads, keys, values, mask.squeeze(1), keys_transposed=True)
-    return _project(out, out_weight)
+    """layout: the rows' contexts and real lengths as prefill_layout made them; None =
+    every row full, its context read from the mask (what its first query sees, less one)."""
+    if layout is None:
+        contexts = (mask[:, 0, 0] == 0).astype("int64").sum(axis=-1).numpy() - 1
+        layout = prefill_layout(contexts, np.full(q.shape[0], q.shape[1]), _dtype(q))
+    bs = k_cache.shape[-1]
+
+    def row_keys_values(row: int, keys: int) -> tuple[paddle.Tensor, paddle.Tensor]:
+        with dense_copies():
+            blocks = block_list[row, : -(-keys // bs)]
+            return _gather_key_columns(k_cache, blocks), _gather_rows(v_cache, blocks)
+
+    return _attend_rows(q, layout, row_keys_values, True, out_weight)
+
+
+def _gather_rows(cache: paddle.Tensor, blocks: paddle.Tensor) -> paddle.Tensor:
+    """Value blocks [M] of one row as [KV, M * bs, D]."""
+    _, kv, bs, d = cache.shape
+    m = blocks.shape[0]
+    rows = paddle.gather(cache, blocks).reshape([m, kv, bs * d])
+    return rows.transpose([1, 0, 2]).reshape([kv, m * bs, d])
+
+
+def _gather_key_columns(k_cache: paddle.Tensor, blocks: paddle.Tensor) -> paddle.Tensor:
+    """Transposed key blocks [M] of one row side by side as [KV, D, M * bs]: split and
+    joined on the last axis, where one 4-axis transpose takes about ten times as long."""
+    _, kv, d, bs = k_cache.shape
+    m = blocks.shape[0]
+    by_head = paddle.gather(k_cache, blocks).reshape([m, kv, d * bs]).transpose([1, 0, 2])
+    if m == 1:
+        return by_head.reshape([kv, d, bs])
+    return paddle.concat(paddle.unbind(by_head.reshape([kv, m, d, bs]), axis=1), axis=-1)
 
 
 # Decode listed row by row gathers keys and values a tile of blocks at a time, sized so

@@ -196,8 +196,16 @@ class IntelHPUOps:
         )
         return out.reshape([batch * seq, -1])
 
+    def prefill_layout(self, context_lens: Any, chunk_lens: Any, dtype: str) -> None:
+        return None  # the fused op attends the padded rectangle, causal or masked
+
     def prefill(
-        self, q: paddle.Tensor, k: paddle.Tensor, v: paddle.Tensor, out_weight: paddle.Tensor
+        self,
+        q: paddle.Tensor,
+        k: paddle.Tensor,
+        v: paddle.Tensor,
+        out_weight: paddle.Tensor,
+        layout: None = None,
     ) -> paddle.Tensor:
         # No mask: causal alone, since padding is a suffix of each row.
         return self._sdpa(q, paddle.stack([k, v], axis=0), None, out_weight)
@@ -210,6 +218,7 @@ class IntelHPUOps:
         block_list: paddle.Tensor,
         mask: paddle.Tensor,
         out_weight: paddle.Tensor,
+        layout: None = None,
     ) -> paddle.Tensor:
         batch, _, _, head_dim = q.shape
         _, block_size, num_kv_heads, _ = k_cache.shape
