@@ -37,14 +37,22 @@ def chain_hash(parent: bytes, token_ids: np.ndarray) -> bytes:
 ROOT_HASH = b""  # the parent of a sequence's first block
 
 
-def token_slice(request: Request, start: int, end: int) -> list[int]:
-    """The request's token ids start..end-1, prompt then output, without joining the whole
-    sequence first (a long prompt's ids may be made on demand)."""
+def token_array(request: Request, start: int, end: int) -> np.ndarray:
+    """The request's token ids start..end-1 (int32), prompt then output, without joining the
+    whole sequence first (a long prompt's ids may be made on demand)."""
     prompt = request.prompt_ids
-    ids = list(prompt[start : min(end, len(prompt))]) if start < len(prompt) else []
-    if end > len(prompt):
-        ids += request.output_ids[max(0, start - len(prompt)) : end - len(prompt)]
-    return ids
+    num_prompt = request.num_prompt_tokens
+    parts = []
+    if start < num_prompt:
+        # A trace's drawn prompt gives an array slice; making its list first costs more.
+        as_array = getattr(prompt, "array", None)
+        stop = min(end, num_prompt)
+        parts.append(as_array(start, stop) if as_array else prompt[start:stop])
+    if end > num_prompt:
+        parts.append(request.output_ids[max(0, start - num_prompt) : end - num_prompt])
+    if len(parts) == 1:
+        return np.asarray(parts[0], dtype=np.int32)
+    return np.concatenate([np.asarray(p, dtype=np.int32) for p in parts])
 
 
 class BlockPool:
@@ -147,6 +155,11 @@ class KVCacheManager:
         """The request's blocks in sequence order (empty when it holds none)."""
         return self._tables.get(request.seq_id, [])
 
+    def slots_held(self, requests: Sequence[Request]) -> list[int]:
+        """Tokens the blocks each request holds have room for (a step's rows at once)."""
+        tables, bs = self._tables, self.block_size
+        return [len(tables.get(r.seq_id, ())) * bs for r in requests]
+
     # -- prefix caching ----------------------------------------------------------------------
     def match_prefix(self, request: Request) -> list[int]:
         """The cached blocks of the longest cached prefix of the request's tokens, whole
@@ -165,12 +178,11 @@ class KVCacheManager:
 
     def block_hashes(self, request: Request, num_blocks: int) -> list[bytes]:
         """Content hashes of the request's first num_blocks full blocks, each made once and
-        kept on the request (the scheduler makes a prompt's when it arrives, as vLLM does,
-        so that admission only looks them up)."""
+        kept on the request (a prompt's when admission first looks it up)."""
         chain = request.block_hashes
         if len(chain) < num_blocks:
             bs = self.block_size
-            ids = np.asarray(token_slice(request, len(chain) * bs, num_blocks * bs), np.int32)
+            ids = token_array(request, len(chain) * bs, num_blocks * bs)
             parent = chain[-1] if chain else ROOT_HASH
             for j in range(num_blocks - len(chain)):
                 parent = chain_hash(parent, ids[j * bs : (j + 1) * bs])
@@ -190,6 +202,16 @@ class KVCacheManager:
             for block, content in zip(table[done:full], chain[done:], strict=True):
                 self.prefix.register(block, content)
             self._registered[request.seq_id] = full
+
+    def cache_computed_blocks_of(self, requests: Sequence[Request]) -> None:
+        """cache_computed_blocks for each request, skipping those whose computed tokens
+        fill no block beyond the registered ones (a decode within a block)."""
+        if self.prefix is None:
+            return
+        registered, bs = self._registered, self.block_size
+        for request in requests:
+            if request.num_computed // bs > registered.get(request.seq_id, 0):
+                self.cache_computed_blocks(request)
 
     # -- allocation --------------------------------------------------------------------------
     def allocate_slots(

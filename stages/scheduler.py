@@ -133,9 +133,9 @@ class ChunkedScheduler:
         return None
 
     def add(self, request: Request) -> None:
+        # Its block hashes are made when admission first looks it up, not now: a trace's
+        # prompt ids are drawn only then, and a long waiting queue holds no hashes.
         request.status = Status.WAITING
-        if self.kv_cache.prefix is not None:  # hashed now: admission only looks blocks up
-            self.kv_cache.block_hashes(request, (request.num_tokens - 1) // self.block_size)
         self.waiting.append(request)
 
     @property
@@ -195,28 +195,64 @@ class ChunkedScheduler:
 
     def _continue_running(self, plan: StepPlan, budget: StepBudget) -> None:
         """A decode or the next chunk for each running request, oldest first; the newest
-        are preempted when the cache has no room for an older one."""
+        are preempted when the cache has no room for an older one.
+
+        Most rows are plain decodes: one token that fits the request's last block, which
+        takes nothing from the cache. Runs of them join the plan in one slice; the other
+        rows go one by one."""
+        running = self.running
+        others = self._not_plain_decodes()
+        others.append(len(running))  # a sentinel: the end of the last run
+        next_other = 0
         i = 0
-        while i < len(self.running) and budget.left > 0:
-            request = self.running[i]
-            remaining = request.num_tokens - request.num_computed
-            is_decode = remaining == 1 and bool(request.output_ids)
-            n = 1 if is_decode else self._prefill_len(remaining, budget)
-            if n == 0:
-                i += 1
+        while i < len(running) and budget.left > 0:
+            while others[next_other] < i:
+                next_other += 1
+            end = min(others[next_other], len(running), i + budget.left)
+            if end > i:
+                plan.decode.extend(running[i:end])
+                budget.left -= end - i
+                i = end
                 continue
-            while not self.kv_cache.allocate_slots(request, n):
-                if self.running[-1] is request:  # nothing newer is left to preempt
-                    self._preempt(request, plan)
-                    return
-                self._preempt(self.running[-1], plan)
-            if is_decode:
-                plan.decode.append(request)
-                budget.left -= 1
-            else:
-                plan.prefill.append(self._chunk(request, n))
-                self._charge(n, budget)
+            if not self._continue_one(running[i], plan, budget):
+                return
             i += 1
+
+    def _not_plain_decodes(self) -> list[int]:
+        """Positions in `running` of the rows that are not a plain decode (a prefill, or a
+        decode whose token needs a new block). Preempting takes rows from the end and
+        scheduling a row changes no other, so the list holds for a whole step."""
+        held = self.kv_cache.slots_held(self.running)
+        return [
+            i
+            for i, (r, slots) in enumerate(zip(self.running, held, strict=True))
+            if not (
+                r.num_computed < slots
+                and r.output_ids
+                and r.num_computed + 1 == r.num_prompt_tokens + len(r.output_ids)
+            )
+        ]
+
+    def _continue_one(self, request: Request, plan: StepPlan, budget: StepBudget) -> bool:
+        """The request's decode or next chunk, if it fits; False when it was preempted
+        itself, which ends the step's walk over the running requests."""
+        remaining = request.num_tokens - request.num_computed
+        is_decode = remaining == 1 and bool(request.output_ids)
+        n = 1 if is_decode else self._prefill_len(remaining, budget)
+        if n == 0:
+            return True
+        while not self.kv_cache.allocate_slots(request, n):
+            if self.running[-1] is request:  # nothing newer is left to preempt
+                self._preempt(request, plan)
+                return False
+            self._preempt(self.running[-1], plan)
+        if is_decode:
+            plan.decode.append(request)
+            budget.left -= 1
+        else:
+            plan.prefill.append(self._chunk(request, n))
+            self._charge(n, budget)
+        return True
 
     def _admit_waiting(self, plan: StepPlan, budget: StepBudget, now: float) -> None:
         """First chunks of waiting requests, in order, while the budget, max_num_seqs and
@@ -262,22 +298,49 @@ class ChunkedScheduler:
     def update(self, plan: StepPlan, samples: Samples, now: float) -> list[Request]:
         """Advances each scheduled request and keeps its sample, unless the row ended a
         non-final chunk (that sample predicts a prompt token); returns the requests that
-        finished."""
-        finished = []
-        rows = [(c.request, c.end, c.is_final) for c in plan.prefill]
-        rows += [(r, r.num_computed + 1, True) for r in plan.decode]
-        for row, (request, computed, keeps_sample) in enumerate(rows):
-            request.num_computed = computed
+        finished, in row order."""
+        finished: list[Request] = []
+        tokens = samples.token_ids.tolist()
+        logprobs = samples.logprobs
+        for row, chunk in enumerate(plan.prefill):
+            request = chunk.request
+            keeps_sample = chunk.is_final
+            request.num_computed = chunk.end
             self.kv_cache.cache_computed_blocks(request)  # its keys and values are written now
-            if not keeps_sample:
-                continue
-            logprobs = samples.logprobs[row] if samples.logprobs is not None else None
-            request.append_token(int(samples.token_ids[row]), now, logprobs)
-            reason = self.stop.reason(request)
-            if reason:
-                self.finish(request, reason, now)
-                finished.append(request)
+            if keeps_sample:
+                entry = logprobs[row] if logprobs is not None else None
+                request.append_token(tokens[row], now, entry)
+                reason = self.stop.reason(request)
+                if reason:
+                    self.finish(request, reason, now)
+                    finished.append(request)
+        first = len(plan.prefill)
+        decode_logprobs = logprobs[first:] if logprobs is not None else None
+        self._update_decodes(plan.decode, tokens[first:], decode_logprobs, now, finished)
         return finished
+
+    def _update_decodes(
+        self,
+        decode: list[Request],
+        tokens: list[int],
+        logprobs: list[dict[int, float]] | None,
+        now: float,
+        finished: list[Request],
+    ) -> None:
+        """The decode rows of update, a step's rows at a time: what a row does touches no
+        other row, so each kind of work is done for all of them in turn."""
+        for request, token in zip(decode, tokens, strict=True):
+            request.num_computed += 1
+            request.output_ids.append(token)
+            request.token_times.append(now)
+        if logprobs is not None:
+            for request, entry in zip(decode, logprobs, strict=True):
+                if entry is not None:
+                    request.logprobs.append(entry)
+        self.kv_cache.cache_computed_blocks_of(decode)
+        for row, reason in self.stop.ended(decode):
+            self.finish(decode[row], reason, now)
+            finished.append(decode[row])
 
     def finish(self, request: Request, reason: str, now: float) -> None:
         if request.finished:

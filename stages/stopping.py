@@ -37,6 +37,23 @@ class StopRule:
             return "stop"
         return None
 
+    def ended(self, requests: Sequence[Request]) -> list[tuple[int, str]]:
+        """(position, reason) of each of a step's requests that ends after its latest
+        output token. `reason` decides; it is asked only of the rows that could end now: an
+        end-of-sequence id is possible, a stop string is set or a length is reached."""
+        eos_possible = bool(self.eos_ids)
+        strings = self.decode is not None
+        max_model_len = self.max_model_len
+        maybe = [
+            i
+            for i, r in enumerate(requests)
+            if (eos_possible and not r.ignore_eos)
+            or (strings and r.stop)
+            or len(r.output_ids) >= r.max_new_tokens
+            or r.num_prompt_tokens + len(r.output_ids) >= max_model_len
+        ]
+        return [(i, reason) for i in maybe if (reason := self.reason(requests[i]))]
+
     def _hit_stop_string(self, request: Request) -> bool:
         # Decoding only a tail long enough for the longest stop string keeps this cheap.
         tail = self.decode(request.output_ids[-4 * max(map(len, request.stop)) :])
