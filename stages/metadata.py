@@ -223,15 +223,16 @@ class HPUMetadataBuilder:
         needed: dict[str, list[int]] = {}
         prefill = self._prefill_shape(plan.prefill, needed)
         decode = None
-        decode_lens = [r.num_computed + 1 for r in plan.decode]
-        if decode_lens:
+        lens = plan.decode_lens
+        if lens is None:
+            lens = np.array([r.num_computed + 1 for r in plan.decode], dtype=np.int64)
+        if len(lens):
             # Each row lists the blocks its tokens fill: sum(ceil(len / block_size)).
-            lens = np.array(decode_lens, dtype=np.int64)
             blocks = int((-(-lens // self.block_size)).sum())
-            needed["decode"] = [len(decode_lens), blocks]
-            decode = self.buckets.shape("decode", batch=len(decode_lens), blocks=blocks)
+            needed["decode"] = [len(lens), blocks]
+            decode = self.buckets.shape("decode", batch=len(lens), blocks=blocks)
         padded = (prefill[0] * prefill[1] if prefill else 0) + (decode[0] if decode else 0)
-        shape = step_shape(self.block_size, plan, prefill, decode, tuple(decode_lens))
+        shape = step_shape(self.block_size, plan, prefill, decode, tuple(lens.tolist()))
         return ForwardMeta(
             mode=plan.mode,
             prefill=None,

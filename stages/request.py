@@ -123,6 +123,9 @@ class StepPlan:
     decode: list[Request] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
     failed: list[Request] = field(default_factory=list)  # ended by the scheduler this step
+    # Each decode row's tokens with its new one (num_computed + 1), when the scheduler has
+    # them as an array already; None: read them from the requests.
+    decode_lens: np.ndarray | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -37,22 +37,16 @@ class StopRule:
             return "stop"
         return None
 
-    def ended(self, requests: Sequence[Request]) -> list[tuple[int, str]]:
-        """(position, reason) of each of a step's requests that ends after its latest
-        output token. `reason` decides; it is asked only of the rows that could end now: an
-        end-of-sequence id is possible, a stop string is set or a length is reached."""
-        eos_possible = bool(self.eos_ids)
-        strings = self.decode is not None
-        max_model_len = self.max_model_len
-        maybe = [
-            i
-            for i, r in enumerate(requests)
-            if (eos_possible and not r.ignore_eos)
-            or (strings and r.stop)
-            or len(r.output_ids) >= r.max_new_tokens
-            or r.num_prompt_tokens + len(r.output_ids) >= max_model_len
-        ]
-        return [(i, reason) for i in maybe if (reason := self.reason(requests[i]))]
+    def length_limit(self, request: Request) -> int:
+        """The num_tokens at which `length` ends the request."""
+        return min(request.num_prompt_tokens + request.max_new_tokens, self.max_model_len)
+
+    def checks_each_token(self, request: Request) -> bool:
+        """Whether an end-of-sequence id or a stop string could end the request at any
+        token; if not, only reaching length_limit can (what lets a step's rows be checked
+        by numbers alone)."""
+        eos = bool(self.eos_ids) and not request.ignore_eos
+        return eos or (self.decode is not None and bool(request.stop))
 
     def _hit_stop_string(self, request: Request) -> bool:
         # Decoding only a tail long enough for the longest stop string keeps this cheap.
