@@ -7,7 +7,9 @@ functions the time goes to (cProfile).
 
 The defaults: ERNIE-4.5-21B-A3B on a Gaudi 3, `max_num_seqs=256` (a common serving batch
 for a 3B-active MoE), `max_tokens=8192` (a whole 8k prompt fits one step's budget) and
-`max_model_len=8704` (the trace's longest prompt and output: nothing is clipped).
+`max_model_len=8704` (the trace's longest prompt and output: nothing is clipped), and
+warmed-up exponential buckets (`metadata.bucketing=exponential warmup=true`), as a
+deployment serves: without warmup every new shape pays a compile on the virtual clock.
 Extra OVERRIDES are Hydra overrides appended to these.
 """
 
@@ -34,6 +36,8 @@ DEFAULTS = [
     "max_num_seqs=256",
     "max_tokens=8192",
     "max_model_len=8704",
+    "metadata.bucketing=exponential",
+    "warmup=true",
     "num_threads=1",
 ]
 
