@@ -140,8 +140,8 @@ def prefix_cache_scenario(args: argparse.Namespace) -> tuple[list[tuple[str, Ser
         f"{ttft['off']:.0f} ms, **{ttft['off'] / ttft['on']:.2f}x** lower; output throughput "
         f"{tput['on']:.1f} vs {tput['off']:.1f} tok/s (**{tput['on'] / tput['off']:.2f}x**); "
         f"{hits:.0%} of prompt tokens served from the cache. A 2,048-token prompt (16 blocks "
-        f"of 128): its block hashes, made when it arrives, {hashing_us:.1f} us; the lookup "
-        f"on admission {lookup_us:.1f} us.",
+        f"of 128): its block hashes, made when admission first looks it up, {hashing_us:.1f} us; "
+        f"the lookup {lookup_us:.1f} us.",
     ]
     return labelled, notes
 
@@ -149,8 +149,8 @@ def prefix_cache_scenario(args: argparse.Namespace) -> tuple[list[tuple[str, Ser
 def prefix_lookup_us(
     prompt_tokens: int, block_size: int, repeats: int = 2000
 ) -> tuple[float, float]:
-    """Median times (us) of hashing a prompt's blocks when it arrives, and of
-    KVCacheManager.match_prefix on admission, for a fully cached prompt."""
+    """Median times (us) of hashing a prompt's blocks (once, at its first admission), and
+    of KVCacheManager.match_prefix, for a fully cached prompt."""
     ids = np.random.default_rng(0).integers(0, 256, prompt_tokens).tolist()
     kv = KVCacheManager(prompt_tokens // block_size + 1, block_size, prefix_caching=True)
     first = Request("first", 0, "x", ids, max_new_tokens=1)

@@ -21,6 +21,8 @@ class Progress:
     def on_step(self, record: StepRecord) -> None:
         self._tokens += record.num_tokens
         self._seconds += record.duration_s
+        if self._bar.disable:  # no terminal: the figures would go nowhere
+            return
         rate = f"{self._tokens / self._seconds:.0f}" if self._seconds else "-"
         self._bar.set_postfix(step=record.step, tok_s=rate)
 

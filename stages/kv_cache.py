@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import heapq
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -29,22 +29,31 @@ def blocks_for(num_tokens: int, block_size: int) -> int:
     return -(-num_tokens // block_size)
 
 
-def chain_hash(parent: bytes, token_ids: np.ndarray) -> bytes:
-    """A block's content hash: its parent's hash and its token ids (int32), by blake2b."""
-    return hashlib.blake2b(parent + token_ids.tobytes(), digest_size=16).digest()
+def chain_hash(parent: bytes, token_bytes: bytes) -> bytes:
+    """A block's content hash: its parent's hash and its token ids' bytes (int32), by
+    blake2b."""
+    return hashlib.blake2b(parent + token_bytes, digest_size=16).digest()
 
 
 ROOT_HASH = b""  # the parent of a sequence's first block
 
 
-def token_slice(request: Request, start: int, end: int) -> list[int]:
-    """The request's token ids start..end-1, prompt then output, without joining the whole
-    sequence first (a long prompt's ids may be made on demand)."""
+def token_array(request: Request, start: int, end: int) -> np.ndarray:
+    """The request's token ids start..end-1 (int32), prompt then output, without joining the
+    whole sequence first (a long prompt's ids may be made on demand)."""
     prompt = request.prompt_ids
-    ids = list(prompt[start : min(end, len(prompt))]) if start < len(prompt) else []
-    if end > len(prompt):
-        ids += request.output_ids[max(0, start - len(prompt)) : end - len(prompt)]
-    return ids
+    num_prompt = request.num_prompt_tokens
+    parts = []
+    if start < num_prompt:
+        # A trace's drawn prompt gives an array slice; making its list first costs more.
+        as_array = getattr(prompt, "array", None)
+        stop = min(end, num_prompt)
+        parts.append(as_array(start, stop) if as_array else prompt[start:stop])
+    if end > num_prompt:
+        parts.append(request.output_ids[max(0, start - num_prompt) : end - num_prompt])
+    if len(parts) == 1:
+        return np.asarray(parts[0], dtype=np.int32)
+    return np.concatenate([np.asarray(p, dtype=np.int32) for p in parts])
 
 
 class BlockPool:
@@ -80,31 +89,44 @@ class PrefixCache:
         self.hash_of: dict[int, bytes] = {}  # block -> content hash
         self.unheld: OrderedDict[int, None] = OrderedDict()  # cached, held by nobody: LRU first
 
-    def hold(self, block: int) -> None:
-        self.refs[block] += 1
-        self.unheld.pop(block, None)
+    def hold(self, blocks: Iterable[int]) -> None:
+        """One holder more for each block (a cached one nobody held leaves the LRU)."""
+        refs, unheld = self.refs, self.unheld
+        for block in blocks:
+            refs[block] += 1
+            unheld.pop(block, None)
 
-    def drop(self, block: int) -> bool:
-        """One holder fewer; True when the block is now free (held by nobody, no content)."""
-        self.refs[block] -= 1
-        if self.refs[block]:
-            return False
-        if block in self.hash_of:
-            self.unheld[block] = None
-            return False
-        return True
+    def drop(self, blocks: Iterable[int]) -> list[int]:
+        """One holder fewer for each block; returns those now free (held by nobody, no
+        content). One nobody holds whose content is known stays cached, most recent last."""
+        refs, hash_of, unheld = self.refs, self.hash_of, self.unheld
+        free = []
+        for block in blocks:
+            refs[block] -= 1
+            if refs[block]:
+                continue
+            if block in hash_of:
+                unheld[block] = None
+            else:
+                free.append(block)
+        return free
 
-    def register(self, block: int, content: bytes) -> None:
-        """The block's content is now `content`, unless another block already holds it."""
-        if content not in self.block_of and block not in self.hash_of:
-            self.block_of[content] = block
-            self.hash_of[block] = content
+    def register(self, blocks: Iterable[int], contents: Iterable[bytes]) -> None:
+        """Each block's content is now its content, unless another block already holds it."""
+        block_of, hash_of = self.block_of, self.hash_of
+        for block, content in zip(blocks, contents, strict=True):
+            if content not in block_of and block not in hash_of:
+                block_of[content] = block
+                hash_of[block] = content
 
-    def evict(self) -> int:
-        """The least recently used cached block, its content forgotten."""
-        block, _ = self.unheld.popitem(last=False)
-        del self.block_of[self.hash_of.pop(block)]
-        return block
+    def evict(self, count: int) -> list[int]:
+        """The count least recently used cached blocks, their content forgotten."""
+        blocks = []
+        for _ in range(count):
+            block, _ = self.unheld.popitem(last=False)
+            del self.block_of[self.hash_of.pop(block)]
+            blocks.append(block)
+        return blocks
 
 
 class KVCacheManager:
@@ -147,6 +169,11 @@ class KVCacheManager:
         """The request's blocks in sequence order (empty when it holds none)."""
         return self._tables.get(request.seq_id, [])
 
+    def slots_held(self, requests: Sequence[Request]) -> list[int]:
+        """Tokens the blocks each request holds have room for (a step's rows at once)."""
+        tables, bs = self._tables, self.block_size
+        return [len(tables.get(r.seq_id, ())) * bs for r in requests]
+
     # -- prefix caching ----------------------------------------------------------------------
     def match_prefix(self, request: Request) -> list[int]:
         """The cached blocks of the longest cached prefix of the request's tokens, whole
@@ -165,15 +192,15 @@ class KVCacheManager:
 
     def block_hashes(self, request: Request, num_blocks: int) -> list[bytes]:
         """Content hashes of the request's first num_blocks full blocks, each made once and
-        kept on the request (the scheduler makes a prompt's when it arrives, as vLLM does,
-        so that admission only looks them up)."""
+        kept on the request (a prompt's when admission first looks it up)."""
         chain = request.block_hashes
         if len(chain) < num_blocks:
             bs = self.block_size
-            ids = np.asarray(token_slice(request, len(chain) * bs, num_blocks * bs), np.int32)
+            data = token_array(request, len(chain) * bs, num_blocks * bs).tobytes()
+            width = bs * 4  # bytes of a block's int32 ids
             parent = chain[-1] if chain else ROOT_HASH
             for j in range(num_blocks - len(chain)):
-                parent = chain_hash(parent, ids[j * bs : (j + 1) * bs])
+                parent = chain_hash(parent, data[j * width : (j + 1) * width])
                 chain.append(parent)
         return chain[:num_blocks]
 
@@ -187,9 +214,18 @@ class KVCacheManager:
             table = self.block_table(request)
             full = min(full, len(table))
             chain = self.block_hashes(request, full)
-            for block, content in zip(table[done:full], chain[done:], strict=True):
-                self.prefix.register(block, content)
+            self.prefix.register(table[done:full], chain[done:])
             self._registered[request.seq_id] = full
+
+    def cache_computed_blocks_of(self, requests: Sequence[Request]) -> None:
+        """cache_computed_blocks for each request, skipping those whose computed tokens
+        fill no block beyond the registered ones (a decode within a block)."""
+        if self.prefix is None:
+            return
+        registered, bs = self._registered, self.block_size
+        for request in requests:
+            if request.num_computed // bs > registered.get(request.seq_id, 0):
+                self.cache_computed_blocks(request)
 
     # -- allocation --------------------------------------------------------------------------
     def allocate_slots(
@@ -207,8 +243,8 @@ class KVCacheManager:
         if max(0, new) > self.num_free_blocks - unheld:
             return False
         table = self._tables.setdefault(request.seq_id, [])
-        for block in cached:
-            self.prefix.hold(block)
+        if cached:
+            self.prefix.hold(cached)
         table.extend(cached)
         table.extend(self._take(max(0, new)))
         return True
@@ -217,10 +253,10 @@ class KVCacheManager:
         """count fresh blocks: free ones first, then cached ones nobody holds, oldest first."""
         from_pool = min(count, self.pool.num_free)
         blocks = self.pool.allocate(from_pool)
-        blocks += [self.prefix.evict() for _ in range(count - from_pool)]
+        if count > from_pool:
+            blocks += self.prefix.evict(count - from_pool)
         if self.prefix is not None:
-            for block in blocks:
-                self.prefix.hold(block)
+            self.prefix.hold(blocks)
         return blocks
 
     def free(self, request: Request) -> None:
@@ -231,4 +267,4 @@ class KVCacheManager:
         if self.prefix is None:
             self.pool.release(table)
         else:
-            self.pool.release([b for b in table if self.prefix.drop(b)])
+            self.pool.release(self.prefix.drop(table))

@@ -223,12 +223,16 @@ class HPUMetadataBuilder:
         needed: dict[str, list[int]] = {}
         prefill = self._prefill_shape(plan.prefill, needed)
         decode = None
-        if plan.decode:
-            blocks = sum(self.kv_cache.blocks_for(r.num_computed + 1) for r in plan.decode)
-            needed["decode"] = [len(plan.decode), blocks]
-            decode = self.buckets.shape("decode", batch=len(plan.decode), blocks=blocks)
+        lens = plan.decode_lens
+        if lens is None:
+            lens = np.array([r.num_computed + 1 for r in plan.decode], dtype=np.int64)
+        if len(lens):
+            # Each row lists the blocks its tokens fill: sum(ceil(len / block_size)).
+            blocks = int((-(-lens // self.block_size)).sum())
+            needed["decode"] = [len(lens), blocks]
+            decode = self.buckets.shape("decode", batch=len(lens), blocks=blocks)
         padded = (prefill[0] * prefill[1] if prefill else 0) + (decode[0] if decode else 0)
-        shape = step_shape(self.block_size, plan, prefill, decode)
+        shape = step_shape(self.block_size, plan, prefill, decode, tuple(lens.tolist()))
         return ForwardMeta(
             mode=plan.mode,
             prefill=None,
@@ -558,13 +562,16 @@ def step_shape(
     plan: StepPlan,
     prefill: tuple[int, int, int] | None,
     decode: tuple[int, int] | None,
+    decode_lens: tuple[int, ...] | None = None,
 ) -> StepShape:
-    """The step's buckets and each row's real lengths."""
+    """The step's buckets and each row's real lengths (decode_lens: when known already)."""
+    if decode_lens is None:
+        decode_lens = tuple(r.num_computed + 1 for r in plan.decode)
     return StepShape(
         block_size,
         prefill,
         decode,
         chunk_lens=tuple(c.length for c in plan.prefill),
         context_lens=tuple(c.start for c in plan.prefill),
-        decode_lens=tuple(r.num_computed + 1 for r in plan.decode),
+        decode_lens=decode_lens,
     )

@@ -30,7 +30,9 @@ class SamplingParams:
     seed: int | None = None
 
 
-@dataclass(slots=True)  # no per-object dict: a trace may hold a million requests
+# No per-object dict: a trace may hold a million requests. Equal means the same request
+# (eq=False): lists of requests are searched by identity, not by comparing every field.
+@dataclass(slots=True, eq=False)
 class Request:
     id: str
     index: int  # position in the workload, the order of generations.jsonl
@@ -54,6 +56,11 @@ class Request:
     cached_tokens: int = 0  # prompt tokens found in the prefix cache at first admission
     block_hashes: list[bytes] = field(default_factory=list)  # content hashes of full blocks
     logprobs: list[dict[int, float]] = field(default_factory=list)  # per output token, if asked
+    # len(prompt_ids), read every step: a trace's ids are a sequence whose len() is a call.
+    num_prompt_tokens: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.num_prompt_tokens = len(self.prompt_ids)
 
     @property
     def all_ids(self) -> list[int]:
@@ -61,7 +68,7 @@ class Request:
 
     @property
     def num_tokens(self) -> int:
-        return len(self.prompt_ids) + len(self.output_ids)
+        return self.num_prompt_tokens + len(self.output_ids)
 
     @property
     def finished(self) -> bool:
@@ -116,6 +123,9 @@ class StepPlan:
     decode: list[Request] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
     failed: list[Request] = field(default_factory=list)  # ended by the scheduler this step
+    # Each decode row's tokens with its new one (num_computed + 1), when the scheduler has
+    # them as an array already; None: read them from the requests.
+    decode_lens: np.ndarray | None = None
 
     @property
     def num_tokens(self) -> int:

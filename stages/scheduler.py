@@ -24,8 +24,11 @@ import enum
 from collections import deque
 from dataclasses import dataclass
 
+import numpy as np
+
 from stages.kv_cache import KVCacheManager, blocks_for
 from stages.request import PrefillChunk, Request, Samples, Status, StepPlan
+from stages.running_rows import RunningRows
 from stages.stopping import StopRule
 
 
@@ -61,6 +64,20 @@ class Rectangle:
         self.rows += 1
         self.width = max(self.width, self._rounded(n))
         self.rounded += self._rounded(n)
+
+
+@dataclass
+class StepRows:
+    """Where a plan's requests are in `running`: one row per prefill chunk, and the spans
+    of rows its decodes are."""
+
+    plan: StepPlan
+    prefill: list[int]
+    decode_spans: list[tuple[int, int]]
+
+    def decode(self) -> np.ndarray:
+        spans = [np.arange(start, end) for start, end in self.decode_spans]
+        return np.concatenate(spans) if spans else np.zeros(0, np.int64)
 
 
 @dataclass
@@ -107,6 +124,8 @@ class ChunkedScheduler:
         self.long_prefill_threshold = long_prefill_threshold
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        self.rows = RunningRows(kv_cache, stop, max_num_seqs)  # running's numbers, as arrays
+        self._step: StepRows | None = None  # the last plan's rows, for update
 
     # -- admission ---------------------------------------------------------------------------
     def rejection(self, request: Request) -> str | None:
@@ -133,9 +152,9 @@ class ChunkedScheduler:
         return None
 
     def add(self, request: Request) -> None:
+        # Its block hashes are made when admission first looks it up, not now: a trace's
+        # prompt ids are drawn only then, and a long waiting queue holds no hashes.
         request.status = Status.WAITING
-        if self.kv_cache.prefix is not None:  # hashed now: admission only looks blocks up
-            self.kv_cache.block_hashes(request, (request.num_tokens - 1) // self.block_size)
         self.waiting.append(request)
 
     @property
@@ -186,39 +205,75 @@ class ChunkedScheduler:
     # -- one step ----------------------------------------------------------------------------
     def schedule(self, now: float = 0.0) -> StepPlan:
         plan = StepPlan()
+        rows = self._step = StepRows(plan, [], [])
         budget = StepBudget(self.max_tokens, Rectangle(self.block_size))
-        self._continue_running(plan, budget)
+        self._continue_running(plan, budget, rows)
         # Like FastDeploy, nothing new is admitted in a step that had to preempt.
         if not plan.preempted:
-            self._admit_waiting(plan, budget, now)
+            self._admit_waiting(plan, budget, now, rows)
+        plan.decode_lens = self.rows.computed[rows.decode()] + 1
         return plan
 
-    def _continue_running(self, plan: StepPlan, budget: StepBudget) -> None:
+    def _continue_running(self, plan: StepPlan, budget: StepBudget, rows: StepRows) -> None:
         """A decode or the next chunk for each running request, oldest first; the newest
-        are preempted when the cache has no room for an older one."""
+        are preempted when the cache has no room for an older one.
+
+        Most rows are plain decodes: one token that fits the request's last block, which
+        takes nothing from the cache. Runs of them join the plan in one slice; the other
+        rows go one by one. Preempting takes rows from the end and scheduling a row
+        changes no other, so the rows found at the start hold for the whole walk."""
+        running = self.running
+        others = self.rows.not_plain_decodes()
+        others.append(len(running))  # a sentinel: the end of the last run
+        next_other = 0
         i = 0
-        while i < len(self.running) and budget.left > 0:
-            request = self.running[i]
-            remaining = request.num_tokens - request.num_computed
-            is_decode = remaining == 1 and bool(request.output_ids)
-            n = 1 if is_decode else self._prefill_len(remaining, budget)
-            if n == 0:
-                i += 1
+        while i < len(running) and budget.left > 0:
+            while others[next_other] < i:
+                next_other += 1
+            end = min(others[next_other], len(running), i + budget.left)
+            if end > i:
+                plan.decode.extend(running[i:end])
+                rows.decode_spans.append((i, end))
+                budget.left -= end - i
+                i = end
                 continue
-            while not self.kv_cache.allocate_slots(request, n):
-                if self.running[-1] is request:  # nothing newer is left to preempt
-                    self._preempt(request, plan)
-                    return
-                self._preempt(self.running[-1], plan)
-            if is_decode:
-                plan.decode.append(request)
-                budget.left -= 1
-            else:
-                plan.prefill.append(self._chunk(request, n))
-                self._charge(n, budget)
+            request = running[i]
+            kind = self._continue_one(request, plan, budget)
+            if kind == "preempted":
+                return
+            if kind != "waits":
+                self.rows.read(i, request)  # it may hold a new block
+                if kind == "decode":
+                    rows.decode_spans.append((i, i + 1))
+                else:
+                    rows.prefill.append(i)
             i += 1
 
-    def _admit_waiting(self, plan: StepPlan, budget: StepBudget, now: float) -> None:
+    def _continue_one(self, request: Request, plan: StepPlan, budget: StepBudget) -> str:
+        """The request's decode or next chunk, if it fits: `decode`, `prefill`, `waits`
+        (no chunk fits this step), or `preempted` when it was preempted itself, which ends
+        the step's walk over the running requests."""
+        remaining = request.num_tokens - request.num_computed
+        is_decode = remaining == 1 and bool(request.output_ids)
+        n = 1 if is_decode else self._prefill_len(remaining, budget)
+        if n == 0:
+            return "waits"
+        while not self.kv_cache.allocate_slots(request, n):
+            if self.running[-1] is request:  # nothing newer is left to preempt
+                self._preempt(request, plan)
+                return "preempted"
+            self._preempt(self.running[-1], plan)
+        if is_decode:
+            plan.decode.append(request)
+            budget.left -= 1
+            return "decode"
+        plan.prefill.append(self._chunk(request, n))
+        self._charge(n, budget)
+        return "prefill"
+
+    def _admit_waiting(
+        self, plan: StepPlan, budget: StepBudget, now: float, rows: StepRows
+    ) -> None:
         """First chunks of waiting requests, in order, while the budget, max_num_seqs and
         the cache allow; the first that does not fit ends admission (it never loops). A
         request's first chunk starts after its longest cached prefix."""
@@ -242,6 +297,8 @@ class ChunkedScheduler:
             if not request.num_preemptions:
                 request.cached_tokens = request.num_computed
             self.running.append(request)
+            self.rows.append(request)
+            rows.prefill.append(len(self.running) - 1)
             plan.prefill.append(self._chunk(request, n, cached=request.num_computed))
             self._charge(n, budget)
 
@@ -249,8 +306,13 @@ class ChunkedScheduler:
     def _chunk(request: Request, n: int, cached: int = 0) -> PrefillChunk:
         return PrefillChunk(request, request.num_computed, request.num_computed + n, cached)
 
+    def _remove_running(self, request: Request) -> None:
+        row = self.running.index(request)
+        del self.running[row]
+        self.rows.remove(row)
+
     def _preempt(self, victim: Request, plan: StepPlan) -> None:
-        self.running.remove(victim)
+        self._remove_running(victim)
         self.kv_cache.free(victim)
         victim.num_computed = 0  # recomputed later from prompt + generated tokens
         victim.status = Status.WAITING
@@ -262,28 +324,69 @@ class ChunkedScheduler:
     def update(self, plan: StepPlan, samples: Samples, now: float) -> list[Request]:
         """Advances each scheduled request and keeps its sample, unless the row ended a
         non-final chunk (that sample predicts a prompt token); returns the requests that
-        finished."""
-        finished = []
-        rows = [(c.request, c.end, c.is_final) for c in plan.prefill]
-        rows += [(r, r.num_computed + 1, True) for r in plan.decode]
-        for row, (request, computed, keeps_sample) in enumerate(rows):
-            request.num_computed = computed
+        finished, in row order. They finish after every row is advanced: finishing frees
+        blocks, which changes nothing another row's update reads."""
+        rows = self._step
+        if rows is None or rows.plan is not plan:
+            raise ValueError("update takes the plan the last schedule() returned")
+        self._step = None
+        ending: list[tuple[Request, str]] = []
+        tokens = samples.token_ids.tolist()
+        logprobs = samples.logprobs
+        for row, (chunk, running_row) in enumerate(zip(plan.prefill, rows.prefill, strict=True)):
+            request = chunk.request
+            keeps_sample = chunk.is_final
+            request.num_computed = chunk.end
             self.kv_cache.cache_computed_blocks(request)  # its keys and values are written now
-            if not keeps_sample:
-                continue
-            logprobs = samples.logprobs[row] if samples.logprobs is not None else None
-            request.append_token(int(samples.token_ids[row]), now, logprobs)
-            reason = self.stop.reason(request)
+            if keeps_sample:
+                entry = logprobs[row] if logprobs is not None else None
+                request.append_token(tokens[row], now, entry)
+                reason = self.stop.reason(request)
+                if reason:
+                    ending.append((request, reason))
+            self.rows.read(running_row, request)
+        first = len(plan.prefill)
+        decode_logprobs = logprobs[first:] if logprobs is not None else None
+        self._update_decodes(plan, rows.decode(), tokens[first:], decode_logprobs, now, ending)
+        for request, reason in ending:
+            self.finish(request, reason, now)
+        return [request for request, _ in ending]
+
+    def _update_decodes(
+        self,
+        plan: StepPlan,
+        running_rows: np.ndarray,
+        tokens: list[int],
+        logprobs: list[dict[int, float]] | None,
+        now: float,
+        ending: list[tuple[Request, str]],
+    ) -> None:
+        """The decode rows of update, a step's rows at a time: each gets its token, and
+        only the rows the arrays say may have filled a block or reached a stop are looked
+        at one by one."""
+        decode = plan.decode
+        for request, token in zip(decode, tokens, strict=True):
+            request.num_computed += 1
+            request.output_ids.append(token)
+            request.token_times.append(now)
+        if logprobs is not None:
+            for request, entry in zip(decode, logprobs, strict=True):
+                if entry is not None:
+                    request.logprobs.append(entry)
+        self.rows.advance(running_rows)
+        if self.kv_cache.prefix is not None:
+            filled = np.flatnonzero(self.rows.filled_a_block(running_rows)).tolist()
+            self.kv_cache.cache_computed_blocks_of([decode[k] for k in filled])
+        for k in np.flatnonzero(self.rows.may_stop(running_rows)).tolist():
+            reason = self.stop.reason(decode[k])
             if reason:
-                self.finish(request, reason, now)
-                finished.append(request)
-        return finished
+                ending.append((decode[k], reason))
 
     def finish(self, request: Request, reason: str, now: float) -> None:
         if request.finished:
             return
         if request in self.running:
-            self.running.remove(request)
+            self._remove_running(request)
         self.kv_cache.free(request)
         request.block_hashes = []  # a finished request's hashes are never looked up again
         request.finish(reason, now)

@@ -37,6 +37,17 @@ class StopRule:
             return "stop"
         return None
 
+    def length_limit(self, request: Request) -> int:
+        """The num_tokens at which `length` ends the request."""
+        return min(request.num_prompt_tokens + request.max_new_tokens, self.max_model_len)
+
+    def checks_each_token(self, request: Request) -> bool:
+        """Whether an end-of-sequence id or a stop string could end the request at any
+        token; if not, only reaching length_limit can (what lets a step's rows be checked
+        by numbers alone)."""
+        eos = bool(self.eos_ids) and not request.ignore_eos
+        return eos or (self.decode is not None and bool(request.stop))
+
     def _hit_stop_string(self, request: Request) -> bool:
         # Decoding only a tail long enough for the longest stop string keeps this cheap.
         tail = self.decode(request.output_ids[-4 * max(map(len, request.stop)) :])

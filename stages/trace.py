@@ -81,25 +81,32 @@ class PromptIdSource:
         self._cache: OrderedDict[int, SeededPromptIds] = OrderedDict()
 
     def ids(self, prompt: SeededPromptIds) -> list[int]:
-        if prompt._ids is not None:
+        array = self.array(prompt)
+        if prompt._ids is None:
+            prompt._ids = array.tolist()
+        return prompt._ids
+
+    def array(self, prompt: SeededPromptIds) -> np.ndarray:
+        """The prompt's ids as drawn (an array; `ids` makes the list only when asked)."""
+        if prompt._array is not None:
             self._cache.move_to_end(id(prompt))
-            return prompt._ids
-        prompt._ids = self.draw(prompt._key, len(prompt))
+            return prompt._array
+        prompt._array = self.draw(prompt._key, len(prompt))
         self._cache[id(prompt)] = prompt
         while len(self._cache) > self.capacity:
             _, evicted = self._cache.popitem(last=False)
-            evicted._ids = None
-        return prompt._ids
+            evicted._ids = evicted._array = None
+        return prompt._array
 
     def _stream(self, domain: int, number: int, count: int) -> np.ndarray:
         rng = np.random.default_rng((self.seed, domain, number))
         return self.vocab[rng.integers(0, len(self.vocab), count)]
 
-    def draw(self, key: int | tuple[int, tuple[int, ...]], length: int) -> list[int]:
+    def draw(self, key: int | tuple[int, tuple[int, ...]], length: int) -> np.ndarray:
         """A row's ids from its own stream; with hash ids, block j's ids come from hash id j's
         stream, so the same id gives the same block in every row that holds it."""
         if isinstance(key, int):
-            return self._stream(0, key, length).tolist()
+            return self._stream(0, key, length)
         line, hash_ids = key
         blocks = [
             self._stream(1, h, self.block_size) for h in hash_ids[: -(-length // self.block_size)]
@@ -107,14 +114,14 @@ class PromptIdSource:
         covered = len(blocks) * self.block_size
         if covered < length:  # more tokens than hash ids: the rest is the row's own
             blocks.append(self._stream(0, line, length - covered))
-        return np.concatenate(blocks)[:length].tolist()
+        return np.concatenate(blocks)[:length]
 
 
 class SeededPromptIds(Sequence[int]):
     """A prompt's token ids, known by length until used: `len()` is O(1); indexing, slicing,
     iteration and `+` draw them (once, while in use) from the shared PromptIdSource."""
 
-    __slots__ = ("_length", "_key", "_source", "_ids")
+    __slots__ = ("_length", "_key", "_source", "_ids", "_array")
 
     def __init__(
         self, length: int, key: int | tuple[int, tuple[int, ...]], source: PromptIdSource
@@ -123,12 +130,18 @@ class SeededPromptIds(Sequence[int]):
         self._key = key  # a row's line, or (line, hash ids) for a Mooncake row
         self._source = source
         self._ids: list[int] | None = None
+        self._array: np.ndarray | None = None  # the ids as drawn, the list made from it
 
     def __len__(self) -> int:
         return self._length
 
     def __getitem__(self, index):  # type: ignore[override]  (an int or a slice, as a list)
         return self._source.ids(self)[index]
+
+    def array(self, start: int = 0, end: int | None = None) -> np.ndarray:
+        """The ids start..end-1 as an array, without making the list (block hashing reads
+        a prompt so)."""
+        return self._source.array(self)[start:end]
 
     def __iter__(self) -> Iterator[int]:
         return iter(self._source.ids(self))
