@@ -41,7 +41,7 @@ from stages.simulator.shape import StepShape
 log = structlog.get_logger(__name__)
 # Terms measured steps can tell apart at tp=1: KV writes scale with tokens as the
 # projections do, the lm head's rows follow the requests, there is no all-reduce.
-FITTED_TERMS = ("linear", "prefill_attention", "decode_attention", "overhead")
+FITTED_TERMS = ("linear", "prefill_attention", "decode_attention", "kv_blocks", "overhead")
 
 
 def measured_rates(threads: int) -> dict[str, float]:
