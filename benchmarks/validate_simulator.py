@@ -125,6 +125,7 @@ def main() -> None:
         runs = []
         for i, overrides in enumerate(CALIBRATION.values()):
             runs.append(Path(folder) / f"calibration-{i}")
+            runs[-1].mkdir()
             run(compose_config([*BASE, *overrides]), runs[-1])
         calibration = compose_config([*BASE, *next(iter(CALIBRATION.values()))])
         profile, coefficients, report = calibrate(calibration, args.grid, runs)
