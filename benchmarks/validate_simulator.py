@@ -1,7 +1,7 @@
 """Does the simulated device predict real runs? Calibrate on this CPU, then predict
 held-out configurations that the calibration never saw and compare with real runs.
 
-    python -m benchmarks.validate_simulator --out benchmarks/simulator.md   (~10 min)
+    python -m benchmarks.validate_simulator --out benchmarks/simulator.md   (~7 min)
 
 Calibration (pipeline.calibrate) fits the cost model to the steps of real runs of its own
 configurations (the same workload at budgets and block sizes that no held-out
@@ -86,22 +86,38 @@ def spearman(a: list[float], b: list[float]) -> float:
     return float(np.corrcoef(rank(a), rank(b))[0, 1])
 
 
-def table(real: dict[str, dict], predicted: dict[str, dict]) -> list[str]:
+def values(metrics: dict) -> dict[str, float]:
+    return {name: read(metrics) for name, read in METRICS.items()}
+
+
+def medians(repeats: list[dict]) -> tuple[dict[str, float], dict[str, float]]:
+    """Each metric's median over repeated real runs, and their spread: the largest
+    deviation of one run from that median, relative to it."""
+    each = [values(m) for m in repeats]
+    mid = {k: float(np.median([v[k] for v in each])) for k in METRICS}
+    spread = {k: max(abs(v[k] - mid[k]) for v in each) / mid[k] for k in METRICS}
+    return mid, spread
+
+
+def table(real: dict, predicted: dict, spread: dict) -> list[str]:
     lines = [
-        "| metric | median error | worst error | rank correlation (Spearman) |",
-        "| --- | ---: | ---: | ---: |",
+        "| metric | median error | worst error | rank correlation (Spearman) "
+        "| real runs' own spread (median) |",
+        "| --- | ---: | ---: | ---: | ---: |",
     ]
-    for name, read in METRICS.items():
-        got = [read(real[c]) for c in HELD_OUT]
-        want = [read(predicted[c]) for c in HELD_OUT]
+    for name in METRICS:
+        got = [real[c][name] for c in HELD_OUT]
+        want = [predicted[c][name] for c in HELD_OUT]
         errors = [abs(p - r) / r for r, p in zip(got, want, strict=True)]
+        noise = np.median([spread[c][name] for c in HELD_OUT])
         lines.append(
-            f"| {name} | {np.median(errors):.1%} | {max(errors):.1%} | {spearman(got, want):.2f} |"
+            f"| {name} | {np.median(errors):.1%} | {max(errors):.1%} | "
+            f"{spearman(got, want):.2f} | {noise:.1%} |"
         )
     return lines
 
 
-def per_config(real: dict[str, dict], predicted: dict[str, dict]) -> list[str]:
+def per_config(real: dict, predicted: dict) -> list[str]:
     lines = [
         "| configuration | throughput real / predicted tok/s | TTFT p50 ms | ITL p50 ms |",
         "| --- | ---: | ---: | ---: |",
@@ -109,50 +125,66 @@ def per_config(real: dict[str, dict], predicted: dict[str, dict]) -> list[str]:
     for c in HELD_OUT:
         r, p = real[c], predicted[c]
         lines.append(
-            f"| {c} | {r['output_throughput']:.0f} / {p['output_throughput']:.0f} | "
-            f"{r['ttft_ms']['p50']:.0f} / {p['ttft_ms']['p50']:.0f} | "
-            f"{r['itl_ms']['p50']:.1f} / {p['itl_ms']['p50']:.1f} |"
+            f"| {c} | {r['throughput']:.0f} / {p['throughput']:.0f} | "
+            f"{r['TTFT p50']:.0f} / {p['TTFT p50']:.0f} | "
+            f"{r['ITL p50']:.1f} / {p['ITL p50']:.1f} |"
         )
     return lines
+
+
+def calibrated_profile(folder: Path, grid_shapes: int) -> tuple[Path, dict, dict]:
+    """Serves the calibration runs for real and fits them: the profile's path, the
+    coefficients and the fit's error."""
+    runs = []
+    for i, overrides in enumerate(CALIBRATION.values()):
+        runs.append(folder / f"calibration-{i}")
+        runs[-1].mkdir()
+        run(compose_config([*BASE, *overrides]), runs[-1])
+    calibration = compose_config([*BASE, *next(iter(CALIBRATION.values()))])
+    profile, coefficients, report = calibrate(calibration, grid_shapes, runs)
+    fit = {"steps": len(report), **error_summary(report)}
+    print(f"calibrated: {fit}", flush=True)
+    return write_profile(folder / "hardware.yaml", profile, coefficients), coefficients, fit
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path)
     parser.add_argument("--grid", type=int, default=0, help="warmup shapes to fit as well")
+    parser.add_argument("--repeats", type=int, default=3, help="real runs of each configuration")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
-        runs = []
-        for i, overrides in enumerate(CALIBRATION.values()):
-            runs.append(Path(folder) / f"calibration-{i}")
-            runs[-1].mkdir()
-            run(compose_config([*BASE, *overrides]), runs[-1])
-        calibration = compose_config([*BASE, *next(iter(CALIBRATION.values()))])
-        profile, coefficients, report = calibrate(calibration, args.grid, runs)
-        fit = error_summary(report)
-        print(f"calibrated on {len(report)} steps: {fit}", flush=True)
-        path = write_profile(Path(folder) / "hardware.yaml", profile, coefficients)
+        path, coefficients, fit = calibrated_profile(Path(folder), args.grid)
         simulated = ["executor=simulated", "hardware=measured", f"hardware.path={path}"]
-        real, predicted = {}, {}
+        predicted = {
+            c: values(served_metrics([*BASE, *o, *simulated])) for c, o in HELD_OUT.items()
+        }
+    repeats: dict[str, list[dict]] = {c: [] for c in HELD_OUT}
+    for i in range(args.repeats):  # round by round, so that the machine's drift spreads
         for name, overrides in HELD_OUT.items():
-            real[name] = served_metrics([*BASE, *overrides])
-            predicted[name] = served_metrics([*BASE, *overrides, *simulated])
-            print(f"{name}: real {real[name]['output_throughput']:.0f} tok/s, predicted "
-                  f"{predicted[name]['output_throughput']:.0f}", flush=True)  # fmt: skip
+            repeats[name].append(served_metrics([*BASE, *overrides]))
+            print(f"{name} ({i + 1}/{args.repeats}): real "
+                  f"{repeats[name][-1]['output_throughput']:.0f} tok/s, predicted "
+                  f"{predicted[name]['throughput']:.0f}", flush=True)  # fmt: skip
+    real, spread = {}, {}
+    for name, runs in repeats.items():
+        real[name], spread[name] = medians(runs)
     text = "\n".join(
         [
             "# Simulated device against real runs (this CPU)",
             "",
-            f"Calibrated on the {len(report)} steps of {len(CALIBRATION)} real runs "
+            f"Calibrated on the {fit['steps']} steps of {len(CALIBRATION)} real runs "
             f"({'; '.join(CALIBRATION)}; model=small): fitted step "
             f"times within {fit['median_error']:.1%} median, {fit['worst_error']:.1%} worst. "
             f"Coefficients: {', '.join(f'{k} {v:.3g}' for k, v in coefficients.items())}.",
-            f"{len(HELD_OUT)} held-out configurations, each served for real and simulated "
+            f"{len(HELD_OUT)} held-out configurations, each simulated once and served for real "
+            f"{args.repeats} times (round by round; the real figure is the median of the "
+            "runs, and the last column is how far one real run strays from that median) "
             "(`python -m benchmarks.validate_simulator`). Load average at the end: "
             f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (other work on the machine "
             "shows in the real runs, not in the predictions).",
             "",
-            *table(real, predicted),
+            *table(real, predicted, spread),
             "",
             *per_config(real, predicted),
         ]
