@@ -58,6 +58,14 @@ def replace_text(path: Path, text: str) -> None:
             raise
 
 
+def read_run_config(folder: Path) -> DictConfig | None:
+    """A run folder's composed config, Hydra's own copy first; None if it has neither."""
+    for path in (folder / ".hydra" / "config.yaml", folder / RESOLVED_CONFIG):
+        if path.is_file():
+            return OmegaConf.load(path)
+    return None
+
+
 def write_resolved_config(cfg: DictConfig, out_dir: Path) -> None:
     replace_text(out_dir / RESOLVED_CONFIG, OmegaConf.to_yaml(cfg, resolve=True))
 

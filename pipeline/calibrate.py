@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import hydra
@@ -27,12 +27,13 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from pipeline import logs  # noqa: F401  (logs configures structlog)
-from pipeline.artefacts import RESOLVED_CONFIG, STEPS
+from pipeline.artefacts import STEPS, read_run_config
 from pipeline.build import build_engine
 from pipeline.checks import ConfigError
 from pipeline.engine import Engine
 from pipeline.run import run
 from pipeline.schema import register_schemas
+from stages.metadata import bucket_dims
 from stages.simulator.cost_model import CostModel
 from stages.simulator.device import spec_of
 from stages.simulator.hardware import HardwareProfile, write_profile
@@ -44,23 +45,25 @@ log = structlog.get_logger(__name__)
 FITTED_TERMS = ("linear", "prefill_attention", "decode_attention", "kv_blocks", "overhead")
 
 
+def best_seconds(fn: Callable[[], object], repeats: int) -> float:
+    """The fastest of `repeats` calls after a first one (which pays for allocations)."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
 def measured_rates(threads: int) -> dict[str, float]:
     """This machine's fp32 matmul rate (FLOP/s) and read bandwidth (bytes/s), best of a few
     tries: the roofline needs the peak to choose each term's regime."""
+    paddle.base.core.set_num_threads(threads)
     a, b = paddle.rand([1024, 1024]), paddle.rand([1024, 1024])
     x = paddle.ones([64 * 2**20 // 4])
-
-    def best(fn, repeats: int = 5) -> float:
-        fn()
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - start)
-        return min(times)
-
-    matmul_s = best(lambda: float(paddle.matmul(a, b)[0, 0]))
-    read_s = best(lambda: float(x.sum()))
+    matmul_s = best_seconds(lambda: float(paddle.matmul(a, b)[0, 0]), repeats=5)
+    read_s = best_seconds(lambda: float(x.sum()), repeats=5)
     return {"flops": 2 * 1024**3 / matmul_s, "bytes": x.shape[0] * 4 / read_s}
 
 
@@ -99,37 +102,20 @@ def grid(engine: Engine, max_shapes: int) -> list[tuple]:
 
 def time_shape(engine: Engine, prefill: tuple | None, decode: tuple | None) -> float:
     """Best of three: building the step's metadata and running the forward, as a step does."""
-    times = []
-    for _ in range(4):
-        start = time.perf_counter()
+
+    def step() -> None:
         logits = engine.model.forward(engine.metadata.dummy(prefill, decode), engine.attention)
         float(logits[0, 0])  # wait for the device
-        times.append(time.perf_counter() - start)
-    return min(times[1:])
 
-
-def bucket_dims(label: str) -> tuple[tuple | None, tuple | None]:
-    """The padded (prefill, decode) dims of steps.jsonl's `bucket`, e.g.
-    "prefill 2x256x4 + decode 8x24" (stages.metadata.bucket_label)."""
-    parts: dict[str, tuple] = {}
-    for part in label.split(" + "):
-        kind, _, dims = part.partition(" ")
-        size = {"prefill": 3, "decode": 2}.get(kind)
-        numbers = dims.split("x")
-        if size != len(numbers) or kind in parts or not all(n.isdigit() for n in numbers):
-            raise ValueError(f"bucket {label!r} is not 'prefill AxBxC + decode DxE'")
-        parts[kind] = tuple(int(n) for n in numbers)
-    return parts.get("prefill"), parts.get("decode")
+    return best_seconds(step, repeats=3)
 
 
 def run_samples(folder: str | Path) -> list[tuple[StepShape, float]]:
     """A real run's steps as (shape, measured seconds), from its steps.jsonl."""
     folder = Path(folder)
-    config = next((p for p in (folder / ".hydra" / "config.yaml", folder / RESOLVED_CONFIG)
-                   if p.is_file()), None)  # fmt: skip
-    if config is None or not (folder / STEPS).is_file():
+    cfg = read_run_config(folder)
+    if cfg is None or not (folder / STEPS).is_file():
         raise ConfigError(f"calibrate.runs: {folder} is not a run folder (no config or {STEPS})")
-    cfg = OmegaConf.load(config)
     if OmegaConf.select(cfg, "executor.name") == "simulated":
         raise ConfigError(f"calibrate.runs: {folder} is a simulated run; give real runs")
     samples = []

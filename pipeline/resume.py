@@ -40,11 +40,8 @@ class Previous:
 
 def _config(folder: Path) -> tuple[DictConfig, dict[str, str]]:
     """The folder's composed config (Hydra's own copy first) and its group choices."""
-    for path in (folder / ".hydra" / "config.yaml", folder / artefacts.RESOLVED_CONFIG):
-        if path.is_file():
-            cfg = OmegaConf.load(path)
-            break
-    else:
+    cfg = artefacts.read_run_config(folder)
+    if cfg is None:
         raise ConfigError(f"resume={folder} is not a run folder: it has no .hydra/config.yaml")
     choices: dict[str, str] = {}
     hydra_file = folder / ".hydra" / "hydra.yaml"

@@ -557,6 +557,20 @@ def bucket_label(prefill: tuple | None, decode: tuple | None) -> str:
     return " + ".join(parts)
 
 
+def bucket_dims(label: str) -> tuple[tuple | None, tuple | None]:
+    """The padded (prefill, decode) dims of steps.jsonl's `bucket`, e.g.
+    "prefill 2x256x4 + decode 8x24", as bucket_label writes it."""
+    parts: dict[str, tuple] = {}
+    for part in label.split(" + "):
+        kind, _, dims = part.partition(" ")
+        size = {"prefill": 3, "decode": 2}.get(kind)
+        numbers = dims.split("x")
+        if size != len(numbers) or kind in parts or not all(n.isdigit() for n in numbers):
+            raise ValueError(f"bucket {label!r} is not 'prefill AxBxC + decode DxE'")
+        parts[kind] = tuple(int(n) for n in numbers)
+    return parts.get("prefill"), parts.get("decode")
+
+
 def step_shape(
     block_size: int,
     plan: StepPlan,

@@ -10,11 +10,11 @@ import sys
 import numpy as np
 import pytest
 
-from pipeline.calibrate import bucket_dims, calibrate, error_summary, grid, run_samples
+from pipeline.calibrate import calibrate, error_summary, grid, run_samples
 from pipeline.checks import ConfigError
 from pipeline.compose import compose_config
 from pipeline.run import run
-from stages.metadata import bucket_label
+from stages.metadata import bucket_dims, bucket_label
 from stages.simulator.hardware import read_profile, write_profile
 from tests.conftest import LIMITS, REPO, serve
 
