@@ -223,16 +223,14 @@ class HPUMetadataBuilder:
         needed: dict[str, list[int]] = {}
         prefill = self._prefill_shape(plan.prefill, needed)
         decode = None
-        lens = plan.decode_lens
-        if lens is None:
-            lens = np.array([r.num_computed + 1 for r in plan.decode], dtype=np.int64)
+        lens = decode_lens(plan)
         if len(lens):
             # Each row lists the blocks its tokens fill: sum(ceil(len / block_size)).
             blocks = int((-(-lens // self.block_size)).sum())
             needed["decode"] = [len(lens), blocks]
             decode = self.buckets.shape("decode", batch=len(lens), blocks=blocks)
         padded = (prefill[0] * prefill[1] if prefill else 0) + (decode[0] if decode else 0)
-        shape = step_shape(self.block_size, plan, prefill, decode, tuple(lens.tolist()))
+        shape = step_shape(self.block_size, plan, prefill, decode)
         return ForwardMeta(
             mode=plan.mode,
             prefill=None,
@@ -571,21 +569,25 @@ def bucket_dims(label: str) -> tuple[tuple | None, tuple | None]:
     return parts.get("prefill"), parts.get("decode")
 
 
+def decode_lens(plan: StepPlan) -> np.ndarray:
+    """Each decode row's tokens with its new one: the scheduler's array when it made one."""
+    if plan.decode_lens is not None:
+        return plan.decode_lens
+    return np.array([r.num_computed + 1 for r in plan.decode], dtype=np.int64)
+
+
 def step_shape(
     block_size: int,
     plan: StepPlan,
     prefill: tuple[int, int, int] | None,
     decode: tuple[int, int] | None,
-    decode_lens: tuple[int, ...] | None = None,
 ) -> StepShape:
-    """The step's buckets and each row's real lengths (decode_lens: when known already)."""
-    if decode_lens is None:
-        decode_lens = tuple(r.num_computed + 1 for r in plan.decode)
+    """The step's buckets and each row's real lengths."""
     return StepShape(
         block_size,
         prefill,
         decode,
         chunk_lens=tuple(c.length for c in plan.prefill),
         context_lens=tuple(c.start for c in plan.prefill),
-        decode_lens=decode_lens,
+        decode_lens=tuple(decode_lens(plan).tolist()),
     )
