@@ -21,13 +21,13 @@ to quote.
 from __future__ import annotations
 
 import argparse
-import time
 
 import numpy as np
 import paddle
 
 from benchmarks.floor import matmul_rate, step_flops
 from pipeline.build import build_engine
+from pipeline.calibrate import timed_calls
 from pipeline.compose import compose_config
 from stages.request import Request, StepPlan
 
@@ -56,13 +56,7 @@ def read_bandwidth(megabytes: int = 256, repeats: int = 10) -> float:
 def timed_ms(fn, repeats: int) -> tuple[float, float]:
     """(best, median) of `repeats` calls after five warm ones (first calls pay for Paddle's
     allocations). The best is the figure other processes on a shared machine disturb least."""
-    for _ in range(5):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
+    times = timed_calls(fn, repeats, warm=5)
     return float(np.min(times)) * 1e3, float(np.median(times)) * 1e3
 
 

@@ -45,15 +45,22 @@ log = structlog.get_logger(__name__)
 FITTED_TERMS = ("linear", "prefill_attention", "decode_attention", "kv_blocks", "overhead")
 
 
-def best_seconds(fn: Callable[[], object], repeats: int) -> float:
-    """The fastest of `repeats` calls after a first one (which pays for allocations)."""
-    fn()
+def timed_calls(fn: Callable[[], object], repeats: int, warm: int = 1) -> list[float]:
+    """Seconds of each of `repeats` calls after `warm` untimed ones (first calls pay for
+    Paddle's allocations)."""
+    for _ in range(warm):
+        fn()
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)
-    return min(times)
+    return times
+
+
+def best_seconds(fn: Callable[[], object], repeats: int) -> float:
+    """The fastest of `repeats` calls after a first one."""
+    return min(timed_calls(fn, repeats))
 
 
 def measured_rates(threads: int) -> dict[str, float]:
