@@ -254,15 +254,23 @@ def brute_force_plan(workload, max_shapes, block_size, max_tokens, block_cost):
     each observed step in a warmed bucket."""
     values = workload.axis_values()
     names = list(values)
+    # each axis's candidate size sets with its values padded to them, padded once
+    options = [
+        [(sizes, pad_to(values[n], sizes)) for sizes in subsets_with_max(values[n].tolist())]
+        for n in names
+    ]
+    fitting_prefills = [  # the prefill sizes whose buckets hold every observed prefill
+        ((bs, pb), (ss, ps), (ms, pm))
+        for (bs, pb), (ss, ps), (ms, pm) in itertools.product(*options[:3])
+        if not ((pb * ps > max_tokens).any() or (pm * block_size < ps).any())
+    ]
     best = None
-    for choice in itertools.product(*(subsets_with_max(values[n].tolist()) for n in names)):
-        sizes = dict(zip(names, choice, strict=True))
+    for choice in itertools.product(fitting_prefills, *options[3:]):
+        (_, pb), (_, ps), (_, pm) = choice[0]
+        (_, db), (_, dm) = choice[1:]
+        sizes = dict(zip(names, [c[0] for c in (*choice[0], *choice[1:])], strict=True))
         if sum(warmup_counts(sizes, block_size, max_tokens, mixed=True).values()) > max_shapes:
             continue
-        pb, ps, pm = (pad_to(values[n], sizes[n]) for n in names[:3])
-        if (pb * ps > max_tokens).any() or (pm * block_size < ps).any():
-            continue
-        db, dm = (pad_to(values[n], sizes[n]) for n in names[3:])
         blocks = (pm - values["prefill_blocks"]).sum() + (dm - values["decode_blocks"]).sum()
         cost = float((pb * ps).sum() + db.sum() + block_cost * blocks)
         if best is None or cost < best[0]:
