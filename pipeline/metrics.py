@@ -12,12 +12,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from stages.metadata import ForwardMeta
 from stages.request import Request, StepPlan
+
+if TYPE_CHECKING:  # the review and summary commands read runs without importing Paddle
+    from stages.metadata import ForwardMeta
 
 
 @dataclass
