@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
+import numpy as np
 import paddle
 
 from stages.attention.interface import (
@@ -33,6 +34,14 @@ def load_ops(name: str) -> AttentionOps:
     raise ValueError(f"attention.ops={name}: choose attention.ops=cpu or intel_hpu")
 
 
+class PackedRows(NamedTuple):
+    """A step's real tokens, which the dense layers run on where the backend packs rows."""
+
+    tokens: paddle.Tensor  # [T] each real token's row in the padded step, in order
+    logits_rows: paddle.Tensor  # each chunk's last token, then each decode row, among them
+    prefill_tokens: int  # the prefill's real tokens, first among them
+
+
 @dataclass
 class StepState:
     """What every layer of one forward shares, made once by `prepare` in the backend's form."""
@@ -43,6 +52,7 @@ class StepState:
     prefill_layout: PrefillLayout | None  # the prefill rows' real lengths and contexts
     decode_slots: SlotIndex | None  # each decode row's write slot
     decode_layout: DecodeLayout | None  # the decode's mask and row placement
+    packed: PackedRows | None = None  # q, k, v and outputs are the real tokens only
 
 
 class PagedAttention:
@@ -86,18 +96,54 @@ class PagedAttention:
             for layer in model.layers
         ]
 
-    def prepare(self, meta: ForwardMeta, cos: paddle.Tensor, sin: paddle.Tensor) -> StepState:
+    def packed_rows(self, meta: ForwardMeta) -> PackedRows | None:
+        """The real tokens of a step that has padding, where the backend attends packed rows
+        (the CPU: no static shapes to keep); None = the model runs the padded step."""
+        if not getattr(self.ops, "packs_rows", False):
+            return None
+        if not meta.num_tokens or meta.num_tokens == meta.padded_tokens:
+            return None
+        prefill, decode = meta.prefill, meta.decode
+        parts, rows, offset, prefill_tokens = [], [], 0, 0
+        if prefill:
+            b, s, _ = prefill.shape
+            lens = prefill.chunk_lens[: prefill.batch]
+            parts += [np.arange(s * row, s * row + n) for row, n in enumerate(lens.tolist())]
+            rows.append(np.cumsum(lens) - 1)
+            offset, prefill_tokens = b * s, int(lens.sum())
+        if decode:
+            parts.append(offset + np.arange(decode.batch))
+            rows.append(prefill_tokens + np.arange(decode.batch))
+        return PackedRows(
+            paddle.to_tensor(np.concatenate(parts)),
+            paddle.to_tensor(np.concatenate(rows)),
+            prefill_tokens,
+        )
+
+    def prepare(
+        self,
+        meta: ForwardMeta,
+        cos: paddle.Tensor,
+        sin: paddle.Tensor,
+        packed: PackedRows | None = None,
+    ) -> StepState:
+        """packed: packed_rows(meta), cos and sin then of the real tokens only."""
         ops, k_cache = self.ops, self.k_cache[0]  # every layer's cache has one shape
         prefill, decode = meta.prefill, meta.decode
         prefill_slots = prefill_layout = decode_slots = layout = None
         if prefill is not None:
-            prefill_layout = ops.prefill_layout(
-                prefill.context_lens, prefill.chunk_lens, str(cos.dtype).split(".")[-1]
-            )
-            if prefill.block_indices is None:
-                prefill_slots = ops.slot_index(k_cache, prefill.slot_blocks, prefill.slot_offsets)
+            dtype = str(cos.dtype).split(".")[-1]
+            lens = prefill.chunk_lens
+            if packed is None:
+                prefill_layout = ops.prefill_layout(prefill.context_lens, lens, dtype)
+            else:
+                prefill_layout = ops.prefill_layout(prefill.context_lens, lens, dtype, packed=True)
+            prefill_slots = self._prefill_slots(prefill, packed)
         if decode is not None:
-            decode_slots = ops.slot_index(k_cache, decode.block_indices, decode.block_offsets)
+            n = decode.batch if packed is not None else decode.shape[0]
+            decode_slots = ops.slot_index(
+                k_cache, decode.block_indices[:n], decode.block_offsets[:n]
+            )
             layout = ops.decode_layout(
                 decode.block_bias,
                 decode.row_slots,
@@ -106,7 +152,24 @@ class PagedAttention:
                 self.heads.num_heads,
             )
         rope = ops.rope_table(cos, sin, self.heads)
-        return StepState(meta, rope, prefill_slots, prefill_layout, decode_slots, layout)
+        return StepState(meta, rope, prefill_slots, prefill_layout, decode_slots, layout, packed)
+
+    def _prefill_slots(self, prefill, packed: PackedRows | None) -> SlotIndex | None:
+        """The prefill's token slots: of an unaligned padded prefill, or of packed tokens
+        (whole-block writes need the padded rectangle)."""
+        k_cache = self.k_cache[0]
+        if packed is None:
+            if prefill.block_indices is not None:
+                return None
+            return self.ops.slot_index(k_cache, prefill.slot_blocks, prefill.slot_offsets)
+        tokens = packed.tokens[: packed.prefill_tokens]
+        if prefill.block_indices is None:
+            blocks = paddle.gather(prefill.slot_blocks, tokens)
+            offsets = paddle.gather(prefill.slot_offsets, tokens)
+        else:  # chunks start on block boundaries and rows are whole blocks long
+            bs = k_cache.shape[-1]
+            blocks, offsets = paddle.gather(prefill.block_indices, tokens // bs), tokens % bs
+        return self.ops.slot_index(k_cache, blocks, offsets)
 
     def qkv_rope(
         self, layer: int, x: paddle.Tensor, state: StepState
@@ -128,7 +191,8 @@ class PagedAttention:
     ) -> paddle.Tensor:
         """q [tokens, heads, dim], k/v [tokens, kv_heads, dim] -> attention through the
         output projection out_weight, [tokens, hidden]: prefill rows, then decode rows."""
-        split = state.meta.prefill_tokens
+        packed = state.packed
+        split = state.meta.prefill_tokens if packed is None else packed.prefill_tokens
         parts = []
         if state.meta.prefill:
             parts.append(self._prefill(layer, q[:split], k[:split], v[:split], state, out_weight))
@@ -140,25 +204,27 @@ class PagedAttention:
         ops, k_cache, v_cache = self.ops, self.k_cache[layer], self.v_cache[layer]
         meta = state.meta.prefill
         b, s, _ = meta.shape
-        if meta.block_indices is not None:
+        if state.prefill_slots is None:
             ops.write_blocks(k_cache, v_cache, meta.block_indices, k, v)
         else:
             ops.write_slots(k_cache, v_cache, state.prefill_slots, k, v)
-        q = q.reshape([b, s, *q.shape[1:]])
+        if state.packed is None:
+            q = q.reshape([b, s, *q.shape[1:]])
+            k, v = (t.reshape([b, s, *t.shape[1:]]) for t in (k, v))
         if meta.has_context:
             return ops.prefill_with_context(
                 q, k_cache, v_cache, meta.block_list, meta.mask, out_weight, state.prefill_layout
             )
-        kv_shape = [b, s, *k.shape[1:]]
-        return ops.prefill(
-            q, k.reshape(kv_shape), v.reshape(kv_shape), out_weight, state.prefill_layout
-        )
+        return ops.prefill(q, k, v, out_weight, state.prefill_layout)
 
     def _decode(self, layer: int, q, k, v, state: StepState, out_weight) -> paddle.Tensor:
         ops, k_cache, v_cache = self.ops, self.k_cache[layer], self.v_cache[layer]
         meta = state.meta.decode
         ops.write_slots(k_cache, v_cache, state.decode_slots, k, v)
-        return ops.decode(
+        rows, padding = q.shape[0], meta.shape[0] - q.shape[0]
+        if padding:  # packed: the decode op's block tables name the padded rows
+            q = paddle.concat([q, paddle.zeros([padding, *q.shape[1:]], dtype=q.dtype)])
+        out = ops.decode(
             q,
             k_cache,
             v_cache,
@@ -169,6 +235,7 @@ class PagedAttention:
             out_weight,
             meta.block_range,
         )
+        return out[:rows] if padding else out
 
     def release(self, request: Request) -> None:
         """Nothing to do: a finished request's blocks go back to the pool via the KV-cache

@@ -31,6 +31,9 @@ from stages.attention.interface import Heads
 
 _NEG = -1e30
 supports_qk_norm = True
+# The prefill and decode ops take a step's real tokens packed (no static shapes to keep
+# on a CPU), so the dense layers skip the padding.
+packs_rows = True
 
 _STRIDE_FLAG = "FLAGS_use_stride_kernel"
 try:
@@ -242,13 +245,16 @@ class PrefillLayout(NamedTuple):
     """Each prefill row's tiles (none for a padding row), made once per step."""
 
     rows: tuple[tuple[PrefillTile, ...], ...]
+    # Each row's first token in packed q, k, v (the rows' real tokens one after another);
+    # None = the ops take the padded rectangle [B, S, ...].
+    starts: tuple[int, ...] | None = None
 
 
 def prefill_layout(
-    context_lens: np.ndarray, chunk_lens: np.ndarray, dtype: str = "float32"
+    context_lens: np.ndarray, chunk_lens: np.ndarray, dtype: str = "float32", packed: bool = False
 ) -> PrefillLayout:
     """Tiles of QUERY_TILE queries over each row's real tokens; rows with equal offsets
-    share their masks."""
+    share their masks. packed: the prefill ops take and give the real tokens only."""
     masks: dict[tuple[int, int], paddle.Tensor] = {}
     rows = []
     for context, length in zip(context_lens.tolist(), chunk_lens.tolist(), strict=True):
@@ -260,7 +266,8 @@ def prefill_layout(
                 masks[seen, size] = _tile_mask(seen, size, dtype)
             tiles.append(PrefillTile(start, size, seen + size, masks[seen, size]))
         rows.append(tuple(tiles))
-    return PrefillLayout(tuple(rows))
+    starts = tuple((np.cumsum(chunk_lens) - chunk_lens).tolist()) if packed else None
+    return PrefillLayout(tuple(rows), starts)
 
 
 def _tile_mask(seen: int, size: int, dtype: str) -> paddle.Tensor:
@@ -310,9 +317,11 @@ def _attend_rows(
     keys_transposed: bool,
     out_weight: paddle.Tensor,
 ) -> paddle.Tensor:
-    """Every row's tiles, its padding as zeros, then one output projection -> [B * S, hidden].
+    """Every row's tiles, then one output projection: q [B, S, H, D] -> [B * S, hidden]
+    with padding as zeros, or packed q [T, H, D] (layout.starts) -> [T, hidden].
     row_keys_values(row, keys) gives the row's first `keys` keys and values."""
-    b, s, h, d = q.shape
+    h, d = q.shape[-2:]
+    s = 0 if layout.starts is not None else q.shape[1]
     pieces = []
     for row, tiles in enumerate(layout.rows):
         length = tiles[-1].start + tiles[-1].size if tiles else 0
@@ -320,7 +329,11 @@ def _attend_rows(
             keys, values = row_keys_values(row, tiles[-1].keys)
         for tile in tiles:
             with dense_copies():  # each tile's key prefix as a dense matmul operand
-                queries = q[row, tile.start : tile.start + tile.size]
+                if layout.starts is not None:
+                    first = layout.starts[row] + tile.start
+                    queries = q[first : first + tile.size]
+                else:
+                    queries = q[row, tile.start : tile.start + tile.size]
                 tile_keys = keys[:, :, : tile.keys] if keys_transposed else keys[:, : tile.keys]
                 tile_values = values[:, : tile.keys]
             pieces.append(_attend_tile(queries, tile_keys, tile_values, tile.mask, keys_transposed))
@@ -340,14 +353,20 @@ def prefill(
     out_weight: paddle.Tensor,
     layout: PrefillLayout | None = None,
 ) -> paddle.Tensor:
-    """layout: the rows' real lengths as prefill_layout made them; None = every row full."""
-    b, s = q.shape[0], q.shape[1]
+    """layout: the rows' real lengths as prefill_layout made them (packed: q, k, v are the
+    rows' real tokens one after another); None = every row full."""
     if layout is None:
+        b, s = q.shape[0], q.shape[1]
         layout = prefill_layout(np.zeros(b, np.int64), np.full(b, s), _dtype(q))
 
     def row_keys_values(row: int, keys: int) -> tuple[paddle.Tensor, paddle.Tensor]:
+        first = layout.starts[row] if layout.starts is not None else 0
         with dense_copies():
-            return k[row, :keys].transpose([1, 0, 2]), v[row, :keys].transpose([1, 0, 2])
+            if layout.starts is not None:
+                row_k, row_v = k[first : first + keys], v[first : first + keys]
+            else:
+                row_k, row_v = k[row, :keys], v[row, :keys]
+            return row_k.transpose([1, 0, 2]), row_v.transpose([1, 0, 2])
 
     return _attend_rows(q, layout, row_keys_values, False, out_weight)
 
