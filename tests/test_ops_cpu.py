@@ -246,3 +246,52 @@ def test_qkv_rope_on_packed_weights_matches_numpy_rotary(interleaved):
     np.testing.assert_allclose(k.numpy(), want_k[..., order], rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(v.numpy(), qkv[:, H + KV :], rtol=1e-4, atol=1e-4)
     assert sorted(order) == list(range(D))
+
+
+def _packed(x: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Each row's first lengths[row] tokens, one row after another."""
+    return np.concatenate([x[row, :n] for row, n in enumerate(lengths)])
+
+
+def test_packed_causal_prefill_matches_per_row_attention():
+    """q, k, v of the rows' real tokens only (layout.starts): one output row per real token,
+    each per-row attention over its own row's keys."""
+    lengths = np.array([2 * ops_cpu.QUERY_TILE + 5, 0, ops_cpu.QUERY_TILE - 7, 1])
+    b, s = len(lengths), 3 * ops_cpu.QUERY_TILE
+    q, k, v = rand(b, s, H, D, seed=23), rand(b, s, KV, D, seed=24), rand(b, s, KV, D, seed=25)
+    out_weight = rand(H * D, HIDDEN, seed=26)
+    layout = ops_cpu.prefill_layout(np.zeros(b, np.int64), lengths, "float32", packed=True)
+    assert layout.starts == (0, 261, 261, 382)
+    packed = [paddle.to_tensor(_packed(x, lengths)) for x in (q, k, v)]
+    got = ops_cpu.prefill(*packed, paddle.to_tensor(out_weight), layout).numpy()
+    want = [
+        attend(q[r, i], k[r, : i + 1], v[r, : i + 1]) for r in range(b) for i in range(lengths[r])
+    ]
+    assert got.shape == (lengths.sum(), HIDDEN)
+    np.testing.assert_allclose(got, np.stack(want) @ out_weight, rtol=1e-4, atol=1e-4)
+
+
+def test_packed_prefill_with_context_matches_per_row_attention(cached):
+    keys, values, k_cache, v_cache = cached
+    rng = np.random.default_rng(27)
+    contexts, lengths = np.array([BS + 3, 0, 2 * BS]), np.array([BS + 20, 30, 0])
+    seq, width = 2 * BS, 5
+    tables = np.stack([rng.permutation(POOL - 1)[:width] for _ in contexts])
+    q, out_weight = rand(len(contexts), seq, H, D, seed=28), rand(H * D, HIDDEN, seed=29)
+    layout = ops_cpu.prefill_layout(contexts, lengths, "float32", packed=True)
+    got = ops_cpu.prefill_with_context(
+        paddle.to_tensor(_packed(q, lengths)),
+        k_cache,
+        v_cache,
+        paddle.to_tensor(tables),
+        paddle.to_tensor(np.zeros((len(contexts), 1, seq, width * BS), np.float32)),
+        paddle.to_tensor(out_weight),
+        layout,
+    ).numpy()
+    want = []
+    for row, (ctx, length, table) in enumerate(zip(contexts, lengths, tables, strict=True)):
+        slots = (table[:, None] * BS + np.arange(BS)).reshape(-1)
+        want += [attend(q[row, i], keys[slots[: ctx + i + 1]], values[slots[: ctx + i + 1]])
+                 for i in range(length)]  # fmt: skip
+    assert got.shape == (lengths.sum(), HIDDEN)
+    np.testing.assert_allclose(got, np.stack(want) @ out_weight, rtol=1e-4, atol=1e-4)
