@@ -34,6 +34,11 @@ def load_ops(name: str) -> AttentionOps:
     raise ValueError(f"attention.ops={name}: choose attention.ops=cpu or intel_hpu")
 
 
+class BlockWrites(NamedTuple):
+    blocks: paddle.Tensor  # [n] destination blocks
+    rows: paddle.Tensor  # [n * bs] the packed rows that fill them, block by block
+
+
 class PackedRows(NamedTuple):
     """A step's real tokens, which the dense layers run on where the backend packs rows."""
 
@@ -53,6 +58,7 @@ class StepState:
     decode_slots: SlotIndex | None  # each decode row's write slot
     decode_layout: DecodeLayout | None  # the decode's mask and row placement
     packed: PackedRows | None = None  # q, k, v and outputs are the real tokens only
+    packed_blocks: BlockWrites | None = None  # packed aligned chunks' whole-block writes
 
 
 class PagedAttention:
@@ -130,7 +136,7 @@ class PagedAttention:
         """packed: packed_rows(meta), cos and sin then of the real tokens only."""
         ops, k_cache = self.ops, self.k_cache[0]  # every layer's cache has one shape
         prefill, decode = meta.prefill, meta.decode
-        prefill_slots = prefill_layout = decode_slots = layout = None
+        prefill_slots = prefill_layout = decode_slots = layout = packed_blocks = None
         if prefill is not None:
             dtype = str(cos.dtype).split(".")[-1]
             lens = prefill.chunk_lens
@@ -139,6 +145,8 @@ class PagedAttention:
             else:
                 prefill_layout = ops.prefill_layout(prefill.context_lens, lens, dtype, packed=True)
             prefill_slots = self._prefill_slots(prefill, packed)
+            if packed is not None and prefill.block_indices is not None:
+                packed_blocks = self._packed_blocks(prefill, packed)
         if decode is not None:
             n = decode.batch if packed is not None else decode.shape[0]
             decode_slots = ops.slot_index(
@@ -152,24 +160,40 @@ class PagedAttention:
                 self.heads.num_heads,
             )
         rope = ops.rope_table(cos, sin, self.heads)
-        return StepState(meta, rope, prefill_slots, prefill_layout, decode_slots, layout, packed)
+        return StepState(
+            meta, rope, prefill_slots, prefill_layout, decode_slots, layout, packed, packed_blocks
+        )
 
     def _prefill_slots(self, prefill, packed: PackedRows | None) -> SlotIndex | None:
-        """The prefill's token slots: of an unaligned padded prefill, or of packed tokens
-        (whole-block writes need the padded rectangle)."""
+        """The prefill's token slots where it writes token by token: an unaligned prefill's
+        (padded or packed); None where it writes whole blocks."""
         k_cache = self.k_cache[0]
+        if prefill.block_indices is not None:
+            return None
         if packed is None:
-            if prefill.block_indices is not None:
-                return None
             return self.ops.slot_index(k_cache, prefill.slot_blocks, prefill.slot_offsets)
         tokens = packed.tokens[: packed.prefill_tokens]
-        if prefill.block_indices is None:
-            blocks = paddle.gather(prefill.slot_blocks, tokens)
-            offsets = paddle.gather(prefill.slot_offsets, tokens)
-        else:  # chunks start on block boundaries and rows are whole blocks long
-            bs = k_cache.shape[-1]
-            blocks, offsets = paddle.gather(prefill.block_indices, tokens // bs), tokens % bs
-        return self.ops.slot_index(k_cache, blocks, offsets)
+        blocks = paddle.gather(prefill.slot_blocks, tokens)
+        return self.ops.slot_index(k_cache, blocks, paddle.gather(prefill.slot_offsets, tokens))
+
+    def _packed_blocks(self, prefill, packed: PackedRows) -> BlockWrites:
+        """Whole-block writes of packed aligned chunks: each row's blocks that hold tokens,
+        filled from packed rows (a last block's tail repeats the row's last token; those
+        slots are masked until later tokens overwrite them). Two gathers and a block write
+        take half as long as writing the tokens slot by slot."""
+        b, s, _ = prefill.shape
+        bs = self.k_cache[0].shape[-1]
+        dest = prefill.block_indices.numpy().reshape(b, s // bs)
+        lens = prefill.chunk_lens[: prefill.batch].tolist()
+        blocks, rows, start = [], [], 0
+        for row, n in enumerate(lens):
+            used = -(-n // bs)
+            blocks.append(dest[row, :used])
+            rows.append(start + np.minimum(np.arange(used * bs), n - 1))
+            start += n
+        return BlockWrites(
+            paddle.to_tensor(np.concatenate(blocks)), paddle.to_tensor(np.concatenate(rows))
+        )
 
     def qkv_rope(
         self, layer: int, x: paddle.Tensor, state: StepState
@@ -204,7 +228,12 @@ class PagedAttention:
         ops, k_cache, v_cache = self.ops, self.k_cache[layer], self.v_cache[layer]
         meta = state.meta.prefill
         b, s, _ = meta.shape
-        if state.prefill_slots is None:
+        if state.packed_blocks is not None:
+            blocks, rows = state.packed_blocks
+            ops.write_blocks(
+                k_cache, v_cache, blocks, paddle.gather(k, rows), paddle.gather(v, rows)
+            )
+        elif state.prefill_slots is None:
             ops.write_blocks(k_cache, v_cache, meta.block_indices, k, v)
         else:
             ops.write_slots(k_cache, v_cache, state.prefill_slots, k, v)
