@@ -214,7 +214,8 @@ class PagedAttention:
         out_weight: paddle.Tensor,
     ) -> paddle.Tensor:
         """q [tokens, heads, dim], k/v [tokens, kv_heads, dim] -> attention through the
-        output projection out_weight, [tokens, hidden]: prefill rows, then decode rows."""
+        output projection out_weight, [tokens, hidden]: prefill rows, then decode rows (of
+        the real tokens only where state.packed)."""
         packed = state.packed
         split = state.meta.prefill_tokens if packed is None else packed.prefill_tokens
         parts = []

@@ -45,6 +45,10 @@ class AttentionOps(Protocol):
     # Whether qkv_rope can norm each query and key head (Qwen3); a backend without it is
     # refused at start for such a model.
     supports_qk_norm: bool
+    # Optional, False when absent: the prefill and decode ops take a step's real tokens
+    # packed (prefill_layout(..., packed=True)), so the model skips the padding rows in its
+    # dense layers. A backend that keeps static shapes (the HPU) leaves it out.
+    packs_rows: bool
 
     def new_caches(
         self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: str
@@ -122,11 +126,13 @@ class AttentionOps(Protocol):
         """Slot writes: row i of k, v [n, KV, D] goes to slot i of slot_index's slots."""
 
     def prefill_layout(
-        self, context_lens: np.ndarray, chunk_lens: np.ndarray, dtype: str
+        self, context_lens: np.ndarray, chunk_lens: np.ndarray, dtype: str, packed: bool = False
     ) -> PrefillLayout:
         """The prefill rows' contexts and real lengths [B] as this backend's prefill ops take
         them, made once per step, shared by every layer. A backend that attends the padded
-        rectangle whole, with causality or the mask alone, needs none of it."""
+        rectangle whole, with causality or the mask alone, needs none of it. packed (only
+        where packs_rows): the prefill ops then take q, k, v [T, heads, D] of the rows' real
+        tokens one after another, and give [T, hidden]."""
 
     def prefill(
         self,
