@@ -124,11 +124,10 @@ class PrefixCache:
 
     def evict(self, count: int) -> list[int]:
         """The count least recently used cached blocks, their content forgotten."""
-        blocks = []
-        for _ in range(count):
-            block, _ = self.unheld.popitem(last=False)
-            del self.block_of[self.hash_of.pop(block)]
-            blocks.append(block)
+        popitem, block_of, forget = self.unheld.popitem, self.block_of, self.hash_of.pop
+        blocks = [popitem(last=False)[0] for _ in range(count)]
+        for block in blocks:
+            del block_of[forget(block)]
         return blocks
 
 
@@ -200,9 +199,9 @@ class KVCacheManager:
         drawing its ids; the blocks after it are hashed from it by content."""
         chain = request.block_hashes
         if len(chain) < num_blocks:
-            prefix_key = getattr(request.prompt_ids, "prefix_key", None)
-            if prefix_key is not None:
-                self._named_blocks(request, prefix_key, num_blocks)
+            prefix_keys = getattr(request.prompt_ids, "prefix_keys", None)
+            if prefix_keys is not None:
+                self._named_blocks(request, prefix_keys, num_blocks)
         if len(chain) < num_blocks:
             bs = self.block_size
             data = token_array(request, len(chain) * bs, num_blocks * bs).tobytes()
@@ -214,7 +213,10 @@ class KVCacheManager:
         return chain[:num_blocks]
 
     def _named_blocks(
-        self, request: Request, prefix_key: Callable[[int], bytes | None], num_blocks: int
+        self,
+        request: Request,
+        prefix_keys: Callable[[Sequence[int]], list[bytes] | None],
+        num_blocks: int,
     ) -> None:
         """Appends the identities of the request's first num_blocks blocks that lie in its
         prompt: a whole block's is the name of the prefix it ends, and the block the prompt
@@ -223,15 +225,12 @@ class KVCacheManager:
         chain, bs = request.block_hashes, self.block_size
         num_prompt = request.num_prompt_tokens
         whole = min(num_blocks, num_prompt // bs)
-        for j in range(len(chain), whole):
-            name = prefix_key((j + 1) * bs)
-            if name is None:
-                return
-            chain.append(name)
+        names = prefix_keys(range((len(chain) + 1) * bs, (whole + 1) * bs, bs))
+        if names is None:
+            return
+        chain.extend(names)
         if len(chain) == whole < num_blocks and num_prompt % bs:
-            name = prefix_key(num_prompt)
-            if name is None:
-                return
+            (name,) = prefix_keys([num_prompt])
             outputs = request.output_ids[: (whole + 1) * bs - num_prompt]
             data = name + np.asarray(outputs, dtype=np.int32).tobytes()
             chain.append(hashlib.blake2b(data, digest_size=16, person=NAMED_PROMPT).digest())

@@ -170,16 +170,17 @@ class SeededPromptIds(Sequence[int]):
         order, so a shorter draw is a prefix of a longer one."""
         return SeededPromptIds(min(length, self._length), self._key, self._source)
 
-    def prefix_key(self, end: int) -> bytes | None:
-        """A name for the ids 0..end-1, made without drawing them: a row's own stream is
-        fixed by its source's seed and vocabulary and its line, and a shorter draw is a
-        longer one's start, so equal names mean equal ids. None for a Mooncake row, whose
-        blocks are shared through hash ids and so are known by their content."""
+    def prefix_keys(self, ends: Sequence[int]) -> list[bytes] | None:
+        """Names for the ids 0..end-1 of each end, made without drawing them: a row's own
+        stream is fixed by its source's seed and vocabulary and its line, and a shorter draw
+        is a longer one's start, so equal names mean equal ids. None for a Mooncake row,
+        whose blocks are shared through hash ids and so are known by their content."""
         if not isinstance(self._key, int):
             return None
-        if not 0 < end <= self._length:
-            raise ValueError(f"prefix_key({end}) of a prompt of {self._length} ids")
-        return PREFIX_KEY.pack(self._source.tag, self._key, end)
+        if ends and not 0 < min(ends) <= max(ends) <= self._length:
+            raise ValueError(f"prefix_keys from {min(ends)} to {max(ends)} of {self._length} ids")
+        pack, tag, line = PREFIX_KEY.pack, self._source.tag, self._key
+        return [pack(tag, line, end) for end in ends]
 
     def __repr__(self) -> str:
         return f"SeededPromptIds(length={self._length}, key={self._key!r})"
