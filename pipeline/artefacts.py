@@ -47,11 +47,17 @@ def writing(path: Path) -> Iterator[None]:
 
 def replace_text(path: Path, text: str) -> None:
     """Writes `path` whole or not at all: a temporary file beside it, then a rename."""
+    replace_lines(path, [text.encode("utf-8")])
+
+
+def replace_lines(path: Path, lines: Iterable[bytes]) -> None:
+    """replace_text for encoded lines, written one after another (never joined: a trace
+    run's generations are hundreds of megabytes)."""
     with writing(path):
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
         try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(text)
+            with os.fdopen(fd, "wb") as f:
+                f.writelines(lines)
             os.replace(tmp, path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
@@ -101,21 +107,22 @@ def generation_line(request: Request, tokenizer) -> dict[str, Any]:
     return line
 
 
-def json_line(value: dict[str, Any], ensure_ascii: bool = False) -> str:
-    """One line of JSON. orjson writes floats some twenty times faster than json (a trace
-    run's lines hold millions of token gaps); json writes what orjson refuses (a lone
-    surrogate, an integer beyond 64 bits) and log-probabilities, which may be -inf (orjson
-    would write null)."""
+def json_line(value: dict[str, Any], ensure_ascii: bool = False) -> bytes:
+    """One line of JSON, UTF-8. orjson writes floats some twenty times faster than json (a
+    trace run's lines hold millions of token gaps), and bytes, which the run folder's files
+    take as they are; json writes what orjson refuses (a lone surrogate, as its escape; an
+    integer beyond 64 bits) and log-probabilities, which may be -inf (orjson would write
+    null)."""
     if "logprobs" not in value:
         try:
-            return orjson.dumps(value).decode() + "\n"
+            return orjson.dumps(value) + b"\n"
         except TypeError:
             pass
-    return json.dumps(value, ensure_ascii=ensure_ascii) + "\n"
-
-
-def _dumps(line: dict[str, Any]) -> str:
-    return json_line(line)
+    text = json.dumps(value, ensure_ascii=ensure_ascii) + "\n"
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate: UTF-8 cannot hold it, an escape can
+        return (json.dumps(value, ensure_ascii=True) + "\n").encode("ascii")
 
 
 class GenerationWriter:
@@ -125,14 +132,14 @@ class GenerationWriter:
     def __init__(self, out_dir: Path, tokenizer, kept: Iterable[dict[str, Any]] = ()) -> None:
         self.path = out_dir / GENERATIONS
         self.tokenizer = tokenizer
-        self.lines: dict[int, str] = {}  # workload index -> its encoded line, made once
+        self.lines: dict[int, bytes] = {}  # workload index -> its encoded line, made once
         with writing(self.path):
-            self._file = open(self.path, "w", encoding="utf-8")  # noqa: SIM115
+            self._file = open(self.path, "wb")  # noqa: SIM115
         for line in kept:
             self._append(line)
 
     def _append(self, line: dict[str, Any]) -> None:
-        text = self.lines[line["index"]] = _dumps(line)
+        text = self.lines[line["index"]] = json_line(line)
         with writing(self.path):
             self._file.write(text)
             self._file.flush()
@@ -148,7 +155,7 @@ class GenerationWriter:
     def finish(self) -> None:
         """The whole file again, in workload order, replacing the finish-order one."""
         self.close()
-        replace_text(self.path, "".join(self.lines[i] for i in sorted(self.lines)))
+        replace_lines(self.path, (self.lines[i] for i in sorted(self.lines)))
 
 
 def read_generations(path: Path) -> list[dict[str, Any]]:
@@ -177,7 +184,7 @@ class StepWriter:
     def __init__(self, out_dir: Path, append: bool = False) -> None:
         self.path = out_dir / STEPS
         with writing(self.path):
-            self._file = open(self.path, "a" if append else "w", encoding="utf-8")  # noqa: SIM115
+            self._file = open(self.path, "ab" if append else "wb")  # noqa: SIM115
         self._flushed = 0.0
 
     def __call__(self, record: StepRecord) -> None:

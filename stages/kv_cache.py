@@ -6,7 +6,9 @@ metadata builder reads block tables from it, and the attention stage sizes its t
 it. Block arithmetic lives here and nowhere else.
 
 Prefix caching: a full block's content hash covers its parent block's hash and its own
-token ids, so equal hashes mean an equal whole prefix. A block is free (no content),
+token ids, so equal hashes mean an equal whole prefix. A trace's drawn prompt is known by
+a name of each prefix instead (its stream's key and length: equal names, equal ids), so a
+run of a trace hashes no prompt ids and draws none. A block is free (no content),
 held (by one or more requests: its reference count), or cached (content kept, held by
 nobody): cached blocks are reused by a later request with the same prefix, and evicted
 least recently used, only when a fresh block is needed and none is free.
@@ -17,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import heapq
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -36,6 +38,7 @@ def chain_hash(parent: bytes, token_bytes: bytes) -> bytes:
 
 
 ROOT_HASH = b""  # the parent of a sequence's first block
+NAMED_PROMPT = b"named prompt"  # blake2b's personalisation for a block a prompt's name starts
 
 
 def token_array(request: Request, start: int, end: int) -> np.ndarray:
@@ -121,11 +124,10 @@ class PrefixCache:
 
     def evict(self, count: int) -> list[int]:
         """The count least recently used cached blocks, their content forgotten."""
-        blocks = []
-        for _ in range(count):
-            block, _ = self.unheld.popitem(last=False)
-            del self.block_of[self.hash_of.pop(block)]
-            blocks.append(block)
+        popitem, block_of, forget = self.unheld.popitem, self.block_of, self.hash_of.pop
+        blocks = [popitem(last=False)[0] for _ in range(count)]
+        for block in blocks:
+            del block_of[forget(block)]
         return blocks
 
 
@@ -192,8 +194,14 @@ class KVCacheManager:
 
     def block_hashes(self, request: Request, num_blocks: int) -> list[bytes]:
         """Content hashes of the request's first num_blocks full blocks, each made once and
-        kept on the request (a prompt's when admission first looks it up)."""
+        kept on the request (a prompt's when admission first looks it up). A drawn prompt
+        that names its prefixes (stages.trace) gives its blocks' identities by name, never
+        drawing its ids; the blocks after it are hashed from it by content."""
         chain = request.block_hashes
+        if len(chain) < num_blocks:
+            prefix_keys = getattr(request.prompt_ids, "prefix_keys", None)
+            if prefix_keys is not None:
+                self._named_blocks(request, prefix_keys, num_blocks)
         if len(chain) < num_blocks:
             bs = self.block_size
             data = token_array(request, len(chain) * bs, num_blocks * bs).tobytes()
@@ -203,6 +211,29 @@ class KVCacheManager:
                 parent = chain_hash(parent, data[j * width : (j + 1) * width])
                 chain.append(parent)
         return chain[:num_blocks]
+
+    def _named_blocks(
+        self,
+        request: Request,
+        prefix_keys: Callable[[Sequence[int]], list[bytes] | None],
+        num_blocks: int,
+    ) -> None:
+        """Appends the identities of the request's first num_blocks blocks that lie in its
+        prompt: a whole block's is the name of the prefix it ends, and the block the prompt
+        ends in (its output tokens after it) is hashed from the prompt's name and those
+        tokens, apart from content hashes (another personalisation)."""
+        chain, bs = request.block_hashes, self.block_size
+        num_prompt = request.num_prompt_tokens
+        whole = min(num_blocks, num_prompt // bs)
+        names = prefix_keys(range((len(chain) + 1) * bs, (whole + 1) * bs, bs))
+        if names is None:
+            return
+        chain.extend(names)
+        if len(chain) == whole < num_blocks and num_prompt % bs:
+            (name,) = prefix_keys([num_prompt])
+            outputs = request.output_ids[: (whole + 1) * bs - num_prompt]
+            data = name + np.asarray(outputs, dtype=np.int32).tobytes()
+            chain.append(hashlib.blake2b(data, digest_size=16, person=NAMED_PROMPT).digest())
 
     def cache_computed_blocks(self, request: Request) -> None:
         """Registers the content of the request's blocks that its computed tokens fill."""

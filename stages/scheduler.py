@@ -74,10 +74,14 @@ class StepRows:
     plan: StepPlan
     prefill: list[int]
     decode_spans: list[tuple[int, int]]
+    decode_rows: np.ndarray | None = None  # decode() once the walk is done
 
     def decode(self) -> np.ndarray:
-        spans = [np.arange(start, end) for start, end in self.decode_spans]
-        return np.concatenate(spans) if spans else np.zeros(0, np.int64)
+        spans = self.decode_spans
+        if len(spans) == 1:  # the common step: its decodes are one run of rows
+            return np.arange(*spans[0])
+        parts = [np.arange(start, end) for start, end in spans]
+        return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
 
 @dataclass
@@ -211,7 +215,8 @@ class ChunkedScheduler:
         # Like FastDeploy, nothing new is admitted in a step that had to preempt.
         if not plan.preempted:
             self._admit_waiting(plan, budget, now, rows)
-        plan.decode_lens = self.rows.computed[rows.decode()] + 1
+        rows.decode_rows = rows.decode()
+        plan.decode_lens = self.rows.computed[rows.decode_rows] + 1
         return plan
 
     def _continue_running(self, plan: StepPlan, budget: StepBudget, rows: StepRows) -> None:
@@ -347,7 +352,7 @@ class ChunkedScheduler:
             self.rows.read(running_row, request)
         first = len(plan.prefill)
         decode_logprobs = logprobs[first:] if logprobs is not None else None
-        self._update_decodes(plan, rows.decode(), tokens[first:], decode_logprobs, now, ending)
+        self._update_decodes(plan, rows.decode_rows, tokens[first:], decode_logprobs, now, ending)
         for request, reason in ending:
             self.finish(request, reason, now)
         return [request for request, _ in ending]

@@ -11,9 +11,11 @@ from __future__ import annotations
 import csv
 import functools
 import gc
+import hashlib
 import io
 import json
 import re
+import struct
 import warnings
 from collections import Counter, OrderedDict
 from collections.abc import Iterator, Sequence
@@ -79,6 +81,10 @@ class PromptIdSource:
         self.block_size = block_size
         self.capacity = capacity
         self._cache: OrderedDict[int, SeededPromptIds] = OrderedDict()
+        # What a row's stream depends on besides its line: equal tags, equal streams.
+        self.tag = hashlib.blake2b(
+            np.int64(seed).tobytes() + np.asarray(vocab, np.int64).tobytes(), digest_size=8
+        ).digest()
 
     def ids(self, prompt: SeededPromptIds) -> list[int]:
         array = self.array(prompt)
@@ -164,8 +170,25 @@ class SeededPromptIds(Sequence[int]):
         order, so a shorter draw is a prefix of a longer one."""
         return SeededPromptIds(min(length, self._length), self._key, self._source)
 
+    def prefix_keys(self, ends: Sequence[int]) -> list[bytes] | None:
+        """Names for the ids 0..end-1 of each end, made without drawing them: a row's own
+        stream is fixed by its source's seed and vocabulary and its line, and a shorter draw
+        is a longer one's start, so equal names mean equal ids. None for a Mooncake row,
+        whose blocks are shared through hash ids and so are known by their content."""
+        if not isinstance(self._key, int):
+            return None
+        if ends and not 0 < min(ends) <= max(ends) <= self._length:
+            raise ValueError(f"prefix_keys from {min(ends)} to {max(ends)} of {self._length} ids")
+        pack, tag, line = PREFIX_KEY.pack, self._source.tag, self._key
+        return [pack(tag, line, end) for end in ends]
+
     def __repr__(self) -> str:
         return f"SeededPromptIds(length={self._length}, key={self._key!r})"
+
+
+# A drawn prompt's prefix name: its source's tag, the row's line and the prefix's length.
+# 24 bytes, so never equal to a content hash (stages.kv_cache.chain_hash's are 16).
+PREFIX_KEY = struct.Struct("<8sqq")
 
 
 def prompt_vocab(tokenizer: Tokenizer) -> np.ndarray:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
-from pipeline.metrics import StepRecord, e2e_s, itl_s, stats, summarise, tpot_s, ttft_s
+from pipeline.metrics import StepRecord, e2e_s, itl_ms, itl_s, stats, summarise, tpot_s, ttft_s
 from stages.request import Request, Status
 
 
@@ -83,3 +84,16 @@ def test_empty_values_give_nulls():
     assert m["itl_ms"]["p99"] is None and m["tpot_ms"]["mean"] is None
     assert m["ttft_ms"]["p50"] == pytest.approx(200)
     assert m["token_utilization"] is None
+
+
+def test_token_gaps_equal_numpys_differences_request_by_request():
+    rng = np.random.default_rng(5)
+    requests = [
+        timeline(f"r{i}", 0.0, np.cumsum(rng.random(n)).tolist()) if n else timeline("e", 0, [0])
+        for i, n in enumerate([5, 1, 0, 9, 2, 1, 30])
+    ]
+    for r in requests:
+        assert itl_s(r) == np.diff(r.token_times).tolist()  # exactly, not approximately
+    oracle = np.concatenate([np.diff(r.token_times) for r in requests]) * 1e3
+    assert np.array_equal(itl_ms(requests), oracle)
+    assert len(itl_ms(requests[1:3])) == 0

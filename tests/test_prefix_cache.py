@@ -9,11 +9,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pipeline.build import build_engine
 from stages.kv_cache import KVCacheManager
 from stages.request import Request, Samples
 from stages.scheduler import ChunkedScheduler
 from stages.stopping import StopRule
-from tests.conftest import serve
+from stages.trace import PromptIdSource, SeededPromptIds
+from tests.conftest import make_config, serve
 
 BS = 4
 
@@ -215,3 +217,93 @@ def test_preemption_keeps_cached_blocks_for_the_recompute():
     readmitted = [c for s in steps for c in s.prefill if c["cached"] and c["start"] > 0]
     assert readmitted, "no admission started after a cached prefix"
     assert engine.scheduler.kv_cache.num_free_blocks == 20
+
+
+# ---------------------------------------------------------------------------------------------
+# A trace's drawn prompts: blocks known by the prompt's name, not by hashing drawn ids.
+
+
+def drawn(source: PromptIdSource, line: int, length: int, outputs: list[int]) -> Request:
+    ids = SeededPromptIds(length, line, source)
+    r = Request(id=f"l{line}", index=line, prompt="x", prompt_ids=ids, max_new_tokens=50)
+    r.output_ids = list(outputs)
+    return r
+
+
+def test_named_blocks_are_equal_exactly_when_their_prefixes_are():
+    source = PromptIdSource(np.arange(1000), seed=1, block_size=16, capacity=8)
+    kv = KVCacheManager(64, BS, prefix_caching=True)
+    whole = drawn(source, 3, 14, [5, 6])  # blocks [0-3], [4-7], [8-11]; [12, 13, 5, 6]
+    shorter = drawn(source, 3, 10, [5, 6])  # the same row clipped: [8, 9, 5, 6] differs
+    other_out = drawn(source, 3, 10, [6, 6])
+    other_row = drawn(source, 4, 14, [5, 6])
+    other_seed = drawn(PromptIdSource(np.arange(1000), 2, 16, 8), 3, 14, [5, 6])
+    requests = [whole, shorter, other_out, other_row, other_seed]
+    names = [kv.block_hashes(r, r.num_tokens // BS) for r in requests]
+    assert [len(n) for n in names] == [4, 3, 3, 4, 4]
+    assert names[0][:2] == names[1][:2] == names[2][:2]
+    assert all(r.prompt_ids._array is None for r in requests)  # named, not drawn
+    # The oracle: two blocks share a name exactly when their whole prefixes' ids are equal.
+    for r, chain in zip(requests, names, strict=True):
+        for s, other in zip(requests, names, strict=True):
+            for j, name in enumerate(chain):
+                for k, name_other in enumerate(other):
+                    same_ids = j == k and list(r.all_ids[: (j + 1) * BS]) == list(
+                        s.all_ids[: (k + 1) * BS]
+                    )
+                    assert (name == name_other) == same_ids, (r.id, j, s.id, k)
+
+
+def test_a_drawn_prompt_finds_its_cached_prefix_and_mooncake_hash_ids_still_hit():
+    source = PromptIdSource(np.arange(7), seed=1, block_size=BS, capacity=8)
+    kv = KVCacheManager(64, BS, prefix_caching=True)
+    computed(kv, drawn(source, 3, 14, []))
+    assert len(kv.match_prefix(drawn(source, 3, 14, [1]))) == 3
+    assert len(kv.match_prefix(drawn(source, 3, 9, []))) == 2
+    assert kv.match_prefix(drawn(source, 4, 14, [])) == []
+    mooncake = [SeededPromptIds(12, (line, (7, 8, 9)), source) for line in (0, 1)]
+    first, second = (Request(f"m{i}", i, "x", ids, 3) for i, ids in enumerate(mooncake))
+    computed(kv, first)
+    assert len(kv.match_prefix(second)) == 2  # another row, the same hash ids: a hit
+
+
+def as_plain_lists(requests: list[Request]) -> None:
+    for r in requests:
+        r.prompt_ids = list(r.prompt_ids)
+
+
+@pytest.mark.parametrize("executor", ["paddle", "simulated"])
+def test_named_blocks_schedule_as_content_hashes_do(tmp_path, executor):
+    """A trace served with preemption and prefix caching: its prompts named, or the same ids
+    as plain lists (hashed by content), give the same steps and the same cache hits."""
+    rows = "\n".join(f"{i * 0.01},{40 + 13 * (i % 5)},{6 + i % 7}" for i in range(14))
+    path = tmp_path / "vidur.csv"
+    path.write_text(f"arrived_at,num_prefill_tokens,num_decode_tokens\n{rows}\n")
+    overrides = [
+        "workload=trace",
+        f"workload.path={path}",
+        "max_tokens=64",
+        "num_blocks=12",
+        f"executor={executor}",
+        *(["hardware=gaudi3"] if executor == "simulated" else []),
+    ]
+    runs = []
+    for plain in (False, True):
+        engine, requests = build_engine(make_config([*overrides, "block_size=16"]))
+        if plain:
+            as_plain_lists(requests)
+        steps: list = []
+        engine.run(requests, on_step=steps.append)
+        runs.append((steps, requests))
+    (named_steps, named), (plain_steps, plain) = runs
+    assert sum(r.num_preemptions for r in named) > 0, "the pool did not preempt"
+    hits = [c for s in named_steps for c in s.prefill if c["cached"]]
+    assert hits, "no admission reused a cached prefix"
+    assert [vars(s) | {"duration_s": 0} for s in named_steps] == [
+        vars(s) | {"duration_s": 0} for s in plain_steps
+    ]
+    assert [(r.output_ids, r.cached_tokens) for r in named] == [
+        (r.output_ids, r.cached_tokens) for r in plain
+    ]
+    if executor == "simulated":
+        assert all(r.prompt_ids._array is None for r in named)  # nothing was drawn
