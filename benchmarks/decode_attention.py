@@ -24,10 +24,8 @@ import numpy as np
 import pipeline  # noqa: F401  # isort: skip  (chooses MKL's code path before Paddle loads it)
 import paddle  # isort: skip
 
-from benchmarks.decode_step import decode_plan
-from pipeline.build import build_engine
+from benchmarks.decode_step import decode_engine, decode_plan
 from pipeline.calibrate import timed_calls
-from pipeline.compose import compose_config
 
 
 def per_layer_ms(fn, layers: int, repeats: int) -> tuple[float, float]:
@@ -67,15 +65,7 @@ def main() -> None:
     parser.add_argument("--model", default="small", choices=["tiny", "small"])
     parser.add_argument("--repeats", type=int, default=20)
     args = parser.parse_args()
-    cfg = compose_config(
-        [
-            f"model={args.model}",
-            f"num_threads={args.threads}",
-            f"max_num_seqs={args.batch}",
-            f"num_blocks={args.batch * (-(-(args.context + 1) // 128))}",
-        ]
-    )
-    engine, _ = build_engine(cfg)
+    engine = decode_engine(args.model, args.threads, args.batch, args.context)
     meta = engine.metadata.build(decode_plan(engine, args.batch, args.context))
     k_caches, v_caches = engine.attention.k_cache, engine.attention.v_cache
     layers = len(k_caches)

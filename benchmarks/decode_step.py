@@ -32,6 +32,20 @@ from pipeline.compose import compose_config
 from stages.request import Request, StepPlan
 
 
+def decode_engine(model: str, threads: int, batch: int, context: int, overrides=()):
+    """An engine with just the KV blocks a decode of `batch` rows of `context` tokens needs."""
+    cfg = compose_config(
+        [
+            f"model={model}",
+            f"num_threads={threads}",
+            f"max_num_seqs={batch}",
+            f"num_blocks={batch * (-(-(context + 1) // 128))}",
+            *overrides,
+        ]
+    )
+    return build_engine(cfg)[0]
+
+
 def decode_plan(engine, batch: int, context: int) -> StepPlan:
     """`batch` running requests whose first `context - 1` tokens are already cached."""
     rng = np.random.default_rng(0)
@@ -70,16 +84,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5, help="forward and floor in turn")
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides")
     args = parser.parse_args()
-    cfg = compose_config(
-        [
-            f"model={args.model}",
-            f"num_threads={args.threads}",
-            f"max_num_seqs={args.batch}",
-            f"num_blocks={args.batch * (-(-(args.context + 1) // 128))}",
-            *args.overrides,
-        ]
-    )
-    engine, _ = build_engine(cfg)
+    engine = decode_engine(args.model, args.threads, args.batch, args.context, args.overrides)
     plan = decode_plan(engine, args.batch, args.context)
     meta = engine.metadata.build(plan)
     flops = step_flops(engine.model.dims, 1, [args.context] * args.batch)
