@@ -276,7 +276,7 @@ def as_plain_lists(requests: list[Request]) -> None:
 def test_named_blocks_schedule_as_content_hashes_do(tmp_path, executor):
     """A trace served with preemption and prefix caching: its prompts named, or the same ids
     as plain lists (hashed by content), give the same steps and the same cache hits."""
-    rows = "\n".join(f"{i * 0.01},{40 + 13 * (i % 5)},{6 + i % 7}" for i in range(14))
+    rows = "\n".join(f"0,{40 + 13 * (i % 5)},{6 + i % 7}" for i in range(14))
     path = tmp_path / "vidur.csv"
     path.write_text(f"arrived_at,num_prefill_tokens,num_decode_tokens\n{rows}\n")
     overrides = [
