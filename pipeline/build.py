@@ -141,6 +141,7 @@ def build_simulated_engine(cfg: DictConfig) -> tuple[Engine, list[Request]]:
         sampler=WorkloadLengthSampler(pick_token(tokenizer.eos_ids, tokenizer.vocab_size)),
         clock=clock,
         workload_counts=getattr(workload, "counts", None),
+        record_lengths=False,
     )
     return engine, requests
 

@@ -33,6 +33,7 @@ from pipeline.checks import ConfigError
 from pipeline.engine import Engine
 from pipeline.run import run
 from pipeline.schema import register_schemas
+from stages.attention.hpu import load_ops
 from stages.metadata import bucket_dims
 from stages.simulator.cost_model import CostModel
 from stages.simulator.device import spec_of
@@ -74,8 +75,9 @@ def measured_rates(threads: int) -> dict[str, float]:
     return {"flops": 2 * 1024**3 / matmul_s, "bytes": x.shape[0] * 4 / read_s}
 
 
-def cpu_profile(rates: dict[str, float]) -> HardwareProfile:
-    """The measured peaks as a device profile; coefficients are fitted on top of them."""
+def cpu_profile(rates: dict[str, float], pads_to_buckets: bool = False) -> HardwareProfile:
+    """The measured peaks as a device profile; coefficients are fitted on top of them.
+    pads_to_buckets: whether the forward computes the padded buckets (see pads_buckets)."""
     meminfo = Path("/proc/meminfo").read_text().split()
     capacity = int(meminfo[meminfo.index("MemTotal:") + 1]) / 2**20
     return HardwareProfile(
@@ -92,8 +94,16 @@ def cpu_profile(rates: dict[str, float]) -> HardwareProfile:
         compile_s=0.0,  # eager Paddle compiles nothing: no warmup cost, no miss penalty
         recompile_s=0.0,
         graph_memory_gib=0.0,
-        pads_to_buckets=True,  # the CPU backend computes the padded buckets too
+        pads_to_buckets=pads_to_buckets,
     )
+
+
+def pads_buckets(cfg: DictConfig) -> bool:
+    """Whether the configured forward computes the padded buckets. The CPU attention ops
+    take each step's real tokens packed (no static shapes to keep), so the GEMMs and
+    attention there cost by the real lengths; the HPU's ops compute the padded bucket."""
+    ops = OmegaConf.select(cfg, "attention.ops")
+    return ops is None or not getattr(load_ops(ops), "packs_rows", False)
 
 
 def grid(engine: Engine, max_shapes: int) -> list[tuple]:
@@ -117,8 +127,9 @@ def time_shape(engine: Engine, prefill: tuple | None, decode: tuple | None) -> f
     return best_seconds(step, repeats=3)
 
 
-def run_samples(folder: str | Path) -> list[tuple[StepShape, float]]:
-    """A real run's steps as (shape, measured seconds), from its steps.jsonl."""
+def run_samples(folder: str | Path, pads_to_buckets: bool) -> list[tuple[StepShape, float]]:
+    """A real run's steps as (shape, measured seconds), from its steps.jsonl: the padded
+    buckets and, for a device that computes real tokens, each row's real lengths."""
     folder = Path(folder)
     cfg = read_run_config(folder)
     if cfg is None or not (folder / STEPS).is_file():
@@ -128,12 +139,25 @@ def run_samples(folder: str | Path) -> list[tuple[StepShape, float]]:
     samples = []
     with (folder / STEPS).open(encoding="utf-8") as lines:
         for number, line in enumerate(lines, 1):
+            where = f"calibrate.runs: {folder / STEPS} line {number}"
             try:
                 step = json.loads(line)
                 prefill, decode = bucket_dims(step["bucket"])
-                samples.append((StepShape(cfg.block_size, prefill, decode), step["duration_s"]))
+                if not pads_to_buckets and step["decode"] and "decode_lens" not in step:
+                    raise ConfigError(
+                        f"{where}: no decode_lens (a run of an earlier version): serve it again"
+                    )
+                shape = StepShape(
+                    cfg.block_size,
+                    prefill,
+                    decode,
+                    chunk_lens=tuple(c["end"] - c["start"] for c in step["prefill"]),
+                    context_lens=tuple(c["start"] for c in step["prefill"]),
+                    decode_lens=tuple(step.get("decode_lens", ())),
+                )
+                samples.append((shape, step["duration_s"]))
             except (ValueError, KeyError, TypeError) as e:
-                raise ConfigError(f"calibrate.runs: {folder / STEPS} line {number}: {e}") from e
+                raise ConfigError(f"{where}: {e}") from e
     return samples
 
 
@@ -142,9 +166,16 @@ def calibrate(
 ) -> tuple[HardwareProfile, dict, list]:
     """The fitted profile, its coefficients, and the (shape, measured, predicted) samples:
     `grid_shapes` timed warmup shapes of cfg's engine and the steps of the real `runs`."""
-    profile = cpu_profile(measured_rates(cfg.num_threads))
+    pads = pads_buckets(cfg)
+    profile = cpu_profile(measured_rates(cfg.num_threads), pads)
     spec = spec_of(OmegaConf.to_container(cfg.model, resolve=True))
-    samples = [s for run in runs for s in run_samples(run)]
+    samples = [s for run in runs for s in run_samples(run, pads)]
+    if grid_shapes and not pads:
+        raise ConfigError(
+            "calibrate.grid_shapes: warmup shapes are padding only, and this forward "
+            "computes real tokens (attention.ops packs rows): set calibrate.grid_shapes=0 "
+            "and calibrate from served runs"
+        )
     if grid_shapes:
         engine, _ = build_engine(cfg)
         for prefill, decode in grid(engine, grid_shapes):

@@ -80,10 +80,12 @@ class Engine:
         sampler: Sampler,
         clock: Clock | None = None,
         workload_counts: dict | None = None,
+        record_lengths: bool = True,
     ) -> None:
         """clock: the run's time, by default the wall's; a simulated device's is virtual.
         workload_counts: what the workload counted as it loaded (a trace's skipped,
-        clipped and rejected rows), for the run's metrics."""
+        clipped and rejected rows), for the run's metrics. record_lengths: whether step
+        records list each decode row's length (what calibration fits real steps by)."""
         self.tokenizer = tokenizer
         self.scheduler = scheduler
         self.metadata = metadata
@@ -92,6 +94,7 @@ class Engine:
         self.sampler = sampler
         self.clock = clock or WallClock()
         self.workload_counts = workload_counts or {}
+        self.record_lengths = record_lengths
 
     def step(self, now: Callable[[], float]) -> StepResult:
         plan = self.scheduler.schedule(now())
@@ -188,6 +191,9 @@ class Engine:
                 if result.plan.failed:
                     continue
                 raise RuntimeError("the scheduler found nothing to run while requests wait")
-            on_step(StepRecord.of(index, result.plan, result.meta, clock() - t))
+            record = StepRecord.of(
+                index, result.plan, result.meta, clock() - t, self.record_lengths
+            )
+            on_step(record)
             index += 1
         return clock()

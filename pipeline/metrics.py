@@ -39,9 +39,14 @@ class StepRecord:
     duration_s: float
     # each part's dims before padding: prefill [batch, seq, blocks], decode [batch, blocks]
     needed: dict[str, list[int]] = field(default_factory=dict)
+    # each decode row's tokens, its new one included (what its attention reads), as real
+    # runs record them for calibration; a simulated run leaves them out (millions a trace)
+    decode_lens: list[int] = field(default_factory=list)
 
     @classmethod
-    def of(cls, step: int, plan: StepPlan, meta: ForwardMeta, duration_s: float) -> StepRecord:
+    def of(
+        cls, step: int, plan: StepPlan, meta: ForwardMeta, duration_s: float, lengths: bool = True
+    ) -> StepRecord:
         return cls(
             step=step,
             mode=plan.mode,
@@ -56,6 +61,7 @@ class StepRecord:
             bucket=meta.bucket,
             duration_s=duration_s,
             needed=meta.needed,
+            decode_lens=list(meta.shape.decode_lens) if lengths else [],
         )
 
 

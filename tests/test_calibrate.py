@@ -43,17 +43,38 @@ def test_bucket_labels_read_back_as_the_dims_they_print():
 
 def test_a_run_folder_gives_one_sample_per_step_with_its_block_size(served_run):
     lines = (served_run / "steps.jsonl").read_text().splitlines()
-    samples = run_samples(served_run)
+    samples = run_samples(served_run, pads_to_buckets=False)
     assert len(samples) == len(lines) > 3
     for (shape, seconds), line in zip(samples, lines, strict=True):
         step = json.loads(line)
         assert shape.block_size == 16 and seconds == step["duration_s"]
         assert bucket_label(shape.prefill, shape.decode) == step["bucket"]
+        assert shape.chunk_lens == tuple(c["end"] - c["start"] for c in step["prefill"])
+        assert shape.context_lens == tuple(c["start"] for c in step["prefill"])
+        assert len(shape.decode_lens) == len(step["decode"])
+
+
+def test_each_decode_row_is_recorded_with_the_tokens_it_attends_to(served_run):
+    """Unpreempted, a request's j-th decode step attends to its prompt and j tokens: the
+    first token came from its prefill, and the new one is written before it is read."""
+    prompts = {
+        g["id"]: g["prompt_tokens"]
+        for g in map(json.loads, (served_run / "generations.jsonl").read_text().splitlines())
+    }
+    steps = [json.loads(line) for line in (served_run / "steps.jsonl").read_text().splitlines()]
+    assert not any(s["preempted"] for s in steps), "the check assumes no preemption"
+    decodes = dict.fromkeys(prompts, 0)
+    for step in steps:
+        assert len(step["decode_lens"]) == len(step["decode"])
+        for rid, length in zip(step["decode"], step["decode_lens"], strict=True):
+            decodes[rid] += 1
+            assert length == prompts[rid] + decodes[rid]
+    assert sum(decodes.values()) > 10
 
 
 def test_a_calibrated_profile_round_trips_into_a_simulated_run(served_run, tmp_path):
     profile, coefficients, report = calibrate(compose_config(SERVED), runs=[served_run])
-    assert len(report) == len(run_samples(served_run)) and all(
+    assert len(report) == len(run_samples(served_run, False)) and all(
         v >= 0 for v in coefficients.values()
     )
     assert error_summary(report)["median_error"] < 1.0  # a fit, however noisy the machine
@@ -66,26 +87,37 @@ def test_a_calibrated_profile_round_trips_into_a_simulated_run(served_run, tmp_p
     assert engine.model.cost.coefficients == coefficients
 
 
-def test_warmup_shapes_add_to_the_served_steps(served_run):
-    _, _, report = calibrate(compose_config(SERVED), grid_shapes=9, runs=[served_run])
-    assert len(report) == len(run_samples(served_run)) + 9
+def test_warmup_shapes_add_to_the_served_steps_of_a_padding_forward(served_run):
+    # Dense reference attention computes the padded buckets: its warmup shapes are real work.
+    padded = compose_config([*SERVED, "attention=reference"])
+    _, _, report = calibrate(padded, grid_shapes=9, runs=[served_run])
+    assert len(report) == len(run_samples(served_run, True)) + 9
+    # The CPU ops pack real tokens: a padding-only warmup shape would time nothing.
+    with pytest.raises(ConfigError, match="calibrate.grid_shapes=0"):
+        calibrate(compose_config(SERVED), grid_shapes=9, runs=[served_run])
 
 
 def test_bad_run_folders_are_one_line_errors(served_run, tmp_path):
     with pytest.raises(ConfigError, match="is not a run folder"):
-        run_samples(tmp_path)
+        run_samples(tmp_path, False)
     broken = tmp_path / "broken"
     broken.mkdir()
     (broken / "resolved_config.yaml").write_text((served_run / "resolved_config.yaml").read_text())
     lines = (served_run / "steps.jsonl").read_text().splitlines()
     (broken / "steps.jsonl").write_text("\n".join([lines[0], '{"bucket": "prefill 1x"}']) + "\n")
     with pytest.raises(ConfigError, match="steps.jsonl line 2"):
-        run_samples(broken)
+        run_samples(broken, False)
+    old = next(step for step in map(json.loads, lines) if step["decode"])
+    del old["decode_lens"]
+    (broken / "steps.jsonl").write_text(json.dumps(old) + "\n")
+    with pytest.raises(ConfigError, match="no decode_lens .* serve it again"):
+        run_samples(broken, False)
+    assert len(run_samples(broken, True)) == 1  # a padding device reads the buckets alone
     simulated = tmp_path / "simulated"
     simulated.mkdir()
     run(compose_config([*SERVED, "executor=simulated", "model=spec/ernie45_0p3b"]), simulated)
     with pytest.raises(ConfigError, match="is a simulated run; give real runs"):
-        run_samples(simulated)
+        run_samples(simulated, False)
     with pytest.raises(ConfigError, match="no steps to fit"):
         calibrate(compose_config(SERVED))
 
@@ -110,5 +142,5 @@ def test_the_command_serves_then_writes_a_profile(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert (tmp_path / "served" / "steps.jsonl").is_file()
     fitted = json.loads((tmp_path / "calibration.json").read_text())
-    assert fitted["samples"] == len(run_samples(tmp_path / "served"))
+    assert fitted["samples"] == len(run_samples(tmp_path / "served", False))
     assert read_profile(tmp_path / "hardware.yaml").coefficients == fitted["coefficients"]
