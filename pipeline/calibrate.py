@@ -1,12 +1,14 @@
 """`python -m pipeline.calibrate [overrides]`: fit the simulated device to this machine.
 
 Serves the configured workload for real (executor=paddle) and fits the cost model's
-coefficients to its steps: each step's padded buckets and its measured time, scheduling,
-metadata, forward and sampling included, which is what a simulated step stands for. Real
-steps read KV blocks spread over the pool, with mixed prefill+decode shapes and one lm-head
-row per request, which padding-only warmup steps do not (`calibrate.grid_shapes=N` adds N
-of those); `calibrate.runs=[RUN,...]` adds the steps of earlier real runs, e.g. served on
-an HPU. Writes `hardware.yaml` into the run folder, for `executor=simulated
+coefficients to its steps: each step's shape and its measured time, scheduling, metadata,
+forward and sampling included, which is what a simulated step stands for. The shape is
+the padded buckets for a forward that computes them (the HPU's), and the rows' real
+lengths for one that packs real tokens (the CPU ops). Real steps read KV blocks spread
+over the pool, with mixed prefill+decode shapes and one lm-head row per request, which
+padding-only warmup steps do not (`calibrate.grid_shapes=N` adds N of those, where the
+forward pads); `calibrate.runs=[RUN,...]` adds the steps of earlier real runs, e.g. served
+on an HPU. Writes `hardware.yaml` into the run folder, for `executor=simulated
 hardware=measured hardware.path=FILE`. On this machine that calibrates the CPU; on an HPU
 with the plugin (`device=intel_hpu attention.ops=intel_hpu`) the same command records the
 HPU.
@@ -161,6 +163,16 @@ def run_samples(folder: str | Path, pads_to_buckets: bool) -> list[tuple[StepSha
     return samples
 
 
+def check_grid(cfg: DictConfig, grid_shapes: int) -> None:
+    """Refuses timed warmup shapes where they would time nothing but padding."""
+    if grid_shapes and not pads_buckets(cfg):
+        raise ConfigError(
+            "calibrate.grid_shapes: warmup shapes are padding only, and this forward "
+            "computes real tokens (attention.ops packs rows): set calibrate.grid_shapes=0 "
+            "and calibrate from served runs"
+        )
+
+
 def calibrate(
     cfg: DictConfig, grid_shapes: int = 0, runs: Sequence[str | Path] = ()
 ) -> tuple[HardwareProfile, dict, list]:
@@ -170,12 +182,7 @@ def calibrate(
     profile = cpu_profile(measured_rates(cfg.num_threads), pads)
     spec = spec_of(OmegaConf.to_container(cfg.model, resolve=True))
     samples = [s for run in runs for s in run_samples(run, pads)]
-    if grid_shapes and not pads:
-        raise ConfigError(
-            "calibrate.grid_shapes: warmup shapes are padding only, and this forward "
-            "computes real tokens (attention.ops packs rows): set calibrate.grid_shapes=0 "
-            "and calibrate from served runs"
-        )
+    check_grid(cfg, grid_shapes)
     if grid_shapes:
         engine, _ = build_engine(cfg)
         for prefill, decode in grid(engine, grid_shapes):
@@ -208,6 +215,7 @@ def main(cfg: DictConfig) -> None:
     options = cfg.calibrate
     runs = list(options.runs)
     try:
+        check_grid(cfg, options.grid_shapes)  # before serving, not after
         if options.serve:
             served = out_dir / "served"
             served.mkdir(exist_ok=True)

@@ -286,7 +286,7 @@ class SimulatedExecutorConf:
 class CalibrateConf:
     """`python -m pipeline.calibrate`: which measured steps the cost model is fitted to."""
 
-    grid_shapes: int = 0  # padding-only warmup-shape steps to time; 0 = none
+    grid_shapes: int = 0  # padding-only warmup shapes to time (a padding forward); 0 = none
     serve: bool = True  # serve the configured workload for real and fit its steps
     runs: list[str] = field(default_factory=list)  # real run folders whose steps to fit too
 
