@@ -11,10 +11,11 @@ workload. Decode blocks are listed row by row in both (metadata.decode_span=0), 
 HPU lists them. Per metric: the median and worst absolute error, and the Spearman rank
 correlation of the configurations.
 
-Both sides run Paddle on one thread: on two threads of this two-core machine the same
-configuration's decode steps took 24 ms in one run and 40-75 ms in the next (every thread
-waits for the slowest, and the second core is shared with the rest of the machine), a
-spread no prediction can follow; on one thread repeated runs agree within about 10%.
+Both sides run Paddle on one thread: on two threads of this two-core machine one
+configuration's 16-row decode steps took a median 40 ms in one run and 24 ms in the next,
+another's 72, 35 and 76 ms over three runs (every thread waits for the slowest, and the
+second core is shared with the rest of the machine), a spread no prediction can follow;
+on one thread the same runs agreed within about 10%.
 """
 
 from __future__ import annotations

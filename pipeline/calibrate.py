@@ -163,9 +163,9 @@ def run_samples(folder: str | Path, pads_to_buckets: bool) -> list[tuple[StepSha
     return samples
 
 
-def check_grid(cfg: DictConfig, grid_shapes: int) -> None:
+def check_grid(grid_shapes: int, pads_to_buckets: bool) -> None:
     """Refuses timed warmup shapes where they would time nothing but padding."""
-    if grid_shapes and not pads_buckets(cfg):
+    if grid_shapes and not pads_to_buckets:
         raise ConfigError(
             "calibrate.grid_shapes: warmup shapes are padding only, and this forward "
             "computes real tokens (attention.ops packs rows): set calibrate.grid_shapes=0 "
@@ -179,10 +179,10 @@ def calibrate(
     """The fitted profile, its coefficients, and the (shape, measured, predicted) samples:
     `grid_shapes` timed warmup shapes of cfg's engine and the steps of the real `runs`."""
     pads = pads_buckets(cfg)
+    check_grid(grid_shapes, pads)
     profile = cpu_profile(measured_rates(cfg.num_threads), pads)
     spec = spec_of(OmegaConf.to_container(cfg.model, resolve=True))
     samples = [s for run in runs for s in run_samples(run, pads)]
-    check_grid(cfg, grid_shapes)
     if grid_shapes:
         engine, _ = build_engine(cfg)
         for prefill, decode in grid(engine, grid_shapes):
@@ -215,7 +215,7 @@ def main(cfg: DictConfig) -> None:
     options = cfg.calibrate
     runs = list(options.runs)
     try:
-        check_grid(cfg, options.grid_shapes)  # before serving, not after
+        check_grid(options.grid_shapes, pads_buckets(cfg))  # before serving, not after
         if options.serve:
             served = out_dir / "served"
             served.mkdir(exist_ok=True)
