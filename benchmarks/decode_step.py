@@ -33,17 +33,12 @@ from stages.request import Request, StepPlan
 
 
 def decode_engine(model: str, threads: int, batch: int, context: int, overrides=()):
-    """An engine with just the KV blocks a decode of `batch` rows of `context` tokens needs."""
-    cfg = compose_config(
-        [
-            f"model={model}",
-            f"num_threads={threads}",
-            f"max_num_seqs={batch}",
-            f"num_blocks={batch * (-(-(context + 1) // 128))}",
-            *overrides,
-        ]
-    )
-    return build_engine(cfg)[0]
+    """An engine with just the KV blocks a decode of `batch` rows of `context` tokens needs
+    (at the block size the overrides give)."""
+    base = [f"model={model}", f"num_threads={threads}", f"max_num_seqs={batch}", *overrides]
+    block_size = compose_config(base).block_size
+    blocks = batch * -(-(context + 1) // block_size)
+    return build_engine(compose_config([*base, f"num_blocks={blocks}"]))[0]
 
 
 def decode_plan(engine, batch: int, context: int) -> StepPlan:

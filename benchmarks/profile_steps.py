@@ -32,12 +32,15 @@ from pathlib import Path
 import pipeline  # noqa: F401  # isort: skip  (chooses MKL's code path before Paddle loads it)
 import paddle.profiler as paddle_profiler  # isort: skip
 
+from benchmarks.decode_step import read_bandwidth
+from benchmarks.floor import matmul_rate, step_flops
 from benchmarks.harness import synthetic_overrides
 from benchmarks.peer import sorted_batches
 from benchmarks.report import write_report
 from pipeline.compose import compose_config
 from pipeline.run import build_engine
 from stages.checkpoint import export_hf_llama
+from stages.simulator.shape import StepShape
 
 KINDS = ("matmul", "attention", "gather/copy", "elementwise", "other")
 # Operator names (lower case, either framework) by kind; the first kind that matches wins.
@@ -79,13 +82,22 @@ class PhaseProfile:
         self.wall: dict[str, float] = defaultdict(float)
         self.ops: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
         self.calls: dict[str, int] = defaultdict(int)
+        self.floor: dict[str, float] = defaultdict(float)  # the forwards' roofline seconds
         self.loop_s = 0.0  # the run's wall time outside the forwards
         self.total_s = 0.0  # the run's wall time, the profiler's own start and stop left out
         self.profiler_s = 0.0
         self.tokens = 0
 
-    def add(self, phase: str, wall: float, op_seconds: dict[str, float], calls: int) -> None:
+    def add(
+        self,
+        phase: str,
+        wall: float,
+        op_seconds: dict[str, float],
+        calls: int,
+        floor: float = 0.0,
+    ) -> None:
         self.forwards[phase] += 1
+        self.floor[phase] += floor
         self.wall[phase] += wall
         self.calls[phase] += calls
         for op, seconds in op_seconds.items():  # operator names, or kinds already
@@ -94,11 +106,12 @@ class PhaseProfile:
     def rows(self, side: str) -> list[str]:
         lines = []
         for phase in sorted(self.wall, key=lambda p: -self.wall[p]):
-            wall, ops = self.wall[phase], self.ops[phase]
+            wall, ops, floor = self.wall[phase], self.ops[phase], self.floor[phase]
             launch = wall - sum(ops.values())
             cells = [f"{ops[k]:.2f}" for k in KINDS]
+            roofline = f"{floor:.2f} | {wall / floor:.2f}x" if floor else "- | -"
             lines.append(
-                f"| {side} | {phase} | {self.forwards[phase]} | {wall:.2f} | "
+                f"| {side} | {phase} | {self.forwards[phase]} | {wall:.2f} | {roofline} | "
                 + " | ".join(cells)
                 + (
                     f" | {launch:.2f} | {self.calls[phase] / self.forwards[phase]:.0f} |"
@@ -107,11 +120,34 @@ class PhaseProfile:
                 )
             )
         lines.append(
-            f"| {side} | loop outside the forward | - | {self.loop_s:.2f} | "
+            f"| {side} | loop outside the forward | - | {self.loop_s:.2f} | - | - | "
             + " | ".join("-" for _ in KINDS)
             + " | - | - |"
         )
         return lines
+
+
+class Roofline:
+    """A forward's least time: the larger of its FLOPs at the matmul rate and the bytes it
+    must read (the weights once, every row's cached keys and values once) at the read
+    bandwidth, both measured in this process on the model's own shapes."""
+
+    def __init__(self, model, threads: int) -> None:
+        self.dims = model.dims
+        self.rate = matmul_rate(threads, dims=model.dims)
+        self.bandwidth = read_bandwidth()
+        self.weight_bytes = model.num_bytes
+        d = model.dims
+        self.kv_bytes_per_token = 2 * d.num_layers * d.num_kv_heads * d.head_dim * 4
+
+    def seconds(self, shape: StepShape) -> float:
+        tokens = [*shape.chunk_lens, *[1] * len(shape.decode_lens)]
+        contexts = shape.context_lens or (0,) * len(shape.chunk_lens)
+        ends = [c + n for c, n in zip(contexts, shape.chunk_lens, strict=True)]
+        ends += list(shape.decode_lens)
+        flops = step_flops(self.dims, tokens, ends)
+        read = self.weight_bytes + self.kv_bytes_per_token * sum(ends)
+        return max(flops / self.rate, read / self.bandwidth)
 
 
 def _paddle_ops(prof: paddle_profiler.Profiler) -> tuple[dict[str, float], int]:
@@ -130,6 +166,7 @@ def _paddle_ops(prof: paddle_profiler.Profiler) -> tuple[dict[str, float], int]:
 def profile_engine(overrides: list[str]) -> tuple[PhaseProfile, object]:
     cfg = compose_config(overrides)
     engine, requests = build_engine(cfg)
+    roofline = Roofline(engine.model, cfg.num_threads)
     profile = PhaseProfile()
     forward = engine.model.forward
 
@@ -144,7 +181,7 @@ def profile_engine(overrides: list[str]) -> tuple[PhaseProfile, object]:
         float(logits[0, 0])
         wall = time.perf_counter() - start
         prof.stop()
-        profile.add(meta.mode, wall, *_paddle_ops(prof))
+        profile.add(meta.mode, wall, *_paddle_ops(prof), roofline.seconds(meta.shape))
         profile.profiler_s += time.perf_counter() - begin - wall
         return logits
 
@@ -154,7 +191,7 @@ def profile_engine(overrides: list[str]) -> tuple[PhaseProfile, object]:
     profile.total_s = time.perf_counter() - start - profile.profiler_s
     profile.loop_s = profile.total_s - sum(profile.wall.values())
     profile.tokens = sum(len(r.output_ids) for r in requests)
-    return profile, (engine, requests)
+    return profile, (engine, requests, roofline)
 
 
 # The peer's modules by kind: torch.profiler slows its matmuls about tenfold here, so the
@@ -235,7 +272,9 @@ def profile_peer(folder: Path, prompts: list[list[int]], new_tokens: int, batch:
     return profile
 
 
-def report(args: argparse.Namespace, ours: PhaseProfile, peer: PhaseProfile) -> list[str]:
+def report(
+    args: argparse.Namespace, ours: PhaseProfile, peer: PhaseProfile, roofline: Roofline
+) -> list[str]:
     """The markdown table; the peer's rows and figures only when it was profiled."""
     header = " | ".join(f"{k} s" for k in KINDS)
     with_peer = peer.total_s > 0
@@ -253,10 +292,18 @@ def report(args: argparse.Namespace, ours: PhaseProfile, peer: PhaseProfile) -> 
         f"Under the profilers: this engine {ours.total_s:.2f} s ({ours.tokens / ours.total_s:.0f}"
         f" tok/s){peer_figures}. "
         "Seconds summed over the run; launch = the forward's wall time beyond its operators' "
-        "own time (Python, dispatch); ops = operator calls per forward.",
+        "own time (Python, dispatch); ops = operator calls per forward. Roofline = the "
+        "forwards' least time, the larger of their FLOPs at the matmul rate "
+        f"({roofline.rate / 1e9:.0f} GFLOP/s on the model's shapes) and their reads (weights "
+        f"once, every row's cached keys and values once) at {roofline.bandwidth / 1e9:.1f} GB/s; "
+        f"this engine's forwards: {sum(ours.wall.values()):.2f} s over a roofline of "
+        f"{sum(ours.floor.values()):.2f} s.",
         "",
-        f"| side | phase | forwards | wall s | {header} | launch s | ops |",
-        "| --- | --- | ---: | ---: | " + " | ".join("---:" for _ in KINDS) + " | ---: | ---: |",
+        f"| side | phase | forwards | wall s | roofline s | wall / roofline | {header} "
+        "| launch s | ops |",
+        "| --- | --- | ---: | ---: | ---: | ---: | "
+        + " | ".join("---:" for _ in KINDS)
+        + " | ---: | ---: |",
         *ours.rows("this engine"),
         *(peer.rows("peer") if with_peer else []),
     ]
@@ -282,7 +329,7 @@ def main() -> None:
         f"model={args.model}",
         *args.overrides,
     ]
-    ours, (engine, requests) = profile_engine(overrides)
+    ours, (engine, requests, roofline) = profile_engine(overrides)
     peer = PhaseProfile()
     if not args.skip_peer:
         import torch
@@ -294,7 +341,7 @@ def main() -> None:
             peer = profile_peer(
                 Path(folder), prompts, args.new_tokens, args.peer_batch, engine.tokenizer.pad_id
             )
-    text = "\n".join(report(args, ours, peer)) + "\n"
+    text = "\n".join(report(args, ours, peer, roofline)) + "\n"
     print(text)
     if args.out:
         write_report(args.out, text)

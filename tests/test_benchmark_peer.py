@@ -73,8 +73,19 @@ def test_phase_profile_launch_is_wall_beyond_operators() -> None:
     profile.add("decode", 1.0, {"matmul": 0.5, "softmax": 0.2, "add": 0.1}, calls=10)
     (row, _) = profile.rows("x")
     cells = [c.strip() for c in row.strip("|").split("|")]
-    # side, phase, forwards, wall, matmul, attention, gather, elementwise, other, launch, ops
-    assert cells[2:] == ["1", "1.00", "0.50", "0.20", "0.00", "0.10", "0.00", "0.20", "10"]
+    # side, phase, forwards, wall, roofline, wall / roofline, matmul, attention, gather,
+    # elementwise, other, launch, ops; no roofline given, none shown
+    assert cells[2:] == [
+        "1", "1.00", "-", "-", "0.50", "0.20", "0.00", "0.10", "0.00", "0.20", "10"
+    ]  # fmt: skip
+
+
+def test_phase_profile_roofline_sums_over_forwards() -> None:
+    profile = PhaseProfile()
+    profile.add("decode", 1.0, {"matmul": 0.5}, calls=1, floor=0.25)
+    profile.add("decode", 2.0, {"matmul": 1.5}, calls=1, floor=0.5)
+    cells = [c.strip() for c in profile.rows("x")[0].strip("|").split("|")]
+    assert cells[3:6] == ["3.00", "0.75", "4.00x"]  # 3 s of wall over 0.75 s of roofline
 
 
 def test_phase_profile_keeps_times_already_filed_by_kind() -> None:
@@ -90,6 +101,7 @@ def test_profile_report_without_the_peer_has_only_this_engines_rows() -> None:
     ours.total_s, ours.tokens = 4.0, 100
     args = type("Args", (), {"model": "tiny", "requests": 1, "min_prompt": 1, "max_prompt": 2,
                              "new_tokens": 3, "threads": 2, "peer_batch": 16})()  # fmt: skip
-    text = "\n".join(report(args, ours, PhaseProfile()))
+    roofline = type("Roofline", (), {"rate": 1e11, "bandwidth": 4e10})()
+    text = "\n".join(report(args, ours, PhaseProfile(), roofline))
     assert "this engine 4.00 s (25 tok/s)." in text
     assert "peer" not in text
