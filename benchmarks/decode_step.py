@@ -12,6 +12,12 @@ floor, the cached keys and values of every layer and the weights read once at th
 bandwidth measured in the same run. A decode at batch 32, context 512 reads far more bytes
 than its FLOPs take time: it is memory-bound, and the FLOP floor alone would flatter it.
 
+That roofline assumes the step's compute-bound work (the dense layers' matmuls, at batch 64
+and up) and its memory-bound work (the attention's reads of the cache) overlap perfectly.
+A layer runs them one after the other, so the roofline by part is also given: the dense
+layers at the larger of their FLOPs' and their weights' time, plus the attention at the
+larger of its FLOPs' and its cache reads' time.
+
 On a shared machine the forward, the matmul rate and the bandwidth drift together and apart
 by tens of percent from one second to the next, so they are measured in turn, `--rounds`
 times, and the forward / roofline ratio is given for each round: its median is the figure
@@ -21,14 +27,16 @@ to quote.
 from __future__ import annotations
 
 import argparse
+from typing import NamedTuple
 
 import numpy as np
 import paddle
 
-from benchmarks.floor import matmul_rate, step_flops
+from benchmarks.floor import attention_flops, head_flops, matmul_rate, token_flops
 from pipeline.build import build_engine
 from pipeline.calibrate import timed_calls
 from pipeline.compose import compose_config
+from stages.model import ModelDims
 from stages.request import Request, StepPlan
 
 
@@ -53,6 +61,47 @@ def decode_plan(engine, batch: int, context: int) -> StepPlan:
         r.num_computed = context - 1
         requests.append(r)
     return StepPlan(decode=requests)
+
+
+class Roofline(NamedTuple):
+    """A decode step's least times in ms: the FLOP and memory floors of the whole step,
+    and of its two kinds of work apart (the dense layers' matmuls over the weights; the
+    attention over the cached keys and values)."""
+
+    flop_ms: float
+    memory_ms: float
+    dense_ms: float
+    attention_ms: float
+
+    @property
+    def whole_ms(self) -> float:
+        """max(FLOP floor, memory floor): the step if its compute-bound and its memory-bound
+        work overlapped perfectly."""
+        return max(self.flop_ms, self.memory_ms)
+
+    @property
+    def by_part_ms(self) -> float:
+        """Each part at its own floor, one after the other: a layer's attention needs its
+        QKV and its output projection needs the attention, so the parts cannot overlap."""
+        return self.dense_ms + self.attention_ms
+
+
+def decode_roofline(
+    dims: ModelDims, weight_bytes: int, batch: int, context: int, rate: float, bandwidth: float
+) -> Roofline:
+    """The roofline of `batch` decodes at `context` tokens each, at `rate` FLOP/s and
+    `bandwidth` bytes/s. Every cached key and value is read once a layer, and the weights
+    once a step (at small batches they do not stay in cache)."""
+    dense_flops = batch * (token_flops(dims) + head_flops(dims))
+    kv_flops = attention_flops(dims, batch * context)
+    kv_bytes = dims.num_layers * 2 * batch * context * dims.num_kv_heads * dims.head_dim * 4
+    ms = 1e3
+    return Roofline(
+        flop_ms=(dense_flops + kv_flops) / rate * ms,
+        memory_ms=(weight_bytes + kv_bytes) / bandwidth * ms,
+        dense_ms=max(dense_flops / rate, weight_bytes / bandwidth) * ms,
+        attention_ms=max(kv_flops / rate, kv_bytes / bandwidth) * ms,
+    )
 
 
 def read_bandwidth(megabytes: int = 256, repeats: int = 10) -> float:
@@ -82,65 +131,58 @@ def main() -> None:
     engine = decode_engine(args.model, args.threads, args.batch, args.context, args.overrides)
     plan = decode_plan(engine, args.batch, args.context)
     meta = engine.metadata.build(plan)
-    flops = step_flops(engine.model.dims, 1, [args.context] * args.batch)
+    dims, weight_bytes = engine.model.dims, engine.model.num_bytes
 
     def forward() -> float:
         return float(engine.model.forward(meta, engine.attention)[0, 0])
 
-    forward_times, floor_times = [], []
+    # The forward, the matmul rate at the decode's row count and the read bandwidth in
+    # turn: each round's forward is set against the floors measured beside it.
+    forward_times, rooflines = [], []
     for _ in range(args.rounds):
         forward_times.append(timed_ms(forward, args.repeats))
-        rate = matmul_rate(args.threads, engine.model.dims, rows=(args.batch,))
-        floor_times.append(flops / rate * 1e3)
+        rate = matmul_rate(args.threads, dims, rows=(args.batch,))
+        rooflines.append(
+            decode_roofline(dims, weight_bytes, args.batch, args.context, rate, read_bandwidth())
+        )
     forward_ms = min(best for best, _ in forward_times)
     forward_median = float(np.median([median for _, median in forward_times]))
     step_ms, step_median = timed_ms(
         lambda: float(engine.model.forward(engine.metadata.build(plan), engine.attention)[0, 0]),
         args.repeats,
     )
-    rate_best = matmul_rate(args.threads, engine.model.dims)
-    dims = engine.model.dims
-    # Every cached key and value is read at least once per layer: decode's memory floor.
-    kv_bytes = 2 * args.batch * args.context * dims.num_kv_heads * dims.head_dim * 4
-    # The weights are read once a step too: at small batches they do not stay in cache.
-    memory_bytes = dims.num_layers * kv_bytes + engine.model.num_bytes
-    bandwidths = []
-    roofline_ratios = []
-    for (best, _), floor in zip(forward_times, floor_times, strict=True):
-        bandwidths.append(read_bandwidth())
-        roofline_ratios.append(best / max(floor, memory_bytes / bandwidths[-1] * 1e3))
-    bandwidth = max(bandwidths)
-    memory_ms = memory_bytes / bandwidth * 1e3
-    roofline_ms = max(float(np.median(floor_times)), memory_ms)
+    kv_mib = dims.num_layers * 2 * args.batch * args.context * dims.num_kv_heads * dims.head_dim
+    kv_mib = kv_mib * 4 / 2**20
+
+    def per_round(values) -> str:
+        return ", ".join(f"{v:.2f}" for v in values)
+
+    def ratios(floor) -> str:
+        values = [best / floor(r) for (best, _), r in zip(forward_times, rooflines, strict=True)]
+        return f"{per_round(values)}x, median **{float(np.median(values)):.2f}x**"
+
     print(
         f"decode step, model={args.model}, batch {args.batch}, context {args.context}, "
         f"{meta.bucket}"
     )
     print(f"  forward            {forward_ms:8.2f} ms best, {forward_median:8.2f} ms median")
     print(f"  metadata + forward {step_ms:8.2f} ms best, {step_median:8.2f} ms median")
-    print(f"  step FLOPs         {flops / 1e9:8.3f} GFLOP")
+    print(f"  per round, ms: FLOP floor {per_round(r.flop_ms for r in rooflines)}")
     print(
-        "  FLOP floor at this row count, per round: "
-        + ", ".join(f"{floor:.2f}" for floor in floor_times)
-        + " ms"
-    )
-    best_floor_ms = flops / rate_best * 1e3
-    print(
-        f"  FLOP floor at the best row count {best_floor_ms:6.2f} ms "
-        f"({rate_best / 1e9:.1f} GFLOP/s)"
+        f"                 memory floor {per_round(r.memory_ms for r in rooflines)}: the KV "
+        f"cache ({kv_mib:.0f} MiB) and the weights ({weight_bytes / 2**20:.0f} MiB) read once"
     )
     print(
-        f"  memory floor       {memory_ms:8.2f} ms: the KV cache "
-        f"({dims.num_layers * kv_bytes / 2**20:.0f} MiB) and the weights "
-        f"({engine.model.num_bytes / 2**20:.0f} MiB) read once at {bandwidth / 1e9:.1f} GB/s, "
-        "the best read bandwidth measured here"
+        f"                 dense layers' floor {per_round(r.dense_ms for r in rooflines)}, "
+        f"attention's floor {per_round(r.attention_ms for r in rooflines)}"
     )
-    bound = "memory" if memory_ms >= float(np.median(floor_times)) else "FLOP"
     print(
-        f"  roofline = max(FLOP floor, memory floor) = {roofline_ms:.2f} ms ({bound}-bound); "
-        "best forward / roofline per round: "
-        + ", ".join(f"{ratio:.2f}x" for ratio in roofline_ratios)
-        + f", median **{float(np.median(roofline_ratios)):.2f}x**"
+        "  best forward / roofline, max(FLOP floor, memory floor), per round: "
+        + ratios(lambda r: r.whole_ms)
+    )
+    print(
+        "  best forward / roofline by part, dense layers' floor + attention's floor, "
+        "per round: " + ratios(lambda r: r.by_part_ms)
     )
 
 
