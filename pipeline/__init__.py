@@ -8,13 +8,33 @@ from pathlib import Path
 warnings.filterwarnings("ignore", message="No ccache found")
 
 
-def _prefer_avx2_on_amd() -> None:
-    """Paddle's bundled MKL takes a generic, slow code path on AMD CPUs unless told to use
-    AVX2, which makes fp32 matmuls several times faster. It must be set before Paddle loads
-    MKL, and a value the user set wins. Intel CPUs keep MKL's own choice (AVX-512 where present)."""
+# The AVX-512 subsets MKL's AVX-512 code path executes.
+_MKL_AVX512_FLAGS = frozenset({"avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl"})
+
+
+def mkl_cpu_type(cpuinfo: str) -> str | None:
+    """The MKL_DEBUG_CPU_TYPE for a CPU, from /proc/cpuinfo's text; None = MKL's own choice.
+
+    Paddle's bundled MKL takes a generic, slow code path on AMD CPUs unless told which one
+    to use: AVX2 (5) makes fp32 matmuls several times faster, and AVX-512 (6), where the CPU
+    has every subset that path executes, reads the cache in the decode attention's small
+    per-block products about a fifth faster again at the same dense matmul rate
+    (benchmarks/peer.md). A CPU without those subsets must not get 6: MKL would execute
+    instructions it lacks. Intel CPUs keep MKL's own choice."""
+    if "AuthenticAMD" not in cpuinfo:
+        return None
+    flags = next((line for line in cpuinfo.splitlines() if line.startswith("flags")), "")
+    return "6" if _MKL_AVX512_FLAGS <= set(flags.partition(":")[2].split()) else "5"
+
+
+def _choose_mkl_path() -> None:
+    """Set before Paddle loads MKL; a value the user set wins."""
     cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists() and "AuthenticAMD" in cpuinfo.read_text(errors="ignore")[:4096]:
-        os.environ.setdefault("MKL_DEBUG_CPU_TYPE", "5")
+    if not cpuinfo.exists():
+        return
+    cpu_type = mkl_cpu_type(cpuinfo.read_text(errors="ignore"))
+    if cpu_type is not None:
+        os.environ.setdefault("MKL_DEBUG_CPU_TYPE", cpu_type)
 
 
-_prefer_avx2_on_amd()
+_choose_mkl_path()
