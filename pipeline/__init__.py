@@ -17,8 +17,8 @@ def mkl_cpu_type(cpuinfo: str) -> str | None:
 
     Paddle's bundled MKL takes a generic, slow code path on AMD CPUs unless told which one
     to use: AVX2 (5) makes fp32 matmuls several times faster, and AVX-512 (6), where the CPU
-    has every subset that path executes, reads the cache in the decode attention's small
-    per-block products about a fifth faster again at the same dense matmul rate
+    has every subset that path executes, runs the decode attention's small per-block value
+    products in a fifth to two fifths less time at the same dense matmul rate
     (benchmarks/peer.md). A CPU without those subsets must not get 6: MKL would execute
     instructions it lacks. Intel CPUs keep MKL's own choice."""
     if "AuthenticAMD" not in cpuinfo:
