@@ -25,6 +25,7 @@ from stages.simulator.device import (
     spec_of,
 )
 from stages.simulator.hardware import kv_pool_blocks
+from stages.simulator.precision import Precision
 from stages.stopping import StopRule
 
 log = structlog.get_logger(__name__)
@@ -125,9 +126,12 @@ def build_simulated_engine(cfg: DictConfig) -> tuple[Engine, list[Request]]:
     workload = build(cfg.workload)
     requests = workload.load(tokenizer)
     try:
-        num_blocks = cfg.num_blocks or kv_pool_blocks(spec, hardware, cfg.block_size, cfg.tp)
+        precision = Precision(cfg.quantization, cfg.kv_cache_dtype)
+        num_blocks = cfg.num_blocks or kv_pool_blocks(
+            spec, hardware, cfg.block_size, cfg.tp, precision
+        )
         clock = VirtualClock()
-        device = SimulatedDevice(spec, hardware, clock, cfg.tp)
+        device = SimulatedDevice(spec, hardware, clock, cfg.tp, precision)
     except ValueError as err:
         raise ConfigError(str(err)) from err
     kv_cache = KVCacheManager(num_blocks, cfg.block_size, cfg.prefix_caching)

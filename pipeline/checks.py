@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import importlib.util
 import math
 import sys
@@ -48,11 +49,25 @@ def check_config(cfg: DictConfig) -> None:
             "model=spec is a model without weights, for the simulated device: add "
             "executor=simulated (and a hardware=...), or serve model=tiny, small or hf"
         )
+    if not simulated:
+        _check_real_precision(cfg)
     _check_limits(cfg)
     _check_chunks(cfg, bs)
     _check_device(cfg)
     if not simulated:  # a simulated device allocates no tensors
         check_memory(cfg, cfg.num_blocks)  # a derived pool is checked again once it is known
+
+
+def _check_real_precision(cfg: DictConfig) -> None:
+    """Quantised weights and an FP8 KV cache exist only on the simulated device."""
+    for key, plain in (("quantization", "none"), ("kv_cache_dtype", "auto")):
+        given = cfg.get(key, plain)
+        value = given.value if isinstance(given, enum.Enum) else str(given)
+        if value != plain:
+            raise ConfigError(
+                f"{key}={value} is simulated only: the real path runs the model's own dtype; "
+                f"set {key}={plain} or executor=simulated (with hardware=...)"
+            )
 
 
 def _check_limits(cfg: DictConfig) -> None:

@@ -16,6 +16,7 @@ from omegaconf import II, MISSING
 
 from stages.buckets import Bucketing
 from stages.scheduler import Budget
+from stages.simulator.precision import KvCacheDtype, Quantization
 
 
 @dataclass
@@ -238,6 +239,9 @@ class HardwareConf:
     graph_memory_gib: float = MISSING
     kv_headroom: float = 0.1
     pads_to_buckets: bool = True
+    fp8_tflops: float = 0.0  # dense FP8 peak; 0 = none (FP8 GEMMs at the bf16 rate)
+    allreduce_latency_s: float = 0.0  # one all-reduce call's fixed time
+    gemm_fill_s: float = 0.0  # one GEMM kernel's fixed time (thin GEMMs lose efficiency)
     coefficients: dict[str, float] = field(default_factory=dict)  # fitted; empty = defaults
 
 
@@ -303,6 +307,10 @@ class PipelineConf:
     executor: Any = MISSING
     hardware: Any = None  # executor=simulated: the device profile (hardware=gaudi3, ...)
     tp: int = 1  # executor=simulated: tensor-parallel degree of the simulated deployment
+    # executor=simulated: weights' format (none = the model's bf16, fp8, wint8, wint4) and
+    # the KV cache's (auto = the model's dtype, fp8); the real CPU path runs `none`/`auto`
+    quantization: Quantization = Quantization.none
+    kv_cache_dtype: KvCacheDtype = KvCacheDtype.auto
     max_tokens: int = 512  # per-step token budget (FastDeploy's max_num_batched_tokens)
     block_size: int = 128  # KV-cache block, tokens
     max_num_seqs: int = 32  # requests in one step at most

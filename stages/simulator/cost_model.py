@@ -4,6 +4,12 @@ Each term is max(FLOPs / achieved FLOP rate, bytes / achieved bandwidth) times i
 coefficient; a step is the sum of its terms, plus the per-step overhead (a coefficient in
 seconds), plus the recompile penalty when its bucket was not warmed. `fit` finds the
 coefficients from measured steps by non-negative least squares on the terms' rooflines.
+
+Precision (stages.simulator.precision) sets the bytes of weights and KV slots and whether
+the GEMMs run at the FP8 rate. Tensor parallelism costs what hardware makes it cost: each
+of a layer's two all-reduces pays the link's per-call latency besides its bytes, and a GEMM
+of F FLOPs takes F / rate + `gemm_fill_s` (launch, pipeline fill, the last partial wave), so
+its efficiency F / (F + rate x fill) falls as tensor parallelism makes the matrices thin.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import numpy as np
 
 from stages.simulator.hardware import HardwareProfile, write_profile
 from stages.simulator.nnls import nnls
+from stages.simulator.precision import BF16, Precision
 from stages.simulator.shape import StepShape
 from stages.simulator.spec import ModelSpec
 
@@ -26,6 +33,7 @@ TERMS = (
     "kv_write",
     "lm_head",
     "allreduce",
+    "allreduce_latency",
     "kv_blocks",
 )
 OVERHEAD = "overhead"
@@ -33,6 +41,10 @@ OVERHEAD = "overhead"
 # its bytes, before its coefficient; it tells small blocks from large ones. A device's
 # profile sets its coefficient by calibration; uncalibrated it is 0 (the bytes alone).
 BLOCK_S = 1e-6
+# A Llama-style layer runs four GEMMs: fused QKV, the output projection, fused gate-up and
+# down. Each pays the device's fixed GEMM time once.
+GEMMS_PER_LAYER = 4
+ALLREDUCES_PER_LAYER = 2  # after attention and after the MLP
 UNCALIBRATED = {"kv_blocks": 0.0}
 RECOMPILE = "recompile"
 
@@ -99,7 +111,7 @@ def real_work(shape: StepShape) -> StepWork:
 
 
 class CostModel:
-    """Seconds per step of `spec` on `hardware` at tensor parallelism `tp`."""
+    """Seconds per step of `spec` on `hardware` at tensor parallelism `tp` and `precision`."""
 
     def __init__(
         self,
@@ -107,9 +119,10 @@ class CostModel:
         hardware: HardwareProfile,
         tp: int = 1,
         coefficients: Mapping[str, float] | None = None,
+        precision: Precision = BF16,
     ) -> None:
         spec.check_tp(tp)
-        self.spec, self.hardware, self.tp = spec, hardware, tp
+        self.spec, self.hardware, self.tp, self.precision = spec, hardware, tp, precision
         merged = {term: 1.0 for term in TERMS} | UNCALIBRATED | {OVERHEAD: hardware.step_overhead_s}
         for given in (hardware.coefficients, coefficients or {}):
             unknown = sorted(set(given) - set(merged))
@@ -122,37 +135,67 @@ class CostModel:
         if any(v < 0 for v in merged.values()):
             raise ValueError(f"cost coefficients must be >= 0: {merged}")
         self.coefficients: dict[str, float] = merged
+        dtype = spec.dtype_bytes
+        # Bytes of a quantised weight and of a KV value, relative to the spec's dtype.
+        self._weight_scale = precision.weight_bytes(dtype) / dtype
+        self._kv_scale = precision.kv_bytes(dtype) / dtype
+        self._gemm_rate = hardware.gemm_flops_per_s(fp8=precision.fp8_gemm)
 
     def with_coefficients(self, coefficients: Mapping[str, float]) -> CostModel:
-        return CostModel(self.spec, self.hardware, self.tp, {**self.coefficients, **coefficients})
+        merged = {**self.coefficients, **coefficients}
+        return CostModel(self.spec, self.hardware, self.tp, merged, self.precision)
 
     def work(self, shape: StepShape) -> StepWork:
         return padded_work(shape) if self.hardware.pads_to_buckets else real_work(shape)
 
+    def gemm_efficiency(self, flops: float) -> float:
+        """Achieved fraction of the GEMM rate for one GEMM of `flops`: the fixed fill time
+        weighs on thin GEMMs and vanishes on large ones (1 with no fill time)."""
+        busy = flops / self._gemm_rate
+        total = busy + self.hardware.gemm_fill_s
+        return busy / total if total > 0 else 1.0
+
+    def linear_seconds(self, tokens: float) -> float:
+        """The layers' GEMMs over `tokens` rows: each GEMM's time at its efficiency, or the
+        read of its (quantised) weights where that is longer."""
+        if tokens <= 0:
+            return 0.0
+        spec, tp = self.spec, self.tp
+        gemms = GEMMS_PER_LAYER * spec.num_layers
+        flops = spec.linear_flops(tokens, tp)
+        compute = flops / (self._gemm_rate * self.gemm_efficiency(flops / gemms))
+        weights = spec.linear_bytes(tokens, tp) * self._weight_scale
+        return max(compute, weights / self.hardware.memory_bytes_per_s)
+
+    def allreduce_seconds(self, tokens: float) -> tuple[float, float]:
+        """A step's all-reduces: (bytes over the link, the per-call latency), 0 at tp=1."""
+        if self.tp == 1 or tokens <= 0:
+            return 0.0, 0.0
+        link = self.spec.allreduce_bytes(tokens, self.tp) / self.hardware.interconnect_bytes_per_s
+        calls = ALLREDUCES_PER_LAYER * self.spec.num_layers
+        return link, calls * self.hardware.allreduce_latency_s
+
     def rooflines(self, shape: StepShape) -> dict[str, float]:
         """Each term's roofline time in seconds, before its coefficient."""
         spec, hw, tp, w = self.spec, self.hardware, self.tp, self.work(shape)
-        gemm, attn = hw.gemm_flops_per_s, hw.attention_flops_per_s
-        mem, link = hw.memory_bytes_per_s, hw.interconnect_bytes_per_s
+        attn, mem = hw.attention_flops_per_s, hw.memory_bytes_per_s
+        kv = spec.kv_bytes_per_token(tp) * self._kv_scale / mem  # seconds per KV slot
+        link, latency = self.allreduce_seconds(w.linear_tokens)
         return {
-            "linear": max(
-                spec.linear_flops(w.linear_tokens, tp) / gemm,
-                spec.linear_bytes(w.linear_tokens, tp) / mem,
-            ),
+            "linear": self.linear_seconds(w.linear_tokens),
             "prefill_attention": max(
-                spec.attention_flops(w.prefill_pairs, tp) / attn,
-                spec.kv_bytes(w.prefill_keys, tp) / mem,
+                spec.attention_flops(w.prefill_pairs, tp) / attn, w.prefill_keys * kv
             ),
             "decode_attention": max(
-                spec.attention_flops(w.decode_slots, tp) / attn,
-                spec.kv_bytes(w.decode_slots, tp) / mem,
+                spec.attention_flops(w.decode_slots, tp) / attn, w.decode_slots * kv
             ),
-            "kv_write": spec.kv_bytes(w.kv_writes, tp) / mem,
+            "kv_write": w.kv_writes * kv,
             "lm_head": max(
-                spec.lm_head_flops(w.sampled_rows, tp) / gemm,
+                spec.lm_head_flops(w.sampled_rows, tp) / hw.gemm_flops_per_s(),
                 spec.lm_head_bytes(w.sampled_rows, tp) / mem,
             ),
-            "allreduce": spec.allreduce_bytes(w.linear_tokens, tp) / link,
+            "allreduce": link,
+            "allreduce_latency": latency,
             "kv_blocks": w.blocks * spec.num_layers * BLOCK_S,
         }
 

@@ -19,6 +19,7 @@ from stages.metadata import ForwardMeta
 from stages.request import Request, Samples
 from stages.simulator.cost_model import CostModel
 from stages.simulator.hardware import HardwareProfile
+from stages.simulator.precision import BF16, Precision
 from stages.simulator.spec import ModelSpec
 
 
@@ -54,11 +55,17 @@ class SimulatedDevice:
     dtype = "bfloat16"
 
     def __init__(
-        self, spec: ModelSpec, hardware: HardwareProfile, clock: VirtualClock, tp: int = 1
+        self,
+        spec: ModelSpec,
+        hardware: HardwareProfile,
+        clock: VirtualClock,
+        tp: int = 1,
+        precision: Precision = BF16,
     ) -> None:
         self.spec = spec
         self.hardware = hardware
-        self.cost = CostModel(spec, hardware, tp)
+        self.precision = precision
+        self.cost = CostModel(spec, hardware, tp, precision=precision)
         self.clock = clock
         self.compiled: set[tuple] = set()
         self.recompiles = 0

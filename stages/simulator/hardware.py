@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from stages.simulator.precision import BF16, Precision
 from stages.simulator.spec import ModelSpec
 
 GIB = 1024**3
@@ -38,6 +39,9 @@ class HardwareProfile:
     graph_memory_gib: float  # device memory the compiled graphs and workspaces reserve
     kv_headroom: float = 0.1  # fraction of capacity kept free beside weights and KV
     pads_to_buckets: bool = True  # HPU: computes the padded bucket; GPU: the real tokens
+    fp8_tflops: float = 0.0  # dense FP8 peak; 0 = none, FP8 GEMMs run at the bf16 rate
+    allreduce_latency_s: float = 0.0  # fixed time of one all-reduce call over the link
+    gemm_fill_s: float = 0.0  # fixed time of one GEMM kernel: launch, fill, last wave
     coefficients: Mapping[str, float] = field(default_factory=dict)  # fitted; empty = 1.0
 
     def __post_init__(self) -> None:
@@ -52,7 +56,15 @@ class HardwareProfile:
         ):
             if not 0 < getattr(self, key) <= 1:
                 raise ValueError(f"hardware.{key}={getattr(self, key)} must be in (0, 1]")
-        for key in ("step_overhead_s", "compile_s", "recompile_s", "graph_memory_gib"):
+        for key in (
+            "step_overhead_s",
+            "compile_s",
+            "recompile_s",
+            "graph_memory_gib",
+            "fp8_tflops",
+            "allreduce_latency_s",
+            "gemm_fill_s",
+        ):
             if getattr(self, key) < 0:
                 raise ValueError(f"hardware.{key}={getattr(self, key)} must be >= 0")
         if not 0 <= self.kv_headroom < 1:
@@ -62,9 +74,10 @@ class HardwareProfile:
             raise ValueError(f"hardware.coefficients={coefficients} must all be >= 0")
         object.__setattr__(self, "coefficients", coefficients)
 
-    @property
-    def gemm_flops_per_s(self) -> float:
-        return self.bf16_tflops * 1e12 * self.gemm_efficiency
+    def gemm_flops_per_s(self, fp8: bool = False) -> float:
+        """Achieved GEMM rate: the FP8 peak for FP8 GEMMs where the device has one."""
+        peak = self.fp8_tflops if fp8 and self.fp8_tflops else self.bf16_tflops
+        return peak * 1e12 * self.gemm_efficiency
 
     @property
     def attention_flops_per_s(self) -> float:
@@ -79,12 +92,19 @@ class HardwareProfile:
         return self.interconnect_gbs * 1e9 * self.interconnect_efficiency
 
 
-def kv_pool_blocks(spec: ModelSpec, hardware: HardwareProfile, block_size: int, tp: int) -> int:
-    """KV blocks that fit one device: capacity less weights, graph memory and headroom."""
+def kv_pool_blocks(
+    spec: ModelSpec,
+    hardware: HardwareProfile,
+    block_size: int,
+    tp: int,
+    precision: Precision = BF16,
+) -> int:
+    """KV blocks that fit one device: capacity less weights, graph memory and headroom,
+    weights and KV slots in `precision`."""
     if block_size < 1:
         raise ValueError(f"block_size={block_size} must be >= 1")
     capacity = hardware.hbm_capacity_gib * GIB
-    weights = spec.weight_bytes(tp)
+    weights = precision.model_weight_bytes(spec, tp)
     free = capacity * (1 - hardware.kv_headroom) - weights - hardware.graph_memory_gib * GIB
     if free <= 0:
         raise ValueError(
@@ -93,7 +113,8 @@ def kv_pool_blocks(spec: ModelSpec, hardware: HardwareProfile, block_size: int, 
             f"{hardware.kv_headroom:.0%} headroom leaves no KV cache on {hardware.name} "
             f"({hardware.hbm_capacity_gib} GiB): raise tp or choose a larger device"
         )
-    blocks = int(free // (block_size * spec.kv_bytes_per_token(tp)))
+    kv_per_token = spec.kv_bytes_per_token(tp) * precision.kv_bytes(spec.dtype_bytes)
+    blocks = int(free // (block_size * kv_per_token / spec.dtype_bytes))
     if blocks < 1:
         raise ValueError(
             f"{spec.name} at tp={tp} leaves {free / GIB:.2f} GiB on {hardware.name}, less "
