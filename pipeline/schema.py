@@ -56,6 +56,11 @@ class WholeSchedulerConf(SchedulerConf):
 
 
 @dataclass
+class StaticSchedulerConf(SchedulerConf):
+    _target_: str = "stages.scheduler.StaticScheduler"
+
+
+@dataclass
 class BucketAxisConf:
     """The prepared sizes of one bucket dimension: `sizes`, or min/step/max. 0 derives a
     value from the limits (min: 1 or block_size; step: 1 or block_size; max: max_num_seqs,
@@ -329,6 +334,7 @@ SCHEMAS = {
     ("tokenizer", "hf"): HfTokenizerConf,
     ("scheduler", "chunked"): ChunkedSchedulerConf,
     ("scheduler", "whole"): WholeSchedulerConf,
+    ("scheduler", "static"): StaticSchedulerConf,
     ("metadata", "hpu"): HPUMetadataConf,
     ("attention", "hpu"): PagedAttentionConf,
     ("attention", "reference"): ReferenceAttentionConf,

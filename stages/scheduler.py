@@ -21,6 +21,7 @@ so that a prompt is prefilled in one step or waits.
 from __future__ import annotations
 
 import enum
+import itertools
 from collections import deque
 from dataclasses import dataclass
 
@@ -282,7 +283,8 @@ class ChunkedScheduler:
         """First chunks of waiting requests, in order, while the budget, max_num_seqs and
         the cache allow; the first that does not fit ends admission (it never loops). A
         request's first chunk starts after its longest cached prefix."""
-        while self.waiting and budget.left > 0 and len(self.running) < self.max_num_seqs:
+        room = self._admission_room()
+        while self.waiting and budget.left > 0 and room > 0:
             request = self.waiting[0]
             cached = self.kv_cache.match_prefix(request)
             request.num_computed = len(cached) * self.block_size
@@ -306,6 +308,11 @@ class ChunkedScheduler:
             rows.prefill.append(len(self.running) - 1)
             plan.prefill.append(self._chunk(request, n, cached=request.num_computed))
             self._charge(n, budget)
+            room -= 1
+
+    def _admission_room(self) -> int:
+        """How many waiting requests this step may admit: up to max_num_seqs running."""
+        return self.max_num_seqs - len(self.running)
 
     @staticmethod
     def _chunk(request: Request, n: int, cached: int = 0) -> PrefillChunk:
@@ -421,3 +428,29 @@ class WholeScheduler(ChunkedScheduler):
     def _prefill_len(self, remaining: int, budget: StepBudget) -> int:
         n = super()._prefill_len(remaining, budget)
         return n if n == remaining else 0
+
+
+class StaticScheduler(WholeScheduler):
+    """Static batching, as `generate()`, Optimum Habana's run_generation.py and TGI-style
+    servers batch: a batch of up to `max_num_seqs` waiting requests (as many as the step's
+    budget prefills whole, and whose prompts and outputs the KV pool holds to the end, so
+    none is ever preempted) is prefilled in one step and decoded in lockstep; nothing new
+    is admitted until every request of the batch has finished. A request that finishes
+    early leaves the batch (its row is not computed on as padding). Prompts are padded to
+    the batch's longest, whatever `max_padding` says, as a static batch is."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**{**kwargs, "max_padding": 1.0})
+
+    def _admission_room(self) -> int:
+        if self.running:
+            return 0  # the batch in flight runs to its end first
+        free = self.kv_cache.num_free_blocks
+        room = 0
+        for request in itertools.islice(self.waiting, self.max_num_seqs):
+            total = min(request.num_prompt_tokens + request.max_new_tokens, self.max_model_len)
+            free -= self.kv_cache.blocks_for(total)
+            if free < 0:
+                break
+            room += 1
+        return room
