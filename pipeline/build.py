@@ -24,7 +24,7 @@ from stages.simulator.device import (
     pick_token,
     spec_of,
 )
-from stages.simulator.hardware import kv_pool_blocks
+from stages.simulator.hardware import HardwareProfile, kv_pool_blocks
 from stages.simulator.precision import Precision
 from stages.stopping import StopRule
 
@@ -114,15 +114,18 @@ def build_engine(cfg: DictConfig) -> tuple[Engine, list[Request]]:
     return engine, requests
 
 
-def build_simulated_engine(cfg: DictConfig) -> tuple[Engine, list[Request]]:
+def build_simulated_engine(
+    cfg: DictConfig, hardware: HardwareProfile | None = None
+) -> tuple[Engine, list[Request]]:
     """The real scheduler, KV-cache manager and metadata builder (shapes only) with a
-    simulated device in place of the forward pass, on a virtual clock."""
+    simulated device in place of the forward pass, on a virtual clock. `hardware`, when
+    given, replaces the config's profile (a fit trying other figures)."""
     tokenizer = build(cfg.tokenizer)
     model = OmegaConf.to_container(cfg.model, resolve=True)
     spec = build(cfg.model) if model["_target_"].endswith("model_spec") else spec_of(model)
-    if cfg.hardware is None:
+    if cfg.hardware is None and hardware is None:
         raise ConfigError("executor=simulated needs a device: give hardware=gaudi3 (or ...)")
-    hardware = build(cfg.hardware)
+    hardware = hardware or build(cfg.hardware)
     workload = build(cfg.workload)
     requests = workload.load(tokenizer)
     try:

@@ -14,9 +14,11 @@ its efficiency F / (F + rate x fill) falls as tensor parallelism makes the matri
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -110,6 +112,56 @@ def real_work(shape: StepShape) -> StepWork:
     return prefill + StepWork(rows, 0, 0, sum(lens), rows, rows, decode_blocks)
 
 
+@dataclass(frozen=True)
+class StepAmounts:
+    """What a step computes and moves on one device, whatever the device's speed: FLOPs and
+    bytes per term, precision and tensor parallelism applied. Each field is a number, or an
+    array of many steps' numbers (what a fit over many runs evaluates at once)."""
+
+    linear_flops: Any
+    linear_bytes: Any  # the GEMMs' weights, read once
+    gemms: Any  # GEMM kernels launched (0 in a step without tokens)
+    prefill_attention_flops: Any
+    prefill_kv_bytes: Any
+    decode_attention_flops: Any
+    decode_kv_bytes: Any
+    kv_write_bytes: Any
+    lm_head_flops: Any
+    lm_head_bytes: Any
+    allreduce_bytes: Any  # sent by each device over its link
+    allreduce_calls: Any
+    kv_blocks_s: Any  # the blocks' fixed handling time, before its coefficient
+
+    @staticmethod
+    def stack(steps: Sequence[StepAmounts]) -> StepAmounts:
+        """Many steps' amounts as one of arrays."""
+        names = [f.name for f in dataclasses.fields(StepAmounts)]
+        return StepAmounts(
+            **{n: np.array([getattr(a, n) for a in steps], dtype=float) for n in names}
+        )
+
+
+def term_seconds(a: StepAmounts, hw: HardwareProfile, fp8: bool = False) -> dict[str, Any]:
+    """Each term's roofline seconds on `hw` (numbers, or arrays for stacked amounts). A GEMM
+    of F FLOPs takes F / rate + the fixed fill time: summed over a step's GEMMs, the FLOPs
+    at the rate plus one fill per kernel."""
+    gemm, attn = hw.gemm_flops_per_s(fp8), hw.attention_flops_per_s
+    mem, link = hw.memory_bytes_per_s, hw.interconnect_bytes_per_s
+    return {
+        "linear": np.maximum(
+            a.linear_flops / gemm + a.gemms * hw.gemm_fill_s, a.linear_bytes / mem
+        ),
+        "prefill_attention": np.maximum(a.prefill_attention_flops / attn, a.prefill_kv_bytes / mem),
+        "decode_attention": np.maximum(a.decode_attention_flops / attn, a.decode_kv_bytes / mem),
+        "kv_write": a.kv_write_bytes / mem,
+        # The lm head stays in the model's dtype: the bf16 rate.
+        "lm_head": np.maximum(a.lm_head_flops / hw.gemm_flops_per_s(), a.lm_head_bytes / mem),
+        "allreduce": a.allreduce_bytes / link,
+        "allreduce_latency": a.allreduce_calls * hw.allreduce_latency_s,
+        "kv_blocks": a.kv_blocks_s,
+    }
+
+
 class CostModel:
     """Seconds per step of `spec` on `hardware` at tensor parallelism `tp` and `precision`."""
 
@@ -139,7 +191,6 @@ class CostModel:
         # Bytes of a quantised weight and of a KV value, relative to the spec's dtype.
         self._weight_scale = precision.weight_bytes(dtype) / dtype
         self._kv_scale = precision.kv_bytes(dtype) / dtype
-        self._gemm_rate = hardware.gemm_flops_per_s(fp8=precision.fp8_gemm)
 
     def with_coefficients(self, coefficients: Mapping[str, float]) -> CostModel:
         merged = {**self.coefficients, **coefficients}
@@ -151,53 +202,36 @@ class CostModel:
     def gemm_efficiency(self, flops: float) -> float:
         """Achieved fraction of the GEMM rate for one GEMM of `flops`: the fixed fill time
         weighs on thin GEMMs and vanishes on large ones (1 with no fill time)."""
-        busy = flops / self._gemm_rate
+        busy = flops / self.hardware.gemm_flops_per_s(fp8=self.precision.fp8_gemm)
         total = busy + self.hardware.gemm_fill_s
         return busy / total if total > 0 else 1.0
 
-    def linear_seconds(self, tokens: float) -> float:
-        """The layers' GEMMs over `tokens` rows: each GEMM's time at its efficiency, or the
-        read of its (quantised) weights where that is longer."""
-        if tokens <= 0:
-            return 0.0
-        spec, tp = self.spec, self.tp
-        gemms = GEMMS_PER_LAYER * spec.num_layers
-        flops = spec.linear_flops(tokens, tp)
-        compute = flops / (self._gemm_rate * self.gemm_efficiency(flops / gemms))
-        weights = spec.linear_bytes(tokens, tp) * self._weight_scale
-        return max(compute, weights / self.hardware.memory_bytes_per_s)
-
-    def allreduce_seconds(self, tokens: float) -> tuple[float, float]:
-        """A step's all-reduces: (bytes over the link, the per-call latency), 0 at tp=1."""
-        if self.tp == 1 or tokens <= 0:
-            return 0.0, 0.0
-        link = self.spec.allreduce_bytes(tokens, self.tp) / self.hardware.interconnect_bytes_per_s
-        calls = ALLREDUCES_PER_LAYER * self.spec.num_layers
-        return link, calls * self.hardware.allreduce_latency_s
+    def amounts(self, shape: StepShape) -> StepAmounts:
+        """The step's FLOPs and bytes on one device, in this model's precision and tp."""
+        spec, tp, w = self.spec, self.tp, self.work(shape)
+        kv_slot = spec.kv_bytes_per_token(tp) * self._kv_scale
+        tokens = w.linear_tokens
+        sharded = tp > 1 and tokens > 0
+        return StepAmounts(
+            linear_flops=spec.linear_flops(tokens, tp),
+            linear_bytes=spec.linear_bytes(tokens, tp) * self._weight_scale,
+            gemms=GEMMS_PER_LAYER * spec.num_layers if tokens > 0 else 0,
+            prefill_attention_flops=spec.attention_flops(w.prefill_pairs, tp),
+            prefill_kv_bytes=w.prefill_keys * kv_slot,
+            decode_attention_flops=spec.attention_flops(w.decode_slots, tp),
+            decode_kv_bytes=w.decode_slots * kv_slot,
+            kv_write_bytes=w.kv_writes * kv_slot,
+            lm_head_flops=spec.lm_head_flops(w.sampled_rows, tp),
+            lm_head_bytes=spec.lm_head_bytes(w.sampled_rows, tp),
+            allreduce_bytes=spec.allreduce_bytes(tokens, tp),
+            allreduce_calls=ALLREDUCES_PER_LAYER * spec.num_layers if sharded else 0,
+            kv_blocks_s=w.blocks * spec.num_layers * BLOCK_S,
+        )
 
     def rooflines(self, shape: StepShape) -> dict[str, float]:
         """Each term's roofline time in seconds, before its coefficient."""
-        spec, hw, tp, w = self.spec, self.hardware, self.tp, self.work(shape)
-        attn, mem = hw.attention_flops_per_s, hw.memory_bytes_per_s
-        kv = spec.kv_bytes_per_token(tp) * self._kv_scale / mem  # seconds per KV slot
-        link, latency = self.allreduce_seconds(w.linear_tokens)
-        return {
-            "linear": self.linear_seconds(w.linear_tokens),
-            "prefill_attention": max(
-                spec.attention_flops(w.prefill_pairs, tp) / attn, w.prefill_keys * kv
-            ),
-            "decode_attention": max(
-                spec.attention_flops(w.decode_slots, tp) / attn, w.decode_slots * kv
-            ),
-            "kv_write": w.kv_writes * kv,
-            "lm_head": max(
-                spec.lm_head_flops(w.sampled_rows, tp) / hw.gemm_flops_per_s(),
-                spec.lm_head_bytes(w.sampled_rows, tp) / mem,
-            ),
-            "allreduce": link,
-            "allreduce_latency": latency,
-            "kv_blocks": w.blocks * spec.num_layers * BLOCK_S,
-        }
+        seconds = term_seconds(self.amounts(shape), self.hardware, self.precision.fp8_gemm)
+        return {term: float(t) for term, t in seconds.items()}
 
     def breakdown(self, shape: StepShape) -> dict[str, float]:
         """Seconds of each term, the overhead and the recompile penalty; they sum to the step."""
