@@ -61,7 +61,7 @@ class StepRecord:
             bucket=meta.bucket,
             duration_s=duration_s,
             needed=meta.needed,
-            decode_lens=list(meta.shape.decode_lens) if lengths else [],
+            decode_lens=np.asarray(meta.shape.decode_lens).tolist() if lengths else [],
         )
 
 

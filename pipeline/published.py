@@ -5,7 +5,8 @@ A row of a published-measurements CSV (benchmarks/data/published-measurements.cs
 fixed prompt and output lengths and a method:
 
 - `offline` (trtllm-bench throughput): every request queued at once, whole prompts (no
-  chunked prefill), the batch and token limits trtllm-bench derives for the run: the
+  chunked prefill), admitted only when the KV cache holds them to their end (its default
+  GUARANTEED_NO_EVICT policy), the batch and token limits trtllm-bench derives: the
   requests the KV cache holds at input + output tokens each, at most 4096, and
   batch x (1 + input / output) tokens a step, at most 32768 (tensorrt_llm/bench/build/
   tuning.py). KV blocks of 32 tokens, the real tokens computed (no padding).
@@ -33,7 +34,7 @@ from omegaconf import DictConfig
 from pipeline.build import build, build_simulated_engine
 from pipeline.compose import compose_config
 from stages.request import Request
-from stages.simulator.cost_model import StepAmounts
+from stages.simulator.cost_model import CostModel, StepAmounts
 from stages.simulator.hardware import HardwareProfile, kv_pool_blocks
 from stages.simulator.precision import Precision
 
@@ -135,7 +136,13 @@ def row_overrides(row: PublishedRow) -> list[str]:
         "workload.max_prompt_tokens=1",
     ]
     if row.mode == "offline":
-        return [*common, f"block_size={GPU_BLOCK}", "scheduler=whole", "scheduler.budget=real"]
+        return [
+            *common,
+            f"block_size={GPU_BLOCK}",
+            "scheduler=whole",
+            "scheduler.budget=real",
+            "scheduler.no_evict=true",
+        ]
     bs, first = row.batch_size, _blocks(row.input_tokens, HPU_BUCKET)
     last = _blocks(row.input_tokens + row.output_tokens, HPU_BUCKET)
     decode_blocks = ",".join(str(bs * k) for k in range(first, last + 1))
@@ -198,6 +205,8 @@ class RowRun:
     output_tokens: int
     num_steps: int
     wall_s: float  # the simulation's own time
+    cpu_s: float  # ... in this process's CPU seconds (what a shared machine leaves of it)
+    cost: CostModel  # the model, tp and precision the row ran on
     steps: list[tuple[StepAmounts, int]] = field(default_factory=list)
 
     @property
@@ -211,7 +220,7 @@ def simulate_row(
 ) -> RowRun:
     """Serves the row's requests on the simulated device (the config's profile, or
     `hardware`); `record` keeps each step's amounts for re-timing."""
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     cfg = row_config(row, hardware)
     engine, _ = build_simulated_engine(cfg, hardware)
     if record:
@@ -232,6 +241,8 @@ def simulate_row(
         output_tokens=tokens,
         num_steps=len(steps),
         wall_s=time.perf_counter() - start,
+        cpu_s=time.process_time() - cpu,
+        cost=engine.model.cost,
         steps=list(engine.model.recorded or ()),
     )
 
@@ -244,3 +255,23 @@ def median(values: Sequence[float]) -> float:
     ordered = sorted(values)
     mid = len(ordered) // 2
     return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def error_lines(runs: Sequence[RowRun]) -> list[str]:
+    """Per source and device: each row's predicted and published figure and its error, then
+    the median and worst absolute error."""
+    lines: list[str] = []
+    groups: dict[tuple[str, str], list[RowRun]] = {}
+    for r in runs:
+        groups.setdefault(group_key(r.row), []).append(r)
+    for (source, hardware), members in groups.items():
+        lines += ["", f"{source} on {hardware}"]
+        lines.append(f"  {'row':<28}{'predicted':>11}{'published':>11}{'error':>9}{'cpu s':>8}")
+        for r in members:
+            lines.append(
+                f"  {r.row.label:<28}{r.predicted:>11.0f}{r.row.value:>11.0f}"
+                f"{r.error:>+9.1%}{r.cpu_s:>8.2f}"
+            )
+        errors = [abs(r.error) for r in members]
+        lines.append(f"  median error {median(errors):.1%}, worst {max(errors):.1%}")
+    return lines

@@ -41,6 +41,9 @@ class SchedulerConf:
     max_model_len: int = II("max_model_len")
     budget: Budget = Budget.padded  # padded: a prefill row costs its padded width; real: tokens
     max_padding: float = 0.25  # a row joins a step's prefill rectangle only below this padding
+    # admit a request only when the KV pool holds it to its end beside what the running
+    # requests will still take: no preemption (TensorRT-LLM's GUARANTEED_NO_EVICT)
+    no_evict: bool = False
 
 
 @dataclass
@@ -247,6 +250,7 @@ class HardwareConf:
     fp8_tflops: float = 0.0  # dense FP8 peak; 0 = none (FP8 GEMMs at the bf16 rate)
     allreduce_latency_s: float = 0.0  # one all-reduce call's fixed time
     gemm_fill_s: float = 0.0  # one GEMM kernel's fixed time (thin GEMMs lose efficiency)
+    interconnect_peer_gbs: float = 0.0  # all-to-all links: to one peer; 0 = a switch
     coefficients: dict[str, float] = field(default_factory=dict)  # fitted; empty = defaults
 
 

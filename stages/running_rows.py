@@ -56,6 +56,14 @@ class RunningRows:
             values[row : end - 1] = values[row + 1 : end]
         self.size -= 1
 
+    def keep(self, rows: np.ndarray) -> None:
+        """Only these rows stay, in this (increasing) order: the others are gone."""
+        n = len(rows)
+        for name in FIELDS:
+            values = getattr(self, name)
+            values[:n] = values[rows]
+        self.size = n
+
     def truncate(self, size: int) -> None:
         """Rows from `size` on are gone (the newest requests, preempted)."""
         self.size = min(self.size, size)
@@ -67,6 +75,12 @@ class RunningRows:
         computed = self.computed[:n]
         decoding = (self.outputs[:n] > 0) & (computed + 1 == self.prompt[:n] + self.outputs[:n])
         return np.flatnonzero(~(decoding & (computed < self.held[:n]))).tolist()
+
+    def blocks_to_come(self) -> int:
+        """KV blocks the rows will still take before `length` ends them."""
+        n, bs = self.size, self.kv_cache.block_size
+        final = -(-self.limit[:n] // bs) * bs  # tokens the blocks at the end hold
+        return int(np.maximum(final - self.held[:n], 0).sum()) // bs
 
     def advance(self, rows: np.ndarray) -> None:
         """The rows each computed one more token and got it as output (a decode)."""

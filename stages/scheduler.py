@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+import operator
 from collections import deque
 from dataclasses import dataclass
 
@@ -31,6 +32,10 @@ from stages.kv_cache import KVCacheManager, blocks_for
 from stages.request import PrefillChunk, Request, Samples, Status, StepPlan
 from stages.running_rows import RunningRows
 from stages.stopping import StopRule
+
+_consume = deque(maxlen=0).extend  # runs an iterator to its end, keeping nothing
+_OUTPUT_IDS = operator.attrgetter("output_ids")
+_TOKEN_TIMES = operator.attrgetter("token_times")
 
 
 class Budget(str, enum.Enum):
@@ -107,6 +112,7 @@ class ChunkedScheduler:
         long_prefill_threshold: int = 0,
         budget: Budget | str = Budget.padded,
         max_padding: float = 0.25,
+        no_evict: bool = False,
     ) -> None:
         budget = Budget(budget)
         block_size = kv_cache.block_size
@@ -121,6 +127,7 @@ class ChunkedScheduler:
         self.stop = stop
         self.padded_budget = budget is Budget.padded
         self.max_padding = max_padding
+        self.no_evict = no_evict
         self.max_tokens = max_tokens
         self.max_num_seqs = max_num_seqs
         self.max_model_len = max_model_len
@@ -311,8 +318,23 @@ class ChunkedScheduler:
             room -= 1
 
     def _admission_room(self) -> int:
-        """How many waiting requests this step may admit: up to max_num_seqs running."""
-        return self.max_num_seqs - len(self.running)
+        """How many waiting requests this step may admit: up to max_num_seqs running, and
+        with `no_evict` only as many as the pool holds to their end."""
+        room = self.max_num_seqs - len(self.running)
+        return self._fitting_to_end(room) if self.no_evict else room
+
+    def _fitting_to_end(self, room: int) -> int:
+        """How many of the first `room` waiting requests the pool holds at their full
+        length, beside the blocks the running requests will still take."""
+        free = self.kv_cache.num_free_blocks - self.rows.blocks_to_come()
+        count = 0
+        for request in itertools.islice(self.waiting, room):
+            total = min(request.num_prompt_tokens + request.max_new_tokens, self.max_model_len)
+            free -= self.kv_cache.blocks_for(total)
+            if free < 0:
+                break
+            count += 1
+        return count
 
     @staticmethod
     def _chunk(request: Request, n: int, cached: int = 0) -> PrefillChunk:
@@ -360,8 +382,7 @@ class ChunkedScheduler:
         first = len(plan.prefill)
         decode_logprobs = logprobs[first:] if logprobs is not None else None
         self._update_decodes(plan, rows.decode_rows, tokens[first:], decode_logprobs, now, ending)
-        for request, reason in ending:
-            self.finish(request, reason, now)
+        self._finish_all(ending, now)
         return [request for request, _ in ending]
 
     def _update_decodes(
@@ -377,10 +398,14 @@ class ChunkedScheduler:
         only the rows the arrays say may have filled a block or reached a stop are looked
         at one by one."""
         decode = plan.decode
-        for request, token in zip(decode, tokens, strict=True):
+        if len(tokens) != len(decode):
+            raise ValueError(f"{len(tokens)} decode samples for {len(decode)} decode rows")
+        # The appends run in C (map over bound list.append), a token each: a trace has
+        # tens of millions.
+        _consume(map(list.append, map(_OUTPUT_IDS, decode), tokens))
+        _consume(map(list.append, map(_TOKEN_TIMES, decode), itertools.repeat(now)))
+        for request in decode:
             request.num_computed += 1
-            request.output_ids.append(token)
-            request.token_times.append(now)
         if logprobs is not None:
             for request, entry in zip(decode, logprobs, strict=True):
                 if entry is not None:
@@ -393,6 +418,22 @@ class ChunkedScheduler:
             reason = self.stop.reason(decode[k])
             if reason:
                 ending.append((decode[k], reason))
+
+    def _finish_all(self, ending: list[tuple[Request, str]], now: float) -> None:
+        """Finishes the running requests of a step at once: a lockstep batch ends
+        together, and taking its rows out one by one would shift the rest each time."""
+        if len(ending) < 2:
+            for request, reason in ending:
+                self.finish(request, reason, now)
+            return
+        gone = {id(request) for request, _ in ending}
+        kept = [i for i, request in enumerate(self.running) if id(request) not in gone]
+        self.running[:] = [self.running[i] for i in kept]
+        self.rows.keep(np.array(kept, dtype=np.int64))
+        for request, reason in ending:
+            self.kv_cache.free(request)
+            request.block_hashes = []
+            request.finish(reason, now)
 
     def finish(self, request: Request, reason: str, now: float) -> None:
         if request.finished:
@@ -445,12 +486,4 @@ class StaticScheduler(WholeScheduler):
     def _admission_room(self) -> int:
         if self.running:
             return 0  # the batch in flight runs to its end first
-        free = self.kv_cache.num_free_blocks
-        room = 0
-        for request in itertools.islice(self.waiting, self.max_num_seqs):
-            total = min(request.num_prompt_tokens + request.max_new_tokens, self.max_model_len)
-            free -= self.kv_cache.blocks_for(total)
-            if free < 0:
-                break
-            room += 1
-        return room
+        return self._fitting_to_end(self.max_num_seqs)

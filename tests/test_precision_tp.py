@@ -131,3 +131,15 @@ def test_summary_and_review_show_the_precision():
     assert device_label({"simulated": False}) == ""
     table = metrics_table(bf16, fp8)
     assert table["quantization"]["a"] == "none" and table["quantization"]["b"] == "fp8"
+
+
+def test_all_to_all_links_give_an_allreduce_its_peers_bandwidth():
+    # 10 GB/s to each peer, 50 GB/s in all: tp=2 has one peer's links, tp=8 all of them.
+    links = dataclasses.replace(FP8_DEVICE, interconnect_peer_gbs=10.0)
+    assert links.interconnect_bytes_per_s(2) == 10e9
+    assert links.interconnect_bytes_per_s(4) == 30e9
+    assert links.interconnect_bytes_per_s(8) == 50e9
+    assert FP8_DEVICE.interconnect_bytes_per_s(2) == 50e9  # a switch: all of it at any tp
+    parts = CostModel(model_spec(**TINY), links, 2).breakdown(DECODE)
+    sent = 2 * 2 * (4 * 64 * 2) * 2 * (2 - 1) / 2
+    assert parts["allreduce"] == pytest.approx(sent / 10e9)

@@ -65,3 +65,14 @@ def test_a_simulated_static_run_schedules_as_the_real_one():
     serve([*STATIC, "workload.num_requests=9"], steps=real_steps)
     serve([*STATIC, "workload.num_requests=9", *SIMULATED], steps=sim_steps)
     assert plans(sim_steps) == plans(real_steps) and len(real_steps) > 3
+
+
+def test_no_evict_admits_only_what_the_pool_holds_to_the_end():
+    tight = ["max_tokens=32", "num_blocks=14"]
+    evicting, _ = serve(tight)
+    assert sum(r.num_preemptions for r in evicting.values()) > 0, "nothing to avoid"
+    kept, _ = serve([*tight, "scheduler.no_evict=true"])
+    assert sum(r.num_preemptions for r in kept.values()) == 0
+    assert {k: r.output_ids for k, r in kept.items()} == {
+        k: r.output_ids for k, r in evicting.items()
+    }

@@ -97,7 +97,7 @@ def real_work(shape: StepShape) -> StepWork:
     """A GPU's work: the real tokens, causal prefill attention over each row's context."""
     if shape.prefill is not None and shape.prefill[0] and not shape.chunk_lens:
         raise ValueError("the device computes real tokens: give StepShape.chunk_lens")
-    if shape.decode is not None and shape.decode[0] and not shape.decode_lens:
+    if shape.decode is not None and shape.decode[0] and not len(shape.decode_lens):
         raise ValueError("the device computes real tokens: give StepShape.decode_lens")
     chunks = shape.chunk_lens
     contexts = shape.context_lens or (0,) * len(chunks)
@@ -107,9 +107,9 @@ def real_work(shape: StepShape) -> StepWork:
     bs = shape.block_size
     blocks = sum(-(-(c + ctx) // bs) for c, ctx in zip(chunks, contexts, strict=True))
     prefill = StepWork(sum(chunks), pairs, keys, 0, sum(chunks), len(chunks), blocks)
-    rows, lens = len(shape.decode_lens), shape.decode_lens
-    decode_blocks = sum(-(-n // bs) for n in lens)
-    return prefill + StepWork(rows, 0, 0, sum(lens), rows, rows, decode_blocks)
+    lens = np.asarray(shape.decode_lens, dtype=np.int64)
+    rows, slots, decode_blocks = len(lens), int(lens.sum()), int((-(-lens // bs)).sum())
+    return prefill + StepWork(rows, 0, 0, slots, rows, rows, decode_blocks)
 
 
 @dataclass(frozen=True)
@@ -141,12 +141,14 @@ class StepAmounts:
         )
 
 
-def term_seconds(a: StepAmounts, hw: HardwareProfile, fp8: bool = False) -> dict[str, Any]:
+def term_seconds(
+    a: StepAmounts, hw: HardwareProfile, fp8: bool = False, tp: int = 1
+) -> dict[str, Any]:
     """Each term's roofline seconds on `hw` (numbers, or arrays for stacked amounts). A GEMM
     of F FLOPs takes F / rate + the fixed fill time: summed over a step's GEMMs, the FLOPs
     at the rate plus one fill per kernel."""
     gemm, attn = hw.gemm_flops_per_s(fp8), hw.attention_flops_per_s
-    mem, link = hw.memory_bytes_per_s, hw.interconnect_bytes_per_s
+    mem, link = hw.memory_bytes_per_s, hw.interconnect_bytes_per_s(tp)
     return {
         "linear": np.maximum(
             a.linear_flops / gemm + a.gemms * hw.gemm_fill_s, a.linear_bytes / mem
@@ -230,7 +232,7 @@ class CostModel:
 
     def rooflines(self, shape: StepShape) -> dict[str, float]:
         """Each term's roofline time in seconds, before its coefficient."""
-        seconds = term_seconds(self.amounts(shape), self.hardware, self.precision.fp8_gemm)
+        seconds = term_seconds(self.amounts(shape), self.hardware, self.precision.fp8_gemm, self.tp)
         return {term: float(t) for term, t in seconds.items()}
 
     def breakdown(self, shape: StepShape) -> dict[str, float]:
@@ -243,6 +245,18 @@ class CostModel:
 
     def step_time(self, shape: StepShape) -> float:
         return sum(self.breakdown(shape).values())
+
+    def seconds_of(self, amounts: StepAmounts) -> Any:
+        """Seconds of steps given by their amounts (stacked: an array, one per step): the
+        terms times their coefficients plus the overhead, compiles left out. What a fit
+        re-times recorded steps with for other hardware figures."""
+        c = self.coefficients
+        parts = term_seconds(amounts, self.hardware, self.precision.fp8_gemm, self.tp)
+        return sum(c[term] * t for term, t in parts.items()) + c[OVERHEAD]
+
+    def on(self, hardware: HardwareProfile) -> CostModel:
+        """The same model, tp and precision on other hardware figures."""
+        return CostModel(self.spec, hardware, self.tp, precision=self.precision)
 
     def warmup_time(self, num_shapes: int) -> float:
         """Compiling every prepared bucket once before serving."""

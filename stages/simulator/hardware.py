@@ -42,6 +42,9 @@ class HardwareProfile:
     fp8_tflops: float = 0.0  # dense FP8 peak; 0 = none, FP8 GEMMs run at the bf16 rate
     allreduce_latency_s: float = 0.0  # fixed time of one all-reduce call over the link
     gemm_fill_s: float = 0.0  # fixed time of one GEMM kernel: launch, fill, last wave
+    # All-to-all links (Gaudi): the bandwidth to one peer, a direction; a tp-way all-reduce
+    # has tp - 1 peers' links. 0: a switch (NVLink) gives interconnect_gbs whatever tp.
+    interconnect_peer_gbs: float = 0.0
     coefficients: Mapping[str, float] = field(default_factory=dict)  # fitted; empty = 1.0
 
     def __post_init__(self) -> None:
@@ -64,6 +67,7 @@ class HardwareProfile:
             "fp8_tflops",
             "allreduce_latency_s",
             "gemm_fill_s",
+            "interconnect_peer_gbs",
         ):
             if getattr(self, key) < 0:
                 raise ValueError(f"hardware.{key}={getattr(self, key)} must be >= 0")
@@ -87,9 +91,13 @@ class HardwareProfile:
     def memory_bytes_per_s(self) -> float:
         return self.hbm_bandwidth_gbs * 1e9 * self.memory_efficiency
 
-    @property
-    def interconnect_bytes_per_s(self) -> float:
-        return self.interconnect_gbs * 1e9 * self.interconnect_efficiency
+    def interconnect_bytes_per_s(self, tp: int = 8) -> float:
+        """Achieved all-reduce bandwidth of one device at `tp`: its links to the tp - 1
+        peers where links join devices all to all, else (a switch) all of it."""
+        gbs = self.interconnect_gbs
+        if self.interconnect_peer_gbs:
+            gbs = min(gbs, max(tp - 1, 1) * self.interconnect_peer_gbs)
+        return gbs * 1e9 * self.interconnect_efficiency
 
 
 def kv_pool_blocks(
@@ -137,6 +145,7 @@ def read_profile(path: str | Path) -> HardwareProfile:
         raise ValueError(f"hardware.path={path} is not valid YAML: {err}") from err
     if not isinstance(data, dict):
         raise ValueError(f"hardware.path={path} does not hold a mapping of profile fields")
+    data.pop("defaults", None)  # a profile in conf/hardware's form names its schema
     unknown = sorted(set(data) - _FIELDS)
     if unknown:
         raise ValueError(f"hardware.path={path}: unknown fields {', '.join(unknown)}")
