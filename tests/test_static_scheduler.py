@@ -68,7 +68,9 @@ def test_a_simulated_static_run_schedules_as_the_real_one():
 
 
 def test_no_evict_admits_only_what_the_pool_holds_to_the_end():
-    tight = ["max_tokens=32", "num_blocks=14"]
+    from tests.test_simulated import WORKLOAD
+
+    tight = [*WORKLOAD, "max_tokens=32", "num_blocks=14"]
     evicting, _ = serve(tight)
     assert sum(r.num_preemptions for r in evicting.values()) > 0, "nothing to avoid"
     kept, _ = serve([*tight, "scheduler.no_evict=true"])
