@@ -49,6 +49,11 @@ class RunningRows:
         self.limit[row] = self.stop.length_limit(request)
         self.checked[row] = self.stop.checks_each_token(request)
 
+    def read_held(self, row: int, request: Request) -> None:
+        """Row `row`'s blocks, after a decode took room for its token (nothing else of
+        the row changes before the step's update)."""
+        self.held[row] = self.kv_cache.slots_held([request])[0]
+
     def remove(self, row: int) -> None:
         end = self.size
         for name in FIELDS:

@@ -254,12 +254,12 @@ class ChunkedScheduler:
             kind = self._continue_one(request, plan, budget)
             if kind == "preempted":
                 return
-            if kind != "waits":
-                self.rows.read(i, request)  # it may hold a new block
-                if kind == "decode":
-                    rows.decode_spans.append((i, i + 1))
-                else:
-                    rows.prefill.append(i)
+            if kind == "decode":
+                self.rows.read_held(i, request)  # it may hold a new block
+                rows.decode_spans.append((i, i + 1))
+            elif kind == "prefill":
+                self.rows.read(i, request)
+                rows.prefill.append(i)
             i += 1
 
     def _continue_one(self, request: Request, plan: StepPlan, budget: StepBudget) -> str:
@@ -364,7 +364,7 @@ class ChunkedScheduler:
         if rows is None or rows.plan is not plan:
             raise ValueError("update takes the plan the last schedule() returned")
         self._step = None
-        ending: list[tuple[Request, str]] = []
+        ending: list[tuple[Request, str, int]] = []  # with each one's running row
         tokens = samples.token_ids.tolist()
         logprobs = samples.logprobs
         for row, (chunk, running_row) in enumerate(zip(plan.prefill, rows.prefill, strict=True)):
@@ -377,13 +377,13 @@ class ChunkedScheduler:
                 request.append_token(tokens[row], now, entry)
                 reason = self.stop.reason(request)
                 if reason:
-                    ending.append((request, reason))
+                    ending.append((request, reason, running_row))
             self.rows.read(running_row, request)
         first = len(plan.prefill)
         decode_logprobs = logprobs[first:] if logprobs is not None else None
         self._update_decodes(plan, rows.decode_rows, tokens[first:], decode_logprobs, now, ending)
         self._finish_all(ending, now)
-        return [request for request, _ in ending]
+        return [request for request, _, _ in ending]
 
     def _update_decodes(
         self,
@@ -392,7 +392,7 @@ class ChunkedScheduler:
         tokens: list[int],
         logprobs: list[dict[int, float]] | None,
         now: float,
-        ending: list[tuple[Request, str]],
+        ending: list[tuple[Request, str, int]],
     ) -> None:
         """The decode rows of update, a step's rows at a time: each gets its token, and
         only the rows the arrays say may have filled a block or reached a stop are looked
@@ -417,20 +417,20 @@ class ChunkedScheduler:
         for k in np.flatnonzero(self.rows.may_stop(running_rows)).tolist():
             reason = self.stop.reason(decode[k])
             if reason:
-                ending.append((decode[k], reason))
+                ending.append((decode[k], reason, int(running_rows[k])))
 
-    def _finish_all(self, ending: list[tuple[Request, str]], now: float) -> None:
-        """Finishes the running requests of a step at once: a lockstep batch ends
-        together, and taking its rows out one by one would shift the rest each time."""
+    def _finish_all(self, ending: list[tuple[Request, str, int]], now: float) -> None:
+        """Finishes a step's ending requests, given with their running rows, at once:
+        taking thousands of rows out one by one would shift the rest each time."""
         if len(ending) < 2:
-            for request, reason in ending:
+            for request, reason, _ in ending:
                 self.finish(request, reason, now)
             return
-        gone = {id(request) for request, _ in ending}
-        kept = [i for i, request in enumerate(self.running) if id(request) not in gone]
-        self.running[:] = [self.running[i] for i in kept]
-        self.rows.keep(np.array(kept, dtype=np.int64))
-        for request, reason in ending:
+        kept = np.ones(len(self.running), dtype=bool)
+        kept[[row for _, _, row in ending]] = False
+        self.running[:] = itertools.compress(self.running, kept.tolist())
+        self.rows.keep(np.flatnonzero(kept))
+        for request, reason, _ in ending:
             self.kv_cache.free(request)
             request.block_hashes = []
             request.finish(reason, now)
