@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from gguf.constants import GGML_QUANT_SIZES
 
+from pipeline.inspect import main as inspect_main
 from stages.chat import render_chat
 from stages.gguf.config import gguf_spec
 from stages.gguf.loader import load_state
@@ -301,3 +302,17 @@ def test_bad_files_are_one_line_errors(tmp_path, vocab, kind, message):
     tracemalloc.stop()
     assert "\n" not in str(err.value)
     assert peak < 16 << 20  # nothing the size of a claimed count was allocated
+
+
+def test_inspect_reads_the_header(tmp_path, vocab, capsys):
+    path, config, _ = make_gguf(tmp_path, vocab, "LlamaForCausalLM", LLAMA_TYPES)
+    assert inspect_main([str(path), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["servable"] and report["architecture"] == "llama"
+    assert report["tensor_types"]["Q4_K"] == config["num_hidden_layers"]
+    assert report["num_key_value_heads"] == 2 and report["chat_template"]
+    assert report["special_tokens"]["eos"] == [{"id": 2, "token": "<|im_end|>"}]
+    assert inspect_main([str(path), "--max-model-len", "4096"]) == 1
+    assert "is above the model's max_position_embeddings=512 (LlamaForCausalLM.gguf)" in (
+        capsys.readouterr().out
+    )

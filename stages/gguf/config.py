@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from stages.checkpoint import CheckpointSpec, read_spec
+from stages.checkpoint import CheckpointSpec, check_context, read_spec
 from stages.gguf.reader import GgufHeader
 
 # GGUF architecture -> the Hugging Face class whose rules apply.
@@ -124,6 +124,14 @@ def gguf_spec(header: GgufHeader) -> CheckpointSpec:
         return read_spec(config)
     except ValueError as err:
         raise ValueError(f"{header.path}: {str(err).replace('config.json: ', '')}") from err
+
+
+def check_gguf_context(header: GgufHeader, spec: CheckpointSpec, context: int) -> None:
+    """check_context's refusal, naming the file rather than a config.json."""
+    try:
+        check_context(spec, context)
+    except ValueError as err:
+        raise ValueError(str(err).replace("(config.json)", f"({header.path.name})")) from err
 
 
 def token_ids(header: GgufHeader, *names: str) -> list[int]:

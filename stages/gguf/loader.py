@@ -24,10 +24,9 @@ from stages.checkpoint import (
     _assemble,
     _place,
     _to_paddle,
-    check_context,
     weight_plan,
 )
-from stages.gguf.config import gguf_spec, token_ids
+from stages.gguf.config import check_gguf_context, gguf_spec, token_ids
 from stages.gguf.quants import SUPPORTED_TYPES, dequantize
 from stages.gguf.reader import GgufHeader, TensorInfo, read_gguf_header
 from stages.model import TransformerLM, check_dtype
@@ -84,7 +83,7 @@ def unpermute_rows(weight: np.ndarray, heads: int) -> np.ndarray:
     )
 
 
-def _tensors_by_hf_name(header: GgufHeader, plan: WeightPlan) -> dict[str, TensorInfo]:
+def check_tensors(header: GgufHeader, plan: WeightPlan) -> dict[str, TensorInfo]:
     """Every planned tensor's GGUF entry, with its shape and type checked; a stored tensor the
     model has no place for is refused rather than dropped."""
     found: dict[str, TensorInfo] = {}
@@ -144,7 +143,7 @@ def _permuted_heads(spec: CheckpointSpec, key: str) -> int:
 def load_state(header: GgufHeader, spec: CheckpointSpec, dtype: str) -> dict[str, paddle.Tensor]:
     """Every model tensor, in the model's layout, each handed to Paddle once complete."""
     plan = weight_plan(spec)
-    tensors = _tensors_by_hf_name(header, plan)  # every name, shape and type before any data
+    tensors = check_tensors(header, plan)  # every name, shape and type before any data
     pending: dict[str, int] = defaultdict(int)
     for placements in plan.placements.values():
         for placement in placements:
@@ -178,10 +177,7 @@ def load_gguf_model(path: str, dtype: str = "float32", max_position: int = 0) ->
     spec = gguf_spec(header)
     check_dtype(dtype)
     context = max_position or spec.max_position_embeddings
-    try:
-        check_context(spec, context)
-    except ValueError as err:
-        raise ValueError(str(err).replace("(config.json)", f"({header.path.name})")) from err
+    check_gguf_context(header, spec, context)
     eos = token_ids(header, "eos", "eot", "eom")
     state = load_state(header, spec, dtype)
     d = spec.dims
