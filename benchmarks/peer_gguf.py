@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -72,7 +73,7 @@ def tokenizer_parity(path: Path, lines: list[dict], ours: ServedRun) -> dict:
     chats = 0
     for line, request in zip(lines, ordered, strict=True):
         ids = theirs.apply_chat_template(line["messages"], add_generation_prompt=True)
-        ids = ids["input_ids"] if isinstance(ids, dict) else ids
+        ids = ids["input_ids"] if isinstance(ids, Mapping) else ids  # a BatchEncoding
         chats += list(ids) == request.prompt_ids
     texts = [*QUESTIONS, "Numbers 12345 and  two  spaces\nnew line, émigré, 東京, 🙂."]
     plain = sum(
