@@ -20,7 +20,7 @@ from stages.gguf.quants import SUPPORTED_TYPES, dequantize
 from stages.gguf.reader import read_gguf_header
 from stages.gguf.tokenizer import GgufTokenizer
 from tests import numpy_reference
-from tests.conftest import serve
+from tests.conftest import LIMITS, run_cli, serve
 from tests.gguf_files import CHATML, T, hf_weights, store, train_vocab, write_model
 
 
@@ -316,3 +316,27 @@ def test_inspect_reads_the_header(tmp_path, vocab, capsys):
     assert "is above the model's max_position_embeddings=512 (LlamaForCausalLM.gguf)" in (
         capsys.readouterr().out
     )
+
+
+@pytest.mark.slow
+def test_command_line_serves_a_chat_and_refuses_a_bad_file(tmp_path, vocab):
+    path, _, _ = make_gguf(tmp_path, vocab, "Qwen2ForCausalLM", {}, tied=True)
+    chat = tmp_path / "chat.jsonl"
+    line = {"id": "c", "messages": [{"role": "user", "content": "the cache"}], "max_new_tokens": 3}
+    chat.write_text(json.dumps(line) + "\n")
+    run = tmp_path / "run"
+    args = ["model=gguf", f"model.path={path}", "workload=jsonl", f"workload.path={chat}", *LIMITS]
+    result = run_cli(tmp_path, "pipeline", f"hydra.run.dir={run}", *args)
+    assert result.returncode == 0, result.stderr
+    generation = json.loads((run / "generations.jsonl").read_text())
+    assert generation["prompt"].startswith("<|im_start|>user\nthe cache<|im_end|>")
+    assert generation["finish_reason"] in ("stop", "length") and generation["error"] is None
+    bad = tmp_path / "bad.gguf"
+    data = path.read_bytes()
+    bad.write_bytes(data[: len(data) * 2 // 3])
+    args[1] = f"model.path={bad}"
+    result = run_cli(tmp_path, "pipeline", f"hydra.run.dir={tmp_path / 'bad'}", *args)
+    assert result.returncode == 2
+    errors = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and "is truncated" in errors[0], result.stderr
+    assert "Traceback" not in result.stderr
