@@ -1,5 +1,7 @@
 """Chat messages to prompt text with a model's own chat template (a Jinja template, as in
-Hugging Face's tokenizer_config.json and GGUF's tokenizer.chat_template).
+Hugging Face's tokenizer_config.json and GGUF's tokenizer.chat_template), or the plain
+template for tokenizers that carry none (the byte tokenizer): each message as
+`<|role|>` and a newline, its content and a newline, then `<|assistant|>` and a newline.
 
 The template is rendered in jinja2's immutable sandbox: it comes with the model file, so it
 may read the values it is given but not call into Python or change them. The variables are
@@ -61,15 +63,19 @@ def check_messages(messages: Any) -> list[dict[str, str]]:
 
 
 def render_chat(
-    template: str,
+    template: str | None,
     messages: Sequence[Mapping[str, Any]],
     bos_token: str = "",
     eos_token: str = "",
     add_generation_prompt: bool = True,
 ) -> str:
-    """The prompt text of `messages` under `template`, ending where the assistant's answer
-    begins (add_generation_prompt). ValueError for bad messages or a template that fails."""
+    """The prompt text of `messages` under `template` (None: the plain one), ending where
+    the assistant's answer begins (add_generation_prompt). ValueError for bad messages or
+    a template that fails."""
     checked = check_messages(list(messages))
+    if template is None:
+        turns = "".join(f"<|{m['role']}|>\n{m['content']}\n" for m in checked)
+        return turns + ("<|assistant|>\n" if add_generation_prompt else "")
     try:
         return _compiled(template).render(
             messages=checked,

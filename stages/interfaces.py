@@ -18,6 +18,7 @@ from stages.request import Request, Samples, StepPlan
 class Tokenizer(Protocol):
     vocab_size: int
     pad_id: int
+    chat_template: str | None  # a Jinja chat template, where the tokenizer's files carry one
 
     @property
     def eos_ids(self) -> frozenset[int]: ...
@@ -27,8 +28,8 @@ class Tokenizer(Protocol):
     def decode(self, ids: Sequence[int]) -> str: ...
 
     def encode_chat(self, messages: Sequence[Mapping[str, Any]]) -> tuple[str, list[int]]:
-        """Chat messages as prompt text under the model's chat template, and its ids;
-        ValueError where the tokenizer has no template or a message is malformed."""
+        """Chat messages as prompt text under the model's chat template (stages/chat.py's
+        plain one where it has none), and its ids; ValueError for a malformed message."""
 
 
 class Scheduler(Protocol):

@@ -10,6 +10,7 @@ class ByteTokenizer:
     """UTF-8 bytes as ids 0-255, then BOS, EOS and PAD: lossless for any string, no files needed."""
 
     vocab_size = 259
+    chat_template: str | None = None  # chats get the plain template
     bos_id = 256
     eos_id = 257
     pad_id = 258
@@ -38,10 +39,11 @@ class ByteTokenizer:
         return data.decode("utf-8", errors="replace")
 
     def encode_chat(self, messages: Sequence[Mapping[str, Any]]) -> tuple[str, list[int]]:
-        raise ValueError(
-            "tokenizer=byte has no chat template: 'messages' needs a model's tokenizer "
-            "(tokenizer=gguf, or tokenizer=hf with a chat_template)"
-        )
+        """Chat messages under the plain template (stages/chat.py), BOS first."""
+        from stages.chat import render_chat
+
+        text = render_chat(self.chat_template, messages)
+        return text, self.encode(text)
 
 
 class HfTokenizer:
@@ -70,7 +72,8 @@ class HfTokenizer:
         self.add_special_tokens = add_special_tokens
         self.add_bos = add_bos
         self.vocab_size = self._tokenizer.get_vocab_size(with_added_tokens=True)
-        self._chat = _chat_config(folder)
+        self.chat_template, bos_text, eos_text = _chat_config(folder)
+        self._chat_tokens = (bos_text, eos_text)
         special = read_special_ids(folder)
         self.bos_id = special.bos_id
         self._eos_ids = special.eos_ids
@@ -104,16 +107,12 @@ class HfTokenizer:
         return self._tokenizer.decode(list(ids), skip_special_tokens=True)
 
     def encode_chat(self, messages: Sequence[Mapping[str, Any]]) -> tuple[str, list[int]]:
-        """Chat messages under tokenizer_config.json's chat_template; the ids as
-        transformers' apply_chat_template gives them (the template writes any BOS)."""
+        """Chat messages under tokenizer_config.json's chat_template (the plain template
+        where it has none); the ids as transformers' apply_chat_template gives them (the
+        template writes any BOS)."""
         from stages.chat import render_chat
 
-        template, bos, eos = self._chat
-        if template is None:
-            raise ValueError(
-                "the model folder's tokenizer_config.json has no chat_template: send 'prompt'"
-            )
-        text = render_chat(template, messages, bos, eos)
+        text = render_chat(self.chat_template, messages, *self._chat_tokens)
         return text, self._tokenizer.encode(text, add_special_tokens=False).ids
 
 

@@ -19,6 +19,7 @@ from stages.gguf.loader import load_state
 from stages.gguf.quants import SUPPORTED_TYPES, dequantize
 from stages.gguf.reader import read_gguf_header
 from stages.gguf.tokenizer import GgufTokenizer
+from stages.tokenizer import ByteTokenizer, HfTokenizer
 from tests import numpy_reference
 from tests.conftest import LIMITS, run_cli, serve
 from tests.gguf_files import CHATML, T, hf_weights, store, train_vocab, write_model
@@ -224,6 +225,20 @@ def test_chat_template_renders_in_the_sandbox():
             render_chat(hostile, messages)
     with pytest.raises(ValueError, match=r"messages\[0\].role='robot'"):
         render_chat(CHATML, [{"role": "robot", "content": "x"}])
+
+
+def test_tokenizers_without_a_file_template_use_the_plain_one(tmp_path, vocab):
+    messages = [{"role": "user", "content": "Hi"}]
+    text, ids = ByteTokenizer().encode_chat(messages)
+    assert text == "<|user|>\nHi\n<|assistant|>\n"
+    assert ids == ByteTokenizer().encode(text)
+    vocab.save(str(tmp_path / "tokenizer.json"))
+    assert HfTokenizer(str(tmp_path)).encode_chat(messages)[0] == text
+    config = {"chat_template": CHATML, "bos_token": {"content": "<|endoftext|>"}}
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    text, ids = HfTokenizer(str(tmp_path)).encode_chat(messages)
+    assert text == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    assert ids == vocab.encode(text, add_special_tokens=False).ids
 
 
 def test_jsonl_messages_use_the_chat_template(tmp_path, vocab):

@@ -69,9 +69,8 @@ class GgufTokenizer:
         return self._tokenizer.decode(list(ids), skip_special_tokens=True)
 
     def encode_chat(self, messages: Sequence[Mapping[str, Any]]) -> tuple[str, list[int]]:
-        """The prompt text of chat `messages` under the file's template, and its ids (the
-        template writes any BOS itself, so none is added: transformers' rule)."""
-        if self.chat_template is None:
-            raise ValueError("the GGUF file has no tokenizer.chat_template: send 'prompt'")
+        """The prompt text of chat `messages` under the file's template (the plain one where
+        it has none), and its ids (the template writes any BOS itself, so none is added:
+        transformers' rule)."""
         text = render_chat(self.chat_template, messages, self._token(self.bos_id), self._eos_text)
         return text, self._tokenizer.encode(text, add_special_tokens=False).ids
