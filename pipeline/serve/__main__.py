@@ -26,6 +26,7 @@ from omegaconf import DictConfig
 from pipeline import artefacts, logs  # noqa: F401  (logs configures structlog)
 from pipeline.build import check_resolves
 from pipeline.checks import ConfigError, check_config
+from pipeline.run import slo_of
 from pipeline.schema import register_schemas
 from pipeline.serve.api import create_app
 from pipeline.serve.telemetry import Telemetry
@@ -42,6 +43,7 @@ def prepare(cfg: DictConfig, model_choice: str) -> None:
     since a server has no workload to size it by."""
     check_resolves(cfg)
     check_config(cfg)
+    slo_of(cfg)  # a bad bound stops the server before anything is built
     if not cfg.serve.model_name:
         cfg.serve.model_name = model_choice
     if cfg.executor.name != "simulated" and not cfg.num_blocks:

@@ -14,12 +14,14 @@ from types import SimpleNamespace
 from typing import Any
 
 import orjson
+from omegaconf import DictConfig
 
 from pipeline import artefacts
 from pipeline.artefacts import GENERATIONS, STEPS
 from pipeline.engine import Engine
 from pipeline.metrics import summarise
-from pipeline.run import device_metrics
+from pipeline.run import device_metrics, slo_of
+from pipeline.slo import slo_metrics
 from stages.request import Request, Status
 
 
@@ -81,6 +83,7 @@ def step_counts(path: Path) -> tuple[list[SimpleNamespace], int]:
 
 
 def write_folder_metrics(
+    cfg: DictConfig,
     engine: Engine,
     out_dir: Path,
     duration_s: float,
@@ -98,6 +101,7 @@ def write_folder_metrics(
     metrics = {
         "status": status,
         **summarise(requests, steps, duration_s),
+        **slo_metrics(requests, duration_s, slo_of(cfg)),
         "bucket_misses": engine.metadata.bucket_misses,
         "warmup_s": warmup_s,
         **device_metrics(engine),
