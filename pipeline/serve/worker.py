@@ -198,7 +198,9 @@ class EngineWorker:
         finally:
             steps.close()
             generations.close()
-            write_folder_metrics(self.cfg, engine, self.out_dir, duration, warmup_s, status, self.failed)
+            write_folder_metrics(
+                self.cfg, engine, self.out_dir, duration, warmup_s, status, self.failed
+            )
 
     def _load(self) -> Engine:
         paced = PacedClock() if self.cfg.executor.name == "simulated" else None
