@@ -233,3 +233,73 @@ def test_a_client_that_disconnects_frees_every_kv_block(server):
     ]
     assert len(aborted) == 4
     assert all(len(g["output_ids"]) < 200 for g in aborted)
+
+
+@pytest.mark.slow
+def test_64_streaming_clients_with_early_disconnects_leave_no_errors_and_no_blocks(tmp_path):
+    """The soak's short version: 64 streaming clients, 10% hang up early."""
+    from benchmarks.serve_load import Load, run_load, synthetic_prompts
+
+    overrides = ["model=tiny", "max_num_seqs=64", "max_tokens=256"]
+    with running_server(overrides, tmp_path) as (url, worker):
+        prompts = synthetic_prompts(192, 40, 12, seed=1)
+        load = Load(url, prompts, concurrency=64, disconnect_fraction=0.1, seed=1)
+        result = asyncio.run(run_load(load))
+        assert result["failed"] == 0, result["errors"]
+        assert result["disconnected"] > 0
+        assert result["completed"] + result["disconnected"] == len(prompts)
+        assert result["total_output_tokens"] == 12 * result["completed"]
+        deadline = time.monotonic() + 30
+        while kv_free(url)[0] != kv_free(url)[1] or kv_free(url)[2]:
+            assert time.monotonic() < deadline, f"blocks still held: {kv_free(url)}"
+            time.sleep(0.05)
+    lines = (tmp_path / "generations.jsonl").read_text().splitlines()
+    assert len(lines) == len(prompts)  # every request ended exactly once
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["num_requests"] == len(prompts)
+    # A client may hang up after the server has sent its last token: that request is served.
+    assert 0 < metrics["num_errors"] <= result["disconnected"]
+
+
+@pytest.mark.slow
+def test_sigterm_stops_accepting_aborts_in_flight_work_and_exits_0(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    overrides = ["model=tiny", f"serve.port={port}", "serve.shutdown_timeout_s=1",
+                 f"hydra.run.dir={tmp_path}"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    server = subprocess.Popen(
+        [sys.executable, "-m", "pipeline.serve", *overrides], cwd=tmp_path, env=env
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(f"{url}/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline and server.poll() is None
+            time.sleep(0.2)
+        body = {"prompt": "x", "max_tokens": 2000, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60) as response:
+            lines = response.iter_lines()
+            assert next(lines).startswith("data:")  # the request is running
+            server.send_signal(signal.SIGTERM)
+            assert server.wait(60) == 0
+            assert any("server stopped" in line for line in lines)
+    finally:
+        if server.poll() is None:
+            server.kill()
+    assert json.loads((tmp_path / "metrics.json").read_text())["status"] == "ok"
+    (line,) = (tmp_path / "generations.jsonl").read_text().splitlines()
+    assert json.loads(line)["error"].startswith("aborted: the server stopped")

@@ -12,8 +12,9 @@ request ends, steps.jsonl, metrics.json at shutdown. SIGTERM or Ctrl-C stop it g
 from __future__ import annotations
 
 import signal
+import socket
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -54,6 +55,19 @@ def prepare(cfg: DictConfig, model_choice: str) -> None:
         raise ConfigError("serve.max_waiting and serve.max_request_bytes must be >= 1")
 
 
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server, which tells the engine worker when a stop signal starts the
+    shutdown (before in-flight responses get their serve.shutdown_timeout_s)."""
+
+    def __init__(self, config: uvicorn.Config, on_stop: Callable[[], None]) -> None:
+        super().__init__(config)
+        self.on_stop = on_stop
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        self.on_stop()
+        await super().shutdown(sockets)
+
+
 @contextmanager
 def exit_quietly_on_signals() -> Iterator[None]:
     """uvicorn re-raises the stop signal it handled once it has shut down; with these
@@ -87,9 +101,11 @@ def serve(cfg: DictConfig, out_dir: Path) -> int:
         port=settings.port,
         log_level="warning",
         access_log=False,
-        timeout_graceful_shutdown=max(1, round(settings.shutdown_timeout_s)),
+        # A backstop: the worker aborts what is left at shutdown_timeout_s, so the
+        # responses end on their own before uvicorn would cancel them.
+        timeout_graceful_shutdown=round(settings.shutdown_timeout_s) + 5,
     )
-    server = uvicorn.Server(config)
+    server = DrainingServer(config, lambda: app.state.worker.drain())
     print(f"serving on http://{settings.host}:{settings.port} (run folder {out_dir})", flush=True)
     with exit_quietly_on_signals():
         server.run()

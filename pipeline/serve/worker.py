@@ -131,6 +131,7 @@ class EngineWorker:
         self.streams: dict[int, Stream] = {}  # by the request's seq_id
         self.engine: Engine | None = None
         self.ready = threading.Event()
+        self.draining = False  # a stop signal came: in-flight requests finish, none start
         self.failed: str | None = None
         self._thread = threading.Thread(target=self._main, name="engine", daemon=True)
 
@@ -154,14 +155,24 @@ class EngineWorker:
         return stream
 
     def abort(self, request: Request, reason: str) -> None:
-        self.inbox.abort(request, reason)
+        self.inbox.abort(request, STOPPED if self.draining else reason)
+
+    def drain(self) -> None:
+        """A stop signal came: /health says 503, no new request is taken, and what is still
+        in flight after serve.shutdown_timeout_s is aborted (its client gets the error)."""
+        self.draining = True
+        self.ready.clear()
+        self.loop.call_later(self.cfg.serve.shutdown_timeout_s, self.abort_all)
+
+    def abort_all(self) -> None:
+        for stream in list(self.streams.values()):
+            self.inbox.abort(stream.request, STOPPED)
 
     def stop(self, timeout_s: float) -> None:
         """Ends every request still in flight, then waits for the engine to stop."""
         self.ready.clear()
         self.inbox.close()
-        for stream in list(self.streams.values()):
-            self.inbox.abort(stream.request, STOPPED)
+        self.abort_all()
         self._thread.join(timeout_s)
 
     # -- the engine thread -------------------------------------------------------------------
