@@ -123,9 +123,9 @@ def run_probe(cfg: DictConfig, folder: Path, keep_files: bool) -> dict[str, Any]
     else:
         warmup_s = engine.warmup() if cfg.warmup else 0.0
         totals, status = StepTotals(), "ok"
+        judge = SloJudge(slo_of(cfg), len(requests))
         try:
-            duration = engine.run(requests, on_step=totals.add, on_finish=SloJudge(
-                slo_of(cfg), len(requests)))  # fmt: skip
+            duration = engine.run(requests, on_step=totals.add, on_finish=judge)
         except SloMissed:
             duration, status = engine.clock(), "stopped"
             for r in requests:
@@ -282,12 +282,18 @@ def write_reports(search: Search, result: dict[str, Any], out_dir: Path) -> None
 
 def capacity_markdown(search: Search, result: dict[str, Any], probes: list[Probe]) -> str:
     axis = search.axis
-    verdict = (
-        f"capacity {result['capacity']:.4g} {axis.unit} ({result['capacity_rps']:.4g} req/s); "
-        f"{result['capacity_above']} missed"
-        if result["capacity_found"]
-        else "no probed load met the SLO"
-    )
+    above = result["capacity_above"]
+    if not result["capacity_found"]:
+        verdict = "no probed load met the SLO"
+    else:
+        verdict = (
+            f"capacity {result['capacity']:.4g} {axis.unit} ({result['capacity_rps']:.4g} req/s); "
+        )
+        verdict += (
+            f"{above:.4g} missed"
+            if above is not None
+            else "no load above it was probed within capacity.max_probes: a lower bound"
+        )
     lines = [
         f"# Capacity search: {axis.key}",
         "",

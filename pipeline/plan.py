@@ -23,21 +23,11 @@ from omegaconf import DictConfig
 from pipeline import artefacts, logs  # noqa: F401  (logs configures structlog)
 from pipeline.capacity import capacity_search, print_result
 from pipeline.checks import ConfigError
-from pipeline.plan_report import OBJECTIVES
+from pipeline.plan_report import check_plan
 from pipeline.schema import register_schemas
 
 log = structlog.get_logger("pipeline.plan")
 register_schemas()
-
-
-def check_plan(cfg: DictConfig) -> None:
-    plan = cfg.plan
-    if plan.objective not in OBJECTIVES:
-        raise ConfigError(f"plan.objective={plan.objective}: choose one of {', '.join(OBJECTIVES)}")
-    if plan.objective == "cost" and not plan.device_hour_usd > 0:
-        raise ConfigError("plan.objective=cost needs plan.device_hour_usd (one card's hour, USD)")
-    if plan.max_warmup_s < 0:
-        raise ConfigError(f"plan.max_warmup_s={plan.max_warmup_s}: give seconds, or 0 for none")
 
 
 @hydra.main(version_base="1.3", config_path="pkg://pipeline.conf", config_name="plan")

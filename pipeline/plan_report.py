@@ -24,7 +24,9 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from pipeline.artefacts import RESOLVED_CONFIG
+from pipeline.checks import ConfigError
 from pipeline.deploy import deployment, tool_overrides, write_deploy
+from pipeline.slo import Slo
 from pipeline.summary import Job, find_jobs, split_override, swept_keys
 
 log = logging.getLogger(__name__)
@@ -248,8 +250,33 @@ def build_plan_report(plan_dir: Path, settings: DictConfig | dict[str, Any]) -> 
     return "\n".join(lines)
 
 
+def check_plan(cfg: DictConfig) -> None:
+    """The plan's own keys, and an SLO to search under; a ConfigError names the key."""
+    plan = cfg.plan
+    if plan.objective not in OBJECTIVES:
+        raise ConfigError(f"plan.objective={plan.objective}: choose one of {', '.join(OBJECTIVES)}")
+    if plan.objective == "cost" and not plan.device_hour_usd > 0:
+        raise ConfigError("plan.objective=cost needs plan.device_hour_usd (one card's hour, USD)")
+    if plan.max_warmup_s < 0:
+        raise ConfigError(f"plan.max_warmup_s={plan.max_warmup_s}: give seconds, or 0 for none")
+    try:
+        bounds = Slo.of(cfg.slo).bounds
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
+    if not bounds:
+        raise ConfigError("a plan needs an SLO: give slo.ttft_ms, slo.tpot_ms or slo.e2e_ms")
+
+
 class PlanReport(Callback):
-    """Builds the report once every job of the plan has finished, whatever the launcher."""
+    """Checks the plan's keys before any job starts (one line, exit code 2), and builds the
+    report once every job has finished, whatever the launcher."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        try:
+            check_plan(config)
+        except ConfigError as err:
+            print(f"Error: {err}", file=sys.stderr)
+            sys.exit(2)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         plan_dir = Path(config.hydra.sweep.dir)

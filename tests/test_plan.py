@@ -12,7 +12,8 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
-from pipeline.plan_report import best, build_plan_report, candidates, pareto_front
+from pipeline.checks import ConfigError
+from pipeline.plan_report import best, build_plan_report, candidates, check_plan, pareto_front
 from pipeline.summary import find_jobs
 from tests.conftest import make_config, run_cli
 
@@ -96,3 +97,17 @@ def test_plan_command_writes_the_table_plot_best_and_deploy_files(tmp_path):
     assert str(chosen["job"]) == top["job"]
     assert f"best for goodput_per_card: job {chosen['job']}" in done.stdout
     assert "--max-num-batched-tokens" in (sweep / "deploy" / "fastdeploy-hpu.sh").read_text()
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["slo.ttft_ms=0"], "needs an SLO"),
+        (["slo.tpot_ms=50", "plan.objective=cost"], "plan.device_hour_usd"),
+        (["slo.tpot_ms=50", "plan.objective=fastest"], "plan.objective=fastest"),
+        (["slo.tpot_ms=-5"], "slo.tpot_ms=-5"),
+    ],
+)
+def test_plan_keys_are_checked_before_any_job(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        check_plan(make_config(overrides))
