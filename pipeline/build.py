@@ -112,6 +112,7 @@ def build_engine(
         attention=attention,
         sampler=build(cfg.sampler),
         workload_counts=getattr(workload, "counts", None),
+        concurrency=workload.concurrency,
     )
     return engine, requests
 
@@ -144,6 +145,7 @@ def build_simulated_engine(cfg: DictConfig, clock: VirtualClock) -> tuple[Engine
         clock=clock,
         workload_counts=getattr(workload, "counts", None),
         record_lengths=False,
+        concurrency=workload.concurrency,
     )
     return engine, requests
 

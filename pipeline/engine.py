@@ -62,6 +62,30 @@ def long_lived_frozen() -> Iterator[None]:
         gc.unfreeze()
 
 
+class Slots:
+    """Closed-loop load, as `vllm bench serve --max-concurrency`: at most `limit` requests
+    in flight; a finished request's slot lets the next waiting one in. A request held back
+    is sent when the earliest free slot opened, never before its own arrival, and its
+    latencies count from then, as a benchmark client measures them. limit 0: open loop."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._opened: deque[float] = deque([0.0] * limit)  # when each free slot opened
+
+    @property
+    def free(self) -> bool:
+        return not self.limit or bool(self._opened)
+
+    def take(self, request: Request) -> Request:
+        if self.limit:
+            request.arrival_s = max(request.arrival_s, self._opened.popleft())
+        return request
+
+    def give_back(self, finished_s: float) -> None:
+        if self.limit:
+            self._opened.append(finished_s)
+
+
 @dataclass
 class Arrivals:
     """What a request source hands the engine between two steps."""
@@ -80,11 +104,16 @@ class RequestSource(Protocol):
 
 
 class ArrivalTimes:
-    """A workload's requests, each handed in once the run's clock reaches its arrival."""
+    """A workload's requests, each handed in once the run's clock reaches its arrival and,
+    under closed-loop load, a slot is free (`finished` gives a request's slot back)."""
 
-    def __init__(self, requests: Sequence[Request], clock: Clock) -> None:
+    def __init__(self, requests: Sequence[Request], clock: Clock, concurrency: int = 0) -> None:
         self.pending = deque(sorted(requests, key=lambda r: r.arrival_s))
         self.clock = clock
+        self.slots = Slots(concurrency)
+
+    def finished(self, request: Request) -> None:
+        self.slots.give_back(request.finish_s if request.finish_s is not None else self.clock())
 
     def take(self, now: float, idle: bool) -> Arrivals | None:
         pending = self.pending
@@ -93,9 +122,9 @@ class ArrivalTimes:
                 return None
             self.clock.sleep_until(pending[0].arrival_s)  # idle until the next arrival
             now = self.clock()
-        new = []
-        while pending and pending[0].arrival_s <= now:
-            new.append(pending.popleft())
+        new, slots = [], self.slots
+        while pending and pending[0].arrival_s <= now and slots.free:
+            new.append(slots.take(pending.popleft()))
         return Arrivals(new)
 
 
@@ -118,11 +147,14 @@ class Engine:
         clock: Clock | None = None,
         workload_counts: dict | None = None,
         record_lengths: bool = True,
+        concurrency: int = 0,
     ) -> None:
         """clock: the run's time, by default the wall's; a simulated device's is virtual.
         workload_counts: what the workload counted as it loaded (a trace's skipped,
         clipped and rejected rows), for the run's metrics. record_lengths: whether step
-        records list each decode row's length (what calibration fits real steps by)."""
+        records list each decode row's length (what calibration fits real steps by).
+        concurrency: closed-loop load, at most this many requests in flight (0 = open
+        loop, every request enters at its arrival)."""
         self.tokenizer = tokenizer
         self.scheduler = scheduler
         self.metadata = metadata
@@ -132,6 +164,7 @@ class Engine:
         self.clock = clock or WallClock()
         self.workload_counts = workload_counts or {}
         self.record_lengths = record_lengths
+        self.concurrency = concurrency
 
     def step(self, now: Callable[[], float]) -> StepResult:
         plan = self.scheduler.schedule(now())
@@ -205,9 +238,14 @@ class Engine:
         for r in requests:
             if r.finished:
                 on_finish(r)
-        arrivals = ArrivalTimes([r for r in requests if not r.finished], clock)
+        arrivals = ArrivalTimes([r for r in requests if not r.finished], clock, self.concurrency)
+
+        def finished(request: Request) -> None:
+            arrivals.finished(request)
+            on_finish(request)
+
         with long_lived_frozen():
-            return self.serve(arrivals, on_step, on_finish)
+            return self.serve(arrivals, on_step, finished)
 
     def serve(
         self,
