@@ -303,3 +303,24 @@ def test_sigterm_stops_accepting_aborts_in_flight_work_and_exits_0(tmp_path):
     assert json.loads((tmp_path / "metrics.json").read_text())["status"] == "ok"
     (line,) = (tmp_path / "generations.jsonl").read_text().splitlines()
     assert json.loads(line)["error"].startswith("aborted: the server stopped")
+
+
+def test_the_digital_twin_answers_no_sooner_than_the_device_it_simulates(tmp_path):
+    """executor=simulated: each step's predicted time passes in real time before its
+    tokens go out, so a request takes at least its simulated time (a lower bound, true on
+    any machine however fast)."""
+    twin = ["executor=simulated", "hardware=gaudi3", "model=spec/ernie45_0p3b", "warmup=true",
+            "max_num_seqs=4", "max_model_len=512"]  # fmt: skip
+    prompt, new_tokens = "a prompt of some length " * 8, 24
+    engine, _ = build_engine(make_config(twin))
+    engine.warmup()
+    alone = Request("r", 0, prompt, engine.tokenizer.encode(prompt), new_tokens)
+    predicted = engine.run([alone])  # on the virtual clock: the device's predicted seconds
+    assert predicted > 0 and len(alone.output_ids) == new_tokens
+    with running_server(twin, tmp_path) as (url, _):
+        body = {"prompt": prompt, "max_tokens": new_tokens, "ignore_eos": True}
+        start = time.perf_counter()
+        reply = httpx.post(f"{url}/v1/completions", json=body, timeout=60)
+        waited = time.perf_counter() - start
+    assert reply.json()["usage"]["completion_tokens"] == new_tokens
+    assert waited >= predicted
