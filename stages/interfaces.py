@@ -52,6 +52,9 @@ class Scheduler(Protocol):
     def update(self, plan: StepPlan, samples: Samples, now: float) -> list[Request]:
         """Keeps the step's samples and ends requests that stop; returns those."""
 
+    def abort(self, request: Request, message: str, now: float) -> None:
+        """Ends a waiting or running request with an error; its KV blocks are freed now."""
+
 
 class MetadataBuilder(Protocol):
     """Lays a step plan out in the padded, bucketed shapes the device runs."""

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 
@@ -10,10 +12,10 @@ class ByteTokenizer:
     """UTF-8 bytes as ids 0-255, then BOS, EOS and PAD: lossless for any string, no files needed."""
 
     vocab_size = 259
-    chat_template: str | None = None  # chats get the plain template
     bos_id = 256
     eos_id = 257
     pad_id = 258
+    chat_template: str | None = None  # chats get the plain template (stages/chat.py)
 
     def __init__(self, add_bos: bool = True) -> None:
         self.add_bos = add_bos
@@ -46,6 +48,21 @@ class ByteTokenizer:
         return text, self.encode(text)
 
 
+def read_chat_template(folder: Path) -> str | None:
+    """tokenizer_config.json's Jinja chat template (the first, where it lists several), or
+    None where the folder has none."""
+    file = folder / "tokenizer_config.json"
+    if not file.is_file():
+        return None
+    try:
+        template = json.loads(file.read_text(encoding="utf-8")).get("chat_template")
+    except (ValueError, AttributeError) as err:
+        raise ValueError(f"{file} is not a JSON object: {err}") from err
+    if isinstance(template, list):  # named templates: [{"name": ..., "template": ...}]
+        template = next((t.get("template") for t in template if isinstance(t, dict)), None)
+    return template if isinstance(template, str) else None
+
+
 class HfTokenizer:
     """A Hugging Face tokenizer.json, read with the `tokenizers` library (a JSON model: no
     code from the folder runs). BOS / EOS / PAD ids come from the folder's config.json and
@@ -72,8 +89,8 @@ class HfTokenizer:
         self.add_special_tokens = add_special_tokens
         self.add_bos = add_bos
         self.vocab_size = self._tokenizer.get_vocab_size(with_added_tokens=True)
-        self.chat_template, bos_text, eos_text = _chat_config(folder)
-        self._chat_tokens = (bos_text, eos_text)
+        self.chat_template = read_chat_template(folder)
+        self._chat_tokens = _chat_tokens(folder)  # the template's bos_token, eos_token
         special = read_special_ids(folder)
         self.bos_id = special.bos_id
         self._eos_ids = special.eos_ids
@@ -123,14 +140,10 @@ def _token_text(value: Any) -> str:
     return value if isinstance(value, str) else ""
 
 
-def _chat_config(folder) -> tuple[str | None, str, str]:
-    """tokenizer_config.json's chat_template (None where absent) and BOS / EOS text."""
-    from stages.checkpoint import read_json
-
-    config = read_json(folder / "tokenizer_config.json", required=False)
-    template = config.get("chat_template")
-    if isinstance(template, list):  # named templates: the default one
-        template = next((t.get("template") for t in template if t.get("name") == "default"), None)
-    if not isinstance(template, str):
-        template = None
-    return template, _token_text(config.get("bos_token")), _token_text(config.get("eos_token"))
+def _chat_tokens(folder: Path) -> tuple[str, str]:
+    """tokenizer_config.json's BOS and EOS text, as chat templates name them."""
+    file = folder / "tokenizer_config.json"
+    if not file.is_file():
+        return "", ""
+    config = json.loads(file.read_text(encoding="utf-8"))  # read_chat_template checked it
+    return _token_text(config.get("bos_token")), _token_text(config.get("eos_token"))
