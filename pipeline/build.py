@@ -68,12 +68,15 @@ def derive_num_blocks(cfg: DictConfig, requests: list[Request]) -> int:
     return max(1, min(cfg.max_num_seqs * per_seq, workload))
 
 
-def build_engine(cfg: DictConfig) -> tuple[Engine, list[Request]]:
-    """Checks the config, builds every stage and loads the workload."""
+def build_engine(
+    cfg: DictConfig, clock: VirtualClock | None = None
+) -> tuple[Engine, list[Request]]:
+    """Checks the config, builds every stage and loads the workload. clock: a simulated
+    device's, virtual by default (a server paces it in real time)."""
     check_resolves(cfg)
     check_config(cfg)
     if cfg.executor.name == "simulated":
-        return build_simulated_engine(cfg)
+        return build_simulated_engine(cfg, clock or VirtualClock())
     keep_freed_memory()
     paddle.set_device(cfg.device)
     paddle.base.core.set_num_threads(cfg.num_threads)
@@ -110,13 +113,18 @@ def build_engine(cfg: DictConfig) -> tuple[Engine, list[Request]]:
         attention=attention,
         sampler=build(cfg.sampler),
         workload_counts=getattr(workload, "counts", None),
+        concurrency=workload.concurrency,
     )
     return engine, requests
 
 
+<<<<<<< HEAD
 def build_simulated_engine(
     cfg: DictConfig, hardware: HardwareProfile | None = None
 ) -> tuple[Engine, list[Request]]:
+=======
+def build_simulated_engine(cfg: DictConfig, clock: VirtualClock) -> tuple[Engine, list[Request]]:
+>>>>>>> main
     """The real scheduler, KV-cache manager and metadata builder (shapes only) with a
     simulated device in place of the forward pass, on a virtual clock. `hardware`, when
     given, replaces the config's profile (a fit trying other figures)."""
@@ -129,12 +137,17 @@ def build_simulated_engine(
     workload = build(cfg.workload)
     requests = workload.load(tokenizer)
     try:
+<<<<<<< HEAD
         precision = Precision(cfg.quantization, cfg.kv_cache_dtype)
         num_blocks = cfg.num_blocks or kv_pool_blocks(
             spec, hardware, cfg.block_size, cfg.tp, precision
         )
         clock = VirtualClock()
         device = SimulatedDevice(spec, hardware, clock, cfg.tp, precision)
+=======
+        num_blocks = cfg.num_blocks or kv_pool_blocks(spec, hardware, cfg.block_size, cfg.tp)
+        device = SimulatedDevice(spec, hardware, clock, cfg.tp)
+>>>>>>> main
     except ValueError as err:
         raise ConfigError(str(err)) from err
     kv_cache = KVCacheManager(num_blocks, cfg.block_size, cfg.prefix_caching)
@@ -149,6 +162,7 @@ def build_simulated_engine(
         clock=clock,
         workload_counts=getattr(workload, "counts", None),
         record_lengths=False,
+        concurrency=workload.concurrency,
     )
     return engine, requests
 

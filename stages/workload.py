@@ -23,6 +23,9 @@ _WORDS = (
 class Tokenizer(Protocol):
     def encode(self, text: str) -> list[int]: ...
 
+    def encode_chat(self, messages: list[dict[str, Any]]) -> tuple[str, list[int]]:
+        """Chat messages as prompt text (the model's chat template) and its ids."""
+
 
 def poisson_arrivals(
     count: int, rate: float, rng: np.random.Generator, start_s: float = 0.0
@@ -32,6 +35,25 @@ def poisson_arrivals(
     if rate <= 0:
         return [start_s] * count
     return (start_s + np.cumsum(rng.exponential(1.0 / rate, size=count))).tolist()
+
+
+class Workload(Protocol):
+    """What the engine gets from a workload: its requests, and how many may be in flight at
+    once (`workload.concurrency`; 0 = open loop, each request at its own arrival)."""
+
+    concurrency: int
+
+    def load(self, tokenizer: Tokenizer) -> list[Request]: ...
+
+
+def closed_loop(concurrency: int) -> int:
+    """`workload.concurrency`, checked: the most requests in flight, 0 for open loop."""
+    if not isinstance(concurrency, int) or concurrency < 0:
+        raise ValueError(
+            f"workload.concurrency={concurrency}: give the most requests in flight at once "
+            "(closed loop), or 0 for open-loop arrivals"
+        )
+    return concurrency
 
 
 def prompt_of_length(tokenizer: Tokenizer, text: str, target: int) -> str:
@@ -77,7 +99,9 @@ class SyntheticWorkload:
         seed: int = 0,
         shared_prefix_tokens: int = 0,
         num_prefixes: int = 1,
+        concurrency: int = 0,
     ) -> None:
+        self.concurrency = closed_loop(concurrency)
         if shared_prefix_tokens < 0 or num_prefixes < 1:
             raise ValueError(
                 "workload.shared_prefix_tokens must be >= 0 (0 = none) and "
@@ -143,10 +167,17 @@ class MixedWorkload:
     The case chunked prefill exists for is two parts: many short prompts that decode for
     long, all at once, and long prompts that arrive while they decode."""
 
-    def __init__(self, parts: Mapping[str, SyntheticWorkload]) -> None:
+    def __init__(self, parts: Mapping[str, SyntheticWorkload], concurrency: int = 0) -> None:
         if not parts:
             raise ValueError("workload.parts needs at least one part")
+        for name, part in parts.items():
+            if part.concurrency:
+                raise ValueError(
+                    f"workload.parts.{name}.concurrency: the parts share one limit; "
+                    "give workload.concurrency instead"
+                )
         self.parts = dict(parts)
+        self.concurrency = closed_loop(concurrency)
 
     def load(self, tokenizer: Tokenizer) -> list[Request]:
         requests = []
@@ -178,7 +209,9 @@ class MultiTurnWorkload:
         rate: float = 0.0,
         turn_gap_s: float = 1.0,
         seed: int = 0,
+        concurrency: int = 0,
     ) -> None:
+        self.concurrency = closed_loop(concurrency)
         if num_conversations < 1 or turns < 1 or system_prompt_tokens < 0:
             raise ValueError(
                 "workload.num_conversations and workload.turns must be >= 1, "
@@ -240,7 +273,7 @@ class MultiTurnWorkload:
 # A day: later arrivals are a unit mistake (ms for s), and would idle the run for ever.
 MAX_ARRIVAL_S = 86_400.0
 _LINE_FIELDS = {
-    "id", "prompt", "max_new_tokens", "arrival_s", "ignore_eos", "stop",
+    "id", "prompt", "messages", "max_new_tokens", "arrival_s", "ignore_eos", "stop",
     "seed", "temperature", "top_k", "top_p",
 }  # fmt: skip
 
@@ -254,15 +287,28 @@ def _arrival(line: dict[str, Any], default: float) -> float:
     return float(value)
 
 
+def _prompt(line: dict[str, Any], tokenizer: Tokenizer) -> tuple[str, list[int]]:
+    """The line's prompt text and ids: `prompt` as given, or `messages` through the
+    tokenizer's chat template."""
+    if "prompt" in line and "messages" in line:
+        raise ValueError("give 'prompt' or 'messages', not both")
+    if "prompt" not in line and "messages" not in line:
+        raise ValueError("'prompt' (a string) or 'messages' (a chat) is required")
+    if "messages" in line:
+        return tokenizer.encode_chat(line["messages"])
+    prompt = line["prompt"]
+    if not isinstance(prompt, str):
+        raise ValueError("'prompt' must be a string")
+    return prompt, tokenizer.encode(prompt) if prompt else []
+
+
 def _line_to_request(
     line: dict[str, Any], index: int, default_new_tokens: int, arrival: float, tokenizer: Tokenizer
 ) -> Request:
-    prompt = line.get("prompt")
-    if not isinstance(prompt, str):
-        raise ValueError("'prompt' is required and must be a string")
     unknown = sorted(set(line) - _LINE_FIELDS)
     if unknown:
         raise ValueError(f"unknown field(s) {unknown}; allowed: {sorted(_LINE_FIELDS)}")
+    prompt, prompt_ids = _prompt(line, tokenizer)
     stop = line.get("stop", [])
     if isinstance(stop, str):
         stop = [stop]
@@ -285,7 +331,7 @@ def _line_to_request(
         id=str(rid),
         index=index,
         prompt=prompt,
-        prompt_ids=tokenizer.encode(prompt) if prompt else [],
+        prompt_ids=prompt_ids,
         max_new_tokens=max_new,
         arrival_s=_arrival(line, arrival),
         ignore_eos=ignore_eos,
@@ -336,7 +382,9 @@ class JsonlWorkload:
         max_new_tokens: int = 64,
         rate: float = 0.0,
         seed: int = 0,
+        concurrency: int = 0,
     ) -> None:
+        self.concurrency = closed_loop(concurrency)
         if not path:
             raise ValueError(
                 "workload.path is required with workload=jsonl: set workload.path=FILE"
