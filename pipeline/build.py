@@ -118,13 +118,9 @@ def build_engine(
     return engine, requests
 
 
-<<<<<<< HEAD
 def build_simulated_engine(
-    cfg: DictConfig, hardware: HardwareProfile | None = None
+    cfg: DictConfig, clock: VirtualClock, hardware: HardwareProfile | None = None
 ) -> tuple[Engine, list[Request]]:
-=======
-def build_simulated_engine(cfg: DictConfig, clock: VirtualClock) -> tuple[Engine, list[Request]]:
->>>>>>> main
     """The real scheduler, KV-cache manager and metadata builder (shapes only) with a
     simulated device in place of the forward pass, on a virtual clock. `hardware`, when
     given, replaces the config's profile (a fit trying other figures)."""
@@ -137,17 +133,11 @@ def build_simulated_engine(cfg: DictConfig, clock: VirtualClock) -> tuple[Engine
     workload = build(cfg.workload)
     requests = workload.load(tokenizer)
     try:
-<<<<<<< HEAD
         precision = Precision(cfg.quantization, cfg.kv_cache_dtype)
         num_blocks = cfg.num_blocks or kv_pool_blocks(
             spec, hardware, cfg.block_size, cfg.tp, precision
         )
-        clock = VirtualClock()
         device = SimulatedDevice(spec, hardware, clock, cfg.tp, precision)
-=======
-        num_blocks = cfg.num_blocks or kv_pool_blocks(spec, hardware, cfg.block_size, cfg.tp)
-        device = SimulatedDevice(spec, hardware, clock, cfg.tp)
->>>>>>> main
     except ValueError as err:
         raise ConfigError(str(err)) from err
     kv_cache = KVCacheManager(num_blocks, cfg.block_size, cfg.prefix_caching)

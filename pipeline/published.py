@@ -35,6 +35,7 @@ from pipeline.build import build, build_simulated_engine
 from pipeline.compose import compose_config
 from stages.request import Request
 from stages.simulator.cost_model import CostModel, StepAmounts
+from stages.simulator.device import VirtualClock
 from stages.simulator.hardware import HardwareProfile, kv_pool_blocks
 from stages.simulator.precision import Precision
 
@@ -222,7 +223,7 @@ def simulate_row(
     `hardware`); `record` keeps each step's amounts for re-timing."""
     start, cpu = time.perf_counter(), time.process_time()
     cfg = row_config(row, hardware)
-    engine, _ = build_simulated_engine(cfg, hardware)
+    engine, _ = build_simulated_engine(cfg, VirtualClock(), hardware)
     if record:
         engine.model.record()
     if cfg.warmup:
