@@ -99,3 +99,38 @@ def test_a_fit_recovers_figures_that_made_the_published_values():
     errors = [abs(r.predicted(fitted) / r.run.row.value - 1) for r in recorded]
     # The weak pull towards the start keeps it from exact; far closer than the start.
     assert max(errors) < 0.03 < max(before) / 4
+
+
+def test_the_commands_refuse_a_missing_file_in_one_line(capsys, tmp_path):
+    from benchmarks.published import main as published
+    from pipeline.fit_published import main as calibrate
+
+    missing = tmp_path / "none.csv"
+    assert published(["--file", str(missing)]) == 2
+    assert calibrate(["--published", str(missing), "hardware=h100"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and all(line.startswith("Error: ") for line in err)
+
+
+@pytest.mark.slow
+def test_calibrate_writes_a_profile_that_reads_back_and_names_its_rows(tmp_path):
+    from pipeline.fit_published import main as calibrate
+    from stages.simulator.hardware import read_profile
+
+    rows = [small_row(), small_row(input_tokens=400, output_tokens=16, value=300.0)]
+    header = DATA.read_text().splitlines()[0]
+    lines = [header]
+    for r in rows:
+        lines.append(
+            f"test,here,{r.hardware},{r.model_preset},{r.tp},{r.quantization},"
+            f"{r.kv_cache_dtype},{r.mode},{r.input_tokens},{r.output_tokens},,"
+            f"{r.num_requests},output_throughput,{r.value},tok/s,a test"
+        )
+    data = tmp_path / "rows.csv"
+    data.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "fitted.yaml"
+    assert calibrate(["--published", str(data), "hardware=h100", "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "8b tp1 96/24: 1000 tok/s" in text and "8b tp1 400/16: 300 tok/s" in text
+    profile = read_profile(out)
+    assert profile.name == "h100" and profile.fp8_tflops == 1979
