@@ -6,7 +6,8 @@ steps' amounts recorded; a trial profile then re-times those steps (the schedule
 whose requests are all there at the start does not depend on the device's speed). The
 fitted figures are what a device's hardware decides and the spec sheet does not say: the
 achieved fractions of peak of GEMMs, attention and memory, the per-step host overhead, a
-GEMM's fixed fill time and an all-reduce's latency (only where some row runs tp > 1). A
+GEMM's fixed fill time, and an all-reduce's latency and the link's efficiency (only where
+some row runs tp > 1). A
 pattern search over their logarithms minimises the mean squared log error of the rows'
 throughput, with a weak pull towards the profile's starting values so that a figure the
 rows barely constrain stays where the profile put it. The split-half check fits one
@@ -40,7 +41,9 @@ BOUNDS = {
     "step_overhead_s": (1e-5, 0.05),
     "gemm_fill_s": (1e-7, 1e-4),
     "allreduce_latency_s": (1e-6, 5e-4),
+    "interconnect_efficiency": (0.05, 1.0),
 }
+LINK_KEYS = ("allreduce_latency_s", "interconnect_efficiency")  # told only by tp > 1 rows
 PULL = 1e-3  # weight of the squared log distance from the starting values
 CONF = Path(__file__).resolve().parents[1] / "conf" / "hardware"
 
@@ -72,11 +75,10 @@ def log_errors(recorded: Sequence[Recorded], hardware: HardwareProfile) -> np.nd
 
 
 def fitted_keys(rows: Sequence[PublishedRow]) -> list[str]:
-    """The figures the rows can tell: the all-reduce's latency only where some row has tp > 1."""
-    keys = list(BOUNDS)
+    """The figures the rows can tell: the all-reduce's only where some row has tp > 1."""
     if all(row.tp == 1 for row in rows):
-        keys.remove("allreduce_latency_s")
-    return keys
+        return [k for k in BOUNDS if k not in LINK_KEYS]
+    return list(BOUNDS)
 
 
 def pattern_search(
