@@ -95,7 +95,7 @@ def candidates(jobs: Sequence[Job], max_warmup_s: float) -> list[Candidate]:
         if job.status != "ok":
             c.ruled_out = f"{job.status}: {job.error}"
         elif not job.metrics.get("capacity_found"):
-            c.ruled_out = "no probed load met the SLO"
+            c.ruled_out = str(job.metrics.get("capacity_reason") or "no load met the SLO")
         elif max_warmup_s and warmup is not None and warmup > max_warmup_s:
             c.ruled_out = f"warmup {warmup:,.0f} s > plan.max_warmup_s={max_warmup_s:g}"
         out.append(c)
