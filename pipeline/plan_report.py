@@ -144,7 +144,7 @@ def row(c: Candidate, keys: Sequence[str], usd: float) -> dict[str, Any]:
     note = c.ruled_out
     if c.compiles and not note:
         seconds = c.metric("serving_compile_s") or 0.0
-        note = f"compiled {c.compiles} graphs while serving ({seconds:,.0f} s)"
+        note = f"compiled {_graphs(c.compiles)} while serving ({seconds:,.0f} s)"
     return {
         "job": c.job.num,
         "config": " ".join(own),
@@ -163,6 +163,10 @@ def row(c: Candidate, keys: Sequence[str], usd: float) -> dict[str, Any]:
         "cost_per_mtok_usd": c.cost_per_mtok(usd),
         "note": note,
     }
+
+
+def _graphs(n: int) -> str:
+    return f"{n} graph" if n == 1 else f"{n} graphs"
 
 
 def _fmt(value: Any) -> str:
@@ -245,7 +249,7 @@ def build_plan_report(plan_dir: Path, settings: DictConfig | dict[str, Any]) -> 
     lines = [table, "", f"best for {objective}: job {chosen.job.num}: " + " ".join(
         chosen.job.overrides)]  # fmt: skip
     if chosen.compiles:
-        lines.append(f"note: it compiled {chosen.compiles} graphs while serving")
+        lines.append(f"note: it compiled {_graphs(chosen.compiles)} while serving")
     lines.append(f"deploy files: {plan_dir / 'deploy'}")
     return "\n".join(lines)
 

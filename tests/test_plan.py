@@ -13,6 +13,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from pipeline.checks import ConfigError
+from pipeline.deploy import main as deploy_main
 from pipeline.plan_report import best, build_plan_report, candidates, check_plan, pareto_front
 from pipeline.summary import find_jobs
 from tests.conftest import make_config, run_cli
@@ -97,6 +98,12 @@ def test_plan_command_writes_the_table_plot_best_and_deploy_files(tmp_path):
     assert str(chosen["job"]) == top["job"]
     assert f"best for goodput_per_card: job {chosen['job']}" in done.stdout
     assert "--max-num-batched-tokens" in (sweep / "deploy" / "fastdeploy-hpu.sh").read_text()
+    # any job the user names: python -m pipeline.deploy JOB_DIR
+    other = 1 - int(chosen["job"])
+    assert deploy_main([str(sweep / str(other)), "--model", "org/m"]) == 0
+    script = (sweep / str(other) / "deploy" / "vllm-gaudi.sh").read_text()
+    budget = rows[other]["config"].removeprefix("max_tokens=")
+    assert "vllm serve org/m" in script and f"--max-num-batched-tokens {budget}" in script
 
 
 @pytest.mark.parametrize(
