@@ -235,6 +235,10 @@ def build_plan_report(plan_dir: Path, settings: DictConfig | dict[str, Any]) -> 
     keys = swept_keys(jobs)
     rows = [row(c, keys, usd) for c in cands]
     header = f"# Plan: {plan_dir}\n\n{len(cands)} configurations; objective `{objective}`."
+    searched = [c.job.metrics for c in cands if c.job.metrics.get("capacity_key")]
+    if searched:
+        unit, key = searched[0].get("capacity_unit"), searched[0]["capacity_key"]
+        header += f" `capacity` is in {unit} (`{key}`); `capacity_rps` is requests/s."
     table = write_table(rows, header, plan_dir)
     write_pareto(cands, chosen, plan_dir / PARETO_PNG)
     if chosen is None:
