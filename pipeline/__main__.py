@@ -14,6 +14,7 @@ from omegaconf import DictConfig
 
 from pipeline import artefacts, logs  # noqa: F401  (logs configures structlog)
 from pipeline.checks import ConfigError
+from pipeline.folder_lock import FolderBusy
 from pipeline.run import run
 from pipeline.schema import register_schemas
 from pipeline.stopping import RunInterrupted
@@ -48,7 +49,8 @@ def main(cfg: DictConfig) -> None:
     except Exception as err:
         known = isinstance(err, ConfigError | artefacts.RunFolderError)
         message = str(err) if known else f"{type(err).__name__}: {err}"
-        _record_failure("failed", message, out_dir)
+        if not isinstance(err, FolderBusy):  # the folder is another process's
+            _record_failure("failed", message, out_dir)
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
         if multirun:  # one failed job must not stop the sweep

@@ -1,0 +1,228 @@
+"""Run folders nobody can corrupt: one writer per folder, resume checks what the finished
+lines were made with, torn last lines are cut before appending, and a profile's YAML cannot
+expand without bound."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipeline import artefacts, run_folder
+from pipeline.checks import ConfigError
+from pipeline.folder_lock import LOCK_FILE, FolderBusy, FolderLock
+from pipeline.identity import check_identity, identity
+from pipeline.resume import load_previous
+from pipeline.run import run
+from stages.simulator.hardware import read_profile
+from tests.conftest import REPO, make_config, run_cli
+
+HOLD = (
+    "import fcntl, os, sys, time\n"
+    "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)\n"
+    "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+    "os.write(fd, str(os.getpid()).encode())\n"
+    "print('held', flush=True)\n"
+    "time.sleep(60)\n"
+)
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("finished") / "run"
+    run(make_config(["workload.num_requests=3"]), folder)
+    return folder
+
+
+@pytest.fixture
+def folder(finished_run, tmp_path) -> Path:
+    copy = tmp_path / "run"
+    shutil.copytree(finished_run, copy)
+    return copy
+
+
+# ------------------------------------------------------------------------ one writer
+
+
+def hold_in_this_process(folder: Path, pid: int) -> int:
+    """Another holder, as far as flock can tell: a second open of the lock file."""
+    fd = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{pid}\n".encode())
+    return fd
+
+
+def test_a_held_folder_is_refused_naming_the_holder(tmp_path):
+    fd = hold_in_this_process(tmp_path, 4242)
+    try:
+        with pytest.raises(FolderBusy, match="in use by process 4242"), FolderLock(tmp_path):
+            pass
+    finally:
+        os.close(fd)
+    with FolderLock(tmp_path):  # released by its holder: free again
+        assert (tmp_path / LOCK_FILE).read_text().strip() == str(os.getpid())
+
+
+def test_a_stale_lock_is_taken_over(tmp_path):
+    (tmp_path / LOCK_FILE).write_text("999999999\n")  # a killed holder's pid, no lock held
+    with FolderLock(tmp_path):
+        assert (tmp_path / LOCK_FILE).read_text() == f"{os.getpid()}\n"
+
+
+def test_the_lock_is_reentrant_within_one_process(tmp_path):
+    with FolderLock(tmp_path), FolderLock(tmp_path):  # the folder check, then the run
+        pass
+    fd = hold_in_this_process(tmp_path, 7)  # both released
+    os.close(fd)
+
+
+def test_a_run_into_a_held_folder_is_refused(tmp_path):
+    fd = hold_in_this_process(tmp_path, 4242)
+    try:
+        with pytest.raises(FolderBusy):
+            run(make_config(["workload.num_requests=1"]), tmp_path)
+    finally:
+        os.close(fd)
+    assert not (tmp_path / "generations.jsonl").exists()
+
+
+@pytest.mark.slow
+def test_a_second_run_or_resume_of_a_held_folder_exits_2_before_writing(tmp_path, finished_run):
+    target = tmp_path / "run"
+    shutil.copytree(finished_run, target)
+    before = {p.name: p.read_bytes() for p in target.iterdir() if p.is_file()}
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(target / LOCK_FILE)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        second = run_cli(tmp_path, "pipeline", f"hydra.run.dir={target}", "workload.num_requests=1")
+        resume = run_cli(tmp_path, "pipeline", f"+resume={target}")
+    finally:
+        holder.kill()
+        holder.wait()
+    for result in (second, resume):
+        assert result.returncode == 2, result.stderr
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and f"in use by process {holder.pid}" in lines[0], lines
+    assert not (target / ".hydra").exists()  # refused before Hydra wrote its files
+    after = {p.name: p.read_bytes() for p in target.iterdir() if p.is_file()}
+    assert after == {**before, LOCK_FILE: after[LOCK_FILE]}
+    assert REPO  # the helper's PYTHONPATH is this checkout
+
+
+# ------------------------------------------------------------------------ identity
+
+
+def edit_config(folder: Path, key: str, value) -> None:
+    path = folder / artefacts.RESOLVED_CONFIG
+    cfg = yaml.safe_load(path.read_text())
+    node = cfg
+    *parents, last = key.split(".")
+    for part in parents:
+        node = node[part]
+    node[last] = value
+    (folder / ".hydra").mkdir(exist_ok=True)
+    (folder / ".hydra" / "config.yaml").write_text(yaml.safe_dump(cfg))  # resume reads this
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("model.hidden_size", 128),
+        ("model.dtype", "bfloat16"),
+        ("seed", 7),
+        ("sampler._target_", "stages.sampler.RandomSampler"),
+        ("tokenizer.add_bos", False),
+    ],
+)
+def test_resume_refuses_a_config_the_lines_were_not_made_with(folder, key, value):
+    edit_config(folder, key, value)
+    with pytest.raises(ConfigError, match=rf"resume: {key} is .* finished lines were made"):
+        load_previous(folder)
+
+
+def test_resume_accepts_the_config_it_was_made_with(folder):
+    edit_config(folder, "num_threads", 1)  # how fast, not which tokens
+    assert len(load_previous(folder).kept) == 3
+
+
+def test_resume_refuses_changed_weights(tmp_path):
+    weights = tmp_path / "weights"
+    weights.mkdir()
+    (weights / "model.safetensors").write_bytes(b"a" * 100)
+    cfg = make_config([f"+model.path={weights}"])
+    (tmp_path / "identity.json").write_text(json.dumps(identity(cfg)))
+    check_identity(cfg, tmp_path, finished=1)  # the same files
+    (weights / "model.safetensors").write_bytes(b"b" * 100)
+    with pytest.raises(ConfigError, match="model.path:model.safetensors is not the file"):
+        check_identity(cfg, tmp_path, finished=1)
+
+
+# ------------------------------------------------------------------------ torn lines
+
+
+def test_resume_cuts_a_torn_tail_and_says_so(folder, tmp_path, capsys):
+    steps = folder / artefacts.STEPS
+    whole = steps.read_bytes()
+    with open(steps, "ab") as f:
+        f.write(b'{"step": 99, "mode": "dec')  # a full disk mid-write
+    with open(folder / artefacts.GENERATIONS, "ab") as f:
+        f.write(b'{"id": "x"}')  # even a line that parses is unfinished without its newline
+    previous = load_previous(folder)
+    assert steps.read_bytes() == whole and len(previous.steps) == len(whole.splitlines())
+    assert (folder / artefacts.GENERATIONS).read_bytes().endswith(b"}\n")
+    out = capsys.readouterr().out
+    assert "steps.jsonl ended mid-line; cut its last 25 bytes" in out
+    assert "generations.jsonl ended mid-line; cut its last 11 bytes" in out
+
+
+def test_a_resumed_folder_after_a_torn_tail_reads_back_whole(folder, tmp_path):
+    lines = run_folder.read_generations(folder / artefacts.GENERATIONS)
+    lines[1]["error"] = artefacts.INTERRUPTED  # served again on resume
+    (folder / artefacts.GENERATIONS).write_text("".join(json.dumps(g) + "\n" for g in lines))
+    with open(folder / artefacts.STEPS, "ab") as f:
+        f.write(b'{"step": 1')
+    run(make_config([f"+resume={folder}"]), tmp_path / "elsewhere")
+    steps = run_folder.read_step_lines(folder / artefacts.STEPS)
+    assert [s["step"] for s in steps] == list(range(len(steps)))
+    assert json.loads((folder / artefacts.METRICS).read_text())["resumed_requests"] == 1
+
+
+def test_readers_name_the_file_and_line(folder):
+    path = folder / artefacts.STEPS
+    with open(path, "a") as f:
+        f.write('{"step": 1, "mode": "decode", "colour": 1}\n')
+    count = len(path.read_text().splitlines())
+    with pytest.raises(run_folder.RunFileError, match=rf"steps.jsonl:{count}: unknown field `"):
+        run_folder.read_step_lines(path)
+
+
+# ------------------------------------------------------------------------ bounded YAML
+
+
+def profile_fields() -> dict:
+    fields = yaml.safe_load((REPO / "conf" / "hardware" / "gaudi3.yaml").read_text())
+    return {k: v for k, v in fields.items() if k != "defaults"}
+
+
+def test_an_alias_bomb_in_a_profile_is_refused(tmp_path):
+    """Ten levels of ten aliases: 10**10 values, counted on the node graph, never built."""
+    bomb = ["a: &a [x, x, x, x, x, x, x, x, x, x]"]
+    bomb += [
+        f"{c}: &{c} [{', '.join([f'*{p}'] * 10)}]"
+        for p, c in zip("abcdefgh", "bcdefghi", strict=True)
+    ]
+    text = "\n".join(bomb) + "\n" + yaml.safe_dump({**profile_fields(), "name": "NAME"})
+    path = tmp_path / "bomb.yaml"
+    path.write_text(text.replace("NAME", "*i"))
+    with pytest.raises(ValueError, match=f"hardware.path={path}: its aliases expand to more"):
+        read_profile(path)
