@@ -10,7 +10,7 @@ import hydra
 import structlog
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from pipeline import artefacts, logs  # noqa: F401  (logs configures structlog)
 from pipeline.checks import ConfigError
@@ -39,7 +39,10 @@ def main(cfg: DictConfig) -> None:
     structlog.contextvars.clear_contextvars()  # a joblib worker runs several jobs
     structlog.contextvars.bind_contextvars(job=hydra_cfg.job.get("num", 0) if multirun else 0)
     try:
-        run(cfg, out_dir, overrides=list(hydra_cfg.overrides.task))
+        # As typed: an override's own `${...}` is text here, not resolved (which could take
+        # for ever on references that double).
+        overrides = OmegaConf.to_container(hydra_cfg.overrides.task, resolve=False)
+        run(cfg, out_dir, overrides=[str(o) for o in overrides])
     except RunInterrupted as stop:
         if not stop.recorded:  # stopped before serving began
             _record_failure("interrupted", str(stop), out_dir)

@@ -25,6 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from pipeline.checks import ConfigError
+from pipeline.expansion import bounded_record
 from pipeline.folder_lock import FolderLock
 from pipeline.metrics import StepRecord, e2e_s, itl_s, ttft_s
 from pipeline.run_folder import (  # noqa: F401  (read_generations: the folder's reader)
@@ -200,7 +201,8 @@ class StepWriter:
 
 
 def write_metrics(metrics: dict[str, Any], out_dir: Path) -> None:
-    replace_text(out_dir / METRICS, json.dumps(metrics, indent=2) + "\n")
+    """metrics.json, from bounded fields: one oversized field is noted, not the run lost."""
+    replace_text(out_dir / METRICS, json.dumps(bounded_record(metrics), indent=2) + "\n")
 
 
 def run_folder_problem(folder: Path) -> str | None:

@@ -14,6 +14,7 @@ from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue
 from pipeline.allocator import keep_freed_memory
 from pipeline.checks import ConfigError, check_config, check_memory
 from pipeline.engine import Engine
+from pipeline.expansion import check_expansion
 from stages.kv_cache import KVCacheManager, blocks_for
 from stages.request import Request
 from stages.simulator.device import (
@@ -43,7 +44,9 @@ def build(node: DictConfig, **runtime: Any) -> Any:
 
 def check_resolves(cfg: DictConfig) -> None:
     """Every key is set and every interpolation resolves (e.g. model.path for model=hf, and
-    tokenizer.path, which defaults to it), or one line names the key."""
+    tokenizer.path, which defaults to it), or one line names the key; no value may expand
+    beyond bounds through what it refers to."""
+    check_expansion(cfg)
     try:
         OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
     except MissingMandatoryValue as err:

@@ -17,6 +17,7 @@ import yaml
 
 from pipeline import artefacts, run_folder
 from pipeline.checks import ConfigError
+from pipeline.expansion import check_expansion
 from pipeline.folder_lock import LOCK_FILE, FolderBusy, FolderLock
 from pipeline.identity import check_identity, identity
 from pipeline.resume import load_previous
@@ -226,3 +227,21 @@ def test_an_alias_bomb_in_a_profile_is_refused(tmp_path):
     path.write_text(text.replace("NAME", "*i"))
     with pytest.raises(ValueError, match=f"hardware.path={path}: its aliases expand to more"):
         read_profile(path)
+
+
+def test_a_config_value_doubling_through_references_is_refused():
+    doubling = ["+x0=abcdefgh"] + [f"+x{i}=${{x{i - 1}}}${{x{i - 1}}}" for i in range(1, 41)]
+    cfg = make_config(doubling)
+    with pytest.raises(ConfigError, match=r"x1[78] would expand to more than"):
+        check_expansion(cfg)
+    check_expansion(make_config(doubling[:10]))  # 4 KiB: fine
+
+
+def test_metrics_are_written_whatever_one_field_holds(tmp_path):
+    shared: list = ["x"] * 10
+    for _ in range(9):
+        shared = [shared] * 10  # 10**10 values by reference, as a YAML alias gives
+    artefacts.write_metrics({"status": "ok", "hardware": shared, "duration_s": 1.5}, tmp_path)
+    metrics = json.loads((tmp_path / artefacts.METRICS).read_text())
+    assert metrics["status"] == "ok" and metrics["duration_s"] == 1.5
+    assert metrics["hardware"].startswith("(not recorded")
