@@ -66,4 +66,8 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except RunInterrupted as stop:  # a sweep's own process: its launcher stopped the jobs
+        log.warning("sweep_interrupted", signal=str(stop))
+        sys.exit(stop.exit_code)

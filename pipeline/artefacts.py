@@ -243,6 +243,10 @@ class RunFolderCheck(Callback):
     def __init__(self) -> None:
         self._locks: list[FolderLock] = []
 
+    def __getstate__(self) -> dict[str, Any]:
+        """A pool launcher's worker gets no locks: the sweep's process holds them."""
+        return {"_locks": []}
+
     def _hold(self, folder: Path) -> None:
         _refuse_folder(folder)
         lock = FolderLock(folder)

@@ -27,6 +27,7 @@ from stages.simulator.device import (
 )
 from stages.simulator.hardware import kv_pool_blocks
 from stages.stopping import StopRule
+from stages.workload import bound_arrivals
 
 log = structlog.get_logger(__name__)
 
@@ -70,6 +71,14 @@ def derive_num_blocks(cfg: DictConfig, requests: list[Request]) -> int:
     return max(1, min(cfg.max_num_seqs * per_seq, workload))
 
 
+def load_workload(cfg: DictConfig, tokenizer: Any) -> tuple[Any, list[Request]]:
+    """The workload and its requests, every arrival held to the one bound."""
+    workload = build(cfg.workload)
+    requests = workload.load(tokenizer)
+    bound_arrivals(requests)
+    return workload, requests
+
+
 def build_engine(cfg: DictConfig) -> tuple[Engine, list[Request]]:
     """Checks the config, builds every stage and loads the workload."""
     check_resolves(cfg)
@@ -86,8 +95,7 @@ def build_engine(cfg: DictConfig) -> tuple[Engine, list[Request]]:
             f"model.vocab_size={model.dims.vocab_size} is smaller than the tokenizer's "
             f"{tokenizer.vocab_size}: pick a matching model and tokenizer"
         )
-    workload = build(cfg.workload)
-    requests = workload.load(tokenizer)
+    workload, requests = load_workload(cfg, tokenizer)
     kv_cache = build_kv_cache(cfg, requests)
     # A checkpoint's config and generation config name its end tokens too.
     stop = StopRule(tokenizer.eos_ids | model.eos_ids, cfg.max_model_len, tokenizer.decode)
@@ -125,8 +133,7 @@ def build_simulated_engine(cfg: DictConfig) -> tuple[Engine, list[Request]]:
     if cfg.hardware is None:
         raise ConfigError("executor=simulated needs a device: give hardware=gaudi3 (or ...)")
     hardware = build(cfg.hardware)
-    workload = build(cfg.workload)
-    requests = workload.load(tokenizer)
+    workload, requests = load_workload(cfg, tokenizer)
     try:
         num_blocks = cfg.num_blocks or kv_pool_blocks(spec, hardware, cfg.block_size, cfg.tp)
         clock = VirtualClock()

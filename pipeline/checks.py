@@ -10,6 +10,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from stages.workload import MAX_ARRIVAL_S  # one bound for every workload's arrivals
+
 
 class ConfigError(ValueError):
     """An impossible configuration; the message says which keys to change."""
@@ -116,7 +118,6 @@ def _check_device(cfg: DictConfig) -> None:
 # ------------------------------------------------------------------------ bounds and memory
 
 MAX_REQUESTS = 1_000_000  # per workload (or part): more is a typo, and each request is held
-MAX_ARRIVAL_S = 86_400.0  # a day: arrivals later than this would idle the run for ever
 BUCKET_ENTRY_BYTES = 44  # a Python int in a list (36) and its int64 copy (8)
 BLOCK_ENTRY_BYTES = 36  # a free-list entry of the block pool
 ROPE_BYTES_PER_DIM = 16  # float64 angles, cos and sin, then their float32 tables

@@ -8,6 +8,7 @@ were run somewhere else: `python -m pipeline.summary SWEEP_DIR`.
 from __future__ import annotations
 
 import argparse
+import atexit
 import csv
 import json
 import logging
@@ -21,6 +22,8 @@ from typing import Any
 import yaml
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
+
+from pipeline.stopping import stop_on_signals
 
 # Plain stdlib logging: after the jobs, Hydra's own logging (not the jobs' structlog) is live.
 log = logging.getLogger(__name__)
@@ -328,21 +331,51 @@ def build_summary(sweep_dir: Path) -> Path:
 
 
 class SweepSummaryCallback(Callback):
-    """Builds the summary once every job of a multirun has finished, whatever the launcher."""
+    """Builds the summary once every job of a multirun has finished, whatever the launcher,
+    and when a stop signal ends the sweep early, of the jobs that finished.
+
+    In the sweep's own process a SIGINT or SIGTERM raises RunInterrupted, on which a pool
+    launcher (joblib) stops its workers before it lets the exception through; the summary is
+    then written on the way out, once nothing is running."""
+
+    def __init__(self) -> None:
+        self._sweep_dir: Path | None = None
+        self._signals: Any = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        """What a pool launcher's worker gets: the signals and the exit belong here."""
+        return {"_sweep_dir": None, "_signals": None}
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self._sweep_dir = Path(config.hydra.sweep.dir)
+        self._signals = stop_on_signals()
+        self._signals.__enter__()
+        atexit.register(self._summarise_unfinished)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        sweep_dir = Path(config.hydra.sweep.dir)
-        try:
-            path = build_summary(sweep_dir)
-        except Exception as err:  # the jobs' own results are on disk; do not hide them
-            log.error(
-                "Sweep summary failed (%s: %s); build it with: python -m pipeline.summary %s",
-                type(err).__name__,
-                err,
-                sweep_dir,
-            )
-            return
-        log.info("Sweep summary: %s, summary.csv and summary.png beside it", path)
+        if self._signals is not None:
+            self._signals.__exit__(None, None, None)
+            self._signals = None
+        self._sweep_dir = None  # summarised here, not again at exit
+        summarise(Path(config.hydra.sweep.dir))
+
+    def _summarise_unfinished(self) -> None:
+        if self._sweep_dir is not None and self._sweep_dir.is_dir():
+            summarise(self._sweep_dir)
+
+
+def summarise(sweep_dir: Path) -> None:
+    try:
+        path = build_summary(sweep_dir)
+    except Exception as err:  # the jobs' own results are on disk; do not hide them
+        log.error(
+            "Sweep summary failed (%s: %s); build it with: python -m pipeline.summary %s",
+            type(err).__name__,
+            err,
+            sweep_dir,
+        )
+        return
+    log.info("Sweep summary: %s, summary.csv and summary.png beside it", path)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -79,7 +79,7 @@ class HardwareProfile:
             ):
                 left, right = "(" if open_low else "[", ")" if open_high else "]"
                 raise ValueError(
-                    f"hardware.{key}={value} must be in {left}{low:g}, {high:g}{right}"
+                    f"hardware.{key}={value:g} must be in {left}{low:g}, {high:g}{right}"
                 )
             object.__setattr__(self, key, value)
         boolean(self.pads_to_buckets, "hardware.pads_to_buckets")
