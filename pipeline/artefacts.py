@@ -57,6 +57,12 @@ def writing(path: Path) -> Iterator[None]:
         raise RunFolderError(f"cannot write {path}: {err.strerror or err}") from err
 
 
+def _umask() -> int:
+    mask = os.umask(0o022)  # reading the mask means setting it: set it straight back
+    os.umask(mask)
+    return mask
+
+
 def replace_text(path: Path, text: str) -> None:
     """Writes `path` whole or not at all: a temporary file beside it, then a rename."""
     replace_lines(path, [text.encode("utf-8")])
@@ -68,6 +74,7 @@ def replace_lines(path: Path, lines: Iterable[bytes]) -> None:
     with writing(path):
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
         try:
+            os.fchmod(fd, 0o666 & ~_umask())  # as open() would make it, not mkstemp's 0600
             with os.fdopen(fd, "wb") as f:
                 f.writelines(lines)
             os.replace(tmp, path)

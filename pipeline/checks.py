@@ -155,6 +155,12 @@ def check_bounds(cfg: DictConfig) -> None:
     for key, value in flat.items():
         if isinstance(value, float) and not math.isfinite(value):
             raise ConfigError(f"{key}={value}: must be a finite number")
+        if (
+            key.rsplit(".", 1)[-1].endswith("seed")
+            and value is not None
+            and not (isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63)
+        ):
+            raise ConfigError(f"{key}={value}: a seed must be a whole number >= 0 (and < 2**63)")
     workload = OmegaConf.to_container(cfg.workload, resolve=True)
     nodes = [workload, *(workload.get("parts") or {}).values()]
     for node in nodes:

@@ -104,8 +104,8 @@ def read_metrics(folder: Path) -> dict[str, Any] | None:
         raise RunFileError(f"{path} is not valid JSON ({problem}): serve the run again") from err
     if not isinstance(value, dict):
         raise RunFileError(
-            f"{path} holds a {type(value).__name__}, not the object of metrics the pipeline "
-            "writes: serve the run again"
+            f"{path} holds {_kind(value)}, not the object of metrics the pipeline writes: "
+            "serve the run again"
         )
     for key in ("status", "error"):
         if key in value and value[key] is not None and not isinstance(value[key], str):
@@ -221,7 +221,7 @@ def read_generations(path: Path) -> list[dict[str, Any]]:
     for number, line in _lines(path):
         where = f"{path}:{number}"
         if not isinstance(line, dict):
-            raise RunFileError(f"{where} is a {type(line).__name__}, not an object: remove it")
+            raise RunFileError(f"{where} is {_kind(line)}, not an object: remove the line")
         line.setdefault("index", len(lines))
         for key in ("id", "index", "output_ids"):
             if key not in line:
@@ -249,7 +249,7 @@ def read_step_lines(path: Path) -> list[dict[str, Any]]:
     for number, line in _lines(path):
         where = f"{path}:{number}"
         if not isinstance(line, dict):
-            raise RunFileError(f"{where} is a {type(line).__name__}, not an object: remove it")
+            raise RunFileError(f"{where} is {_kind(line)}, not an object: remove the line")
         unknown = sorted(set(line) - known)
         if unknown:
             raise RunFileError(
@@ -289,6 +289,16 @@ def cut_torn_tail(path: Path) -> int:
             keep = start
         f.truncate(keep)
         return size - keep
+
+
+def _kind(value: Any) -> str:
+    """A JSON value's kind, as JSON names it."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    kinds = {list: "a list", str: "a string", int: "a number", float: "a number"}
+    return kinds.get(type(value), type(value).__name__)
 
 
 def _one_line(err: BaseException) -> str:

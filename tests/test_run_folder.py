@@ -245,3 +245,163 @@ def test_metrics_are_written_whatever_one_field_holds(tmp_path):
     metrics = json.loads((tmp_path / artefacts.METRICS).read_text())
     assert metrics["status"] == "ok" and metrics["duration_s"] == 1.5
     assert metrics["hardware"].startswith("(not recorded")
+
+
+# ------------------------------------------------------- damaged files: one line each
+
+
+def with_hydra_files(folder: Path) -> Path:
+    """The .hydra files a command-line run has beside the in-process run's."""
+    (folder / ".hydra").mkdir(exist_ok=True)
+    (folder / ".hydra" / "overrides.yaml").write_text("- seed=0\n")
+    (folder / ".hydra" / "hydra.yaml").write_text("hydra:\n  job:\n    num: 0\n")
+    return folder
+
+
+def replace_first_line(path: Path, line: str) -> None:
+    rest = path.read_text().splitlines(keepends=True)[1:]
+    path.write_text(line + "\n" + "".join(rest))
+
+
+def first_generation(folder: Path, **changes) -> str:
+    line = json.loads((folder / artefacts.GENERATIONS).read_text().splitlines()[0])
+    return json.dumps({**line, **changes})
+
+
+# (name, damage, the file named, the words that must be in the line)
+DAMAGE = [
+    (
+        "metrics list",
+        lambda f: (f / "metrics.json").write_text("[]"),
+        "metrics.json",
+        "holds a list",
+    ),
+    (
+        "metrics null",
+        lambda f: (f / "metrics.json").write_text("null"),
+        "metrics.json",
+        "holds null",
+    ),
+    (
+        "generation list",
+        lambda f: replace_first_line(f / artefacts.GENERATIONS, "[1, 2]"),
+        "generations.jsonl:1",
+        "is a list",
+    ),
+    (
+        "index abc",
+        lambda f: replace_first_line(f / artefacts.GENERATIONS, first_generation(f, index="abc")),
+        "generations.jsonl:1",
+        "field `index` is 'abc'",
+    ),
+    (
+        "output ids of text",
+        lambda f: replace_first_line(
+            f / artefacts.GENERATIONS, first_generation(f, output_ids="abc")
+        ),
+        "generations.jsonl:1",
+        "field `output_ids`",
+    ),
+    (
+        "newer steps",
+        lambda f: replace_first_line(
+            f / artefacts.STEPS,
+            json.dumps({**json.loads((f / artefacts.STEPS).read_text().splitlines()[0]), "x": 1}),
+        ),
+        "steps.jsonl:1",
+        "unknown field `x`",
+    ),
+    (
+        "broken overrides",
+        lambda f: (f / ".hydra" / "overrides.yaml").write_text("{: [\n"),
+        "overrides.yaml",
+        "not valid YAML",
+    ),
+    (
+        "overrides not a list",
+        lambda f: (f / ".hydra" / "overrides.yaml").write_text("a: 1\n"),
+        "overrides.yaml",
+        "is not a list of overrides",
+    ),
+]
+READS = {  # which command reads which file
+    "review": ("metrics.json", "generations.jsonl", "overrides.yaml"),
+    "summary": ("metrics.json", "overrides.yaml"),
+    "resume": ("metrics.json", "generations.jsonl", "steps.jsonl"),
+    "buckets": ("steps.jsonl", "metrics.json"),
+}
+
+
+def error_of(command: str, folder: Path) -> str | None:
+    from pipeline import buckets, review, summary
+
+    try:
+        if command == "review":
+            review.load_run(folder)
+        elif command == "summary":
+            job = summary.read_job(folder)
+            return job.error if job.status == "unreadable" else None
+        elif command == "resume":
+            load_previous(folder)
+        else:
+            buckets.show(folder)
+    except (review.ReviewError, ValueError) as err:
+        return str(err)
+    return None
+
+
+@pytest.mark.parametrize(("name", "damage", "file", "words"), DAMAGE, ids=[d[0] for d in DAMAGE])
+def test_a_damaged_run_file_is_one_line_naming_file_and_field(folder, name, damage, file, words):
+    damage(with_hydra_files(folder))
+    readers = [c for c, files in READS.items() if file.split(":")[0] in files]
+    assert readers
+    for command in readers:
+        message = error_of(command, folder)
+        assert message is not None, command
+        assert f"{file}" in message and words in message and "\n" not in message, message
+
+
+def test_review_refuses_repeated_ids(folder):
+    from pipeline import review
+
+    path = folder / artefacts.GENERATIONS
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    lines[1]["id"] = lines[0]["id"]
+    path.write_text("".join(json.dumps(g) + "\n" for g in lines))
+    with pytest.raises(review.ReviewError, match=rf"id '{lines[0]['id']}' is on 2 lines"):
+        review.load_run(folder)
+
+
+def test_result_files_follow_the_umask(tmp_path):
+    old = os.umask(0o022)
+    try:
+        artefacts.write_metrics({"status": "ok"}, tmp_path)
+        artefacts.replace_lines(tmp_path / "g.jsonl", [b"{}\n"])
+    finally:
+        os.umask(old)
+    assert (tmp_path / artefacts.METRICS).stat().st_mode & 0o777 == 0o644
+    assert (tmp_path / "g.jsonl").stat().st_mode & 0o777 == 0o644
+
+
+def test_a_summary_it_cannot_write_is_one_line(folder, tmp_path):
+    from pipeline import summary
+
+    sweep = tmp_path / "sweep"
+    shutil.copytree(with_hydra_files(folder), sweep / "0")
+    (sweep / "summary.csv").mkdir()  # in the way, as a read-only folder would be
+    with pytest.raises(summary.SummaryError, match="cannot write .*summary.csv"):
+        summary.build_summary(sweep)
+
+
+def test_buckets_plan_refuses_a_nan_weight_and_an_out_that_is_a_file(folder, tmp_path, capsys):
+    from pipeline import buckets
+
+    assert (
+        buckets.main(["plan", str(folder), "--out", str(tmp_path / "o"), "--block-weight", "nan"])
+        == 2
+    )
+    assert "--block-weight" in capsys.readouterr().err
+    (tmp_path / "file").write_text("")
+    assert buckets.main(["plan", str(folder), "--out", str(tmp_path / "file")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("Error: cannot write") and err.count("\n") == 1
