@@ -149,17 +149,20 @@ def _check_workload_bounds(key: str, value: Any, node: dict[str, Any]) -> None:
             )
 
 
+def _is_seed(value: Any) -> bool:
+    if value is None:  # no seed of its own
+        return True
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63
+
+
 def check_bounds(cfg: DictConfig) -> None:
     """Every number is finite, and every count and time of the workload within its limits."""
     flat = _flat(OmegaConf.to_container(cfg, resolve=True))
-    for key, value in flat.items():
+    # Shallow keys first: `seed=-1` is named, not the model.seed that refers to it.
+    for key, value in sorted(flat.items(), key=lambda item: item[0].count(".")):
         if isinstance(value, float) and not math.isfinite(value):
             raise ConfigError(f"{key}={value}: must be a finite number")
-        if (
-            key.rsplit(".", 1)[-1].endswith("seed")
-            and value is not None
-            and not (isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63)
-        ):
+        if key.rsplit(".", 1)[-1].endswith("seed") and not _is_seed(value):
             raise ConfigError(f"{key}={value}: a seed must be a whole number >= 0 (and < 2**63)")
     workload = OmegaConf.to_container(cfg.workload, resolve=True)
     nodes = [workload, *(workload.get("parts") or {}).values()]

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from pipeline import artefacts
 from pipeline.checks import ConfigError
@@ -105,7 +106,10 @@ def check_identity(cfg: DictConfig, folder: Path, finished: int) -> None:
     record = _recorded(folder)
     if record is None or not finished:
         return
-    now = json.loads(json.dumps(identity(cfg), default=str))  # as the record was written
+    try:
+        now = json.loads(json.dumps(identity(cfg), default=str))  # as the record was written
+    except OmegaConfBaseException as err:
+        raise ConfigError(f"resume: {folder}'s config does not resolve ({err.msg})") from err
     was = record["config"]
     for key in sorted(was.keys() | now["config"].keys()):
         if key in TOKEN_NEUTRAL:

@@ -171,3 +171,115 @@ def test_sigterm_to_a_joblib_sweep_stops_its_workers_and_summarises(tmp_path):
     assert not [pid for pid in workers if running(pid)]  # stopped with the sweep, not orphaned
     summary = (sweep / "summary.md").read_text()
     assert "| 0 | `seed=0` |" in summary  # the jobs that started, each with its status
+
+
+# ------------------------------------------------------------ traces: one request each
+
+
+def test_a_one_line_sharegpt_file_gives_each_entry_its_own_id(tmp_path):
+    from stages.trace import TraceWorkload
+
+    entry = {"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}]}
+    path = tmp_path / "one.json"
+    path.write_text(json.dumps([entry, entry, {**entry, "id": "line-1.2"}, entry]))
+    requests = TraceWorkload(str(path)).load(ByteTokenizer())
+    ids = [r.id for r in requests]
+    assert len(set(ids)) == 4 and ids[:2] == ["line-1", "line-1.2"]
+
+
+def test_a_sharegpt_entry_nested_beyond_the_stack_is_its_error(tmp_path):
+    from stages.trace import TraceWorkload
+
+    entry = {"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}]}
+    path = tmp_path / "deep.json"
+    path.write_text("[" + json.dumps(entry) + ",\n" + "[" * 100_000 + "]" * 100_000 + "]")
+    requests = TraceWorkload(str(path)).load(ByteTokenizer())
+    assert requests[0].error is None and "bad JSON" in requests[1].error
+
+
+@pytest.mark.parametrize("fmt", ["vidur", "mooncake", "sharegpt"])
+def test_a_byte_that_is_not_utf8_ends_only_its_row(tmp_path, fmt):
+    from stages.trace import TraceWorkload
+
+    if fmt == "vidur":
+        body = (VIDUR + "0,10,3\n1,1\xff0,3\n2,12,3\n").encode("latin-1")
+    elif fmt == "mooncake":
+        row = '{"timestamp": %d, "input_length": 10, "output_length": 3, "hash_ids": []%s}\n'
+        body = (row % (0, "") + row % (1, ', "x": "\xff"') + row % (2, "")).encode("latin-1")
+    else:
+        turn = (
+            '{"conversations": [{"from": "human", "value": "%s"}, {"from": "gpt", "value": "y"}]}'
+        )
+        body = ("[" + turn % "a" + ",\n" + turn % "b\xff" + ",\n" + turn % "c" + "]").encode(
+            "latin-1"
+        )
+    path = (
+        tmp_path
+        / f"trace.{'json' if fmt == 'sharegpt' else 'jsonl' if fmt == 'mooncake' else 'csv'}"
+    )
+    path.write_bytes(body)
+    requests = TraceWorkload(str(path), format=fmt).load(ByteTokenizer())
+    assert [r.error is None for r in requests] == [True, False, True]
+    assert "line" in requests[1].error and "not valid UTF-8" in requests[1].error
+
+
+def test_a_mooncake_first_line_over_64_kib_is_read(tmp_path):
+    from stages.trace import TraceWorkload
+
+    entry = {"timestamp": 0, "input_length": 10, "output_length": 3, "hash_ids": [7] * 40_000}
+    path = tmp_path / "long.jsonl"
+    path.write_text(json.dumps(entry) + "\n")
+    for fmt in ("mooncake", "auto"):
+        assert TraceWorkload(str(path), format=fmt).format == "mooncake"
+
+
+def test_counts_and_offsets_no_trace_can_hold_are_that_rows_error(tmp_path):
+    from stages.trace import TraceWorkload
+
+    path = tmp_path / "azure.csv"
+    path.write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+        "2023-11-16 18:15:46.0000000,10,3\n"
+        "2023-11-16 18:15:47.0000000,99999999999999999999,3\n"
+        "2023-11-16 18:15:48.0000000+99:99,10,3\n"
+    )
+    requests = TraceWorkload(str(path)).load(ByteTokenizer())
+    assert requests[0].error is None
+    assert "ContextTokens=99999999999999999999 is more tokens" in requests[1].error
+    assert "+99:99" in requests[2].error
+
+
+def test_a_header_only_trace_says_it_has_no_rows(tmp_path):
+    from stages.trace import TraceWorkload
+
+    path = tmp_path / "empty.csv"
+    path.write_text(VIDUR)
+    with pytest.raises(ValueError, match="has no rows: give a trace with requests"):
+        TraceWorkload(str(path))
+
+
+def test_a_trace_gone_before_the_read_is_one_line(tmp_path, monkeypatch):
+    import stages.trace
+
+    def gone(*args, **kwargs):
+        raise FileNotFoundError(2, "No such file or directory")
+
+    monkeypatch.setattr(stages.trace, "read_csv_trace", gone)
+    with pytest.raises(ValueError, match="cannot be read: No such file or directory"):
+        stages.trace.TraceWorkload(str(vidur(tmp_path, 0.0)))
+
+
+@pytest.mark.parametrize("key", ["seed", "workload.seed", "model.seed"])
+def test_a_negative_seed_names_its_key(key):
+    from pipeline.checks import check_bounds
+
+    with pytest.raises(ConfigError, match=rf"^{key}=-1: a seed must be a whole number >= 0"):
+        check_bounds(make_config([f"{key}=-1"]))
+
+
+def test_inspect_does_not_call_a_bad_tokenizer_json_servable(tmp_path, capsys):
+    folder = folder_of(tmp_path)
+    (folder / "tokenizer.json").write_text("{not json")
+    code = inspect.main([str(folder), "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert code == 1 and "tokenizer.json is not valid JSON" in report["reason"]
