@@ -79,12 +79,15 @@ def load_workload(cfg: DictConfig, tokenizer: Any) -> tuple[Any, list[Request]]:
     return workload, requests
 
 
-def build_engine(cfg: DictConfig) -> tuple[Engine, list[Request]]:
-    """Checks the config, builds every stage and loads the workload."""
+def build_engine(
+    cfg: DictConfig, clock: VirtualClock | None = None
+) -> tuple[Engine, list[Request]]:
+    """Checks the config, builds every stage and loads the workload. clock: a simulated
+    device's, virtual by default (a server paces it in real time)."""
     check_resolves(cfg)
     check_config(cfg)
     if cfg.executor.name == "simulated":
-        return build_simulated_engine(cfg)
+        return build_simulated_engine(cfg, clock or VirtualClock())
     keep_freed_memory()
     paddle.set_device(cfg.device)
     paddle.base.core.set_num_threads(cfg.num_threads)
@@ -120,11 +123,12 @@ def build_engine(cfg: DictConfig) -> tuple[Engine, list[Request]]:
         attention=attention,
         sampler=build(cfg.sampler),
         workload_counts=getattr(workload, "counts", None),
+        concurrency=workload.concurrency,
     )
     return engine, requests
 
 
-def build_simulated_engine(cfg: DictConfig) -> tuple[Engine, list[Request]]:
+def build_simulated_engine(cfg: DictConfig, clock: VirtualClock) -> tuple[Engine, list[Request]]:
     """The real scheduler, KV-cache manager and metadata builder (shapes only) with a
     simulated device in place of the forward pass, on a virtual clock."""
     tokenizer = build(cfg.tokenizer)
@@ -136,7 +140,6 @@ def build_simulated_engine(cfg: DictConfig) -> tuple[Engine, list[Request]]:
     workload, requests = load_workload(cfg, tokenizer)
     try:
         num_blocks = cfg.num_blocks or kv_pool_blocks(spec, hardware, cfg.block_size, cfg.tp)
-        clock = VirtualClock()
         device = SimulatedDevice(spec, hardware, clock, cfg.tp)
     except ValueError as err:
         raise ConfigError(str(err)) from err
@@ -152,6 +155,7 @@ def build_simulated_engine(cfg: DictConfig) -> tuple[Engine, list[Request]]:
         clock=clock,
         workload_counts=getattr(workload, "counts", None),
         record_lengths=False,
+        concurrency=workload.concurrency,
     )
     return engine, requests
 
