@@ -46,6 +46,10 @@ def workloads(tmp_path: Path) -> dict[str, tuple[list[str], list[float]]]:
             ],
             [0.0, 1e5, 2e5],
         ),  # fmt: skip
+        "trace, an arrival of -1e308": (
+            ["workload=trace", f"workload.path={vidur(tmp_path, -1e308, 0.0)}"],
+            [0.0, 1e308],
+        ),
         "multi-turn, turn gaps": (
             [
                 "workload=multiturn",
@@ -60,7 +64,13 @@ def workloads(tmp_path: Path) -> dict[str, tuple[list[str], list[float]]]:
 
 
 @pytest.mark.parametrize(
-    "case", ["trace, a year-long gap", "trace, scaled", "multi-turn, turn gaps"]
+    "case",
+    [
+        "trace, a year-long gap",
+        "trace, scaled",
+        "trace, an arrival of -1e308",
+        "multi-turn, turn gaps",
+    ],
 )
 def test_every_workload_ends_requests_arriving_after_a_day(tmp_path, case):
     overrides, arrivals = workloads(tmp_path)[case]
