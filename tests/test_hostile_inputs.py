@@ -145,15 +145,17 @@ def test_a_composed_profile_with_a_nan_is_refused():
         build_engine(make_config(["executor=simulated", "hardware.step_overhead_s=nan"]))
 
 
-def children_of(pid: int) -> list[int]:
-    """Processes whose parent is `pid`, from /proc."""
+def workers_of(pid: int) -> list[int]:
+    """The loky worker processes whose parent is `pid`, from /proc (its resource trackers,
+    which exit on their own once their pipe closes, are left out)."""
     kids = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
+            command = (stat.parent / "cmdline").read_bytes()
         except OSError:
             continue
-        if int(fields[1]) == pid:
+        if int(fields[1]) == pid and b"LokyProcess" in command:
             kids.append(int(stat.parent.name))
     return kids
 
@@ -174,7 +176,7 @@ def test_sigterm_to_a_joblib_sweep_stops_its_workers_and_summarises(tmp_path):
     launcher = ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"]
     proc = start(tmp_path, "-m", *launcher, f"hydra.sweep.dir={sweep}", "seed=0,1,2,3", *WORK)
     wait_for_lines(sweep / "0" / "generations.jsonl", 1, proc)
-    workers = children_of(proc.pid)
+    workers = workers_of(proc.pid)
     assert workers
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=120) == 143
