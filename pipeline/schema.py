@@ -33,6 +33,13 @@ class HfTokenizerConf:
 
 
 @dataclass
+class GgufTokenizerConf:
+    _target_: str = "stages.gguf.tokenizer.GgufTokenizer"
+    path: str = II("model.path")  # a GGUF file; the model's by default
+    add_bos: Any = None  # null = the file's tokenizer.ggml.add_bos_token
+
+
+@dataclass
 class SchedulerConf:
     _target_: str = MISSING
     max_tokens: int = II("max_tokens")
@@ -143,6 +150,14 @@ class HfModelConf:
     path: str = MISSING  # a local Hugging Face-format folder
     dtype: str = "float32"  # compute dtype; stored bf16 / fp16 / fp32 weights are converted
     max_position: int = II("max_model_len")  # rotary table; 0 = max_position_embeddings
+
+
+@dataclass
+class GgufModelConf:
+    _target_: str = "stages.gguf.loader.load_gguf_model"
+    path: str = MISSING  # a GGUF file (llama, qwen2, qwen3; F32 to Q4_K, see the README)
+    dtype: str = "float32"  # compute dtype; every stored type is dequantised to it
+    max_position: int = II("max_model_len")  # rotary table; 0 = the file's context_length
 
 
 @dataclass
@@ -370,6 +385,7 @@ class PipelineConf:
 SCHEMAS = {
     ("tokenizer", "byte"): ByteTokenizerConf,
     ("tokenizer", "hf"): HfTokenizerConf,
+    ("tokenizer", "gguf"): GgufTokenizerConf,
     ("scheduler", "chunked"): ChunkedSchedulerConf,
     ("scheduler", "whole"): WholeSchedulerConf,
     ("metadata", "hpu"): HPUMetadataConf,
@@ -379,6 +395,7 @@ SCHEMAS = {
     ("sampler", "random"): RandomSamplerConf,
     ("model", "transformer"): TransformerConf,
     ("model", "hf"): HfModelConf,
+    ("model", "gguf"): GgufModelConf,
     ("model", "spec"): SpecModelConf,
     ("hardware", "device"): HardwareConf,
     ("hardware", "measured"): MeasuredHardwareConf,
