@@ -358,7 +358,7 @@ def test_remote_code_and_transformers_names_read_alike(names, family):
     specs = [read_spec(base_config(name, 40, **MOE)) for name in names]
     assert {s.family for s in specs} == {family}
     assert len({replace(s, architecture="") for s in specs}) == 1
-    assert specs[0].rope_interleaved and specs[0].tied
+    assert specs[0].rope_interleaved and specs[0].model.tied_embeddings
 
 
 def test_fused_experts_misshapen_or_missing_are_named(tmp_path):

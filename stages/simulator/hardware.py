@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from stages.simulator.spec import ModelSpec
+from stages.model_spec import ModelSpec
 
 GIB = 1024**3
 
