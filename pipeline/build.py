@@ -73,6 +73,13 @@ def build_engine(cfg: DictConfig) -> tuple[Engine, list[Request]]:
     return build_paddle_engine(cfg)
 
 
+def import_paddle() -> None:
+    """Loads Paddle, which a simulated run never does. Loading it installs Paddle's own
+    handlers for SIGTERM and other signals, replacing those installed before: a run
+    therefore loads it before installing its own (pipeline.stopping)."""
+    import paddle  # noqa: F401
+
+
 def build_paddle_engine(cfg: DictConfig) -> tuple[Engine, list[Request]]:
     """The real pipeline: tensors in Paddle, imported here only (a simulated run has none)."""
     import paddle
