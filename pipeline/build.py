@@ -122,6 +122,7 @@ def build_paddle_engine(cfg: DictConfig) -> tuple[Engine, list[Request]]:
         attention=attention,
         sampler=build(cfg.sampler),
         workload_counts=getattr(workload, "counts", None),
+        concurrency=workload.concurrency,
     )
     return engine, requests
 
@@ -154,6 +155,7 @@ def build_simulated_engine(cfg: DictConfig) -> tuple[Engine, list[Request]]:
         clock=clock,
         workload_counts=getattr(workload, "counts", None),
         record_lengths=False,
+        concurrency=workload.concurrency,
     )
     return engine, requests
 
