@@ -64,12 +64,15 @@ def derive_num_blocks(cfg: DictConfig, requests: list[Request]) -> int:
     return max(1, min(cfg.max_num_seqs * per_seq, workload))
 
 
-def build_engine(cfg: DictConfig) -> tuple[Engine, list[Request]]:
-    """Checks the config, builds every stage and loads the workload."""
+def build_engine(
+    cfg: DictConfig, clock: VirtualClock | None = None
+) -> tuple[Engine, list[Request]]:
+    """Checks the config, builds every stage and loads the workload. clock: a simulated
+    device's, virtual by default (a server paces it in real time)."""
     check_resolves(cfg)
     check_config(cfg)
     if cfg.executor.name == "simulated":
-        return build_simulated_engine(cfg)
+        return build_simulated_engine(cfg, clock or VirtualClock())
     return build_paddle_engine(cfg)
 
 
@@ -127,7 +130,7 @@ def build_paddle_engine(cfg: DictConfig) -> tuple[Engine, list[Request]]:
     return engine, requests
 
 
-def build_simulated_engine(cfg: DictConfig) -> tuple[Engine, list[Request]]:
+def build_simulated_engine(cfg: DictConfig, clock: VirtualClock) -> tuple[Engine, list[Request]]:
     """The real scheduler, KV-cache manager and metadata builder (shapes only) with a
     simulated device in place of the forward pass, on a virtual clock."""
     tokenizer = build(cfg.tokenizer)
@@ -139,7 +142,6 @@ def build_simulated_engine(cfg: DictConfig) -> tuple[Engine, list[Request]]:
     requests = workload.load(tokenizer)
     try:
         num_blocks = cfg.num_blocks or kv_pool_blocks(spec, hardware, cfg.block_size, cfg.tp)
-        clock = VirtualClock()
         device = SimulatedDevice(spec, hardware, clock, cfg.tp)
     except ValueError as err:
         raise ConfigError(str(err)) from err

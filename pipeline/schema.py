@@ -345,6 +345,19 @@ class CalibrateConf:
 
 
 @dataclass
+class ServeConf:
+    """`python -m pipeline.serve`: the OpenAI-compatible server's knobs."""
+
+    host: str = "127.0.0.1"  # 0.0.0.0 listens on every interface
+    port: int = 8000
+    api_key: str = ""  # a Bearer token /v1 routes require; empty = none
+    model_name: str = ""  # the name /v1/models lists; empty = the model group's choice
+    max_waiting: int = 256  # requests queued (not yet running) at most; beyond: 503
+    max_request_bytes: int = 1_000_000  # larger request bodies get 413
+    shutdown_timeout_s: float = 30.0  # SIGTERM: in-flight requests finish or abort by then
+
+
+@dataclass
 class SloConf:
     """Latency bounds a request must meet to count towards goodput (vLLM's --goodput)."""
 
@@ -396,6 +409,7 @@ class PipelineConf:
     warmup: bool = False  # run every bucket shape once before the workload
     num_threads: int = 2  # Paddle's CPU math threads
     calibrate: CalibrateConf = field(default_factory=CalibrateConf)  # pipeline.calibrate only
+    serve: ServeConf = field(default_factory=ServeConf)  # pipeline.serve only
     slo: SloConf = field(default_factory=SloConf)  # goodput and attainment in metrics.json
     capacity: CapacityConf = field(default_factory=CapacityConf)  # pipeline.plan only
     plan: PlanConf = field(default_factory=PlanConf)  # pipeline.plan only

@@ -19,6 +19,7 @@ if TYPE_CHECKING:  # annotations only: a simulated run never imports Paddle
 class Tokenizer(Protocol):
     vocab_size: int
     pad_id: int
+    chat_template: str | None  # a Jinja chat template, where the tokenizer's files carry one
 
     @property
     def eos_ids(self) -> frozenset[int]: ...
@@ -47,6 +48,9 @@ class Scheduler(Protocol):
 
     def update(self, plan: StepPlan, samples: Samples, now: float) -> list[Request]:
         """Keeps the step's samples and ends requests that stop; returns those."""
+
+    def abort(self, request: Request, message: str, now: float) -> None:
+        """Ends a waiting or running request with an error; its KV blocks are freed now."""
 
 
 class MetadataBuilder(Protocol):
