@@ -36,6 +36,13 @@ class HfTokenizerConf:
 
 
 @dataclass
+class GgufTokenizerConf:
+    _target_: str = "stages.gguf.tokenizer.GgufTokenizer"
+    path: str = II("model.path")  # a GGUF file; the model's by default
+    add_bos: Any = None  # null = the file's tokenizer.ggml.add_bos_token
+
+
+@dataclass
 class SchedulerConf:
     _target_: str = MISSING
     max_tokens: int = II("max_tokens")
@@ -183,6 +190,32 @@ class HfModelConf:
         from stages.checkpoint import read_folder_spec
 
         return self.max_position or read_folder_spec(self.path).max_position_embeddings
+
+
+@dataclass
+class GgufModelConf:
+    _target_: str = "stages.gguf.loader.load_gguf_model"
+    path: str = MISSING  # a GGUF file (llama, qwen2, qwen3; F32 to Q4_K, see the README)
+    dtype: str = "float32"  # compute dtype; every stored type is dequantised to it
+    max_position: int = II("max_model_len")  # rotary table; 0 = the file's context_length
+
+    has_weights: ClassVar[bool] = True
+
+    def spec(self) -> ModelSpec:
+        from stages.gguf.config import gguf_spec
+        from stages.gguf.reader import read_gguf_header
+
+        spec = gguf_spec(read_gguf_header(self.path)).model
+        name = Path(self.path).expanduser().stem
+        return dataclasses.replace(spec, name=name, dtype_bytes=dtype_bytes(self.dtype))
+
+    def rotary_positions(self) -> int:
+        from stages.gguf.config import gguf_spec
+        from stages.gguf.reader import read_gguf_header
+
+        if self.max_position:
+            return self.max_position
+        return gguf_spec(read_gguf_header(self.path)).max_position_embeddings
 
 
 @dataclass
@@ -418,6 +451,7 @@ class PipelineConf:
 SCHEMAS = {
     ("tokenizer", "byte"): ByteTokenizerConf,
     ("tokenizer", "hf"): HfTokenizerConf,
+    ("tokenizer", "gguf"): GgufTokenizerConf,
     ("scheduler", "chunked"): ChunkedSchedulerConf,
     ("scheduler", "whole"): WholeSchedulerConf,
     ("metadata", "hpu"): HPUMetadataConf,
@@ -427,6 +461,7 @@ SCHEMAS = {
     ("sampler", "random"): RandomSamplerConf,
     ("model", "transformer"): TransformerConf,
     ("model", "hf"): HfModelConf,
+    ("model", "gguf"): GgufModelConf,
     ("model", "spec"): SpecModelConf,
     ("hardware", "device"): HardwareConf,
     ("hardware", "measured"): MeasuredHardwareConf,
@@ -440,7 +475,7 @@ SCHEMAS = {
 }
 
 
-MODEL_OPTIONS = (TransformerConf, HfModelConf, SpecModelConf)
+MODEL_OPTIONS = (TransformerConf, HfModelConf, GgufModelConf, SpecModelConf)
 
 
 def model_kind(node: DictConfig) -> type[ModelOption]:

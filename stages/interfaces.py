@@ -6,7 +6,7 @@ attention backends' kernels have their own contract, `stages.attention.interface
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from stages.metadata import ForwardMeta
@@ -27,6 +27,10 @@ class Tokenizer(Protocol):
     def encode(self, text: str) -> list[int]: ...
 
     def decode(self, ids: Sequence[int]) -> str: ...
+
+    def encode_chat(self, messages: Sequence[Mapping[str, Any]]) -> tuple[str, list[int]]:
+        """Chat messages as prompt text under the model's chat template (stages/chat.py's
+        plain one where it has none), and its ids; ValueError for a malformed message."""
 
 
 class Scheduler(Protocol):

@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.artefacts import output_text
-from pipeline.serve.chat import render_chat
 from pipeline.serve.replies import TextStream
+from stages.chat import render_chat
 from stages.request import Request
 from stages.stopping import StopRule
 from stages.tokenizer import ByteTokenizer
@@ -51,9 +51,9 @@ def test_streamed_deltas_add_up_to_the_final_text(ids, stop, cuts):
 
 def test_the_plain_chat_template_and_a_jinja_one():
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
-    assert render_chat(messages, None) == "<|system|>\nBe brief.\n<|user|>\nHi\n<|assistant|>\n"
+    assert render_chat(None, messages) == "<|system|>\nBe brief.\n<|user|>\nHi\n<|assistant|>\n"
     template = (
         "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}"
         "{% if add_generation_prompt %}[assistant] {% endif %}"
     )
-    assert render_chat(messages, template) == "[system] Be brief.\n[user] Hi\n[assistant] "
+    assert render_chat(template, messages) == "[system] Be brief.\n[user] Hi\n[assistant] "

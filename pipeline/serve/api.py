@@ -21,7 +21,6 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from omegaconf import DictConfig
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from pipeline.serve.chat import render_chat
 from pipeline.serve.protocol import (
     ChatBody,
     CompletionBody,
@@ -113,12 +112,11 @@ def create_app(
         worker, body = await accept(request, ChatBody)
         tokenizer = worker.engine.tokenizer
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]
-        try:
-            prompt = render_chat(messages, tokenizer.chat_template)
+        try:  # the model's chat template, as for jsonl `messages` (stages/chat.py)
+            prompt, ids = tokenizer.encode_chat(messages)
         except ValueError as err:
             raise Problem(400, str(err), "messages") from None
         reply = Reply("chat.completion", next(numbers), settings.model_name)
-        ids = tokenizer.encode(prompt)
         return await generate(request, worker, body, reply, prompt, ids, body.limit())
 
     async def accept(request: Request, body_type: type[GenerationBody]) -> tuple[EngineWorker, Any]:
