@@ -31,7 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 from pipeline import logs  # noqa: F401  (logs configures structlog)
 from pipeline.artefacts import STEPS, read_run_config
 from pipeline.build import build_engine
-from pipeline.checks import ConfigError
+from pipeline.checks import ConfigError, describe_model
 from pipeline.engine import Engine
 from pipeline.run import run
 from pipeline.run_folder import RunFileError, read_step_lines
@@ -39,7 +39,6 @@ from pipeline.schema import register_schemas
 from stages.attention.hpu import load_ops
 from stages.metadata import bucket_dims
 from stages.simulator.cost_model import CostModel
-from stages.simulator.device import spec_of
 from stages.simulator.hardware import HardwareProfile, write_profile
 from stages.simulator.shape import StepShape
 
@@ -184,7 +183,7 @@ def calibrate(
     pads = pads_buckets(cfg)
     check_grid(grid_shapes, pads)
     profile = cpu_profile(measured_rates(cfg.num_threads), pads)
-    spec = spec_of(OmegaConf.to_container(cfg.model, resolve=True))
+    spec, _ = describe_model(cfg)
     samples = [s for run in runs for s in run_samples(run, pads)]
     if grid_shapes:
         engine, _ = build_engine(cfg)
