@@ -11,11 +11,11 @@ import pytest
 from pipeline.checks import ConfigError, check_config
 from pipeline.compose import compose_config
 from pipeline.run import device_metrics
+from stages.model_spec import model_spec
 from stages.simulator.cost_model import CostModel
 from stages.simulator.hardware import GIB, kv_pool_blocks
 from stages.simulator.precision import Precision
 from stages.simulator.shape import StepShape
-from stages.simulator.spec import model_spec
 from tests.conftest import serve
 from tests.test_cost_model import DEVICE, KV_BYTES_PER_TOKEN, LINEAR_PARAMS, LM_HEAD_PARAMS, TINY
 

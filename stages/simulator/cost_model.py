@@ -22,11 +22,11 @@ from typing import Any
 
 import numpy as np
 
+from stages.model_spec import ModelSpec
 from stages.simulator.hardware import HardwareProfile, write_profile
 from stages.simulator.nnls import nnls
 from stages.simulator.precision import BF16, Precision
 from stages.simulator.shape import StepShape
-from stages.simulator.spec import ModelSpec
 
 TERMS = (
     "linear",
