@@ -36,7 +36,7 @@ def main(cfg: DictConfig) -> None:
     out_dir = Path(hydra_cfg.runtime.output_dir)  # with resume, only a failure is noted here
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
     structlog.contextvars.clear_contextvars()  # a joblib worker runs several jobs
-    structlog.contextvars.bind_contextvars(job=hydra_cfg.job.get("num", 0) if multirun else 0)
+    structlog.contextvars.bind_contextvars(job=hydra_cfg.job.num if multirun else 0)
     try:
         run(cfg, out_dir, overrides=list(hydra_cfg.overrides.task))
     except RunInterrupted as stop:

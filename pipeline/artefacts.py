@@ -67,8 +67,9 @@ def replace_lines(path: Path, lines: Iterable[bytes]) -> None:
 def read_run_config(folder: Path) -> DictConfig | None:
     """A run folder's composed config, Hydra's own copy first; None if it has neither."""
     for path in (folder / ".hydra" / "config.yaml", folder / RESOLVED_CONFIG):
-        if path.is_file():
-            return OmegaConf.load(path)
+        loaded = OmegaConf.load(path) if path.is_file() else None
+        if isinstance(loaded, DictConfig):
+            return loaded
     return None
 
 

@@ -12,6 +12,7 @@ from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue
 
 from pipeline.checks import ConfigError, check_config, check_memory, describe_model
 from pipeline.engine import Engine
+from stages.interfaces import Attention, Workload
 from stages.kv_cache import KVCacheManager, blocks_for
 from stages.request import Request
 from stages.simulator.device import (
@@ -73,6 +74,13 @@ def build_engine(cfg: DictConfig) -> tuple[Engine, list[Request]]:
     return build_paddle_engine(cfg)
 
 
+def import_paddle() -> None:
+    """Loads Paddle, which a simulated run never does. Loading it installs Paddle's own
+    handlers for SIGTERM and other signals, replacing those installed before: a run
+    therefore loads it before installing its own (pipeline.stopping)."""
+    import paddle  # noqa: F401
+
+
 def build_paddle_engine(cfg: DictConfig) -> tuple[Engine, list[Request]]:
     """The real pipeline: tensors in Paddle, imported here only (a simulated run has none)."""
     import paddle
@@ -89,7 +97,7 @@ def build_paddle_engine(cfg: DictConfig) -> tuple[Engine, list[Request]]:
             f"model.vocab_size={model.spec.vocab_size} is smaller than the tokenizer's "
             f"{tokenizer.vocab_size}: pick a matching model and tokenizer"
         )
-    workload = build(cfg.workload)
+    workload: Workload = build(cfg.workload)
     requests = workload.load(tokenizer)
     kv_cache = build_kv_cache(cfg, requests)
     # A checkpoint's config and generation config name its end tokens too.
@@ -114,7 +122,7 @@ def build_paddle_engine(cfg: DictConfig) -> tuple[Engine, list[Request]]:
         model=model,
         attention=attention,
         sampler=build(cfg.sampler),
-        workload_counts=getattr(workload, "counts", None),
+        workload_counts=workload.counts,
     )
     return engine, requests
 
@@ -127,7 +135,7 @@ def build_simulated_engine(cfg: DictConfig) -> tuple[Engine, list[Request]]:
     if cfg.hardware is None:
         raise ConfigError("executor=simulated needs a device: give hardware=gaudi3 (or ...)")
     hardware = build(cfg.hardware)
-    workload = build(cfg.workload)
+    workload: Workload = build(cfg.workload)
     requests = workload.load(tokenizer)
     try:
         num_blocks = cfg.num_blocks or kv_pool_blocks(spec, hardware, cfg.block_size, cfg.tp)
@@ -145,7 +153,7 @@ def build_simulated_engine(cfg: DictConfig) -> tuple[Engine, list[Request]]:
         attention=NoAttention(),
         sampler=WorkloadLengthSampler(pick_token(tokenizer.eos_ids, tokenizer.vocab_size)),
         clock=clock,
-        workload_counts=getattr(workload, "counts", None),
+        workload_counts=workload.counts,
         record_lengths=False,
     )
     return engine, requests
@@ -154,8 +162,8 @@ def build_simulated_engine(cfg: DictConfig) -> tuple[Engine, list[Request]]:
 def build_kv_cache(cfg: DictConfig, requests: list[Request]) -> KVCacheManager:
     """The block pool; prefix caching where the attention stage reads a paged cache (the
     dense oracle keeps each request's keys apart, so it has nothing to share)."""
-    attention = get_class(cfg.attention._target_)
-    caching = cfg.prefix_caching and getattr(attention, "supports_prefix_caching", False)
+    attention: type[Attention] = get_class(cfg.attention._target_)
+    caching = cfg.prefix_caching and attention.supports_prefix_caching
     num_blocks = cfg.num_blocks or derive_num_blocks(cfg, requests)
     check_memory(cfg, num_blocks)  # before anything large is allocated
     try:

@@ -104,7 +104,7 @@ def pads_buckets(cfg: DictConfig) -> bool:
     take each step's real tokens packed (no static shapes to keep), so the GEMMs and
     attention there cost by the real lengths; the HPU's ops compute the padded bucket."""
     ops = OmegaConf.select(cfg, "attention.ops")
-    return ops is None or not getattr(load_ops(ops), "packs_rows", False)
+    return ops is None or not load_ops(ops).packs_rows
 
 
 def grid(engine: Engine, max_shapes: int) -> list[tuple]:

@@ -170,11 +170,11 @@ def _check_workload_bounds(key: str, value: Any, node: dict[str, Any]) -> None:
 
 def check_bounds(cfg: DictConfig) -> None:
     """Every number is finite, and every count and time of the workload within its limits."""
-    flat = _flat(OmegaConf.to_container(cfg, resolve=True))
+    flat = _flat(_container(cfg))
     for key, value in flat.items():
         if isinstance(value, float) and not math.isfinite(value):
             raise ConfigError(f"{key}={value}: must be a finite number")
-    workload = OmegaConf.to_container(cfg.workload, resolve=True)
+    workload = _container(cfg.workload)
     nodes = [workload, *(workload.get("parts") or {}).values()]
     for node in nodes:
         for name, value in node.items():
@@ -183,6 +183,13 @@ def check_bounds(cfg: DictConfig) -> None:
                     "workload" if node is workload else f"workload.parts.{_part(workload, node)}"
                 )
                 _check_workload_bounds(f"{prefix}.{name}", value, node)
+
+
+def _container(node: DictConfig) -> dict[str, Any]:
+    """A config node as plain, resolved dicts and lists."""
+    container = OmegaConf.to_container(node, resolve=True)
+    assert isinstance(container, dict)
+    return container  # type: ignore[return-value]  # keys of a config are strings
 
 
 def _part(workload: dict[str, Any], node: dict[str, Any]) -> str:
@@ -232,7 +239,7 @@ def memory_estimate(cfg: DictConfig, num_blocks: int) -> dict[str, int]:
             "num_hidden_layers in its config.json (or model.num_layers)"
         )
     kv = (num_blocks + 1) * cfg.block_size * spec.kv_bytes_per_token()
-    workload = OmegaConf.to_container(cfg.workload, resolve=True)
+    workload = _container(cfg.workload)
     parts = list((workload.get("parts") or {}).values()) or [workload]
     requests = 0
     for part in parts:

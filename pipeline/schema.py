@@ -394,18 +394,24 @@ MODEL_OPTIONS = (TransformerConf, HfModelConf, SpecModelConf)
 
 def model_kind(node: DictConfig) -> type[ModelOption]:
     """The schema of the `model` option: each conf/model option names one first, so the
-    kind of model is the config's own type, not read from its `_target_` string."""
+    kind of model is the config's own type. A config read back from a run folder has lost
+    its types: the schema is then the one that declares the node's `_target_`."""
     kind = OmegaConf.get_type(node)
-    if not (isinstance(kind, type) and issubclass(kind, MODEL_OPTIONS)):
+    if isinstance(kind, type) and issubclass(kind, MODEL_OPTIONS):
+        return kind
+    declared = {option._target_: option for option in MODEL_OPTIONS}
+    target = node.get("_target_")
+    if target not in declared:
         kinds = ", ".join(f"/schema/model@_here_: {n}" for (g, n) in SCHEMAS if g == "model")
         raise ValueError(f"model: the option names no model schema: begin it with one of {kinds}")
-    return kind
+    return declared[target]
 
 
 def model_option(node: DictConfig) -> ModelOption:
     """The `model` node as its schema's object, which describes the model it builds."""
-    model_kind(node)
-    return OmegaConf.to_object(node)  # type: ignore[return-value]
+    schema = OmegaConf.structured(model_kind(node))
+    values = OmegaConf.to_container(node, resolve=True)  # interpolations name other keys
+    return OmegaConf.to_object(OmegaConf.merge(schema, values))  # type: ignore[return-value]
 
 
 def register_schemas() -> None:

@@ -16,7 +16,7 @@ from pipeline.compose import compose_config
 from pipeline.run import run
 from stages.metadata import bucket_dims, bucket_label
 from stages.simulator.hardware import read_profile, write_profile
-from tests.conftest import LIMITS, REPO, serve
+from tests.helpers import LIMITS, REPO, serve
 
 TINY_GRID = [*LIMITS, "max_tokens=64"]
 SERVED = [*TINY_GRID, "workload.num_requests=12", "workload.max_new_tokens=12"]

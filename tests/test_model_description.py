@@ -11,7 +11,7 @@ from pipeline.checks import ConfigError, check_config, describe_model
 from pipeline.schema import HfModelConf, SpecModelConf, TransformerConf, model_kind
 from stages.checkpoint import read_spec
 from stages.model import transformer_lm
-from tests.conftest import make_config
+from tests.helpers import make_config
 from tests.test_checkpoint import CASES, make_folder
 
 
@@ -51,3 +51,15 @@ def test_the_built_in_description_sizes_the_memory_check():
 def test_a_description_without_weights_is_refused_by_the_real_executor():
     with pytest.raises(ConfigError, match="model=spec is a model without weights"):
         check_config(make_config(["model=spec/llama31_8b"]))
+
+
+def test_a_config_read_back_from_a_run_folder_describes_the_same_model():
+    """A resumed run's config is plain YAML, without the schema's types."""
+    from omegaconf import OmegaConf
+
+    from pipeline.schema import model_option
+
+    cfg = make_config(["model=small"])
+    untyped = OmegaConf.create(OmegaConf.to_container(cfg.model, resolve=True))
+    assert model_option(untyped).spec() == model_option(cfg.model).spec()
+    assert model_option(untyped).rotary_positions() == 256
