@@ -11,6 +11,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from pipeline.schema import ModelOption, model_kind, model_option
+from stages.metadata import derived_axes
 from stages.model_spec import ModelSpec
 
 
@@ -210,18 +211,11 @@ def mem_available() -> int | None:
 
 def _bucket_entries(cfg: DictConfig, num_blocks: int) -> int:
     """How many sizes the metadata builder's bucket axes will hold (0 keys derived)."""
-    bs, per_seq = cfg.block_size, -(-cfg.max_model_len // cfg.block_size)
-    derived = {
-        "prefill_batch": (1, 1, cfg.max_num_seqs),
-        "prefill_seq": (bs, bs, cfg.max_tokens),
-        "prefill_blocks": (1, 1, per_seq),
-        "decode_batch": (1, 1, cfg.max_num_seqs),
-        "decode_blocks": (1, 1, min(max(num_blocks, 1), cfg.max_num_seqs * per_seq)),
-    }
+    limits = (cfg.block_size, cfg.max_tokens, cfg.max_num_seqs, cfg.max_model_len)
     total = 0
-    for name, (lo, step, top) in derived.items():
+    for name, derived in derived_axes(*limits, max(num_blocks, 1)).items():
         axis = cfg.metadata.get(name) or {}
-        lo, step, top = axis.get("min") or lo, axis.get("step") or step, axis.get("max") or top
+        lo, step, top = (axis.get(key) or derived[key] for key in ("min", "step", "max"))
         if cfg.metadata.get("bucketing") == "exponential":
             total += max(1, int(math.log2(max(top / max(lo, 1), 1))) + 2)
         else:
