@@ -21,7 +21,7 @@ import numpy as np
 from stages.buckets import Axis, Bucketing, Buckets, warmup_counts
 from stages.kv_cache import KVCacheManager, blocks_for
 from stages.request import PrefillChunk, Request, StepPlan
-from stages.simulator.shape import StepShape
+from stages.step_shape import StepShape
 
 if TYPE_CHECKING:
     import paddle
