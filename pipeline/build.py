@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import signal
+import threading
 from typing import Any
 
 import structlog
@@ -76,13 +78,22 @@ def build_engine(cfg: DictConfig) -> tuple[Engine, list[Request]]:
 
 def import_paddle() -> None:
     """Loads Paddle, which a simulated run never does. Loading it installs Paddle's own
-    handlers for SIGTERM and other signals, replacing those installed before: a run
-    therefore loads it before installing its own (pipeline.stopping)."""
+    C-level handlers for SIGINT, SIGTERM and other signals, which end the process: the
+    Python handlers in place are put back, and a command loads Paddle before installing
+    its own (a thread that is not the main one cannot put them back)."""
+    stops = (signal.SIGINT, signal.SIGTERM)
+    handlers = {s: signal.getsignal(s) for s in stops}
     import paddle  # noqa: F401
+
+    if threading.current_thread() is threading.main_thread():
+        for signum, handler in handlers.items():
+            if handler is not None:
+                signal.signal(signum, handler)
 
 
 def build_paddle_engine(cfg: DictConfig) -> tuple[Engine, list[Request]]:
     """The real pipeline: tensors in Paddle, imported here only (a simulated run has none)."""
+    import_paddle()
     import paddle
 
     from pipeline.allocator import keep_freed_memory
