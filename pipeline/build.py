@@ -14,7 +14,8 @@ from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue
 
 from pipeline.checks import ConfigError, check_config, check_memory, describe_model
 from pipeline.engine import Engine
-from stages.interfaces import Attention, Workload
+from pipeline.expansion import check_expansion
+from stages.interfaces import Attention, Tokenizer, Workload
 from stages.kv_cache import KVCacheManager, blocks_for
 from stages.request import Request
 from stages.simulator.device import (
@@ -26,6 +27,7 @@ from stages.simulator.device import (
 )
 from stages.simulator.hardware import kv_pool_blocks
 from stages.stopping import StopRule
+from stages.workload import bound_arrivals
 
 log = structlog.get_logger(__name__)
 
@@ -43,7 +45,9 @@ def build(node: DictConfig, **runtime: Any) -> Any:
 
 def check_resolves(cfg: DictConfig) -> None:
     """Every key is set and every interpolation resolves (e.g. model.path for model=hf, and
-    tokenizer.path, which defaults to it), or one line names the key."""
+    tokenizer.path, which defaults to it), or one line names the key; no value may expand
+    beyond bounds through what it refers to."""
+    check_expansion(cfg)
     try:
         OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
     except MissingMandatoryValue as err:
@@ -67,12 +71,23 @@ def derive_num_blocks(cfg: DictConfig, requests: list[Request]) -> int:
     return max(1, min(cfg.max_num_seqs * per_seq, workload))
 
 
-def build_engine(cfg: DictConfig) -> tuple[Engine, list[Request]]:
-    """Checks the config, builds every stage and loads the workload."""
+def load_workload(cfg: DictConfig, tokenizer: Tokenizer) -> tuple[Workload, list[Request]]:
+    """The workload and its requests, every arrival held to the one bound."""
+    workload: Workload = build(cfg.workload)
+    requests = workload.load(tokenizer)
+    bound_arrivals(requests)
+    return workload, requests
+
+
+def build_engine(
+    cfg: DictConfig, clock: VirtualClock | None = None
+) -> tuple[Engine, list[Request]]:
+    """Checks the config, builds every stage and loads the workload. clock: a simulated
+    device's, virtual by default (a server paces it in real time)."""
     check_resolves(cfg)
     check_config(cfg)
     if cfg.executor.name == "simulated":
-        return build_simulated_engine(cfg)
+        return build_simulated_engine(cfg, clock or VirtualClock())
     return build_paddle_engine(cfg)
 
 
@@ -108,8 +123,7 @@ def build_paddle_engine(cfg: DictConfig) -> tuple[Engine, list[Request]]:
             f"model.vocab_size={model.spec.vocab_size} is smaller than the tokenizer's "
             f"{tokenizer.vocab_size}: pick a matching model and tokenizer"
         )
-    workload: Workload = build(cfg.workload)
-    requests = workload.load(tokenizer)
+    workload, requests = load_workload(cfg, tokenizer)
     kv_cache = build_kv_cache(cfg, requests)
     # A checkpoint's config and generation config name its end tokens too.
     stop = StopRule(tokenizer.eos_ids | model.eos_ids, cfg.max_model_len, tokenizer.decode)
@@ -134,11 +148,12 @@ def build_paddle_engine(cfg: DictConfig) -> tuple[Engine, list[Request]]:
         attention=attention,
         sampler=build(cfg.sampler),
         workload_counts=workload.counts,
+        concurrency=workload.concurrency,
     )
     return engine, requests
 
 
-def build_simulated_engine(cfg: DictConfig) -> tuple[Engine, list[Request]]:
+def build_simulated_engine(cfg: DictConfig, clock: VirtualClock) -> tuple[Engine, list[Request]]:
     """The real scheduler, KV-cache manager and metadata builder (shapes only) with a
     simulated device in place of the forward pass, on a virtual clock."""
     tokenizer = build(cfg.tokenizer)
@@ -146,11 +161,9 @@ def build_simulated_engine(cfg: DictConfig) -> tuple[Engine, list[Request]]:
     if cfg.hardware is None:
         raise ConfigError("executor=simulated needs a device: give hardware=gaudi3 (or ...)")
     hardware = build(cfg.hardware)
-    workload: Workload = build(cfg.workload)
-    requests = workload.load(tokenizer)
+    workload, requests = load_workload(cfg, tokenizer)
     try:
         num_blocks = cfg.num_blocks or kv_pool_blocks(spec, hardware, cfg.block_size, cfg.tp)
-        clock = VirtualClock()
         device = SimulatedDevice(spec, hardware, clock, cfg.tp)
     except ValueError as err:
         raise ConfigError(str(err)) from err
@@ -166,6 +179,7 @@ def build_simulated_engine(cfg: DictConfig) -> tuple[Engine, list[Request]]:
         clock=clock,
         workload_counts=workload.counts,
         record_lengths=False,
+        concurrency=workload.concurrency,
     )
     return engine, requests
 

@@ -15,8 +15,11 @@ from pipeline.build import build_engine, check_resolves, import_paddle
 from pipeline.checks import ConfigError
 from pipeline.console import Progress, summary_table
 from pipeline.engine import Engine
-from pipeline.metrics import StepRecord, summarise
+from pipeline.folder_lock import FolderLock
+from pipeline.identity import write_identity
+from pipeline.metrics import StepRecord, StepTotals, summarise
 from pipeline.resume import Previous, load_previous, pending_requests
+from pipeline.slo import Slo, slo_metrics
 from pipeline.stopping import RunInterrupted, as_interrupted, stop_on_signals
 from stages.request import Request
 from stages.simulator.device import SimulatedDevice, graphs
@@ -32,18 +35,30 @@ def run(cfg: DictConfig, out_dir: Path, overrides: Sequence[str] = ()) -> dict[s
         import_paddle()  # before stop_on_signals: Paddle installs its own handlers on import
     with stop_on_signals():
         check_resolves(cfg)
-        previous = None
-        if cfg.get("resume"):
-            previous = load_previous(cfg.resume, overrides)
-            cfg, out_dir = previous.cfg, previous.folder
-            check_resolves(cfg)
-            problem = artefacts.run_folder_problem(out_dir)
-            if problem:
-                raise ConfigError(problem)
-        else:
-            artefacts.write_resolved_config(cfg, out_dir)
-        engine, requests = build_engine(cfg)
-        return serve(cfg, engine, requests, out_dir, previous)
+        if not cfg.get("resume"):
+            with FolderLock(out_dir):
+                artefacts.write_resolved_config(cfg, out_dir)
+                write_identity(cfg, out_dir)
+                slo_of(cfg)  # a bad bound stops the run before anything is built
+                engine, requests = build_engine(cfg)
+                return serve(cfg, engine, requests, out_dir)
+        return _resume(Path(cfg.resume).expanduser(), overrides)
+
+
+def _resume(folder: Path, overrides: Sequence[str]) -> dict[str, Any]:
+    """Completes `folder` while holding it: nothing else may write it meanwhile, and what
+    it holds is read only once the lock is held."""
+    if artefacts.read_run_config(folder) is None:  # not a run folder: the one-line reason
+        load_previous(folder, overrides)
+    problem = artefacts.run_folder_problem(folder)
+    if problem:
+        raise ConfigError(problem)
+    with FolderLock(folder):
+        previous = load_previous(folder, overrides)
+        check_resolves(previous.cfg)
+        slo_of(previous.cfg)
+        engine, requests = build_engine(previous.cfg)
+        return serve(previous.cfg, engine, requests, folder, previous)
 
 
 def serve(
@@ -69,15 +84,8 @@ def serve(
     warmup_s = engine.warmup() if cfg.warmup else 0.0
     duration, stopped = serve_pending(engine, pending, out_dir, previous, steps)
     status = "interrupted" if stopped else "ok"
-    metrics = {
-        "status": status,
-        **summarise(requests, steps, duration + (previous.duration_s if previous else 0.0)),
-        "bucket_misses": engine.metadata.bucket_misses,
-        "warmup_s": warmup_s,
-        **device_metrics(engine),
-    }
-    if engine.workload_counts:
-        metrics["workload_counts"] = engine.workload_counts
+    duration += previous.duration_s if previous else 0.0
+    metrics = run_metrics(cfg, engine, requests, steps, duration, warmup_s, status)
     if previous:
         metrics["resumed_requests"] = len(pending)
     artefacts.write_metrics(metrics, out_dir)
@@ -94,6 +102,38 @@ def serve(
         stopped.recorded = True
         raise stopped
     return metrics
+
+
+def run_metrics(
+    cfg: DictConfig,
+    engine: Engine,
+    requests: Sequence[Request],
+    steps: Sequence[StepRecord] | StepTotals,
+    duration: float,
+    warmup_s: float,
+    status: str,
+) -> dict[str, Any]:
+    """metrics.json: the serving metrics, the SLO's, and what the device predicts."""
+    metrics = {
+        "status": status,
+        **summarise(requests, steps, duration),
+        **slo_metrics(requests, duration, slo_of(cfg)),
+        "bucket_misses": engine.metadata.bucket_misses,
+        "warmup_s": warmup_s,
+        "num_blocks": engine.scheduler.kv_cache.num_blocks,
+        **device_metrics(engine),
+    }
+    if engine.workload_counts:
+        metrics["workload_counts"] = engine.workload_counts
+    return metrics
+
+
+def slo_of(cfg: DictConfig) -> Slo:
+    """The run's SLO (`slo.*`); a folder written before SLOs existed has none set."""
+    try:
+        return Slo.of(cfg.get("slo"))
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
 
 
 def serve_pending(
@@ -155,4 +195,5 @@ def device_metrics(engine: Engine) -> dict[str, Any]:
         "warmup_shapes": len(shapes),
         "predicted_warmup_s": device.cost.warmup_time(len(shapes)),
         "serving_compiles": device.recompiles,
+        "serving_compile_s": device.recompiles * device.hardware.recompile_s,
     }

@@ -36,6 +36,13 @@ class HfTokenizerConf:
 
 
 @dataclass
+class GgufTokenizerConf:
+    _target_: str = "stages.gguf.tokenizer.GgufTokenizer"
+    path: str = II("model.path")  # a GGUF file; the model's by default
+    add_bos: Any = None  # null = the file's tokenizer.ggml.add_bos_token
+
+
+@dataclass
 class SchedulerConf:
     _target_: str = MISSING
     max_tokens: int = II("max_tokens")
@@ -186,6 +193,32 @@ class HfModelConf:
 
 
 @dataclass
+class GgufModelConf:
+    _target_: str = "stages.gguf.loader.load_gguf_model"
+    path: str = MISSING  # a GGUF file (llama, qwen2, qwen3; F32 to Q4_K, see the README)
+    dtype: str = "float32"  # compute dtype; every stored type is dequantised to it
+    max_position: int = II("max_model_len")  # rotary table; 0 = the file's context_length
+
+    has_weights: ClassVar[bool] = True
+
+    def spec(self) -> ModelSpec:
+        from stages.gguf.config import gguf_spec
+        from stages.gguf.reader import read_gguf_header
+
+        spec = gguf_spec(read_gguf_header(self.path)).model
+        name = Path(self.path).expanduser().stem
+        return dataclasses.replace(spec, name=name, dtype_bytes=dtype_bytes(self.dtype))
+
+    def rotary_positions(self) -> int:
+        from stages.gguf.config import gguf_spec
+        from stages.gguf.reader import read_gguf_header
+
+        if self.max_position:
+            return self.max_position
+        return gguf_spec(read_gguf_header(self.path)).max_position_embeddings
+
+
+@dataclass
 class SyntheticWorkloadConf:
     _target_: str = "stages.workload.SyntheticWorkload"
     num_requests: int = 16
@@ -199,12 +232,14 @@ class SyntheticWorkloadConf:
     seed: int = II("seed")
     shared_prefix_tokens: int = 0  # each prompt starts with a shared prefix this long; 0 = none
     num_prefixes: int = 1  # distinct shared prefixes; request i has prefix i mod this
+    concurrency: int = 0  # most requests in flight (closed loop); 0 = open loop
 
 
 @dataclass
 class MixedWorkloadConf:
     _target_: str = "stages.workload.MixedWorkload"
     parts: dict[str, SyntheticWorkloadConf] = field(default_factory=dict)
+    concurrency: int = 0  # most requests in flight (closed loop); 0 = open loop
 
 
 @dataclass
@@ -220,6 +255,7 @@ class MultiTurnWorkloadConf:
     rate: float = 0.0  # conversations start as a Poisson process, per second; 0 = all at once
     turn_gap_s: float = 1.0  # a turn arrives this long after the previous one
     seed: int = II("seed")
+    concurrency: int = 0  # most requests in flight (closed loop); 0 = open loop
 
 
 @dataclass
@@ -230,6 +266,7 @@ class JsonlWorkloadConf:
     max_new_tokens: int = 64  # for lines that do not say
     rate: float = 0.0  # Poisson arrivals when lines give no arrival_s
     seed: int = II("seed")
+    concurrency: int = 0  # most requests in flight (closed loop); 0 = open loop
 
 
 @dataclass
@@ -311,6 +348,7 @@ class TraceWorkloadConf:
     seed: int = II("seed")
     max_model_len: int = II("max_model_len")
     max_num_seqs: int = II("max_num_seqs")
+    concurrency: int = 0  # most requests in flight (closed loop); 0 = open loop
 
 
 class Executor(str, enum.Enum):
@@ -340,6 +378,48 @@ class CalibrateConf:
 
 
 @dataclass
+class ServeConf:
+    """`python -m pipeline.serve`: the OpenAI-compatible server's knobs."""
+
+    host: str = "127.0.0.1"  # 0.0.0.0 listens on every interface
+    port: int = 8000
+    api_key: str = ""  # a Bearer token /v1 routes require; empty = none
+    model_name: str = ""  # the name /v1/models lists; empty = the model group's choice
+    max_waiting: int = 256  # requests queued (not yet running) at most; beyond: 503
+    max_request_bytes: int = 1_000_000  # larger request bodies get 413
+    shutdown_timeout_s: float = 30.0  # SIGTERM: in-flight requests finish or abort by then
+
+
+@dataclass
+class SloConf:
+    """Latency bounds a request must meet to count towards goodput (vLLM's --goodput)."""
+
+    ttft_ms: float = 0.0  # arrival to the first token; 0 = no bound
+    tpot_ms: float = 0.0  # (e2e - ttft) / (output tokens - 1); 0 = no bound
+    e2e_ms: float = 0.0  # arrival to the last token; 0 = no bound
+    attainment: float = 0.9  # fraction of requests that must meet every bound
+
+
+@dataclass
+class CapacityConf:
+    """The capacity search of `python -m pipeline.plan` (pipeline/capacity.py)."""
+
+    max_probes: int = 12  # runs one search may make
+    tolerance: float = 0.05  # rates: stop when the bracket's ends are within 5%
+    keep_run_files: bool = False  # probes also write steps.jsonl and generations.jsonl
+
+
+@dataclass
+class PlanConf:
+    """`python -m pipeline.plan`: how the configurations are ranked (pipeline/plan_report.py)."""
+
+    objective: str = "goodput_per_card"  # or cost: per million output tokens
+    device_hour_usd: float = 0.0  # one card's hour; needed for objective=cost
+    max_warmup_s: float = 0.0  # rule out longer predicted warmups (a readiness probe); 0 = none
+    model_id: str = ""  # what the deploy commands load; "" = the model's name
+
+
+@dataclass
 class PipelineConf:
     tokenizer: Any = MISSING
     scheduler: Any = MISSING
@@ -362,11 +442,16 @@ class PipelineConf:
     warmup: bool = False  # run every bucket shape once before the workload
     num_threads: int = 2  # Paddle's CPU math threads
     calibrate: CalibrateConf = field(default_factory=CalibrateConf)  # pipeline.calibrate only
+    serve: ServeConf = field(default_factory=ServeConf)  # pipeline.serve only
+    slo: SloConf = field(default_factory=SloConf)  # goodput and attainment in metrics.json
+    capacity: CapacityConf = field(default_factory=CapacityConf)  # pipeline.plan only
+    plan: PlanConf = field(default_factory=PlanConf)  # pipeline.plan only
 
 
 SCHEMAS = {
     ("tokenizer", "byte"): ByteTokenizerConf,
     ("tokenizer", "hf"): HfTokenizerConf,
+    ("tokenizer", "gguf"): GgufTokenizerConf,
     ("scheduler", "chunked"): ChunkedSchedulerConf,
     ("scheduler", "whole"): WholeSchedulerConf,
     ("metadata", "hpu"): HPUMetadataConf,
@@ -376,6 +461,7 @@ SCHEMAS = {
     ("sampler", "random"): RandomSamplerConf,
     ("model", "transformer"): TransformerConf,
     ("model", "hf"): HfModelConf,
+    ("model", "gguf"): GgufModelConf,
     ("model", "spec"): SpecModelConf,
     ("hardware", "device"): HardwareConf,
     ("hardware", "measured"): MeasuredHardwareConf,
@@ -389,7 +475,7 @@ SCHEMAS = {
 }
 
 
-MODEL_OPTIONS = (TransformerConf, HfModelConf, SpecModelConf)
+MODEL_OPTIONS = (TransformerConf, HfModelConf, GgufModelConf, SpecModelConf)
 
 
 def model_kind(node: DictConfig) -> type[ModelOption]:

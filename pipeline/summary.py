@@ -8,8 +8,8 @@ were run somewhere else: `python -m pipeline.summary SWEEP_DIR`.
 from __future__ import annotations
 
 import argparse
+import atexit
 import csv
-import json
 import logging
 import math
 import sys
@@ -18,9 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
+
+from pipeline.run_folder import RunFileError, read_mapping, read_metrics, read_overrides
+from pipeline.stopping import stop_on_signals
 
 # Plain stdlib logging: after the jobs, Hydra's own logging (not the jobs' structlog) is live.
 log = logging.getLogger(__name__)
@@ -38,6 +40,10 @@ HEADLINE: list[tuple[str, tuple[str, ...]]] = [
     ("bucket_misses", ("bucket_misses",)),
     ("prefix_cache_hit_rate", ("prefix_cache_hit_rate",)),
     ("predicted_warmup_s", ("predicted_warmup_s",)),  # simulated runs only
+    ("serving_compiles", ("serving_compiles",)),  # simulated: graphs compiled while serving
+    ("serving_compile_s", ("serving_compile_s",)),
+    ("request_goodput", ("request_goodput",)),  # requests/s that met every SLO bound
+    ("slo_attainment", ("slo_attainment",)),
 ]
 COLUMNS = ["job", "overrides", "status", *(name for name, _ in HEADLINE), "error"]
 
@@ -50,6 +56,11 @@ PANELS = [
     ("token_utilization", "Token utilization (real / padded)"),
     ("prefix_cache_hit_rate", "Prefix cache hit rate"),
     ("predicted_warmup_s", "Warmup, predicted (s)"),
+]
+# Shown when some job had an SLO bound set.
+SLO_PANELS = [
+    ("request_goodput", "Goodput (req/s within SLO)"),
+    ("slo_attainment", "SLO attainment"),
 ]
 
 
@@ -91,24 +102,28 @@ def split_override(override: str) -> tuple[str, str]:
 def _job_number(job_dir: Path, fallback: int) -> int:
     # Hydra records the job's number in hydra.yaml; the folder name is only the default subdir.
     try:
-        hydra_cfg = yaml.safe_load((job_dir / ".hydra" / "hydra.yaml").read_text())
-        return int(hydra_cfg["hydra"]["job"]["num"])
-    except (OSError, KeyError, TypeError, ValueError, yaml.YAMLError):
-        return int(job_dir.name) if job_dir.name.isdigit() else fallback
+        num = read_mapping(job_dir / ".hydra" / "hydra.yaml")["hydra"]["job"]["num"]
+        if isinstance(num, int) and not isinstance(num, bool):
+            return num
+    except (RunFileError, KeyError, TypeError):
+        pass
+    return int(job_dir.name) if job_dir.name.isdigit() else fallback
 
 
 def read_job(job_dir: Path, fallback_num: int = 0) -> Job:
-    """A job's overrides and metrics; a job that never wrote metrics.json is `interrupted`."""
-    given = yaml.safe_load((job_dir / ".hydra" / "overrides.yaml").read_text()) or []
-    overrides = [str(o) for o in given]
+    """A job's overrides and metrics; a job that never wrote metrics.json is `interrupted`,
+    one whose files cannot be read is `unreadable`, with the reason."""
     num = _job_number(job_dir, fallback_num)
-    metrics_path = job_dir / "metrics.json"
-    if not metrics_path.is_file():  # killed before it could write one (SIGKILL, power loss)
+    try:
+        overrides = read_overrides(job_dir) or []
+    except RunFileError as err:
+        return Job(num, job_dir, [], "unreadable", error=str(err))
+    if not (job_dir / "metrics.json").is_file():  # killed before it could write one
         return Job(num, job_dir, overrides, "interrupted", error="no metrics.json")
     try:
-        metrics = json.loads(metrics_path.read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        return Job(num, job_dir, overrides, "missing", error=f"metrics.json unreadable: {err}")
+        metrics = read_metrics(job_dir) or {}
+    except (OSError, RunFileError) as err:
+        return Job(num, job_dir, overrides, "unreadable", error=str(err))
     status = str(metrics.get("status", "missing"))
     error = " ".join(str(metrics.get("error") or "").split())  # one line per job in the tables
     return Job(num, job_dir, overrides, status, metrics, error)
@@ -176,12 +191,33 @@ def write_markdown(jobs: Sequence[Job], keys: Sequence[str], path: Path) -> None
         # A pipe inside a cell would split the markdown table.
         cells = [_fmt(row[c]).replace("|", "\\|") for c in header]
         lines.append("| " + " | ".join(cells) + " |")
+    lines += _compile_notes(jobs)
     failed = [j for j in jobs if j.status != "ok"]
     if failed:
         lines += ["", "## Jobs that did not finish", ""]
         lines += [f"- job {j.num} ({j.status}): {j.error or 'no error recorded'}" for j in failed]
     lines += ["", "![headline metrics against the swept key](summary.png)", ""]
     path.write_text("\n".join(lines), encoding="utf-8")
+
+
+def _compile_notes(jobs: Sequence[Job]) -> list[str]:
+    """Jobs whose simulated device compiled graphs while serving: their latencies include
+    compile time a warmed deployment would not pay."""
+    compiling = [j for j in jobs if j.value("serving_compiles")]
+    if not compiling:
+        return []
+    lines = ["", "## Jobs that compiled while serving", ""]
+    for j in compiling:
+        seconds = j.value("serving_compile_s") or 0.0
+        lines.append(
+            f"- job {j.num}: {j.value('serving_compiles'):.0f} graphs compiled while serving, "
+            f"{seconds:,.1f} s predicted (warmup=true compiles them before serving)"
+        )
+    return lines
+
+
+def _has_slo(jobs: Sequence[Job]) -> bool:
+    return any(len(j.metrics.get("slo") or {}) > 1 for j in jobs)  # a bound beside the target
 
 
 def _as_numbers(values: Sequence[str]) -> list[float] | None:
@@ -213,10 +249,12 @@ def write_plot(jobs: Sequence[Job], keys: Sequence[str], path: Path) -> None:
         name = " ".join(f"{k}={job.override_values.get(k, '')}" for k in keys[1:])
         series.setdefault(name, []).append((position[label], job))
 
-    # Two rows of four: the metric panels, and the last says what the plot leaves out.
-    fig, axes = plt.subplots(2, 4, figsize=(17, 7.5))
+    # Rows of four: the metric panels, and the last says what the plot leaves out.
+    panels = PANELS + (SLO_PANELS if _has_slo(jobs) else [])
+    rows = -(-(len(panels) + 1) // 4)
+    fig, axes = plt.subplots(rows, 4, figsize=(17, 3.75 * rows))
     flat = list(axes.flat)
-    for ax, (column, title) in zip(flat, PANELS, strict=False):
+    for ax, (column, title) in zip(flat, panels, strict=False):
         for name, points in series.items():
             points.sort(key=lambda p: p[0])
             ys = [_nan_if_none(job.value(column)) for _, job in points]
@@ -227,6 +265,8 @@ def write_plot(jobs: Sequence[Job], keys: Sequence[str], path: Path) -> None:
         _x_axis(ax, numbers, position, distinct)
     if len(series) > 1:
         flat[0].legend(fontsize=8)
+    for ax in flat[len(panels) : -1]:
+        ax.axis("off")
     _notes(flat[-1], jobs, keys, x_key)
     fig.suptitle(f"Sweep {path.parent}", fontsize=11)
     fig.tight_layout()
@@ -287,28 +327,67 @@ def build_summary(sweep_dir: Path) -> Path:
     if not jobs:
         raise SummaryError(f"{sweep_dir}: no job folders (none holds .hydra/overrides.yaml)")
     keys = swept_keys(jobs)
-    write_csv(jobs, sweep_dir / "summary.csv")
-    write_markdown(jobs, keys, sweep_dir / "summary.md")
-    write_plot(jobs, keys, sweep_dir / "summary.png")
+    path = sweep_dir / "summary.csv"
+    try:
+        write_csv(jobs, path)
+        path = sweep_dir / "summary.md"
+        write_markdown(jobs, keys, path)
+        path = sweep_dir / "summary.png"
+        write_plot(jobs, keys, path)
+    except OSError as err:  # a read-only sweep folder, a full disk
+        raise SummaryError(
+            f"cannot write {path}: {err.strerror or err}: make {sweep_dir} writable, or copy "
+            "the sweep folder somewhere writable and summarise the copy"
+        ) from err
     return sweep_dir / "summary.md"
 
 
 class SweepSummaryCallback(Callback):
-    """Builds the summary once every job of a multirun has finished, whatever the launcher."""
+    """Builds the summary once every job of a multirun has finished, whatever the launcher,
+    and when a stop signal ends the sweep early, of the jobs that finished.
+
+    In the sweep's own process a SIGINT or SIGTERM raises RunInterrupted, on which a pool
+    launcher (joblib) stops its workers before it lets the exception through; the summary is
+    then written on the way out, once nothing is running."""
+
+    def __init__(self) -> None:
+        self._sweep_dir: Path | None = None
+        self._signals: Any = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        """What a pool launcher's worker gets: the signals and the exit belong here."""
+        return {"_sweep_dir": None, "_signals": None}
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self._sweep_dir = Path(config.hydra.sweep.dir)
+        self._signals = stop_on_signals()
+        self._signals.__enter__()
+        atexit.register(self._summarise_unfinished)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        sweep_dir = Path(config.hydra.sweep.dir)
-        try:
-            path = build_summary(sweep_dir)
-        except Exception as err:  # the jobs' own results are on disk; do not hide them
-            log.error(
-                "Sweep summary failed (%s: %s); build it with: python -m pipeline.summary %s",
-                type(err).__name__,
-                err,
-                sweep_dir,
-            )
-            return
-        log.info("Sweep summary: %s, summary.csv and summary.png beside it", path)
+        if self._signals is not None:
+            self._signals.__exit__(None, None, None)
+            self._signals = None
+        self._sweep_dir = None  # summarised here, not again at exit
+        summarise(Path(config.hydra.sweep.dir))
+
+    def _summarise_unfinished(self) -> None:
+        if self._sweep_dir is not None and self._sweep_dir.is_dir():
+            summarise(self._sweep_dir)
+
+
+def summarise(sweep_dir: Path) -> None:
+    try:
+        path = build_summary(sweep_dir)
+    except Exception as err:  # the jobs' own results are on disk; do not hide them
+        log.error(
+            "Sweep summary failed (%s: %s); build it with: python -m pipeline.summary %s",
+            type(err).__name__,
+            err,
+            sweep_dir,
+        )
+        return
+    log.info("Sweep summary: %s, summary.csv and summary.png beside it", path)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

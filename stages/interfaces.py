@@ -26,6 +26,7 @@ class Tokenizer(Protocol):
     vocab_size: int
     pad_id: int
     bos_id: int | None  # None: the tokenizer has none
+    chat_template: str | None  # a Jinja chat template, where the tokenizer's files carry one
 
     @property
     def eos_ids(self) -> frozenset[int]: ...
@@ -38,8 +39,17 @@ class Tokenizer(Protocol):
 
     def decode(self, ids: Sequence[int]) -> str: ...
 
+    def encode_chat(self, messages: Sequence[Mapping[str, Any]]) -> tuple[str, list[int]]:
+        """Chat messages as prompt text under the model's chat template (stages/chat.py's
+        plain one where it has none), and its ids; ValueError for a malformed message."""
+
 
 class Workload(Protocol):
+    """What the engine gets from a workload: its requests, and how many may be in flight at
+    once (`workload.concurrency`; 0 = open loop, each request at its own arrival)."""
+
+    concurrency: int
+
     @property
     def counts(self) -> Mapping[str, Any]:
         """What loading counted, for the run's metrics (a trace's rows read, skipped,
@@ -69,6 +79,9 @@ class Scheduler(Protocol):
 
     def update(self, plan: StepPlan, samples: Samples, now: float) -> list[Request]:
         """Keeps the step's samples and ends requests that stop; returns those."""
+
+    def abort(self, request: Request, message: str, now: float) -> None:
+        """Ends a waiting or running request with an error; its KV blocks are freed now."""
 
 
 class MetadataBuilder(Protocol):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import codecs
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -30,6 +30,16 @@ def poisson_arrivals(
     if rate <= 0:
         return [start_s] * count
     return (start_s + np.cumsum(rng.exponential(1.0 / rate, size=count))).tolist()
+
+
+def closed_loop(concurrency: int) -> int:
+    """`workload.concurrency`, checked: the most requests in flight, 0 for open loop."""
+    if not isinstance(concurrency, int) or concurrency < 0:
+        raise ValueError(
+            f"workload.concurrency={concurrency}: give the most requests in flight at once "
+            "(closed loop), or 0 for open-loop arrivals"
+        )
+    return concurrency
 
 
 def prompt_of_length(tokenizer: Tokenizer, text: str, target: int) -> str:
@@ -77,7 +87,9 @@ class SyntheticWorkload:
         seed: int = 0,
         shared_prefix_tokens: int = 0,
         num_prefixes: int = 1,
+        concurrency: int = 0,
     ) -> None:
+        self.concurrency = closed_loop(concurrency)
         if shared_prefix_tokens < 0 or num_prefixes < 1:
             raise ValueError(
                 "workload.shared_prefix_tokens must be >= 0 (0 = none) and "
@@ -145,10 +157,17 @@ class MixedWorkload:
 
     counts: Mapping[str, Any] = MappingProxyType({})  # nothing is dropped or clipped
 
-    def __init__(self, parts: Mapping[str, SyntheticWorkload]) -> None:
+    def __init__(self, parts: Mapping[str, SyntheticWorkload], concurrency: int = 0) -> None:
         if not parts:
             raise ValueError("workload.parts needs at least one part")
+        for name, part in parts.items():
+            if part.concurrency:
+                raise ValueError(
+                    f"workload.parts.{name}.concurrency: the parts share one limit; "
+                    "give workload.concurrency instead"
+                )
         self.parts = dict(parts)
+        self.concurrency = closed_loop(concurrency)
 
     def load(self, tokenizer: Tokenizer) -> list[Request]:
         requests: list[Request] = []
@@ -182,7 +201,9 @@ class MultiTurnWorkload:
         rate: float = 0.0,
         turn_gap_s: float = 1.0,
         seed: int = 0,
+        concurrency: int = 0,
     ) -> None:
+        self.concurrency = closed_loop(concurrency)
         if num_conversations < 1 or turns < 1 or system_prompt_tokens < 0:
             raise ValueError(
                 "workload.num_conversations and workload.turns must be >= 1, "
@@ -244,9 +265,23 @@ class MultiTurnWorkload:
 # A day: later arrivals are a unit mistake (ms for s), and would idle the run for ever.
 MAX_ARRIVAL_S = 86_400.0
 _LINE_FIELDS = {
-    "id", "prompt", "max_new_tokens", "arrival_s", "ignore_eos", "stop",
+    "id", "prompt", "messages", "max_new_tokens", "arrival_s", "ignore_eos", "stop",
     "seed", "temperature", "top_k", "top_p",
 }  # fmt: skip
+
+
+def bound_arrivals(requests: Sequence[Request]) -> None:
+    """The arrival rule of every workload (synthetic, multi-turn, jsonl, traces, after their
+    shift and scale): a request arriving outside the first day, or at no number, ends at
+    once with the reason, and the others are served, as a malformed jsonl line does."""
+    for r in requests:
+        if not r.finished and not 0 <= r.arrival_s <= MAX_ARRIVAL_S:  # False for NaN too
+            r.fail(
+                f"arrives at {r.arrival_s:.6g} s, not within the run's first day (0 to "
+                f"{MAX_ARRIVAL_S:.0f} s): shorten or speed up the workload (workload."
+                "duration_s, workload.time_scale, workload.rate) or fix its arrival",
+                0.0,
+            )
 
 
 def _arrival(line: dict[str, Any], default: float) -> float:
@@ -258,15 +293,28 @@ def _arrival(line: dict[str, Any], default: float) -> float:
     return float(value)
 
 
+def _prompt(line: dict[str, Any], tokenizer: Tokenizer) -> tuple[str, list[int]]:
+    """The line's prompt text and ids: `prompt` as given, or `messages` through the
+    tokenizer's chat template."""
+    if "prompt" in line and "messages" in line:
+        raise ValueError("give 'prompt' or 'messages', not both")
+    if "prompt" not in line and "messages" not in line:
+        raise ValueError("'prompt' (a string) or 'messages' (a chat) is required")
+    if "messages" in line:
+        return tokenizer.encode_chat(line["messages"])
+    prompt = line["prompt"]
+    if not isinstance(prompt, str):
+        raise ValueError("'prompt' must be a string")
+    return prompt, tokenizer.encode(prompt) if prompt else []
+
+
 def _line_to_request(
     line: dict[str, Any], index: int, default_new_tokens: int, arrival: float, tokenizer: Tokenizer
 ) -> Request:
-    prompt = line.get("prompt")
-    if not isinstance(prompt, str):
-        raise ValueError("'prompt' is required and must be a string")
     unknown = sorted(set(line) - _LINE_FIELDS)
     if unknown:
         raise ValueError(f"unknown field(s) {unknown}; allowed: {sorted(_LINE_FIELDS)}")
+    prompt, prompt_ids = _prompt(line, tokenizer)
     stop = line.get("stop", [])
     if isinstance(stop, str):
         stop = [stop]
@@ -289,7 +337,7 @@ def _line_to_request(
         id=str(rid),
         index=index,
         prompt=prompt,
-        prompt_ids=tokenizer.encode(prompt) if prompt else [],
+        prompt_ids=prompt_ids,
         max_new_tokens=max_new,
         arrival_s=_arrival(line, arrival),
         ignore_eos=ignore_eos,
@@ -342,7 +390,9 @@ class JsonlWorkload:
         max_new_tokens: int = 64,
         rate: float = 0.0,
         seed: int = 0,
+        concurrency: int = 0,
     ) -> None:
+        self.concurrency = closed_loop(concurrency)
         if not path:
             raise ValueError(
                 "workload.path is required with workload=jsonl: set workload.path=FILE"
