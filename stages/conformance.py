@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from stages.attention.interface import AttentionOps
     from stages.attention.ops_intel_hpu import IntelHPUOps
     from stages.attention.reference import ReferenceAttention
+    from stages.gguf.tokenizer import GgufTokenizer
     from stages.metadata import HPUMetadataBuilder
     from stages.model import TransformerLM
     from stages.sampler import GreedySampler, RandomSampler
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
     from stages.trace import TraceWorkload
     from stages.workload import JsonlWorkload, MixedWorkload, MultiTurnWorkload, SyntheticWorkload
 
-    tokenizers: list[type[contract.Tokenizer]] = [ByteTokenizer, HfTokenizer]
+    tokenizers: list[type[contract.Tokenizer]] = [ByteTokenizer, HfTokenizer, GgufTokenizer]
     schedulers: list[type[contract.Scheduler]] = [ChunkedScheduler, WholeScheduler]
     metadata: list[type[contract.MetadataBuilder]] = [HPUMetadataBuilder]
     attention: list[type[contract.Attention]] = [PagedAttention, ReferenceAttention, NoAttention]

@@ -10,7 +10,7 @@ made on demand, `stages.request.PromptIds`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from stages.kv_cache import KVCacheManager
@@ -64,6 +64,14 @@ class Scheduler(Protocol):
 
     splits_prompts: bool  # chunked prefill: steps mix a prompt's chunk with decodes
     kv_cache: KVCacheManager  # the block books its admissions and preemptions keep
+
+    @property
+    def waiting(self) -> Collection[Request]:
+        """Requests not yet admitted."""
+
+    @property
+    def running(self) -> Collection[Request]:
+        """Requests admitted and not finished (the batch)."""
 
     def rejection(self, request: Request) -> str | None:
         """Why the request can never be served under the current limits, or None."""
