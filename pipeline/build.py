@@ -74,7 +74,13 @@ def derive_num_blocks(cfg: DictConfig, requests: list[Request]) -> int:
 def load_workload(cfg: DictConfig, tokenizer: Tokenizer) -> tuple[Workload, list[Request]]:
     """The workload and its requests, every arrival held to the one bound."""
     workload: Workload = build(cfg.workload)
-    requests = workload.load(tokenizer)
+    try:
+        requests = workload.load(tokenizer)
+    except OSError as err:  # its file removed or made unreadable since it was checked
+        raise ConfigError(
+            f"workload: {err.filename or 'its file'} cannot be read ({err.strerror or err}): "
+            "check workload.path"
+        ) from err
     bound_arrivals(requests)
     return workload, requests
 

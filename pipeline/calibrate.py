@@ -34,6 +34,7 @@ from pipeline.build import build_engine
 from pipeline.checks import ConfigError, describe_model
 from pipeline.engine import Engine
 from pipeline.run import run
+from pipeline.run_folder import RunFileError, read_step_lines
 from pipeline.schema import register_schemas
 from stages.attention.hpu import load_ops
 from stages.metadata import bucket_dims
@@ -147,28 +148,30 @@ def run_samples(folder: str | Path, pads_to_buckets: bool) -> list[tuple[StepSha
         raise ConfigError(f"calibrate.runs: {folder} is not a run folder (no config or {STEPS})")
     if OmegaConf.select(cfg, "executor.name") == "simulated":
         raise ConfigError(f"calibrate.runs: {folder} is a simulated run; give real runs")
+    try:  # every field checked (a NaN duration would fit NaN coefficients)
+        steps = read_step_lines(folder / STEPS)
+    except RunFileError as err:
+        raise ConfigError(f"calibrate.runs: {err}") from err
     samples = []
-    with (folder / STEPS).open(encoding="utf-8") as lines:
-        for number, line in enumerate(lines, 1):
-            where = f"calibrate.runs: {folder / STEPS} line {number}"
-            try:
-                step = json.loads(line)
-                prefill, decode = step_buckets(step)
-                if not pads_to_buckets and step["decode"] and "decode_lens" not in step:
-                    raise ConfigError(
-                        f"{where}: no decode_lens (a run of an earlier version): serve it again"
-                    )
-                shape = StepShape(
-                    cfg.block_size,
-                    prefill,
-                    decode,
-                    chunk_lens=tuple(c["end"] - c["start"] for c in step["prefill"]),
-                    context_lens=tuple(c["start"] for c in step["prefill"]),
-                    decode_lens=tuple(step.get("decode_lens", ())),
+    for number, step in enumerate(steps, 1):
+        where = f"calibrate.runs: {folder / STEPS} step {number}"
+        try:
+            prefill, decode = step_buckets(step)
+            if not pads_to_buckets and step["decode"] and "decode_lens" not in step:
+                raise ConfigError(
+                    f"{where}: no decode_lens (a run of an earlier version): serve it again"
                 )
-                samples.append((shape, step["duration_s"]))
-            except (ValueError, KeyError, TypeError) as e:
-                raise ConfigError(f"{where}: {e}") from e
+            shape = StepShape(
+                cfg.block_size,
+                prefill,
+                decode,
+                chunk_lens=tuple(c["end"] - c["start"] for c in step["prefill"]),
+                context_lens=tuple(c["start"] for c in step["prefill"]),
+                decode_lens=tuple(step.get("decode_lens", ())),
+            )
+            samples.append((shape, step["duration_s"]))
+        except (ValueError, KeyError, TypeError) as e:
+            raise ConfigError(f"{where}: {e}") from e
     return samples
 
 

@@ -161,6 +161,8 @@ class _Fields:
             raise ValueError(f"config.json has no {key}")
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
             raise ValueError(f"config.json: {key}={value!r} is out of range (a positive number)")
+        if not math.isfinite(value):  # JSON's Infinity parses
+            raise ValueError(f"config.json: {key}={value!r} is not a finite number")
         return float(value)
 
     def flag(self, key: str, default: bool) -> bool:
