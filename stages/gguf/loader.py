@@ -9,7 +9,6 @@ dequantised model plus one block (and one whole query or key weight, for llama's
 
 from __future__ import annotations
 
-import math
 import re
 from collections import defaultdict
 from collections.abc import Iterator
@@ -194,8 +193,3 @@ def load_gguf_model(path: str, dtype: str = "float32", max_position: int = 0) ->
         weights=_assemble(spec, state),
         eos_ids=[i for i in eos if 0 <= i < vocab],
     )
-
-
-def dequantised_bytes(header: GgufHeader) -> int:
-    """The float32 size of every tensor in the file (the loaded model's size in float32)."""
-    return sum(4 * math.prod(t.shape) for t in header.tensors.values())

@@ -157,7 +157,7 @@ def _tensor_info(cursor: _Cursor) -> tuple[str, tuple[int, ...], int, int]:
     return name, tuple(reversed(dims)), kind, offset
 
 
-def _check_tensor(info: TensorInfo, data_start: int, file_size: int, path: Path) -> None:
+def _check_tensor(info: TensorInfo, file_size: int, path: Path) -> None:
     """The tensor's type is known, its shape fills whole blocks and its bytes lie in the file."""
     if info.kind not in GGML_QUANT_SIZES:
         return  # reported where it is loaded (inspect lists it); the size is unknown
@@ -218,7 +218,7 @@ def _parse(cursor: _Cursor, path: Path, file_size: int) -> GgufHeader:
             raise ValueError(f"{path}: tensor {name!r} is listed twice")
         tensor_kind = GGMLQuantizationType(code) if code in _KNOWN_TYPES else code
         info = TensorInfo(name, shape, tensor_kind, data_start + offset)
-        _check_tensor(info, data_start, file_size, path)
+        _check_tensor(info, file_size, path)
         tensors[name] = info
     _check_overlaps(list(tensors.values()), path)
     return GgufHeader(path, version, metadata, tensors, data_start, file_size)
