@@ -20,7 +20,7 @@ from pipeline import artefacts, buckets, review, summary
 from pipeline.resume import load_previous
 from pipeline.run import run
 from stages.simulator.hardware import _RANGES, HardwareProfile, read_profile
-from tests.conftest import REPO, make_config
+from tests.helpers import REPO, make_config
 
 numbers = st.one_of(
     st.integers(min_value=-(10**30), max_value=10**30),
