@@ -34,12 +34,13 @@ from pipeline.build import build_engine
 from pipeline.checks import ConfigError, describe_model
 from pipeline.engine import Engine
 from pipeline.run import run
+from pipeline.run_folder import RunFileError, read_step_lines
 from pipeline.schema import register_schemas
 from stages.attention.hpu import load_ops
 from stages.metadata import bucket_dims
 from stages.simulator.cost_model import CostModel
 from stages.simulator.hardware import HardwareProfile, write_profile
-from stages.simulator.shape import StepShape
+from stages.step_shape import StepShape
 
 log = structlog.get_logger(__name__)
 # Terms measured steps can tell apart at tp=1: KV writes scale with tokens as the
@@ -104,7 +105,7 @@ def pads_buckets(cfg: DictConfig) -> bool:
     take each step's real tokens packed (no static shapes to keep), so the GEMMs and
     attention there cost by the real lengths; the HPU's ops compute the padded bucket."""
     ops = OmegaConf.select(cfg, "attention.ops")
-    return ops is None or not getattr(load_ops(ops), "packs_rows", False)
+    return ops is None or not load_ops(ops).packs_rows
 
 
 def grid(engine: Engine, max_shapes: int) -> list[tuple]:
@@ -128,6 +129,16 @@ def time_shape(engine: Engine, prefill: tuple | None, decode: tuple | None) -> f
     return best_seconds(step, repeats=3)
 
 
+def step_buckets(step: dict) -> tuple[tuple | None, tuple | None]:
+    """A steps.jsonl line's (prefill, decode) buckets: its `padded` dims, or the `bucket`
+    label of a run written before steps recorded them."""
+    if "padded" not in step:
+        return bucket_dims(step["bucket"])
+    padded = step["padded"]
+    prefill, decode = padded.get("prefill"), padded.get("decode")
+    return (tuple(prefill) if prefill else None), (tuple(decode) if decode else None)
+
+
 def run_samples(folder: str | Path, pads_to_buckets: bool) -> list[tuple[StepShape, float]]:
     """A real run's steps as (shape, measured seconds), from its steps.jsonl: the padded
     buckets and, for a device that computes real tokens, each row's real lengths."""
@@ -137,28 +148,30 @@ def run_samples(folder: str | Path, pads_to_buckets: bool) -> list[tuple[StepSha
         raise ConfigError(f"calibrate.runs: {folder} is not a run folder (no config or {STEPS})")
     if OmegaConf.select(cfg, "executor.name") == "simulated":
         raise ConfigError(f"calibrate.runs: {folder} is a simulated run; give real runs")
+    try:  # every field checked (a NaN duration would fit NaN coefficients)
+        steps = read_step_lines(folder / STEPS)
+    except RunFileError as err:
+        raise ConfigError(f"calibrate.runs: {err}") from err
     samples = []
-    with (folder / STEPS).open(encoding="utf-8") as lines:
-        for number, line in enumerate(lines, 1):
-            where = f"calibrate.runs: {folder / STEPS} line {number}"
-            try:
-                step = json.loads(line)
-                prefill, decode = bucket_dims(step["bucket"])
-                if not pads_to_buckets and step["decode"] and "decode_lens" not in step:
-                    raise ConfigError(
-                        f"{where}: no decode_lens (a run of an earlier version): serve it again"
-                    )
-                shape = StepShape(
-                    cfg.block_size,
-                    prefill,
-                    decode,
-                    chunk_lens=tuple(c["end"] - c["start"] for c in step["prefill"]),
-                    context_lens=tuple(c["start"] for c in step["prefill"]),
-                    decode_lens=tuple(step.get("decode_lens", ())),
+    for number, step in enumerate(steps, 1):
+        where = f"calibrate.runs: {folder / STEPS} step {number}"
+        try:
+            prefill, decode = step_buckets(step)
+            if not pads_to_buckets and step["decode"] and "decode_lens" not in step:
+                raise ConfigError(
+                    f"{where}: no decode_lens (a run of an earlier version): serve it again"
                 )
-                samples.append((shape, step["duration_s"]))
-            except (ValueError, KeyError, TypeError) as e:
-                raise ConfigError(f"{where}: {e}") from e
+            shape = StepShape(
+                cfg.block_size,
+                prefill,
+                decode,
+                chunk_lens=tuple(c["end"] - c["start"] for c in step["prefill"]),
+                context_lens=tuple(c["start"] for c in step["prefill"]),
+                decode_lens=tuple(step.get("decode_lens", ())),
+            )
+            samples.append((shape, step["duration_s"]))
+        except (ValueError, KeyError, TypeError) as e:
+            raise ConfigError(f"{where}: {e}") from e
     return samples
 
 
