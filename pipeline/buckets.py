@@ -30,6 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 from pipeline.run_folder import read_mapping, read_metrics, read_step_lines
 from stages.bucket_planner import Evaluation, Plan, Workload, evaluate, plan_buckets
 from stages.buckets import Axis, Bucketing, Buckets
+from stages.interfaces import Scheduler
 from stages.kv_cache import blocks_for
 from stages.metadata import AXES, resolve_axes
 
@@ -95,6 +96,7 @@ def run_limits(run: Path) -> RunLimits:
     if not path.is_file():
         raise SourceError(f"{run}: no resolved_config.yaml; give a folder the pipeline wrote")
     cfg = OmegaConf.create(read_mapping(path))
+    scheduler: type[Scheduler] = get_class(cfg.scheduler._target_)
     given = {
         name: {key: cfg.metadata[name][key] for key in ("min", "step", "max")} for name in AXES
     }
@@ -109,7 +111,7 @@ def run_limits(run: Path) -> RunLimits:
     return RunLimits(
         block_size=cfg.block_size,
         max_tokens=cfg.max_tokens,
-        mixed=bool(get_class(cfg.scheduler._target_).splits_prompts),
+        mixed=bool(scheduler.splits_prompts),
         axes=axes,
     )
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import yaml
 
 from pipeline.buckets import main
-from tests.conftest import SMALL
+from tests.helpers import SMALL
 
 
 def test_a_workload_config_is_planned_from_its_simulated_steps(tmp_path, capsys):

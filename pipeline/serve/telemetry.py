@@ -68,6 +68,7 @@ class Telemetry:
             "vllm:num_preemptions", "Requests preempted (recomputed later).", labels, registry=reg
         )
         self.model_name = model_name
+        self.preemptions.labels(model_name)  # listed at 0 from the start, not at the first
         self.real_tokens = 0  # steps' real and padded tokens, for the padding ratio
         self.padded_tokens = 0
 
@@ -135,9 +136,9 @@ class EngineCollector(Collector):
                 engine.model.recompiles,
             )
         for metric, (text, value) in counters.items():
-            family = CounterMetricFamily(metric, text, labels=["model_name"])
-            family.add_metric([name], value)
-            yield family
+            counter = CounterMetricFamily(metric, text, labels=["model_name"])
+            counter.add_metric([name], value)
+            yield counter
 
     def _padding(self) -> float:
         real, padded = self.telemetry.real_tokens, self.telemetry.padded_tokens

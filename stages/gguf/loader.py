@@ -125,7 +125,7 @@ def row_blocks(file, info: TensorInfo, whole: bool = False) -> Iterator[tuple[in
         count = min(step, rows - first)
         raw = np.empty(count * row_bytes, dtype=np.uint8)
         file.seek(info.offset + first * row_bytes)
-        if file.readinto(memoryview(raw)) != raw.nbytes:
+        if file.readinto(raw.data) != raw.nbytes:
             raise ValueError(f"{file.name} ends inside tensor {info.name!r}: it is truncated")
         yield first, dequantize(raw, kind).reshape(count, width)
 
