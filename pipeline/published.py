@@ -35,9 +35,9 @@ from pipeline.build import build, build_simulated_engine
 from pipeline.compose import compose_config
 from stages.request import Request
 from stages.simulator.cost_model import CostModel, StepAmounts
-from stages.simulator.device import VirtualClock
+from stages.simulator.device import SimulatedDevice, VirtualClock
 from stages.simulator.hardware import HardwareProfile, kv_pool_blocks
-from stages.simulator.precision import Precision
+from stages.simulator.precision import KvCacheDtype, Precision, Quantization
 
 DATA = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "published-measurements.csv"
 MODES = ("offline", "static")
@@ -94,7 +94,9 @@ def _row(line: dict[str, str]) -> PublishedRow:
         raise ValueError(f"metric={line.get('metric')!r}: only output_throughput is simulated")
     if line["mode"] not in MODES:
         raise ValueError(f"mode={line['mode']!r}: choose one of {', '.join(MODES)}")
-    Precision(line["quantization"], line["kv_cache_dtype"])  # a bad name fails here
+    Precision(
+        Quantization(line["quantization"]), KvCacheDtype(line["kv_cache_dtype"])
+    )  # a bad name fails here
     values = {k: int(line[k]) for k in INT_FIELDS}
     batch = int(line["batch_size"] or 0)
     if line["mode"] == "static" and batch < 1:
@@ -182,7 +184,7 @@ def row_config(row: PublishedRow, hardware: HardwareProfile | None = None) -> Di
     cfg = compose_config(row_overrides(row))
     if row.mode == "offline":
         spec, profile = build(cfg.model), hardware or build(cfg.hardware)
-        precision = Precision(row.quantization, row.kv_cache_dtype)
+        precision = Precision(Quantization(row.quantization), KvCacheDtype(row.kv_cache_dtype))
         pool = kv_pool_blocks(spec, profile, GPU_BLOCK, row.tp, precision) * GPU_BLOCK
         batch, tokens = offline_limits(row, pool)
         cfg.max_num_seqs, cfg.max_tokens = batch, max(tokens, batch, row.input_tokens)
@@ -224,12 +226,14 @@ def simulate_row(
     start, cpu = time.perf_counter(), time.process_time()
     cfg = row_config(row, hardware)
     engine, _ = build_simulated_engine(cfg, VirtualClock(), hardware)
+    device = engine.model
+    assert isinstance(device, SimulatedDevice)  # a simulated engine's model is its device
     if record:
-        engine.model.record()
+        device.record()
     if cfg.warmup:
         engine.warmup()
     requests = fixed_requests(row)
-    steps = []
+    steps: list[object] = []
     duration = engine.run(requests, on_step=steps.append)
     failed = [r for r in requests if r.finish_reason == "error"]
     if failed:
@@ -243,8 +247,8 @@ def simulate_row(
         num_steps=len(steps),
         wall_s=time.perf_counter() - start,
         cpu_s=time.process_time() - cpu,
-        cost=engine.model.cost,
-        steps=list(engine.model.recorded or ()),
+        cost=device.cost,
+        steps=list(device.recorded or ()),
     )
 
 

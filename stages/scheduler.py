@@ -24,6 +24,7 @@ import enum
 import itertools
 import operator
 from collections import deque
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,7 +34,9 @@ from stages.request import PrefillChunk, Request, Samples, Status, StepPlan
 from stages.running_rows import RunningRows
 from stages.stopping import StopRule
 
-_consume = deque(maxlen=0).extend  # runs an iterator to its end, keeping nothing
+_consume: Callable[[Iterable[object]], None] = deque(
+    maxlen=0
+).extend  # runs an iterator to its end, keeping nothing
 _OUTPUT_IDS = operator.attrgetter("output_ids")
 _TOKEN_TIMES = operator.attrgetter("token_times")
 
