@@ -110,7 +110,7 @@ def pads_buckets(cfg: DictConfig) -> bool:
 
 def grid(engine: Engine, max_shapes: int) -> list[tuple]:
     """Up to max_shapes (prefill, decode) warmup shapes, spread evenly over each phase."""
-    phases = engine.metadata.warmup_shapes(mixed=engine.scheduler.splits_prompts)
+    phases = engine.warmup_shapes()
     per_phase = max(1, max_shapes // max(1, len(phases)))
     chosen = []
     for shapes in phases.values():

@@ -19,7 +19,7 @@ from pipeline.metrics import StepRecord, summarise
 from pipeline.resume import Previous, load_previous, pending_requests
 from pipeline.stopping import RunInterrupted, as_interrupted, stop_on_signals
 from stages.request import Request
-from stages.simulator.device import SimulatedDevice, graphs
+from stages.simulator.device import SimulatedDevice
 
 log = structlog.get_logger(__name__)
 
@@ -143,14 +143,13 @@ def device_metrics(engine: Engine) -> dict[str, Any]:
     device = engine.model
     if not isinstance(device, SimulatedDevice):
         return {"simulated": False}
-    phases = engine.metadata.warmup_shapes(mixed=engine.scheduler.splits_prompts)
-    shapes = {g for pairs in phases.values() for p, d in pairs for g in graphs(p, d)}
+    shapes = sum(engine.warmup_counts().values())  # graphs, as warmup_plan logs them
     return {
         "simulated": True,
         "hardware": device.hardware.name,
         "model": device.spec.name,
         "tp": device.cost.tp,
-        "warmup_shapes": len(shapes),
-        "predicted_warmup_s": device.cost.warmup_time(len(shapes)),
+        "warmup_shapes": shapes,
+        "predicted_warmup_s": device.cost.warmup_time(shapes),
         "serving_compiles": device.recompiles,
     }
