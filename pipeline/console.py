@@ -52,6 +52,42 @@ def summary_table(metrics: Mapping[str, Any]) -> str:
         ("prefix cache hits", "-" if hit_rate is None else f"{hit_rate:.0%} of prompt tokens"),
         ("bucket misses", str(metrics.get("bucket_misses", 0))),
         ("preemptions", str(metrics.get("num_preemptions", 0))),
+        *slo_rows(metrics),
+        *compile_rows(metrics),
     ]
     width = max(len(name) for name, _ in rows)
     return "\n".join(f"  {name:<{width}}  {value}" for name, value in rows)
+
+
+def slo_rows(metrics: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """Goodput and attainment, when the run had an SLO (a bound other than 0)."""
+    slo = dict(metrics.get("slo") or {})
+    target = slo.pop("attainment", None)
+    if not slo or metrics.get("slo_attainment") is None:
+        return []
+    bounds = ", ".join(f"{name[:-3]} <= {bound:g} ms" for name, bound in slo.items())
+    verdict = "met" if metrics.get("slo_met") else "NOT met"
+    by_bound = metrics.get("slo_attainment_by_bound") or {}
+    each = ", ".join(f"{name[:-3]} {value:.0%}" for name, value in by_bound.items())
+    return [
+        ("SLO", bounds),
+        ("SLO attainment", f"{metrics['slo_attainment']:.1%} ({verdict}: target {target:.0%})"),
+        ("  per bound", each),
+        ("goodput", f"{metrics.get('request_goodput', 0.0):.3f} req/s"),
+    ]
+
+
+def compile_rows(metrics: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """Graphs a simulated device compiled while serving: time the requests waited for."""
+    compiles = metrics.get("serving_compiles")
+    if not compiles:
+        return []
+    seconds = metrics.get("serving_compile_s") or 0.0
+    share = seconds / metrics["duration_s"] if metrics.get("duration_s") else 0.0
+    return [
+        (
+            "compiles while serving",
+            f"{compiles} graphs, {seconds:,.1f} s predicted ({share:.0%} of the run): "
+            "warmup=true compiles them before serving",
+        )
+    ]

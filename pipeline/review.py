@@ -324,10 +324,30 @@ def render(doc: dict[str, Any]) -> str:
         for k, r in doc["metrics"].items()
     ]
     out += _table(["metric", "A", "B", "B - A", "B / A"], rows) if rows else ["  no metrics"]
+    out += _render_traps(doc["metrics"])
     out += ["", "== Outputs (generations.jsonl) ==", verdict_line(doc["outputs"])]
     for d in doc["outputs"].get("differences", []):
         out += _render_difference(d)
     return "\n".join(out)
+
+
+def _render_traps(metrics: dict[str, dict[str, Any]]) -> list[str]:
+    """Said in words, not left in the table: a run that compiled graphs while serving (its
+    latencies hold compile time), and a run that missed its SLO."""
+    out = []
+    compiles = metrics.get("serving_compiles", {})
+    seconds = metrics.get("serving_compile_s", {})
+    for side in ("a", "b"):
+        if compiles.get(side):
+            out.append(
+                f"  note: {side.upper()} compiled {compiles[side]} graphs while serving "
+                f"({_cell(seconds.get(side))} s predicted): its latencies include them"
+            )
+        if metrics.get("slo_met", {}).get(side) is False:
+            attained = metrics.get("slo_attainment", {}).get(side)
+            target = metrics.get("slo.attainment", {}).get(side)
+            out.append(f"  note: {side.upper()} missed its SLO ({_cell(attained)} < {target})")
+    return out
 
 
 def _render_config(cfg: dict[str, Any]) -> list[str]:

@@ -17,6 +17,7 @@ from pipeline.console import Progress, summary_table
 from pipeline.engine import Engine
 from pipeline.metrics import StepRecord, summarise
 from pipeline.resume import Previous, load_previous, pending_requests
+from pipeline.slo import Slo, slo_metrics
 from pipeline.stopping import RunInterrupted, as_interrupted, stop_on_signals
 from stages.request import Request
 from stages.simulator.device import SimulatedDevice
@@ -40,6 +41,7 @@ def run(cfg: DictConfig, out_dir: Path, overrides: Sequence[str] = ()) -> dict[s
                 raise ConfigError(problem)
         else:
             artefacts.write_resolved_config(cfg, out_dir)
+        slo_of(cfg)  # a bad bound stops the run before anything is built
         engine, requests = build_engine(cfg)
         return serve(cfg, engine, requests, out_dir, previous)
 
@@ -67,9 +69,11 @@ def serve(
     warmup_s = engine.warmup() if cfg.warmup else 0.0
     duration, stopped = serve_pending(engine, pending, out_dir, previous, steps)
     status = "interrupted" if stopped else "ok"
+    duration += previous.duration_s if previous else 0.0
     metrics = {
         "status": status,
-        **summarise(requests, steps, duration + (previous.duration_s if previous else 0.0)),
+        **summarise(requests, steps, duration),
+        **slo_metrics(requests, duration, slo_of(cfg)),
         "bucket_misses": engine.metadata.bucket_misses,
         "warmup_s": warmup_s,
         **device_metrics(engine),
@@ -92,6 +96,14 @@ def serve(
         stopped.recorded = True
         raise stopped
     return metrics
+
+
+def slo_of(cfg: DictConfig) -> Slo:
+    """The run's SLO (`slo.*`); a folder written before SLOs existed has none set."""
+    try:
+        return Slo.of(cfg.get("slo"))
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
 
 
 def serve_pending(
@@ -152,4 +164,5 @@ def device_metrics(engine: Engine) -> dict[str, Any]:
         "warmup_shapes": shapes,
         "predicted_warmup_s": device.cost.warmup_time(shapes),
         "serving_compiles": device.recompiles,
+        "serving_compile_s": device.recompiles * device.hardware.recompile_s,
     }

@@ -292,6 +292,16 @@ class CalibrateConf:
 
 
 @dataclass
+class SloConf:
+    """Latency bounds a request must meet to count towards goodput (vLLM's --goodput)."""
+
+    ttft_ms: float = 0.0  # arrival to the first token; 0 = no bound
+    tpot_ms: float = 0.0  # (e2e - ttft) / (output tokens - 1); 0 = no bound
+    e2e_ms: float = 0.0  # arrival to the last token; 0 = no bound
+    attainment: float = 0.9  # fraction of requests that must meet every bound
+
+
+@dataclass
 class PipelineConf:
     tokenizer: Any = MISSING
     scheduler: Any = MISSING
@@ -314,6 +324,7 @@ class PipelineConf:
     warmup: bool = False  # run every bucket shape once before the workload
     num_threads: int = 2  # Paddle's CPU math threads
     calibrate: CalibrateConf = field(default_factory=CalibrateConf)  # pipeline.calibrate only
+    slo: SloConf = field(default_factory=SloConf)  # goodput and attainment in metrics.json
 
 
 SCHEMAS = {

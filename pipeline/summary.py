@@ -38,6 +38,10 @@ HEADLINE: list[tuple[str, tuple[str, ...]]] = [
     ("bucket_misses", ("bucket_misses",)),
     ("prefix_cache_hit_rate", ("prefix_cache_hit_rate",)),
     ("predicted_warmup_s", ("predicted_warmup_s",)),  # simulated runs only
+    ("serving_compiles", ("serving_compiles",)),  # simulated: graphs compiled while serving
+    ("serving_compile_s", ("serving_compile_s",)),
+    ("request_goodput", ("request_goodput",)),  # requests/s that met every SLO bound
+    ("slo_attainment", ("slo_attainment",)),
 ]
 COLUMNS = ["job", "overrides", "status", *(name for name, _ in HEADLINE), "error"]
 
@@ -50,6 +54,11 @@ PANELS = [
     ("token_utilization", "Token utilization (real / padded)"),
     ("prefix_cache_hit_rate", "Prefix cache hit rate"),
     ("predicted_warmup_s", "Warmup, predicted (s)"),
+]
+# Shown when some job had an SLO bound set.
+SLO_PANELS = [
+    ("request_goodput", "Goodput (req/s within SLO)"),
+    ("slo_attainment", "SLO attainment"),
 ]
 
 
@@ -176,12 +185,33 @@ def write_markdown(jobs: Sequence[Job], keys: Sequence[str], path: Path) -> None
         # A pipe inside a cell would split the markdown table.
         cells = [_fmt(row[c]).replace("|", "\\|") for c in header]
         lines.append("| " + " | ".join(cells) + " |")
+    lines += _compile_notes(jobs)
     failed = [j for j in jobs if j.status != "ok"]
     if failed:
         lines += ["", "## Jobs that did not finish", ""]
         lines += [f"- job {j.num} ({j.status}): {j.error or 'no error recorded'}" for j in failed]
     lines += ["", "![headline metrics against the swept key](summary.png)", ""]
     path.write_text("\n".join(lines), encoding="utf-8")
+
+
+def _compile_notes(jobs: Sequence[Job]) -> list[str]:
+    """Jobs whose simulated device compiled graphs while serving: their latencies include
+    compile time a warmed deployment would not pay."""
+    compiling = [j for j in jobs if j.value("serving_compiles")]
+    if not compiling:
+        return []
+    lines = ["", "## Jobs that compiled while serving", ""]
+    for j in compiling:
+        seconds = j.value("serving_compile_s") or 0.0
+        lines.append(
+            f"- job {j.num}: {j.value('serving_compiles'):.0f} graphs compiled while serving, "
+            f"{seconds:,.1f} s predicted (warmup=true compiles them before serving)"
+        )
+    return lines
+
+
+def _has_slo(jobs: Sequence[Job]) -> bool:
+    return any(len(j.metrics.get("slo") or {}) > 1 for j in jobs)  # a bound beside the target
 
 
 def _as_numbers(values: Sequence[str]) -> list[float] | None:
@@ -213,10 +243,12 @@ def write_plot(jobs: Sequence[Job], keys: Sequence[str], path: Path) -> None:
         name = " ".join(f"{k}={job.override_values.get(k, '')}" for k in keys[1:])
         series.setdefault(name, []).append((position[label], job))
 
-    # Two rows of four: the metric panels, and the last says what the plot leaves out.
-    fig, axes = plt.subplots(2, 4, figsize=(17, 7.5))
+    # Rows of four: the metric panels, and the last says what the plot leaves out.
+    panels = PANELS + (SLO_PANELS if _has_slo(jobs) else [])
+    rows = -(-(len(panels) + 1) // 4)
+    fig, axes = plt.subplots(rows, 4, figsize=(17, 3.75 * rows))
     flat = list(axes.flat)
-    for ax, (column, title) in zip(flat, PANELS, strict=False):
+    for ax, (column, title) in zip(flat, panels, strict=False):
         for name, points in series.items():
             points.sort(key=lambda p: p[0])
             ys = [_nan_if_none(job.value(column)) for _, job in points]
@@ -227,6 +259,8 @@ def write_plot(jobs: Sequence[Job], keys: Sequence[str], path: Path) -> None:
         _x_axis(ax, numbers, position, distinct)
     if len(series) > 1:
         flat[0].legend(fontsize=8)
+    for ax in flat[len(panels) : -1]:
+        ax.axis("off")
     _notes(flat[-1], jobs, keys, x_key)
     fig.suptitle(f"Sweep {path.parent}", fontsize=11)
     fig.tight_layout()
