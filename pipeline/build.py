@@ -109,6 +109,7 @@ def build_engine(cfg: DictConfig) -> tuple[Engine, list[Request]]:
         attention=attention,
         sampler=build(cfg.sampler),
         workload_counts=getattr(workload, "counts", None),
+        concurrency=workload.concurrency,
     )
     return engine, requests
 
@@ -142,6 +143,7 @@ def build_simulated_engine(cfg: DictConfig) -> tuple[Engine, list[Request]]:
         clock=clock,
         workload_counts=getattr(workload, "counts", None),
         record_lengths=False,
+        concurrency=workload.concurrency,
     )
     return engine, requests
 

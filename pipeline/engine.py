@@ -62,6 +62,30 @@ def long_lived_frozen() -> Iterator[None]:
         gc.unfreeze()
 
 
+class Slots:
+    """Closed-loop load, as `vllm bench serve --max-concurrency`: at most `limit` requests
+    in flight; a finished request's slot lets the next waiting one in. A request held back
+    is sent when the earliest free slot opened, never before its own arrival, and its
+    latencies count from then, as a benchmark client measures them. limit 0: open loop."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._opened: deque[float] = deque([0.0] * limit)  # when each free slot opened
+
+    @property
+    def free(self) -> bool:
+        return not self.limit or bool(self._opened)
+
+    def take(self, request: Request) -> Request:
+        if self.limit:
+            request.arrival_s = max(request.arrival_s, self._opened.popleft())
+        return request
+
+    def give_back(self, finished_s: float) -> None:
+        if self.limit:
+            self._opened.append(finished_s)
+
+
 @dataclass
 class StepResult:
     plan: StepPlan
@@ -81,11 +105,14 @@ class Engine:
         clock: Clock | None = None,
         workload_counts: dict | None = None,
         record_lengths: bool = True,
+        concurrency: int = 0,
     ) -> None:
         """clock: the run's time, by default the wall's; a simulated device's is virtual.
         workload_counts: what the workload counted as it loaded (a trace's skipped,
         clipped and rejected rows), for the run's metrics. record_lengths: whether step
-        records list each decode row's length (what calibration fits real steps by)."""
+        records list each decode row's length (what calibration fits real steps by).
+        concurrency: closed-loop load, at most this many requests in flight (0 = open
+        loop, every request enters at its arrival)."""
         self.tokenizer = tokenizer
         self.scheduler = scheduler
         self.metadata = metadata
@@ -95,6 +122,7 @@ class Engine:
         self.clock = clock or WallClock()
         self.workload_counts = workload_counts or {}
         self.record_lengths = record_lengths
+        self.concurrency = concurrency
 
     def step(self, now: Callable[[], float]) -> StepResult:
         plan = self.scheduler.schedule(now())
@@ -187,17 +215,19 @@ class Engine:
         on_finish: Callable[[Request], None],
     ) -> float:
         clock = self.clock
+        slots = Slots(self.concurrency)
         index = 0
         while pending or self.scheduler.has_work:
             t = clock()
-            while pending and pending[0].arrival_s <= t:
-                self.scheduler.add(pending.popleft())
+            while pending and pending[0].arrival_s <= t and slots.free:
+                self.scheduler.add(slots.take(pending.popleft()))
             if not self.scheduler.has_work:
                 clock.sleep_until(pending[0].arrival_s)  # idle until the next arrival
                 continue
             result = self.step(clock)
             for r in result.plan.failed + result.finished:
                 self.attention.release(r)
+                slots.give_back(r.finish_s if r.finish_s is not None else clock())
                 on_finish(r)
             if result.meta is None:
                 if result.plan.failed:

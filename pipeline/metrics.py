@@ -65,6 +65,28 @@ class StepRecord:
         )
 
 
+@dataclass
+class StepTotals:
+    """What a run's metrics need of its steps, as running sums: a run that writes no
+    steps.jsonl (a capacity-search probe) keeps no step records."""
+
+    num_steps: int = 0
+    num_tokens: int = 0
+    padded_tokens: int = 0
+
+    def add(self, record: StepRecord) -> None:
+        self.num_steps += 1
+        self.num_tokens += record.num_tokens
+        self.padded_tokens += record.padded_tokens
+
+    @classmethod
+    def of(cls, steps: Sequence[StepRecord]) -> StepTotals:
+        totals = cls()
+        for record in steps:
+            totals.add(record)
+        return totals
+
+
 def stats(values: Sequence[float] | np.ndarray) -> dict[str, float | None]:
     if len(values) == 0:
         return {"mean": None, "p50": None, "p90": None, "p99": None}
@@ -112,14 +134,14 @@ def itl_ms(requests: Sequence[Request]) -> np.ndarray:
 
 
 def summarise(
-    requests: Sequence[Request], steps: Sequence[StepRecord], duration_s: float
+    requests: Sequence[Request], steps: Sequence[StepRecord] | StepTotals, duration_s: float
 ) -> dict[str, Any]:
     served = [r for r in requests if r.finish_reason != "error"]
     output_tokens = sum(len(r.output_ids) for r in requests)
-    real = sum(s.num_tokens for s in steps)
+    totals = steps if isinstance(steps, StepTotals) else StepTotals.of(steps)
+    real, padded = totals.num_tokens, totals.padded_tokens
     prompt = sum(len(r.prompt_ids) for r in served)
     cached = sum(r.cached_tokens for r in served)
-    padded = sum(s.padded_tokens for s in steps)
 
     def ms(values: list[float | None]) -> dict[str, float | None]:
         return stats([v * 1e3 for v in values if v is not None])
@@ -129,7 +151,7 @@ def summarise(
         "num_errors": len(requests) - len(served),
         "input_tokens": sum(len(r.prompt_ids) for r in requests),
         "output_tokens": output_tokens,
-        "num_steps": len(steps),
+        "num_steps": totals.num_steps,
         "duration_s": duration_s,
         "output_throughput": output_tokens / duration_s if duration_s > 0 else 0.0,
         "ttft_ms": ms([ttft_s(r) for r in served]),

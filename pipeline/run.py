@@ -15,7 +15,7 @@ from pipeline.build import build_engine, check_resolves
 from pipeline.checks import ConfigError
 from pipeline.console import Progress, summary_table
 from pipeline.engine import Engine
-from pipeline.metrics import StepRecord, summarise
+from pipeline.metrics import StepRecord, StepTotals, summarise
 from pipeline.resume import Previous, load_previous, pending_requests
 from pipeline.slo import Slo, slo_metrics
 from pipeline.stopping import RunInterrupted, as_interrupted, stop_on_signals
@@ -70,16 +70,7 @@ def serve(
     duration, stopped = serve_pending(engine, pending, out_dir, previous, steps)
     status = "interrupted" if stopped else "ok"
     duration += previous.duration_s if previous else 0.0
-    metrics = {
-        "status": status,
-        **summarise(requests, steps, duration),
-        **slo_metrics(requests, duration, slo_of(cfg)),
-        "bucket_misses": engine.metadata.bucket_misses,
-        "warmup_s": warmup_s,
-        **device_metrics(engine),
-    }
-    if engine.workload_counts:
-        metrics["workload_counts"] = engine.workload_counts
+    metrics = run_metrics(cfg, engine, requests, steps, duration, warmup_s, status)
     if previous:
         metrics["resumed_requests"] = len(pending)
     artefacts.write_metrics(metrics, out_dir)
@@ -95,6 +86,30 @@ def serve(
     if stopped:
         stopped.recorded = True
         raise stopped
+    return metrics
+
+
+def run_metrics(
+    cfg: DictConfig,
+    engine: Engine,
+    requests: Sequence[Request],
+    steps: Sequence[StepRecord] | StepTotals,
+    duration: float,
+    warmup_s: float,
+    status: str,
+) -> dict[str, Any]:
+    """metrics.json: the serving metrics, the SLO's, and what the device predicts."""
+    metrics = {
+        "status": status,
+        **summarise(requests, steps, duration),
+        **slo_metrics(requests, duration, slo_of(cfg)),
+        "bucket_misses": engine.metadata.bucket_misses,
+        "warmup_s": warmup_s,
+        "num_blocks": engine.scheduler.kv_cache.num_blocks,
+        **device_metrics(engine),
+    }
+    if engine.workload_counts:
+        metrics["workload_counts"] = engine.workload_counts
     return metrics
 
 

@@ -159,12 +159,14 @@ class SyntheticWorkloadConf:
     seed: int = II("seed")
     shared_prefix_tokens: int = 0  # each prompt starts with a shared prefix this long; 0 = none
     num_prefixes: int = 1  # distinct shared prefixes; request i has prefix i mod this
+    concurrency: int = 0  # most requests in flight (closed loop); 0 = open loop
 
 
 @dataclass
 class MixedWorkloadConf:
     _target_: str = "stages.workload.MixedWorkload"
     parts: dict[str, SyntheticWorkloadConf] = field(default_factory=dict)
+    concurrency: int = 0  # most requests in flight (closed loop); 0 = open loop
 
 
 @dataclass
@@ -180,6 +182,7 @@ class MultiTurnWorkloadConf:
     rate: float = 0.0  # conversations start as a Poisson process, per second; 0 = all at once
     turn_gap_s: float = 1.0  # a turn arrives this long after the previous one
     seed: int = II("seed")
+    concurrency: int = 0  # most requests in flight (closed loop); 0 = open loop
 
 
 @dataclass
@@ -190,6 +193,7 @@ class JsonlWorkloadConf:
     max_new_tokens: int = 64  # for lines that do not say
     rate: float = 0.0  # Poisson arrivals when lines give no arrival_s
     seed: int = II("seed")
+    concurrency: int = 0  # most requests in flight (closed loop); 0 = open loop
 
 
 @dataclass
@@ -263,6 +267,7 @@ class TraceWorkloadConf:
     seed: int = II("seed")
     max_model_len: int = II("max_model_len")
     max_num_seqs: int = II("max_num_seqs")
+    concurrency: int = 0  # most requests in flight (closed loop); 0 = open loop
 
 
 class Executor(str, enum.Enum):
@@ -302,6 +307,25 @@ class SloConf:
 
 
 @dataclass
+class CapacityConf:
+    """The capacity search of `python -m pipeline.plan` (pipeline/capacity.py)."""
+
+    max_probes: int = 12  # runs one search may make
+    tolerance: float = 0.05  # rates: stop when the bracket's ends are within 5%
+    keep_run_files: bool = False  # probes also write steps.jsonl and generations.jsonl
+
+
+@dataclass
+class PlanConf:
+    """`python -m pipeline.plan`: how the configurations are ranked (pipeline/plan_report.py)."""
+
+    objective: str = "goodput_per_card"  # or cost: per million output tokens
+    device_hour_usd: float = 0.0  # one card's hour; needed for objective=cost
+    max_warmup_s: float = 0.0  # rule out longer predicted warmups (a readiness probe); 0 = none
+    model_id: str = ""  # what the deploy commands load; "" = the model's name
+
+
+@dataclass
 class PipelineConf:
     tokenizer: Any = MISSING
     scheduler: Any = MISSING
@@ -325,6 +349,8 @@ class PipelineConf:
     num_threads: int = 2  # Paddle's CPU math threads
     calibrate: CalibrateConf = field(default_factory=CalibrateConf)  # pipeline.calibrate only
     slo: SloConf = field(default_factory=SloConf)  # goodput and attainment in metrics.json
+    capacity: CapacityConf = field(default_factory=CapacityConf)  # pipeline.plan only
+    plan: PlanConf = field(default_factory=PlanConf)  # pipeline.plan only
 
 
 SCHEMAS = {

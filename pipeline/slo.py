@@ -74,6 +74,13 @@ def _met(r: Request, name: str, bound_ms: float) -> bool:
     return value is not None and value * 1e3 <= bound_ms
 
 
+def is_good(r: Request, slo: Slo) -> bool:
+    """Served, and within every bound that is set."""
+    return r.finish_reason != "error" and all(
+        _met(r, name, bound) for name, bound in slo.bounds.items()
+    )
+
+
 def slo_metrics(requests: Sequence[Request], duration_s: float, slo: Slo) -> dict[str, Any]:
     """metrics.json's SLO keys: `request_goodput` (good requests/s), `slo_attainment` (good
     fraction), `slo_attainment_by_bound` (fraction meeting each bound that is set), `slo`

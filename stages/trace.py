@@ -29,7 +29,7 @@ import numpy as np
 import structlog
 
 from stages.request import Request, SamplingParams
-from stages.workload import poisson_arrivals
+from stages.workload import closed_loop, poisson_arrivals
 
 log = structlog.get_logger(__name__)
 
@@ -646,7 +646,9 @@ class TraceWorkload:
         seed: int = 0,
         max_model_len: int = 2048,
         max_num_seqs: int = 32,
+        concurrency: int = 0,
     ) -> None:
+        self.concurrency = closed_loop(concurrency)
         self.path = _trace_path(path)
         _check_values(format, too_long, time_scale, start_s, duration_s, num_requests, rate)
         if trace_block_size < 1 or max_model_len < 2 or max_num_seqs < 1:

@@ -34,6 +34,25 @@ def poisson_arrivals(
     return (start_s + np.cumsum(rng.exponential(1.0 / rate, size=count))).tolist()
 
 
+class Workload(Protocol):
+    """What the engine gets from a workload: its requests, and how many may be in flight at
+    once (`workload.concurrency`; 0 = open loop, each request at its own arrival)."""
+
+    concurrency: int
+
+    def load(self, tokenizer: Tokenizer) -> list[Request]: ...
+
+
+def closed_loop(concurrency: int) -> int:
+    """`workload.concurrency`, checked: the most requests in flight, 0 for open loop."""
+    if not isinstance(concurrency, int) or concurrency < 0:
+        raise ValueError(
+            f"workload.concurrency={concurrency}: give the most requests in flight at once "
+            "(closed loop), or 0 for open-loop arrivals"
+        )
+    return concurrency
+
+
 def prompt_of_length(tokenizer: Tokenizer, text: str, target: int) -> str:
     """The longest prefix of `text` (one character at least) that encodes to at most
     `target` tokens: exactly `target` for the byte tokenizer, within a token or two for a
@@ -77,7 +96,9 @@ class SyntheticWorkload:
         seed: int = 0,
         shared_prefix_tokens: int = 0,
         num_prefixes: int = 1,
+        concurrency: int = 0,
     ) -> None:
+        self.concurrency = closed_loop(concurrency)
         if shared_prefix_tokens < 0 or num_prefixes < 1:
             raise ValueError(
                 "workload.shared_prefix_tokens must be >= 0 (0 = none) and "
@@ -143,10 +164,17 @@ class MixedWorkload:
     The case chunked prefill exists for is two parts: many short prompts that decode for
     long, all at once, and long prompts that arrive while they decode."""
 
-    def __init__(self, parts: Mapping[str, SyntheticWorkload]) -> None:
+    def __init__(self, parts: Mapping[str, SyntheticWorkload], concurrency: int = 0) -> None:
         if not parts:
             raise ValueError("workload.parts needs at least one part")
+        for name, part in parts.items():
+            if part.concurrency:
+                raise ValueError(
+                    f"workload.parts.{name}.concurrency: the parts share one limit; "
+                    "give workload.concurrency instead"
+                )
         self.parts = dict(parts)
+        self.concurrency = closed_loop(concurrency)
 
     def load(self, tokenizer: Tokenizer) -> list[Request]:
         requests = []
@@ -178,7 +206,9 @@ class MultiTurnWorkload:
         rate: float = 0.0,
         turn_gap_s: float = 1.0,
         seed: int = 0,
+        concurrency: int = 0,
     ) -> None:
+        self.concurrency = closed_loop(concurrency)
         if num_conversations < 1 or turns < 1 or system_prompt_tokens < 0:
             raise ValueError(
                 "workload.num_conversations and workload.turns must be >= 1, "
@@ -336,7 +366,9 @@ class JsonlWorkload:
         max_new_tokens: int = 64,
         rate: float = 0.0,
         seed: int = 0,
+        concurrency: int = 0,
     ) -> None:
+        self.concurrency = closed_loop(concurrency)
         if not path:
             raise ValueError(
                 "workload.path is required with workload=jsonl: set workload.path=FILE"

@@ -1,0 +1,112 @@
+"""How fast the planner's parts run here: one simulated run of a conversation-shaped Azure
+trace with and without the per-step and per-token files, and a whole plan on joblib.
+
+    python -m benchmarks.plan_speed trace [--requests 19365] [--repeat 2] [OVERRIDES...]
+    python -m benchmarks.plan_speed plan [--requests 2000] [OVERRIDES...]
+
+`trace`: Llama-3.1-8B on an H100 (the case the planner's speed target names), once through
+pipeline.run (steps.jsonl, generations.jsonl) and once as a capacity-search probe writes it
+(metrics.json only): wall seconds (best of --repeat) and the folder's size. `plan`: the 64
+configurations of PLAN_SPACE, each a capacity search, on `hydra/launcher=joblib`: the wall
+time of the command and the plan folder's size. The machine may be shared: repeat, take the
+best, and say so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks.azure_conversation import write_conversation_trace
+
+TRACE_RUN = [
+    "executor=simulated",
+    "model=spec/llama31_8b",
+    "hardware=h100",
+    "workload=trace",
+    "max_num_seqs=256",
+    "max_tokens=8192",
+    "max_model_len=10240",
+    "metadata.bucketing=exponential",
+    "warmup=true",
+]
+# 64 configurations: 4 x 2 x 2 x 2 x 2
+PLAN_SPACE = [
+    "max_tokens=1024,2048,4096,8192",
+    "max_num_seqs=64,128",
+    "scheduler=chunked,whole",
+    "prefix_caching=true,false",
+    "metadata.bucketing=linear,exponential",
+]
+PLAN_FIXED = [
+    "model=spec/ernie45_21b_a3b",
+    "hardware=gaudi2",
+    "workload=trace",
+    "max_model_len=10240",
+    "slo.ttft_ms=2000",
+    "slo.tpot_ms=50",
+    "hydra/launcher=joblib",
+]
+
+
+def folder_mb(folder: Path) -> float:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) / 2**20
+
+
+def time_trace(trace: Path, root: Path, overrides: list[str], repeat: int) -> None:
+    from pipeline.capacity import run_probe
+    from pipeline.compose import compose_config
+    from pipeline.run import run
+
+    cfg = compose_config([*TRACE_RUN, f"workload.path={trace}", *overrides])
+    for name, serve in (("with files", run), ("metrics only", None)):
+        best = float("inf")
+        for i in range(repeat):
+            out = root / f"{name.replace(' ', '_')}{i}"
+            out.mkdir()
+            t = time.perf_counter()
+            metrics = run(cfg, out) if serve else run_probe(cfg, out, keep_files=False)
+            best = min(best, time.perf_counter() - t)
+        counts = f"{metrics['num_requests']:,} requests, {metrics['num_steps']:,} steps"
+        print(f"{name}: {best:.1f} s wall (best of {repeat}), {counts}, "
+              f"folder {folder_mb(out):.1f} MB")  # fmt: skip
+
+
+def time_plan(trace: Path, root: Path, overrides: list[str]) -> None:
+    sweep = root / "plan"
+    command = [sys.executable, "-m", "pipeline.plan", *PLAN_FIXED, *PLAN_SPACE,
+               f"workload.path={trace}", f"hydra.sweep.dir={sweep}", *overrides]  # fmt: skip
+    t = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True)
+    wall = time.perf_counter() - t
+    print(done.stdout[-4000:])
+    if done.returncode:
+        print(done.stderr[-2000:])
+    jobs = len(list(sweep.glob("*/capacity.json")))
+    print(f"plan: {jobs} configurations searched in {wall:.0f} s wall, folder "
+          f"{folder_mb(sweep):.1f} MB")  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("what", choices=["trace", "plan"])
+    parser.add_argument("--requests", type=int, default=0, help="0: 19,365 (trace), 2,000 (plan)")
+    parser.add_argument("--repeat", type=int, default=2)
+    args, overrides = parser.parse_known_args()
+    requests = args.requests or (19_365 if args.what == "trace" else 2000)
+    with tempfile.TemporaryDirectory() as folder:
+        root = Path(folder)
+        trace = root / "conversation.csv"
+        write_conversation_trace(trace, requests, 3600.0 * requests / 19_365)
+        if args.what == "trace":
+            time_trace(trace, root, overrides, args.repeat)
+        else:
+            time_plan(trace, root, overrides)
+
+
+if __name__ == "__main__":
+    main()

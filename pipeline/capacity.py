@@ -1,0 +1,332 @@
+"""Capacity search: the highest load one configuration serves within its SLO.
+
+The load is the open loop's request rate (`workload.rate`; for a trace with timestamps, a
+speed-up of its own arrivals through `workload.time_scale`) or the closed loop's
+concurrency (`workload.concurrency`, when one is given). A probe serves the workload at one
+load on the simulated device; it meets the SLO when `slo_attainment >= slo.attainment`.
+The search brackets (doubling or halving from the starting load until one probe meets the
+SLO and one does not), then bisects (geometric midpoints for rates, integers for
+concurrency) until the bracket is within `capacity.tolerance`, as Vidur's capacity search
+does for its scheduling-delay SLO.
+
+Every probe keeps its folder under `probes/` with its resolved config and metrics.json;
+per-step and per-token files only with `capacity.keep_run_files=true`. A probe stops as
+soon as more requests have missed the SLO than the target allows: its verdict cannot
+change after that.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+from omegaconf import DictConfig, OmegaConf
+
+from pipeline import artefacts
+from pipeline.build import build_engine
+from pipeline.checks import ConfigError
+from pipeline.metrics import StepTotals
+from pipeline.run import run_metrics, serve, slo_of
+from pipeline.slo import Slo, is_good
+from stages.request import Request
+
+log = structlog.get_logger(__name__)
+
+CAPACITY_JSON, CAPACITY_MD = "capacity.json", "capacity.md"
+STOPPED = "stopped: the probe had already missed its SLO"
+
+
+@dataclass(frozen=True)
+class LoadAxis:
+    """What the search scales: `key` set to `value(load)`; loads are integers for
+    concurrency. `unit` names the load in the reports."""
+
+    key: str
+    start: float
+    integer: bool
+    unit: str
+    base: float = 1.0  # time_scale: the scale the user gave, divided by the speed-up
+
+    def value(self, load: float) -> float | int:
+        if self.key == "workload.time_scale":
+            return self.base / load
+        return int(load) if self.integer else load
+
+
+def load_axis(cfg: DictConfig) -> LoadAxis:
+    """The closed loop's concurrency when one is set, else a trace's speed-up, else the
+    Poisson rate; starting at the workload's own value."""
+    workload = cfg.workload
+    if workload.get("concurrency"):
+        return LoadAxis("workload.concurrency", workload.concurrency, True, "concurrency")
+    if "time_scale" in workload and not workload.get("rate"):
+        return LoadAxis("workload.time_scale", 1.0, False, "x trace rate", workload.time_scale)
+    if "rate" in workload:
+        return LoadAxis("workload.rate", workload.rate or 1.0, False, "req/s")
+    raise ConfigError(
+        "the capacity search scales workload.rate, a trace's workload.time_scale or "
+        "workload.concurrency: this workload has none (use workload=synthetic, jsonl or trace)"
+    )
+
+
+@dataclass
+class Probe:
+    load: float
+    met: bool
+    attainment: float | None
+    goodput: float
+    offered_rps: float | None
+    status: str
+    folder: str
+
+
+class SloMissed(Exception):
+    """Raised from a probe once its verdict is known to be a miss."""
+
+
+class SloJudge:
+    """Counts requests that miss the SLO as they finish; raises once too many have."""
+
+    def __init__(self, slo: Slo, num_requests: int) -> None:
+        self.slo = slo
+        self.allowed = math.floor(num_requests * (1 - slo.attainment) + 1e-9)
+        self.missed = 0
+
+    def __call__(self, request: Request) -> None:
+        if not is_good(request, self.slo):
+            self.missed += 1
+            if self.missed > self.allowed:
+                raise SloMissed
+
+
+def offered_rps(requests: Sequence[Request]) -> float | None:
+    """The open loop's request rate: requests after the first over the arrivals' span."""
+    arrivals = [r.arrival_s for r in requests]
+    span = max(arrivals) - min(arrivals) if arrivals else 0.0
+    return (len(arrivals) - 1) / span if span > 0 else None
+
+
+def run_probe(cfg: DictConfig, folder: Path, keep_files: bool) -> dict[str, Any]:
+    """Serves one probe into `folder`; returns its metrics (also written there)."""
+    with artefacts.writing(folder):
+        folder.mkdir(parents=True, exist_ok=True)
+    artefacts.write_resolved_config(cfg, folder)
+    engine, requests = build_engine(cfg)
+    arrivals = offered_rps(requests)
+    if keep_files:
+        metrics = serve(cfg, engine, requests, folder)
+    else:
+        warmup_s = engine.warmup() if cfg.warmup else 0.0
+        totals, status = StepTotals(), "ok"
+        judge = SloJudge(slo_of(cfg), len(requests))
+        try:
+            duration = engine.run(requests, on_step=totals.add, on_finish=judge)
+        except SloMissed:
+            duration, status = engine.clock(), "stopped"
+            for r in requests:
+                if not r.finished:
+                    r.fail(STOPPED, duration)
+        metrics = run_metrics(cfg, engine, requests, totals, duration, warmup_s, status)
+        artefacts.write_metrics(metrics, folder)
+    if not cfg.workload.get("concurrency"):
+        metrics["offered_rps"] = arrivals
+    return metrics
+
+
+class Search:
+    """The probes of one capacity search, each at most once per load."""
+
+    def __init__(self, cfg: DictConfig, out_dir: Path) -> None:
+        self.cfg = cfg
+        self.out_dir = out_dir
+        self.axis = load_axis(cfg)
+        self.settings = cfg.capacity
+        self.probes: dict[float, Probe] = {}
+        self.metrics: dict[float, dict[str, Any]] = {}
+
+    def met(self, load: float) -> bool:
+        if load not in self.probes:
+            self.probes[load] = self._probe(load)
+        return self.probes[load].met
+
+    def _probe(self, load: float) -> Probe:
+        value = self.axis.value(load)
+        folder = self.out_dir / "probes" / f"{len(self.probes):02d}-{self.axis.key}={value:.6g}"
+        cfg = self.cfg.copy()
+        OmegaConf.update(cfg, self.axis.key, value)
+        metrics = run_probe(cfg, folder, self.settings.keep_run_files)
+        self.metrics[load] = metrics
+        probe = Probe(
+            load=load,
+            met=bool(metrics.get("slo_met")) and metrics["status"] == "ok",
+            attainment=metrics.get("slo_attainment"),
+            goodput=metrics.get("request_goodput", 0.0),
+            offered_rps=metrics.get("offered_rps"),
+            status=metrics["status"],
+            folder=str(folder.relative_to(self.out_dir)),
+        )
+        log.info("capacity_probe", **{self.axis.key: value}, met=probe.met, status=probe.status)
+        return probe
+
+    @property
+    def budget_left(self) -> bool:
+        return len(self.probes) < self.settings.max_probes
+
+
+def bracket(search: Search) -> tuple[float | None, float | None]:
+    """(a load that meets the SLO, a higher one that does not); None where the probe budget
+    (or, halving, a concurrency of 1) ran out first."""
+    axis = search.axis
+    lo, hi = (axis.start, None) if search.met(axis.start) else (None, axis.start)
+    while lo is None and search.budget_left:
+        assert hi is not None
+        load = hi // 2 if axis.integer else hi / 2
+        if load < (1 if axis.integer else 1e-6):
+            break
+        lo, hi = (load, hi) if search.met(load) else (None, load)
+    while hi is None and search.budget_left:
+        assert lo is not None
+        load = lo * 2
+        lo, hi = (lo, load) if not search.met(load) else (load, None)
+    return lo, hi
+
+
+def narrow(search: Search, lo: float, hi: float) -> tuple[float, float]:
+    """Bisects the bracket until it is tight: adjacent concurrencies, or hi / lo within
+    1 + capacity.tolerance."""
+    tolerance = search.settings.tolerance
+    integer = search.axis.integer
+
+    def tight() -> bool:
+        return hi - lo <= 1 if integer else hi <= lo * (1 + tolerance)
+
+    while not tight() and search.budget_left:
+        mid = (lo + hi) // 2 if integer else math.sqrt(lo * hi)
+        lo, hi = (mid, hi) if search.met(mid) else (lo, mid)
+    return lo, hi
+
+
+def capacity_search(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
+    """Finds the configuration's capacity; writes capacity.json, capacity.md and, as the
+    folder's metrics.json, the metrics at capacity with the search's result beside them."""
+    slo = slo_of(cfg)
+    if not slo.bounds:
+        raise ConfigError(
+            "a capacity search needs an SLO: give slo.ttft_ms, slo.tpot_ms or slo.e2e_ms"
+        )
+    if cfg.executor.name != "simulated":
+        raise ConfigError("the capacity search runs on the simulated device: executor=simulated")
+    check_settings(cfg.capacity)
+    artefacts.write_resolved_config(cfg, out_dir)
+    search = Search(cfg, out_dir)
+    lo, hi = bracket(search)
+    if lo is not None and hi is not None:
+        lo, hi = narrow(search, lo, hi)
+    result = search_result(search, lo, hi)
+    write_reports(search, result, out_dir)
+    return result
+
+
+def check_settings(settings: DictConfig) -> None:
+    if settings.max_probes < 2 or not 0 < settings.tolerance < 1:
+        raise ConfigError(
+            f"capacity.max_probes={settings.max_probes} and capacity.tolerance="
+            f"{settings.tolerance}: give at least 2 probes and a tolerance in (0, 1), e.g. 0.05"
+        )
+
+
+def search_result(search: Search, lo: float | None, hi: float | None) -> dict[str, Any]:
+    """metrics.json of the search: the metrics of the probe at capacity (or, when no load
+    met the SLO, of the lowest probe) and the `capacity_*` keys."""
+    axis = search.axis
+    shown = lo if lo is not None else min(search.probes)
+    metrics = dict(search.metrics[shown])
+    rps = metrics.get("offered_rps")
+    if axis.integer or rps is None:  # closed loop: the request rate it achieved
+        duration = metrics.get("duration_s") or 0.0
+        rps = metrics["num_requests"] / duration if duration else None
+    metrics.update(
+        status="ok",
+        capacity_found=lo is not None,
+        capacity_key=axis.key,
+        capacity_unit=axis.unit,
+        capacity=lo if lo is not None else 0,
+        capacity_value=axis.value(lo) if lo is not None else None,
+        capacity_above=hi,  # the next load probed above it, which missed (None: not found)
+        capacity_rps=rps if lo is not None else 0.0,
+        capacity_probes=len(search.probes),
+    )
+    return metrics
+
+
+def write_reports(search: Search, result: dict[str, Any], out_dir: Path) -> None:
+    probes = sorted(search.probes.values(), key=lambda p: p.load)
+    document = {
+        "key": search.axis.key,
+        "unit": search.axis.unit,
+        "slo": result.get("slo"),
+        "capacity": result["capacity"],
+        "capacity_above": result["capacity_above"],
+        "found": result["capacity_found"],
+        "probes": [asdict(p) for p in probes],
+    }
+    artefacts.replace_text(out_dir / CAPACITY_JSON, json.dumps(document, indent=2) + "\n")
+    artefacts.replace_text(out_dir / CAPACITY_MD, capacity_markdown(search, result, probes))
+    artefacts.write_metrics(result, out_dir)
+
+
+def capacity_markdown(search: Search, result: dict[str, Any], probes: list[Probe]) -> str:
+    axis = search.axis
+    above = result["capacity_above"]
+    if not result["capacity_found"]:
+        verdict = "no probed load met the SLO"
+    else:
+        verdict = (
+            f"capacity {result['capacity']:.4g} {axis.unit} ({result['capacity_rps']:.4g} req/s); "
+        )
+        verdict += (
+            f"{above:.4g} missed"
+            if above is not None
+            else "no load above it was probed within capacity.max_probes: a lower bound"
+        )
+    lines = [
+        f"# Capacity search: {axis.key}",
+        "",
+        f"SLO {Slo.of(search.cfg.slo).describe()}, attainment >= {search.cfg.slo.attainment}: "
+        f"{verdict}.",
+        "",
+        f"| load ({axis.unit}) | {axis.key} | offered req/s | attainment | goodput req/s | met "
+        "| status | folder |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for p in probes:
+        cells = [
+            f"{p.load:.4g}",
+            f"{axis.value(p.load):.4g}",
+            "-" if p.offered_rps is None else f"{p.offered_rps:.4g}",
+            "-" if p.attainment is None else f"{p.attainment:.3f}",
+            f"{p.goodput:.4g}",
+            "yes" if p.met else "no",
+            p.status,
+            p.folder,
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def print_result(
+    result: dict[str, Any], out_dir: Path, write: Callable[[str], Any] = print
+) -> None:
+    if result["capacity_found"]:
+        write(
+            f"capacity: {result['capacity']:.4g} {result['capacity_unit']} "
+            f"({result['capacity_key']}={result['capacity_value']:.4g}, "
+            f"{result['capacity_rps']:.4g} req/s) in {out_dir}"
+        )
+    else:
+        write(f"capacity: no probed load met the SLO ({out_dir}/{CAPACITY_MD})")

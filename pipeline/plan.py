@@ -1,0 +1,55 @@
+"""`python -m pipeline.plan`: which settings meet the SLO at the highest load per card.
+
+Every job of the sweep (Hydra's grammar and launchers: `hydra/launcher=joblib` runs them in
+parallel) runs a capacity search (pipeline/capacity.py) on the simulated device; once all
+have finished, the plan folder gets plan.md / plan.csv, pareto.png, best.json and
+deploy/{fastdeploy-hpu.sh,vllm-gaudi.sh,overrides.txt} (pipeline/plan_report.py).
+
+    python -m pipeline.plan model=spec/ernie45_21b_a3b hardware=gaudi2 workload=trace \\
+        workload.path=FILE slo.ttft_ms=2000 slo.tpot_ms=50 max_tokens=2048,4096 \\
+        hydra/launcher=joblib
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import hydra
+import structlog
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from pipeline import artefacts, logs  # noqa: F401  (logs configures structlog)
+from pipeline.capacity import capacity_search, print_result
+from pipeline.checks import ConfigError
+from pipeline.plan_report import check_plan
+from pipeline.schema import register_schemas
+
+log = structlog.get_logger("pipeline.plan")
+register_schemas()
+
+
+@hydra.main(version_base="1.3", config_path="pkg://pipeline.conf", config_name="plan")
+def main(cfg: DictConfig) -> None:
+    hydra_cfg = HydraConfig.get()
+    out_dir = Path(hydra_cfg.runtime.output_dir)
+    structlog.contextvars.clear_contextvars()  # a joblib worker runs several jobs
+    structlog.contextvars.bind_contextvars(job=hydra_cfg.job.get("num", 0))
+    try:
+        check_plan(cfg)
+        print_result(capacity_search(cfg, out_dir), out_dir)
+    except Exception as err:  # one failed job must not stop the plan; the table shows it
+        known = isinstance(err, ConfigError | artefacts.RunFolderError)
+        message = str(err) if known else f"{type(err).__name__}: {err}"
+        try:
+            artefacts.write_metrics({"status": "failed", "error": message}, out_dir)
+        except artefacts.RunFolderError:
+            pass
+        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+            raise
+        log.error("job_failed", error=message)
+
+
+if __name__ == "__main__":
+    main()

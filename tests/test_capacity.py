@@ -1,0 +1,75 @@
+"""Capacity search: the answer meets the SLO, the next load probed above it does not, and
+each verdict holds when that load is served again in full (no early stop)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pipeline.build import build_engine
+from pipeline.capacity import capacity_search, load_axis
+from pipeline.checks import ConfigError
+from pipeline.slo import Slo, slo_metrics
+from tests.conftest import make_config
+
+SMALL_DEPLOYMENT = [
+    "executor=simulated",
+    "hardware=gaudi2",
+    "model=spec/llama31_8b",
+    "warmup=true",
+    "block_size=128",
+    "max_model_len=1024",
+    "max_num_seqs=8",
+    "max_tokens=512",
+    "workload.num_requests=40",
+    "workload.min_prompt_tokens=100",
+    "workload.max_prompt_tokens=600",
+    "workload.min_new_tokens=20",
+    "workload.max_new_tokens=60",
+    "slo.ttft_ms=400",
+    "slo.tpot_ms=40",
+]
+
+
+def attainment_when_served(cfg, key: str, value) -> float:
+    """The SLO attainment of a plain, complete run at one load: the independent check."""
+    cfg = cfg.copy()
+    node, _, leaf = key.rpartition(".")
+    cfg[node][leaf] = value
+    engine, requests = build_engine(cfg)
+    engine.warmup()
+    duration = engine.run(requests)
+    return slo_metrics(requests, duration, Slo.of(cfg.slo))["slo_attainment"]
+
+
+@pytest.mark.parametrize(
+    "extra", [["workload.rate=2"], ["workload.concurrency=2"]], ids=["open loop", "closed loop"]
+)
+def test_the_answer_meets_the_slo_and_the_next_load_above_does_not(tmp_path, extra):
+    cfg = make_config([*SMALL_DEPLOYMENT, *extra])
+    result = capacity_search(cfg, tmp_path)
+    assert result["capacity_found"], "the bracket should close within the probe budget"
+    axis = load_axis(cfg)
+    lo, hi = result["capacity"], result["capacity_above"]
+    assert lo < hi
+    if axis.integer:
+        assert hi == lo + 1
+    else:
+        assert hi <= lo * (1 + cfg.capacity.tolerance)
+    target = cfg.slo.attainment
+    assert attainment_when_served(cfg, axis.key, axis.value(lo)) >= target
+    assert attainment_when_served(cfg, axis.key, axis.value(hi)) < target
+    report = json.loads((tmp_path / "capacity.json").read_text())
+    assert len(report["probes"]) == result["capacity_probes"]
+    for probe in report["probes"]:  # every probe kept, metrics and config only
+        folder = tmp_path / probe["folder"]
+        assert (folder / "metrics.json").is_file()
+        assert not (folder / "steps.jsonl").exists() and not (folder / "generations.jsonl").exists()
+    assert json.loads((tmp_path / "metrics.json").read_text())["capacity"] == lo
+
+
+def test_a_search_without_an_slo_is_refused(tmp_path):
+    cfg = make_config([*SMALL_DEPLOYMENT[:-2]])
+    with pytest.raises(ConfigError, match="needs an SLO"):
+        capacity_search(cfg, tmp_path)

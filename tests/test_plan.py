@@ -1,0 +1,113 @@
+"""The plan: ranking by goodput per card or cost, the Pareto front, rules (warmup limit,
+compiles while serving), and `python -m pipeline.plan` end to end."""
+
+from __future__ import annotations
+
+import csv
+import functools
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from omegaconf import OmegaConf
+
+from pipeline.checks import ConfigError
+from pipeline.plan_report import best, build_plan_report, candidates, check_plan, pareto_front
+from pipeline.summary import find_jobs
+from tests.conftest import make_config, run_cli
+
+
+@functools.cache
+def resolved() -> dict:
+    """A real composed config, resolved, as a job folder holds it."""
+    cfg = make_config(["executor=simulated", "hardware=gaudi2", "model=spec/llama31_8b"])
+    return yaml.safe_load(OmegaConf.to_yaml(cfg, resolve=True))
+
+
+def make_job(plan: Path, num: int, tp: int, goodput: float, tokens: float, tpot_ms: float,
+             warmup_s: float = 10.0, compiles: int = 0, found: bool = True) -> None:  # fmt: skip
+    folder = plan / str(num)
+    (folder / ".hydra").mkdir(parents=True)
+    (folder / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump([f"tp={tp}", f"seed={num}"]))
+    metrics = {
+        "status": "ok", "capacity_found": found, "capacity": 1.0, "capacity_rps": goodput,
+        "request_goodput": goodput, "output_throughput": tokens, "tpot_ms": {"mean": tpot_ms},
+        "predicted_warmup_s": warmup_s, "serving_compiles": compiles, "num_blocks": 100,
+    }  # fmt: skip
+    (folder / "metrics.json").write_text(json.dumps(metrics))
+    (folder / "resolved_config.yaml").write_text(yaml.safe_dump({**resolved(), "tp": tp}))
+
+
+@pytest.fixture()
+def plan(tmp_path) -> Path:
+    make_job(tmp_path, 0, tp=1, goodput=4.0, tokens=1000, tpot_ms=20)  # 4/card, 50 tok/s/user
+    make_job(tmp_path, 1, tp=2, goodput=10.0, tokens=3000, tpot_ms=40)  # 5/card, 1500/card, 25
+    make_job(tmp_path, 2, tp=1, goodput=3.0, tokens=900, tpot_ms=25)  # beaten by job 0 on both
+    make_job(tmp_path, 3, tp=1, goodput=9.0, tokens=2000, tpot_ms=10, warmup_s=5000)
+    make_job(tmp_path, 4, tp=1, goodput=8.0, tokens=9000, tpot_ms=5, found=False)
+    return tmp_path
+
+
+def test_ranking_front_and_rules_by_hand(plan):
+    cands = candidates(find_jobs(plan), max_warmup_s=600)
+    ruled = {c.job.num: c.ruled_out for c in cands}
+    assert "plan.max_warmup_s" in ruled[3] and "no probed load" in ruled[4]
+    assert not ruled[0] and not ruled[1] and not ruled[2]
+    assert best(cands, "goodput_per_card", 0).job.num == 1  # 10 / 2 cards = 5 > 4 > 3
+    # cost per Mtok at $2/card-hour: job 0 2/(1000*3600)*1e6 = 0.556; job 1 4/(3000*3600)*1e6
+    # = 0.370; job 2 0.617
+    chosen = best(cands, "cost", 2.0)
+    assert chosen.job.num == 1
+    assert chosen.cost_per_mtok(2.0) == pytest.approx(4 / (3000 * 3600) * 1e6)
+    assert [c.job.num for c in pareto_front(cands)] == [1, 0]  # by tokens/s per user
+    everyone = candidates(find_jobs(plan), max_warmup_s=0)
+    assert best(everyone, "goodput_per_card", 0).job.num == 3  # no warmup limit: 9/card
+
+
+def test_a_run_that_compiled_while_serving_is_flagged(plan):
+    make_job(plan, 5, tp=1, goodput=20.0, tokens=4000, tpot_ms=10, compiles=7)
+    text = build_plan_report(plan, {"objective": "goodput_per_card", "device_hour_usd": 0,
+                                    "max_warmup_s": 600, "model_id": ""})  # fmt: skip
+    rows = {r["job"]: r for r in csv.DictReader(open(plan / "plan.csv"))}
+    assert "compiled 7 graphs while serving" in rows["5"]["note"]
+    assert "note: it compiled 7 graphs while serving" in text
+
+
+@pytest.mark.slow
+def test_plan_command_writes_the_table_plot_best_and_deploy_files(tmp_path):
+    sweep = tmp_path / "plan"
+    done = run_cli(
+        tmp_path, "pipeline.plan", "model=spec/llama31_8b", "hardware=gaudi2",
+        "max_model_len=1024", "max_num_seqs=8", "max_tokens=256,512",
+        "workload.num_requests=12", "workload.max_prompt_tokens=400",
+        "workload.max_new_tokens=20", "slo.ttft_ms=500", "slo.tpot_ms=40",
+        "capacity.max_probes=4", "capacity.tolerance=0.5",
+        f"hydra.sweep.dir={sweep}", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    for name in ("plan.md", "plan.csv", "pareto.png", "best.json", "summary.md"):
+        assert (sweep / name).is_file(), name
+    for name in ("fastdeploy-hpu.sh", "vllm-gaudi.sh", "overrides.txt"):
+        assert (sweep / "deploy" / name).is_file(), name
+    rows = list(csv.DictReader(open(sweep / "plan.csv")))
+    assert len(rows) == 2
+    chosen = json.loads((sweep / "best.json").read_text())
+    top = max(rows, key=lambda r: float(r["goodput_per_card"] or 0))
+    assert str(chosen["job"]) == top["job"]
+    assert f"best for goodput_per_card: job {chosen['job']}" in done.stdout
+    assert "--max-num-batched-tokens" in (sweep / "deploy" / "fastdeploy-hpu.sh").read_text()
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["slo.ttft_ms=0"], "needs an SLO"),
+        (["slo.tpot_ms=50", "plan.objective=cost"], "plan.device_hour_usd"),
+        (["slo.tpot_ms=50", "plan.objective=fastest"], "plan.objective=fastest"),
+        (["slo.tpot_ms=-5"], "slo.tpot_ms=-5"),
+    ],
+)
+def test_plan_keys_are_checked_before_any_job(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        check_plan(make_config(overrides))
