@@ -106,6 +106,8 @@ def run_metrics(
         "bucket_misses": engine.metadata.bucket_misses,
         "warmup_s": warmup_s,
         "num_blocks": engine.scheduler.kv_cache.num_blocks,
+        "max_model_len": cfg.max_model_len,
+        "warmup_shapes": sum(engine.warmup_counts().values()),  # graphs, as warmup_plan logs
         **device_metrics(engine),
     }
     if engine.workload_counts:
