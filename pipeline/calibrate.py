@@ -209,7 +209,7 @@ def error_summary(report: Sequence[tuple]) -> dict[str, float]:
     return {"median_error": float(np.median(errors)), "worst_error": float(errors.max())}
 
 
-@hydra.main(version_base="1.3", config_path="pkg://pipeline.conf", config_name="config")
+@hydra.main(version_base="1.3", config_path="pkg://pipeline.conf", config_name="calibrate")
 def main(cfg: DictConfig) -> None:
     out_dir = Path(HydraConfig.get().runtime.output_dir)
     options = cfg.calibrate

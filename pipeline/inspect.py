@@ -228,9 +228,14 @@ def render(report: Mapping[str, Any]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m pipeline.inspect", description=__doc__.splitlines()[0]
+        prog="python -m pipeline.inspect",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="example: python -m pipeline.inspect ~/models/Llama-3.1-8B --max-model-len 8192",
     )
-    parser.add_argument("model_dir", metavar="MODEL_DIR")
+    parser.add_argument(
+        "model_dir", metavar="MODEL_DIR", help="a Hugging Face folder (config.json, weights)"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     parser.add_argument(
         "--max-model-len",

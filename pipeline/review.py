@@ -500,7 +500,9 @@ def _sweep_pairs(sweep_dir: Path, baseline: int) -> tuple[Path, list[tuple[int, 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m pipeline.review",
-        description="Review run B against run A: config diff, metrics, outputs verdict.",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="example: python -m pipeline.review outputs/A outputs/B --fail-on-output-diff",
     )
     parser.add_argument("runs", nargs="+", type=Path, metavar="RUN", help="RUN_A RUN_B, or SWEEP")
     parser.add_argument(

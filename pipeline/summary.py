@@ -269,7 +269,9 @@ class SweepSummaryCallback(Callback):
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m pipeline.summary",
-        description="Build summary.csv, summary.md and summary.png for a multirun folder.",
+        description="Build summary.csv, summary.md and summary.png for a multirun folder "
+        "(the multirun builds them itself; this rebuilds them, e.g. for a sweep run elsewhere).",
+        epilog="example: python -m pipeline.summary multirun/2026-01-01/12-00-00",
     )
     parser.add_argument("sweep_dir", type=Path, help="the multirun's folder (hydra.sweep.dir)")
     args = parser.parse_args(argv)
