@@ -37,3 +37,15 @@ def test_help_says_what_its_arguments_and_an_example(module):
     assert "xample" in text  # one example at least
     lines = [line for line in text.splitlines() if line.strip()]
     assert len(lines) >= 4 and not text.rstrip().endswith(("whether", "and", "the"))
+
+
+@pytest.mark.slow
+def test_an_exported_omp_num_threads_gives_no_paddle_warning():
+    env = {**__import__("os").environ, "OMP_NUM_THREADS": "4"}
+    code = "import pipeline, paddle; print(paddle.get_device())"
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env,
+        timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "OMP_NUM_THREADS" not in done.stderr and "WISELY" not in done.stderr
