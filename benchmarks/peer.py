@@ -62,6 +62,15 @@ def peer_generate(
     from transformers import LlamaForCausalLM
 
     model = LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    return peer_generate_with(model, prompts, new_tokens, batch, pad_id)
+
+
+def peer_generate_with(
+    model: Any, prompts: list[list[int]], new_tokens: int, batch: int, pad_id: int
+) -> tuple[list[list[int]], float]:
+    """peer_generate on a loaded transformers model."""
+    import torch
+
     # No end-of-sequence stop, like the engine's ignore_eos: every row runs to new_tokens.
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = pad_id

@@ -67,12 +67,15 @@ def derive_num_blocks(cfg: DictConfig, requests: list[Request]) -> int:
     return max(1, min(cfg.max_num_seqs * per_seq, workload))
 
 
-def build_engine(cfg: DictConfig) -> tuple[Engine, list[Request]]:
-    """Checks the config, builds every stage and loads the workload."""
+def build_engine(
+    cfg: DictConfig, clock: VirtualClock | None = None
+) -> tuple[Engine, list[Request]]:
+    """Checks the config, builds every stage and loads the workload. clock: a simulated
+    device's, virtual by default (a server paces it in real time)."""
     check_resolves(cfg)
     check_config(cfg)
     if cfg.executor.name == "simulated":
-        return build_simulated_engine(cfg)
+        return build_simulated_engine(cfg, clock or VirtualClock())
     keep_freed_memory()
     paddle.set_device(cfg.device)
     paddle.base.core.set_num_threads(cfg.num_threads)
@@ -114,7 +117,7 @@ def build_engine(cfg: DictConfig) -> tuple[Engine, list[Request]]:
     return engine, requests
 
 
-def build_simulated_engine(cfg: DictConfig) -> tuple[Engine, list[Request]]:
+def build_simulated_engine(cfg: DictConfig, clock: VirtualClock) -> tuple[Engine, list[Request]]:
     """The real scheduler, KV-cache manager and metadata builder (shapes only) with a
     simulated device in place of the forward pass, on a virtual clock."""
     tokenizer = build(cfg.tokenizer)
@@ -127,7 +130,6 @@ def build_simulated_engine(cfg: DictConfig) -> tuple[Engine, list[Request]]:
     requests = workload.load(tokenizer)
     try:
         num_blocks = cfg.num_blocks or kv_pool_blocks(spec, hardware, cfg.block_size, cfg.tp)
-        clock = VirtualClock()
         device = SimulatedDevice(spec, hardware, clock, cfg.tp)
     except ValueError as err:
         raise ConfigError(str(err)) from err

@@ -222,6 +222,16 @@ def model_shape(cfg: DictConfig) -> tuple[Any, int, int]:
                 len(spec.moe.layers) * (spec.moe.num_experts + spec.moe.num_shared) * per_expert
             )
         return spec.dims, params, node.max_position or spec.max_position_embeddings
+    if str(node.get("_target_", "")).endswith("load_gguf_model"):
+        from stages.gguf.config import gguf_spec
+        from stages.gguf.reader import read_gguf_header
+
+        try:
+            spec = gguf_spec(read_gguf_header(node.path))
+        except ValueError as err:
+            raise ConfigError(str(err)) from err
+        positions = node.max_position or spec.max_position_embeddings
+        return spec.dims, spec.dims.num_parameters, positions
     heads = node.num_heads
     dims = ModelDims(
         vocab_size=node.vocab_size,

@@ -7,7 +7,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import structlog
@@ -84,6 +84,48 @@ class Slots:
     def give_back(self, finished_s: float) -> None:
         if self.limit:
             self._opened.append(finished_s)
+
+
+@dataclass
+class Arrivals:
+    """What a request source hands the engine between two steps."""
+
+    new: list[Request]
+    # Requests to end now, each with its reason (its client left, the server stops).
+    aborted: list[tuple[Request, str]] = field(default_factory=list)
+
+
+class RequestSource(Protocol):
+    """Where the engine's requests come from: a workload's arrival times, or a server."""
+
+    def take(self, now: float, idle: bool) -> Arrivals | None:
+        """The requests that arrived by `now` and those to abort. When the engine is idle
+        (nothing to run), waits for the next one first. None: no request will come again."""
+
+
+class ArrivalTimes:
+    """A workload's requests, each handed in once the run's clock reaches its arrival and,
+    under closed-loop load, a slot is free (`finished` gives a request's slot back)."""
+
+    def __init__(self, requests: Sequence[Request], clock: Clock, concurrency: int = 0) -> None:
+        self.pending = deque(sorted(requests, key=lambda r: r.arrival_s))
+        self.clock = clock
+        self.slots = Slots(concurrency)
+
+    def finished(self, request: Request) -> None:
+        self.slots.give_back(request.finish_s if request.finish_s is not None else self.clock())
+
+    def take(self, now: float, idle: bool) -> Arrivals | None:
+        pending = self.pending
+        if idle:
+            if not pending:
+                return None
+            self.clock.sleep_until(pending[0].arrival_s)  # idle until the next arrival
+            now = self.clock()
+        new, slots = [], self.slots
+        while pending and pending[0].arrival_s <= now and slots.free:
+            new.append(slots.take(pending.popleft()))
+        return Arrivals(new)
 
 
 @dataclass
@@ -183,11 +225,15 @@ class Engine:
                 "(python -m pipeline.buckets plan RUN), or raise metadata.max_warmup_shapes"
             )
 
+    def rejection(self, request: Request) -> str | None:
+        """Why the request can never be served here (its length or its sampling values)."""
+        return self.scheduler.rejection(request) or self.sampler.validate_request(request)
+
     def reject_invalid(self, requests: Sequence[Request]) -> None:
         """A request that can never be served ends now with its reason; the others go on."""
         for r in requests:
             if not r.finished:
-                reason = self.scheduler.rejection(r) or self.sampler.validate_request(r)
+                reason = self.rejection(r)
                 if reason:
                     r.fail(reason, r.arrival_s)
 
@@ -204,30 +250,42 @@ class Engine:
         for r in requests:
             if r.finished:
                 on_finish(r)
-        pending = deque(sorted((r for r in requests if not r.finished), key=lambda r: r.arrival_s))
-        with long_lived_frozen():
-            return self._serve(pending, on_step, on_finish)
+        arrivals = ArrivalTimes([r for r in requests if not r.finished], clock, self.concurrency)
 
-    def _serve(
+        def finished(request: Request) -> None:
+            arrivals.finished(request)
+            on_finish(request)
+
+        with long_lived_frozen():
+            return self.serve(arrivals, on_step, finished)
+
+    def serve(
         self,
-        pending: deque[Request],
-        on_step: Callable[[StepRecord], None],
-        on_finish: Callable[[Request], None],
+        source: RequestSource,
+        on_step: Callable[[StepRecord], None] = lambda record: None,
+        on_finish: Callable[[Request], None] = lambda request: None,
+        on_tokens: Callable[[list[Request]], None] = lambda requests: None,
     ) -> float:
+        """Serves what the source hands in until it has no more; returns the clock's time.
+        Each request the source gives must have passed `rejection`. on_tokens gets each
+        step's sampled requests (their new tokens) before on_finish gets those that ended."""
         clock = self.clock
-        slots = Slots(self.concurrency)
         index = 0
-        while pending or self.scheduler.has_work:
-            t = clock()
-            while pending and pending[0].arrival_s <= t and slots.free:
-                self.scheduler.add(slots.take(pending.popleft()))
+        while (arrivals := source.take(clock(), idle=not self.scheduler.has_work)) is not None:
+            for r in arrivals.new:
+                self.scheduler.add(r)
+            for r, reason in arrivals.aborted:
+                if not r.finished:
+                    self.scheduler.abort(r, reason, clock())
+                    self.attention.release(r)
+                    on_finish(r)
             if not self.scheduler.has_work:
-                clock.sleep_until(pending[0].arrival_s)  # idle until the next arrival
                 continue
+            t = clock()
             result = self.step(clock)
+            on_tokens(result.plan.sampled_requests)
             for r in result.plan.failed + result.finished:
                 self.attention.release(r)
-                slots.give_back(r.finish_s if r.finish_s is not None else clock())
                 on_finish(r)
             if result.meta is None:
                 if result.plan.failed:

@@ -1,5 +1,6 @@
 """`python -m pipeline.inspect MODEL_DIR`: what a Hugging Face folder holds, and whether
-this engine can serve it, from config.json and the safetensors headers alone.
+this engine can serve it, from config.json and the safetensors headers alone (or a GGUF
+file: `python -m pipeline.inspect FILE.gguf`, from its header).
 
 Nothing is built and no weight is read: the figures come from the config and the tensor
 shapes in each shard's header. `--json` prints one JSON document. Exit code 0 when the
@@ -18,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from pipeline.inspect_gguf import describe_gguf, render_gguf
 from stages.checkpoint import (
     CheckpointSpec,
     check_context,
@@ -30,6 +32,7 @@ from stages.checkpoint import (
     weight_files,
     weight_plan,
 )
+from stages.gguf.reader import is_gguf
 from stages.model import rope_type
 
 SERVABLE, NOT_SERVABLE, NOT_A_MODEL = 0, 1, 2
@@ -233,9 +236,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="example: python -m pipeline.inspect ~/models/Llama-3.1-8B --max-model-len 8192",
     )
-    parser.add_argument(
-        "model_dir", metavar="MODEL_DIR", help="a Hugging Face folder (config.json, weights)"
-    )
+    parser.add_argument("model_dir", metavar="MODEL_DIR", help="a model folder or a .gguf file")
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     parser.add_argument(
         "--max-model-len",
@@ -245,11 +246,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     try:
-        report = describe(args.model_dir, args.max_model_len)
-    except NotAModel as err:
+        if is_gguf(args.model_dir):
+            report = describe_gguf(args.model_dir, args.max_model_len)
+            text = render_gguf(report)
+        else:
+            report = describe(args.model_dir, args.max_model_len)
+            text = render(report)
+    except ValueError as err:  # NotAModel, or a GGUF header that cannot be read
         print(f"Error: {err}", file=sys.stderr)
         return NOT_A_MODEL
-    print(json.dumps(report, indent=2) if args.json else render(report))
+    print(json.dumps(report, indent=2) if args.json else text)
     return SERVABLE if report["servable"] else NOT_SERVABLE
 
 

@@ -33,6 +33,13 @@ class HfTokenizerConf:
 
 
 @dataclass
+class GgufTokenizerConf:
+    _target_: str = "stages.gguf.tokenizer.GgufTokenizer"
+    path: str = II("model.path")  # a GGUF file; the model's by default
+    add_bos: Any = None  # null = the file's tokenizer.ggml.add_bos_token
+
+
+@dataclass
 class SchedulerConf:
     _target_: str = MISSING
     max_tokens: int = II("max_tokens")
@@ -143,6 +150,14 @@ class HfModelConf:
     path: str = MISSING  # a local Hugging Face-format folder
     dtype: str = "float32"  # compute dtype; stored bf16 / fp16 / fp32 weights are converted
     max_position: int = II("max_model_len")  # rotary table; 0 = max_position_embeddings
+
+
+@dataclass
+class GgufModelConf:
+    _target_: str = "stages.gguf.loader.load_gguf_model"
+    path: str = MISSING  # a GGUF file (llama, qwen2, qwen3; F32 to Q4_K, see the README)
+    dtype: str = "float32"  # compute dtype; every stored type is dequantised to it
+    max_position: int = II("max_model_len")  # rotary table; 0 = the file's context_length
 
 
 @dataclass
@@ -297,6 +312,19 @@ class CalibrateConf:
 
 
 @dataclass
+class ServeConf:
+    """`python -m pipeline.serve`: the OpenAI-compatible server's knobs."""
+
+    host: str = "127.0.0.1"  # 0.0.0.0 listens on every interface
+    port: int = 8000
+    api_key: str = ""  # a Bearer token /v1 routes require; empty = none
+    model_name: str = ""  # the name /v1/models lists; empty = the model group's choice
+    max_waiting: int = 256  # requests queued (not yet running) at most; beyond: 503
+    max_request_bytes: int = 1_000_000  # larger request bodies get 413
+    shutdown_timeout_s: float = 30.0  # SIGTERM: in-flight requests finish or abort by then
+
+
+@dataclass
 class SloConf:
     """Latency bounds a request must meet to count towards goodput (vLLM's --goodput)."""
 
@@ -348,6 +376,7 @@ class PipelineConf:
     warmup: bool = False  # run every bucket shape once before the workload
     num_threads: int = 2  # Paddle's CPU math threads
     calibrate: CalibrateConf = field(default_factory=CalibrateConf)  # pipeline.calibrate only
+    serve: ServeConf = field(default_factory=ServeConf)  # pipeline.serve only
     slo: SloConf = field(default_factory=SloConf)  # goodput and attainment in metrics.json
     capacity: CapacityConf = field(default_factory=CapacityConf)  # pipeline.plan only
     plan: PlanConf = field(default_factory=PlanConf)  # pipeline.plan only
@@ -356,6 +385,7 @@ class PipelineConf:
 SCHEMAS = {
     ("tokenizer", "byte"): ByteTokenizerConf,
     ("tokenizer", "hf"): HfTokenizerConf,
+    ("tokenizer", "gguf"): GgufTokenizerConf,
     ("scheduler", "chunked"): ChunkedSchedulerConf,
     ("scheduler", "whole"): WholeSchedulerConf,
     ("metadata", "hpu"): HPUMetadataConf,
@@ -365,6 +395,7 @@ SCHEMAS = {
     ("sampler", "random"): RandomSamplerConf,
     ("model", "transformer"): TransformerConf,
     ("model", "hf"): HfModelConf,
+    ("model", "gguf"): GgufModelConf,
     ("model", "spec"): SpecModelConf,
     ("hardware", "device"): HardwareConf,
     ("hardware", "measured"): MeasuredHardwareConf,

@@ -6,7 +6,7 @@ attention backends' kernels have their own contract, `stages.attention.interface
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 import paddle
@@ -18,6 +18,7 @@ from stages.request import Request, Samples, StepPlan
 class Tokenizer(Protocol):
     vocab_size: int
     pad_id: int
+    chat_template: str | None  # a Jinja chat template, where the tokenizer's files carry one
 
     @property
     def eos_ids(self) -> frozenset[int]: ...
@@ -25,6 +26,10 @@ class Tokenizer(Protocol):
     def encode(self, text: str) -> list[int]: ...
 
     def decode(self, ids: Sequence[int]) -> str: ...
+
+    def encode_chat(self, messages: Sequence[Mapping[str, Any]]) -> tuple[str, list[int]]:
+        """Chat messages as prompt text under the model's chat template (stages/chat.py's
+        plain one where it has none), and its ids; ValueError for a malformed message."""
 
 
 class Scheduler(Protocol):
@@ -47,6 +52,9 @@ class Scheduler(Protocol):
 
     def update(self, plan: StepPlan, samples: Samples, now: float) -> list[Request]:
         """Keeps the step's samples and ends requests that stop; returns those."""
+
+    def abort(self, request: Request, message: str, now: float) -> None:
+        """Ends a waiting or running request with an error; its KV blocks are freed now."""
 
 
 class MetadataBuilder(Protocol):

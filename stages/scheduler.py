@@ -387,6 +387,13 @@ class ChunkedScheduler:
             if reason:
                 ending.append((decode[k], reason))
 
+    def abort(self, request: Request, message: str, now: float) -> None:
+        """Ends a request before its stop (its client left): its blocks go back at once."""
+        if request.status is Status.WAITING and request in self.waiting:
+            self.waiting.remove(request)
+        self.finish(request, "error", now)
+        request.error = message
+
     def finish(self, request: Request, reason: str, now: float) -> None:
         if request.finished:
             return

@@ -23,6 +23,9 @@ _WORDS = (
 class Tokenizer(Protocol):
     def encode(self, text: str) -> list[int]: ...
 
+    def encode_chat(self, messages: list[dict[str, Any]]) -> tuple[str, list[int]]:
+        """Chat messages as prompt text (the model's chat template) and its ids."""
+
 
 def poisson_arrivals(
     count: int, rate: float, rng: np.random.Generator, start_s: float = 0.0
@@ -270,7 +273,7 @@ class MultiTurnWorkload:
 # A day: later arrivals are a unit mistake (ms for s), and would idle the run for ever.
 MAX_ARRIVAL_S = 86_400.0
 _LINE_FIELDS = {
-    "id", "prompt", "max_new_tokens", "arrival_s", "ignore_eos", "stop",
+    "id", "prompt", "messages", "max_new_tokens", "arrival_s", "ignore_eos", "stop",
     "seed", "temperature", "top_k", "top_p",
 }  # fmt: skip
 
@@ -284,15 +287,28 @@ def _arrival(line: dict[str, Any], default: float) -> float:
     return float(value)
 
 
+def _prompt(line: dict[str, Any], tokenizer: Tokenizer) -> tuple[str, list[int]]:
+    """The line's prompt text and ids: `prompt` as given, or `messages` through the
+    tokenizer's chat template."""
+    if "prompt" in line and "messages" in line:
+        raise ValueError("give 'prompt' or 'messages', not both")
+    if "prompt" not in line and "messages" not in line:
+        raise ValueError("'prompt' (a string) or 'messages' (a chat) is required")
+    if "messages" in line:
+        return tokenizer.encode_chat(line["messages"])
+    prompt = line["prompt"]
+    if not isinstance(prompt, str):
+        raise ValueError("'prompt' must be a string")
+    return prompt, tokenizer.encode(prompt) if prompt else []
+
+
 def _line_to_request(
     line: dict[str, Any], index: int, default_new_tokens: int, arrival: float, tokenizer: Tokenizer
 ) -> Request:
-    prompt = line.get("prompt")
-    if not isinstance(prompt, str):
-        raise ValueError("'prompt' is required and must be a string")
     unknown = sorted(set(line) - _LINE_FIELDS)
     if unknown:
         raise ValueError(f"unknown field(s) {unknown}; allowed: {sorted(_LINE_FIELDS)}")
+    prompt, prompt_ids = _prompt(line, tokenizer)
     stop = line.get("stop", [])
     if isinstance(stop, str):
         stop = [stop]
@@ -315,7 +331,7 @@ def _line_to_request(
         id=str(rid),
         index=index,
         prompt=prompt,
-        prompt_ids=tokenizer.encode(prompt) if prompt else [],
+        prompt_ids=prompt_ids,
         max_new_tokens=max_new,
         arrival_s=_arrival(line, arrival),
         ignore_eos=ignore_eos,

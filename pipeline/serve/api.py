@@ -1,0 +1,236 @@
+"""The HTTP routes: OpenAI's completions, chat completions and models, /health, /metrics.
+
+Each generation request is checked in one order (key 401, size 413, body 400, model 404,
+readiness and queue 503, limits 400), handed to the engine worker, then answered whole or
+streamed as server-sent events, a chunk per engine step. A client that leaves mid-request
+has its request aborted, so its KV blocks are free by the next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import secrets
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from omegaconf import DictConfig
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from pipeline.serve.protocol import (
+    ChatBody,
+    CompletionBody,
+    GenerationBody,
+    RequestError,
+    parse,
+    to_request,
+)
+from pipeline.serve.replies import Reply, TextStream
+from pipeline.serve.telemetry import Telemetry
+from pipeline.serve.worker import EngineWorker, Finished, Stream
+
+DISCONNECTED = "aborted: the client disconnected"
+
+
+class Problem(Exception):
+    """An error answer: status, message, and the field it is about."""
+
+    def __init__(
+        self, status: int, message: str, param: str | None = None, headers: dict | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status, self.param, self.headers = status, param, headers
+
+
+def problem_response(err: Problem) -> JSONResponse:
+    kind = "invalid_request_error" if err.status < 500 else "server_error"
+    body = {"error": {"message": str(err), "type": kind, "param": err.param, "code": err.status}}
+    return JSONResponse(body, status_code=err.status, headers=err.headers)
+
+
+def create_app(
+    cfg: DictConfig, make_worker: Callable[[asyncio.AbstractEventLoop], EngineWorker]
+) -> FastAPI:
+    """The app; its lifespan starts the engine worker and stops it at shutdown."""
+    settings = cfg.serve
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        worker = make_worker(asyncio.get_running_loop())
+        app.state.worker = worker
+        worker.start()
+        yield
+        await asyncio.to_thread(worker.stop, settings.shutdown_timeout_s)
+
+    app = FastAPI(title="hpu-pipeline", lifespan=lifespan)
+    app.add_exception_handler(Problem, lambda request, err: problem_response(err))
+    numbers = itertools.count()
+
+    @app.get("/health")
+    async def health(request: Request) -> Response:
+        worker: EngineWorker = request.app.state.worker
+        if worker.failed:
+            return JSONResponse({"status": "failed", "error": worker.failed}, status_code=503)
+        if not worker.ready.is_set():
+            return JSONResponse({"status": "not ready"}, status_code=503)
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/metrics")
+    async def metrics(request: Request) -> Response:
+        telemetry: Telemetry = request.app.state.worker.telemetry
+        return Response(generate_latest(telemetry.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> Response:
+        check_key(request, settings.api_key)
+        model = {"id": settings.model_name, "object": "model", "created": 0,
+                 "owned_by": "hpu-pipeline", "max_model_len": cfg.max_model_len}  # fmt: skip
+        return JSONResponse({"object": "list", "data": [model]})
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        worker, body = await accept(request, CompletionBody)
+        tokenizer = worker.engine.tokenizer
+        prompt = body.prompt_text()
+        if isinstance(prompt, list):
+            bad = [i for i in prompt if not 0 <= i < tokenizer.vocab_size]
+            if bad:
+                raise Problem(400, f"prompt: token id {bad[0]} is outside the vocabulary "
+                              f"(0..{tokenizer.vocab_size - 1})", "prompt")  # fmt: skip
+            ids, prompt = prompt, tokenizer.decode(prompt)
+        else:
+            ids = tokenizer.encode(prompt)
+        reply = Reply("text_completion", next(numbers), settings.model_name)
+        return await generate(request, worker, body, reply, prompt, ids, body.max_tokens)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        worker, body = await accept(request, ChatBody)
+        tokenizer = worker.engine.tokenizer
+        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+        try:  # the model's chat template, as for jsonl `messages` (stages/chat.py)
+            prompt, ids = tokenizer.encode_chat(messages)
+        except ValueError as err:
+            raise Problem(400, str(err), "messages") from None
+        reply = Reply("chat.completion", next(numbers), settings.model_name)
+        return await generate(request, worker, body, reply, prompt, ids, body.limit())
+
+    async def accept(request: Request, body_type: type[GenerationBody]) -> tuple[EngineWorker, Any]:
+        """The checks every generation request passes, in the order the module names."""
+        check_key(request, settings.api_key)
+        raw = await read_body(request, settings.max_request_bytes)
+        try:
+            body = parse(body_type, raw)
+        except RequestError as err:
+            raise Problem(400, str(err), err.param) from None
+        if body.model is not None and body.model != settings.model_name:
+            raise Problem(404, f"model '{body.model}' is not served here: "
+                          f"GET /v1/models lists '{settings.model_name}'", "model")  # fmt: skip
+        worker: EngineWorker = request.app.state.worker
+        if not worker.ready.is_set():
+            raise Problem(503, "the server is not ready (loading, warming up or stopping)",
+                          headers={"Retry-After": "5"})  # fmt: skip
+        if worker.waiting >= settings.max_waiting:
+            message = f"{worker.waiting} requests wait, serve.max_waiting={settings.max_waiting}"
+            raise Problem(503, f"{message}: retry later", headers={"Retry-After": "1"})
+        return worker, body
+
+    async def generate(
+        request: Request,
+        worker: EngineWorker,
+        body: GenerationBody,
+        reply: Reply,
+        prompt: str,
+        ids: list[int],
+        limit: int | None,
+    ) -> Response:
+        engine = worker.engine
+        ident = (reply.id, reply.index)
+        job = to_request(body, prompt, ids, limit, cfg.max_model_len, ident, engine.clock())
+        reason = engine.rejection(job)
+        if reason:
+            raise Problem(400, reason)
+        try:
+            stream = worker.submit(job, streamed=body.stream)
+        except RuntimeError as err:
+            raise Problem(503, str(err), headers={"Retry-After": "5"}) from None
+        if body.stream:
+            events = stream_events(request, worker, stream, reply, body.include_usage)
+            return StreamingResponse(events, media_type="text/event-stream")
+        await wait_for_end(request, worker, stream)
+        if stream.request.error:
+            status = 503 if stream.request.error.startswith("aborted") else 500
+            raise Problem(status, stream.request.error)
+        return Response(orjson.dumps(reply.whole(stream.request, engine.tokenizer)),
+                        media_type="application/json")  # fmt: skip
+
+    return app
+
+
+def check_key(request: Request, api_key: str) -> None:
+    if not api_key:
+        return
+    given = request.headers.get("authorization", "")
+    if not secrets.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
+        raise Problem(401, "a valid API key is required: send 'Authorization: Bearer KEY'")
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The body, or 413 as soon as it is known to exceed `limit` bytes."""
+    too_large = Problem(413, f"the request body exceeds serve.max_request_bytes={limit}")
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise too_large
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_large
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def wait_for_end(request: Request, worker: EngineWorker, stream: Stream) -> None:
+    """Waits for the request's end; aborts it if the client disconnects first."""
+    left = asyncio.ensure_future(disconnected(request))
+    ended = asyncio.ensure_future(stream.queue.get())
+    try:
+        await asyncio.wait({left, ended}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        left.cancel()
+        if not ended.done():
+            ended.cancel()
+            worker.abort(stream.request, DISCONNECTED)
+
+
+async def disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def stream_events(
+    request: Request, worker: EngineWorker, stream: Stream, reply: Reply, include_usage: bool
+) -> AsyncIterator[bytes]:
+    """Server-sent events: a chunk of text per engine step, the finish, usage, [DONE]."""
+    text = TextStream(worker.engine.tokenizer, stream.request.stop)
+    ended = False
+    try:
+        first = reply.opening_chunk(include_usage)
+        if first:
+            yield first
+        while not ended:
+            event = await stream.queue.get()
+            ended = isinstance(event, Finished)
+            ids = event.ids if ended else event
+            delta = text.final(stream.request, ids) if ended else text.add(ids)
+            if delta:
+                yield reply.chunk(delta, None, include_usage)
+        yield reply.closing_chunks(stream.request, include_usage)
+        yield b"data: [DONE]\n\n"
+    finally:
+        if not ended:  # the client left, or the server cancelled the response
+            worker.abort(stream.request, DISCONNECTED)

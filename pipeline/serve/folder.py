@@ -1,0 +1,112 @@
+"""A serving session's run folder: the files a batch run leaves, written so that a server
+that runs for days holds none of it in memory.
+
+generations.jsonl gets each request's line as it ends (and is put in arrival order at
+shutdown); metrics.json is computed at shutdown from the folder's own files, with the
+batch run's definitions (`pipeline.metrics.summarise`).
+"""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import orjson
+from omegaconf import DictConfig
+
+from pipeline import artefacts
+from pipeline.artefacts import GENERATIONS, STEPS
+from pipeline.engine import Engine
+from pipeline.metrics import summarise
+from pipeline.run import device_metrics, slo_of
+from pipeline.slo import slo_metrics
+from stages.request import Request, Status
+
+
+class GenerationAppender:
+    """Appends each ended request's generations.jsonl line, flushed; keeps nothing."""
+
+    def __init__(self, out_dir: Path, tokenizer) -> None:
+        self.path = out_dir / GENERATIONS
+        self.tokenizer = tokenizer
+        with artefacts.writing(self.path):
+            self._file = open(self.path, "wb")  # noqa: SIM115
+
+    def __call__(self, request: Request) -> None:
+        line = artefacts.json_line(artefacts.generation_line(request, self.tokenizer))
+        with artefacts.writing(self.path):
+            self._file.write(line)
+            self._file.flush()
+
+    def close(self) -> None:
+        with artefacts.writing(self.path):
+            self._file.close()
+
+
+def ended_request(line: dict[str, Any]) -> Request:
+    """What summarise reads of a request, rebuilt from its generations.jsonl line: token
+    times relative to an arrival at 0."""
+    request = Request(
+        id=line["id"],
+        index=line["index"],
+        prompt="",
+        prompt_ids=range(line["prompt_tokens"]),
+        max_new_tokens=line["max_new_tokens"],
+        output_ids=line["output_ids"],
+        status=Status.FINISHED,
+        finish_reason=line["finish_reason"],
+        error=line["error"],
+        cached_tokens=line["cached_tokens"],
+    )
+    if line["ttft_s"] is not None:
+        request.token_times = list(itertools.accumulate([line["ttft_s"], *line["itl_s"]]))
+        request.finish_s = line["e2e_s"]
+    return request
+
+
+def step_counts(path: Path) -> tuple[list[SimpleNamespace], int]:
+    """Each step's real and padded tokens, and the requests preempted in all."""
+    steps, preempted = [], 0
+    if path.is_file():
+        with open(path, "rb") as f:
+            for raw in f:
+                try:
+                    step = orjson.loads(raw)
+                except orjson.JSONDecodeError:  # a line a kill cut short
+                    continue
+                tokens = {k: step[k] for k in ("num_tokens", "padded_tokens")}
+                steps.append(SimpleNamespace(**tokens))
+                preempted += len(step["preempted"])
+    return steps, preempted
+
+
+def write_folder_metrics(
+    cfg: DictConfig,
+    engine: Engine,
+    out_dir: Path,
+    duration_s: float,
+    warmup_s: float,
+    status: str,
+    error: str | None,
+) -> None:
+    """metrics.json from the folder's generations and steps; generations.jsonl is rewritten
+    in arrival order on the way."""
+    lines = sorted(artefacts.read_generations(out_dir / GENERATIONS), key=lambda g: g["index"])
+    artefacts.replace_lines(out_dir / GENERATIONS, (artefacts.json_line(g) for g in lines))
+    requests = [ended_request(g) for g in lines]
+    del lines
+    steps, preempted = step_counts(out_dir / STEPS)
+    metrics = {
+        "status": status,
+        **summarise(requests, steps, duration_s),
+        **slo_metrics(requests, duration_s, slo_of(cfg)),
+        "bucket_misses": engine.metadata.bucket_misses,
+        "warmup_s": warmup_s,
+        **device_metrics(engine),
+    }
+    metrics["num_preemptions"] = preempted
+    if error:
+        metrics["error"] = error
+    artefacts.write_metrics(metrics, out_dir)

@@ -1,0 +1,122 @@
+"""OpenAI's response bodies and stream chunks, and the text a stream sends step by step."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from pipeline.artefacts import output_text
+from stages.interfaces import Tokenizer
+from stages.request import Request
+
+
+class TextStream:
+    """A request's text as its tokens come: each step sends what can no longer change.
+
+    Held back are a cut-off character at the end (its next bytes are still to come) and, with
+    stop strings, as many characters as the longest one less one: the stop string that ends
+    the request is never sent in part. The last delta makes the sent text the request's
+    final text (artefacts.output_text, as generations.jsonl holds it)."""
+
+    def __init__(self, tokenizer: Tokenizer, stop: list[str]) -> None:
+        self.tokenizer = tokenizer
+        self.holdback = max(map(len, stop), default=1) - 1
+        self.ids: list[int] = []
+        self.sent = 0  # characters sent
+
+    def add(self, ids: list[int]) -> str:
+        self.ids += ids
+        text = self.tokenizer.decode(self.ids).rstrip("\ufffd")
+        safe = len(text) - self.holdback
+        if safe <= self.sent:
+            return ""
+        delta, self.sent = text[self.sent : safe], safe
+        return delta
+
+    def final(self, request: Request, ids: list[int]) -> str:
+        self.ids += ids
+        text = output_text(request, self.tokenizer)
+        delta, self.sent = text[self.sent :], len(text)
+        return delta
+
+
+def usage(request: Request) -> dict[str, Any]:
+    prompt, output = request.num_prompt_tokens, len(request.output_ids)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": output,
+        "total_tokens": prompt + output,
+        "prompt_tokens_details": {"cached_tokens": request.cached_tokens},
+    }
+
+
+@dataclass
+class Reply:
+    """One request's answer, whole or as chunks: `kind` is text_completion or
+    chat.completion."""
+
+    kind: str
+    index: int
+    model: str
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    @property
+    def chat(self) -> bool:
+        return self.kind == "chat.completion"
+
+    @property
+    def id(self) -> str:
+        return f"{'chatcmpl' if self.chat else 'cmpl'}-{self.index}"
+
+    def _head(self, streaming: bool) -> dict[str, Any]:
+        kind = f"{self.kind}.chunk" if streaming and self.chat else self.kind
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
+
+    def _choice(self, text: str | None, finish: str | None, streaming: bool) -> dict[str, Any]:
+        if not self.chat:
+            return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+        if streaming:
+            delta = {} if text is None else {"content": text}
+            return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        message = {"role": "assistant", "content": text}
+        return {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
+
+    def whole(self, request: Request, tokenizer: Tokenizer) -> dict[str, Any]:
+        text = output_text(request, tokenizer)
+        choice = self._choice(text, request.finish_reason, streaming=False)
+        return {**self._head(False), "choices": [choice], "usage": usage(request)}
+
+    def _event(self, body: dict[str, Any]) -> bytes:
+        return b"data: " + orjson.dumps(body) + b"\n\n"
+
+    def _chunk_body(self, choices: list, include_usage: bool) -> dict[str, Any]:
+        body = {**self._head(True), "choices": choices}
+        if include_usage:
+            body["usage"] = None
+        return body
+
+    def opening_chunk(self, include_usage: bool) -> bytes | None:
+        """A chat stream opens with the assistant's role; a completion stream has none."""
+        if not self.chat:
+            return None
+        choice = {"index": 0, "delta": {"role": "assistant", "content": ""},
+                  "logprobs": None, "finish_reason": None}  # fmt: skip
+        return self._event(self._chunk_body([choice], include_usage))
+
+    def chunk(self, text: str, finish: str | None, include_usage: bool) -> bytes:
+        choice = self._choice(text, finish, streaming=True)
+        return self._event(self._chunk_body([choice], include_usage))
+
+    def closing_chunks(self, request: Request, include_usage: bool) -> bytes:
+        """The finish reason (or the error), then usage when asked for."""
+        if request.error:
+            error = {"message": request.error, "type": "server_error", "code": 500}
+            return self._event({"error": error})
+        choice = self._choice(None if self.chat else "", request.finish_reason, streaming=True)
+        out = self._event(self._chunk_body([choice], include_usage))
+        if include_usage:
+            out += self._event({**self._head(True), "choices": [], "usage": usage(request)})
+        return out

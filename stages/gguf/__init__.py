@@ -1,0 +1,1 @@
+"""GGUF files (llama.cpp's format): header, dequantisation, model, tokenizer, chat template."""
