@@ -244,7 +244,8 @@ def build_summary(sweep_dir: Path) -> Path:
     keys = swept_keys(jobs)
     write_csv(jobs, sweep_dir / "summary.csv")
     write_markdown(jobs, keys, sweep_dir / "summary.md")
-    write_plot(jobs, keys, sweep_dir / "summary.png", _notes(jobs, keys))
+    slo = any(len(j.metrics.get("slo") or {}) > 1 for j in jobs)  # a bound beside the target
+    write_plot(jobs, keys, sweep_dir / "summary.png", _notes(jobs, keys), slo)
     return sweep_dir / "summary.md"
 
 

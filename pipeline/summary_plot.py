@@ -53,12 +53,17 @@ def x_key(jobs: Sequence[PlotJob], keys: Sequence[str]) -> str | None:
     return keys[0] if keys else None
 
 
-def shown_panels(jobs: Sequence[PlotJob]) -> list[tuple[str, str]]:
-    """The panels with something to show: a value other than 0 in some job."""
+SLO_COLUMNS = ("request_goodput", "slo_attainment")
+
+
+def shown_panels(jobs: Sequence[PlotJob], slo: bool = False) -> list[tuple[str, str]]:
+    """The panels with something to show: a value other than 0 in some job (the SLO's
+    only when some job had a bound)."""
     return [
         (column, title)
         for column, title in PANELS
-        if any(j.value(column) not in (None, 0) for j in jobs)
+        if (slo or column not in SLO_COLUMNS)
+        and any(j.value(column) not in (None, 0) for j in jobs)
     ]
 
 
@@ -67,7 +72,9 @@ def log_scale(values: Sequence[float | None]) -> bool:
     return bool(positive) and max(positive) / min(positive) > LOG_SPAN
 
 
-def write_plot(jobs: Sequence[PlotJob], keys: Sequence[str], path: Path, notes: list[str]) -> None:
+def write_plot(
+    jobs: Sequence[PlotJob], keys: Sequence[str], path: Path, notes: list[str], slo: bool
+) -> None:
     """The shown panels against x_key; the other swept keys' values name the series."""
     import matplotlib
 
@@ -87,7 +94,7 @@ def write_plot(jobs: Sequence[PlotJob], keys: Sequence[str], path: Path, notes: 
     for job, label in zip(jobs, labels, strict=True):
         name = " ".join(f"{k}={job.override_values.get(k, '')}" for k in keys if k != x)
         series.setdefault(name, []).append((position[label], job))
-    panels = shown_panels(jobs)
+    panels = shown_panels(jobs, slo)
     rows = -(-(len(panels) + 1) // 4)
     fig, axes = plt.subplots(rows, 4, figsize=(17, 3.75 * rows), squeeze=False)
     flat = list(axes.flat)
