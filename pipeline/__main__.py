@@ -10,10 +10,11 @@ import hydra
 import structlog
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from pipeline import artefacts, logs  # noqa: F401  (logs configures structlog)
 from pipeline.checks import ConfigError
+from pipeline.folder_lock import FolderBusy
 from pipeline.run import run
 from pipeline.schema import register_schemas
 from pipeline.stopping import RunInterrupted
@@ -38,7 +39,10 @@ def main(cfg: DictConfig) -> None:
     structlog.contextvars.clear_contextvars()  # a joblib worker runs several jobs
     structlog.contextvars.bind_contextvars(job=hydra_cfg.job.get("num", 0) if multirun else 0)
     try:
-        run(cfg, out_dir, overrides=list(hydra_cfg.overrides.task))
+        # As typed: an override's own `${...}` is text here, not resolved (which could take
+        # for ever on references that double).
+        overrides = OmegaConf.to_container(hydra_cfg.overrides.task, resolve=False)
+        run(cfg, out_dir, overrides=[str(o) for o in overrides])
     except RunInterrupted as stop:
         if not stop.recorded:  # stopped before serving began
             _record_failure("interrupted", str(stop), out_dir)
@@ -48,7 +52,8 @@ def main(cfg: DictConfig) -> None:
     except Exception as err:
         known = isinstance(err, ConfigError | artefacts.RunFolderError)
         message = str(err) if known else f"{type(err).__name__}: {err}"
-        _record_failure("failed", message, out_dir)
+        if not isinstance(err, FolderBusy):  # the folder is another process's
+            _record_failure("failed", message, out_dir)
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
         if multirun:  # one failed job must not stop the sweep
@@ -61,4 +66,8 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except RunInterrupted as stop:  # a sweep's own process: its launcher stopped the jobs
+        log.warning("sweep_interrupted", signal=str(stop))
+        sys.exit(stop.exit_code)

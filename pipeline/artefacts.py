@@ -22,12 +22,24 @@ from typing import Any
 import orjson
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
+from pipeline.checks import ConfigError
+from pipeline.expansion import bounded_record
+from pipeline.folder_lock import FolderLock
 from pipeline.metrics import StepRecord, e2e_s, itl_s, ttft_s
+from pipeline.run_folder import (  # noqa: F401  (read_generations: the folder's reader)
+    GENERATIONS,
+    METRICS,
+    RESOLVED_CONFIG,
+    STEPS,
+    RunFileError,
+    config_path,
+    read_generations,
+    read_mapping,
+)
 from stages.request import Request
 
-GENERATIONS, STEPS, METRICS = "generations.jsonl", "steps.jsonl", "metrics.json"
-RESOLVED_CONFIG = "resolved_config.yaml"
 # The error of a request a signal stopped; resuming the folder serves these again.
 INTERRUPTED = "interrupted: the run stopped before this request finished"
 
@@ -45,6 +57,12 @@ def writing(path: Path) -> Iterator[None]:
         raise RunFolderError(f"cannot write {path}: {err.strerror or err}") from err
 
 
+def _umask() -> int:
+    mask = os.umask(0o022)  # reading the mask means setting it: set it straight back
+    os.umask(mask)
+    return mask
+
+
 def replace_text(path: Path, text: str) -> None:
     """Writes `path` whole or not at all: a temporary file beside it, then a rename."""
     replace_lines(path, [text.encode("utf-8")])
@@ -56,6 +74,7 @@ def replace_lines(path: Path, lines: Iterable[bytes]) -> None:
     with writing(path):
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
         try:
+            os.fchmod(fd, 0o666 & ~_umask())  # as open() would make it, not mkstemp's 0600
             with os.fdopen(fd, "wb") as f:
                 f.writelines(lines)
             os.replace(tmp, path)
@@ -65,11 +84,15 @@ def replace_lines(path: Path, lines: Iterable[bytes]) -> None:
 
 
 def read_run_config(folder: Path) -> DictConfig | None:
-    """A run folder's composed config, Hydra's own copy first; None if it has neither."""
-    for path in (folder / ".hydra" / "config.yaml", folder / RESOLVED_CONFIG):
-        if path.is_file():
-            return OmegaConf.load(path)
-    return None
+    """A run folder's composed config, Hydra's own copy first; None if it has neither.
+    RunFileError for a file that is not a config."""
+    path = config_path(folder)
+    if path is None:
+        return None
+    try:
+        return OmegaConf.create(read_mapping(path))
+    except OmegaConfBaseException as err:  # e.g. a date, which a config cannot hold
+        raise RunFileError(f"{path} is not a config: {' '.join(str(err).split())}") from err
 
 
 def write_resolved_config(cfg: DictConfig, out_dir: Path) -> None:
@@ -158,23 +181,6 @@ class GenerationWriter:
         replace_lines(self.path, (self.lines[i] for i in sorted(self.lines)))
 
 
-def read_generations(path: Path) -> list[dict[str, Any]]:
-    """The lines of a generations.jsonl; a last line cut short by a kill is left out, any
-    other line that is not JSON raises ValueError naming it."""
-    lines = []
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for number, raw in enumerate(f, start=1):
-            if not raw.strip():
-                continue
-            try:
-                lines.append(json.loads(raw))
-            except json.JSONDecodeError as err:
-                if not raw.endswith("\n"):  # the write a kill interrupted
-                    break
-                raise ValueError(f"{path}:{number} is not valid JSON: {err}") from err
-    return lines
-
-
 class StepWriter:
     """Appends one line per engine step as it happens, flushed at least every FLUSH_S
     seconds, so a run can be watched (a simulated run makes thousands of steps a second)."""
@@ -202,7 +208,8 @@ class StepWriter:
 
 
 def write_metrics(metrics: dict[str, Any], out_dir: Path) -> None:
-    replace_text(out_dir / METRICS, json.dumps(metrics, indent=2) + "\n")
+    """metrics.json, from bounded fields: one oversized field is noted, not the run lost."""
+    replace_text(out_dir / METRICS, json.dumps(bounded_record(metrics), indent=2) + "\n")
 
 
 def run_folder_problem(folder: Path) -> str | None:
@@ -236,10 +243,39 @@ def _refuse_folder(folder: Path) -> None:
 
 class RunFolderCheck(Callback):
     """Checks the run (or sweep) folder before Hydra makes it, so a folder under a file or on
-    a read-only file system is one line and exit code 2, not Hydra's traceback."""
+    a read-only file system is one line and exit code 2, not Hydra's traceback; then holds
+    the folder's lock, before Hydra writes its .hydra files there, so that a second run given
+    the same folder is refused before it has written anything."""
+
+    def __init__(self) -> None:
+        self._locks: list[FolderLock] = []
+
+    def __getstate__(self) -> dict[str, Any]:
+        """A pool launcher's worker gets no locks: the sweep's process holds them."""
+        return {"_locks": []}
+
+    def _hold(self, folder: Path) -> None:
+        _refuse_folder(folder)
+        lock = FolderLock(folder)
+        try:
+            lock.acquire()
+        except ConfigError as err:
+            print(f"Error: {err}", file=sys.stderr)
+            sys.exit(2)
+        self._locks.append(lock)
+
+    def _release(self) -> None:
+        while self._locks:
+            self._locks.pop().release()
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        _refuse_folder(Path(config.hydra.run.dir))
+        self._hold(Path(config.hydra.run.dir))
+
+    def on_run_end(self, config: DictConfig, **kwargs: Any) -> None:
+        self._release()
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        _refuse_folder(Path(config.hydra.sweep.dir))
+        self._hold(Path(config.hydra.sweep.dir))
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        self._release()

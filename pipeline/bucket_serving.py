@@ -3,11 +3,12 @@ measured, not estimated from the recorded steps."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
+
+from pipeline.run_folder import read_metrics
 
 # Overrides a served check sets itself: the device, warmup, and the buckets under test.
 _OWN_KEYS = ("executor=", "warmup=", "hydra.", "+buckets=", "buckets=", "resume=", "+resume=")
@@ -71,15 +72,15 @@ def serve_plan(variants: list[tuple[str, list[str]]], plan_dir: Path, name: str)
         ]
         folder.mkdir(parents=True, exist_ok=True)
         run(compose_config(composed), folder)
-        metrics = json.loads((folder / "metrics.json").read_text(encoding="utf-8"))
+        metrics = read_metrics(folder) or {}
         results.append(
             Served(
                 label=label,
                 overrides=simulated(overrides),
                 folder=folder,
-                bucket_misses=int(metrics["bucket_misses"]),
+                bucket_misses=int(metrics.get("bucket_misses", 0)),
                 serving_compiles=int(metrics.get("serving_compiles", 0)),
-                token_utilization=float(metrics["token_utilization"]),
+                token_utilization=float(metrics.get("token_utilization", 0.0)),
                 warmup_shapes=int(metrics.get("warmup_shapes", 0)),
             )
         )

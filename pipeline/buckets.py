@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections import defaultdict
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 
 from pipeline.bucket_serving import Served, run_overrides, serve_plan, simulated, with_seed
+from pipeline.run_folder import read_mapping, read_metrics, read_step_lines
 from stages.bucket_planner import HEADROOM, Evaluation, Plan, Workload, evaluate, plan_buckets
 from stages.buckets import Axis, Bucketing, Buckets, StepRule
 from stages.kv_cache import blocks_for
@@ -92,8 +94,7 @@ def find_runs(source: Path) -> list[Path]:
 
 
 def read_steps(run: Path) -> list[dict[str, Any]]:
-    with (run / "steps.jsonl").open(encoding="utf-8") as lines:
-        steps = [json.loads(line) for line in lines if line.strip()]
+    steps = read_step_lines(run / "steps.jsonl")
     if steps and "needed" not in steps[0]:
         raise SourceError(
             f"{run}/steps.jsonl has no `needed` dims (an older run): serve it again to plan"
@@ -116,7 +117,7 @@ def run_limits(run: Path) -> RunLimits:
     path = run / "resolved_config.yaml"
     if not path.is_file():
         raise SourceError(f"{run}: no resolved_config.yaml; give a folder the pipeline wrote")
-    cfg = OmegaConf.load(path)
+    cfg = OmegaConf.create(read_mapping(path))
     given = {
         name: {key: cfg.metadata[name][key] for key in ("min", "step", "max")} for name in AXES
     }
@@ -327,8 +328,7 @@ def _stalled(runs: list[Path]) -> list[str]:
     stalled by compiles, so its schedule is not the one a warmed deployment makes."""
     lines = []
     for run in runs:
-        path = run / "metrics.json"
-        metrics = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+        metrics = read_metrics(run) or {}
         if metrics.get("serving_compiles"):
             lines.append(
                 f"Warning: `{run}` compiled {metrics['serving_compiles']} graphs while serving "
@@ -348,8 +348,7 @@ def show(run: Path) -> str:
     """Each bucket the run used, its steps and token utilization, and the totals."""
     if not (run / "steps.jsonl").is_file():
         raise SourceError(f"{run}: no steps.jsonl; give a run folder")
-    with (run / "steps.jsonl").open(encoding="utf-8") as lines:
-        steps = [json.loads(line) for line in lines if line.strip()]
+    steps = read_step_lines(run / "steps.jsonl")
     by_bucket: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
     for step in steps:
         entry = by_bucket[step["bucket"]]
@@ -362,8 +361,7 @@ def show(run: Path) -> str:
         out.append(f"{bucket:<{width}}  {count:>6}  {real / padded:>11.3f}")
     real = sum(s["num_tokens"] for s in steps)
     padded = sum(s["padded_tokens"] for s in steps)
-    metrics_path = run / "metrics.json"
-    metrics = json.loads(metrics_path.read_text()) if metrics_path.is_file() else {}
+    metrics = read_metrics(run) or {}
     misses = metrics.get("bucket_misses", "unknown")
     out.append(
         f"{len(steps)} steps, {len(by_bucket)} buckets used: {real} real tokens, {padded} "
@@ -444,7 +442,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "show":
             print(show(args.run))
             return 0
-        if args.max_shapes < 1 or args.block_weight < 0:
+        if args.max_shapes < 1 or not 0 <= args.block_weight < math.inf:  # NaN fails too
             raise SourceError("--max-shapes needs 1 or more and --block-weight 0 or more")
         source, variants = args.source, None
         if args.workload:
@@ -458,6 +456,13 @@ def main(argv: list[str] | None = None) -> int:
         )  # fmt: skip
     except ValueError as err:  # a bad folder or config, or no set within the budget
         print(f"Error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:  # --out on a read-only path, or a file where a folder must be
+        where = err.filename or args.out
+        print(
+            f"Error: cannot write {where}: {err.strerror or err}: choose another --out",
+            file=sys.stderr,
+        )
         return 2
     print((args.out / "report.md").read_text(), end="")
     return 0

@@ -14,6 +14,7 @@ from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue
 from pipeline.allocator import keep_freed_memory
 from pipeline.checks import ConfigError, check_config, check_memory
 from pipeline.engine import Engine
+from pipeline.expansion import check_expansion
 from stages.kv_cache import KVCacheManager, blocks_for
 from stages.request import Request
 from stages.simulator.device import (
@@ -26,6 +27,7 @@ from stages.simulator.device import (
 )
 from stages.simulator.hardware import kv_pool_blocks
 from stages.stopping import StopRule
+from stages.workload import bound_arrivals
 
 log = structlog.get_logger(__name__)
 
@@ -43,7 +45,9 @@ def build(node: DictConfig, **runtime: Any) -> Any:
 
 def check_resolves(cfg: DictConfig) -> None:
     """Every key is set and every interpolation resolves (e.g. model.path for model=hf, and
-    tokenizer.path, which defaults to it), or one line names the key."""
+    tokenizer.path, which defaults to it), or one line names the key; no value may expand
+    beyond bounds through what it refers to."""
+    check_expansion(cfg)
     try:
         OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
     except MissingMandatoryValue as err:
@@ -67,6 +71,14 @@ def derive_num_blocks(cfg: DictConfig, requests: list[Request]) -> int:
     return max(1, min(cfg.max_num_seqs * per_seq, workload))
 
 
+def load_workload(cfg: DictConfig, tokenizer: Any) -> tuple[Any, list[Request]]:
+    """The workload and its requests, every arrival held to the one bound."""
+    workload = build(cfg.workload)
+    requests = workload.load(tokenizer)
+    bound_arrivals(requests)
+    return workload, requests
+
+
 def build_engine(
     cfg: DictConfig, clock: VirtualClock | None = None
 ) -> tuple[Engine, list[Request]]:
@@ -86,8 +98,7 @@ def build_engine(
             f"model.vocab_size={model.dims.vocab_size} is smaller than the tokenizer's "
             f"{tokenizer.vocab_size}: pick a matching model and tokenizer"
         )
-    workload = build(cfg.workload)
-    requests = workload.load(tokenizer)
+    workload, requests = load_workload(cfg, tokenizer)
     kv_cache = build_kv_cache(cfg, requests)
     # A checkpoint's config and generation config name its end tokens too.
     stop = StopRule(tokenizer.eos_ids | model.eos_ids, cfg.max_model_len, tokenizer.decode)
@@ -126,8 +137,7 @@ def build_simulated_engine(cfg: DictConfig, clock: VirtualClock) -> tuple[Engine
     if cfg.hardware is None:
         raise ConfigError("executor=simulated needs a device: give hardware=gaudi3 (or ...)")
     hardware = build(cfg.hardware)
-    workload = build(cfg.workload)
-    requests = workload.load(tokenizer)
+    workload, requests = load_workload(cfg, tokenizer)
     try:
         num_blocks = cfg.num_blocks or kv_pool_blocks(spec, hardware, cfg.block_size, cfg.tp)
         device = SimulatedDevice(spec, hardware, clock, cfg.tp)

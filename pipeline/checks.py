@@ -10,6 +10,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from stages.workload import MAX_ARRIVAL_S  # one bound for every workload's arrivals
+
 
 class ConfigError(ValueError):
     """An impossible configuration; the message says which keys to change."""
@@ -129,7 +131,6 @@ def _check_device(cfg: DictConfig) -> None:
 # ------------------------------------------------------------------------ bounds and memory
 
 MAX_REQUESTS = 1_000_000  # per workload (or part): more is a typo, and each request is held
-MAX_ARRIVAL_S = 86_400.0  # a day: arrivals later than this would idle the run for ever
 BUCKET_ENTRY_BYTES = 44  # a Python int in a list (36) and its int64 copy (8)
 BLOCK_ENTRY_BYTES = 36  # a free-list entry of the block pool
 ROPE_BYTES_PER_DIM = 16  # float64 angles, cos and sin, then their float32 tables
@@ -161,12 +162,21 @@ def _check_workload_bounds(key: str, value: Any, node: dict[str, Any]) -> None:
             )
 
 
+def _is_seed(value: Any) -> bool:
+    if value is None:  # no seed of its own
+        return True
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63
+
+
 def check_bounds(cfg: DictConfig) -> None:
     """Every number is finite, and every count and time of the workload within its limits."""
     flat = _flat(OmegaConf.to_container(cfg, resolve=True))
-    for key, value in flat.items():
+    # Shallow keys first: `seed=-1` is named, not the model.seed that refers to it.
+    for key, value in sorted(flat.items(), key=lambda item: item[0].count(".")):
         if isinstance(value, float) and not math.isfinite(value):
             raise ConfigError(f"{key}={value}: must be a finite number")
+        if key.rsplit(".", 1)[-1].endswith("seed") and not _is_seed(value):
+            raise ConfigError(f"{key}={value}: a seed must be a whole number >= 0 (and < 2**63)")
     workload = OmegaConf.to_container(cfg.workload, resolve=True)
     nodes = [workload, *(workload.get("parts") or {}).values()]
     for node in nodes:

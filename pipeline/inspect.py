@@ -138,6 +138,7 @@ def _servable(folder: Path, config: Mapping[str, Any], context: int) -> tuple[An
         files = weight_files(folder)
         tensors = stored_tensors(files)
         check_headers(files, weight_plan(spec, files.keys()), folder)
+        read_json(folder / "tokenizer.json", required=False)  # the tokenizer it would serve with
     except ValueError as err:
         if not tensors:  # still count what is stored, where the headers can be read
             try:

@@ -7,24 +7,23 @@ an uninterrupted run would have given them.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
+import structlog
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline import artefacts
+from pipeline import artefacts, run_folder
 from pipeline.checks import ConfigError
+from pipeline.identity import TOKEN_NEUTRAL, check_identity
 from pipeline.metrics import StepRecord
 from stages.request import Request, Status
 
-# Keys that change how fast a run goes, never which tokens it makes.
-TOKEN_NEUTRAL = frozenset({"num_threads", "warmup"})
+log = structlog.get_logger(__name__)
 
 
 @dataclass
@@ -43,12 +42,7 @@ def _config(folder: Path) -> tuple[DictConfig, dict[str, str]]:
     cfg = artefacts.read_run_config(folder)
     if cfg is None:
         raise ConfigError(f"resume={folder} is not a run folder: it has no .hydra/config.yaml")
-    choices: dict[str, str] = {}
-    hydra_file = folder / ".hydra" / "hydra.yaml"
-    if hydra_file.is_file():
-        runtime = (yaml.safe_load(hydra_file.read_text()) or {}).get("hydra", {}).get("runtime")
-        choices = {str(k): str(v) for k, v in ((runtime or {}).get("choices") or {}).items()}
-    return cfg, choices
+    return cfg, run_folder.read_choices(folder)
 
 
 def apply_overrides(cfg: DictConfig, choices: dict[str, str], overrides: Sequence[str]) -> None:
@@ -72,36 +66,45 @@ def apply_overrides(cfg: DictConfig, choices: dict[str, str], overrides: Sequenc
             )
 
 
-def _steps(path: Path) -> list[StepRecord]:
-    if not path.is_file():
-        return []
-    return [StepRecord(**line) for line in artefacts.read_generations(path)]
+def _appendable(path: Path) -> Path:
+    """`path` with a torn last line (a kill or a full disk mid-write) cut, so the resumed
+    run's lines do not continue it."""
+    removed = run_folder.cut_torn_tail(path)
+    if removed:
+        log.warning("torn_line_cut", file=str(path), bytes=removed)
+        print(f"resume: {path} ended mid-line; cut its last {removed} bytes", flush=True)
+    return path
 
 
 def load_previous(folder: str | Path, overrides: Sequence[str] = ()) -> Previous:
+    """The folder's config, finished lines and steps; ConfigError (one line naming the file
+    and field) for a folder that cannot be resumed as it is."""
     folder = Path(folder).expanduser()
     if not folder.is_dir():
         raise ConfigError(f"resume={folder}: no such folder")
+    try:
+        return _load(folder, overrides)
+    except run_folder.RunFileError as err:
+        raise ConfigError(f"resume: {err}") from err
+
+
+def _load(folder: Path, overrides: Sequence[str]) -> Previous:
     cfg, choices = _config(folder)
     apply_overrides(cfg, choices, overrides)
     kept: dict[int, dict[str, Any]] = {}
     generations = folder / artefacts.GENERATIONS
     if generations.is_file():
-        try:
-            lines = artefacts.read_generations(generations)
-        except ValueError as err:
-            raise ConfigError(f"resume: {err}") from err
-        for position, line in enumerate(lines):
+        for line in run_folder.read_generations(_appendable(generations)):
             if line.get("error") != artefacts.INTERRUPTED:
-                kept[int(line.get("index", position))] = line
-    steps = _steps(folder / artefacts.STEPS)
+                kept[line["index"]] = line
+    check_identity(cfg, folder, len(kept))
+    steps_file = folder / artefacts.STEPS
+    step_lines = run_folder.read_step_lines(_appendable(steps_file)) if steps_file.is_file() else []
+    steps = [StepRecord(**line) for line in step_lines]
     duration = sum(s.duration_s for s in steps)
-    metrics_file = folder / artefacts.METRICS
-    if metrics_file.is_file():
-        try:
-            duration = float(json.loads(metrics_file.read_text()).get("duration_s") or duration)
-        except (ValueError, TypeError):
-            pass  # a metrics.json cut short: the steps' own times stand
+    metrics = run_folder.read_metrics(folder) if (folder / artefacts.METRICS).is_file() else None
+    if metrics and metrics.get("duration_s") is not None:
+        duration = float(metrics["duration_s"])
     return Previous(folder, cfg, kept, steps, duration)
 
 

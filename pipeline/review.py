@@ -16,15 +16,22 @@ import hashlib
 import json
 import math
 import sys
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 from deepdiff import DeepDiff
 
-from pipeline.artefacts import read_generations
+from pipeline.run_folder import (
+    RunFileError,
+    read_choices,
+    read_generations,
+    read_mapping,
+    read_metrics,
+    read_overrides,
+)
 from pipeline.summary import find_jobs
 
 # Tokens shown around a divergence: enough to recognise the text, short enough for a line.
@@ -66,50 +73,45 @@ def workload_digest(generations: Sequence[dict[str, Any]]) -> str:
     return hashlib.sha256(json.dumps(keyed, sort_keys=True).encode()).hexdigest()
 
 
-def _read_yaml(path: Path) -> Any:
-    # PyYAML rather than OmegaConf: Hydra's own files hold interpolations we must not resolve.
-    return yaml.safe_load(path.read_text(encoding="utf-8"))
-
-
 def load_run(path: Path) -> Run:
-    """Reads a run folder; raises ReviewError naming the folder and the missing file."""
+    """Reads a run folder with the checked readers; ReviewError names the folder, the file
+    and, for a file that is not as the pipeline writes it, the line and field."""
     path = Path(path)
     if not path.is_dir():
         raise ReviewError(f"{path}: no such folder")
     if not (path / "resolved_config.yaml").is_file():
         raise ReviewError(f"{path} is not a run folder: it has no resolved_config.yaml")
-    config = _read_yaml(path / "resolved_config.yaml") or {}
-    hydra_dir = path / ".hydra"
-    choices: dict[str, str] = {}
-    if (hydra_dir / "hydra.yaml").is_file():
-        runtime = (_read_yaml(hydra_dir / "hydra.yaml") or {}).get("hydra", {}).get("runtime", {})
-        # Schema and Hydra-internal groups say nothing about the pipeline itself.
-        choices = {
-            str(k): str(v)
-            for k, v in (runtime.get("choices") or {}).items()
-            if not str(k).startswith(("schema/", "hydra/"))
-        }
-    overrides = None
-    if (hydra_dir / "overrides.yaml").is_file():
-        overrides = [str(o) for o in _read_yaml(hydra_dir / "overrides.yaml") or []]
+    try:
+        return _read_run(path)
+    except RunFileError as err:
+        raise ReviewError(str(err)) from err
+
+
+def _read_run(path: Path) -> Run:
+    config = read_mapping(path / "resolved_config.yaml")
+    # Schema and Hydra-internal groups say nothing about the pipeline itself.
+    choices = {
+        k: v for k, v in read_choices(path).items() if not k.startswith(("schema/", "hydra/"))
+    }
+    overrides = read_overrides(path)
     # A folder without metrics.json is a run that was killed before it could write one.
-    metrics: dict[str, Any] = {"status": "interrupted"}
-    if (path / "metrics.json").is_file():
-        try:
-            metrics = json.loads((path / "metrics.json").read_text(encoding="utf-8"))
-        except json.JSONDecodeError as err:
-            raise ReviewError(f"{path}/metrics.json is not valid JSON: {err}") from err
+    metrics = read_metrics(path)
     generations_path = path / "generations.jsonl"
     if not generations_path.is_file():
-        has_metrics = (path / "metrics.json").is_file()
-        why = f" (its metrics.json says {metrics['status']}" if has_metrics else ""
-        if why and metrics.get("error"):
+        why = f" (its metrics.json says {metrics.get('status')}" if metrics is not None else ""
+        if why and metrics and metrics.get("error"):
             why += ": " + " ".join(str(metrics["error"]).split())  # one line on stderr
         raise ReviewError(f"{path} has no generations.jsonl{why + ')' if why else ''}")
-    try:
-        generations = read_generations(generations_path)
-    except ValueError as err:
-        raise ReviewError(str(err)) from err
+    metrics = {"status": "interrupted"} if metrics is None else metrics
+    generations = read_generations(generations_path)
+    ids = Counter(g["id"] for g in generations)
+    repeated = next((rid for rid, count in ids.items() if count > 1), None)
+    if repeated is not None:
+        raise ReviewError(
+            f"{generations_path}: id {repeated!r} is on {ids[repeated]} lines, and the review "
+            "matches requests by id: serve the run again (this version gives every request "
+            "its own id)"
+        )
     return Run(path, config, choices, overrides, metrics, generations)
 
 

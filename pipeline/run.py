@@ -15,6 +15,8 @@ from pipeline.build import build_engine, check_resolves
 from pipeline.checks import ConfigError
 from pipeline.console import Progress, summary_table
 from pipeline.engine import Engine
+from pipeline.folder_lock import FolderLock
+from pipeline.identity import write_identity
 from pipeline.metrics import StepRecord, StepTotals, summarise
 from pipeline.resume import Previous, load_previous, pending_requests
 from pipeline.slo import Slo, slo_metrics
@@ -31,19 +33,30 @@ def run(cfg: DictConfig, out_dir: Path, overrides: Sequence[str] = ()) -> dict[s
     A stop signal raises RunInterrupted once the folder is written."""
     with stop_on_signals():
         check_resolves(cfg)
-        previous = None
-        if cfg.get("resume"):
-            previous = load_previous(cfg.resume, overrides)
-            cfg, out_dir = previous.cfg, previous.folder
-            check_resolves(cfg)
-            problem = artefacts.run_folder_problem(out_dir)
-            if problem:
-                raise ConfigError(problem)
-        else:
-            artefacts.write_resolved_config(cfg, out_dir)
-        slo_of(cfg)  # a bad bound stops the run before anything is built
-        engine, requests = build_engine(cfg)
-        return serve(cfg, engine, requests, out_dir, previous)
+        if not cfg.get("resume"):
+            with FolderLock(out_dir):
+                artefacts.write_resolved_config(cfg, out_dir)
+                write_identity(cfg, out_dir)
+                slo_of(cfg)  # a bad bound stops the run before anything is built
+                engine, requests = build_engine(cfg)
+                return serve(cfg, engine, requests, out_dir)
+        return _resume(Path(cfg.resume).expanduser(), overrides)
+
+
+def _resume(folder: Path, overrides: Sequence[str]) -> dict[str, Any]:
+    """Completes `folder` while holding it: nothing else may write it meanwhile, and what
+    it holds is read only once the lock is held."""
+    if artefacts.read_run_config(folder) is None:  # not a run folder: the one-line reason
+        load_previous(folder, overrides)
+    problem = artefacts.run_folder_problem(folder)
+    if problem:
+        raise ConfigError(problem)
+    with FolderLock(folder):
+        previous = load_previous(folder, overrides)
+        check_resolves(previous.cfg)
+        slo_of(previous.cfg)
+        engine, requests = build_engine(previous.cfg)
+        return serve(previous.cfg, engine, requests, folder, previous)
 
 
 def serve(

@@ -8,8 +8,8 @@ were run somewhere else: `python -m pipeline.summary SWEEP_DIR`.
 from __future__ import annotations
 
 import argparse
+import atexit
 import csv
-import json
 import logging
 import sys
 from collections.abc import Sequence
@@ -17,10 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from pipeline.run_folder import RunFileError, read_mapping, read_metrics, read_overrides
+from pipeline.stopping import stop_on_signals
 from pipeline.summary_plot import write_plot, x_key
 
 # Plain stdlib logging: after the jobs, Hydra's own logging (not the jobs' structlog) is live.
@@ -90,24 +91,28 @@ def split_override(override: str) -> tuple[str, str]:
 def _job_number(job_dir: Path, fallback: int) -> int:
     # Hydra records the job's number in hydra.yaml; the folder name is only the default subdir.
     try:
-        hydra_cfg = yaml.safe_load((job_dir / ".hydra" / "hydra.yaml").read_text())
-        return int(hydra_cfg["hydra"]["job"]["num"])
-    except (OSError, KeyError, TypeError, ValueError, yaml.YAMLError):
-        return int(job_dir.name) if job_dir.name.isdigit() else fallback
+        num = read_mapping(job_dir / ".hydra" / "hydra.yaml")["hydra"]["job"]["num"]
+        if isinstance(num, int) and not isinstance(num, bool):
+            return num
+    except (RunFileError, KeyError, TypeError):
+        pass
+    return int(job_dir.name) if job_dir.name.isdigit() else fallback
 
 
 def read_job(job_dir: Path, fallback_num: int = 0) -> Job:
-    """A job's overrides and metrics; a job that never wrote metrics.json is `interrupted`."""
-    given = yaml.safe_load((job_dir / ".hydra" / "overrides.yaml").read_text()) or []
-    overrides = [str(o) for o in given]
+    """A job's overrides and metrics; a job that never wrote metrics.json is `interrupted`,
+    one whose files cannot be read is `unreadable`, with the reason."""
     num = _job_number(job_dir, fallback_num)
-    metrics_path = job_dir / "metrics.json"
-    if not metrics_path.is_file():  # killed before it could write one (SIGKILL, power loss)
+    try:
+        overrides = read_overrides(job_dir) or []
+    except RunFileError as err:
+        return Job(num, job_dir, [], "unreadable", error=str(err))
+    if not (job_dir / "metrics.json").is_file():  # killed before it could write one
         return Job(num, job_dir, overrides, "interrupted", error="no metrics.json")
     try:
-        metrics = json.loads(metrics_path.read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        return Job(num, job_dir, overrides, "missing", error=f"metrics.json unreadable: {err}")
+        metrics = read_metrics(job_dir) or {}
+    except (OSError, RunFileError) as err:
+        return Job(num, job_dir, overrides, "unreadable", error=str(err))
     status = str(metrics.get("status", "missing"))
     error = " ".join(str(metrics.get("error") or "").split())  # one line per job in the tables
     return Job(num, job_dir, overrides, status, metrics, error)
@@ -242,29 +247,68 @@ def build_summary(sweep_dir: Path) -> Path:
     if not jobs:
         raise SummaryError(f"{sweep_dir}: no job folders (none holds .hydra/overrides.yaml)")
     keys = swept_keys(jobs)
-    write_csv(jobs, sweep_dir / "summary.csv")
-    write_markdown(jobs, keys, sweep_dir / "summary.md")
     slo = any(len(j.metrics.get("slo") or {}) > 1 for j in jobs)  # a bound beside the target
-    write_plot(jobs, keys, sweep_dir / "summary.png", _notes(jobs, keys), slo)
+    path = sweep_dir / "summary.csv"
+    try:
+        write_csv(jobs, path)
+        path = sweep_dir / "summary.md"
+        write_markdown(jobs, keys, path)
+        path = sweep_dir / "summary.png"
+        write_plot(jobs, keys, path, _notes(jobs, keys), slo)
+    except OSError as err:  # a read-only sweep folder, a full disk
+        raise SummaryError(
+            f"cannot write {path}: {err.strerror or err}: make {sweep_dir} writable, or copy "
+            "the sweep folder somewhere writable and summarise the copy"
+        ) from err
     return sweep_dir / "summary.md"
 
 
 class SweepSummaryCallback(Callback):
-    """Builds the summary once every job of a multirun has finished, whatever the launcher."""
+    """Builds the summary once every job of a multirun has finished, whatever the launcher,
+    and when a stop signal ends the sweep early, of the jobs that finished.
+
+    In the sweep's own process a SIGINT or SIGTERM raises RunInterrupted, on which a pool
+    launcher (joblib) stops its workers before it lets the exception through; the summary is
+    then written on the way out, once nothing is running."""
+
+    def __init__(self) -> None:
+        self._sweep_dir: Path | None = None
+        self._signals: Any = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        """What a pool launcher's worker gets: the signals and the exit belong here."""
+        return {"_sweep_dir": None, "_signals": None}
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self._sweep_dir = Path(config.hydra.sweep.dir)
+        self._signals = stop_on_signals()
+        self._signals.__enter__()
+        atexit.register(self._summarise_unfinished)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        sweep_dir = Path(config.hydra.sweep.dir)
-        try:
-            path = build_summary(sweep_dir)
-        except Exception as err:  # the jobs' own results are on disk; do not hide them
-            log.error(
-                "Sweep summary failed (%s: %s); build it with: python -m pipeline.summary %s",
-                type(err).__name__,
-                err,
-                sweep_dir,
-            )
-            return
-        log.info("Sweep summary: %s, summary.csv and summary.png beside it", path)
+        if self._signals is not None:
+            self._signals.__exit__(None, None, None)
+            self._signals = None
+        self._sweep_dir = None  # summarised here, not again at exit
+        summarise(Path(config.hydra.sweep.dir))
+
+    def _summarise_unfinished(self) -> None:
+        if self._sweep_dir is not None and self._sweep_dir.is_dir():
+            summarise(self._sweep_dir)
+
+
+def summarise(sweep_dir: Path) -> None:
+    try:
+        path = build_summary(sweep_dir)
+    except Exception as err:  # the jobs' own results are on disk; do not hide them
+        log.error(
+            "Sweep summary failed (%s: %s); build it with: python -m pipeline.summary %s",
+            type(err).__name__,
+            err,
+            sweep_dir,
+        )
+        return
+    log.info("Sweep summary: %s, summary.csv and summary.png beside it", path)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -488,6 +488,9 @@ def weight_files(folder: Path) -> dict[str, Path]:
             files[key] = path
         return files
     shards = sorted(folder.glob("*.safetensors"))
+    for path in shards:  # a FIFO or a device would block the header's read for ever
+        if not path.is_file():
+            raise ValueError(f"{path} is not a regular file: a model folder must hold real files")
     if not shards:
         unsafe = sorted(p.name for pattern in UNSAFE_WEIGHTS for p in folder.glob(pattern))
         if unsafe:

@@ -205,10 +205,24 @@ def prompt_vocab(tokenizer: Tokenizer) -> np.ndarray:
     return vocab
 
 
+# A byte that is not UTF-8, as read with errors="surrogateescape": that row's error.
+_NOT_UTF8 = re.compile("[\udc80-\udcff]")
+NOT_UTF8 = "not valid UTF-8 text"
+MAX_COUNT = 1 << 31  # tokens in one prompt or output: beyond any model's context
+MAX_FIRST_LINE = 16 << 20
+
+
 # -- format detection ------------------------------------------------------------------------
 def _first_line(path: Path) -> str:
+    """The first non-blank line, whole up to MAX_FIRST_LINE (a Mooncake line lists every
+    prefix block's hash: a long prompt's is hundreds of kilobytes)."""
     with open(path, encoding="utf-8-sig", errors="replace") as f:
         head = f.read(65536)
+        while head.strip() and "\n" not in head.lstrip() and len(head) < MAX_FIRST_LINE:
+            more = f.read(1 << 20)
+            if not more:
+                break
+            head += more
     stripped = head.lstrip()
     return stripped.splitlines()[0] if stripped else ""
 
@@ -280,6 +294,8 @@ def datetime_seconds(text: str) -> float:
     if zone and zone != "Z":
         sign = -1 if zone[0] == "-" else 1
         hours, minutes = int(zone[1:3]), int(zone[-2:])
+        if hours > 23 or minutes > 59:  # no place is a day or more from UTC
+            raise ValueError(f"{text!r} has the UTC offset {zone}, which no place has")
         seconds -= sign * (hours * 3600 + minutes * 60)
     return seconds
 
@@ -317,6 +333,8 @@ def _count(value: Any, name: str, minimum: int) -> int:
         raise ValueError(f"{name}={value!r} is not a whole number")
     if number < minimum:
         raise ValueError(f"{name}={number} must be >= {minimum}")
+    if number > MAX_COUNT:
+        raise ValueError(f"{name}={number} is more tokens than any context ({MAX_COUNT})")
     return number
 
 
@@ -402,6 +420,8 @@ def _count_column(values: list[str], name: str, minimum: int) -> tuple[np.ndarra
     counts = counts.astype(np.int64)
     for i in np.flatnonzero(counts < minimum).tolist():
         errors.setdefault(i, f"{name}={counts[i]} must be >= {minimum}")
+    for i in np.flatnonzero(counts > MAX_COUNT).tolist():
+        errors.setdefault(i, f"{name}={counts[i]} is more tokens than any context ({MAX_COUNT})")
     return counts, errors
 
 
@@ -427,7 +447,8 @@ def _bulk_datetimes(values: list[str]) -> np.ndarray:
 def read_csv_trace(path: Path, format: str, model_filter: str = "") -> TraceRows:
     """Azure, BurstGPT or Vidur rows; BurstGPT rows of 0 response tokens are failed requests,
     skipped and counted, and `model_filter` keeps one model's rows."""
-    records, numbers = _csv_records(path.read_text(encoding="utf-8-sig"))
+    text = path.read_text(encoding="utf-8-sig", errors="surrogateescape")
+    records, numbers = _csv_records(text)
     header = [name.strip() for name in records[0]]
     records, lines = records[1:], np.asarray(numbers[1:], dtype=np.int64)
     counts: Counter = Counter(rows=len(records))
@@ -436,6 +457,10 @@ def read_csv_trace(path: Path, format: str, model_filter: str = "") -> TraceRows
         for i, r in enumerate(records)
         if len(r) != len(header)
     }
+    if _NOT_UTF8.search(text):  # rare: only then is every row searched
+        for i, record in enumerate(records):
+            if any(_NOT_UTF8.search(field) for field in record):
+                errors[i] = NOT_UTF8
     t_name, in_name, out_name = CSV_COLUMNS[format]
     if errors:  # the columns below are read from full rows only: put blanks in the others
         records = [r if len(r) == len(header) else [""] * len(header) for r in records]
@@ -494,11 +519,13 @@ def read_mooncake(path: Path) -> TraceRows:
     """Mooncake JSONL rows: timestamp in ms, lengths, and the prefix blocks' hash ids."""
     lines, times, inputs, outputs, hash_ids = [], [], [], [], []
     errors: dict[int, str] = {}
-    with open(path, encoding="utf-8-sig") as f:
+    with open(path, encoding="utf-8-sig", errors="surrogateescape") as f:
         for line, raw in enumerate(f, start=1):
             if not raw.strip():
                 continue
             try:
+                if _NOT_UTF8.search(raw):
+                    raise ValueError(NOT_UTF8)
                 row = _mooncake_entry(raw)
             except ValueError as err:  # json.JSONDecodeError is a ValueError
                 errors[line] = str(err)
@@ -547,13 +574,15 @@ def _conversation(entry: Any, line: int) -> Conversation | None:
     if first is None or first + 1 >= len(turns) or turns[first + 1]["from"] != "gpt":
         return None
     prompt, reply = turns[first]["value"], turns[first + 1]["value"]
+    if _NOT_UTF8.search(prompt) or _NOT_UTF8.search(reply):
+        return Conversation(line, None, error=NOT_UTF8)
     return Conversation(line, rid, prompt, reply) if prompt and reply else None
 
 
 def read_sharegpt(path: Path) -> tuple[list[Conversation], Counter]:
     """The entries of a ShareGPT JSON list, each with the line it starts on. Bad JSON ends the
     read there: the entry that holds it is an error naming its line and saying so."""
-    text = path.read_text(encoding="utf-8-sig")
+    text = path.read_text(encoding="utf-8-sig", errors="surrogateescape")
     decoder = json.JSONDecoder()
     counts: Counter = Counter()
     conversations: list[Conversation] = []
@@ -570,7 +599,7 @@ def read_sharegpt(path: Path) -> tuple[list[Conversation], Counter]:
         counts["rows"] += 1
         try:
             entry, pos = decoder.raw_decode(text, pos)
-        except ValueError as err:
+        except (ValueError, RecursionError) as err:  # nested beyond Python's stack, too
             counts["malformed"] += 1
             message = f"bad JSON ({err}); the entries after it are not read"
             conversations.append(Conversation(line, None, error=message))
@@ -655,7 +684,10 @@ class TraceWorkload:
             raise ValueError(
                 "workload.trace_block_size and max_num_seqs must be >= 1, max_model_len >= 2"
             )
-        self.format = resolve_format(self.path, format)
+        try:
+            self.format = resolve_format(self.path, format)
+        except OSError as err:  # removed or made unreadable since the check
+            raise ValueError(f"workload.path={path} cannot be read: {err.strerror or err}") from err
         self._check_keys(model_filter, time_scale, start_s, duration_s, rate)
         self.model_filter = model_filter
         self.trace_block_size = trace_block_size
@@ -668,10 +700,15 @@ class TraceWorkload:
         self.max_num_seqs = max_num_seqs
         self.counts: dict[str, Any] = {"format": self.format, **dict.fromkeys(COUNT_KEYS, 0)}
         with collector_paused():
-            if self.format == "sharegpt":
-                self._read_conversations()
-            else:
-                self._read_rows()
+            try:
+                if self.format == "sharegpt":
+                    self._read_conversations()
+                else:
+                    self._read_rows()
+            except OSError as err:  # removed or made unreadable since the format was read
+                raise ValueError(
+                    f"workload.path={path} cannot be read: {err.strerror or err}"
+                ) from err
 
     def _check_keys(
         self, model_filter: str, time_scale: float, start_s: float, duration_s: float, rate: float
@@ -699,6 +736,8 @@ class TraceWorkload:
         else:
             rows = read_csv_trace(self.path, self.format, self.model_filter)
         self.counts.update(rows.counts)
+        if not rows.counts["rows"]:
+            raise ValueError(f"workload.path={self.path} has no rows: give a trace with requests")
         times, valid = rows.times, rows.inputs >= 0
         origin = times[valid].min() if valid.any() else 0.0
         # A malformed row before the first good one has no time to borrow: it takes the first.
@@ -725,6 +764,8 @@ class TraceWorkload:
     def _read_conversations(self) -> None:
         conversations, counts = read_sharegpt(self.path)
         self.counts.update(counts)
+        if not counts["rows"]:
+            raise ValueError(f"workload.path={self.path} is an empty list: give entries")
         if self.num_requests:
             self.counts["past_num_requests"] = max(0, len(conversations) - self.num_requests)
             conversations = conversations[: self.num_requests]
@@ -819,8 +860,13 @@ class TraceWorkload:
         requests: list[Request] = []
         seen: set[str] = set()
         for i, (conv, arrival) in enumerate(zip(conversations, arrivals, strict=True)):
-            # An entry's own id names it, unless another entry had it already.
+            # An entry's own id names it, unless another entry had it already; entries that
+            # share a line (a file on one line) are told apart by their number on it.
             rid = conv.id if conv.id and conv.id not in seen else f"line-{conv.line}"
+            number = 1
+            while rid in seen:
+                number += 1
+                rid = f"line-{conv.line}.{number}"
             seen.add(rid)
             if conv.error:
                 requests.append(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import codecs
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -276,6 +276,20 @@ _LINE_FIELDS = {
     "id", "prompt", "messages", "max_new_tokens", "arrival_s", "ignore_eos", "stop",
     "seed", "temperature", "top_k", "top_p",
 }  # fmt: skip
+
+
+def bound_arrivals(requests: Sequence[Request]) -> None:
+    """The arrival rule of every workload (synthetic, multi-turn, jsonl, traces, after their
+    shift and scale): a request arriving outside the first day, or at no number, ends at
+    once with the reason, and the others are served, as a malformed jsonl line does."""
+    for r in requests:
+        if not r.finished and not 0 <= r.arrival_s <= MAX_ARRIVAL_S:  # False for NaN too
+            r.fail(
+                f"arrives at {r.arrival_s:.6g} s, not within the run's first day (0 to "
+                f"{MAX_ARRIVAL_S:.0f} s): shorten or speed up the workload (workload."
+                "duration_s, workload.time_scale, workload.rate) or fix its arrival",
+                0.0,
+            )
 
 
 def _arrival(line: dict[str, Any], default: float) -> float:

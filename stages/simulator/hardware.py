@@ -16,9 +16,30 @@ from typing import Any
 
 import yaml
 
+from stages.checked_yaml import YamlFileError, boolean, finite_number, read_yaml
 from stages.simulator.spec import ModelSpec
 
 GIB = 1024**3
+MAX_NAME = 200
+MAX_COEFFICIENT = 1e6
+MAX_POOL_BLOCKS = 1 << 24  # a free list of 36-byte entries: 600 MB at most
+# field -> (low, high, low excluded, high excluded). The highs are far beyond any device
+# (the largest has a few hundred GiB, a few PFLOPS), low enough that no pool overflows.
+_RANGES: dict[str, tuple[float, float, bool, bool]] = {
+    "bf16_tflops": (0, 1e6, True, False),
+    "hbm_bandwidth_gbs": (0, 1e6, True, False),
+    "hbm_capacity_gib": (0, 16384, True, False),
+    "interconnect_gbs": (0, 1e6, True, False),
+    "gemm_efficiency": (0, 1, True, False),
+    "attention_efficiency": (0, 1, True, False),
+    "memory_efficiency": (0, 1, True, False),
+    "interconnect_efficiency": (0, 1, True, False),
+    "step_overhead_s": (0, 3600, False, False),
+    "compile_s": (0, 86400, False, False),
+    "recompile_s": (0, 86400, False, False),
+    "graph_memory_gib": (0, 16384, False, False),
+    "kv_headroom": (0, 1, False, True),
+}
 
 
 @dataclass(frozen=True)
@@ -41,25 +62,37 @@ class HardwareProfile:
     coefficients: Mapping[str, float] = field(default_factory=dict)  # fitted; empty = 1.0
 
     def __post_init__(self) -> None:
-        for key in ("bf16_tflops", "hbm_bandwidth_gbs", "hbm_capacity_gib", "interconnect_gbs"):
-            if not getattr(self, key) > 0:
-                raise ValueError(f"hardware.{key}={getattr(self, key)} must be > 0")
-        for key in (
-            "gemm_efficiency",
-            "attention_efficiency",
-            "memory_efficiency",
-            "interconnect_efficiency",
-        ):
-            if not 0 < getattr(self, key) <= 1:
-                raise ValueError(f"hardware.{key}={getattr(self, key)} must be in (0, 1]")
-        for key in ("step_overhead_s", "compile_s", "recompile_s", "graph_memory_gib"):
-            if getattr(self, key) < 0:
-                raise ValueError(f"hardware.{key}={getattr(self, key)} must be >= 0")
-        if not 0 <= self.kv_headroom < 1:
-            raise ValueError(f"hardware.kv_headroom={self.kv_headroom} must be in [0, 1)")
-        coefficients = {str(k): float(v) for k, v in dict(self.coefficients).items()}
-        if any(v < 0 for v in coefficients.values()):
-            raise ValueError(f"hardware.coefficients={coefficients} must all be >= 0")
+        """Every field checked for its type and range, whichever file it came from: a NaN
+        overhead would give a run of NaN metrics, a petabyte of memory a block list no
+        machine holds."""
+        if not isinstance(self.name, str) or not 0 < len(self.name) <= MAX_NAME:
+            raise ValueError(
+                f"hardware.name={self.name!r:.60} must be a name of 1 to {MAX_NAME} characters"
+            )
+        for key, (low, high, open_low, open_high) in _RANGES.items():
+            value = finite_number(getattr(self, key), f"hardware.{key}")
+            if (
+                value < low
+                or value > high
+                or (open_low and value == low)
+                or (open_high and value == high)
+            ):
+                left, right = "(" if open_low else "[", ")" if open_high else "]"
+                raise ValueError(
+                    f"hardware.{key}={value:g} must be in {left}{low:g}, {high:g}{right}"
+                )
+            object.__setattr__(self, key, value)
+        boolean(self.pads_to_buckets, "hardware.pads_to_buckets")
+        if not isinstance(self.coefficients, Mapping):
+            raise ValueError(
+                f"hardware.coefficients={self.coefficients!r:.60} must map names to factors"
+            )
+        coefficients = {}
+        for name, factor in dict(self.coefficients).items():
+            key = f"hardware.coefficients.{name}"
+            coefficients[str(name)] = value = finite_number(factor, key)
+            if not 0 <= value <= MAX_COEFFICIENT:
+                raise ValueError(f"{key}={value} must be in [0, {MAX_COEFFICIENT:g}]")
         object.__setattr__(self, "coefficients", coefficients)
 
     @property
@@ -99,6 +132,12 @@ def kv_pool_blocks(spec: ModelSpec, hardware: HardwareProfile, block_size: int, 
             f"{spec.name} at tp={tp} leaves {free / GIB:.2f} GiB on {hardware.name}, less "
             f"than one KV block of {block_size} tokens: raise tp or lower block_size"
         )
+    if blocks > MAX_POOL_BLOCKS:
+        raise ValueError(
+            f"{hardware.name} ({hardware.hbm_capacity_gib:g} GiB) would hold {blocks} KV blocks "
+            f"of {block_size} tokens, more than the {MAX_POOL_BLOCKS} a simulated pool may "
+            "have: set num_blocks, or raise block_size"
+        )
     return blocks
 
 
@@ -106,23 +145,33 @@ _FIELDS = {f.name for f in dataclasses.fields(HardwareProfile)}
 
 
 def read_profile(path: str | Path) -> HardwareProfile:
-    """A profile YAML (the `hardware=measured` option); a bad file is a one-line error."""
-    file = Path(path).expanduser()
-    if not file.is_file():
-        raise ValueError(f"hardware.path={path}: no such file")
+    """A profile YAML (the `hardware=measured` option); a bad file is a one-line error
+    naming the file and the field."""
+    what = f"hardware.path={path}"
     try:
-        data = yaml.safe_load(file.read_text())
-    except (OSError, yaml.YAMLError) as err:
-        raise ValueError(f"hardware.path={path} is not valid YAML: {err}") from err
+        data = read_yaml(path, what)
+    except YamlFileError as err:
+        raise ValueError(str(err)) from err
     if not isinstance(data, dict):
-        raise ValueError(f"hardware.path={path} does not hold a mapping of profile fields")
-    unknown = sorted(set(data) - _FIELDS)
+        raise ValueError(f"{what} does not hold a mapping of profile fields")
+    unknown = sorted(str(k) for k in set(data) - _FIELDS)
     if unknown:
-        raise ValueError(f"hardware.path={path}: unknown fields {', '.join(unknown)}")
+        raise ValueError(f"{what}: unknown fields {', '.join(unknown)}")
+    missing = sorted(
+        f.name
+        for f in dataclasses.fields(HardwareProfile)
+        if f.name not in data
+        and f.default is dataclasses.MISSING
+        and f.default_factory is dataclasses.MISSING
+    )
+    if missing:
+        raise ValueError(
+            f"{what}: no {', '.join(missing)}: add them (write_profile writes every field)"
+        )
     try:
         return HardwareProfile(**data)
-    except TypeError as err:  # a required field is missing
-        raise ValueError(f"hardware.path={path}: {err}") from err
+    except ValueError as err:
+        raise ValueError(f"{what}: {err}") from err
 
 
 def write_profile(
