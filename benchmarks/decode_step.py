@@ -36,7 +36,7 @@ from benchmarks.floor import attention_flops, head_flops, matmul_rate, token_flo
 from pipeline.build import build_engine
 from pipeline.calibrate import timed_calls
 from pipeline.compose import compose_config
-from stages.model import ModelDims
+from stages.model_spec import ModelSpec
 from stages.request import Request, StepPlan
 
 
@@ -87,7 +87,7 @@ class Roofline(NamedTuple):
 
 
 def decode_roofline(
-    dims: ModelDims, weight_bytes: int, batch: int, context: int, rate: float, bandwidth: float
+    dims: ModelSpec, weight_bytes: int, batch: int, context: int, rate: float, bandwidth: float
 ) -> Roofline:
     """The roofline of `batch` decodes at `context` tokens each, at `rate` FLOP/s and
     `bandwidth` bytes/s. Every cached key and value is read once a layer, and the weights
@@ -131,7 +131,7 @@ def main() -> None:
     engine = decode_engine(args.model, args.threads, args.batch, args.context, args.overrides)
     plan = decode_plan(engine, args.batch, args.context)
     meta = engine.metadata.build(plan)
-    dims, weight_bytes = engine.model.dims, engine.model.num_bytes
+    dims, weight_bytes = engine.model.spec, engine.model.num_bytes
 
     def forward() -> float:
         return float(engine.model.forward(meta, engine.attention)[0, 0])

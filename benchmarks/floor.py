@@ -23,10 +23,10 @@ import pipeline  # noqa: F401  # isort: skip  (chooses MKL's code path before Pa
 import paddle  # isort: skip
 
 from pipeline.allocator import keep_freed_memory
-from stages.model import ModelDims
+from stages.model_spec import ModelSpec
 
 # conf/model/small.yaml, the model the benchmarks run.
-SMALL_DIMS = ModelDims(
+SMALL_DIMS = ModelSpec(
     vocab_size=259,
     hidden_size=512,
     num_layers=8,
@@ -37,7 +37,7 @@ SMALL_DIMS = ModelDims(
 )
 
 
-def token_flops(dims: ModelDims) -> int:
+def token_flops(dims: ModelSpec) -> int:
     """FLOPs of one token through every layer's projections and MLP (no attention, no head)."""
     h, d = dims.hidden_size, dims.head_dim
     qkv = h * (dims.num_heads + 2 * dims.num_kv_heads) * d
@@ -46,12 +46,12 @@ def token_flops(dims: ModelDims) -> int:
     return 2 * dims.num_layers * (qkv + out + mlp)
 
 
-def head_flops(dims: ModelDims) -> int:
+def head_flops(dims: ModelSpec) -> int:
     """FLOPs of one row through the lm head."""
     return 2 * dims.hidden_size * dims.vocab_size
 
 
-def attention_flops(dims: ModelDims, keys: int) -> int:
+def attention_flops(dims: ModelSpec, keys: int) -> int:
     """FLOPs of QK and PV for `keys` query-key pairs, summed over every layer and head."""
     return 2 * 2 * dims.num_layers * dims.num_heads * dims.head_dim * keys
 
@@ -62,7 +62,7 @@ def causal_keys(new_tokens: int, context_len: int) -> int:
     return new_tokens * start + new_tokens * (new_tokens + 1) // 2
 
 
-def step_flops(dims: ModelDims, tokens: int | Sequence[int], context_lens: Sequence[int]) -> int:
+def step_flops(dims: ModelSpec, tokens: int | Sequence[int], context_lens: Sequence[int]) -> int:
     """FLOPs of one engine step.
 
     Each row (a prefill chunk or a decode) computes `tokens[i]` new tokens and ends at
@@ -83,7 +83,7 @@ def step_flops(dims: ModelDims, tokens: int | Sequence[int], context_lens: Seque
     )
 
 
-def run_flops(dims: ModelDims, prompt_lens: Sequence[int], output_lens: Sequence[int]) -> int:
+def run_flops(dims: ModelSpec, prompt_lens: Sequence[int], output_lens: Sequence[int]) -> int:
     """The least FLOPs that serve every request: each prompt prefilled once, then one decode
     per output token after the first (which the prefill's last row yields).
 
@@ -99,7 +99,7 @@ def run_flops(dims: ModelDims, prompt_lens: Sequence[int], output_lens: Sequence
     return total
 
 
-def projection_shapes(dims: ModelDims, rows: int) -> list[tuple[int, int, int]]:
+def projection_shapes(dims: ModelSpec, rows: int) -> list[tuple[int, int, int]]:
     """(M, K, N) of each projection matmul for `rows` tokens."""
     h, d = dims.hidden_size, dims.head_dim
     return [
@@ -112,7 +112,7 @@ def projection_shapes(dims: ModelDims, rows: int) -> list[tuple[int, int, int]]:
 
 def matmul_rate(
     num_threads: int,
-    dims: ModelDims = SMALL_DIMS,
+    dims: ModelSpec = SMALL_DIMS,
     rows: Sequence[int] = (64, 256, 1024),
     repeats: int = 15,
     warmup: int = 3,

@@ -121,7 +121,7 @@ def serve(overrides: Sequence[str]) -> ServedRun:
     the machine can do, so the floor it gives is the stricter."""
     cfg = compose_config(overrides)
     engine, requests = build_engine(cfg)
-    rate_before = matmul_rate(cfg.num_threads, engine.model.dims)
+    rate_before = matmul_rate(cfg.num_threads, engine.model.spec)
     current: dict[str, float] = defaultdict(float)
     for name, attr, method in TIMED_STAGES + INNER_STAGES:
         stage = getattr(engine, attr)
@@ -134,10 +134,10 @@ def serve(overrides: Sequence[str]) -> ServedRun:
         current.clear()
 
     duration = engine.run(requests, on_step=on_step)
-    rate = max(rate_before, matmul_rate(cfg.num_threads, engine.model.dims))
+    rate = max(rate_before, matmul_rate(cfg.num_threads, engine.model.spec))
     metrics = summarise(requests, [s.record for s in steps], duration)
     served = [r for r in requests if r.finish_reason != "error"]
     flops = run_flops(
-        engine.model.dims, [len(r.prompt_ids) for r in served], [len(r.output_ids) for r in served]
+        engine.model.spec, [len(r.prompt_ids) for r in served], [len(r.output_ids) for r in served]
     )
     return ServedRun(list(overrides), metrics, steps, requests, flops, rate, {"engine": engine})

@@ -49,6 +49,8 @@ PLAN_FIXED = [
     "max_model_len=10240",
     "slo.ttft_ms=2000",
     "slo.tpot_ms=50",
+    "plan.max_warmup_s=3600",
+    "plan.model_id=baidu/ERNIE-4.5-21B-A3B-Paddle",
     "hydra/launcher=joblib",
 ]
 
@@ -76,14 +78,14 @@ def time_trace(trace: Path, root: Path, overrides: list[str], repeat: int) -> No
               f"folder {folder_mb(out):.1f} MB")  # fmt: skip
 
 
-def time_plan(trace: Path, root: Path, overrides: list[str]) -> None:
-    sweep = root / "plan"
+def time_plan(trace: Path, root: Path, overrides: list[str], keep: Path | None) -> None:
+    sweep = keep or root / "plan"
     command = [sys.executable, "-m", "pipeline.plan", *PLAN_FIXED, *PLAN_SPACE,
                f"workload.path={trace}", f"hydra.sweep.dir={sweep}", *overrides]  # fmt: skip
     t = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True)
     wall = time.perf_counter() - t
-    print(done.stdout[-4000:])
+    print(done.stdout[-12000:])
     if done.returncode:
         print(done.stderr[-2000:])
     jobs = len(list(sweep.glob("*/capacity.json")))
@@ -96,6 +98,7 @@ def main() -> None:
     parser.add_argument("what", choices=["trace", "plan"])
     parser.add_argument("--requests", type=int, default=0, help="0: 19,365 (trace), 2,000 (plan)")
     parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--keep", type=Path, help="plan: write the plan folder here")
     args, overrides = parser.parse_known_args()
     requests = args.requests or (19_365 if args.what == "trace" else 2000)
     with tempfile.TemporaryDirectory() as folder:
@@ -105,7 +108,7 @@ def main() -> None:
         if args.what == "trace":
             time_trace(trace, root, overrides, args.repeat)
         else:
-            time_plan(trace, root, overrides)
+            time_plan(trace, root, overrides, args.keep)
 
 
 if __name__ == "__main__":

@@ -133,11 +133,11 @@ class Roofline:
     bandwidth, both measured in this process on the model's own shapes."""
 
     def __init__(self, model, threads: int) -> None:
-        self.dims = model.dims
-        self.rate = matmul_rate(threads, dims=model.dims)
+        self.dims = model.spec
+        self.rate = matmul_rate(threads, dims=model.spec)
         self.bandwidth = read_bandwidth()
         self.weight_bytes = model.num_bytes
-        d = model.dims
+        d = model.spec
         self.kv_bytes_per_token = 2 * d.num_layers * d.num_kv_heads * d.head_dim * 4
 
     def seconds(self, shape: StepShape) -> float:

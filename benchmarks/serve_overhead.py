@@ -26,6 +26,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -86,10 +88,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def served_run(prompts: list[Prompt], folder: Path, args: argparse.Namespace) -> dict:
+@contextmanager
+def started_server(overrides: list[str], folder: Path) -> Iterator[str]:
+    """`python -m pipeline.serve overrides` on a free loopback port, until the block ends
+    (then SIGTERM); yields its URL once /health says it is ready."""
     port = free_port()
-    overrides = [*engine_overrides(args), f"serve.port={port}", f"hydra.run.dir={folder}"]
-    server = python("pipeline.serve", *overrides, stdout=subprocess.DEVNULL)
+    command = [*overrides, f"serve.port={port}", f"hydra.run.dir={folder}"]
+    server = python("pipeline.serve", *command, stdout=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 300
@@ -102,11 +107,15 @@ def served_run(prompts: list[Prompt], folder: Path, args: argparse.Namespace) ->
             if server.poll() is not None or time.monotonic() > deadline:
                 raise SystemExit(f"the server did not start: see {folder}")
             time.sleep(0.5)
-        load = Load(url=url, prompts=prompts, concurrency=args.concurrency)
-        return asyncio.run(run_load(load))
+        yield url
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(120)
+
+
+def served_run(prompts: list[Prompt], folder: Path, args: argparse.Namespace) -> dict:
+    with started_server(engine_overrides(args), folder) as url:
+        return asyncio.run(run_load(Load(url=url, prompts=prompts, concurrency=args.concurrency)))
 
 
 def main() -> None:

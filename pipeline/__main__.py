@@ -41,8 +41,8 @@ def main(cfg: DictConfig) -> None:
     try:
         # As typed: an override's own `${...}` is text here, not resolved (which could take
         # for ever on references that double).
-        overrides = OmegaConf.to_container(hydra_cfg.overrides.task, resolve=False)
-        run(cfg, out_dir, overrides=[str(o) for o in overrides])
+        typed = OmegaConf.to_container(hydra_cfg.overrides.task, resolve=False)
+        run(cfg, out_dir, overrides=[str(o) for o in typed] if isinstance(typed, list) else [])
     except RunInterrupted as stop:
         if not stop.recorded:  # stopped before serving began
             _record_failure("interrupted", str(stop), out_dir)

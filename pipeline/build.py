@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
+import signal
+import threading
 from typing import Any
 
-import paddle
 import structlog
 from hydra.errors import InstantiationException
 from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue
 
-from pipeline.allocator import keep_freed_memory
-from pipeline.checks import ConfigError, check_config, check_memory
+from pipeline.checks import ConfigError, check_config, check_memory, describe_model
 from pipeline.engine import Engine
 from pipeline.expansion import check_expansion
 from stages.kv_cache import KVCacheManager, blocks_for
@@ -23,7 +23,6 @@ from stages.simulator.device import (
     VirtualClock,
     WorkloadLengthSampler,
     pick_token,
-    spec_of,
 )
 from stages.simulator.hardware import kv_pool_blocks
 from stages.stopping import StopRule
@@ -74,7 +73,13 @@ def derive_num_blocks(cfg: DictConfig, requests: list[Request]) -> int:
 def load_workload(cfg: DictConfig, tokenizer: Any) -> tuple[Any, list[Request]]:
     """The workload and its requests, every arrival held to the one bound."""
     workload = build(cfg.workload)
-    requests = workload.load(tokenizer)
+    try:
+        requests = workload.load(tokenizer)
+    except OSError as err:  # its file removed or made unreadable since it was checked
+        raise ConfigError(
+            f"workload: {err.filename or 'its file'} cannot be read ({err.strerror or err}): "
+            "check workload.path"
+        ) from err
     bound_arrivals(requests)
     return workload, requests
 
@@ -88,21 +93,46 @@ def build_engine(
     check_config(cfg)
     if cfg.executor.name == "simulated":
         return build_simulated_engine(cfg, clock or VirtualClock())
+    return build_paddle_engine(cfg)
+
+
+def import_paddle() -> None:
+    """Loads Paddle, which a simulated run never does. Loading it installs Paddle's own
+    C-level handlers for SIGINT, SIGTERM and other signals, which end the process: the
+    Python handlers in place are put back, and a command loads Paddle before installing
+    its own (a thread that is not the main one cannot put them back)."""
+    stops = (signal.SIGINT, signal.SIGTERM)
+    handlers = {s: signal.getsignal(s) for s in stops}
+    import paddle  # noqa: F401
+
+    if threading.current_thread() is threading.main_thread():
+        for signum, handler in handlers.items():
+            if handler is not None:
+                signal.signal(signum, handler)
+
+
+def build_paddle_engine(cfg: DictConfig) -> tuple[Engine, list[Request]]:
+    """The real pipeline: tensors in Paddle, imported here only (a simulated run has none)."""
+    import_paddle()
+    import paddle
+
+    from pipeline.allocator import keep_freed_memory
+
     keep_freed_memory()
     paddle.set_device(cfg.device)
     paddle.base.core.set_num_threads(cfg.num_threads)
     tokenizer = build(cfg.tokenizer)
     model = build(cfg.model)
-    if model.dims.vocab_size < tokenizer.vocab_size:
+    if model.spec.vocab_size < tokenizer.vocab_size:
         raise ConfigError(
-            f"model.vocab_size={model.dims.vocab_size} is smaller than the tokenizer's "
+            f"model.vocab_size={model.spec.vocab_size} is smaller than the tokenizer's "
             f"{tokenizer.vocab_size}: pick a matching model and tokenizer"
         )
     workload, requests = load_workload(cfg, tokenizer)
     kv_cache = build_kv_cache(cfg, requests)
     # A checkpoint's config and generation config name its end tokens too.
     stop = StopRule(tokenizer.eos_ids | model.eos_ids, cfg.max_model_len, tokenizer.decode)
-    dims = model.dims
+    dims = model.spec
     attention = build(
         cfg.attention,
         kv_cache=kv_cache,
@@ -132,8 +162,7 @@ def build_simulated_engine(cfg: DictConfig, clock: VirtualClock) -> tuple[Engine
     """The real scheduler, KV-cache manager and metadata builder (shapes only) with a
     simulated device in place of the forward pass, on a virtual clock."""
     tokenizer = build(cfg.tokenizer)
-    model = OmegaConf.to_container(cfg.model, resolve=True)
-    spec = build(cfg.model) if model["_target_"].endswith("model_spec") else spec_of(model)
+    spec, _ = describe_model(cfg)
     if cfg.hardware is None:
         raise ConfigError("executor=simulated needs a device: give hardware=gaudi3 (or ...)")
     hardware = build(cfg.hardware)

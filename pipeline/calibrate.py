@@ -31,14 +31,14 @@ from omegaconf import DictConfig, OmegaConf
 from pipeline import logs  # noqa: F401  (logs configures structlog)
 from pipeline.artefacts import STEPS, read_run_config
 from pipeline.build import build_engine
-from pipeline.checks import ConfigError
+from pipeline.checks import ConfigError, describe_model
 from pipeline.engine import Engine
 from pipeline.run import run
+from pipeline.run_folder import RunFileError, read_step_lines
 from pipeline.schema import register_schemas
 from stages.attention.hpu import load_ops
 from stages.metadata import bucket_dims
 from stages.simulator.cost_model import CostModel
-from stages.simulator.device import spec_of
 from stages.simulator.hardware import HardwareProfile, write_profile
 from stages.simulator.shape import StepShape
 
@@ -138,28 +138,30 @@ def run_samples(folder: str | Path, pads_to_buckets: bool) -> list[tuple[StepSha
         raise ConfigError(f"calibrate.runs: {folder} is not a run folder (no config or {STEPS})")
     if OmegaConf.select(cfg, "executor.name") == "simulated":
         raise ConfigError(f"calibrate.runs: {folder} is a simulated run; give real runs")
+    try:  # every field checked (a NaN duration would fit NaN coefficients)
+        steps = read_step_lines(folder / STEPS)
+    except RunFileError as err:
+        raise ConfigError(f"calibrate.runs: {err}") from err
     samples = []
-    with (folder / STEPS).open(encoding="utf-8") as lines:
-        for number, line in enumerate(lines, 1):
-            where = f"calibrate.runs: {folder / STEPS} line {number}"
-            try:
-                step = json.loads(line)
-                prefill, decode = bucket_dims(step["bucket"])
-                if not pads_to_buckets and step["decode"] and "decode_lens" not in step:
-                    raise ConfigError(
-                        f"{where}: no decode_lens (a run of an earlier version): serve it again"
-                    )
-                shape = StepShape(
-                    cfg.block_size,
-                    prefill,
-                    decode,
-                    chunk_lens=tuple(c["end"] - c["start"] for c in step["prefill"]),
-                    context_lens=tuple(c["start"] for c in step["prefill"]),
-                    decode_lens=tuple(step.get("decode_lens", ())),
+    for number, step in enumerate(steps, 1):
+        where = f"calibrate.runs: {folder / STEPS} step {number}"
+        try:
+            prefill, decode = bucket_dims(step["bucket"])
+            if not pads_to_buckets and step["decode"] and "decode_lens" not in step:
+                raise ConfigError(
+                    f"{where}: no decode_lens (a run of an earlier version): serve it again"
                 )
-                samples.append((shape, step["duration_s"]))
-            except (ValueError, KeyError, TypeError) as e:
-                raise ConfigError(f"{where}: {e}") from e
+            shape = StepShape(
+                cfg.block_size,
+                prefill,
+                decode,
+                chunk_lens=tuple(c["end"] - c["start"] for c in step["prefill"]),
+                context_lens=tuple(c["start"] for c in step["prefill"]),
+                decode_lens=tuple(step.get("decode_lens", ())),
+            )
+            samples.append((shape, step["duration_s"]))
+        except (ValueError, KeyError, TypeError) as e:
+            raise ConfigError(f"{where}: {e}") from e
     return samples
 
 
@@ -181,7 +183,7 @@ def calibrate(
     pads = pads_buckets(cfg)
     check_grid(grid_shapes, pads)
     profile = cpu_profile(measured_rates(cfg.num_threads), pads)
-    spec = spec_of(OmegaConf.to_container(cfg.model, resolve=True))
+    spec, _ = describe_model(cfg)
     samples = [s for run in runs for s in run_samples(run, pads)]
     if grid_shapes:
         engine, _ = build_engine(cfg)

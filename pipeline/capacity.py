@@ -83,6 +83,7 @@ class Probe:
     offered_rps: float | None
     status: str
     folder: str
+    refused: int = 0  # requests the configuration refuses at any load
 
 
 class SloMissed(Exception):
@@ -135,6 +136,10 @@ def run_probe(cfg: DictConfig, folder: Path, keep_files: bool) -> dict[str, Any]
         artefacts.write_metrics(metrics, folder)
     if not cfg.workload.get("concurrency"):
         metrics["offered_rps"] = arrivals
+    refused = [r.error for r in requests if r.finish_reason == "error" and r.error != STOPPED]
+    metrics["refused_requests"] = len(refused)  # at any load: the limits cannot serve them
+    if refused:
+        metrics["refused_example"] = refused[0]
     return metrics
 
 
@@ -169,6 +174,7 @@ class Search:
             offered_rps=metrics.get("offered_rps"),
             status=metrics["status"],
             folder=str(folder.relative_to(self.out_dir)),
+            refused=metrics["refused_requests"],
         )
         log.info("capacity_probe", **{self.axis.key: value}, met=probe.met, status=probe.status)
         return probe
@@ -177,13 +183,23 @@ class Search:
     def budget_left(self) -> bool:
         return len(self.probes) < self.settings.max_probes
 
+    @property
+    def hopeless(self) -> bool:
+        """More requests refused (too long for the limits, ...) than the SLO's target
+        allows: no load, however low, can meet it."""
+        probe = next(iter(self.probes.values()), None)
+        if probe is None:
+            return False
+        num_requests = self.metrics[probe.load]["num_requests"]
+        return probe.refused > math.floor(num_requests * (1 - self.cfg.slo.attainment) + 1e-9)
+
 
 def bracket(search: Search) -> tuple[float | None, float | None]:
     """(a load that meets the SLO, a higher one that does not); None where the probe budget
     (or, halving, a concurrency of 1) ran out first."""
     axis = search.axis
     lo, hi = (axis.start, None) if search.met(axis.start) else (None, axis.start)
-    while lo is None and search.budget_left:
+    while lo is None and search.budget_left and not search.hopeless:
         assert hi is not None
         load = hi // 2 if axis.integer else hi / 2
         if load < (1 if axis.integer else 1e-6):
@@ -261,7 +277,19 @@ def search_result(search: Search, lo: float | None, hi: float | None) -> dict[st
         capacity_rps=rps if lo is not None else 0.0,
         capacity_probes=len(search.probes),
     )
+    if lo is None:
+        metrics["capacity_reason"] = not_found_reason(search, metrics)
     return metrics
+
+
+def not_found_reason(search: Search, metrics: dict[str, Any]) -> str:
+    if search.hopeless:
+        return (
+            f"{metrics['refused_requests']} of {metrics['num_requests']} requests refused at "
+            f"any load ({metrics.get('refused_example')})"
+        )
+    lowest = min(search.probes)
+    return f"no probed load met the SLO (lowest {lowest:.4g} {search.axis.unit})"
 
 
 def write_reports(search: Search, result: dict[str, Any], out_dir: Path) -> None:
@@ -284,7 +312,7 @@ def capacity_markdown(search: Search, result: dict[str, Any], probes: list[Probe
     axis = search.axis
     above = result["capacity_above"]
     if not result["capacity_found"]:
-        verdict = "no probed load met the SLO"
+        verdict = result["capacity_reason"]
     else:
         verdict = (
             f"capacity {result['capacity']:.4g} {axis.unit} ({result['capacity_rps']:.4g} req/s); "
@@ -329,4 +357,4 @@ def print_result(
             f"{result['capacity_rps']:.4g} req/s) in {out_dir}"
         )
     else:
-        write(f"capacity: no probed load met the SLO ({out_dir}/{CAPACITY_MD})")
+        write(f"capacity: none: {result['capacity_reason']} ({out_dir}/{CAPACITY_MD})")

@@ -10,6 +10,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from pipeline.schema import ModelOption, model_kind, model_option
+from stages.model_spec import ModelSpec
 from stages.workload import MAX_ARRIVAL_S  # one bound for every workload's arrivals
 
 
@@ -45,7 +47,7 @@ def check_config(cfg: DictConfig) -> None:
     if bs < 1 or bs & (bs - 1):
         raise ConfigError(f"block_size={bs} is not a power of two: set block_size=16, 64 or 128")
     simulated = cfg.executor.name == "simulated"
-    if cfg.model.get("_target_") == "stages.simulator.spec.model_spec" and not simulated:
+    if not _model_kind(cfg).has_weights and not simulated:
         raise ConfigError(
             "model=spec is a model without weights, for the simulated device: add "
             "executor=simulated (and a hardware=...), or serve model=tiny, small or hf"
@@ -68,6 +70,23 @@ def _check_dtype_bytes(cfg: DictConfig) -> None:
             f"model.dtype_bytes={value}: give 2 (bf16 or fp16, the default) or 4 (fp32); "
             "8-bit weights and KV cache are the top-level quantization and kv_cache_dtype"
         )
+
+
+def _model_kind(cfg: DictConfig) -> type[ModelOption]:
+    try:
+        return model_kind(cfg.model)
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
+
+
+def describe_model(cfg: DictConfig) -> tuple[ModelSpec, int]:
+    """(The model's description, its rotary table's positions), from the model option's
+    keys or a checkpoint's config.json; nothing is loaded."""
+    try:
+        option = model_option(cfg.model)
+        return option.spec(), option.rotary_positions()
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
 
 
 def _check_limits(cfg: DictConfig) -> None:
@@ -204,57 +223,6 @@ def mem_available() -> int | None:
     return None
 
 
-def _hf_files(folder: Path) -> None:
-    """A weight file that is a FIFO or a device would block or never end: refuse it."""
-    for path in sorted(folder.glob("*.safetensors")):
-        if not path.is_file():
-            raise ConfigError(f"{path} is not a regular file: model.path must hold real files")
-
-
-def model_shape(cfg: DictConfig) -> tuple[Any, int, int]:
-    """(ModelDims, parameters, rotary positions) the model config will build, from the
-    built-in model's keys or a checkpoint's config.json; nothing is loaded."""
-    from stages.checkpoint import model_folder, read_json, read_spec
-    from stages.model import ModelDims
-
-    node = cfg.model
-    if str(node.get("_target_", "")).endswith("load_hf_model"):
-        try:
-            folder = model_folder(node.path)
-            _hf_files(folder)
-            spec = read_spec(read_json(folder / "config.json"))
-        except ValueError as err:
-            raise ConfigError(str(err)) from err
-        params = spec.dims.num_parameters
-        if spec.moe is not None:
-            per_expert = 3 * spec.dims.hidden_size * spec.moe.intermediate_size
-            params += (
-                len(spec.moe.layers) * (spec.moe.num_experts + spec.moe.num_shared) * per_expert
-            )
-        return spec.dims, params, node.max_position or spec.max_position_embeddings
-    if str(node.get("_target_", "")).endswith("load_gguf_model"):
-        from stages.gguf.config import gguf_spec
-        from stages.gguf.reader import read_gguf_header
-
-        try:
-            spec = gguf_spec(read_gguf_header(node.path))
-        except ValueError as err:
-            raise ConfigError(str(err)) from err
-        positions = node.max_position or spec.max_position_embeddings
-        return spec.dims, spec.dims.num_parameters, positions
-    heads = node.num_heads
-    dims = ModelDims(
-        vocab_size=node.vocab_size,
-        hidden_size=node.hidden_size,
-        num_layers=node.num_layers,
-        num_heads=heads,
-        num_kv_heads=node.num_kv_heads,
-        head_dim=node.head_dim or (node.hidden_size // heads if heads > 0 else 0),
-        intermediate_size=node.intermediate_size,
-    )
-    return dims, dims.num_parameters, node.max_position
-
-
 def _bucket_entries(cfg: DictConfig, num_blocks: int) -> int:
     """How many sizes the metadata builder's bucket axes will hold (0 keys derived)."""
     bs, per_seq = cfg.block_size, -(-cfg.max_model_len // cfg.block_size)
@@ -279,15 +247,13 @@ def _bucket_entries(cfg: DictConfig, num_blocks: int) -> int:
 def memory_estimate(cfg: DictConfig, num_blocks: int) -> dict[str, int]:
     """Bytes each large allocation will take: the KV pool, the weights, the rotary table,
     the bucket tables, the block pool's free list and the requests."""
-    dims, params, positions = model_shape(cfg)
-    if dims.num_layers > MAX_LAYERS:
+    spec, positions = describe_model(cfg)
+    if spec.num_layers > MAX_LAYERS:
         raise ConfigError(
-            f"the model has {dims.num_layers} layers, above the limit of {MAX_LAYERS}: check "
+            f"the model has {spec.num_layers} layers, above the limit of {MAX_LAYERS}: check "
             "num_hidden_layers in its config.json (or model.num_layers)"
         )
-    dtype_bytes = 2 if str(cfg.model.get("dtype", "float32")) in ("bfloat16", "float16") else 4
-    kv = (num_blocks + 1) * cfg.block_size * dims.num_layers * dims.num_kv_heads
-    kv *= dims.head_dim * 2 * dtype_bytes
+    kv = (num_blocks + 1) * cfg.block_size * spec.kv_bytes_per_token()
     workload = OmegaConf.to_container(cfg.workload, resolve=True)
     parts = list((workload.get("parts") or {}).values()) or [workload]
     requests = 0
@@ -300,8 +266,8 @@ def memory_estimate(cfg: DictConfig, num_blocks: int) -> dict[str, int]:
             requests += 4 * TOKEN_BYTES * (size.stat().st_size if size.is_file() else 0)
     return {
         "KV cache": kv,
-        "weights": params * dtype_bytes,
-        "rotary table": positions * dims.head_dim * ROPE_BYTES_PER_DIM,
+        "weights": spec.weight_bytes(),
+        "rotary table": positions * spec.head_dim * ROPE_BYTES_PER_DIM,
         "bucket tables": _bucket_entries(cfg, num_blocks) * BUCKET_ENTRY_BYTES,
         "block pool": num_blocks * BLOCK_ENTRY_BYTES,
         "requests": requests,

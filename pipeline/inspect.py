@@ -34,7 +34,7 @@ from stages.checkpoint import (
     weight_plan,
 )
 from stages.gguf.reader import is_gguf
-from stages.model import rope_type
+from stages.rope import rope_type
 
 SERVABLE, NOT_SERVABLE, NOT_A_MODEL = 0, 1, 2
 
@@ -80,20 +80,19 @@ def _specials(folder: Path) -> dict[str, Any]:
 def _moe(spec: CheckpointSpec, tensors: Mapping[str, Any], total: int) -> dict[str, Any] | None:
     """The MoE figures; a token runs top_k of each MoE layer's experts, so the others'
     weights are idle for it: `active_parameters` is the total less those."""
-    moe = spec.moe
+    model = spec.model
+    moe = model.moe
     if moe is None:
         return None
-    h, inter = spec.dims.hidden_size, moe.intermediate_size
-    per_expert = 3 * h * inter + ((2 * inter + h) if spec.mlp_bias else 0)
     fused = any(name.endswith("mlp.experts.gate_up_proj") for name in tensors)
     return {
         "experts": moe.num_experts,
-        "top_k": moe.top_k,
-        "shared_experts": moe.num_shared,
-        "intermediate_size": inter,
+        "top_k": moe.experts_per_token,
+        "shared_experts": moe.num_shared_experts,
+        "intermediate_size": moe.expert_intermediate_size,
         "moe_layers": sorted(moe.layers),
         "experts_stored": "fused" if fused else "per expert",
-        "active_parameters": total - len(moe.layers) * (moe.num_experts - moe.top_k) * per_expert,
+        "active_parameters": total - (model.num_parameters() - model.active_parameters()),
     }
 
 
@@ -109,7 +108,7 @@ def _figures(config: Mapping[str, Any], spec: CheckpointSpec | None) -> dict[str
             "head_dim": config.get("head_dim"),
             "max_position_embeddings": config.get("max_position_embeddings"),
         }
-    d = spec.dims
+    d = spec.model
     return {
         "num_hidden_layers": d.num_layers,
         "hidden_size": d.hidden_size,
@@ -122,9 +121,9 @@ def _figures(config: Mapping[str, Any], spec: CheckpointSpec | None) -> dict[str
         "sliding_window": spec.sliding_window,
         "rope_theta": spec.rope_theta,
         "rope_scaling": rope_type(spec.rope_scaling),
-        "tied_embeddings": spec.tied,
-        "qkv_bias": spec.qkv_bias,
-        "qk_norm": spec.qk_norm,
+        "tied_embeddings": d.tied_embeddings,
+        "qkv_bias": d.qkv_bias,
+        "qk_norm": d.qk_norm,
     }
 
 
@@ -153,13 +152,6 @@ def _has_weights(folder: Path) -> bool:
     return (folder / INDEX_FILE).is_file() or any(folder.glob("*.safetensors"))
 
 
-def config_parameters(config: Mapping[str, Any], name: str) -> int:
-    """The parameter count of config.json's model, as the simulated device counts it."""
-    from stages.simulator.spec import spec_from_hf_config
-
-    return spec_from_hf_config(dict(config), name).num_parameters()
-
-
 def tokenizer_options(folder: Path) -> list[str]:
     """The `tokenizer=` options the folder can be served with: hf reads its
     tokenizer.json; byte needs nothing (its ids are not the model's vocabulary)."""
@@ -180,7 +172,8 @@ def describe(path: str | Path, max_model_len: int = 0) -> dict[str, Any]:
     parameters = sum(math.prod(shape) for _, shape in tensors.values())
     counted_from = "weights"
     if spec is not None and not _has_weights(folder):
-        parameters, counted_from = config_parameters(config, folder.name), "config"
+        # the one model description's count, as model=spec model.config=PATH counts it
+        parameters, counted_from = spec.model.num_parameters(), "config"
         reason = (
             "no weights: servable only with executor=simulated "
             f"(model=spec model.config={folder / 'config.json'})"

@@ -13,7 +13,7 @@ from stages.gguf.config import ARCHITECTURES, check_gguf_context, gguf_spec, tok
 from stages.gguf.loader import check_tensors
 from stages.gguf.reader import GgufHeader, read_gguf_header
 from stages.gguf.vocab import PRE_TOKENIZERS
-from stages.model import rope_type
+from stages.rope import rope_type
 
 
 def _servable(header: GgufHeader, context: int) -> tuple[Any, str | None]:
@@ -64,7 +64,7 @@ def describe_gguf(path: str, max_model_len: int = 0) -> dict[str, Any]:
     spec, reason = _servable(header, max_model_len)
     meta = header.metadata
     arch = meta.get("general.architecture")
-    d = spec.dims if spec else None
+    d = spec.model if spec else None
     return {
         "file": str(header.path),
         "gguf_version": header.version,
@@ -87,7 +87,7 @@ def describe_gguf(path: str, max_model_len: int = 0) -> dict[str, Any]:
         "max_position_embeddings": spec.max_position_embeddings if spec else None,
         "rope_theta": spec.rope_theta if spec else None,
         "rope_scaling": rope_type(spec.rope_scaling) if spec else None,
-        "tied_embeddings": spec.tied if spec else None,
+        "tied_embeddings": spec.model.tied_embeddings if spec else None,
         "tokenizer": meta.get("tokenizer.ggml.model"),
         "pre_tokenizer": meta.get("tokenizer.ggml.pre"),
         "chat_template": isinstance(meta.get("tokenizer.chat_template"), str),

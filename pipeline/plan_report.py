@@ -95,7 +95,7 @@ def candidates(jobs: Sequence[Job], max_warmup_s: float) -> list[Candidate]:
         if job.status != "ok":
             c.ruled_out = f"{job.status}: {job.error}"
         elif not job.metrics.get("capacity_found"):
-            c.ruled_out = "no probed load met the SLO"
+            c.ruled_out = str(job.metrics.get("capacity_reason") or "no load met the SLO")
         elif max_warmup_s and warmup is not None and warmup > max_warmup_s:
             c.ruled_out = f"warmup {warmup:,.0f} s > plan.max_warmup_s={max_warmup_s:g}"
         out.append(c)
@@ -144,7 +144,7 @@ def row(c: Candidate, keys: Sequence[str], usd: float) -> dict[str, Any]:
     note = c.ruled_out
     if c.compiles and not note:
         seconds = c.metric("serving_compile_s") or 0.0
-        note = f"compiled {c.compiles} graphs while serving ({seconds:,.0f} s)"
+        note = f"compiled {_graphs(c.compiles)} while serving ({seconds:,.0f} s)"
     return {
         "job": c.job.num,
         "config": " ".join(own),
@@ -163,6 +163,10 @@ def row(c: Candidate, keys: Sequence[str], usd: float) -> dict[str, Any]:
         "cost_per_mtok_usd": c.cost_per_mtok(usd),
         "note": note,
     }
+
+
+def _graphs(n: int) -> str:
+    return f"{n} graph" if n == 1 else f"{n} graphs"
 
 
 def _fmt(value: Any) -> str:
@@ -231,6 +235,10 @@ def build_plan_report(plan_dir: Path, settings: DictConfig | dict[str, Any]) -> 
     keys = swept_keys(jobs)
     rows = [row(c, keys, usd) for c in cands]
     header = f"# Plan: {plan_dir}\n\n{len(cands)} configurations; objective `{objective}`."
+    searched = [c.job.metrics for c in cands if c.job.metrics.get("capacity_key")]
+    if searched:
+        unit, key = searched[0].get("capacity_unit"), searched[0]["capacity_key"]
+        header += f" `capacity` is in {unit} (`{key}`); `capacity_rps` is requests/s."
     table = write_table(rows, header, plan_dir)
     write_pareto(cands, chosen, plan_dir / PARETO_PNG)
     if chosen is None:
@@ -245,7 +253,7 @@ def build_plan_report(plan_dir: Path, settings: DictConfig | dict[str, Any]) -> 
     lines = [table, "", f"best for {objective}: job {chosen.job.num}: " + " ".join(
         chosen.job.overrides)]  # fmt: skip
     if chosen.compiles:
-        lines.append(f"note: it compiled {chosen.compiles} graphs while serving")
+        lines.append(f"note: it compiled {_graphs(chosen.compiles)} while serving")
     lines.append(f"deploy files: {plan_dir / 'deploy'}")
     return "\n".join(lines)
 

@@ -384,14 +384,14 @@ def render(doc: dict[str, Any]) -> str:
         for k, r in doc["metrics"].items()
     ]
     out += _table(["metric", "A", "B", "B - A", "B / A"], rows) if rows else ["  no metrics"]
-    out += _render_traps(doc["metrics"])
+    out += trap_notes(doc["metrics"])
     out += ["", "== Outputs (generations.jsonl) ==", verdict_line(doc["outputs"])]
     for d in doc["outputs"].get("differences", []):
         out += _render_difference(d)
     return "\n".join(out)
 
 
-def _render_traps(metrics: dict[str, dict[str, Any]]) -> list[str]:
+def trap_notes(metrics: dict[str, dict[str, Any]]) -> list[str]:
     """Said in words, not left in the table: a run that compiled graphs while serving (its
     latencies hold compile time), and a run that missed its SLO."""
     out = []

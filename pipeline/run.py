@@ -11,7 +11,7 @@ from omegaconf import DictConfig
 
 from pipeline import artefacts
 from pipeline.artefacts import INTERRUPTED
-from pipeline.build import build_engine, check_resolves
+from pipeline.build import build_engine, check_resolves, import_paddle
 from pipeline.checks import ConfigError
 from pipeline.console import Progress, summary_table
 from pipeline.engine import Engine
@@ -31,6 +31,8 @@ def run(cfg: DictConfig, out_dir: Path, overrides: Sequence[str] = ()) -> dict[s
     """Serves the workload into `out_dir`; with `resume=RUN_DIR`, completes that folder
     instead, with its own config (`overrides` are the command line's, checked against it).
     A stop signal raises RunInterrupted once the folder is written."""
+    if cfg.executor.name != "simulated":
+        import_paddle()  # before stop_on_signals: Paddle installs its own handlers on import
     with stop_on_signals():
         check_resolves(cfg)
         if not cfg.get("resume"):

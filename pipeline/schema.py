@@ -7,14 +7,17 @@ before anything runs.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, ClassVar, Protocol
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import II, MISSING
+from omegaconf import II, MISSING, DictConfig, OmegaConf
 
 from stages.buckets import Bucketing
+from stages.model_spec import ModelSpec, built_in_spec, dtype_bytes, model_spec
 from stages.scheduler import Budget
 
 
@@ -127,9 +130,22 @@ class RandomSamplerConf:
     logprobs: int = 0  # top-k log-probabilities per generated token; 0 = off
 
 
+class ModelOption(Protocol):
+    """What a `model` option's schema says of the model it builds, before it is built: the
+    memory check, the simulated device and calibration size a model from this alone."""
+
+    has_weights: ClassVar[bool]  # False: a description only, for the simulated device
+
+    def spec(self) -> ModelSpec:
+        """The model's description; ValueError names the key or file at fault."""
+
+    def rotary_positions(self) -> int:
+        """Positions of the rotary table the model would build (0: none)."""
+
+
 @dataclass
 class TransformerConf:
-    _target_: str = "stages.model.TransformerLM"
+    _target_: str = "stages.model.transformer_lm"
     vocab_size: int = MISSING
     hidden_size: int = MISSING
     num_layers: int = MISSING
@@ -143,6 +159,16 @@ class TransformerConf:
     seed: int = II("seed")
     dtype: str = "float32"
 
+    has_weights: ClassVar[bool] = True
+
+    def spec(self) -> ModelSpec:
+        sizes = (self.vocab_size, self.hidden_size, self.num_layers, self.num_heads)
+        widths = (self.num_kv_heads, self.intermediate_size, self.head_dim)
+        return built_in_spec(*sizes, *widths, dtype=self.dtype)
+
+    def rotary_positions(self) -> int:
+        return self.max_position
+
 
 @dataclass
 class HfModelConf:
@@ -151,6 +177,20 @@ class HfModelConf:
     dtype: str = "float32"  # compute dtype; stored bf16 / fp16 / fp32 weights are converted
     max_position: int = II("max_model_len")  # rotary table; 0 = max_position_embeddings
 
+    has_weights: ClassVar[bool] = True
+
+    def spec(self) -> ModelSpec:
+        from stages.checkpoint import read_folder_spec
+
+        spec = read_folder_spec(self.path).model
+        name = Path(self.path).expanduser().name
+        return dataclasses.replace(spec, name=name, dtype_bytes=dtype_bytes(self.dtype))
+
+    def rotary_positions(self) -> int:
+        from stages.checkpoint import read_folder_spec
+
+        return self.max_position or read_folder_spec(self.path).max_position_embeddings
+
 
 @dataclass
 class GgufModelConf:
@@ -158,6 +198,24 @@ class GgufModelConf:
     path: str = MISSING  # a GGUF file (llama, qwen2, qwen3; F32 to Q4_K, see the README)
     dtype: str = "float32"  # compute dtype; every stored type is dequantised to it
     max_position: int = II("max_model_len")  # rotary table; 0 = the file's context_length
+
+    has_weights: ClassVar[bool] = True
+
+    def spec(self) -> ModelSpec:
+        from stages.gguf.config import gguf_spec
+        from stages.gguf.reader import read_gguf_header
+
+        spec = gguf_spec(read_gguf_header(self.path)).model
+        name = Path(self.path).expanduser().stem
+        return dataclasses.replace(spec, name=name, dtype_bytes=dtype_bytes(self.dtype))
+
+    def rotary_positions(self) -> int:
+        from stages.gguf.config import gguf_spec
+        from stages.gguf.reader import read_gguf_header
+
+        if self.max_position:
+            return self.max_position
+        return gguf_spec(read_gguf_header(self.path)).max_position_embeddings
 
 
 @dataclass
@@ -215,7 +273,7 @@ class JsonlWorkloadConf:
 class SpecModelConf:
     """A model without weights, for the simulated device: config.json or a preset's fields."""
 
-    _target_: str = "stages.simulator.spec.model_spec"
+    _target_: str = "stages.model_spec.model_spec"
     config: str = ""  # a config.json (or its folder); "" = the fields below
     name: str = ""
     vocab_size: int = 0
@@ -235,6 +293,14 @@ class SpecModelConf:
     moe_layer_end: int = -1  # -1 = the last layer
     moe_layer_interval: int = 1
     dtype_bytes: int = 2  # bf16
+
+    has_weights: ClassVar[bool] = False
+
+    def spec(self) -> ModelSpec:
+        return model_spec(**{k: v for k, v in vars(self).items() if k != "_target_"})
+
+    def rotary_positions(self) -> int:
+        return 0
 
 
 @dataclass
@@ -407,6 +473,31 @@ SCHEMAS = {
     ("executor", "simulated"): SimulatedExecutorConf,
     ("workload", "trace"): TraceWorkloadConf,
 }
+
+
+MODEL_OPTIONS = (TransformerConf, HfModelConf, GgufModelConf, SpecModelConf)
+
+
+def model_kind(node: DictConfig) -> type[ModelOption]:
+    """The schema of the `model` option: each conf/model option names one first, so the
+    kind of model is the config's own type. A config read back from a run folder has lost
+    its types: the schema is then the one that declares the node's `_target_`."""
+    kind = OmegaConf.get_type(node)
+    if isinstance(kind, type) and issubclass(kind, MODEL_OPTIONS):
+        return kind
+    declared = {option._target_: option for option in MODEL_OPTIONS}
+    target = node.get("_target_")
+    if target not in declared:
+        kinds = ", ".join(f"/schema/model@_here_: {n}" for (g, n) in SCHEMAS if g == "model")
+        raise ValueError(f"model: the option names no model schema: begin it with one of {kinds}")
+    return declared[target]
+
+
+def model_option(node: DictConfig) -> ModelOption:
+    """The `model` node as its schema's object, which describes the model it builds."""
+    schema = OmegaConf.structured(model_kind(node))
+    values = OmegaConf.to_container(node, resolve=True)  # interpolations name other keys
+    return OmegaConf.to_object(OmegaConf.merge(schema, values))  # type: ignore[return-value]
 
 
 def register_schemas() -> None:

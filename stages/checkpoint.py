@@ -17,26 +17,20 @@ import math
 import struct
 from collections import defaultdict
 from collections.abc import Collection, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import paddle
-from paddle.utils import dlpack
 from safetensors import safe_open
-from safetensors.numpy import save_file
 
-from stages.model import (
-    DenseMLP,
-    LayerWeights,
-    ModelDims,
-    ModelWeights,
-    MoeMLP,
-    TransformerLM,
-    check_dtype,
-    rope_inv_freq,
-)
+from stages.model_spec import ModelSpec, MoeLayout, dtype_bytes
+from stages.rope import rope_inv_freq
+
+if TYPE_CHECKING:  # reading a config.json needs no Paddle; loading weights imports it
+    import paddle
+
+    from stages.model import DenseMLP, ModelWeights, MoeMLP, TransformerLM
 
 # Architecture families, named by their first name below.
 LLAMA = "LlamaForCausalLM"
@@ -87,6 +81,16 @@ def model_folder(path: str | Path, key: str = "model.path") -> Path:
     return folder
 
 
+def read_folder_spec(path: str | Path) -> CheckpointSpec:
+    """The checked config.json of a model folder whose weight files can be read without
+    blocking (a FIFO or a device named *.safetensors would block or never end)."""
+    folder = model_folder(path)
+    for weights in sorted(folder.glob("*.safetensors")):
+        if not weights.is_file():
+            raise ValueError(f"{weights} is not a regular file: model.path must hold real files")
+    return read_spec(read_json(folder / "config.json"))
+
+
 def _token_ids(value: Any, key: str = "token id") -> list[int]:
     if value is None:
         return []
@@ -121,34 +125,17 @@ def read_special_ids(folder: Path) -> SpecialIds:
 
 
 @dataclass(frozen=True)
-class MoeSpec:
-    num_experts: int
-    top_k: int
-    intermediate_size: int
-    num_shared: int
-    norm_min: float
-    layers: frozenset[int]
-
-
-@dataclass(frozen=True)
 class CheckpointSpec:
-    """What config.json says about the architecture, checked."""
+    """What config.json says, checked: the model's description, and how it computes."""
 
     architecture: str  # as config.json names it
     family: str  # the architecture family of ARCHITECTURE_FAMILIES
-    dims: ModelDims
+    model: ModelSpec
     max_position_embeddings: int
     rms_eps: float
     rope_theta: float
     rope_scaling: dict[str, Any] | None
     rope_interleaved: bool
-    tied: bool
-    qkv_bias: bool
-    out_bias: bool
-    mlp_bias: bool
-    lm_head_bias: bool
-    moe: MoeSpec | None = None
-    qk_norm: bool = False  # RMSNorm over each query and key head before rotary (Qwen3)
     sliding_window: int | None = None  # each token attends to at most this many (Mistral)
 
 
@@ -174,6 +161,8 @@ class _Fields:
             raise ValueError(f"config.json has no {key}")
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
             raise ValueError(f"config.json: {key}={value!r} is out of range (a positive number)")
+        if not math.isfinite(value):  # JSON's Infinity parses
+            raise ValueError(f"config.json: {key}={value!r} is not a finite number")
         return float(value)
 
     def flag(self, key: str, default: bool) -> bool:
@@ -212,22 +201,20 @@ def _moe_layers(fields: _Fields, num_layers: int) -> frozenset[int]:
     return frozenset(i for i in range(num_layers) if (i + 1) % interval == 0 and start <= i <= end)
 
 
-def _moe(f: _Fields, num_layers: int) -> MoeSpec:
-    num_experts = f.integer("moe_num_experts")
-    moe = MoeSpec(
-        num_experts=num_experts,
-        top_k=f.integer("moe_k"),
-        intermediate_size=f.integer("moe_intermediate_size"),
-        num_shared=f.integer("moe_num_shared_experts", 0, minimum=0),
-        norm_min=f.number("moe_norm_min", 1e-12),
-        layers=_moe_layers(f, num_layers),
-    )
-    if moe.top_k > num_experts:
+def _moe(f: _Fields, num_layers: int) -> MoeLayout:
+    num_experts, top_k = f.integer("moe_num_experts"), f.integer("moe_k")
+    if top_k > num_experts:
         raise ValueError(
-            f"config.json: moe_k={moe.top_k} is out of range (at most "
-            f"moe_num_experts={num_experts})"
+            f"config.json: moe_k={top_k} is out of range (at most moe_num_experts={num_experts})"
         )
-    return moe
+    return MoeLayout(
+        num_experts=num_experts,
+        experts_per_token=top_k,
+        expert_intermediate_size=f.integer("moe_intermediate_size"),
+        num_shared_experts=f.integer("moe_num_shared_experts", 0, minimum=0),
+        layers=_moe_layers(f, num_layers),
+        norm_min=f.number("moe_norm_min", 1e-12),
+    )
 
 
 def _architecture(config: Mapping[str, Any]) -> tuple[str, str]:
@@ -242,7 +229,7 @@ def _architecture(config: Mapping[str, Any]) -> tuple[str, str]:
     return name, ARCHITECTURE_FAMILIES[name]
 
 
-def _dims(f: _Fields) -> ModelDims:
+def _dims(f: _Fields) -> dict[str, int]:
     hidden = f.integer("hidden_size")
     num_heads = f.integer("num_attention_heads")
     num_kv_heads = f.integer("num_key_value_heads", num_heads)
@@ -254,7 +241,7 @@ def _dims(f: _Fields) -> ModelDims:
     head_dim = f.integer("head_dim", hidden // num_heads if hidden % num_heads == 0 else None)
     if head_dim % 2:
         raise ValueError(f"config.json: head_dim={head_dim} is out of range (rotary needs it even)")
-    return ModelDims(
+    return dict(
         vocab_size=f.integer("vocab_size"),
         hidden_size=hidden,
         num_layers=f.integer("num_hidden_layers"),
@@ -282,33 +269,38 @@ def read_spec(config: Mapping[str, Any]) -> CheckpointSpec:
     name, family = _architecture(config)
     f = _Fields(config)
     dims = _dims(f)
+    num_layers = dims["num_layers"]
     if config.get("hidden_act", "silu") != "silu":
         raise ValueError(
             f"config.json: hidden_act={config['hidden_act']!r} is not supported (silu)"
         )
     sliding_window = _sliding_window(family, f)
     theta, scaling = _rope(config, f)
-    rope_inv_freq(dims.head_dim, theta, scaling)  # an unsupported scaling fails before loading
+    rope_inv_freq(dims["head_dim"], theta, scaling)  # an unsupported scaling fails before loading
     ernie = family in (ERNIE, ERNIE_MOE)
     ernie_bias = ernie and f.flag("use_bias", False)
     llama_like = family in (LLAMA, MISTRAL, QWEN3)  # attention_bias: q, k, v and o biases
     attention_bias = llama_like and f.flag("attention_bias", False)
+    model = ModelSpec(
+        **dims,
+        name=family,
+        tied_embeddings=f.flag("tie_word_embeddings", ernie),  # ERNIE-4.5 ties by default
+        qkv_bias=family == QWEN2 or attention_bias or ernie_bias,
+        out_bias=attention_bias or ernie_bias,
+        mlp_bias=(family in (LLAMA, MISTRAL) and f.flag("mlp_bias", False)) or ernie_bias,
+        lm_head_bias=family == ERNIE_MOE and ernie_bias,
+        qk_norm=family == QWEN3,
+        moe=_moe(f, num_layers) if family == ERNIE_MOE else None,
+    )
     return CheckpointSpec(
         architecture=name,
         family=family,
-        dims=dims,
+        model=model,
         max_position_embeddings=f.integer("max_position_embeddings", 2048),
         rms_eps=f.number("rms_norm_eps", 1e-6),
         rope_theta=theta,
         rope_scaling=scaling,
         rope_interleaved=ernie,  # ERNIE-4.5 rotates pairs (2i, 2i + 1), GLM style
-        tied=f.flag("tie_word_embeddings", ernie),  # ERNIE-4.5 ties by default
-        qkv_bias=family == QWEN2 or attention_bias or ernie_bias,
-        out_bias=attention_bias or ernie_bias,
-        mlp_bias=(family in (LLAMA, MISTRAL) and f.flag("mlp_bias", False)) or ernie_bias,
-        lm_head_bias=family == ERNIE_MOE and ernie_bias,
-        moe=_moe(f, dims.num_layers) if family == ERNIE_MOE else None,
-        qk_norm=family == QWEN3,
         sliding_window=sliding_window,
     )
 
@@ -416,7 +408,9 @@ def _moe_plan(
     plan: WeightPlan, spec: CheckpointSpec, src: str, dest: str, stored: Collection[str]
 ) -> None:
     """One MoE layer's router, experts (per expert or fused, as stored) and shared experts."""
-    moe, h = spec.moe, spec.dims.hidden_size
+    model = spec.model
+    moe, h = model.moe, model.hidden_size
+    assert moe is not None
     plan.buffers[dest + "router"] = (h, moe.num_experts)
     plan.place(
         src + "mlp.gate.weight", (moe.num_experts, h), Placement(dest + "router", transpose=True)
@@ -424,15 +418,15 @@ def _moe_plan(
     bias_key = next((k for k in CORRECTION_BIAS_KEYS if src + k in stored), CORRECTION_BIAS_KEYS[0])
     plan.vector(src + bias_key, dest + "correction", moe.num_experts, (1, moe.num_experts))
     plan.float32_buffers |= {dest + "router", dest + "correction"}
-    experts, inter = src + "mlp.experts.", moe.intermediate_size
+    experts, inter = src + "mlp.experts.", moe.expert_intermediate_size
     if experts + "gate_up_proj" in stored:
         plan.fused_experts(dest + "experts", experts, moe.num_experts, h, inter)
     else:
         for e in range(moe.num_experts):
-            plan.mlp(f"{dest}experts.{e}", f"{experts}{e}.", h, inter, spec.mlp_bias)
-    if moe.num_shared:
-        shared = inter * moe.num_shared
-        plan.mlp(dest + "shared", src + "mlp.shared_experts.", h, shared, spec.mlp_bias)
+            plan.mlp(f"{dest}experts.{e}", f"{experts}{e}.", h, inter, model.mlp_bias)
+    if moe.num_shared_experts:
+        shared = inter * moe.num_shared_experts
+        plan.mlp(dest + "shared", src + "mlp.shared_experts.", h, shared, model.mlp_bias)
 
 
 def weight_plan(spec: CheckpointSpec, stored: Collection[str] = ()) -> WeightPlan:
@@ -440,7 +434,7 @@ def weight_plan(spec: CheckpointSpec, stored: Collection[str] = ()) -> WeightPla
     folder's tensor names, picks between namings (fused or per-expert MoE experts); without
     it, the per-expert naming of Baidu's folders."""
     plan = WeightPlan()
-    dims = spec.dims
+    dims = spec.model
     h, d, vocab = dims.hidden_size, dims.head_dim, dims.vocab_size
     q_width, kv_width = dims.num_heads * d, dims.num_kv_heads * d
     plan.buffers["embed"] = (vocab, h)
@@ -450,19 +444,19 @@ def weight_plan(spec: CheckpointSpec, stored: Collection[str] = ()) -> WeightPla
         plan.vector(src + "input_layernorm.weight", dest + "attn_norm", h)
         plan.vector(src + "post_attention_layernorm.weight", dest + "mlp_norm", h)
         attn = [("q_proj", q_width), ("k_proj", kv_width), ("v_proj", kv_width)]
-        plan.linears(dest + "qkv", src + "self_attn.", h, attn, spec.qkv_bias)
-        plan.linears(dest + "out", src + "self_attn.", q_width, [("o_proj", h)], spec.out_bias)
-        if spec.qk_norm:
+        plan.linears(dest + "qkv", src + "self_attn.", h, attn, dims.qkv_bias)
+        plan.linears(dest + "out", src + "self_attn.", q_width, [("o_proj", h)], dims.out_bias)
+        if dims.qk_norm:
             plan.vector(src + "self_attn.q_norm.weight", dest + "q_norm", d)
             plan.vector(src + "self_attn.k_norm.weight", dest + "k_norm", d)
-        if spec.moe is not None and i in spec.moe.layers:
+        if dims.is_moe_layer(i):
             _moe_plan(plan, spec, src, dest, stored)
         else:
-            plan.mlp(dest + "mlp", src + "mlp.", h, dims.intermediate_size, spec.mlp_bias)
+            plan.mlp(dest + "mlp", src + "mlp.", h, dims.intermediate_size, dims.mlp_bias)
     plan.vector("model.norm.weight", "final_norm", h)
-    if not spec.tied:
-        plan.linears("lm_head", "", h, [("lm_head", vocab)], spec.lm_head_bias)
-    elif spec.lm_head_bias:
+    if not dims.tied_embeddings:
+        plan.linears("lm_head", "", h, [("lm_head", vocab)], dims.lm_head_bias)
+    elif dims.lm_head_bias:
         plan.vector("lm_head.bias", "lm_head.bias", vocab)
     return plan
 
@@ -583,6 +577,9 @@ def _place(target: np.ndarray, placement: Placement, first: int, block: np.ndarr
 
 
 def _to_paddle(buffer: np.ndarray, dtype: str) -> paddle.Tensor:
+    import paddle
+    from paddle.utils import dlpack
+
     if dtype == "float32":
         return dlpack.from_dlpack(buffer)  # shares the buffer: no second copy while loading
     return paddle.to_tensor(buffer).astype(dtype)
@@ -650,6 +647,8 @@ def load_state(
 
 
 def _assemble(spec: CheckpointSpec, state: Mapping[str, paddle.Tensor]) -> ModelWeights:
+    from stages.model import DenseMLP, LayerWeights, ModelWeights, MoeMLP
+
     def mlp(prefix: str) -> DenseMLP:
         return DenseMLP(
             state[prefix + ".gate"],
@@ -661,16 +660,17 @@ def _assemble(spec: CheckpointSpec, state: Mapping[str, paddle.Tensor]) -> Model
         )
 
     layers = []
-    for i in range(spec.dims.num_layers):
+    moe = spec.model.moe
+    for i in range(spec.model.num_layers):
         p = f"layers.{i}."
-        if spec.moe is not None and i in spec.moe.layers:
+        if moe is not None and i in moe.layers:
             block: DenseMLP | MoeMLP = MoeMLP(
                 router=state[p + "router"],
-                experts=[mlp(f"{p}experts.{e}") for e in range(spec.moe.num_experts)],
-                top_k=spec.moe.top_k,
-                norm_min=spec.moe.norm_min,
+                experts=[mlp(f"{p}experts.{e}") for e in range(moe.num_experts)],
+                top_k=moe.experts_per_token,
+                norm_min=moe.norm_min,
                 correction_bias=state[p + "correction"],
-                shared=mlp(p + "shared") if spec.moe.num_shared else None,
+                shared=mlp(p + "shared") if moe.num_shared_experts else None,
             )
         else:
             block = mlp(p + "mlp")
@@ -699,6 +699,8 @@ def _assemble(spec: CheckpointSpec, state: Mapping[str, paddle.Tensor]) -> Model
 def load_hf_model(path: str, dtype: str = "float32", max_position: int = 0) -> TransformerLM:
     """The model of a local Hugging Face folder, in compute dtype `dtype`, with rotary tables
     for `max_position` positions (0 = the config's max_position_embeddings)."""
+    from stages.model import TransformerLM, check_dtype
+
     folder = model_folder(path)
     spec = read_spec(read_json(folder / "config.json"))
     check_dtype(dtype)
@@ -709,23 +711,18 @@ def load_hf_model(path: str, dtype: str = "float32", max_position: int = 0) -> T
         ("eos", special.eos_ids),
         ("pad", [special.pad_id]),
     ):
-        bad = sorted(i for i in ids if i is not None and not 0 <= i < spec.dims.vocab_size)
+        vocab = spec.model.vocab_size
+        bad = sorted(i for i in ids if i is not None and not 0 <= i < vocab)
         if bad:
             raise ValueError(
                 f"{folder}: {name}_token_id {bad[0]} is outside the vocabulary "
-                f"(vocab_size={spec.dims.vocab_size} in config.json)"
+                f"(vocab_size={vocab} in config.json)"
             )
     files = weight_files(folder)
     state = load_state(files, weight_plan(spec, files.keys()), dtype, folder)
     return TransformerLM(
-        vocab_size=spec.dims.vocab_size,
-        hidden_size=spec.dims.hidden_size,
-        num_layers=spec.dims.num_layers,
-        num_heads=spec.dims.num_heads,
-        num_kv_heads=spec.dims.num_kv_heads,
-        intermediate_size=spec.dims.intermediate_size,
+        replace(spec.model, dtype_bytes=dtype_bytes(dtype)),
         max_position=max_position or spec.max_position_embeddings,
-        head_dim=spec.dims.head_dim,
         rope_theta=spec.rope_theta,
         rms_eps=spec.rms_eps,
         dtype=dtype,
@@ -745,9 +742,13 @@ def export_hf_llama(
 ) -> Path:
     """Writes `model` as a LlamaForCausalLM folder (config.json, model.safetensors).
     Returns the folder."""
+    from safetensors.numpy import save_file
+
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    if model.rope_interleaved or model.has_biases or model.has_moe:
+    spec = model.spec
+    biased = spec.qkv_bias or spec.out_bias or spec.mlp_bias or spec.lm_head_bias
+    if model.rope_interleaved or biased or spec.moe is not None or spec.qk_norm:
         raise ValueError("export_hf_llama writes dense Llama models (rotate-half RoPE, no biases)")
     save_file(_llama_tensors(model), str(folder / "model.safetensors"), metadata={"format": "pt"})
     config = _llama_config(model)
@@ -762,7 +763,7 @@ def export_hf_llama(
 def _llama_tensors(model: TransformerLM) -> dict[str, np.ndarray]:
     """The weights under Hugging Face's Llama names. HF Linear weights are [out, in]; the
     model keeps [in, out] for its matmuls, so every projection is transposed."""
-    d = model.dims
+    d = model.spec
     q_width, kv_width = d.num_heads * d.head_dim, d.num_kv_heads * d.head_dim
 
     def host(tensor) -> np.ndarray:
@@ -792,7 +793,7 @@ def _llama_tensors(model: TransformerLM) -> dict[str, np.ndarray]:
 
 
 def _llama_config(model: TransformerLM) -> dict[str, Any]:
-    d = model.dims
+    d = model.spec
     return {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",

@@ -7,12 +7,13 @@ attention backends' kernels have their own contract, `stages.attention.interface
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
-
-import paddle
+from typing import TYPE_CHECKING, Any, Protocol
 
 from stages.metadata import ForwardMeta
 from stages.request import Request, Samples, StepPlan
+
+if TYPE_CHECKING:  # annotations only: a simulated run never imports Paddle
+    import paddle
 
 
 class Tokenizer(Protocol):

@@ -14,15 +14,25 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import paddle
 
 from stages.buckets import Axis, Bucketing, Buckets, warmup_counts, warmup_graphs
 from stages.kv_cache import KVCacheManager, blocks_for
 from stages.request import PrefillChunk, Request, StepPlan
 from stages.simulator.shape import StepShape
+
+if TYPE_CHECKING:
+    import paddle
+
+
+def _tensor(array: np.ndarray) -> paddle.Tensor:
+    """An array as a Paddle tensor. Paddle is imported by the first tensor a step needs, so
+    a simulated run, which lays out shapes only, never imports it."""
+    import paddle
+
+    return paddle.to_tensor(array)
 
 
 @dataclass
@@ -341,11 +351,11 @@ class HPUMetadataBuilder:
             first = context_lens[:, None] // bs + np.arange(seq_blocks)
             used = np.arange(seq_blocks)[None, :] * bs < chunk_lens[:, None]
             dest = np.where(used, np.take_along_axis(tables, first, axis=1), self.scratch)
-            return paddle.to_tensor(dest.reshape(-1)), None, None
+            return _tensor(dest.reshape(-1)), None, None
         token_blocks = np.take_along_axis(tables, positions // bs, axis=1)
         blocks_of = np.where(real, token_blocks, self.scratch)
         offsets = np.where(real, positions % bs, np.arange(positions.shape[1]) % bs)
-        return None, paddle.to_tensor(blocks_of.reshape(-1)), paddle.to_tensor(offsets.reshape(-1))
+        return None, _tensor(blocks_of.reshape(-1)), _tensor(offsets.reshape(-1))
 
     def _context(
         self, context_lens: np.ndarray, tables: np.ndarray, seq: int
@@ -357,7 +367,7 @@ class HPUMetadataBuilder:
             context_lens[:, None, None] + np.arange(seq)[None, :, None]
         )
         mask = np.where(visible, 0.0, _NEG).astype(np.float32)[:, None]
-        return paddle.to_tensor(tables), paddle.to_tensor(mask)
+        return _tensor(tables), _tensor(mask)
 
     # -- the decode part ---------------------------------------------------------------------
     def _span_start(self, row_blocks: np.ndarray) -> int | None:
@@ -420,11 +430,11 @@ class HPUMetadataBuilder:
             input_ids=input_ids,
             positions=positions,
             **self._decode_writes(row_blocks, counts, positions, rows),
-            block_list=paddle.to_tensor(block_list),
-            block_groups=paddle.to_tensor(self._scatter(blocks, slots, owner, rows - 1)),
-            block_mapping=paddle.to_tensor(self._mapping(blocks, rows, slots, owner)),
-            block_bias=paddle.to_tensor(self._bias(blocks, slots, tokens_in_block)),
-            row_slots=paddle.to_tensor(
+            block_list=_tensor(block_list),
+            block_groups=_tensor(self._scatter(blocks, slots, owner, rows - 1)),
+            block_mapping=_tensor(self._mapping(blocks, rows, slots, owner)),
+            block_bias=_tensor(self._bias(blocks, slots, tokens_in_block)),
+            row_slots=_tensor(
                 self._scatter(blocks, slots, owner * row_width + index_in_row, rows * row_width)
             ),
             row_width=row_width,
@@ -472,8 +482,8 @@ class HPUMetadataBuilder:
         write_blocks[:n] = row_blocks[np.cumsum(counts) - 1]
         offsets = np.where(np.arange(rows) < n, positions % self.block_size, 0)
         return {
-            "block_indices": paddle.to_tensor(write_blocks),
-            "block_offsets": paddle.to_tensor(offsets),
+            "block_indices": _tensor(write_blocks),
+            "block_offsets": _tensor(offsets),
         }
 
     # -- warmup ------------------------------------------------------------------------------
@@ -519,9 +529,9 @@ class HPUMetadataBuilder:
             mode=mode,
             prefill=prefill,
             decode=decode,
-            input_ids=paddle.to_tensor(input_ids),
-            positions=paddle.to_tensor(np.concatenate(positions)),
-            logits_rows=paddle.to_tensor(logits_rows),
+            input_ids=_tensor(input_ids),
+            positions=_tensor(np.concatenate(positions)),
+            logits_rows=_tensor(logits_rows),
             num_tokens=num_tokens,
             padded_tokens=len(input_ids),
             bucket=bucket_label(shape.prefill, shape.decode),

@@ -14,35 +14,20 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import paddle
 import paddle.nn.functional as F
 
 from stages.metadata import ForwardMeta
+from stages.model_spec import DTYPE_BYTES, ModelSpec, built_in_spec
+from stages.rope import rope_inv_freq
 
-SUPPORTED_DTYPES = ("float32", "float16", "bfloat16")
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+if TYPE_CHECKING:
+    from stages.interfaces import Attention
 
-
-@dataclass(frozen=True)
-class ModelDims:
-    vocab_size: int
-    hidden_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    intermediate_size: int
-
-    @property
-    def num_parameters(self) -> int:
-        """The dense, untied architecture's count; TransformerLM.num_parameters counts tensors."""
-        h, d = self.hidden_size, self.head_dim
-        attn = h * d * (2 * self.num_heads + 2 * self.num_kv_heads)
-        mlp = 3 * h * self.intermediate_size
-        return self.num_layers * (attn + mlp + 2 * h) + 2 * self.vocab_size * h + h
+SUPPORTED_DTYPES = tuple(DTYPE_BYTES)
 
 
 def _linear(x: paddle.Tensor, weight: paddle.Tensor, bias: paddle.Tensor | None) -> paddle.Tensor:
@@ -132,50 +117,6 @@ class ModelWeights:
     lm_head_bias: paddle.Tensor | None = None
 
 
-def rope_type(scaling: Mapping[str, Any] | None) -> str:
-    """The rope scaling kind a config names ("rope_type", formerly "type"); none = default."""
-    if not scaling:
-        return "default"
-    return str(scaling.get("rope_type", scaling.get("type", "default")))
-
-
-def rope_inv_freq(
-    head_dim: int, theta: float, scaling: Mapping[str, Any] | None = None
-) -> np.ndarray:
-    """The rotation frequency of each of head_dim / 2 pairs, float64, after rope scaling."""
-    half = head_dim // 2
-    inv_freq = 1.0 / theta ** (np.arange(half, dtype=np.float64) / half)
-    kind = rope_type(scaling)
-    if kind not in SUPPORTED_ROPE_TYPES:
-        raise ValueError(
-            f"rope_scaling type {kind!r} is not supported: choose one of "
-            f"{', '.join(SUPPORTED_ROPE_TYPES)}"
-        )
-    if kind == "default":
-        return inv_freq
-    factor = _positive(scaling, "factor")
-    if kind == "linear":
-        return inv_freq / factor
-    # llama3: long wavelengths slow down by `factor`, short ones stay, a smooth blend between.
-    low = _positive(scaling, "low_freq_factor")
-    high = _positive(scaling, "high_freq_factor")
-    original = _positive(scaling, "original_max_position_embeddings")
-    if high <= low:
-        raise ValueError(
-            f"rope_scaling: high_freq_factor={high} must be above low_freq_factor={low}"
-        )
-    wavelen = 2 * math.pi / inv_freq
-    smooth = np.clip((original / wavelen - low) / (high - low), 0.0, 1.0)
-    return (1 - smooth) * inv_freq / factor + smooth * inv_freq
-
-
-def _positive(scaling: Mapping[str, Any], key: str) -> float:
-    value = scaling.get(key)
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
-        raise ValueError(f"rope_scaling.{key}={value!r}: needs a positive number")
-    return float(value)
-
-
 def check_dtype(dtype: str) -> None:
     """Refuses a compute dtype that Paddle cannot multiply in on the current device."""
     if dtype not in SUPPORTED_DTYPES:
@@ -189,17 +130,49 @@ def check_dtype(dtype: str) -> None:
         ) from err
 
 
+def transformer_lm(
+    vocab_size: int,
+    hidden_size: int,
+    num_layers: int,
+    num_heads: int,
+    num_kv_heads: int,
+    intermediate_size: int,
+    max_position: int,
+    head_dim: int = 0,
+    rope_theta: float = 10000.0,
+    rms_eps: float = 1e-6,
+    seed: int = 0,
+    dtype: str = "float32",
+) -> TransformerLM:
+    """The built-in model (`model=tiny`, `model=small`): a dense Llama-style decoder with an
+    untied lm head, its weights drawn from `seed`."""
+    check_dtype(dtype)
+    spec = built_in_spec(
+        vocab_size,
+        hidden_size,
+        num_layers,
+        num_heads,
+        num_kv_heads,
+        intermediate_size,
+        head_dim,
+        dtype,
+    )
+    return TransformerLM(
+        spec,
+        max_position=max_position,
+        rope_theta=rope_theta,
+        rms_eps=rms_eps,
+        seed=seed,
+        dtype=dtype,
+    )
+
+
 class TransformerLM:
     def __init__(
         self,
-        vocab_size: int,
-        hidden_size: int,
-        num_layers: int,
-        num_heads: int,
-        num_kv_heads: int,
-        intermediate_size: int,
+        spec: ModelSpec,
+        *,
         max_position: int,
-        head_dim: int = 0,
         rope_theta: float = 10000.0,
         rms_eps: float = 1e-6,
         seed: int = 0,
@@ -209,22 +182,12 @@ class TransformerLM:
         weights: ModelWeights | None = None,
         eos_ids: Sequence[int] = (),
     ) -> None:
-        """Weights are drawn from `seed` unless given (a loaded checkpoint's)."""
-        head_dim = head_dim or hidden_size // num_heads
-        if num_heads % num_kv_heads:
-            raise ValueError("model.num_heads must be a multiple of model.num_kv_heads")
-        if head_dim % 2:
-            raise ValueError(f"model.head_dim={head_dim} must be even for rotary positions")
+        """The model `spec` describes; its weights are drawn from `seed` unless given (a
+        loaded checkpoint's), and then only a dense model's can be drawn."""
+        if spec.head_dim % 2:
+            raise ValueError(f"model.head_dim={spec.head_dim} must be even for rotary positions")
         check_dtype(dtype)
-        self.dims = ModelDims(
-            vocab_size,
-            hidden_size,
-            num_layers,
-            num_heads,
-            num_kv_heads,
-            head_dim,
-            intermediate_size,
-        )
+        self.spec = spec
         self.rms_eps = rms_eps
         self.dtype = dtype
         self.max_position = max_position
@@ -233,7 +196,8 @@ class TransformerLM:
         self.rope_interleaved = rope_interleaved
         self.eos_ids = frozenset(eos_ids)
         # 1 / hidden in a column: the mean of squares as a matmul (see _rms_norm).
-        self._mean_column = paddle.full([hidden_size, 1], 1.0 / hidden_size, dtype="float32")
+        hidden = spec.hidden_size
+        self._mean_column = paddle.full([hidden, 1], 1.0 / hidden, dtype="float32")
         if weights is None:
             weights = self._draw_weights(np.random.default_rng(seed))
         self.embed = weights.embed
@@ -244,22 +208,8 @@ class TransformerLM:
         self._init_rope()
 
     @property
-    def has_biases(self) -> bool:
-        return self.lm_head_bias is not None or any(
-            layer.qkv_bias is not None or layer.out_bias is not None for layer in self.layers
-        )
-
-    @property
-    def has_qk_norm(self) -> bool:
-        return any(layer.q_norm is not None for layer in self.layers)
-
-    @property
-    def has_moe(self) -> bool:
-        return any(isinstance(layer.mlp, MoeMLP) for layer in self.layers)
-
-    @property
     def num_parameters(self) -> int:
-        return sum(math.prod(t.shape) for t in self._tensors())
+        return self.spec.num_parameters()
 
     @property
     def num_bytes(self) -> int:
@@ -280,7 +230,9 @@ class TransformerLM:
         yield from walk([self.embed, self.layers, self.final_norm, self.lm_head, self.lm_head_bias])
 
     def _draw_weights(self, rng: np.random.Generator) -> ModelWeights:
-        d = self.dims
+        d = self.spec
+        if d.moe is not None or d.tied_embeddings or d.qk_norm:
+            raise ValueError("only a dense, untied model's weights are drawn from a seed")
         qkv_width = (d.num_heads + 2 * d.num_kv_heads) * d.head_dim
 
         def normal(rows: int, cols: int, std: float) -> paddle.Tensor:
@@ -311,7 +263,7 @@ class TransformerLM:
         return ModelWeights(embed, layers, final_norm, lm_head)
 
     def _init_rope(self) -> None:
-        inv_freq = rope_inv_freq(self.dims.head_dim, self.rope_theta, self.rope_scaling)
+        inv_freq = rope_inv_freq(self.spec.head_dim, self.rope_theta, self.rope_scaling)
         angles = np.outer(np.arange(self.max_position, dtype=np.float64), inv_freq)
         if self.rope_interleaved:  # pair i is dims (2i, 2i + 1)
             angles = np.repeat(angles, 2, axis=-1)
@@ -335,7 +287,7 @@ class TransformerLM:
         return (x32 * inv_rms).astype(x.dtype) * weight
 
     @paddle.no_grad()
-    def forward(self, meta: ForwardMeta, attention) -> paddle.Tensor:
+    def forward(self, meta: ForwardMeta, attention: Attention) -> paddle.Tensor:
         """Logits [rows, vocab] for meta.logits_rows: each chunk's last token, each decode."""
         input_ids, positions, logits_rows = meta.input_ids, meta.positions, meta.logits_rows
         # Where the attention packs a step's real tokens, every layer runs on those alone.

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from benchmarks.decode_step import decode_roofline
-from stages.model import ModelDims
+from stages.model_spec import ModelSpec
 
 # hidden 4, 1 layer, 2 heads, 1 KV head, head_dim 2, intermediate 8, vocab 10
-DIMS = ModelDims(10, 4, 1, 2, 1, 2, 8)
+DIMS = ModelSpec(10, 4, 1, 2, 1, 2, 8)
 
 
 def test_decode_roofline_by_hand() -> None:

@@ -105,7 +105,7 @@ def test_bad_run_folders_are_one_line_errors(served_run, tmp_path):
     (broken / "resolved_config.yaml").write_text((served_run / "resolved_config.yaml").read_text())
     lines = (served_run / "steps.jsonl").read_text().splitlines()
     (broken / "steps.jsonl").write_text("\n".join([lines[0], '{"bucket": "prefill 1x"}']) + "\n")
-    with pytest.raises(ConfigError, match="steps.jsonl line 2"):
+    with pytest.raises(ConfigError, match="steps.jsonl:2: no `decode` field"):
         run_samples(broken, False)
     old = next(step for step in map(json.loads, lines) if step["decode"])
     del old["decode_lens"]

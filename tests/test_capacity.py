@@ -73,3 +73,12 @@ def test_a_search_without_an_slo_is_refused(tmp_path):
     cfg = make_config([*SMALL_DEPLOYMENT[:-2]])
     with pytest.raises(ConfigError, match="needs an SLO"):
         capacity_search(cfg, tmp_path)
+
+
+def test_a_configuration_that_refuses_too_many_requests_is_given_up_at_once(tmp_path):
+    # whole prompts within max_tokens=256: most of 100..600-token prompts are refused
+    cfg = make_config([*SMALL_DEPLOYMENT, "scheduler=whole", "max_tokens=256", "workload.rate=2"])
+    result = capacity_search(cfg, tmp_path)
+    assert not result["capacity_found"] and result["capacity_probes"] == 1
+    assert "refused at any load" in result["capacity_reason"]
+    assert result["refused_requests"] > 0.1 * result["num_requests"]

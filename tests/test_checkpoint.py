@@ -358,7 +358,7 @@ def test_remote_code_and_transformers_names_read_alike(names, family):
     specs = [read_spec(base_config(name, 40, **MOE)) for name in names]
     assert {s.family for s in specs} == {family}
     assert len({replace(s, architecture="") for s in specs}) == 1
-    assert specs[0].rope_interleaved and specs[0].tied
+    assert specs[0].rope_interleaved and specs[0].model.tied_embeddings
 
 
 def test_fused_experts_misshapen_or_missing_are_named(tmp_path):
@@ -384,14 +384,13 @@ def test_a_sliding_window_covering_the_served_context_is_served(tmp_path):
 def test_hpu_ops_refuse_a_q_k_normed_model_at_start(tmp_path, monkeypatch):
     """The HPU's fused_qkv_rope has no per-head norm: a Qwen3 model is refused when the
     pipeline is built, in one line, before any step."""
-    from pipeline import build as run
     from pipeline import checks
 
     folder, _, _ = make_folder(tmp_path, "qwen3, q/k norm, head_dim 32, tied")
     monkeypatch.setitem(sys.modules, "paddlenlp_ops", object())  # a stand-in plugin
     monkeypatch.setattr(checks, "_hpu_plugin_present", lambda: True)
     monkeypatch.setattr(checks, "_hpu_ops_present", lambda: True)
-    monkeypatch.setattr(run.paddle, "set_device", lambda device: None)  # no HPU here
+    monkeypatch.setattr(paddle, "set_device", lambda device: None)  # no HPU here
     hpu = ["attention.ops=intel_hpu", "device=intel_hpu", *HF]
     with pytest.raises(ConfigError) as err:
         build_engine(make_config(["model=hf", f"model.path={folder}", *hpu]))

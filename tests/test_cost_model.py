@@ -11,11 +11,11 @@ from hydra import compose, initialize_config_module
 from hydra.utils import instantiate
 
 from pipeline.schema import register_schemas
+from stages.model_spec import model_spec
 from stages.simulator.cost_model import OVERHEAD, TERMS, CostModel
 from stages.simulator.hardware import GIB, HardwareProfile, kv_pool_blocks, read_profile
 from stages.simulator.nnls import nnls
 from stages.simulator.shape import StepShape
-from stages.simulator.spec import model_spec
 
 register_schemas()
 

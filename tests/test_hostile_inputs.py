@@ -5,6 +5,7 @@ its own request."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 from pathlib import Path
@@ -295,3 +296,29 @@ def test_inspect_does_not_call_a_bad_tokenizer_json_servable(tmp_path, capsys):
     code = inspect.main([str(folder), "--json"])
     report = json.loads(capsys.readouterr().out)
     assert code == 1 and "tokenizer.json is not valid JSON" in report["reason"]
+
+
+def test_an_infinite_number_in_a_checkpoint_config_is_named(tmp_path, capsys):
+    folder = folder_of(tmp_path)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "rope_theta": math.inf}))
+    assert inspect.main([str(folder), "--json"]) == 1
+    assert "rope_theta=inf is not a finite number" in json.loads(capsys.readouterr().out)["reason"]
+
+
+def test_a_workload_file_gone_before_the_read_is_one_line(tmp_path, monkeypatch):
+    import pipeline.build
+
+    path = tmp_path / "w.jsonl"
+    path.write_text('{"prompt": "a"}\n')
+    real_build = pipeline.build.build
+
+    def build_then_remove(node, **kwargs):
+        workload = real_build(node, **kwargs)  # its constructor found the file
+        path.unlink()
+        return workload
+
+    monkeypatch.setattr(pipeline.build, "build", build_then_remove)
+    cfg = make_config(["workload=jsonl", f"workload.path={path}"])
+    with pytest.raises(ConfigError, match=rf"workload: {path} cannot be read \(No such file"):
+        load_workload(cfg, ByteTokenizer())

@@ -12,7 +12,7 @@ from hydra.utils import instantiate
 from pipeline.build import build
 from pipeline.checks import ConfigError, check_config
 from pipeline.schema import register_schemas
-from stages.simulator.spec import ModelSpec, MoeLayout, model_spec
+from stages.model_spec import ModelSpec, MoeLayout, model_spec
 from tests.test_cost_model import TINY, TINY_MOE
 
 register_schemas()

@@ -13,6 +13,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from pipeline.checks import ConfigError
+from pipeline.deploy import main as deploy_main
 from pipeline.plan_report import best, build_plan_report, candidates, check_plan, pareto_front
 from pipeline.summary import find_jobs
 from tests.conftest import make_config, run_cli
@@ -52,7 +53,7 @@ def plan(tmp_path) -> Path:
 def test_ranking_front_and_rules_by_hand(plan):
     cands = candidates(find_jobs(plan), max_warmup_s=600)
     ruled = {c.job.num: c.ruled_out for c in cands}
-    assert "plan.max_warmup_s" in ruled[3] and "no probed load" in ruled[4]
+    assert "plan.max_warmup_s" in ruled[3] and "no load met" in ruled[4]
     assert not ruled[0] and not ruled[1] and not ruled[2]
     assert best(cands, "goodput_per_card", 0).job.num == 1  # 10 / 2 cards = 5 > 4 > 3
     # cost per Mtok at $2/card-hour: job 0 2/(1000*3600)*1e6 = 0.556; job 1 4/(3000*3600)*1e6
@@ -97,6 +98,12 @@ def test_plan_command_writes_the_table_plot_best_and_deploy_files(tmp_path):
     assert str(chosen["job"]) == top["job"]
     assert f"best for goodput_per_card: job {chosen['job']}" in done.stdout
     assert "--max-num-batched-tokens" in (sweep / "deploy" / "fastdeploy-hpu.sh").read_text()
+    # any job the user names: python -m pipeline.deploy JOB_DIR
+    other = 1 - int(chosen["job"])
+    assert deploy_main([str(sweep / str(other)), "--model", "org/m"]) == 0
+    script = (sweep / str(other) / "deploy" / "vllm-gaudi.sh").read_text()
+    budget = rows[other]["config"].removeprefix("max_tokens=")
+    assert "vllm serve org/m" in script and f"--max-num-batched-tokens {budget}" in script
 
 
 @pytest.mark.parametrize(

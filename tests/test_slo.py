@@ -6,8 +6,10 @@ import pytest
 
 from pipeline.build import build_engine
 from pipeline.console import summary_table
+from pipeline.review import metrics_table, trap_notes
 from pipeline.run import serve as serve_run
 from pipeline.slo import Slo, slo_metrics
+from pipeline.summary import Job, write_markdown
 from stages.request import Request
 from tests.conftest import make_config
 
@@ -83,3 +85,22 @@ def test_a_run_reports_goodput_and_shows_it(tmp_path, capsys):
 def serve_run_folder(cfg, out_dir):
     engine, requests = build_engine(cfg)
     return serve_run(cfg, engine, requests, out_dir)
+
+
+def test_review_and_summary_say_what_compiled_while_serving_and_missed_the_slo(tmp_path):
+    a = {"status": "ok", "serving_compiles": 0, "slo_met": True, "slo_attainment": 0.95,
+         "slo": {"ttft_ms": 100, "attainment": 0.9}, "request_goodput": 2.0}  # fmt: skip
+    b = {**a, "serving_compiles": 36, "serving_compile_s": 360.0, "slo_met": False,
+         "slo_attainment": 0.5}  # fmt: skip
+    notes = "\n".join(trap_notes(metrics_table(a, b)))
+    assert "B compiled 36 graphs while serving (360.0 s predicted)" in notes
+    assert "B missed its SLO (0.5 < 0.9)" in notes and "A " not in notes
+    jobs = [
+        Job(0, tmp_path / "0", ["seed=0"], "ok", a),
+        Job(1, tmp_path / "1", ["seed=1"], "ok", b),
+    ]
+    write_markdown(jobs, ["seed"], tmp_path / "summary.md")
+    text = (tmp_path / "summary.md").read_text()
+    assert "job 1: 36 graphs compiled while serving, 360.0 s predicted" in text
+    assert "job 0:" not in text.split("compiled while serving")[-1]
+    assert "slo_attainment" in text and "request_goodput" in text

@@ -25,7 +25,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from pipeline import artefacts, logs  # noqa: F401  (logs configures structlog)
-from pipeline.build import check_resolves
+from pipeline.build import check_resolves, import_paddle
 from pipeline.checks import ConfigError, check_config
 from pipeline.run import slo_of
 from pipeline.schema import register_schemas
@@ -106,6 +106,8 @@ def serve(cfg: DictConfig, out_dir: Path) -> int:
         timeout_graceful_shutdown=round(settings.shutdown_timeout_s) + 5,
     )
     server = DrainingServer(config, lambda: app.state.worker.drain())
+    if cfg.executor.name != "simulated":
+        import_paddle()  # before uvicorn's handlers: Paddle's own would replace them
     print(f"serving on http://{settings.host}:{settings.port} (run folder {out_dir})", flush=True)
     with exit_quietly_on_signals():
         server.run()

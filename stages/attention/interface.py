@@ -37,7 +37,7 @@ class Heads(NamedTuple):
 
     @classmethod
     def of(cls, model: Any) -> Heads:
-        d = model.dims
+        d = model.spec
         return cls(d.num_heads, d.num_kv_heads, d.head_dim, model.rope_interleaved)
 
 

@@ -13,6 +13,7 @@ import math
 import re
 from collections import defaultdict
 from collections.abc import Iterator
+from dataclasses import replace
 
 import numpy as np
 import paddle
@@ -30,6 +31,7 @@ from stages.gguf.config import check_gguf_context, gguf_spec, token_ids
 from stages.gguf.quants import SUPPORTED_TYPES, dequantize
 from stages.gguf.reader import GgufHeader, TensorInfo, read_gguf_header
 from stages.model import TransformerLM, check_dtype
+from stages.model_spec import dtype_bytes
 
 # GGUF tensor names (llama.cpp's tensor_mapping) -> Hugging Face names.
 _GLOBAL_NAMES = {
@@ -134,9 +136,9 @@ def _permuted_heads(spec: CheckpointSpec, key: str) -> int:
     if spec.family != "LlamaForCausalLM":
         return 0
     if key.endswith("self_attn.q_proj.weight"):
-        return spec.dims.num_heads
+        return spec.model.num_heads
     if key.endswith("self_attn.k_proj.weight"):
-        return spec.dims.num_kv_heads
+        return spec.model.num_kv_heads
     return 0
 
 
@@ -180,23 +182,17 @@ def load_gguf_model(path: str, dtype: str = "float32", max_position: int = 0) ->
     check_gguf_context(header, spec, context)
     eos = token_ids(header, "eos", "eot", "eom")
     state = load_state(header, spec, dtype)
-    d = spec.dims
+    vocab = spec.model.vocab_size
     return TransformerLM(
-        vocab_size=d.vocab_size,
-        hidden_size=d.hidden_size,
-        num_layers=d.num_layers,
-        num_heads=d.num_heads,
-        num_kv_heads=d.num_kv_heads,
-        intermediate_size=d.intermediate_size,
+        replace(spec.model, dtype_bytes=dtype_bytes(dtype)),
         max_position=context,
-        head_dim=d.head_dim,
         rope_theta=spec.rope_theta,
         rms_eps=spec.rms_eps,
         dtype=dtype,
         rope_scaling=spec.rope_scaling,
         rope_interleaved=spec.rope_interleaved,
         weights=_assemble(spec, state),
-        eos_ids=[i for i in eos if 0 <= i < d.vocab_size],
+        eos_ids=[i for i in eos if 0 <= i < vocab],
     )
 
 

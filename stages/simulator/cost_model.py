@@ -14,10 +14,10 @@ from pathlib import Path
 
 import numpy as np
 
+from stages.model_spec import ModelSpec
 from stages.simulator.hardware import HardwareProfile, write_profile
 from stages.simulator.nnls import nnls
 from stages.simulator.shape import StepShape
-from stages.simulator.spec import ModelSpec
 
 TERMS = (
     "linear",

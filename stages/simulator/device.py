@@ -16,10 +16,10 @@ from typing import Any
 import numpy as np
 
 from stages.metadata import ForwardMeta
+from stages.model_spec import ModelSpec
 from stages.request import Request, Samples
 from stages.simulator.cost_model import CostModel
 from stages.simulator.hardware import HardwareProfile
-from stages.simulator.spec import ModelSpec
 
 
 class VirtualClock:
@@ -112,31 +112,6 @@ class WorkloadLengthSampler:
 
     def sample(self, logits: Any, requests: Sequence[Request]) -> Samples:
         return Samples(np.full(len(requests), self.token, dtype=np.int64))
-
-
-def spec_of(model: Mapping[str, Any] | ModelSpec, dtype_bytes: int = 0) -> ModelSpec:
-    """The sizes of a model config (built-in, Hugging Face folder or spec), without weights."""
-    if isinstance(model, ModelSpec):
-        return model
-    target = str(model.get("_target_", ""))
-    if target.endswith("TransformerLM"):
-        dtype = str(model.get("dtype", "float32"))
-        return ModelSpec(
-            name="built-in",
-            vocab_size=model["vocab_size"],
-            hidden_size=model["hidden_size"],
-            num_layers=model["num_layers"],
-            num_heads=model["num_heads"],
-            num_kv_heads=model["num_kv_heads"],
-            head_dim=model.get("head_dim") or model["hidden_size"] // model["num_heads"],
-            intermediate_size=model["intermediate_size"],
-            dtype_bytes=dtype_bytes or (4 if dtype == "float32" else 2),
-        )
-    if target.endswith("load_hf_model"):
-        from stages.simulator.spec import model_spec
-
-        return model_spec(config=str(model["path"]), dtype_bytes=dtype_bytes or 2)
-    raise ValueError(f"executor=simulated cannot size model {target}: use model=spec/NAME")
 
 
 def pick_token(eos_ids: Iterable[int], vocab_size: int) -> int:

@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from stages.checked_yaml import YamlFileError, boolean, finite_number, read_yaml
-from stages.simulator.spec import ModelSpec
+from stages.model_spec import ModelSpec
 
 GIB = 1024**3
 MAX_NAME = 200

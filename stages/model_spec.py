@@ -1,21 +1,32 @@
-"""Model specs without weights: the architecture's sizes and the arithmetic of a step on them.
+"""One description of a decoder-only model: its sizes, its optional parts, and what follows
+from them (parameters, weight and KV bytes, the arithmetic of a step).
 
-A `ModelSpec` comes from a Hugging Face config.json (`model=spec model.config=PATH`, read by
-`stages.checkpoint.read_spec`) or from a preset's fields (`model=spec/llama31_8b`). Every count
-is per device under tensor parallelism `tp`: attention heads, KV heads, MLP and expert widths,
-and the vocabulary are split; norms and the MoE router are replicated; KV heads are replicated
-when there are fewer of them than devices.
+Every model source describes itself with a `ModelSpec`: the built-in models
+(`stages.model`), Hugging Face checkpoints (`stages.checkpoint.read_spec`), and the weightless
+`model=spec` option (`model_spec` below: config.json, or a preset's fields). The memory
+check, `pipeline.inspect` and the simulated device's cost model read it; nothing here needs
+Paddle. Every count is per device under tensor parallelism `tp`: attention heads, KV heads,
+MLP and expert widths, and the vocabulary are split; norms, the output-projection and
+down-projection biases and the MoE router are replicated; KV heads are replicated when
+there are fewer of them than devices.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+
+# Bytes of one value in each compute dtype the models run in.
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
-def _ceil_div(a: int, b: int) -> int:
+def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def dtype_bytes(dtype: str) -> int:
+    """Bytes of one value of a compute dtype (an unknown one counts as float32's)."""
+    return DTYPE_BYTES.get(dtype, 4)
 
 
 @dataclass(frozen=True)
@@ -27,6 +38,7 @@ class MoeLayout:
     expert_intermediate_size: int
     num_shared_experts: int
     layers: frozenset[int]
+    norm_min: float = 1e-12  # the chosen experts' weights sum to at least this
 
     def __post_init__(self) -> None:
         if self.expert_intermediate_size < 1 or self.num_shared_experts < 0:
@@ -48,7 +60,6 @@ class MoeLayout:
 
 @dataclass(frozen=True)
 class ModelSpec:
-    name: str
     vocab_size: int
     hidden_size: int
     num_layers: int
@@ -56,9 +67,14 @@ class ModelSpec:
     num_kv_heads: int
     head_dim: int
     intermediate_size: int  # the dense MLP's (dense layers of a MoE model too)
-    tied_embeddings: bool = False
+    name: str = "model"
+    tied_embeddings: bool = False  # the lm head is the embedding table
     qkv_bias: bool = False
-    dtype_bytes: int = 2  # bf16
+    out_bias: bool = False  # the attention's output projection
+    mlp_bias: bool = False  # gate, up and down projections (experts' too)
+    lm_head_bias: bool = False
+    qk_norm: bool = False  # RMSNorm over each query and key head (Qwen3)
+    dtype_bytes: int = 2  # bytes of one weight and one KV value: bf16 by default
     moe: MoeLayout | None = None
 
     def __post_init__(self) -> None:
@@ -109,39 +125,62 @@ class ModelSpec:
     def num_dense_layers(self) -> int:
         return self.num_layers - self.num_moe_layers
 
+    def is_moe_layer(self, layer: int) -> bool:
+        return self.moe is not None and layer in self.moe.layers
+
     def attention_params(self, tp: int = 1) -> int:
-        """One layer's q, k, v and o projections (and q/k/v biases), per device."""
+        """One layer's q, k, v and o projections (and their biases), per device."""
         h, d = self.hidden_size, self.head_dim
         q, kv = self.heads_per_device(tp), self.kv_heads_per_device(tp)
         bias = d * (q + 2 * kv) if self.qkv_bias else 0
-        return h * d * (2 * q + 2 * kv) + bias
+        return h * d * (2 * q + 2 * kv) + bias + (h if self.out_bias else 0)
+
+    def norm_params(self) -> int:
+        """One layer's norms: before attention, before the MLP, and q/k norms."""
+        return 2 * self.hidden_size + (2 * self.head_dim if self.qk_norm else 0)
+
+    def mlp_params(self, width: int, tp: int = 1) -> int:
+        """A SwiGLU MLP of `width` (gate, up, down and their biases), per device."""
+        split = ceil_div(width, tp)
+        bias = 2 * split + self.hidden_size if self.mlp_bias else 0
+        return 3 * self.hidden_size * split + bias
 
     def dense_mlp_params(self, tp: int = 1) -> int:
-        return 3 * self.hidden_size * _ceil_div(self.intermediate_size, tp)
+        return self.mlp_params(self.intermediate_size, tp)
 
     def expert_params(self, tp: int = 1) -> int:
         """One routed expert's gate, up and down projections, per device."""
         if self.moe is None:
             return 0
-        return 3 * self.hidden_size * _ceil_div(self.moe.expert_intermediate_size, tp)
+        return self.mlp_params(self.moe.expert_intermediate_size, tp)
+
+    def shared_expert_params(self, tp: int = 1) -> int:
+        """The shared experts, one MLP as wide as all of them together, per device."""
+        if self.moe is None or not self.moe.num_shared_experts:
+            return 0
+        moe = self.moe
+        return self.mlp_params(moe.expert_intermediate_size * moe.num_shared_experts, tp)
 
     def router_params(self) -> int:
         """The router's weight and correction bias, replicated on every device."""
         return 0 if self.moe is None else (self.hidden_size + 1) * self.moe.num_experts
 
     def lm_head_params(self, tp: int = 1) -> int:
-        return _ceil_div(self.vocab_size, tp) * self.hidden_size
+        return ceil_div(self.vocab_size, tp) * self.hidden_size
 
     def _moe_layer_params(self, tp: int, experts: float) -> float:
-        shared = self.moe.num_shared_experts if self.moe else 0
-        return self.router_params() + (shared + experts) * self.expert_params(tp)
+        routed = experts * self.expert_params(tp)
+        return self.router_params() + self.shared_expert_params(tp) + routed
 
     def _params(self, tp: int, experts: float, embeddings: bool) -> float:
-        layers = self.num_layers * (self.attention_params(tp) + 2 * self.hidden_size)
+        layers = self.num_layers * (self.attention_params(tp) + self.norm_params())
         layers += self.num_dense_layers * self.dense_mlp_params(tp)
         layers += self.num_moe_layers * self._moe_layer_params(tp, experts)
+        if not embeddings:
+            return layers + self.hidden_size
         tables = 1 if self.tied_embeddings else 2
-        return layers + self.hidden_size + (tables * self.lm_head_params(tp) if embeddings else 0)
+        head_bias = ceil_div(self.vocab_size, tp) if self.lm_head_bias else 0
+        return layers + self.hidden_size + tables * self.lm_head_params(tp) + head_bias
 
     def num_parameters(self, tp: int = 1) -> int:
         """Every weight (per device at `tp`): embeddings, layers, final norm, untied lm head."""
@@ -208,49 +247,48 @@ class ModelSpec:
         return 2 * self.num_layers * message * 2.0 * (tp - 1) / tp
 
 
-def _moe_layers(num_layers: int, start: int, end: int, interval: int) -> frozenset[int]:
+def moe_layers(num_layers: int, start: int, end: int, interval: int) -> frozenset[int]:
     """ERNIE-4.5's rule: every `interval`-th layer from start to end (inclusive, -1 = last)."""
     end = num_layers - 1 if end < 0 else end
     return frozenset(i for i in range(num_layers) if (i + 1) % interval == 0 and start <= i <= end)
 
 
-def spec_from_hf_config(config: dict[str, Any], name: str, dtype_bytes: int = 2) -> ModelSpec:
-    """A spec from config.json's fields, checked by the checkpoint reader."""
-    from stages.checkpoint import read_spec  # imports Paddle, which presets do not need
+def spec_from_file(config: str, name: str = "", dtype_bytes: int = 2) -> ModelSpec:
+    """The spec of a config.json (or of the folder holding one), checked as a checkpoint's."""
+    import dataclasses
 
-    checked = read_spec(config)
-    dims, moe = checked.dims, checked.moe
-    return ModelSpec(
-        name=name,
-        vocab_size=dims.vocab_size,
-        hidden_size=dims.hidden_size,
-        num_layers=dims.num_layers,
-        num_heads=dims.num_heads,
-        num_kv_heads=dims.num_kv_heads,
-        head_dim=dims.head_dim,
-        intermediate_size=dims.intermediate_size,
-        tied_embeddings=checked.tied,
-        qkv_bias=checked.qkv_bias,
-        dtype_bytes=dtype_bytes,
-        moe=None
-        if moe is None
-        else MoeLayout(
-            num_experts=moe.num_experts,
-            experts_per_token=moe.top_k,
-            expert_intermediate_size=moe.intermediate_size,
-            num_shared_experts=moe.num_shared,
-            layers=moe.layers,
-        ),
-    )
-
-
-def _spec_from_file(config: str, name: str, dtype_bytes: int) -> ModelSpec:
-    from stages.checkpoint import read_json  # imports Paddle, which presets do not need
+    from stages.checkpoint import read_json, read_spec
 
     path = Path(config).expanduser()
     if path.is_dir():
         path = path / "config.json"
-    return spec_from_hf_config(read_json(path), name or path.parent.name, dtype_bytes)
+    spec = read_spec(read_json(path)).model
+    return dataclasses.replace(spec, name=name or path.parent.name, dtype_bytes=dtype_bytes)
+
+
+def built_in_spec(
+    vocab_size: int,
+    hidden_size: int,
+    num_layers: int,
+    num_heads: int,
+    num_kv_heads: int,
+    intermediate_size: int,
+    head_dim: int = 0,
+    dtype: str = "float32",
+) -> ModelSpec:
+    """The built-in model of these sizes (`model=tiny`, `small`): a dense Llama-style
+    decoder with an untied lm head, holding its weights in `dtype`."""
+    return ModelSpec(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        num_layers=num_layers,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim or (hidden_size // num_heads if num_heads else 0),
+        intermediate_size=intermediate_size,
+        name="built-in",
+        dtype_bytes=dtype_bytes(dtype),
+    )
 
 
 def model_spec(
@@ -281,7 +319,7 @@ def model_spec(
                 "model.config is given with architecture fields too: give either "
                 "model.config=PATH or the fields (a model=spec/NAME preset), not both"
             )
-        return _spec_from_file(config, name, dtype_bytes)
+        return spec_from_file(config, name, dtype_bytes)
     if not hidden_size:
         raise ValueError(
             "model=spec has no architecture: give model.config=PATH (a config.json or its "
@@ -291,7 +329,7 @@ def model_spec(
         raise ValueError(f"model.moe_layer_interval={moe_layer_interval} must be >= 1")
     moe = None
     if num_experts:
-        layers = _moe_layers(num_layers, moe_layer_start, moe_layer_end, moe_layer_interval)
+        layers = moe_layers(num_layers, moe_layer_start, moe_layer_end, moe_layer_interval)
         moe = MoeLayout(
             num_experts, experts_per_token, expert_intermediate_size, num_shared_experts, layers
         )
