@@ -28,7 +28,7 @@ import numpy as np
 
 from benchmarks.harness import ServedRun, serve
 from benchmarks.peer import compare, peer_generate_with
-from benchmarks.report import write_report
+from benchmarks.report import machine_line, overhead_table, write_report
 
 QUESTIONS = [
     "What is the capital of France?",
@@ -125,9 +125,12 @@ def main() -> None:
                 ids, seconds = peer_generate_with(peer, prompts, args.new_tokens, batch, pad)
                 peer_rates[batch].append(sum(map(len, ids)) / seconds)
                 matches.append(compare(run, ids))
-            print(f"this engine {ours_rates[-1]:.1f} tok/s; peer", flush=True)
+            peer_now = ", ".join(f"batch {b} {peer_rates[b][-1]:.1f}" for b in batches)
+            print(f"this engine {ours_rates[-1]:.1f} tok/s; peer {peer_now} tok/s", flush=True)
         parity = tokenizer_parity(args.gguf, lines, run)
-    text = "\n".join(report(args, batches, ours_rates, peer_rates, matches, parity)) + "\n"
+    text = "\n".join(report(args, batches, ours_rates, peer_rates, matches, parity))
+    text += "\n\n" + machine_line(run.matmul_rate, args.threads) + "\n\n"
+    text += "\n".join(overhead_table(run)) + "\n"
     print(text)
     if args.out:
         write_report(args.out, text)

@@ -40,7 +40,7 @@ from benchmarks.report import write_report
 from pipeline.compose import compose_config
 from pipeline.run import build_engine
 from stages.checkpoint import export_hf_llama
-from stages.simulator.shape import StepShape
+from stages.step_shape import StepShape
 
 KINDS = ("matmul", "attention", "gather/copy", "elementwise", "other")
 # Operator names (lower case, either framework) by kind; the first kind that matches wins.

@@ -37,7 +37,7 @@ def main(cfg: DictConfig) -> None:
     out_dir = Path(hydra_cfg.runtime.output_dir)  # with resume, only a failure is noted here
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
     structlog.contextvars.clear_contextvars()  # a joblib worker runs several jobs
-    structlog.contextvars.bind_contextvars(job=hydra_cfg.job.get("num", 0) if multirun else 0)
+    structlog.contextvars.bind_contextvars(job=hydra_cfg.job.num if multirun else 0)
     try:
         # As typed: an override's own `${...}` is text here, not resolved (which could take
         # for ever on references that double).

@@ -42,6 +42,7 @@ from pipeline.bucket_serving import Served, run_overrides, serve_plan, simulated
 from pipeline.run_folder import read_mapping, read_metrics, read_step_lines
 from stages.bucket_planner import HEADROOM, Evaluation, Plan, Workload, evaluate, plan_buckets
 from stages.buckets import Axis, Bucketing, Buckets, StepRule
+from stages.interfaces import Scheduler
 from stages.kv_cache import blocks_for
 from stages.metadata import AXES, resolve_axes
 
@@ -118,6 +119,7 @@ def run_limits(run: Path) -> RunLimits:
     if not path.is_file():
         raise SourceError(f"{run}: no resolved_config.yaml; give a folder the pipeline wrote")
     cfg = OmegaConf.create(read_mapping(path))
+    scheduler: type[Scheduler] = get_class(cfg.scheduler._target_)
     given = {
         name: {key: cfg.metadata[name][key] for key in ("min", "step", "max")} for name in AXES
     }
@@ -128,7 +130,7 @@ def run_limits(run: Path) -> RunLimits:
     rule = StepRule(
         block_size=cfg.block_size,
         max_tokens=cfg.max_tokens,
-        mixed=bool(get_class(cfg.scheduler._target_).splits_prompts),
+        mixed=bool(scheduler.splits_prompts),
         padded_budget=OmegaConf.select(cfg, "scheduler.budget", default="padded") == "padded",
     )
     prefix = bool(OmegaConf.select(cfg, "prefix_caching", default=False))

@@ -15,6 +15,7 @@ from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue
 from pipeline.checks import ConfigError, check_config, check_memory, describe_model
 from pipeline.engine import Engine
 from pipeline.expansion import check_expansion
+from stages.interfaces import Attention, Tokenizer, Workload
 from stages.kv_cache import KVCacheManager, blocks_for
 from stages.request import Request
 from stages.simulator.device import (
@@ -70,9 +71,9 @@ def derive_num_blocks(cfg: DictConfig, requests: list[Request]) -> int:
     return max(1, min(cfg.max_num_seqs * per_seq, workload))
 
 
-def load_workload(cfg: DictConfig, tokenizer: Any) -> tuple[Any, list[Request]]:
+def load_workload(cfg: DictConfig, tokenizer: Tokenizer) -> tuple[Workload, list[Request]]:
     """The workload and its requests, every arrival held to the one bound."""
-    workload = build(cfg.workload)
+    workload: Workload = build(cfg.workload)
     try:
         requests = workload.load(tokenizer)
     except OSError as err:  # its file removed or made unreadable since it was checked
@@ -152,7 +153,7 @@ def build_paddle_engine(cfg: DictConfig) -> tuple[Engine, list[Request]]:
         model=model,
         attention=attention,
         sampler=build(cfg.sampler),
-        workload_counts=getattr(workload, "counts", None),
+        workload_counts=workload.counts,
         concurrency=workload.concurrency,
     )
     return engine, requests
@@ -182,7 +183,7 @@ def build_simulated_engine(cfg: DictConfig, clock: VirtualClock) -> tuple[Engine
         attention=NoAttention(),
         sampler=WorkloadLengthSampler(pick_token(tokenizer.eos_ids, tokenizer.vocab_size)),
         clock=clock,
-        workload_counts=getattr(workload, "counts", None),
+        workload_counts=workload.counts,
         record_lengths=False,
         concurrency=workload.concurrency,
     )
@@ -192,8 +193,8 @@ def build_simulated_engine(cfg: DictConfig, clock: VirtualClock) -> tuple[Engine
 def build_kv_cache(cfg: DictConfig, requests: list[Request]) -> KVCacheManager:
     """The block pool; prefix caching where the attention stage reads a paged cache (the
     dense oracle keeps each request's keys apart, so it has nothing to share)."""
-    attention = get_class(cfg.attention._target_)
-    caching = cfg.prefix_caching and getattr(attention, "supports_prefix_caching", False)
+    attention: type[Attention] = get_class(cfg.attention._target_)
+    caching = cfg.prefix_caching and attention.supports_prefix_caching
     num_blocks = cfg.num_blocks or derive_num_blocks(cfg, requests)
     check_memory(cfg, num_blocks)  # before anything large is allocated
     try:

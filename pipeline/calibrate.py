@@ -40,7 +40,7 @@ from stages.attention.hpu import load_ops
 from stages.metadata import bucket_dims
 from stages.simulator.cost_model import CostModel
 from stages.simulator.hardware import HardwareProfile, write_profile
-from stages.simulator.shape import StepShape
+from stages.step_shape import StepShape
 
 log = structlog.get_logger(__name__)
 # Terms measured steps can tell apart at tp=1: KV writes scale with tokens as the
@@ -105,7 +105,7 @@ def pads_buckets(cfg: DictConfig) -> bool:
     take each step's real tokens packed (no static shapes to keep), so the GEMMs and
     attention there cost by the real lengths; the HPU's ops compute the padded bucket."""
     ops = OmegaConf.select(cfg, "attention.ops")
-    return ops is None or not getattr(load_ops(ops), "packs_rows", False)
+    return ops is None or not load_ops(ops).packs_rows
 
 
 def grid(engine: Engine, max_shapes: int) -> list[tuple]:
@@ -129,6 +129,16 @@ def time_shape(engine: Engine, prefill: tuple | None, decode: tuple | None) -> f
     return best_seconds(step, repeats=3)
 
 
+def step_buckets(step: dict) -> tuple[tuple | None, tuple | None]:
+    """A steps.jsonl line's (prefill, decode) buckets: its `padded` dims, or the `bucket`
+    label of a run written before steps recorded them."""
+    if "padded" not in step:
+        return bucket_dims(step["bucket"])
+    padded = step["padded"]
+    prefill, decode = padded.get("prefill"), padded.get("decode")
+    return (tuple(prefill) if prefill else None), (tuple(decode) if decode else None)
+
+
 def run_samples(folder: str | Path, pads_to_buckets: bool) -> list[tuple[StepShape, float]]:
     """A real run's steps as (shape, measured seconds), from its steps.jsonl: the padded
     buckets and, for a device that computes real tokens, each row's real lengths."""
@@ -146,7 +156,7 @@ def run_samples(folder: str | Path, pads_to_buckets: bool) -> list[tuple[StepSha
     for number, step in enumerate(steps, 1):
         where = f"calibrate.runs: {folder / STEPS} step {number}"
         try:
-            prefill, decode = bucket_dims(step["bucket"])
+            prefill, decode = step_buckets(step)
             if not pads_to_buckets and step["decode"] and "decode_lens" not in step:
                 raise ConfigError(
                     f"{where}: no decode_lens (a run of an earlier version): serve it again"

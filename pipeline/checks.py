@@ -11,6 +11,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from pipeline.schema import ModelOption, model_kind, model_option
+from stages.metadata import derived_axes
 from stages.model_spec import ModelSpec
 from stages.workload import MAX_ARRIVAL_S  # one bound for every workload's arrivals
 
@@ -189,14 +190,14 @@ def _is_seed(value: Any) -> bool:
 
 def check_bounds(cfg: DictConfig) -> None:
     """Every number is finite, and every count and time of the workload within its limits."""
-    flat = _flat(OmegaConf.to_container(cfg, resolve=True))
+    flat = _flat(_container(cfg))
     # Shallow keys first: `seed=-1` is named, not the model.seed that refers to it.
     for key, value in sorted(flat.items(), key=lambda item: item[0].count(".")):
         if isinstance(value, float) and not math.isfinite(value):
             raise ConfigError(f"{key}={value}: must be a finite number")
         if key.rsplit(".", 1)[-1].endswith("seed") and not _is_seed(value):
             raise ConfigError(f"{key}={value}: a seed must be a whole number >= 0 (and < 2**63)")
-    workload = OmegaConf.to_container(cfg.workload, resolve=True)
+    workload = _container(cfg.workload)
     nodes = [workload, *(workload.get("parts") or {}).values()]
     for node in nodes:
         for name, value in node.items():
@@ -205,6 +206,13 @@ def check_bounds(cfg: DictConfig) -> None:
                     "workload" if node is workload else f"workload.parts.{_part(workload, node)}"
                 )
                 _check_workload_bounds(f"{prefix}.{name}", value, node)
+
+
+def _container(node: DictConfig) -> dict[str, Any]:
+    """A config node as plain, resolved dicts and lists."""
+    container = OmegaConf.to_container(node, resolve=True)
+    assert isinstance(container, dict)
+    return container  # type: ignore[return-value]  # keys of a config are strings
 
 
 def _part(workload: dict[str, Any], node: dict[str, Any]) -> str:
@@ -225,18 +233,11 @@ def mem_available() -> int | None:
 
 def _bucket_entries(cfg: DictConfig, num_blocks: int) -> int:
     """How many sizes the metadata builder's bucket axes will hold (0 keys derived)."""
-    bs, per_seq = cfg.block_size, -(-cfg.max_model_len // cfg.block_size)
-    derived = {
-        "prefill_batch": (1, 1, cfg.max_num_seqs),
-        "prefill_seq": (bs, bs, cfg.max_tokens),
-        "prefill_blocks": (1, 1, per_seq),
-        "decode_batch": (1, 1, cfg.max_num_seqs),
-        "decode_blocks": (1, 1, min(max(num_blocks, 1), cfg.max_num_seqs * per_seq)),
-    }
+    limits = (cfg.block_size, cfg.max_tokens, cfg.max_num_seqs, cfg.max_model_len)
     total = 0
-    for name, (lo, step, top) in derived.items():
+    for name, derived in derived_axes(*limits, max(num_blocks, 1)).items():
         axis = cfg.metadata.get(name) or {}
-        lo, step, top = axis.get("min") or lo, axis.get("step") or step, axis.get("max") or top
+        lo, step, top = (axis.get(key) or derived[key] for key in ("min", "step", "max"))
         if cfg.metadata.get("bucketing") == "exponential":
             total += max(1, int(math.log2(max(top / max(lo, 1), 1))) + 2)
         else:
@@ -254,7 +255,7 @@ def memory_estimate(cfg: DictConfig, num_blocks: int) -> dict[str, int]:
             "num_hidden_layers in its config.json (or model.num_layers)"
         )
     kv = (num_blocks + 1) * cfg.block_size * spec.kv_bytes_per_token()
-    workload = OmegaConf.to_container(cfg.workload, resolve=True)
+    workload = _container(cfg.workload)
     parts = list((workload.get("parts") or {}).values()) or [workload]
     requests = 0
     for part in parts:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import gc
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import structlog
 
@@ -145,7 +145,7 @@ class Engine:
         attention: Attention,
         sampler: Sampler,
         clock: Clock | None = None,
-        workload_counts: dict | None = None,
+        workload_counts: Mapping[str, Any] | None = None,
         record_lengths: bool = True,
         concurrency: int = 0,
     ) -> None:
@@ -165,6 +165,7 @@ class Engine:
         self.workload_counts = workload_counts or {}
         self.record_lengths = record_lengths
         self.concurrency = concurrency
+        self.warmed_shapes = 0  # shapes the last warmup prepared
 
     def step(self, now: Callable[[], float]) -> StepResult:
         plan = self.scheduler.schedule(now())
@@ -179,12 +180,13 @@ class Engine:
     def warmup(self) -> float:
         """Runs every prepared bucket shape once, as the HPU compiles them before serving."""
         start = time.perf_counter()
-        predict = getattr(self.model, "compile_shapes", None)
+        predicts = self.model.predicts_warmup
         # A simulated device predicts the compile time of any set, however large.
-        self.check_warmup_budget(enforce=predict is None)
+        self.check_warmup_budget(enforce=not predicts)
         phases = self.warmup_shapes()
-        if predict is not None:
-            return predict(phases)
+        self.warmed_shapes = sum(len(shapes) for shapes in phases.values())
+        if predicts:
+            return self.model.compile_shapes(phases)
         for phase, shapes in phases.items():
             t = time.perf_counter()
             for prefill, decode in shapes:

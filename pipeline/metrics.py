@@ -22,6 +22,7 @@ from stages.request import Request, StepPlan
 
 if TYPE_CHECKING:  # the review and summary commands read runs without importing Paddle
     from stages.metadata import ForwardMeta
+    from stages.step_shape import StepShape
 
 
 @dataclass
@@ -39,6 +40,9 @@ class StepRecord:
     duration_s: float
     # each part's dims before padding: prefill [batch, seq, blocks], decode [batch, blocks]
     needed: dict[str, list[int]] = field(default_factory=dict)
+    # each part's bucket, the dims `bucket` names: prefill [batch, seq, blocks], decode
+    # [batch, blocks] (an earlier version's steps have none)
+    padded: dict[str, list[int]] = field(default_factory=dict)
     # each decode row's tokens, its new one included (what its attention reads), as real
     # runs record them for calibration; a simulated run leaves them out (millions a trace)
     decode_lens: list[int] = field(default_factory=list)
@@ -61,8 +65,14 @@ class StepRecord:
             bucket=meta.bucket,
             duration_s=duration_s,
             needed=meta.needed,
+            padded=padded_dims(meta.shape),
             decode_lens=list(meta.shape.decode_lens) if lengths else [],
         )
+
+
+def padded_dims(shape: StepShape) -> dict[str, list[int]]:
+    parts = (("prefill", shape.prefill), ("decode", shape.decode))
+    return {name: list(dims) for name, dims in parts if dims is not None}
 
 
 @dataclass

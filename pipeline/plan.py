@@ -35,7 +35,8 @@ def main(cfg: DictConfig) -> None:
     hydra_cfg = HydraConfig.get()
     out_dir = Path(hydra_cfg.runtime.output_dir)
     structlog.contextvars.clear_contextvars()  # a joblib worker runs several jobs
-    structlog.contextvars.bind_contextvars(job=hydra_cfg.job.get("num", 0))
+    job = hydra_cfg.job.get("num", 0)  # type: ignore[attr-defined]  # a DictConfig at run time
+    structlog.contextvars.bind_contextvars(job=job)
     try:
         check_plan(cfg)
         print_result(capacity_search(cfg, out_dir), out_dir)

@@ -124,7 +124,7 @@ def pareto_front(cands: Sequence[Candidate]) -> list[Candidate]:
     def dominated(c: Candidate) -> bool:
         return any(
             o.tokens_per_card >= c.tokens_per_card
-            and o.tokens_per_user >= c.tokens_per_user  # type: ignore[operator]
+            and o.tokens_per_user >= c.tokens_per_user
             and (o.tokens_per_card, o.tokens_per_user) != (c.tokens_per_card, c.tokens_per_user)
             for o in points
         )

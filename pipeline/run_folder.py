@@ -173,6 +173,12 @@ GENERATION_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "itl_s": (_optional(_list_of(_non_negative)), "a list of finite numbers >= 0"),
     "logprobs": (_list_of(_logprob_entry), "a list of {token id: log-probability}"),
 }
+
+
+def _part_dims(value: Any) -> bool:
+    return isinstance(value, dict) and all(_list_of(_count)(x) for x in value.values())
+
+
 STEP_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "step": (_count, "an integer >= 0"),
     "mode": (_str, "a string"),
@@ -183,10 +189,8 @@ STEP_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "padded_tokens": (_count, "an integer >= 0"),
     "bucket": (_str, "a string"),
     "duration_s": (_non_negative, "a finite number >= 0"),
-    "needed": (
-        lambda v: isinstance(v, dict) and all(_list_of(_count)(x) for x in v.values()),
-        "a mapping of part to dims",
-    ),
+    "needed": (_part_dims, "a mapping of part to dims"),
+    "padded": (_part_dims, "a mapping of part to dims"),
     "decode_lens": (_list_of(_count), "a list of integers >= 0"),
 }
 
@@ -244,7 +248,8 @@ def read_step_lines(path: Path) -> list[dict[str, Any]]:
     from pipeline.metrics import StepRecord  # numpy only: review and summary stay light
 
     known = {f.name for f in fields(StepRecord)}
-    required = {f.name for f in fields(StepRecord) if f.name not in ("needed", "decode_lens")}
+    optional = ("needed", "padded", "decode_lens")  # fields earlier versions did not write
+    required = {f.name for f in fields(StepRecord) if f.name not in optional}
     steps = []
     for number, line in _lines(path):
         where = f"{path}:{number}"

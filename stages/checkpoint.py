@@ -547,7 +547,7 @@ def _row_blocks(
         count = min(step, rows - first) * row_items
         raw = np.empty(count, dtype=stored)
         file.seek(offset + first * row_items * stored.itemsize)
-        if file.readinto(memoryview(raw).cast("B")) != raw.nbytes:
+        if file.readinto(raw.data.cast("B")) != raw.nbytes:
             raise ValueError(f"{file.name} ends inside a tensor: the file is truncated")
         if kind == "BF16":  # a bfloat16 is the top half of a float32
             wide = raw.astype(np.uint32)
@@ -763,6 +763,8 @@ def export_hf_llama(
 def _llama_tensors(model: TransformerLM) -> dict[str, np.ndarray]:
     """The weights under Hugging Face's Llama names. HF Linear weights are [out, in]; the
     model keeps [in, out] for its matmuls, so every projection is transposed."""
+    from stages.model import DenseMLP
+
     d = model.spec
     q_width, kv_width = d.num_heads * d.head_dim, d.num_kv_heads * d.head_dim
 
@@ -772,7 +774,8 @@ def _llama_tensors(model: TransformerLM) -> dict[str, np.ndarray]:
     tensors: dict[str, np.ndarray] = {"model.embed_tokens.weight": host(model.embed)}
     for index, layer in enumerate(model.layers):
         prefix = f"model.layers.{index}."
-        qkv = host(layer.qkv)
+        qkv, mlp = host(layer.qkv), layer.mlp
+        assert isinstance(mlp, DenseMLP)  # export_hf_llama refuses MoE models
         tensors.update(
             {
                 prefix + "input_layernorm.weight": host(layer.attn_norm),
@@ -781,9 +784,9 @@ def _llama_tensors(model: TransformerLM) -> dict[str, np.ndarray]:
                 prefix + "self_attn.v_proj.weight": qkv[:, q_width + kv_width :].T.copy(),
                 prefix + "self_attn.o_proj.weight": host(layer.out).T.copy(),
                 prefix + "post_attention_layernorm.weight": host(layer.mlp_norm),
-                prefix + "mlp.gate_proj.weight": host(layer.mlp.gate).T.copy(),
-                prefix + "mlp.up_proj.weight": host(layer.mlp.up).T.copy(),
-                prefix + "mlp.down_proj.weight": host(layer.mlp.down).T.copy(),
+                prefix + "mlp.gate_proj.weight": host(mlp.gate).T.copy(),
+                prefix + "mlp.up_proj.weight": host(mlp.up).T.copy(),
+                prefix + "mlp.down_proj.weight": host(mlp.down).T.copy(),
             }
         )
     tensors["model.norm.weight"] = host(model.final_norm)

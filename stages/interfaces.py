@@ -1,15 +1,21 @@
 """What each stage offers the engine: the contracts `pipeline.engine.Engine` is typed against.
 
-A stage is any object with these methods; Hydra builds it from its group's config. The
-attention backends' kernels have their own contract, `stages.attention.interface.AttentionOps`.
+A stage is any object with these methods and attributes; Hydra builds it from its group's
+config. Every ability the engine may ask of a stage is declared here, optional ones with
+the value a stage without it gives (a model that cannot predict its warmup says so with
+`predicts_warmup = False`), so nothing is probed with getattr. The attention backends'
+kernels have their own contract, `stages.attention.interface.AttentionOps`; a prompt's ids
+made on demand, `stages.request.PromptIds`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Collection, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
+from stages.kv_cache import KVCacheManager
 from stages.metadata import ForwardMeta
+from stages.model_spec import ModelSpec
 from stages.request import Request, Samples, StepPlan
 
 if TYPE_CHECKING:  # annotations only: a simulated run never imports Paddle
@@ -19,10 +25,15 @@ if TYPE_CHECKING:  # annotations only: a simulated run never imports Paddle
 class Tokenizer(Protocol):
     vocab_size: int
     pad_id: int
+    bos_id: int | None  # None: the tokenizer has none
     chat_template: str | None  # a Jinja chat template, where the tokenizer's files carry one
 
     @property
     def eos_ids(self) -> frozenset[int]: ...
+
+    @property
+    def special_ids(self) -> frozenset[int]:
+        """Ids of control tokens beside BOS, EOS and PAD (chat markers and the like)."""
 
     def encode(self, text: str) -> list[int]: ...
 
@@ -33,11 +44,35 @@ class Tokenizer(Protocol):
         plain one where it has none), and its ids; ValueError for a malformed message."""
 
 
+class Workload(Protocol):
+    """What the engine gets from a workload: its requests, and how many may be in flight at
+    once (`workload.concurrency`; 0 = open loop, each request at its own arrival)."""
+
+    concurrency: int
+
+    @property
+    def counts(self) -> Mapping[str, Any]:
+        """What loading counted, for the run's metrics (a trace's rows read, skipped,
+        clipped, rejected); empty for a workload that drops nothing."""
+
+    def load(self, tokenizer: Tokenizer) -> list[Request]:
+        """Every request, in workload order, with its arrival time."""
+
+
 class Scheduler(Protocol):
     """Chooses each step's work under the budget; advances requests after the forward."""
 
     splits_prompts: bool  # chunked prefill: steps mix a prompt's chunk with decodes
     padded_budget: bool  # the budget bounds a step's prefill rows x padded width
+    kv_cache: KVCacheManager  # the block books its admissions and preemptions keep
+
+    @property
+    def waiting(self) -> Collection[Request]:
+        """Requests not yet admitted."""
+
+    @property
+    def running(self) -> Collection[Request]:
+        """Requests admitted and not finished (the batch)."""
 
     def rejection(self, request: Request) -> str | None:
         """Why the request can never be served under the current limits, or None."""
@@ -61,7 +96,9 @@ class Scheduler(Protocol):
 class MetadataBuilder(Protocol):
     """Lays a step plan out in the padded, bucketed shapes the device runs."""
 
-    bucket_misses: int
+    @property
+    def bucket_misses(self) -> int:
+        """Steps whose shape was outside the prepared buckets."""
 
     def build(self, plan: StepPlan) -> ForwardMeta: ...
 
@@ -79,13 +116,35 @@ class MetadataBuilder(Protocol):
         """The graphs each phase of warmup_shapes compiles, counted without listing them."""
 
 
+class PackedRows(NamedTuple):
+    """A step's real tokens among its padded rows, where the backend attends them packed."""
+
+    tokens: paddle.Tensor  # [T] each real token's row in the padded step
+    logits_rows: paddle.Tensor  # each logits row's place among the packed tokens
+    prefill_tokens: int  # the first this many packed tokens are prefill chunks' tokens
+
+
 class Attention(Protocol):
     """Owns the KV cache tensors and the per-step state every layer shares."""
+
+    # Whether requests may share a cached prefix's blocks: a stage that keeps each
+    # request's keys apart (the dense oracle) has nothing to share.
+    supports_prefix_caching: bool
 
     def load_weights(self, model: Model) -> None:
         """Puts each layer's QKV weight into the backend's layout, once."""
 
-    def prepare(self, meta: ForwardMeta, cos: paddle.Tensor, sin: paddle.Tensor) -> Any:
+    def packed_rows(self, meta: ForwardMeta) -> PackedRows | None:
+        """The real tokens of a padded step, where the backend attends packed rows (then
+        the model runs its dense layers on those alone); None: the padded step runs."""
+
+    def prepare(
+        self,
+        meta: ForwardMeta,
+        cos: paddle.Tensor,
+        sin: paddle.Tensor,
+        packed: PackedRows | None = None,
+    ) -> Any:
         """The state one forward's layers share (rotary table, write slots, decode layout)."""
 
     def qkv_rope(
@@ -109,17 +168,24 @@ class Attention(Protocol):
 
 
 class Model(Protocol):
+    spec: ModelSpec  # the one description of the model: sizes, parts, parameters
     dtype: str
+    # True: compile_shapes predicts warmup's seconds (a simulated device), so warmup runs no
+    # shape and has no budget; False: warmup runs every shape through forward.
+    predicts_warmup: bool
 
     @property
     def num_parameters(self) -> int: ...
 
-    def forward(self, meta: ForwardMeta, attention: Attention) -> paddle.Tensor:
-        """Logits [rows, vocab] for meta.logits_rows."""
+    def forward(self, meta: ForwardMeta, attention: Attention) -> paddle.Tensor | None:
+        """Logits [rows, vocab] for meta.logits_rows (None from a simulated device)."""
+
+    def compile_shapes(self, phases: Mapping[str, Sequence[tuple]]) -> float:
+        """Where predicts_warmup: warmup's predicted seconds for these shapes."""
 
 
 class Sampler(Protocol):
     def validate_request(self, request: Request) -> str | None:
         """Why the request's own sampling values are invalid, or None."""
 
-    def sample(self, logits: paddle.Tensor, requests: Sequence[Request]) -> Samples: ...
+    def sample(self, logits: paddle.Tensor | None, requests: Sequence[Request]) -> Samples: ...

@@ -20,14 +20,17 @@ import hashlib
 import heapq
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
+from typing import Any, TypeVar
 
 import numpy as np
 
-from stages.request import Request
+from stages.request import PromptIds, Request
+
+IntOrArray = TypeVar("IntOrArray", int, np.ndarray)
 
 
-def blocks_for(num_tokens: int, block_size: int) -> int:
-    """Blocks that hold num_tokens tokens."""
+def blocks_for(num_tokens: IntOrArray, block_size: int) -> IntOrArray:
+    """Blocks that hold num_tokens tokens (each of an array's)."""
     return -(-num_tokens // block_size)
 
 
@@ -46,12 +49,14 @@ def token_array(request: Request, start: int, end: int) -> np.ndarray:
     whole sequence first (a long prompt's ids may be made on demand)."""
     prompt = request.prompt_ids
     num_prompt = request.num_prompt_tokens
-    parts = []
+    parts: list[Any] = []
     if start < num_prompt:
         # A trace's drawn prompt gives an array slice; making its list first costs more.
-        as_array = getattr(prompt, "array", None)
         stop = min(end, num_prompt)
-        parts.append(as_array(start, stop) if as_array else prompt[start:stop])
+        if isinstance(prompt, PromptIds):
+            parts.append(prompt.array(start, stop))
+        else:
+            parts.append(prompt[start:stop])
     if end > num_prompt:
         parts.append(request.output_ids[max(0, start - num_prompt) : end - num_prompt])
     if len(parts) == 1:
@@ -199,9 +204,8 @@ class KVCacheManager:
         drawing its ids; the blocks after it are hashed from it by content."""
         chain = request.block_hashes
         if len(chain) < num_blocks:
-            prefix_keys = getattr(request.prompt_ids, "prefix_keys", None)
-            if prefix_keys is not None:
-                self._named_blocks(request, prefix_keys, num_blocks)
+            if isinstance(request.prompt_ids, PromptIds):
+                self._named_blocks(request, request.prompt_ids.prefix_keys, num_blocks)
         if len(chain) < num_blocks:
             bs = self.block_size
             data = token_array(request, len(chain) * bs, num_blocks * bs).tobytes()

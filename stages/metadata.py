@@ -21,7 +21,7 @@ import numpy as np
 from stages.buckets import Axis, Bucketing, Buckets, warmup_counts, warmup_graphs
 from stages.kv_cache import KVCacheManager, blocks_for
 from stages.request import PrefillChunk, Request, StepPlan
-from stages.simulator.shape import StepShape
+from stages.step_shape import StepShape
 
 if TYPE_CHECKING:
     import paddle
@@ -134,7 +134,8 @@ def resolve_axes(
     axes = {}
     for name in AXES:
         conf = given[name]
-        axis = Axis(**{key: conf[key] or derived[name][key] for key in derived[name]})
+        bounds: dict[str, Any] = {key: conf[key] or derived[name][key] for key in derived[name]}
+        axis = Axis(**bounds)
         sizes = [int(v) for v in (conf.get("sizes") or ())]
         if sizes:
             _check_sizes(name, sizes, block_size)
@@ -232,13 +233,14 @@ class HPUMetadataBuilder:
         """The step's buckets alone, as a simulated device needs them."""
         needed: dict[str, list[int]] = {}
         prefill = self._prefill_shape(plan.prefill, needed)
-        decode = None
+        decode: tuple[int, int] | None = None
         lens = decode_lens(plan)
         if len(lens):
             # Each row lists the blocks its tokens fill: sum(ceil(len / block_size)).
-            blocks = int((-(-lens // self.block_size)).sum())
+            blocks = int(blocks_for(lens, self.block_size).sum())
             needed["decode"] = [len(lens), blocks]
-            decode = self.buckets.shape("decode", batch=len(lens), blocks=blocks)
+            rows, width = self.buckets.shape("decode", batch=len(lens), blocks=blocks)
+            decode = rows, width
         padded = (prefill[0] * prefill[1] if prefill else 0) + (decode[0] if decode else 0)
         shape = step_shape(self.block_size, plan, prefill, decode)
         return ForwardMeta(
@@ -280,7 +282,8 @@ class HPUMetadataBuilder:
         }
         if needed is not None:
             needed["prefill"] = list(dims.values())
-        return self.buckets.shape("prefill", **dims)
+        batch, seq, blocks = self.buckets.shape("prefill", **dims)
+        return batch, seq, blocks
 
     def _prefill(
         self, chunks: list[PrefillChunk], shape: tuple[int, int, int] | None
@@ -411,8 +414,9 @@ class HPUMetadataBuilder:
             blocks_needed = row_blocks.size if start is None else int(np.ptp(row_blocks)) + 1
             if needed is not None:
                 needed["decode"] = [n, blocks_needed]
-            shape = self.buckets.shape("decode", batch=n, blocks=blocks_needed)
-        rows, blocks = shape
+            rows, blocks = self.buckets.shape("decode", batch=n, blocks=blocks_needed)
+        else:
+            rows, blocks = shape
         block_list, slots = self._decode_block_list(row_blocks, start, blocks)
         owner = np.repeat(np.arange(n), counts)
         index_in_row = np.arange(row_blocks.size) - np.repeat(np.cumsum(counts) - counts, counts)

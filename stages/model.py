@@ -12,7 +12,7 @@ folder.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
@@ -168,6 +168,8 @@ def transformer_lm(
 
 
 class TransformerLM:
+    predicts_warmup = False  # warmup runs each shape through forward
+
     def __init__(
         self,
         spec: ModelSpec,
@@ -180,7 +182,7 @@ class TransformerLM:
         rope_scaling: Mapping[str, Any] | None = None,
         rope_interleaved: bool = False,
         weights: ModelWeights | None = None,
-        eos_ids: Sequence[int] = (),
+        eos_ids: Iterable[int] = (),
     ) -> None:
         """The model `spec` describes; its weights are drawn from `seed` unless given (a
         loaded checkpoint's), and then only a dense model's can be drawn."""
@@ -210,6 +212,9 @@ class TransformerLM:
     @property
     def num_parameters(self) -> int:
         return self.spec.num_parameters()
+
+    def compile_shapes(self, phases: Mapping[str, Sequence[tuple]]) -> float:
+        raise NotImplementedError("a Paddle model's warmup runs each shape through forward")
 
     @property
     def num_bytes(self) -> int:
@@ -291,7 +296,7 @@ class TransformerLM:
         """Logits [rows, vocab] for meta.logits_rows: each chunk's last token, each decode."""
         input_ids, positions, logits_rows = meta.input_ids, meta.positions, meta.logits_rows
         # Where the attention packs a step's real tokens, every layer runs on those alone.
-        packed = attention.packed_rows(meta) if hasattr(attention, "packed_rows") else None
+        packed = attention.packed_rows(meta)
         if packed is not None:
             input_ids = paddle.gather(input_ids, packed.tokens)
             positions = paddle.gather(positions, packed.tokens)
@@ -299,10 +304,7 @@ class TransformerLM:
         h = paddle.gather(self.embed, input_ids)
         cos = paddle.gather(self.cos, positions)  # [tokens, head_dim]
         sin = paddle.gather(self.sin, positions)
-        if packed is None:
-            state = attention.prepare(meta, cos, sin)
-        else:
-            state = attention.prepare(meta, cos, sin, packed)
+        state = attention.prepare(meta, cos, sin, packed)
         for index, layer in enumerate(self.layers):
             # QKV and RoPE belong to the attention stage's ops: the HPU fuses them.
             x = self._rms_norm(h, layer.attn_norm)

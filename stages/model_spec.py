@@ -173,7 +173,7 @@ class ModelSpec:
         return self.router_params() + self.shared_expert_params(tp) + routed
 
     def _params(self, tp: int, experts: float, embeddings: bool) -> float:
-        layers = self.num_layers * (self.attention_params(tp) + self.norm_params())
+        layers: float = self.num_layers * (self.attention_params(tp) + self.norm_params())
         layers += self.num_dense_layers * self.dense_mlp_params(tp)
         layers += self.num_moe_layers * self._moe_layer_params(tp, experts)
         if not embeddings:
@@ -206,7 +206,7 @@ class ModelSpec:
         """Projections, MLPs and experts over `tokens` rows: 2 FLOPs a multiply-add, each
         token through its top-k routed experts, the shared experts and the router."""
         k = self.moe.experts_per_token if self.moe else 0
-        per_token = self.num_layers * self.attention_params(tp)
+        per_token: float = self.num_layers * self.attention_params(tp)
         per_token += self.num_dense_layers * self.dense_mlp_params(tp)
         per_token += self.num_moe_layers * self._moe_layer_params(tp, k)
         return 2.0 * tokens * per_token
@@ -218,7 +218,7 @@ class ModelSpec:
         if tokens <= 0:
             return 0.0
         touched = self.moe.experts_touched(tokens) if self.moe else 0.0
-        params = self.num_layers * self.attention_params(tp)
+        params: float = self.num_layers * self.attention_params(tp)
         params += self.num_dense_layers * self.dense_mlp_params(tp)
         params += self.num_moe_layers * self._moe_layer_params(tp, touched)
         return params * self.dtype_bytes

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import abc
 import enum
 import itertools
 from collections.abc import Sequence
@@ -30,6 +31,22 @@ class SamplingParams:
     seed: int | None = None
 
 
+class PromptIds(Sequence[int]):
+    """A prompt's ids made when first used (a trace's drawn prompt, stages.trace) instead of
+    held as a list; the KV-cache manager reads them through these, without making a list."""
+
+    __slots__ = ()
+
+    @abc.abstractmethod
+    def array(self, start: int = 0, end: int | None = None) -> np.ndarray:
+        """The ids start..end-1 as an array."""
+
+    @abc.abstractmethod
+    def prefix_keys(self, ends: Sequence[int]) -> list[bytes] | None:
+        """A name for the ids 0..end-1 of each end, equal only for equal ids, made without
+        the ids; None where the blocks are known by their content only."""
+
+
 # No per-object dict: a trace may hold a million requests. Equal means the same request
 # (eq=False): lists of requests are searched by identity, not by comparing every field.
 @dataclass(slots=True, eq=False)
@@ -37,7 +54,7 @@ class Request:
     id: str
     index: int  # position in the workload, the order of generations.jsonl
     prompt: str
-    prompt_ids: Sequence[int]  # a list, or ids drawn when first used (stages.trace)
+    prompt_ids: Sequence[int]  # a list, or PromptIds drawn when first used
     max_new_tokens: int
     arrival_s: float = 0.0
     ignore_eos: bool = False
@@ -64,7 +81,7 @@ class Request:
 
     @property
     def all_ids(self) -> list[int]:
-        return self.prompt_ids + self.output_ids
+        return [*self.prompt_ids, *self.output_ids]
 
     @property
     def num_tokens(self) -> int:

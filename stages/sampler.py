@@ -16,6 +16,7 @@ import hashlib
 import math
 from collections.abc import Sequence
 from numbers import Integral, Real
+from typing import TypeGuard
 
 import numpy as np
 import paddle
@@ -122,11 +123,11 @@ def top_logprobs(logits: np.ndarray, token_ids: np.ndarray, k: int) -> list[dict
 # Validation: one message naming the key and what to set
 
 
-def _is_number(value: object) -> bool:
+def _is_number(value: object) -> TypeGuard[float]:
     return isinstance(value, Real) and not isinstance(value, bool)
 
 
-def _is_int(value: object) -> bool:
+def _is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, Integral) and not isinstance(value, bool)
 
 

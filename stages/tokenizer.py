@@ -24,6 +24,10 @@ class ByteTokenizer:
     def eos_ids(self) -> frozenset[int]:
         return frozenset({self.eos_id})
 
+    @property
+    def special_ids(self) -> frozenset[int]:
+        return frozenset()  # BOS, EOS and PAD are all
+
     def encode(self, text: str) -> list[int]:
         ids = list(text.encode("utf-8"))
         return [self.bos_id, *ids] if self.add_bos else ids

@@ -18,17 +18,18 @@ import re
 import struct
 import warnings
 from collections import Counter, OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import structlog
 
-from stages.request import Request, SamplingParams
+from stages.interfaces import Tokenizer
+from stages.request import PromptIds, Request, SamplingParams
 from stages.workload import closed_loop, poisson_arrivals
 
 log = structlog.get_logger(__name__)
@@ -58,15 +59,6 @@ NO_STOP: Any = ()
 # The scheduler refuses an empty prompt string; a token-count row has ids but no text. One
 # shared placeholder: the request's id names the row and prompt_tokens its length.
 PLACEHOLDER_PROMPT = "<seeded token ids>"
-
-
-class Tokenizer(Protocol):
-    vocab_size: int
-    pad_id: int
-
-    def encode(self, text: str) -> list[int]: ...
-
-    def decode(self, ids: Sequence[int]) -> str: ...
 
 
 # -- lazy prompt ids -------------------------------------------------------------------------
@@ -123,7 +115,7 @@ class PromptIdSource:
         return np.concatenate(blocks)[:length]
 
 
-class SeededPromptIds(Sequence[int]):
+class SeededPromptIds(PromptIds):
     """A prompt's token ids, known by length until used: `len()` is O(1); indexing, slicing,
     iteration and `+` draw them (once, while in use) from the shared PromptIdSource."""
 
@@ -141,7 +133,7 @@ class SeededPromptIds(Sequence[int]):
     def __len__(self) -> int:
         return self._length
 
-    def __getitem__(self, index):  # type: ignore[override]  (an int or a slice, as a list)
+    def __getitem__(self, index):  # an int or a slice, as a list
         return self._source.ids(self)[index]
 
     def array(self, start: int = 0, end: int | None = None) -> np.ndarray:
@@ -163,7 +155,7 @@ class SeededPromptIds(Sequence[int]):
             return len(self) == len(other) and list(self) == list(other)
         return NotImplemented
 
-    __hash__ = None  # type: ignore[assignment]  (equal to lists, so unhashable like them)
+    __hash__ = None  # equal to lists, so unhashable like them
 
     def prefix(self, length: int) -> SeededPromptIds:
         """The first `length` ids, still undrawn: a row's stream and a block's are drawn in
@@ -193,9 +185,7 @@ PREFIX_KEY = struct.Struct("<8sqq")
 
 def prompt_vocab(tokenizer: Tokenizer) -> np.ndarray:
     """The ids a drawn prompt may hold: the tokenizer's vocabulary without its special ids."""
-    special = {getattr(tokenizer, "bos_id", None), tokenizer.pad_id}
-    special |= set(getattr(tokenizer, "eos_ids", ()))
-    special |= set(getattr(tokenizer, "special_ids", ()))
+    special = {tokenizer.bos_id, tokenizer.pad_id} | tokenizer.eos_ids | tokenizer.special_ids
     vocab = np.setdiff1d(
         np.arange(tokenizer.vocab_size, dtype=np.int64),
         np.array([i for i in special if i is not None], dtype=np.int64),
@@ -426,6 +416,7 @@ def _count_column(values: list[str], name: str, minimum: int) -> tuple[np.ndarra
 
 
 def _time_column(values: list[str], format: str, name: str) -> tuple[np.ndarray, dict]:
+    bulk: Callable[[list[str]], np.ndarray]
     if format == "azure":
         bulk = _bulk_datetimes
         one = datetime_seconds
@@ -517,7 +508,11 @@ def _mooncake_entry(raw: str) -> tuple[float, int, int, tuple[int, ...]]:
 
 def read_mooncake(path: Path) -> TraceRows:
     """Mooncake JSONL rows: timestamp in ms, lengths, and the prefix blocks' hash ids."""
-    lines, times, inputs, outputs, hash_ids = [], [], [], [], []
+    lines: list[int] = []
+    times: list[float] = []
+    inputs: list[int] = []
+    outputs: list[int] = []
+    hash_ids: list[tuple[int, ...]] = []
     errors: dict[int, str] = {}
     with open(path, encoding="utf-8-sig", errors="surrogateescape") as f:
         for line, raw in enumerate(f, start=1):
@@ -531,7 +526,8 @@ def read_mooncake(path: Path) -> TraceRows:
                 errors[line] = str(err)
                 row = (np.nan, -1, 0, ())
             lines.append(line)
-            for column, value in zip((times, inputs, outputs, hash_ids), row, strict=True):
+            columns: tuple[list[Any], ...] = (times, inputs, outputs, hash_ids)
+            for column, value in zip(columns, row, strict=True):
                 column.append(value)
     inputs_array = np.array(inputs, dtype=np.int64)
     return TraceRows(

@@ -7,10 +7,12 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from types import MappingProxyType
+from typing import Any
 
 import numpy as np
 
+from stages.interfaces import Tokenizer
 from stages.request import Request, SamplingParams
 
 _WORDS = (
@@ -18,13 +20,6 @@ _WORDS = (
     "request model layer head key value query rotary norm expert graph device kernel "
     "stream queue latency throughput gaudi paddle hydra sweep review deploy serve"
 ).split()
-
-
-class Tokenizer(Protocol):
-    def encode(self, text: str) -> list[int]: ...
-
-    def encode_chat(self, messages: list[dict[str, Any]]) -> tuple[str, list[int]]:
-        """Chat messages as prompt text (the model's chat template) and its ids."""
 
 
 def poisson_arrivals(
@@ -35,15 +30,6 @@ def poisson_arrivals(
     if rate <= 0:
         return [start_s] * count
     return (start_s + np.cumsum(rng.exponential(1.0 / rate, size=count))).tolist()
-
-
-class Workload(Protocol):
-    """What the engine gets from a workload: its requests, and how many may be in flight at
-    once (`workload.concurrency`; 0 = open loop, each request at its own arrival)."""
-
-    concurrency: int
-
-    def load(self, tokenizer: Tokenizer) -> list[Request]: ...
 
 
 def closed_loop(concurrency: int) -> int:
@@ -85,6 +71,8 @@ class SyntheticWorkload:
     (words, not random ids); Poisson arrivals at `rate` from `start_s`. With
     `shared_prefix_tokens`, each prompt starts with one of `num_prefixes` shared prefixes of
     that length (a system prompt), request i with prefix i mod num_prefixes."""
+
+    counts: Mapping[str, Any] = MappingProxyType({})  # nothing is dropped or clipped
 
     def __init__(
         self,
@@ -167,6 +155,8 @@ class MixedWorkload:
     The case chunked prefill exists for is two parts: many short prompts that decode for
     long, all at once, and long prompts that arrive while they decode."""
 
+    counts: Mapping[str, Any] = MappingProxyType({})  # nothing is dropped or clipped
+
     def __init__(self, parts: Mapping[str, SyntheticWorkload], concurrency: int = 0) -> None:
         if not parts:
             raise ValueError("workload.parts needs at least one part")
@@ -180,7 +170,7 @@ class MixedWorkload:
         self.concurrency = closed_loop(concurrency)
 
     def load(self, tokenizer: Tokenizer) -> list[Request]:
-        requests = []
+        requests: list[Request] = []
         for name, part in self.parts.items():
             for request in part.load(tokenizer, id_prefix=name):
                 request.index = len(requests)
@@ -196,6 +186,8 @@ class MultiTurnWorkload:
     many new tokens as its recorded answer has (ignoring EOS) and arrives `turn_gap_s`
     after the previous one; conversations start as a Poisson process at `rate` (0: all
     at once). Ids are `convC-turnT`."""
+
+    counts: Mapping[str, Any] = MappingProxyType({})  # nothing is dropped or clipped
 
     def __init__(
         self,
@@ -262,7 +254,7 @@ class MultiTurnWorkload:
     def load(self, tokenizer: Tokenizer) -> list[Request]:
         rng = np.random.default_rng(self.seed)
         starts = poisson_arrivals(self.num_conversations, self.rate, rng)
-        requests = []
+        requests: list[Request] = []
         for c, start in enumerate(starts):
             for request in self._conversation(rng, tokenizer, c, start):
                 request.index = len(requests)
@@ -388,6 +380,8 @@ class JsonlWorkload:
     Lines are split on "\\n" only (a prompt may hold U+2028 or a form feed), each decoded
     as UTF-8 on its own (a bad byte spoils its line, not the file); a leading byte-order
     mark and a trailing "\\r" are dropped; blank lines are skipped."""
+
+    counts: Mapping[str, Any] = MappingProxyType({})  # nothing is dropped or clipped
 
     def __init__(
         self,

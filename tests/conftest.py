@@ -1,98 +1,18 @@
-"""Shared helpers: compose the real config (Hydra's compose API) and serve it in-process."""
+"""Fixtures shared by the tests; the helpers they use are in tests/helpers.py."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from collections.abc import Sequence
-from pathlib import Path
-
-import numpy as np
 import pytest
-from omegaconf import DictConfig
 
-from pipeline.build import build_engine
-from pipeline.compose import compose_config
-from stages.request import Request
-
-# Small enough for seconds per run, long enough that prompts span several blocks and chunks.
-LIMITS = ["block_size=16", "max_model_len=256", "max_num_seqs=8"]
-SMALL = [
-    *LIMITS,
-    "workload.num_requests=6",
-    "workload.min_prompt_tokens=3",
-    "workload.max_prompt_tokens=120",
-    "workload.min_new_tokens=3",
-    "workload.max_new_tokens=10",
-]
-
-# For command-line runs: a few short requests, well under a second a job once Paddle is loaded.
-TINY = [
-    "block_size=16",
-    "max_num_seqs=4",
-    "max_model_len=256",
-    "workload.num_requests=3",
-    "workload.min_prompt_tokens=3",
-    "workload.max_prompt_tokens=60",
-    "workload.min_new_tokens=3",
-    "workload.max_new_tokens=6",
-]
-
-
-REPO = Path(__file__).resolve().parents[1]
-
-
-def run_cli(cwd: Path, module: str, *args: object) -> subprocess.CompletedProcess:
-    """`python -m module args` in a fresh process, as a user types it (HYDRA_FULL_ERROR unset)."""
-    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
-    return subprocess.run(
-        [sys.executable, "-m", module, *map(str, args)],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=cwd,
-        timeout=300,
-    )
-
-
-def make_config(overrides: Sequence[str] = ()) -> DictConfig:
-    """The small defaults, with the synthetic workload's keys only when it is the workload."""
-    base = LIMITS if any(o.startswith("workload=") for o in overrides) else SMALL
-    return compose_config([*base, *overrides])
-
-
-class RecordingSampler:
-    """Wraps a sampler and keeps, per request, the logits row behind each kept output token."""
-
-    def __init__(self, inner) -> None:
-        self.inner = inner
-        self.logits: dict[tuple[str, int], np.ndarray] = {}
-
-    def validate_request(self, request: Request) -> str | None:
-        return self.inner.validate_request(request)
-
-    def sample(self, logits, requests):
-        rows = logits.numpy()
-        for row, request in zip(rows, requests, strict=True):
-            # A non-final chunk's row is overwritten by the final chunk's later on.
-            self.logits[(request.id, len(request.output_ids))] = row
-        return self.inner.sample(logits, requests)
-
-
-def serve(overrides: Sequence[str] = (), record_logits: bool = False, steps: list | None = None):
-    """Runs a composed pipeline to the end; returns (requests by id, engine).
-
-    `steps`, when given, receives the engine's StepRecord of every step."""
-    cfg = make_config(overrides)
-    engine, requests = build_engine(cfg)
-    if cfg.warmup:
-        engine.warmup()  # padding-only steps first: they must leave no trace in the outputs
-    if record_logits:
-        engine.sampler = RecordingSampler(engine.sampler)
-    engine.run(requests, on_step=steps.append if steps is not None else lambda record: None)
-    return {r.id: r for r in requests}, engine
+from tests.helpers import (  # noqa: F401  (tests written before tests/helpers.py import these here)
+    LIMITS,
+    REPO,
+    SMALL,
+    TINY,
+    make_config,
+    run_cli,
+    serve,
+)
 
 
 @pytest.fixture(scope="session")

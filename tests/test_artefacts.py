@@ -8,7 +8,7 @@ import json
 from pipeline import artefacts
 from stages.request import Request
 from stages.tokenizer import ByteTokenizer
-from tests.conftest import serve
+from tests.helpers import serve
 
 
 def test_json_lines_are_utf8_json_even_for_what_orjson_refuses():

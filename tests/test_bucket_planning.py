@@ -29,7 +29,7 @@ from stages.buckets import Axis, Buckets, StepRule, is_warmed, warmup_counts
 from stages.kv_cache import blocks_for
 from stages.metadata import bucket_dims
 from stages.simulator.device import graphs
-from tests.conftest import LIMITS, SMALL, make_config, run_cli, serve
+from tests.helpers import LIMITS, SMALL, make_config, run_cli, serve
 
 # -- helpers ---------------------------------------------------------------------------------
 
@@ -198,6 +198,7 @@ def test_a_set_beyond_the_warmup_budget_stops_before_compiling():
         assert key in message
 
 
+@pytest.mark.slow
 def test_the_warmup_budget_exits_2_from_the_command_line(tmp_path):
     done = run_cli(
         tmp_path, "pipeline", *LIMITS, "warmup=true", "metadata.max_warmup_shapes=5",

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from pipeline.buckets import main
-from tests.conftest import SMALL
+from tests.helpers import SMALL
 
 
 def test_neither_a_folder_nor_a_workload_is_one_line(tmp_path, capsys):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from stages.buckets import Axis, Buckets
-from tests.conftest import serve
+from tests.helpers import serve
 
 
 @pytest.mark.parametrize(
@@ -41,7 +41,7 @@ def test_misses_are_counted_and_outputs_unchanged(reference_run):
 def test_warmup_covers_the_workload(reference_run):
     ref, _ = reference_run
     from pipeline.build import build_engine
-    from tests.conftest import make_config
+    from tests.helpers import make_config
 
     engine, requests = build_engine(make_config(["max_tokens=64", "warmup=true"]))
     assert engine.warmup() > 0
@@ -52,7 +52,7 @@ def test_warmup_covers_the_workload(reference_run):
 
 def test_warmup_shapes_respect_the_budget():
     from pipeline.build import build_engine
-    from tests.conftest import make_config
+    from tests.helpers import make_config
 
     engine, _ = build_engine(make_config(["max_tokens=64"]))
     phases = engine.metadata.warmup_shapes(mixed=True)
@@ -64,7 +64,7 @@ def test_warmup_shapes_respect_the_budget():
 def test_a_negative_bucket_step_is_one_line_at_start():
     from pipeline.build import build_engine
     from pipeline.checks import ConfigError
-    from tests.conftest import make_config
+    from tests.helpers import make_config
 
     with pytest.raises(ConfigError, match=r"^metadata.prefill_batch: need 1 <= min <= max"):
         build_engine(make_config(["metadata.prefill_batch.step=-1"]))

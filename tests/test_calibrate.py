@@ -16,7 +16,7 @@ from pipeline.compose import compose_config
 from pipeline.run import run
 from stages.metadata import bucket_dims, bucket_label
 from stages.simulator.hardware import read_profile, write_profile
-from tests.conftest import LIMITS, REPO, serve
+from tests.helpers import LIMITS, REPO, serve
 
 TINY_GRID = [*LIMITS, "max_tokens=64"]
 SERVED = [*TINY_GRID, "workload.num_requests=12", "workload.max_new_tokens=12"]
@@ -144,3 +144,21 @@ def test_the_command_serves_then_writes_a_profile(tmp_path):
     fitted = json.loads((tmp_path / "calibration.json").read_text())
     assert fitted["samples"] == len(run_samples(tmp_path / "served", False))
     assert read_profile(tmp_path / "hardware.yaml").coefficients == fitted["coefficients"]
+
+
+def test_steps_record_their_buckets_as_numbers():
+    """Calibration reads a step's buckets from `padded`, never from the printed label; a
+    line written before `padded` existed still reads by its label."""
+    from dataclasses import asdict
+
+    from pipeline.calibrate import step_buckets
+
+    steps = []
+    serve(["max_tokens=48"], steps=steps)
+    parts = [set(s.padded) for s in steps]
+    assert {"prefill"} in parts and {"decode"} in parts  # steps of each part alone
+    for record in steps:
+        line = asdict(record)
+        assert step_buckets(line) == bucket_dims(record.bucket)
+        del line["padded"]
+        assert step_buckets(line) == bucket_dims(record.bucket)

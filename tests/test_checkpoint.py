@@ -23,7 +23,7 @@ from stages.checkpoint import SUPPORTED_ARCHITECTURES, export_hf_llama, load_hf_
 from stages.model import check_dtype
 from stages.workload import _WORDS
 from tests import numpy_reference
-from tests.conftest import make_config, serve
+from tests.helpers import make_config, serve
 
 UNK, BOS, EOS, PAD, END_OF_TURN = 0, 1, 2, 3, 4
 SPECIALS = ["<unk>", "<s>", "</s>", "<pad>", "<eot>"]

@@ -12,7 +12,7 @@ from hydra.errors import ConfigCompositionException
 
 from pipeline.checks import ConfigError, check_config
 from pipeline.compose import compose_config
-from tests.conftest import SMALL, run_cli
+from tests.helpers import SMALL, run_cli
 
 
 def pipeline(tmp_path, *overrides: str) -> subprocess.CompletedProcess:

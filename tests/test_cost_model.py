@@ -15,7 +15,7 @@ from stages.model_spec import model_spec
 from stages.simulator.cost_model import OVERHEAD, TERMS, CostModel
 from stages.simulator.hardware import GIB, HardwareProfile, kv_pool_blocks, read_profile
 from stages.simulator.nnls import nnls
-from stages.simulator.shape import StepShape
+from stages.step_shape import StepShape
 
 register_schemas()
 

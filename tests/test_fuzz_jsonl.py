@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from pipeline.artefacts import GenerationWriter, read_generations
 from pipeline.build import build_engine
 from stages.workload import JsonlWorkload
-from tests.conftest import make_config
+from tests.helpers import make_config
 
 FIELDS = ["id", "max_new_tokens", "arrival_s", "ignore_eos", "stop", "seed",
           "temperature", "top_k", "top_p", "colour"]  # fmt: skip

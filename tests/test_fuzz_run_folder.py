@@ -20,7 +20,7 @@ from pipeline import artefacts, buckets, review, summary
 from pipeline.resume import load_previous
 from pipeline.run import run
 from stages.simulator.hardware import _RANGES, HardwareProfile, read_profile
-from tests.conftest import REPO, make_config
+from tests.helpers import REPO, make_config
 
 numbers = st.one_of(
     st.integers(min_value=-(10**30), max_value=10**30),
@@ -91,7 +91,7 @@ def readers(folder: Path):
 
 
 @settings(
-    max_examples=40,
+    max_examples=25,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
@@ -132,7 +132,7 @@ PROFILE = {
 FIELDS = [*PROFILE, "coefficients"]
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=25, deadline=None)
 @given(
     st.dictionaries(st.sampled_from(FIELDS), values, max_size=3),
     st.lists(st.sampled_from(FIELDS), max_size=2),

@@ -19,7 +19,7 @@ from pipeline.checks import ConfigError
 from stages.simulator.hardware import HardwareProfile, read_profile
 from stages.tokenizer import ByteTokenizer
 from stages.workload import MAX_ARRIVAL_S
-from tests.conftest import REPO, make_config
+from tests.helpers import REPO, make_config
 from tests.test_inspect import folder_of
 
 VIDUR = "arrived_at,num_prefill_tokens,num_decode_tokens\n"

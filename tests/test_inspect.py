@@ -166,6 +166,7 @@ def test_a_folder_that_is_not_a_model_exits_2(tmp_path, capsys):
     assert code == 2 and "is not valid JSON" in err and err.count("\n") == 1
 
 
+@pytest.mark.slow
 def test_the_command_line(tmp_path):
     folder = folder_of(tmp_path, "Qwen3ForCausalLM")
     env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}

@@ -11,7 +11,7 @@ from pipeline.checks import ConfigError, check_config, describe_model
 from pipeline.schema import HfModelConf, SpecModelConf, TransformerConf, model_kind
 from stages.checkpoint import read_spec
 from stages.model import transformer_lm
-from tests.conftest import make_config
+from tests.helpers import make_config
 from tests.test_checkpoint import CASES, make_folder
 
 

@@ -23,7 +23,7 @@ from stages.attention.hpu import PagedAttention, load_ops
 from stages.attention.interface import Heads
 from stages.attention.ops_intel_hpu import IntelHPUOps
 from stages.kv_cache import KVCacheManager
-from tests.conftest import make_config
+from tests.helpers import make_config
 
 H, KV, D, BS = 4, 2, 8, 4  # query heads, key/value heads, head size, block size
 NUM_BLOCKS = 6

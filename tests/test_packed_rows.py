@@ -46,5 +46,5 @@ def test_decode_only_step_with_padding_rows():
 def test_no_packing_without_padding_or_without_real_tokens():
     assert packed(step([8, 8], rows=2, seq=8, decodes=1, decode_rows=1)) is None
     assert packed(step([], rows=2, seq=8, decodes=0, decode_rows=0)) is None  # warmup
-    no_packing = SimpleNamespace(ops=SimpleNamespace())
+    no_packing = SimpleNamespace(ops=SimpleNamespace(packs_rows=False))  # the HPU's ops
     assert PagedAttention.packed_rows(no_packing, step([3], 1, 8, 0, 0)) is None

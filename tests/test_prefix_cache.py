@@ -15,7 +15,7 @@ from stages.request import Request, Samples
 from stages.scheduler import ChunkedScheduler
 from stages.stopping import StopRule
 from stages.trace import PromptIdSource, SeededPromptIds
-from tests.conftest import make_config, serve
+from tests.helpers import make_config, serve
 
 BS = 4
 

@@ -91,6 +91,7 @@ def finished(run_dir: Path) -> list[dict]:
 @pytest.mark.parametrize(
     ("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)], ids=["TERM", "INT"]
 )
+@pytest.mark.slow
 def test_a_signal_leaves_an_interrupted_folder_that_resume_completes(
     tmp_path, uninterrupted, signum, code
 ):
@@ -115,6 +116,7 @@ def test_a_signal_leaves_an_interrupted_folder_that_resume_completes(
     assert review.returncode == 0 and "identical tokens for 10/10 requests" in review.stdout
 
 
+@pytest.mark.slow
 def test_sigkill_keeps_the_written_lines_and_resume_completes(tmp_path, uninterrupted):
     run_dir, exit_code = stop_mid_run(tmp_path, "run", signal.SIGKILL)
     assert exit_code == -signal.SIGKILL
@@ -133,6 +135,7 @@ def test_sigkill_keeps_the_written_lines_and_resume_completes(tmp_path, uninterr
     assert review.returncode == 0, review.stdout + review.stderr
 
 
+@pytest.mark.slow
 def test_resume_refuses_overrides_that_change_tokens(tmp_path, uninterrupted):
     before = (uninterrupted / "generations.jsonl").read_text()
     for override, key in [("max_tokens=32", "max_tokens"), ("sampler=random", "sampler")]:
@@ -155,6 +158,7 @@ def test_ctrl_c_in_a_sweep_stops_the_sweep(tmp_path):
     assert not (sweep / "1").exists() and not (sweep / "2").exists()
 
 
+@pytest.mark.slow
 def test_a_bad_run_folder_is_one_line(tmp_path):
     (tmp_path / "file").write_text("")
     result = cli(tmp_path, "pipeline", f"hydra.run.dir={tmp_path / 'file' / 'run'}")

@@ -21,7 +21,7 @@ from pipeline.run import run
 from pipeline.stopping import RunInterrupted
 from stages.tokenizer import ByteTokenizer
 from stages.workload import JsonlWorkload
-from tests.conftest import make_config
+from tests.helpers import make_config
 
 # ------------------------------------------------------------------------------- jsonl
 

@@ -23,7 +23,7 @@ from pipeline.identity import check_identity, identity
 from pipeline.resume import load_previous
 from pipeline.run import run
 from stages.simulator.hardware import read_profile
-from tests.conftest import REPO, make_config, run_cli
+from tests.helpers import REPO, make_config, run_cli
 
 HOLD = (
     "import fcntl, os, sys, time\n"

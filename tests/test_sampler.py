@@ -19,7 +19,7 @@ from pipeline.checks import ConfigError
 from pipeline.run import run
 from stages.request import Request, SamplingParams
 from stages.sampler import GreedySampler, RandomSampler, uniforms
-from tests.conftest import make_config
+from tests.helpers import make_config
 
 # ---------------------------------------------------------------------------------------------
 # Helpers

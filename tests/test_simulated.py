@@ -8,7 +8,7 @@ import pytest
 
 from pipeline.run import device_metrics
 from stages.simulator.hardware import kv_pool_blocks
-from tests.conftest import serve
+from tests.helpers import serve
 
 WORKLOAD = [
     "workload.num_requests=10",

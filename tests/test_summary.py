@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from pipeline.summary import build_summary, main, read_job, swept_keys
-from tests.conftest import TINY, run_cli
+from tests.helpers import TINY, markdown_rows, run_cli
 
 
 def metrics(throughput: float, **extra: Any) -> dict[str, Any]:
@@ -68,7 +68,8 @@ def test_summary_lists_every_job_with_its_status(tmp_path):
 
     md = (tmp_path / "summary.md").read_text()
     assert "Swept: `max_tokens`" in md and "`seed=1`" in md
-    assert "| 1 | `max_tokens=512` | failed |" in md
+    job = next(r for r in markdown_rows(md) if r["job"] == "1")
+    assert job["overrides"] == "`max_tokens=512`" and job["status"] == "failed"
     assert "job 1 (failed): boom" in md and "job 2 (interrupted)" in md
     assert (tmp_path / "summary.png").stat().st_size > 10_000
 
@@ -121,7 +122,8 @@ def test_real_multirun_with_a_failing_job(tmp_path):
     assert "max_num_seqs" in rows[2]["error"]
     assert all(float(r["output_throughput"]) > 0 for r in rows[:2])
     assert (sweep / "summary.png").stat().st_size > 10_000
-    assert "| 2 | `max_tokens=2` | failed |" in (sweep / "summary.md").read_text()
+    job = next(r for r in markdown_rows((sweep / "summary.md").read_text()) if r["job"] == "2")
+    assert job["overrides"] == "`max_tokens=2`" and job["status"] == "failed"
 
 
 @pytest.mark.slow

@@ -21,7 +21,7 @@ from stages.trace import (
     datetime_seconds,
     detect_format,
 )
-from tests.conftest import make_config, serve
+from tests.helpers import make_config, serve
 
 # (arrival seconds, prompt tokens, output tokens): the rows every format's file is made from.
 ROWS = [(0.0, 40, 5), (0.5, 70, 3), (1.25, 20, 6), (3.0, 33, 4)]

@@ -14,7 +14,7 @@ from typing import NamedTuple
 import numpy as np
 import pytest
 
-from tests.conftest import serve
+from tests.helpers import serve
 from tests.test_checkpoint import BOS, EOS, PAD, write_tokenizer
 
 transformers = pytest.importorskip("transformers")

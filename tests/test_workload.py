@@ -11,7 +11,7 @@ from hydra.utils import instantiate
 from pipeline.compose import compose_config
 from stages.tokenizer import ByteTokenizer
 from stages.workload import SyntheticWorkload, poisson_arrivals
-from tests.conftest import make_config, serve
+from tests.helpers import make_config, serve
 
 
 def test_jsonl_bad_lines_fail_alone(tmp_path):

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import itertools
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import orjson
@@ -19,7 +18,7 @@ from omegaconf import DictConfig
 from pipeline import artefacts
 from pipeline.artefacts import GENERATIONS, STEPS
 from pipeline.engine import Engine
-from pipeline.metrics import summarise
+from pipeline.metrics import StepTotals, summarise
 from pipeline.run import device_metrics, slo_of
 from pipeline.slo import slo_metrics
 from stages.request import Request, Status
@@ -66,9 +65,9 @@ def ended_request(line: dict[str, Any]) -> Request:
     return request
 
 
-def step_counts(path: Path) -> tuple[list[SimpleNamespace], int]:
-    """Each step's real and padded tokens, and the requests preempted in all."""
-    steps, preempted = [], 0
+def step_counts(path: Path) -> tuple[StepTotals, int]:
+    """The steps' real and padded tokens, and the requests preempted in all."""
+    steps, preempted = StepTotals(), 0
     if path.is_file():
         with open(path, "rb") as f:
             for raw in f:
@@ -76,8 +75,9 @@ def step_counts(path: Path) -> tuple[list[SimpleNamespace], int]:
                     step = orjson.loads(raw)
                 except orjson.JSONDecodeError:  # a line a kill cut short
                     continue
-                tokens = {k: step[k] for k in ("num_tokens", "padded_tokens")}
-                steps.append(SimpleNamespace(**tokens))
+                steps.num_steps += 1
+                steps.num_tokens += step["num_tokens"]
+                steps.padded_tokens += step["padded_tokens"]
                 preempted += len(step["preempted"])
     return steps, preempted
 

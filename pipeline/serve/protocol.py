@@ -8,7 +8,7 @@ naming the field, never silently ignored.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -124,7 +124,7 @@ class CompletionBody(GenerationBody):
             if len(prompt) != 1:
                 raise RequestError("one prompt per request is supported (got a list)", "prompt")
             return prompt[0]
-        return prompt
+        return cast("str | list[int]", prompt)  # a text, or the ids a client sent
 
 
 class ChatBody(GenerationBody):

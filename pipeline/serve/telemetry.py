@@ -135,9 +135,9 @@ class EngineCollector(Collector):
                 engine.model.recompiles,
             )
         for metric, (text, value) in counters.items():
-            family = CounterMetricFamily(metric, text, labels=["model_name"])
-            family.add_metric([name], value)
-            yield family
+            counter = CounterMetricFamily(metric, text, labels=["model_name"])
+            counter.add_metric([name], value)
+            yield counter
 
     def _padding(self) -> float:
         real, padded = self.telemetry.real_tokens, self.telemetry.padded_tokens

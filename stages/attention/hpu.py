@@ -16,6 +16,7 @@ from stages.attention.interface import (
     RopeTable,
     SlotIndex,
 )
+from stages.interfaces import PackedRows
 from stages.kv_cache import KVCacheManager
 from stages.metadata import ForwardMeta
 from stages.request import Request
@@ -37,14 +38,6 @@ def load_ops(name: str) -> AttentionOps:
 class BlockWrites(NamedTuple):
     blocks: paddle.Tensor  # [n] destination blocks
     rows: paddle.Tensor  # [n * bs] the packed rows that fill them, block by block
-
-
-class PackedRows(NamedTuple):
-    """A step's real tokens, which the dense layers run on where the backend packs rows."""
-
-    tokens: paddle.Tensor  # [T] each real token's row in the padded step, in order
-    logits_rows: paddle.Tensor  # each chunk's last token, then each decode row, among them
-    prefill_tokens: int  # the prefill's real tokens, first among them
 
 
 @dataclass
@@ -105,7 +98,7 @@ class PagedAttention:
     def packed_rows(self, meta: ForwardMeta) -> PackedRows | None:
         """The real tokens of a step that has padding, where the backend attends packed rows
         (the CPU: no static shapes to keep); None = the model runs the padded step."""
-        if not getattr(self.ops, "packs_rows", False):
+        if not self.ops.packs_rows:
             return None
         if not meta.num_tokens or meta.num_tokens == meta.padded_tokens:
             return None

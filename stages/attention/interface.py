@@ -45,9 +45,9 @@ class AttentionOps(Protocol):
     # Whether qkv_rope can norm each query and key head (Qwen3); a backend without it is
     # refused at start for such a model.
     supports_qk_norm: bool
-    # Optional, False when absent: the prefill and decode ops take a step's real tokens
-    # packed (prefill_layout(..., packed=True)), so the model skips the padding rows in its
-    # dense layers. A backend that keeps static shapes (the HPU) leaves it out.
+    # Whether the prefill and decode ops take a step's real tokens packed
+    # (prefill_layout(..., packed=True)), so the model skips the padding rows in its dense
+    # layers; False for a backend that keeps static shapes (the HPU).
     packs_rows: bool
 
     def new_caches(

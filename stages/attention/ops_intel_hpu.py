@@ -75,6 +75,7 @@ class IntelHPUOps:
 
     # fused_qkv_rope has no per-head norm between the projection and the rotation.
     supports_qk_norm = False
+    packs_rows = False  # the HPU keeps static shapes: the padded rows run
 
     def __init__(self, plugin: Any) -> None:
         self.plugin = plugin
@@ -196,7 +197,9 @@ class IntelHPUOps:
         )
         return out.reshape([batch * seq, -1])
 
-    def prefill_layout(self, context_lens: Any, chunk_lens: Any, dtype: str) -> None:
+    def prefill_layout(
+        self, context_lens: Any, chunk_lens: Any, dtype: str, packed: bool = False
+    ) -> None:
         return None  # the fused op attends the padded rectangle, causal or masked
 
     def prefill(

@@ -12,6 +12,7 @@ import paddle
 import paddle.nn.functional as F
 
 from stages.attention.interface import Heads
+from stages.interfaces import PackedRows
 from stages.metadata import ForwardMeta
 from stages.request import Request
 
@@ -88,7 +89,17 @@ class ReferenceAttention:
             for layer in model.layers
         ]
 
-    def prepare(self, meta: ForwardMeta, cos: paddle.Tensor, sin: paddle.Tensor) -> ReferenceStep:
+    def packed_rows(self, meta: ForwardMeta) -> None:
+        """Every request attends on its own, padding never joins: nothing to pack."""
+        return None
+
+    def prepare(
+        self,
+        meta: ForwardMeta,
+        cos: paddle.Tensor,
+        sin: paddle.Tensor,
+        packed: PackedRows | None = None,
+    ) -> ReferenceStep:
         return ReferenceStep(meta, cos, sin)
 
     def qkv_rope(

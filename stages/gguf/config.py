@@ -8,7 +8,6 @@ llama.cpp writes the sizes under the architecture's own prefix (`llama.block_cou
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -142,14 +141,3 @@ def token_ids(header: GgufHeader, *names: str) -> list[int]:
         if value is not None:
             ids.append(int(value))
     return ids
-
-
-def describe_metadata(metadata: Mapping[str, Any]) -> dict[str, Any]:
-    """The scalar metadata (arrays summarised by length), for a report."""
-    out: dict[str, Any] = {}
-    for key, value in metadata.items():
-        if isinstance(value, (list, np.ndarray)):
-            out[key] = f"[{len(value)} items]"
-        else:
-            out[key] = value.item() if isinstance(value, np.generic) else value
-    return out

@@ -9,7 +9,6 @@ dequantised model plus one block (and one whole query or key weight, for llama's
 
 from __future__ import annotations
 
-import math
 import re
 from collections import defaultdict
 from collections.abc import Iterator
@@ -126,7 +125,7 @@ def row_blocks(file, info: TensorInfo, whole: bool = False) -> Iterator[tuple[in
         count = min(step, rows - first)
         raw = np.empty(count * row_bytes, dtype=np.uint8)
         file.seek(info.offset + first * row_bytes)
-        if file.readinto(memoryview(raw)) != raw.nbytes:
+        if file.readinto(raw.data) != raw.nbytes:
             raise ValueError(f"{file.name} ends inside tensor {info.name!r}: it is truncated")
         yield first, dequantize(raw, kind).reshape(count, width)
 
@@ -194,8 +193,3 @@ def load_gguf_model(path: str, dtype: str = "float32", max_position: int = 0) ->
         weights=_assemble(spec, state),
         eos_ids=[i for i in eos if 0 <= i < vocab],
     )
-
-
-def dequantised_bytes(header: GgufHeader) -> int:
-    """The float32 size of every tensor in the file (the loaded model's size in float32)."""
-    return sum(4 * math.prod(t.shape) for t in header.tensors.values())

@@ -46,6 +46,10 @@ _MIN_STRING = 8  # a string is a uint64 length, then its bytes
 _MIN_KV = _MIN_STRING + 4 + 1  # key, value type, the smallest value
 _MIN_TENSOR_INFO = _MIN_STRING + 4 + 4 + 8  # name, n_dims, type, offset (dims may be none)
 
+# Block size and bytes per block of each type, by its code (a type gguf-py does not know
+# is looked up by its number).
+_QUANT_SIZES: dict[int, tuple[int, int]] = {int(k): v for k, v in GGML_QUANT_SIZES.items()}
+
 
 @dataclass(frozen=True)
 class TensorInfo:
@@ -64,7 +68,7 @@ class TensorInfo:
 
     @property
     def num_bytes(self) -> int:
-        block, size = GGML_QUANT_SIZES[self.kind]
+        block, size = _QUANT_SIZES[self.kind]
         return self.num_elements // block * size
 
 
@@ -153,11 +157,11 @@ def _tensor_info(cursor: _Cursor) -> tuple[str, tuple[int, ...], int, int]:
     return name, tuple(reversed(dims)), kind, offset
 
 
-def _check_tensor(info: TensorInfo, data_start: int, file_size: int, path: Path) -> None:
+def _check_tensor(info: TensorInfo, file_size: int, path: Path) -> None:
     """The tensor's type is known, its shape fills whole blocks and its bytes lie in the file."""
     if info.kind not in GGML_QUANT_SIZES:
         return  # reported where it is loaded (inspect lists it); the size is unknown
-    block, _ = GGML_QUANT_SIZES[info.kind]
+    block, _ = _QUANT_SIZES[info.kind]
     if any(d < 1 for d in info.shape) or info.shape[-1] % block:
         raise ValueError(
             f"{path}: tensor {info.name!r} has shape {list(info.shape)}, whose rows are not "
@@ -212,9 +216,9 @@ def _parse(cursor: _Cursor, path: Path, file_size: int) -> GgufHeader:
     for name, shape, code, offset in infos:
         if name in tensors:
             raise ValueError(f"{path}: tensor {name!r} is listed twice")
-        kind = GGMLQuantizationType(code) if code in _KNOWN_TYPES else code
-        info = TensorInfo(name, shape, kind, data_start + offset)
-        _check_tensor(info, data_start, file_size, path)
+        tensor_kind = GGMLQuantizationType(code) if code in _KNOWN_TYPES else code
+        info = TensorInfo(name, shape, tensor_kind, data_start + offset)
+        _check_tensor(info, file_size, path)
         tensors[name] = info
     _check_overlaps(list(tensors.values()), path)
     return GgufHeader(path, version, metadata, tensors, data_start, file_size)

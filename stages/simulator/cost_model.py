@@ -17,7 +17,7 @@ import numpy as np
 from stages.model_spec import ModelSpec
 from stages.simulator.hardware import HardwareProfile, write_profile
 from stages.simulator.nnls import nnls
-from stages.simulator.shape import StepShape
+from stages.step_shape import StepShape
 
 TERMS = (
     "linear",

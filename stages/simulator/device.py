@@ -52,6 +52,7 @@ class SimulatedDevice:
     """The Model stage of a simulated run: forward predicts the step's time."""
 
     dtype = "bfloat16"
+    predicts_warmup = True  # compile_shapes predicts warmup; no shape runs
 
     def __init__(
         self, spec: ModelSpec, hardware: HardwareProfile, clock: VirtualClock, tp: int = 1
@@ -93,9 +94,25 @@ class SimulatedDevice:
 
 
 class NoAttention:
-    """A simulated run keeps no keys or values: the KV-cache manager's books are enough."""
+    """A simulated run keeps no keys or values: the KV-cache manager's books are enough.
+    The simulated device runs no layer, so nothing asks it for a layer's attention."""
 
     supports_prefix_caching = True
+
+    def load_weights(self, model: Any) -> None:
+        """There are no weights."""
+
+    def packed_rows(self, meta: ForwardMeta) -> None:
+        return None
+
+    def prepare(self, meta: ForwardMeta, cos: Any, sin: Any, packed: Any = None) -> None:
+        raise NotImplementedError("a simulated device runs no layer")
+
+    def qkv_rope(self, layer: int, x: Any, state: Any) -> tuple[Any, Any, Any]:
+        raise NotImplementedError("a simulated device runs no layer")
+
+    def attend(self, layer: int, q: Any, k: Any, v: Any, state: Any, out_weight: Any) -> Any:
+        raise NotImplementedError("a simulated device runs no layer")
 
     def release(self, request: Request) -> None:
         """Nothing is held."""

@@ -1,40 +1,6 @@
-"""The shape of one engine step, as the simulated device sees it."""
+"""StepShape moved to stages.step_shape (the core lays it out); this name stays for code
+written against the old place."""
 
-from __future__ import annotations
+from stages.step_shape import StepShape
 
-from dataclasses import dataclass
-
-
-@dataclass(frozen=True)
-class StepShape:
-    """One step's padded buckets and, for devices that compute real tokens, its real lengths.
-
-    The HPU computes the padded bucket: prefill rows x seq tokens through every GEMM, prefill
-    attention over blocks-per-row x block_size keys for each of seq queries, decode attention
-    over the bucket's blocks x block_size KV slots, and R decode rows through the GEMMs.
-    """
-
-    block_size: int
-    prefill: tuple[int, int, int] | None  # padded bucket (rows, seq tokens, blocks per row)
-    decode: tuple[int, int] | None  # padded bucket (rows, blocks of all rows)
-    chunk_lens: tuple[int, ...] = ()  # real tokens of each prefill row
-    context_lens: tuple[int, ...] = ()  # tokens already cached before each chunk
-    decode_lens: tuple[int, ...] = ()  # tokens each decode row attends to (incl. its new one)
-    miss: bool = False  # the bucket is outside the prepared (warmed) set
-
-    def __post_init__(self) -> None:
-        if self.block_size < 1:
-            raise ValueError(f"StepShape: block_size={self.block_size} must be >= 1")
-        for name, dims, size in (("prefill", self.prefill, 3), ("decode", self.decode, 2)):
-            if dims is not None and (len(dims) != size or min(dims) < 0):
-                raise ValueError(
-                    f"StepShape: {name}={dims} must be {size} dimensions, none negative"
-                )
-        if len(self.context_lens) not in (0, len(self.chunk_lens)):
-            raise ValueError(
-                f"StepShape: {len(self.context_lens)} context_lens for "
-                f"{len(self.chunk_lens)} chunk_lens; give one per prefill row"
-            )
-        lens = self.chunk_lens + self.context_lens + self.decode_lens
-        if lens and min(lens) < 0:
-            raise ValueError("StepShape: chunk, context and decode lengths must be >= 0")
+__all__ = ["StepShape"]

@@ -1,0 +1,39 @@
+"""Each stage's implementations against the contract the engine holds them to
+(`stages.interfaces`), checked by the type checker, never imported at run time: a stage that
+misses a declared ability, or declares it with another signature, fails `mypy` here."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from stages import interfaces as contract
+    from stages.attention import ops_cpu
+    from stages.attention.hpu import PagedAttention
+    from stages.attention.interface import AttentionOps
+    from stages.attention.ops_intel_hpu import IntelHPUOps
+    from stages.attention.reference import ReferenceAttention
+    from stages.gguf.tokenizer import GgufTokenizer
+    from stages.metadata import HPUMetadataBuilder
+    from stages.model import TransformerLM
+    from stages.sampler import GreedySampler, RandomSampler
+    from stages.scheduler import ChunkedScheduler, WholeScheduler
+    from stages.simulator.device import NoAttention, SimulatedDevice, WorkloadLengthSampler
+    from stages.tokenizer import ByteTokenizer, HfTokenizer
+    from stages.trace import TraceWorkload
+    from stages.workload import JsonlWorkload, MixedWorkload, MultiTurnWorkload, SyntheticWorkload
+
+    tokenizers: list[type[contract.Tokenizer]] = [ByteTokenizer, HfTokenizer, GgufTokenizer]
+    schedulers: list[type[contract.Scheduler]] = [ChunkedScheduler, WholeScheduler]
+    metadata: list[type[contract.MetadataBuilder]] = [HPUMetadataBuilder]
+    attention: list[type[contract.Attention]] = [PagedAttention, ReferenceAttention, NoAttention]
+    ops: list[AttentionOps] = [ops_cpu, IntelHPUOps(None)]
+    models: list[type[contract.Model]] = [TransformerLM, SimulatedDevice]
+    samplers: list[type[contract.Sampler]] = [GreedySampler, RandomSampler, WorkloadLengthSampler]
+    workloads: list[type[contract.Workload]] = [
+        SyntheticWorkload,
+        MixedWorkload,
+        MultiTurnWorkload,
+        JsonlWorkload,
+        TraceWorkload,
+    ]
