@@ -25,7 +25,8 @@ from stages.simulator.device import (
     WorkloadLengthSampler,
     pick_token,
 )
-from stages.simulator.hardware import kv_pool_blocks
+from stages.simulator.hardware import HardwareProfile, kv_pool_blocks
+from stages.simulator.precision import Precision
 from stages.stopping import StopRule
 from stages.workload import bound_arrivals
 
@@ -159,18 +160,24 @@ def build_paddle_engine(cfg: DictConfig) -> tuple[Engine, list[Request]]:
     return engine, requests
 
 
-def build_simulated_engine(cfg: DictConfig, clock: VirtualClock) -> tuple[Engine, list[Request]]:
+def build_simulated_engine(
+    cfg: DictConfig, clock: VirtualClock, hardware: HardwareProfile | None = None
+) -> tuple[Engine, list[Request]]:
     """The real scheduler, KV-cache manager and metadata builder (shapes only) with a
-    simulated device in place of the forward pass, on a virtual clock."""
+    simulated device in place of the forward pass, on a virtual clock. `hardware`, when
+    given, replaces the config's profile (a fit trying other figures)."""
     tokenizer = build(cfg.tokenizer)
     spec, _ = describe_model(cfg)
-    if cfg.hardware is None:
+    if cfg.hardware is None and hardware is None:
         raise ConfigError("executor=simulated needs a device: give hardware=gaudi3 (or ...)")
-    hardware = build(cfg.hardware)
+    hardware = hardware or build(cfg.hardware)
     workload, requests = load_workload(cfg, tokenizer)
     try:
-        num_blocks = cfg.num_blocks or kv_pool_blocks(spec, hardware, cfg.block_size, cfg.tp)
-        device = SimulatedDevice(spec, hardware, clock, cfg.tp)
+        precision = Precision(cfg.quantization, cfg.kv_cache_dtype)
+        num_blocks = cfg.num_blocks or kv_pool_blocks(
+            spec, hardware, cfg.block_size, cfg.tp, precision
+        )
+        device = SimulatedDevice(spec, hardware, clock, cfg.tp, precision)
     except ValueError as err:
         raise ConfigError(str(err)) from err
     kv_cache = KVCacheManager(num_blocks, cfg.block_size, cfg.prefix_caching)

@@ -1,5 +1,8 @@
 """`python -m pipeline.calibrate [overrides]`: fit the simulated device to this machine.
 
+(`python -m pipeline.calibrate --published FILE hardware=NAME` fits a device's profile to
+published figures instead: pipeline.fit_published.)
+
 Serves the configured workload for real (executor=paddle) and fits the cost model's
 coefficients to its steps: each step's shape and its measured time, scheduling, metadata,
 forward and sampling included, which is what a simulated step stands for. The shape is
@@ -17,6 +20,7 @@ HPU.
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -246,5 +250,9 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    if "--published" in sys.argv[1:]:  # fit a device profile to published figures
+        from pipeline.fit_published import main as fit_published
+
+        sys.exit(fit_published(sys.argv[1:]))
     register_schemas()
     main()

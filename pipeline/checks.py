@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import importlib.util
 import math
 import sys
@@ -54,6 +55,8 @@ def check_config(cfg: DictConfig) -> None:
             "executor=simulated (and a hardware=...), or serve model=tiny, small or hf"
         )
     _check_dtype_bytes(cfg)
+    if not simulated:
+        _check_real_precision(cfg)
     _check_limits(cfg)
     _check_chunks(cfg, bs)
     _check_device(cfg)
@@ -71,6 +74,18 @@ def _check_dtype_bytes(cfg: DictConfig) -> None:
             f"model.dtype_bytes={value}: give 2 (bf16 or fp16, the default) or 4 (fp32); "
             "8-bit weights and KV cache are the top-level quantization and kv_cache_dtype"
         )
+
+
+def _check_real_precision(cfg: DictConfig) -> None:
+    """Quantised weights and an FP8 KV cache exist only on the simulated device."""
+    for key, plain in (("quantization", "none"), ("kv_cache_dtype", "auto")):
+        given = cfg.get(key, plain)
+        value = given.value if isinstance(given, enum.Enum) else str(given)
+        if value != plain:
+            raise ConfigError(
+                f"{key}={value} is simulated only: the real path runs the model's own dtype; "
+                f"set {key}={plain} or executor=simulated (with hardware=...)"
+            )
 
 
 def _model_kind(cfg: DictConfig) -> type[ModelOption]:

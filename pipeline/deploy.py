@@ -113,7 +113,9 @@ def _header(d: Deployment, server: str, note: str) -> list[str]:
 
 def fastdeploy_script(d: Deployment) -> str:
     """FastDeploy's OpenAI server on Intel HPU with the planned limits."""
-    lines = _header(d, "FastDeploy on Intel Gaudi", "MODEL: a local Paddle checkpoint folder.")
+    lines = _header(
+        d, "FastDeploy on Intel Gaudi", "--model: the Paddle checkpoint (folder or id)."
+    )
     lines += [
         "export FD_ATTENTION_BACKEND=HPU_ATTN",
         f"export HPU_WARMUP_BUCKET={1 if d.warmup else 0}",
@@ -165,7 +167,9 @@ def vllm_buckets_file(d: Deployment) -> str:
 
 def vllm_script(d: Deployment) -> str:
     """`vllm serve` on vllm-gaudi with the planned limits and the simulated bucket sets."""
-    lines = _header(d, "vLLM on Intel Gaudi (vllm-gaudi)", "MODEL: a Hugging Face id or folder.")
+    lines = _header(
+        d, "vLLM on Intel Gaudi (vllm-gaudi)", "The model: a Hugging Face id or folder."
+    )
     lines += [
         "# The bucket sets the simulation prepared, exactly, from the file beside this one:",
         "# prompt (batch, query tokens, blocks), decode (batch, 1, blocks of all rows). The",

@@ -193,6 +193,8 @@ def device_metrics(engine: Engine) -> dict[str, Any]:
         "hardware": device.hardware.name,
         "model": device.spec.name,
         "tp": device.cost.tp,
+        "quantization": device.precision.quantization.value,
+        "kv_cache_dtype": device.precision.kv_cache_dtype.value,
         "warmup_shapes": shapes,
         "predicted_warmup_s": device.cost.warmup_time(shapes),
         "serving_compiles": device.recompiles,

@@ -19,6 +19,7 @@ from omegaconf import II, MISSING, DictConfig, OmegaConf
 from stages.buckets import Bucketing
 from stages.model_spec import ModelSpec, built_in_spec, dtype_bytes, model_spec
 from stages.scheduler import Budget
+from stages.simulator.precision import KvCacheDtype, Quantization
 
 
 @dataclass
@@ -50,6 +51,9 @@ class SchedulerConf:
     max_model_len: int = II("max_model_len")
     budget: Budget = Budget.padded  # padded: a prefill row costs its padded width; real: tokens
     max_padding: float = 0.25  # a row joins a step's prefill rectangle only below this padding
+    # admit a request only when the KV pool holds it to its end beside what the running
+    # requests will still take: no preemption (TensorRT-LLM's GUARANTEED_NO_EVICT)
+    no_evict: bool = False
 
 
 @dataclass
@@ -62,6 +66,11 @@ class ChunkedSchedulerConf(SchedulerConf):
 @dataclass
 class WholeSchedulerConf(SchedulerConf):
     _target_: str = "stages.scheduler.WholeScheduler"
+
+
+@dataclass
+class StaticSchedulerConf(SchedulerConf):
+    _target_: str = "stages.scheduler.StaticScheduler"
 
 
 @dataclass
@@ -323,6 +332,10 @@ class HardwareConf:
     graph_memory_gib: float = MISSING
     kv_headroom: float = 0.1
     pads_to_buckets: bool = True
+    fp8_tflops: float = 0.0  # dense FP8 peak; 0 = none (FP8 GEMMs at the bf16 rate)
+    allreduce_latency_s: float = 0.0  # one all-reduce call's fixed time
+    gemm_fill_s: float = 0.0  # one GEMM kernel's fixed time (thin GEMMs lose efficiency)
+    interconnect_peer_gbs: float = 0.0  # all-to-all links: to one peer; 0 = a switch
     coefficients: dict[str, float] = field(default_factory=dict)  # fitted; empty = defaults
 
 
@@ -431,6 +444,10 @@ class PipelineConf:
     executor: Any = MISSING
     hardware: Any = None  # executor=simulated: the device profile (hardware=gaudi3, ...)
     tp: int = 1  # executor=simulated: tensor-parallel degree of the simulated deployment
+    # executor=simulated: weights' format (none = the model's bf16, fp8, wint8, wint4) and
+    # the KV cache's (auto = the model's dtype, fp8); the real CPU path runs `none`/`auto`
+    quantization: Quantization = Quantization.none
+    kv_cache_dtype: KvCacheDtype = KvCacheDtype.auto
     max_tokens: int = 512  # per-step token budget (FastDeploy's max_num_batched_tokens)
     block_size: int = 128  # KV-cache block, tokens
     max_num_seqs: int = 32  # requests in one step at most
@@ -454,6 +471,7 @@ SCHEMAS = {
     ("tokenizer", "gguf"): GgufTokenizerConf,
     ("scheduler", "chunked"): ChunkedSchedulerConf,
     ("scheduler", "whole"): WholeSchedulerConf,
+    ("scheduler", "static"): StaticSchedulerConf,
     ("metadata", "hpu"): HPUMetadataConf,
     ("attention", "hpu"): PagedAttentionConf,
     ("attention", "reference"): ReferenceAttentionConf,

@@ -50,7 +50,7 @@ HEADLINE: list[tuple[str, tuple[str, ...]]] = [
     ("clipped", ("workload_counts", "clipped")),  # trace prompts cut to max_model_len - 1
     ("rejected", ("workload_counts", "rejected")),  # trace prompts refused (too_long=error)
 ]
-COLUMNS = ["job", "overrides", "status", *(name for name, _ in HEADLINE), "error"]
+COLUMNS = ["job", "overrides", "status", "device", *(name for name, _ in HEADLINE), "error"]
 
 
 class SummaryError(Exception):
@@ -142,9 +142,19 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
+def device_label(metrics: dict[str, Any]) -> str:
+    """A simulated job's device: `h100 tp2 fp8/fp8` (hardware, tensor parallel, weights'
+    and KV cache's precision); empty for a real run."""
+    if not metrics.get("simulated"):
+        return ""
+    precision = f"{metrics.get('quantization', 'none')}/{metrics.get('kv_cache_dtype', 'auto')}"
+    return f"{metrics.get('hardware')} tp{metrics.get('tp', 1)} {precision}"
+
+
 def _row(job: Job) -> dict[str, Any]:
     row: dict[str, Any] = {"job": job.num, "overrides": " ".join(job.overrides)}
     row["status"] = job.status
+    row["device"] = device_label(job.metrics)
     row.update({name: job.value(name) for name, _ in HEADLINE})
     row["error"] = job.error
     return row

@@ -584,5 +584,5 @@ def step_shape(
         decode,
         chunk_lens=tuple(c.length for c in plan.prefill),
         context_lens=tuple(c.start for c in plan.prefill),
-        decode_lens=tuple(decode_lens(plan).tolist()),
+        decode_lens=decode_lens(plan),
     )

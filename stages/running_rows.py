@@ -49,12 +49,25 @@ class RunningRows:
         self.limit[row] = self.stop.length_limit(request)
         self.checked[row] = self.stop.checks_each_token(request)
 
+    def read_held(self, row: int, request: Request) -> None:
+        """Row `row`'s blocks, after a decode took room for its token (nothing else of
+        the row changes before the step's update)."""
+        self.held[row] = self.kv_cache.slots_held([request])[0]
+
     def remove(self, row: int) -> None:
         end = self.size
         for name in FIELDS:
             values = getattr(self, name)
             values[row : end - 1] = values[row + 1 : end]
         self.size -= 1
+
+    def keep(self, rows: np.ndarray) -> None:
+        """Only these rows stay, in this (increasing) order: the others are gone."""
+        n = len(rows)
+        for name in FIELDS:
+            values = getattr(self, name)
+            values[:n] = values[rows]
+        self.size = n
 
     def truncate(self, size: int) -> None:
         """Rows from `size` on are gone (the newest requests, preempted)."""
@@ -67,6 +80,12 @@ class RunningRows:
         computed = self.computed[:n]
         decoding = (self.outputs[:n] > 0) & (computed + 1 == self.prompt[:n] + self.outputs[:n])
         return np.flatnonzero(~(decoding & (computed < self.held[:n]))).tolist()
+
+    def blocks_to_come(self) -> int:
+        """KV blocks the rows will still take before `length` ends them."""
+        n, bs = self.size, self.kv_cache.block_size
+        final = -(-self.limit[:n] // bs) * bs  # tokens the blocks at the end hold
+        return int(np.maximum(final - self.held[:n], 0).sum()) // bs
 
     def advance(self, rows: np.ndarray) -> None:
         """The rows each computed one more token and got it as output (a decode)."""

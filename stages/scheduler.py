@@ -21,6 +21,8 @@ so that a prompt is prefilled in one step or waits.
 from __future__ import annotations
 
 import enum
+import itertools
+import operator
 from collections import deque
 from dataclasses import dataclass
 
@@ -30,6 +32,10 @@ from stages.kv_cache import KVCacheManager, blocks_for
 from stages.request import PrefillChunk, Request, Samples, Status, StepPlan
 from stages.running_rows import RunningRows
 from stages.stopping import StopRule
+
+_consume = deque(maxlen=0).extend  # runs an iterator to its end, keeping nothing
+_OUTPUT_IDS = operator.attrgetter("output_ids")
+_TOKEN_TIMES = operator.attrgetter("token_times")
 
 
 class Budget(str, enum.Enum):
@@ -106,6 +112,7 @@ class ChunkedScheduler:
         long_prefill_threshold: int = 0,
         budget: Budget | str = Budget.padded,
         max_padding: float = 0.25,
+        no_evict: bool = False,
     ) -> None:
         budget = Budget(budget)
         block_size = kv_cache.block_size
@@ -120,6 +127,7 @@ class ChunkedScheduler:
         self.stop = stop
         self.padded_budget = budget is Budget.padded
         self.max_padding = max_padding
+        self.no_evict = no_evict
         self.max_tokens = max_tokens
         self.max_num_seqs = max_num_seqs
         self.max_model_len = max_model_len
@@ -246,12 +254,12 @@ class ChunkedScheduler:
             kind = self._continue_one(request, plan, budget)
             if kind == "preempted":
                 return
-            if kind != "waits":
-                self.rows.read(i, request)  # it may hold a new block
-                if kind == "decode":
-                    rows.decode_spans.append((i, i + 1))
-                else:
-                    rows.prefill.append(i)
+            if kind == "decode":
+                self.rows.read_held(i, request)  # it may hold a new block
+                rows.decode_spans.append((i, i + 1))
+            elif kind == "prefill":
+                self.rows.read(i, request)
+                rows.prefill.append(i)
             i += 1
 
     def _continue_one(self, request: Request, plan: StepPlan, budget: StepBudget) -> str:
@@ -282,7 +290,8 @@ class ChunkedScheduler:
         """First chunks of waiting requests, in order, while the budget, max_num_seqs and
         the cache allow; the first that does not fit ends admission (it never loops). A
         request's first chunk starts after its longest cached prefix."""
-        while self.waiting and budget.left > 0 and len(self.running) < self.max_num_seqs:
+        room = self._admission_room()
+        while self.waiting and budget.left > 0 and room > 0:
             request = self.waiting[0]
             cached = self.kv_cache.match_prefix(request)
             request.num_computed = len(cached) * self.block_size
@@ -306,6 +315,26 @@ class ChunkedScheduler:
             rows.prefill.append(len(self.running) - 1)
             plan.prefill.append(self._chunk(request, n, cached=request.num_computed))
             self._charge(n, budget)
+            room -= 1
+
+    def _admission_room(self) -> int:
+        """How many waiting requests this step may admit: up to max_num_seqs running, and
+        with `no_evict` only as many as the pool holds to their end."""
+        room = self.max_num_seqs - len(self.running)
+        return self._fitting_to_end(room) if self.no_evict else room
+
+    def _fitting_to_end(self, room: int) -> int:
+        """How many of the first `room` waiting requests the pool holds at their full
+        length, beside the blocks the running requests will still take."""
+        free = self.kv_cache.num_free_blocks - self.rows.blocks_to_come()
+        count = 0
+        for request in itertools.islice(self.waiting, room):
+            total = min(request.num_prompt_tokens + request.max_new_tokens, self.max_model_len)
+            free -= self.kv_cache.blocks_for(total)
+            if free < 0:
+                break
+            count += 1
+        return count
 
     @staticmethod
     def _chunk(request: Request, n: int, cached: int = 0) -> PrefillChunk:
@@ -335,7 +364,7 @@ class ChunkedScheduler:
         if rows is None or rows.plan is not plan:
             raise ValueError("update takes the plan the last schedule() returned")
         self._step = None
-        ending: list[tuple[Request, str]] = []
+        ending: list[tuple[Request, str, int]] = []  # with each one's running row
         tokens = samples.token_ids.tolist()
         logprobs = samples.logprobs
         for row, (chunk, running_row) in enumerate(zip(plan.prefill, rows.prefill, strict=True)):
@@ -348,14 +377,13 @@ class ChunkedScheduler:
                 request.append_token(tokens[row], now, entry)
                 reason = self.stop.reason(request)
                 if reason:
-                    ending.append((request, reason))
+                    ending.append((request, reason, running_row))
             self.rows.read(running_row, request)
         first = len(plan.prefill)
         decode_logprobs = logprobs[first:] if logprobs is not None else None
         self._update_decodes(plan, rows.decode_rows, tokens[first:], decode_logprobs, now, ending)
-        for request, reason in ending:
-            self.finish(request, reason, now)
-        return [request for request, _ in ending]
+        self._finish_all(ending, now)
+        return [request for request, _, _ in ending]
 
     def _update_decodes(
         self,
@@ -364,16 +392,20 @@ class ChunkedScheduler:
         tokens: list[int],
         logprobs: list[dict[int, float]] | None,
         now: float,
-        ending: list[tuple[Request, str]],
+        ending: list[tuple[Request, str, int]],
     ) -> None:
         """The decode rows of update, a step's rows at a time: each gets its token, and
         only the rows the arrays say may have filled a block or reached a stop are looked
         at one by one."""
         decode = plan.decode
-        for request, token in zip(decode, tokens, strict=True):
+        if len(tokens) != len(decode):
+            raise ValueError(f"{len(tokens)} decode samples for {len(decode)} decode rows")
+        # The appends run in C (map over bound list.append), a token each: a trace has
+        # tens of millions.
+        _consume(map(list.append, map(_OUTPUT_IDS, decode), tokens))
+        _consume(map(list.append, map(_TOKEN_TIMES, decode), itertools.repeat(now)))
+        for request in decode:
             request.num_computed += 1
-            request.output_ids.append(token)
-            request.token_times.append(now)
         if logprobs is not None:
             for request, entry in zip(decode, logprobs, strict=True):
                 if entry is not None:
@@ -385,7 +417,23 @@ class ChunkedScheduler:
         for k in np.flatnonzero(self.rows.may_stop(running_rows)).tolist():
             reason = self.stop.reason(decode[k])
             if reason:
-                ending.append((decode[k], reason))
+                ending.append((decode[k], reason, int(running_rows[k])))
+
+    def _finish_all(self, ending: list[tuple[Request, str, int]], now: float) -> None:
+        """Finishes a step's ending requests, given with their running rows, at once:
+        taking thousands of rows out one by one would shift the rest each time."""
+        if len(ending) < 2:
+            for request, reason, _ in ending:
+                self.finish(request, reason, now)
+            return
+        kept = np.ones(len(self.running), dtype=bool)
+        kept[[row for _, _, row in ending]] = False
+        self.running[:] = itertools.compress(self.running, kept.tolist())
+        self.rows.keep(np.flatnonzero(kept))
+        for request, reason, _ in ending:
+            self.kv_cache.free(request)
+            request.block_hashes = []
+            request.finish(reason, now)
 
     def abort(self, request: Request, message: str, now: float) -> None:
         """Ends a request before its stop (its client left): its blocks go back at once."""
@@ -428,3 +476,21 @@ class WholeScheduler(ChunkedScheduler):
     def _prefill_len(self, remaining: int, budget: StepBudget) -> int:
         n = super()._prefill_len(remaining, budget)
         return n if n == remaining else 0
+
+
+class StaticScheduler(WholeScheduler):
+    """Static batching, as `generate()`, Optimum Habana's run_generation.py and TGI-style
+    servers batch: a batch of up to `max_num_seqs` waiting requests (as many as the step's
+    budget prefills whole, and whose prompts and outputs the KV pool holds to the end, so
+    none is ever preempted) is prefilled in one step and decoded in lockstep; nothing new
+    is admitted until every request of the batch has finished. A request that finishes
+    early leaves the batch (its row is not computed on as padding). Prompts are padded to
+    the batch's longest, whatever `max_padding` says, as a static batch is."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**{**kwargs, "max_padding": 1.0})
+
+    def _admission_room(self) -> int:
+        if self.running:
+            return 0  # the batch in flight runs to its end first
+        return self._fitting_to_end(self.max_num_seqs)

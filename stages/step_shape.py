@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 
 @dataclass(frozen=True)
 class StepShape:
@@ -20,7 +22,9 @@ class StepShape:
     decode: tuple[int, int] | None  # padded bucket (rows, blocks of all rows)
     chunk_lens: tuple[int, ...] = ()  # real tokens of each prefill row
     context_lens: tuple[int, ...] = ()  # tokens already cached before each chunk
-    decode_lens: tuple[int, ...] = ()  # tokens each decode row attends to (incl. its new one)
+    # tokens each decode row attends to (incl. its new one): a tuple, or the metadata
+    # builder's int array as it is (thousands of rows a step, read once as an array)
+    decode_lens: tuple[int, ...] | np.ndarray = ()
     miss: bool = False  # the bucket is outside the prepared (warmed) set
 
     def __post_init__(self) -> None:
@@ -36,6 +40,6 @@ class StepShape:
                 f"StepShape: {len(self.context_lens)} context_lens for "
                 f"{len(self.chunk_lens)} chunk_lens; give one per prefill row"
             )
-        lens = self.chunk_lens + self.context_lens + self.decode_lens
-        if lens and min(lens) < 0:
+        parts = (self.chunk_lens, self.context_lens, self.decode_lens)
+        if any(len(part) and np.min(part) < 0 for part in parts):
             raise ValueError("StepShape: chunk, context and decode lengths must be >= 0")

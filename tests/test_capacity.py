@@ -11,7 +11,7 @@ from pipeline.build import build_engine
 from pipeline.capacity import capacity_search, load_axis
 from pipeline.checks import ConfigError
 from pipeline.slo import Slo, slo_metrics
-from tests.conftest import make_config
+from tests.helpers import make_config
 
 SMALL_DEPLOYMENT = [
     "executor=simulated",

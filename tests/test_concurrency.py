@@ -12,7 +12,7 @@ from omegaconf import DictConfig
 
 from pipeline.build import build_engine
 from pipeline.checks import ConfigError
-from tests.conftest import make_config
+from tests.helpers import make_config
 
 SIMULATED = ["executor=simulated", "hardware=gaudi3"]
 

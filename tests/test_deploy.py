@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 
 from pipeline.build import build_engine
 from pipeline.deploy import FASTDEPLOY, OVERRIDES, VLLM, VLLM_BUCKETS, deployment, write_deploy
-from tests.conftest import make_config
+from tests.helpers import make_config
 
 STAND_IN = """#!/usr/bin/env bash
 printf '%s\\n' "$@" > "$CAPTURE/args"

@@ -16,7 +16,7 @@ from pipeline.checks import ConfigError
 from pipeline.deploy import main as deploy_main
 from pipeline.plan_report import best, build_plan_report, candidates, check_plan, pareto_front
 from pipeline.summary import find_jobs
-from tests.conftest import make_config, run_cli
+from tests.helpers import make_config, run_cli
 
 
 @functools.cache

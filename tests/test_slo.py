@@ -11,7 +11,7 @@ from pipeline.run import serve as serve_run
 from pipeline.slo import Slo, slo_metrics
 from pipeline.summary import Job, write_markdown
 from stages.request import Request
-from tests.conftest import make_config
+from tests.helpers import make_config
 
 
 def timeline(rid: str, arrival: float, token_times: list[float]) -> Request:

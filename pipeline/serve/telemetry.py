@@ -68,6 +68,7 @@ class Telemetry:
             "vllm:num_preemptions", "Requests preempted (recomputed later).", labels, registry=reg
         )
         self.model_name = model_name
+        self.preemptions.labels(model_name)  # listed at 0 from the start, not at the first
         self.real_tokens = 0  # steps' real and padded tokens, for the padding ratio
         self.padded_tokens = 0
 

@@ -4,19 +4,28 @@ Each term is max(FLOPs / achieved FLOP rate, bytes / achieved bandwidth) times i
 coefficient; a step is the sum of its terms, plus the per-step overhead (a coefficient in
 seconds), plus the recompile penalty when its bucket was not warmed. `fit` finds the
 coefficients from measured steps by non-negative least squares on the terms' rooflines.
+
+Precision (stages.simulator.precision) sets the bytes of weights and KV slots and whether
+the GEMMs run at the FP8 rate. Tensor parallelism costs what hardware makes it cost: each
+of a layer's two all-reduces pays the link's per-call latency besides its bytes, and a GEMM
+of F FLOPs takes F / rate + `gemm_fill_s` (launch, pipeline fill, the last partial wave), so
+its efficiency F / (F + rate x fill) falls as tensor parallelism makes the matrices thin.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from stages.model_spec import ModelSpec
 from stages.simulator.hardware import HardwareProfile, write_profile
 from stages.simulator.nnls import nnls
+from stages.simulator.precision import BF16, Precision
 from stages.step_shape import StepShape
 
 TERMS = (
@@ -26,6 +35,7 @@ TERMS = (
     "kv_write",
     "lm_head",
     "allreduce",
+    "allreduce_latency",
     "kv_blocks",
 )
 OVERHEAD = "overhead"
@@ -33,6 +43,10 @@ OVERHEAD = "overhead"
 # its bytes, before its coefficient; it tells small blocks from large ones. A device's
 # profile sets its coefficient by calibration; uncalibrated it is 0 (the bytes alone).
 BLOCK_S = 1e-6
+# A Llama-style layer runs four GEMMs: fused QKV, the output projection, fused gate-up and
+# down. Each pays the device's fixed GEMM time once.
+GEMMS_PER_LAYER = 4
+ALLREDUCES_PER_LAYER = 2  # after attention and after the MLP
 UNCALIBRATED = {"kv_blocks": 0.0}
 RECOMPILE = "recompile"
 
@@ -83,7 +97,7 @@ def real_work(shape: StepShape) -> StepWork:
     """A GPU's work: the real tokens, causal prefill attention over each row's context."""
     if shape.prefill is not None and shape.prefill[0] and not shape.chunk_lens:
         raise ValueError("the device computes real tokens: give StepShape.chunk_lens")
-    if shape.decode is not None and shape.decode[0] and not shape.decode_lens:
+    if shape.decode is not None and shape.decode[0] and not len(shape.decode_lens):
         raise ValueError("the device computes real tokens: give StepShape.decode_lens")
     chunks = shape.chunk_lens
     contexts = shape.context_lens or (0,) * len(chunks)
@@ -93,13 +107,65 @@ def real_work(shape: StepShape) -> StepWork:
     bs = shape.block_size
     blocks = sum(-(-(c + ctx) // bs) for c, ctx in zip(chunks, contexts, strict=True))
     prefill = StepWork(sum(chunks), pairs, keys, 0, sum(chunks), len(chunks), blocks)
-    rows, lens = len(shape.decode_lens), shape.decode_lens
-    decode_blocks = sum(-(-n // bs) for n in lens)
-    return prefill + StepWork(rows, 0, 0, sum(lens), rows, rows, decode_blocks)
+    lens = np.asarray(shape.decode_lens, dtype=np.int64)
+    rows, slots, decode_blocks = len(lens), int(lens.sum()), int((-(-lens // bs)).sum())
+    return prefill + StepWork(rows, 0, 0, slots, rows, rows, decode_blocks)
+
+
+@dataclass(frozen=True)
+class StepAmounts:
+    """What a step computes and moves on one device, whatever the device's speed: FLOPs and
+    bytes per term, precision and tensor parallelism applied. Each field is a number, or an
+    array of many steps' numbers (what a fit over many runs evaluates at once)."""
+
+    linear_flops: Any
+    linear_bytes: Any  # the GEMMs' weights, read once
+    gemms: Any  # GEMM kernels launched (0 in a step without tokens)
+    prefill_attention_flops: Any
+    prefill_kv_bytes: Any
+    decode_attention_flops: Any
+    decode_kv_bytes: Any
+    kv_write_bytes: Any
+    lm_head_flops: Any
+    lm_head_bytes: Any
+    allreduce_bytes: Any  # sent by each device over its link
+    allreduce_calls: Any
+    kv_blocks_s: Any  # the blocks' fixed handling time, before its coefficient
+
+    @staticmethod
+    def stack(steps: Sequence[StepAmounts]) -> StepAmounts:
+        """Many steps' amounts as one of arrays."""
+        names = [f.name for f in dataclasses.fields(StepAmounts)]
+        return StepAmounts(
+            **{n: np.array([getattr(a, n) for a in steps], dtype=float) for n in names}
+        )
+
+
+def term_seconds(
+    a: StepAmounts, hw: HardwareProfile, fp8: bool = False, tp: int = 1
+) -> dict[str, Any]:
+    """Each term's roofline seconds on `hw` (numbers, or arrays for stacked amounts). A GEMM
+    of F FLOPs takes F / rate + the fixed fill time: summed over a step's GEMMs, the FLOPs
+    at the rate plus one fill per kernel."""
+    gemm, attn = hw.gemm_flops_per_s(fp8), hw.attention_flops_per_s
+    mem, link = hw.memory_bytes_per_s, hw.interconnect_bytes_per_s(tp)
+    return {
+        "linear": np.maximum(
+            a.linear_flops / gemm + a.gemms * hw.gemm_fill_s, a.linear_bytes / mem
+        ),
+        "prefill_attention": np.maximum(a.prefill_attention_flops / attn, a.prefill_kv_bytes / mem),
+        "decode_attention": np.maximum(a.decode_attention_flops / attn, a.decode_kv_bytes / mem),
+        "kv_write": a.kv_write_bytes / mem,
+        # The lm head stays in the model's dtype: the bf16 rate.
+        "lm_head": np.maximum(a.lm_head_flops / hw.gemm_flops_per_s(), a.lm_head_bytes / mem),
+        "allreduce": a.allreduce_bytes / link,
+        "allreduce_latency": a.allreduce_calls * hw.allreduce_latency_s,
+        "kv_blocks": a.kv_blocks_s,
+    }
 
 
 class CostModel:
-    """Seconds per step of `spec` on `hardware` at tensor parallelism `tp`."""
+    """Seconds per step of `spec` on `hardware` at tensor parallelism `tp` and `precision`."""
 
     def __init__(
         self,
@@ -107,9 +173,10 @@ class CostModel:
         hardware: HardwareProfile,
         tp: int = 1,
         coefficients: Mapping[str, float] | None = None,
+        precision: Precision = BF16,
     ) -> None:
         spec.check_tp(tp)
-        self.spec, self.hardware, self.tp = spec, hardware, tp
+        self.spec, self.hardware, self.tp, self.precision = spec, hardware, tp, precision
         merged = {term: 1.0 for term in TERMS} | UNCALIBRATED | {OVERHEAD: hardware.step_overhead_s}
         for given in (hardware.coefficients, coefficients or {}):
             unknown = sorted(set(given) - set(merged))
@@ -122,39 +189,51 @@ class CostModel:
         if any(v < 0 for v in merged.values()):
             raise ValueError(f"cost coefficients must be >= 0: {merged}")
         self.coefficients: dict[str, float] = merged
+        dtype = spec.dtype_bytes
+        # Bytes of a quantised weight and of a KV value, relative to the spec's dtype.
+        self._weight_scale = precision.weight_bytes(dtype) / dtype
+        self._kv_scale = precision.kv_bytes(dtype) / dtype
 
     def with_coefficients(self, coefficients: Mapping[str, float]) -> CostModel:
-        return CostModel(self.spec, self.hardware, self.tp, {**self.coefficients, **coefficients})
+        merged = {**self.coefficients, **coefficients}
+        return CostModel(self.spec, self.hardware, self.tp, merged, self.precision)
 
     def work(self, shape: StepShape) -> StepWork:
         return padded_work(shape) if self.hardware.pads_to_buckets else real_work(shape)
 
+    def gemm_efficiency(self, flops: float) -> float:
+        """Achieved fraction of the GEMM rate for one GEMM of `flops`: the fixed fill time
+        weighs on thin GEMMs and vanishes on large ones (1 with no fill time)."""
+        busy = flops / self.hardware.gemm_flops_per_s(fp8=self.precision.fp8_gemm)
+        total = busy + self.hardware.gemm_fill_s
+        return busy / total if total > 0 else 1.0
+
+    def amounts(self, shape: StepShape) -> StepAmounts:
+        """The step's FLOPs and bytes on one device, in this model's precision and tp."""
+        spec, tp, w = self.spec, self.tp, self.work(shape)
+        kv_slot = spec.kv_bytes_per_token(tp) * self._kv_scale
+        tokens = w.linear_tokens
+        sharded = tp > 1 and tokens > 0
+        return StepAmounts(
+            linear_flops=spec.linear_flops(tokens, tp),
+            linear_bytes=spec.linear_bytes(tokens, tp) * self._weight_scale,
+            gemms=GEMMS_PER_LAYER * spec.num_layers if tokens > 0 else 0,
+            prefill_attention_flops=spec.attention_flops(w.prefill_pairs, tp),
+            prefill_kv_bytes=w.prefill_keys * kv_slot,
+            decode_attention_flops=spec.attention_flops(w.decode_slots, tp),
+            decode_kv_bytes=w.decode_slots * kv_slot,
+            kv_write_bytes=w.kv_writes * kv_slot,
+            lm_head_flops=spec.lm_head_flops(w.sampled_rows, tp),
+            lm_head_bytes=spec.lm_head_bytes(w.sampled_rows, tp),
+            allreduce_bytes=spec.allreduce_bytes(tokens, tp),
+            allreduce_calls=ALLREDUCES_PER_LAYER * spec.num_layers if sharded else 0,
+            kv_blocks_s=w.blocks * spec.num_layers * BLOCK_S,
+        )
+
     def rooflines(self, shape: StepShape) -> dict[str, float]:
         """Each term's roofline time in seconds, before its coefficient."""
-        spec, hw, tp, w = self.spec, self.hardware, self.tp, self.work(shape)
-        gemm, attn = hw.gemm_flops_per_s, hw.attention_flops_per_s
-        mem, link = hw.memory_bytes_per_s, hw.interconnect_bytes_per_s
-        return {
-            "linear": max(
-                spec.linear_flops(w.linear_tokens, tp) / gemm,
-                spec.linear_bytes(w.linear_tokens, tp) / mem,
-            ),
-            "prefill_attention": max(
-                spec.attention_flops(w.prefill_pairs, tp) / attn,
-                spec.kv_bytes(w.prefill_keys, tp) / mem,
-            ),
-            "decode_attention": max(
-                spec.attention_flops(w.decode_slots, tp) / attn,
-                spec.kv_bytes(w.decode_slots, tp) / mem,
-            ),
-            "kv_write": spec.kv_bytes(w.kv_writes, tp) / mem,
-            "lm_head": max(
-                spec.lm_head_flops(w.sampled_rows, tp) / gemm,
-                spec.lm_head_bytes(w.sampled_rows, tp) / mem,
-            ),
-            "allreduce": spec.allreduce_bytes(w.linear_tokens, tp) / link,
-            "kv_blocks": w.blocks * spec.num_layers * BLOCK_S,
-        }
+        seconds = term_seconds(self.amounts(shape), self.hardware, self.precision.fp8_gemm, self.tp)
+        return {term: float(t) for term, t in seconds.items()}
 
     def breakdown(self, shape: StepShape) -> dict[str, float]:
         """Seconds of each term, the overhead and the recompile penalty; they sum to the step."""
@@ -166,6 +245,18 @@ class CostModel:
 
     def step_time(self, shape: StepShape) -> float:
         return sum(self.breakdown(shape).values())
+
+    def seconds_of(self, amounts: StepAmounts) -> Any:
+        """Seconds of steps given by their amounts (stacked: an array, one per step): the
+        terms times their coefficients plus the overhead, compiles left out. What a fit
+        re-times recorded steps with for other hardware figures."""
+        c = self.coefficients
+        parts = term_seconds(amounts, self.hardware, self.precision.fp8_gemm, self.tp)
+        return sum(c[term] * t for term, t in parts.items()) + c[OVERHEAD]
+
+    def on(self, hardware: HardwareProfile) -> CostModel:
+        """The same model, tp and precision on other hardware figures."""
+        return CostModel(self.spec, hardware, self.tp, precision=self.precision)
 
     def warmup_time(self, num_shapes: int) -> float:
         """Compiling every prepared bucket once before serving."""

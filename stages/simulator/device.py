@@ -18,8 +18,9 @@ import numpy as np
 from stages.metadata import ForwardMeta
 from stages.model_spec import ModelSpec
 from stages.request import Request, Samples
-from stages.simulator.cost_model import CostModel
+from stages.simulator.cost_model import CostModel, StepAmounts
 from stages.simulator.hardware import HardwareProfile
+from stages.simulator.precision import BF16, Precision
 
 
 class VirtualClock:
@@ -55,16 +56,29 @@ class SimulatedDevice:
     predicts_warmup = True  # compile_shapes predicts warmup; no shape runs
 
     def __init__(
-        self, spec: ModelSpec, hardware: HardwareProfile, clock: VirtualClock, tp: int = 1
+        self,
+        spec: ModelSpec,
+        hardware: HardwareProfile,
+        clock: VirtualClock,
+        tp: int = 1,
+        precision: Precision = BF16,
     ) -> None:
         self.spec = spec
         self.hardware = hardware
-        self.cost = CostModel(spec, hardware, tp)
+        self.precision = precision
+        self.cost = CostModel(spec, hardware, tp, precision=precision)
         self.clock = clock
         self.compiled: set[tuple] = set()
         self.recompiles = 0
         # A device that pads computes by the buckets alone: the same buckets, the same time.
         self._times: dict[tuple, float] = {}
+        # Each step's amounts and compiles when recording (`record()`): what a fit over
+        # many runs re-times for other hardware figures without serving them again.
+        self.recorded: list[tuple[StepAmounts, int]] | None = None
+
+    def record(self) -> None:
+        """Keeps every following step's amounts and compile count in `recorded`."""
+        self.recorded = []
 
     @property
     def num_parameters(self) -> int:
@@ -83,6 +97,8 @@ class SimulatedDevice:
         self.compiled.update(new)
         self.recompiles += len(new)
         self.clock.advance(self._step_time(shape) + len(new) * self.hardware.recompile_s)
+        if self.recorded is not None:
+            self.recorded.append((self.cost.amounts(shape), len(new)))
 
     def _step_time(self, shape: Any) -> float:
         if not self.hardware.pads_to_buckets:

@@ -18,6 +18,7 @@ import yaml
 
 from stages.checked_yaml import YamlFileError, boolean, finite_number, read_yaml
 from stages.model_spec import ModelSpec
+from stages.simulator.precision import BF16, Precision
 
 GIB = 1024**3
 MAX_NAME = 200
@@ -39,6 +40,10 @@ _RANGES: dict[str, tuple[float, float, bool, bool]] = {
     "recompile_s": (0, 86400, False, False),
     "graph_memory_gib": (0, 16384, False, False),
     "kv_headroom": (0, 1, False, True),
+    "fp8_tflops": (0, 1e6, False, False),
+    "allreduce_latency_s": (0, 1, False, False),
+    "gemm_fill_s": (0, 1, False, False),
+    "interconnect_peer_gbs": (0, 1e6, False, False),
 }
 
 
@@ -59,6 +64,12 @@ class HardwareProfile:
     graph_memory_gib: float  # device memory the compiled graphs and workspaces reserve
     kv_headroom: float = 0.1  # fraction of capacity kept free beside weights and KV
     pads_to_buckets: bool = True  # HPU: computes the padded bucket; GPU: the real tokens
+    fp8_tflops: float = 0.0  # dense FP8 peak; 0 = none, FP8 GEMMs run at the bf16 rate
+    allreduce_latency_s: float = 0.0  # fixed time of one all-reduce call over the link
+    gemm_fill_s: float = 0.0  # fixed time of one GEMM kernel: launch, fill, last wave
+    # All-to-all links: the bandwidth to one peer, a direction; a tp-way all-reduce has
+    # tp - 1 peers' links. 0: a switch (NVLink) gives interconnect_gbs whatever tp.
+    interconnect_peer_gbs: float = 0.0
     coefficients: Mapping[str, float] = field(default_factory=dict)  # fitted; empty = 1.0
 
     def __post_init__(self) -> None:
@@ -95,9 +106,10 @@ class HardwareProfile:
                 raise ValueError(f"{key}={value} must be in [0, {MAX_COEFFICIENT:g}]")
         object.__setattr__(self, "coefficients", coefficients)
 
-    @property
-    def gemm_flops_per_s(self) -> float:
-        return self.bf16_tflops * 1e12 * self.gemm_efficiency
+    def gemm_flops_per_s(self, fp8: bool = False) -> float:
+        """Achieved GEMM rate: the FP8 peak for FP8 GEMMs where the device has one."""
+        peak = self.fp8_tflops if fp8 and self.fp8_tflops else self.bf16_tflops
+        return peak * 1e12 * self.gemm_efficiency
 
     @property
     def attention_flops_per_s(self) -> float:
@@ -107,17 +119,28 @@ class HardwareProfile:
     def memory_bytes_per_s(self) -> float:
         return self.hbm_bandwidth_gbs * 1e9 * self.memory_efficiency
 
-    @property
-    def interconnect_bytes_per_s(self) -> float:
-        return self.interconnect_gbs * 1e9 * self.interconnect_efficiency
+    def interconnect_bytes_per_s(self, tp: int = 8) -> float:
+        """Achieved all-reduce bandwidth of one device at `tp`: its links to the tp - 1
+        peers where links join devices all to all, else (a switch) all of it."""
+        gbs = self.interconnect_gbs
+        if self.interconnect_peer_gbs:
+            gbs = min(gbs, max(tp - 1, 1) * self.interconnect_peer_gbs)
+        return gbs * 1e9 * self.interconnect_efficiency
 
 
-def kv_pool_blocks(spec: ModelSpec, hardware: HardwareProfile, block_size: int, tp: int) -> int:
-    """KV blocks that fit one device: capacity less weights, graph memory and headroom."""
+def kv_pool_blocks(
+    spec: ModelSpec,
+    hardware: HardwareProfile,
+    block_size: int,
+    tp: int,
+    precision: Precision = BF16,
+) -> int:
+    """KV blocks that fit one device: capacity less weights, graph memory and headroom,
+    weights and KV slots in `precision`."""
     if block_size < 1:
         raise ValueError(f"block_size={block_size} must be >= 1")
     capacity = hardware.hbm_capacity_gib * GIB
-    weights = spec.weight_bytes(tp)
+    weights = precision.model_weight_bytes(spec, tp)
     free = capacity * (1 - hardware.kv_headroom) - weights - hardware.graph_memory_gib * GIB
     if free <= 0:
         raise ValueError(
@@ -126,7 +149,8 @@ def kv_pool_blocks(spec: ModelSpec, hardware: HardwareProfile, block_size: int, 
             f"{hardware.kv_headroom:.0%} headroom leaves no KV cache on {hardware.name} "
             f"({hardware.hbm_capacity_gib} GiB): raise tp or choose a larger device"
         )
-    blocks = int(free // (block_size * spec.kv_bytes_per_token(tp)))
+    kv_per_token = spec.kv_bytes_per_token(tp) * precision.kv_bytes(spec.dtype_bytes)
+    blocks = int(free // (block_size * kv_per_token / spec.dtype_bytes))
     if blocks < 1:
         raise ValueError(
             f"{spec.name} at tp={tp} leaves {free / GIB:.2f} GiB on {hardware.name}, less "
@@ -154,6 +178,7 @@ def read_profile(path: str | Path) -> HardwareProfile:
         raise ValueError(str(err)) from err
     if not isinstance(data, dict):
         raise ValueError(f"{what} does not hold a mapping of profile fields")
+    data.pop("defaults", None)  # a profile in conf/hardware's form names its schema
     unknown = sorted(str(k) for k in set(data) - _FIELDS)
     if unknown:
         raise ValueError(f"{what}: unknown fields {', '.join(unknown)}")
