@@ -196,6 +196,7 @@ def _mark_not_in_force(a: dict[str, Any], b: dict[str, Any], changed: dict[str, 
         parts = key.split(".")
         if parts[0] != "metadata":
             continue
+        axes: tuple[str, ...]
         if key == "metadata.bucketing":
             axes = BUCKET_AXES
         elif len(parts) == 3 and parts[1] in BUCKET_AXES and parts[2] in ("min", "step", "max"):
