@@ -85,7 +85,7 @@ def serve(overrides: list[str], folder: Path | None = None) -> dict:
         lines = "".join(json.dumps(dataclasses.asdict(s)) + "\n" for s in steps)
         (folder / "steps.jsonl").write_text(lines)
     metrics = summarise(requests, steps, duration)
-    counts = engine.metadata.warmup_counts(mixed=engine.scheduler.splits_prompts)
+    counts = engine.warmup_counts()
     return {
         "utilization": metrics["token_utilization"],
         "misses": engine.metadata.bucket_misses,

@@ -38,3 +38,15 @@ def _choose_mkl_path() -> None:
 
 
 _choose_mkl_path()
+
+
+def _quiet_thread_warning() -> None:
+    """Paddle prints "PLEASE USE OMP_NUM_THREADS WISELY" at import for any OMP_NUM_THREADS
+    above 1 (a warning for data-parallel training). The engine sets its math threads
+    itself (`num_threads`, after import), so Paddle is imported with the variable at 1 and
+    a user's exported value neither warns nor changes the threads."""
+    if os.environ.get("OMP_NUM_THREADS", "1").strip() != "1":
+        os.environ["OMP_NUM_THREADS"] = "1"
+
+
+_quiet_thread_warning()

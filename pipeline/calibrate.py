@@ -114,7 +114,7 @@ def pads_buckets(cfg: DictConfig) -> bool:
 
 def grid(engine: Engine, max_shapes: int) -> list[tuple]:
     """Up to max_shapes (prefill, decode) warmup shapes, spread evenly over each phase."""
-    phases = engine.metadata.warmup_shapes(mixed=engine.scheduler.splits_prompts)
+    phases = engine.warmup_shapes()
     per_phase = max(1, max_shapes // max(1, len(phases)))
     chosen = []
     for shapes in phases.values():
@@ -225,7 +225,7 @@ def error_summary(report: Sequence[tuple]) -> dict[str, float]:
     return {"median_error": float(np.median(errors)), "worst_error": float(errors.max())}
 
 
-@hydra.main(version_base="1.3", config_path="pkg://pipeline.conf", config_name="config")
+@hydra.main(version_base="1.3", config_path="pkg://pipeline.conf", config_name="calibrate")
 def main(cfg: DictConfig) -> None:
     out_dir = Path(HydraConfig.get().runtime.output_dir)
     options = cfg.calibrate

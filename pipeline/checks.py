@@ -54,6 +54,7 @@ def check_config(cfg: DictConfig) -> None:
             "model=spec is a model without weights, for the simulated device: add "
             "executor=simulated (and a hardware=...), or serve model=tiny, small or hf"
         )
+    _check_dtype_bytes(cfg)
     if not simulated:
         _check_real_precision(cfg)
     _check_limits(cfg)
@@ -61,6 +62,18 @@ def check_config(cfg: DictConfig) -> None:
     _check_device(cfg)
     if not simulated:  # a simulated device allocates no tensors
         check_memory(cfg, cfg.num_blocks)  # a derived pool is checked again once it is known
+
+
+def _check_dtype_bytes(cfg: DictConfig) -> None:
+    """A weightless model's native precision: bytes of one weight and one KV value. A
+    value between is no dtype, and 8-bit weights or KV are a precision choice of their
+    own, not a smaller model."""
+    value = cfg.model.get("dtype_bytes")
+    if value is not None and value not in (2, 4):
+        raise ConfigError(
+            f"model.dtype_bytes={value}: give 2 (bf16 or fp16, the default) or 4 (fp32); "
+            "8-bit weights and KV cache are the top-level quantization and kv_cache_dtype"
+        )
 
 
 def _check_real_precision(cfg: DictConfig) -> None:

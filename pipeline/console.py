@@ -54,6 +54,8 @@ def summary_table(metrics: Mapping[str, Any]) -> str:
         ("preemptions", str(metrics.get("num_preemptions", 0))),
         *slo_rows(metrics),
         *compile_rows(metrics),
+        *warmup_rows(metrics),
+        *workload_rows(metrics),
     ]
     width = max(len(name) for name, _ in rows)
     return "\n".join(f"  {name:<{width}}  {value}" for name, value in rows)
@@ -89,5 +91,51 @@ def compile_rows(metrics: Mapping[str, Any]) -> list[tuple[str, str]]:
             "compiles while serving",
             f"{compiles} graphs, {seconds:,.1f} s predicted ({share:.0%} of the run): "
             "warmup=true compiles them before serving",
+        )
+    ]
+
+
+HOUR_S = 3600.0
+
+
+def warmup_rows(metrics: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The graphs warmup compiles and its time: predicted on a simulated device (whether
+    or not the run warmed), measured when a real run warmed; a warning past an hour."""
+    graphs = metrics.get("warmup_shapes")
+    predicted = metrics.get("predicted_warmup_s")
+    if predicted is not None:
+        seconds, how = float(predicted), "predicted"
+    elif metrics.get("warmup_s"):
+        seconds, how = float(metrics["warmup_s"]), "measured"
+    else:
+        return [] if graphs is None else [("warmup", f"{graphs:,} graphs (warmup=false)")]
+    shown = f"{seconds / HOUR_S:.1f} h" if seconds >= HOUR_S else f"{seconds:,.1f} s"
+    count = "" if graphs is None else f"{graphs:,} graphs, "
+    rows = [("warmup", f"{count}{shown} {how}")]
+    if seconds > HOUR_S:
+        rows.append(
+            (
+                "  WARNING",
+                "warmup takes over an hour: plan a smaller set (python -m pipeline.buckets "
+                "plan --workload ...) or set metadata.bucketing=exponential",
+            )
+        )
+    return rows
+
+
+def workload_rows(metrics: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """Trace prompts cut to max_model_len - 1 or refused: the run served other prompts
+    than the trace's, so every figure is for them."""
+    counts = metrics.get("workload_counts") or {}
+    clipped, rejected = int(counts.get("clipped", 0)), int(counts.get("rejected", 0))
+    if not (clipped or rejected):
+        return []
+    limit = metrics.get("max_model_len")
+    where = f"max_model_len={limit}" if limit else "max_model_len"
+    return [
+        (
+            "prompts cut",
+            f"{clipped} clipped, {rejected} rejected by {where}: every figure is for the cut "
+            "workload; raise max_model_len toward the model's context length",
         )
     ]

@@ -183,7 +183,7 @@ class Engine:
         predicts = self.model.predicts_warmup
         # A simulated device predicts the compile time of any set, however large.
         self.check_warmup_budget(enforce=not predicts)
-        phases = self.metadata.warmup_shapes(mixed=self.scheduler.splits_prompts)
+        phases = self.warmup_shapes()
         self.warmed_shapes = sum(len(shapes) for shapes in phases.values())
         if predicts:
             return self.model.compile_shapes(phases)
@@ -199,10 +199,22 @@ class Engine:
             )
         return time.perf_counter() - start
 
+    def warmup_shapes(self) -> dict[str, list[tuple]]:
+        """The bucket pairs warmup runs: what this scheduler's steps can pad to."""
+        return self.metadata.warmup_shapes(
+            mixed=self.scheduler.splits_prompts, padded_budget=self.scheduler.padded_budget
+        )
+
+    def warmup_counts(self) -> dict[str, int]:
+        """The graphs each warmup phase compiles (their sum: metrics' warmup_shapes)."""
+        return self.metadata.warmup_counts(
+            mixed=self.scheduler.splits_prompts, padded_budget=self.scheduler.padded_budget
+        )
+
     def check_warmup_budget(self, enforce: bool = True) -> None:
         """Logs how many shapes each warmup phase compiles; a set beyond
         metadata.max_warmup_shapes stops the run before compiling any (when enforced)."""
-        counts = self.metadata.warmup_counts(mixed=self.scheduler.splits_prompts)
+        counts = self.warmup_counts()
         total = sum(counts.values())
         log.info("warmup_plan", total=total, **counts)
         limit = self.metadata.max_warmup_shapes

@@ -21,6 +21,7 @@ from typing import Any
 
 from pipeline.inspect_gguf import describe_gguf, render_gguf
 from stages.checkpoint import (
+    INDEX_FILE,
     CheckpointSpec,
     check_context,
     check_headers,
@@ -147,6 +148,16 @@ def _servable(folder: Path, config: Mapping[str, Any], context: int) -> tuple[An
     return spec, tensors, None
 
 
+def _has_weights(folder: Path) -> bool:
+    return (folder / INDEX_FILE).is_file() or any(folder.glob("*.safetensors"))
+
+
+def tokenizer_options(folder: Path) -> list[str]:
+    """The `tokenizer=` options the folder can be served with: hf reads its
+    tokenizer.json; byte needs nothing (its ids are not the model's vocabulary)."""
+    return ["hf", "byte"] if (folder / "tokenizer.json").is_file() else ["byte"]
+
+
 def describe(path: str | Path, max_model_len: int = 0) -> dict[str, Any]:
     """The report of a model folder; NotAModel when it holds none. `max_model_len` (0 = the
     model's max_position_embeddings) is the context it would be served with."""
@@ -159,6 +170,14 @@ def describe(path: str | Path, max_model_len: int = 0) -> dict[str, Any]:
     architectures = config.get("architectures")
     dtypes = Counter(kind for kind, _ in tensors.values())
     parameters = sum(math.prod(shape) for _, shape in tensors.values())
+    counted_from = "weights"
+    if spec is not None and not _has_weights(folder):
+        # the one model description's count, as model=spec model.config=PATH counts it
+        parameters, counted_from = spec.model.num_parameters(), "config"
+        reason = (
+            "no weights: servable only with executor=simulated "
+            f"(model=spec model.config={folder / 'config.json'})"
+        )
     return {
         "folder": str(folder),
         "architecture": architectures[0] if isinstance(architectures, list) else None,
@@ -166,6 +185,8 @@ def describe(path: str | Path, max_model_len: int = 0) -> dict[str, Any]:
         "servable": reason is None,
         "reason": reason,
         "parameters": parameters,
+        "parameters_from": counted_from,
+        "tokenizers": tokenizer_options(folder),
         "tensors": len(tensors),
         "stored_dtypes": dict(sorted(dtypes.items())),
         "config_dtype": config.get("dtype", config.get("torch_dtype")),
@@ -195,6 +216,18 @@ def _moe_line(report: Mapping[str, Any]) -> str:
     )
 
 
+def _parameters_line(r: Mapping[str, Any]) -> str:
+    if r.get("parameters_from") == "config":
+        return f"{r['parameters']:,}, counted from config.json (no weights stored)"
+    return f"{r['parameters']:,} in {r['tensors']} tensors"
+
+
+def _tokenizer_line(options: Sequence[str]) -> str:
+    if "hf" in options:
+        return "tokenizer=hf (its tokenizer.json) or tokenizer=byte"
+    return "tokenizer=byte only: no tokenizer.json, which tokenizer=hf reads"
+
+
 def render(report: Mapping[str, Any]) -> str:
     """The report as aligned lines for a terminal."""
     r = report
@@ -214,7 +247,8 @@ def render(report: Mapping[str, Any]) -> str:
         ("folder", r["folder"]),
         ("architecture", r["architecture"]),
         ("servable", "yes" if r["servable"] else f"no: {r['reason']}"),
-        ("parameters", f"{r['parameters']:,} in {r['tensors']} tensors"),
+        ("parameters", _parameters_line(r)),
+        ("tokenizer", _tokenizer_line(r["tokenizers"])),
         ("dtype", f"stored {_counts(r['stored_dtypes'])}; config {r['config_dtype']}"),
         ("layers", shape),
         ("attention", heads),
@@ -231,7 +265,10 @@ def render(report: Mapping[str, Any]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m pipeline.inspect", description=__doc__.splitlines()[0]
+        prog="python -m pipeline.inspect",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="example: python -m pipeline.inspect ~/models/Llama-3.1-8B --max-model-len 8192",
     )
     parser.add_argument("model_dir", metavar="MODEL_DIR", help="a model folder or a .gguf file")
     parser.add_argument("--json", action="store_true", help="print one JSON document")

@@ -28,7 +28,6 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from omegaconf import DictConfig
 
@@ -95,7 +94,9 @@ def _row(line: dict[str, str]) -> PublishedRow:
         raise ValueError(f"metric={line.get('metric')!r}: only output_throughput is simulated")
     if line["mode"] not in MODES:
         raise ValueError(f"mode={line['mode']!r}: choose one of {', '.join(MODES)}")
-    Quantization(line["quantization"]), KvCacheDtype(line["kv_cache_dtype"])  # bad: ValueError
+    Precision(
+        Quantization(line["quantization"]), KvCacheDtype(line["kv_cache_dtype"])
+    )  # a bad name fails here
     values = {k: int(line[k]) for k in INT_FIELDS}
     batch = int(line["batch_size"] or 0)
     if line["mode"] == "static" and batch < 1:
@@ -226,14 +227,13 @@ def simulate_row(
     cfg = row_config(row, hardware)
     engine, _ = build_simulated_engine(cfg, VirtualClock(), hardware)
     device = engine.model
-    if not isinstance(device, SimulatedDevice):
-        raise TypeError("a published row runs on the simulated device")
+    assert isinstance(device, SimulatedDevice)  # a simulated engine's model is its device
     if record:
         device.record()
     if cfg.warmup:
         engine.warmup()
     requests = fixed_requests(row)
-    steps: list[Any] = []
+    steps: list[object] = []
     duration = engine.run(requests, on_step=steps.append)
     failed = [r for r in requests if r.finish_reason == "error"]
     if failed:

@@ -150,7 +150,66 @@ def config_diff(a: dict[str, Any], b: dict[str, Any]) -> dict[str, dict[str, Any
                 added.update(_leaves(key, level.t2))
             elif kind.endswith("_removed"):
                 removed.update(_leaves(key, level.t1))
+    changed, added, removed = _whole_lists(a, b, changed, added, removed)
+    _mark_not_in_force(a, b, changed)
     return {"changed": dict(sorted(changed.items())), "added": added, "removed": removed}
+
+
+def _at(config: dict[str, Any], dotted: str) -> Any:
+    node: Any = config
+    for part in dotted.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
+
+
+def _whole_lists(
+    a: dict[str, Any],
+    b: dict[str, Any],
+    changed: dict[str, Any],
+    added: dict[str, Any],
+    removed: dict[str, Any],
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """A list that differs is one key with both lists (`sizes: [1, 2] -> [1, 4]`), not a
+    line per element."""
+    lists = {k.split("[", 1)[0] for k in (*changed, *added, *removed) if "[" in k}
+    for key in lists:
+        for found in (changed, added, removed):
+            for k in [k for k in found if k.split("[", 1)[0] == key]:
+                del found[k]
+        va, vb = _at(a, key), _at(b, key)
+        if va is None:
+            added[key] = vb
+        elif vb is None:
+            removed[key] = va
+        else:
+            changed[key] = {"a": va, "b": vb}
+    return changed, added, removed
+
+
+BUCKET_AXES = ("prefill_batch", "prefill_seq", "prefill_blocks", "decode_batch", "decode_blocks")
+
+
+def _mark_not_in_force(a: dict[str, Any], b: dict[str, Any], changed: dict[str, Any]) -> None:
+    """A bucket axis with explicit `sizes` ignores its min/step/max and the strategy: a
+    change there was not in force in a run whose axes had sizes, and the diff says so."""
+    for key, entry in changed.items():
+        parts = key.split(".")
+        if parts[0] != "metadata":
+            continue
+        axes: tuple[str, ...]
+        if key == "metadata.bucketing":
+            axes = BUCKET_AXES
+        elif len(parts) == 3 and parts[1] in BUCKET_AXES and parts[2] in ("min", "step", "max"):
+            axes = (parts[1],)
+        else:
+            continue
+        sides = [
+            side.upper()
+            for side, cfg in (("a", a), ("b", b))
+            if all(_at(cfg, f"metadata.{axis}.sizes") for axis in axes)
+        ]
+        if sides:
+            entry["note"] = f"not in force in {' and '.join(sides)}: the axes' sizes were"
 
 
 # --------------------------------------------------------------------------- metrics
@@ -358,7 +417,10 @@ def _render_config(cfg: dict[str, Any]) -> list[str]:
         out.append("  no differences")
     if cfg["changed"]:
         out.append("changed:")
-        out += [f"  {k}: {v['a']!r} -> {v['b']!r}" for k, v in cfg["changed"].items()]
+        out += [
+            f"  {k}: {v['a']!r} -> {v['b']!r}" + (f"  ({v['note']})" if v.get("note") else "")
+            for k, v in cfg["changed"].items()
+        ]
     if cfg["added"]:
         out.append("added (only in B):")
         out += [f"  {k}: {v!r}" for k, v in cfg["added"].items()]
@@ -441,7 +503,9 @@ def _sweep_pairs(sweep_dir: Path, baseline: int) -> tuple[Path, list[tuple[int, 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m pipeline.review",
-        description="Review run B against run A: config diff, metrics, outputs verdict.",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="example: python -m pipeline.review outputs/A outputs/B --fail-on-output-diff",
     )
     parser.add_argument("runs", nargs="+", type=Path, metavar="RUN", help="RUN_A RUN_B, or SWEEP")
     parser.add_argument(

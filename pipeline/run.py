@@ -22,7 +22,7 @@ from pipeline.resume import Previous, load_previous, pending_requests
 from pipeline.slo import Slo, slo_metrics
 from pipeline.stopping import RunInterrupted, as_interrupted, stop_on_signals
 from stages.request import Request
-from stages.simulator.device import SimulatedDevice, graphs
+from stages.simulator.device import SimulatedDevice
 
 log = structlog.get_logger(__name__)
 
@@ -121,6 +121,8 @@ def run_metrics(
         "bucket_misses": engine.metadata.bucket_misses,
         "warmup_s": warmup_s,
         "num_blocks": engine.scheduler.kv_cache.num_blocks,
+        "max_model_len": cfg.max_model_len,
+        "warmup_shapes": sum(engine.warmup_counts().values()),  # graphs, as warmup_plan logs
         **device_metrics(engine),
     }
     if engine.workload_counts:
@@ -185,8 +187,7 @@ def device_metrics(engine: Engine) -> dict[str, Any]:
     device = engine.model
     if not isinstance(device, SimulatedDevice):
         return {"simulated": False}
-    phases = engine.metadata.warmup_shapes(mixed=engine.scheduler.splits_prompts)
-    shapes = {g for pairs in phases.values() for p, d in pairs for g in graphs(p, d)}
+    shapes = sum(engine.warmup_counts().values())  # graphs, as warmup_plan logs them
     return {
         "simulated": True,
         "hardware": device.hardware.name,
@@ -194,8 +195,8 @@ def device_metrics(engine: Engine) -> dict[str, Any]:
         "tp": device.cost.tp,
         "quantization": device.precision.quantization.value,
         "kv_cache_dtype": device.precision.kv_cache_dtype.value,
-        "warmup_shapes": len(shapes),
-        "predicted_warmup_s": device.cost.warmup_time(len(shapes)),
+        "warmup_shapes": shapes,
+        "predicted_warmup_s": device.cost.warmup_time(shapes),
         "serving_compiles": device.recompiles,
         "serving_compile_s": device.recompiles * device.hardware.recompile_s,
     }

@@ -11,7 +11,6 @@ import argparse
 import atexit
 import csv
 import logging
-import math
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -23,45 +22,35 @@ from omegaconf import DictConfig
 
 from pipeline.run_folder import RunFileError, read_mapping, read_metrics, read_overrides
 from pipeline.stopping import stop_on_signals
+from pipeline.summary_plot import write_plot, x_key
 
 # Plain stdlib logging: after the jobs, Hydra's own logging (not the jobs' structlog) is live.
 log = logging.getLogger(__name__)
 
 # (column, path into metrics.json): the figures a user tunes a deployment by.
+LATENCIES = [("ttft", "ttft_ms"), ("tpot", "tpot_ms"), ("itl", "itl_ms"), ("e2e", "e2e_ms")]
 HEADLINE: list[tuple[str, tuple[str, ...]]] = [
     ("output_throughput", ("output_throughput",)),
-    ("ttft_p50_ms", ("ttft_ms", "p50")),
-    ("ttft_p99_ms", ("ttft_ms", "p99")),
-    ("itl_p99_ms", ("itl_ms", "p99")),
+    *(
+        (f"{name}_{stat}_ms", (key, stat))
+        for name, key in LATENCIES
+        for stat in ("p50", "p90", "p99")
+    ),
     ("tpot_mean_ms", ("tpot_ms", "mean")),
-    ("e2e_p50_ms", ("e2e_ms", "p50")),
     ("token_utilization", ("token_utilization",)),
     ("num_preemptions", ("num_preemptions",)),
     ("bucket_misses", ("bucket_misses",)),
     ("prefix_cache_hit_rate", ("prefix_cache_hit_rate",)),
+    ("warmup_shapes", ("warmup_shapes",)),  # simulated runs only: graphs warmup compiles
     ("predicted_warmup_s", ("predicted_warmup_s",)),  # simulated runs only
     ("serving_compiles", ("serving_compiles",)),  # simulated: graphs compiled while serving
     ("serving_compile_s", ("serving_compile_s",)),
     ("request_goodput", ("request_goodput",)),  # requests/s that met every SLO bound
     ("slo_attainment", ("slo_attainment",)),
+    ("clipped", ("workload_counts", "clipped")),  # trace prompts cut to max_model_len - 1
+    ("rejected", ("workload_counts", "rejected")),  # trace prompts refused (too_long=error)
 ]
 COLUMNS = ["job", "overrides", "status", "device", *(name for name, _ in HEADLINE), "error"]
-
-# (column, panel title) for summary.png, one panel each.
-PANELS = [
-    ("ttft_p50_ms", "TTFT p50 (ms)"),
-    ("ttft_p99_ms", "TTFT p99 (ms)"),
-    ("itl_p99_ms", "ITL p99 (ms)"),
-    ("output_throughput", "Output throughput (tok/s)"),
-    ("token_utilization", "Token utilization (real / padded)"),
-    ("prefix_cache_hit_rate", "Prefix cache hit rate"),
-    ("predicted_warmup_s", "Warmup, predicted (s)"),
-]
-# Shown when some job had an SLO bound set.
-SLO_PANELS = [
-    ("request_goodput", "Goodput (req/s within SLO)"),
-    ("slo_attainment", "SLO attainment"),
-]
 
 
 class SummaryError(Exception):
@@ -202,6 +191,7 @@ def write_markdown(jobs: Sequence[Job], keys: Sequence[str], path: Path) -> None
         cells = [_fmt(row[c]).replace("|", "\\|") for c in header]
         lines.append("| " + " | ".join(cells) + " |")
     lines += _compile_notes(jobs)
+    lines += _workload_notes(jobs)
     failed = [j for j in jobs if j.status != "ok"]
     if failed:
         lines += ["", "## Jobs that did not finish", ""]
@@ -226,106 +216,36 @@ def _compile_notes(jobs: Sequence[Job]) -> list[str]:
     return lines
 
 
-def _has_slo(jobs: Sequence[Job]) -> bool:
-    return any(len(j.metrics.get("slo") or {}) > 1 for j in jobs)  # a bound beside the target
+def _workload_notes(jobs: Sequence[Job]) -> list[str]:
+    """Jobs whose trace prompts were clipped to max_model_len or rejected: every
+    prediction of theirs is for shorter prompts than the trace's, or fewer requests."""
+    cut = [j for j in jobs if j.value("clipped") or j.value("rejected")]
+    if not cut:
+        return []
+    lines = ["", "## Jobs whose prompts were clipped or rejected", ""]
+    for j in cut:
+        lines.append(
+            f"- job {j.num}: {j.value('clipped') or 0:.0f} prompts clipped to max_model_len - 1, "
+            f"{j.value('rejected') or 0:.0f} rejected: raise max_model_len to serve them whole"
+        )
+    return lines
 
 
-def _as_numbers(values: Sequence[str]) -> list[float] | None:
-    try:
-        return [float(v) for v in values]
-    except ValueError:
-        return None
-
-
-def write_plot(jobs: Sequence[Job], keys: Sequence[str], path: Path) -> None:
-    """The headline metrics against the first swept key; other swept keys become series."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # no display on a cluster node or in CI
-    import matplotlib.pyplot as plt
-
-    x_key = keys[0] if keys else "job"
-    labels = [j.override_values.get(x_key, "") if keys else str(j.num) for j in jobs]
-    distinct = list(dict.fromkeys(labels))
-    numbers = _as_numbers(distinct)
-    if numbers is not None:
-        position = dict(zip(distinct, numbers, strict=True))
-    else:  # categorical: one slot per value, in the order the sweep gave them
-        position = {label: float(i) for i, label in enumerate(distinct)}
-
-    # Jobs that share the other swept keys' values form one line, ordered along x.
-    series: dict[str, list[tuple[float, Job]]] = {}
-    for job, label in zip(jobs, labels, strict=True):
-        name = " ".join(f"{k}={job.override_values.get(k, '')}" for k in keys[1:])
-        series.setdefault(name, []).append((position[label], job))
-
-    # Rows of four: the metric panels, and the last says what the plot leaves out.
-    panels = PANELS + (SLO_PANELS if _has_slo(jobs) else [])
-    rows = -(-(len(panels) + 1) // 4)
-    fig, axes = plt.subplots(rows, 4, figsize=(17, 3.75 * rows))
-    flat = list(axes.flat)
-    for ax, (column, title) in zip(flat, panels, strict=False):
-        for name, points in series.items():
-            points.sort(key=lambda p: p[0])
-            ys = [_nan_if_none(job.value(column)) for _, job in points]
-            ax.plot([x for x, _ in points], ys, marker="o", label=name or None)
-        ax.set_title(title, fontsize=10)
-        ax.set_xlabel(x_key)
-        ax.grid(True, alpha=0.3)
-        _x_axis(ax, numbers, position, distinct)
-    if len(series) > 1:
-        flat[0].legend(fontsize=8)
-    for ax in flat[len(panels) : -1]:
-        ax.axis("off")
-    _notes(flat[-1], jobs, keys, x_key)
-    fig.suptitle(f"Sweep {path.parent}", fontsize=11)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
-def _x_axis(ax: Any, numbers: list[float] | None, position: dict, distinct: list[str]) -> None:
-    """Numbers on a linear or (for wide ranges) base-2 log axis; other values as categories."""
-    from matplotlib.ticker import NullLocator
-
-    if numbers is None:
-        ax.set_xticks(list(position.values()), distinct, rotation=30, ha="right")
-        ax.set_xlim(-0.5, len(distinct) - 0.5)
-        return
-    lo, hi = min(numbers), max(numbers)
-    if lo > 0 and hi / lo >= 8:
-        ax.set_xscale("log", base=2)  # 256..4096 sweeps read evenly spaced
-        ax.xaxis.set_minor_locator(NullLocator())
-        ax.set_xlim(lo / 1.25, hi * 1.25)
-    else:
-        pad = (hi - lo) * 0.06 or 0.5
-        ax.set_xlim(lo - pad, hi + pad)
-    ax.set_xticks(sorted(numbers), [_fmt_tick(n) for n in sorted(numbers)])
-
-
-def _notes(ax: Any, jobs: Sequence[Job], keys: Sequence[str], x_key: str) -> None:
-    ax.axis("off")
+def _notes(jobs: Sequence[Job], keys: Sequence[str]) -> list[str]:
+    """The plot's last panel: the jobs, the x-axis, and what has no point."""
     failed = [j for j in jobs if j.status != "ok"]
-    text = [f"{len(jobs)} jobs, {len(jobs) - len(failed)} ok", f"x: {x_key}"]
+    text = [f"{len(jobs)} jobs, {len(jobs) - len(failed)} ok", f"x: {x_key(jobs, keys) or 'job'}"]
     if any(j.metrics.get("simulated") for j in jobs):
         text.append("simulated: predicted figures")
     if failed:
         text += ["", "no point for:"]
         text += [f"job {j.num} ({j.status}) {' '.join(_own(j, keys))}" for j in failed]
-    ax.text(0.0, 1.0, "\n".join(text), va="top", fontsize=10, family="monospace", wrap=True)
+    return text
 
 
 def _own(job: Job, keys: Sequence[str]) -> list[str]:
     """The job's overrides of the swept keys: what sets it apart from the other jobs."""
     return [o for o in job.overrides if split_override(o)[0] in keys]
-
-
-def _nan_if_none(value: float | None) -> float:
-    return math.nan if value is None else float(value)
-
-
-def _fmt_tick(value: float) -> str:
-    return str(int(value)) if value.is_integer() else f"{value:g}"
 
 
 def build_summary(sweep_dir: Path) -> Path:
@@ -337,13 +257,14 @@ def build_summary(sweep_dir: Path) -> Path:
     if not jobs:
         raise SummaryError(f"{sweep_dir}: no job folders (none holds .hydra/overrides.yaml)")
     keys = swept_keys(jobs)
+    slo = any(len(j.metrics.get("slo") or {}) > 1 for j in jobs)  # a bound beside the target
     path = sweep_dir / "summary.csv"
     try:
         write_csv(jobs, path)
         path = sweep_dir / "summary.md"
         write_markdown(jobs, keys, path)
         path = sweep_dir / "summary.png"
-        write_plot(jobs, keys, path)
+        write_plot(jobs, keys, path, _notes(jobs, keys), slo)
     except OSError as err:  # a read-only sweep folder, a full disk
         raise SummaryError(
             f"cannot write {path}: {err.strerror or err}: make {sweep_dir} writable, or copy "
@@ -403,7 +324,9 @@ def summarise(sweep_dir: Path) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m pipeline.summary",
-        description="Build summary.csv, summary.md and summary.png for a multirun folder.",
+        description="Build summary.csv, summary.md and summary.png for a multirun folder "
+        "(the multirun builds them itself; this rebuilds them, e.g. for a sweep run elsewhere).",
+        epilog="example: python -m pipeline.summary multirun/2026-01-01/12-00-00",
     )
     parser.add_argument("sweep_dir", type=Path, help="the multirun's folder (hydra.sweep.dir)")
     args = parser.parse_args(argv)

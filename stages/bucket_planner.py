@@ -27,7 +27,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from stages.buckets import Buckets, mixed_count, prefill_count, warmup_counts
+from stages.buckets import (
+    Buckets,
+    StepRule,
+    decode_count,
+    is_warmed,
+    prefill_count,
+    warmup_counts,
+)
 
 TOKEN_AXES = ("prefill_batch", "prefill_seq", "decode_batch")
 BLOCK_AXES = ("prefill_blocks", "decode_blocks")
@@ -169,130 +176,171 @@ def _alternate(
 
 
 # -- the whole set within the budget ----------------------------------------------------------
+HEADROOM = 0.2  # --headroom: one size this far past an axis's observed maximum
+
+
 @dataclass
 class Plan:
     sizes: dict[str, list[int]]
     cost: float  # padded tokens + block_weight * block_size * padded blocks
 
 
-@dataclass
-class _Limits:
-    block_size: int
-    max_tokens: int
-    mixed: bool
-    block_cost: float  # token-equivalents of one padded block
+def tail_sizes(values: np.ndarray, limit: int, step: int, headroom: float) -> list[int]:
+    """The sizes an axis keeps above its observed values: one `headroom` past their
+    maximum (rounded up to `step`), then the axis limit the config allows, so that a step
+    a little past the observed ones pads modestly and none pads beyond every size."""
+    top = int(values.max()) if values.size else 0
+    sizes = []
+    if headroom > 0 and top:
+        above = max(top + step, -(-math.ceil(top * (1 + headroom)) // step) * step)
+        if above < limit:
+            sizes.append(above)
+    return [*sizes, limit] if limit > top else sizes
 
 
 def plan_buckets(
     workload: Workload,
     max_shapes: int,
-    block_size: int,
-    max_tokens: int,
-    mixed: bool,
+    rule: StepRule,
     block_weight: float,
-    unobserved: Mapping[str, list[int]],
+    limits: Mapping[str, int] | None = None,
+    headroom: float = HEADROOM,
 ) -> Plan:
-    """The cheapest set whose warmup count is <= max_shapes and under which every observed
-    step fits a prepared, warmed bucket. An axis with no observed step gets its
-    `unobserved` sizes. A ValueError says when no set fits the budget."""
-    limits = _Limits(block_size, max_tokens, mixed, block_weight * block_size)
+    """The cheapest set whose warmup count is <= max_shapes: the observed values' best
+    sizes per axis, then each axis's tail (tail_sizes) up to its limit in `limits`, so
+    that every step the config can produce lands on a warmed bucket. Without `limits`,
+    the observed steps alone are covered. A ValueError says when no set fits the budget."""
     values = workload.axis_values()
+    tails = {
+        name: tail_sizes(values[name], limits[name], _step(name, rule), headroom) if limits else []
+        for name in values
+    }
     tables = {
-        name: _axis_table(values[name], max_shapes, unobserved.get(name))
+        name: _axis_table(values[name], max_shapes, tails[name])
         for name in ("prefill_blocks", "decode_batch", "decode_blocks")
     }
+    block_cost = block_weight * rule.block_size
     for name in BLOCK_AXES:  # each block padding adds costs block_cost; a padded row, one token
         own = float(values[name].sum())
-        tables[name] = [((c - own) * limits.block_cost, s) for c, s in tables[name]]
+        tables[name] = [((c - own) * block_cost, s) for c, s in tables[name]]
+    decode_counts = _decode_counts(tables)
     best: Plan | None = None
-    for pair in _prefill_pairs(workload, max_shapes, unobserved, limits):
-        plan = _best_with_pair(workload, pair, tables, max_shapes, limits)
+    for pair in _prefill_pairs(workload, max_shapes, tails):
+        plan = _best_with_pair(pair, tables, decode_counts, max_shapes, rule)
         if plan is not None and (best is None or plan.cost < best.cost):
             best = plan
     if best is None:
-        raise ValueError(
-            f"no bucket set covers these steps within {max_shapes} warmup shapes: raise "
-            "--max-shapes"
-        )
+        raise ValueError(_no_fit(max_shapes, tails, rule))
     return best
 
 
-def _axis_table(
-    values: np.ndarray, k_max: int, fallback: list[int] | None
-) -> list[tuple[float, list[int]]]:
+def _step(name: str, rule: StepRule) -> int:
+    return rule.block_size if name == "prefill_seq" else 1
+
+
+def _no_fit(max_shapes: int, tails: Mapping[str, list[int]], rule: StepRule) -> str:
+    """Why no set fits: the least count with the tails alone, when they are given."""
+    if not any(tails.values()):
+        return (
+            f"no bucket set covers these steps within {max_shapes} warmup shapes: "
+            "raise --max-shapes"
+        )
+    least = sum(
+        warmup_counts(
+            {n: t or [1] for n, t in tails.items()},
+            rule.block_size,
+            rule.max_tokens,
+            rule.mixed,
+            rule.padded_budget,
+        ).values()
+    )
+    tops = ", ".join(f"{n} up to {t[-1]}" for n, t in tails.items() if t)
+    return (
+        f"no bucket set within {max_shapes} warmup shapes covers what the config allows "
+        f"({tops}; {least} or more shapes with the observed ones): raise --max-shapes, or "
+        "lower the limit behind the widest axis (max_num_seqs for the batch axes, "
+        "max_tokens for prefill_seq, max_model_len for the block axes)"
+    )
+
+
+def _axis_table(values: np.ndarray, k_max: int, tail: list[int]) -> list[tuple[float, list[int]]]:
+    """By observed sizes k = 1...: (their cost, the k sizes then the tail)."""
     if not values.size:
-        return [(0.0, list(fallback))]
-    return breakpoint_table(values, np.ones(values.size), k_max)
+        return [(0.0, list(tail))]
+    return [(c, [*s, *tail]) for c, s in breakpoint_table(values, np.ones(values.size), k_max)]
 
 
 def _prefill_pairs(
-    workload: Workload, max_shapes: int, unobserved: Mapping[str, list[int]], limits: _Limits
+    workload: Workload, max_shapes: int, tails: Mapping[str, list[int]]
 ) -> Iterable[tuple[float, list[int], list[int]]]:
-    """Every (batch, seq) pair plan whose padded steps stay within the token budget (the
-    ones that can be warmed), by sizes per axis."""
+    """Every (batch, seq) pair plan, by sizes per axis, each with its tails. Every
+    observed step pads to a shape warmup compiles (the warmup grid is what steps can
+    reach), so no pair is ruled out by the budget."""
     batch, seq = workload.prefill[:, 0], workload.prefill[:, 1]
+    tail_b, tail_s = tails["prefill_batch"], tails["prefill_seq"]
     if not batch.size:
-        yield 0.0, list(unobserved["prefill_batch"]), list(unobserved["prefill_seq"])
+        yield 0.0, list(tail_b) or [1], list(tail_s) or [1]
         return
-    warmable = batch * seq <= limits.max_tokens
     for k_batch in range(1, np.unique(batch).size + 1):
         for k_seq in range(1, np.unique(seq).size + 1):
             if k_batch * k_seq > max_shapes * 4:  # the token filter halves a grid at most
                 break
             cost, batch_sizes, seq_sizes = plan_prefill_pair(batch, seq, k_batch, k_seq)
-            padded = pad_to(batch, batch_sizes) * pad_to(seq, seq_sizes)
-            if (padded[warmable] <= limits.max_tokens).all():
-                yield cost, batch_sizes, seq_sizes
+            yield cost, [*batch_sizes, *tail_b], [*seq_sizes, *tail_s]
 
 
 def _best_with_pair(
-    workload: Workload,
     pair: tuple[float, list[int], list[int]],
     tables: Mapping[str, list[tuple[float, list[int]]]],
+    counts: np.ndarray,  # decode graphs of each (decode batch, decode blocks) choice
     max_shapes: int,
-    limits: _Limits,
+    rule: StepRule,
 ) -> Plan | None:
-    """The cheapest set with this prefill pair: every prefill_blocks choice whose tables
-    are wide enough, then decode batch and blocks sizes filling the rest of the budget."""
+    """The cheapest set with this prefill pair: every prefill_blocks choice, then the
+    decode batch and blocks sizes filling the rest of the budget."""
     pair_cost, batch_sizes, seq_sizes = pair
-    seq, blocks = workload.prefill[:, 1], workload.prefill[:, 2]
     decode_costs = np.array([c for c, _ in tables["decode_batch"]])
-    decode_ks = np.arange(1, decode_costs.size + 1)
-    mixed = np.array(
-        [
-            mixed_count(seq_sizes, sizes, limits.max_tokens) if limits.mixed else 0
-            for _, sizes in tables["decode_batch"]
-        ]
-    )
     span_costs = np.array([c for c, _ in tables["decode_blocks"]])
     best: Plan | None = None
     for blocks_cost, blocks_sizes in tables["prefill_blocks"]:
-        if (
-            seq.size
-            and (pad_to(blocks, blocks_sizes) * limits.block_size < pad_to(seq, seq_sizes)).any()
-        ):
-            continue  # some step's padded table would be narrower than its chunk
         prefill = prefill_count(
-            batch_sizes, seq_sizes, blocks_sizes, limits.block_size, limits.max_tokens
-        )
-        room = max_shapes - prefill - mixed
-        k_span = np.minimum(room // decode_ks, span_costs.size)
-        ok = k_span >= 1
-        if not ok.any():
+            batch_sizes, seq_sizes, blocks_sizes, rule.block_size, rule.max_tokens,
+            rule.padded_budget,
+        )  # fmt: skip
+        fits = counts <= max_shapes - prefill
+        if not fits.any():
             continue
-        total = decode_costs + span_costs[np.maximum(k_span, 1) - 1]
-        i = int(np.argmin(np.where(ok, total, np.inf)))
-        cost = pair_cost + blocks_cost + float(total[i])
-        if best is None or cost < best.cost:
+        span = np.where(fits, span_costs[None, :], np.inf)
+        j = np.argmin(span, axis=1)
+        total = decode_costs + span[np.arange(j.size), j]
+        for i in np.argsort(total):
+            cost = pair_cost + blocks_cost + float(total[i])
+            if not np.isfinite(total[i]) or (best is not None and cost >= best.cost):
+                break
             sizes = {
                 "prefill_batch": batch_sizes,
                 "prefill_seq": seq_sizes,
                 "prefill_blocks": blocks_sizes,
                 "decode_batch": tables["decode_batch"][i][1],
-                "decode_blocks": tables["decode_blocks"][int(k_span[i]) - 1][1],
+                "decode_blocks": tables["decode_blocks"][int(j[i])][1],
             }
-            best = Plan(sizes, cost)
+            graphs = warmup_counts(
+                sizes, rule.block_size, rule.max_tokens, rule.mixed, rule.padded_budget
+            )
+            if sum(graphs.values()) <= max_shapes:  # the mixed grid's own graphs, if any
+                best = Plan(sizes, cost)
+                break
     return best
+
+
+def _decode_counts(tables: Mapping[str, list[tuple[float, list[int]]]]) -> np.ndarray:
+    """The decode warmup graphs of every (decode batch, decode blocks) choice."""
+    return np.array(
+        [
+            [decode_count(batch, blocks) for _, blocks in tables["decode_blocks"]]
+            for _, batch in tables["decode_batch"]
+        ]
+    ).reshape(len(tables["decode_batch"]), len(tables["decode_blocks"]))
 
 
 # -- a set measured on a workload -------------------------------------------------------------
@@ -303,7 +351,7 @@ class Evaluation:
     padded_tokens: int
     padded_blocks: int  # blocks added by padding, both parts
     misses: int  # parts beyond the largest prepared size (the engine's bucket_misses)
-    unwarmed: int  # prepared-size parts whose shape warmup does not compile
+    unwarmed: int  # prepared-size parts whose shape warmup does not compile (0 by design)
 
     @property
     def num_shapes(self) -> int:
@@ -314,26 +362,27 @@ class Evaluation:
         return self.real_tokens / self.padded_tokens if self.padded_tokens else 0.0
 
 
-def evaluate(
-    workload: Workload, buckets: Buckets, block_size: int, max_tokens: int, mixed: bool
-) -> Evaluation:
+def evaluate(workload: Workload, buckets: Buckets, rule: StepRule) -> Evaluation:
     """What `buckets` does to the observed steps, as the metadata builder pads them (the
     decode blocks as recorded: whether a step spans the pool can depend on the set)."""
     sizes = {name: values.tolist() for name, values in buckets.sizes.items()}
     padded_tokens = padded_blocks = misses = unwarmed = 0
     for b, s, m in workload.prefill.tolist():
-        (pb, ps, pm), hit = buckets.pad("prefill", {"batch": b, "seq": s, "blocks": m})
-        padded_tokens += pb * ps
-        padded_blocks += pm - m
+        shape, hit = buckets.pad("prefill", {"batch": b, "seq": s, "blocks": m})
+        padded_tokens += shape[0] * shape[1]
+        padded_blocks += shape[2] - m
         misses += not hit
-        unwarmed += hit and (pb * ps > max_tokens or pm * block_size < ps)
+        unwarmed += hit and not is_warmed("prefill", shape, sizes, rule)
     for b, m in workload.decode.tolist():
-        (pb, pm), hit = buckets.pad("decode", {"batch": b, "blocks": m})
-        padded_tokens += pb
-        padded_blocks += pm - m
+        shape, hit = buckets.pad("decode", {"batch": b, "blocks": m})
+        padded_tokens += shape[0]
+        padded_blocks += shape[1] - m
         misses += not hit
+        unwarmed += hit and not is_warmed("decode", shape, sizes, rule)
     return Evaluation(
-        shapes=warmup_counts(sizes, block_size, max_tokens, mixed),
+        shapes=warmup_counts(
+            sizes, rule.block_size, rule.max_tokens, rule.mixed, rule.padded_budget
+        ),
         real_tokens=workload.real_tokens,
         padded_tokens=padded_tokens,
         padded_blocks=padded_blocks,

@@ -77,32 +77,179 @@ class Buckets:
         return shape
 
 
+@dataclass(frozen=True)
+class StepRule:
+    """What the scheduler guarantees about a step's shape: the warmup grid follows it."""
+
+    block_size: int
+    max_tokens: int
+    mixed: bool  # chunked prefill: steps mix a prompt's chunk with decodes
+    padded_budget: bool = True  # the budget bounds prefill rows x padded width
+
+
+def _floors(sizes: np.ndarray) -> np.ndarray:
+    """Each size's predecessor in its sorted list (0 for the first): a value pads to a size
+    exactly when it lies above that predecessor."""
+    return np.concatenate([[0], sizes[:-1]])
+
+
+def _reachable_prefill(
+    batch: np.ndarray, seq: np.ndarray, block_size: int, budget: int, padded_budget: bool
+) -> np.ndarray:
+    """[batch sizes, seq sizes]: whether some step the scheduler can make pads to (B, S).
+    The least step padding to it has floor(B) + 1 rows and a widest row of floor(S) + 1
+    tokens (floor(S) + block_size once rounded to whole blocks); under the padded budget
+    rows x rounded width fits max_tokens, under the real one the widest row plus one token
+    for each other row does."""
+    rows = _floors(batch)[:, None] + 1
+    width = _floors(seq)[None, :] + block_size
+    need = rows * width if padded_budget else width - block_size + rows
+    return need <= budget
+
+
 def prefill_count(
-    batch: Sequence[int], seq: Sequence[int], blocks: Sequence[int], block_size: int, budget: int
+    batch: Sequence[int],
+    seq: Sequence[int],
+    blocks: Sequence[int],
+    block_size: int,
+    budget: int,
+    padded_budget: bool = True,
 ) -> int:
-    """Prefill warmup shapes: batch * seq within the budget, and block tables wide enough
-    for the chunk (blocks * block_size >= seq)."""
-    batch_sorted = np.sort(np.asarray(batch, dtype=np.int64))
-    seq_arr = np.asarray(seq, dtype=np.int64)
+    """Prefill warmup shapes: every (batch, seq, blocks) some step can pad to (see
+    prefill_shapes), counted without listing them."""
+    batch_arr = np.sort(np.asarray(batch, dtype=np.int64))
+    seq_arr = np.sort(np.asarray(seq, dtype=np.int64))
     blocks_sorted = np.sort(np.asarray(blocks, dtype=np.int64))
-    in_budget = np.searchsorted(batch_sorted, budget // seq_arr, side="right")
-    wide = blocks_sorted.size - np.searchsorted(blocks_sorted, -(-seq_arr // block_size))
-    return int((in_budget * wide).sum())
+    reach = _reachable_prefill(batch_arr, seq_arr, block_size, budget, padded_budget)
+    # a table of M blocks holds the least chunk of S: M * block_size > floor(S)
+    least = _floors(seq_arr) // block_size + 1
+    wide = blocks_sorted.size - np.searchsorted(blocks_sorted, least)
+    return int((reach.sum(axis=0) * wide).sum())
 
 
-def mixed_count(seq: Sequence[int], decode_batch: Sequence[int], budget: int) -> int:
-    """Mixed warmup shapes: one prefill row of each seq beside each decode batch, within
-    the budget."""
-    batch_sorted = np.sort(np.asarray(decode_batch, dtype=np.int64))
-    rest = budget - np.asarray(seq, dtype=np.int64)
-    return int(np.searchsorted(batch_sorted, rest, side="right").sum())
+def prefill_shapes(
+    batch: Sequence[int],
+    seq: Sequence[int],
+    blocks: Sequence[int],
+    block_size: int,
+    budget: int,
+    padded_budget: bool = True,
+) -> list[tuple[int, int, int]]:
+    """Every prefill bucket some step can pad to: warming exactly these leaves no prefill
+    compile to serving. A step of b rows whose widest chunk rounds to s tokens and whose
+    widest table has m blocks (m * block_size >= s) pads each dim on its own, so (B, S, M)
+    is reachable when the least such step fits the budget and M is above floor(M)."""
+    batch_arr, seq_arr, blocks_arr = (
+        np.sort(np.asarray(v, dtype=np.int64)) for v in (batch, seq, blocks)
+    )
+    reach = _reachable_prefill(batch_arr, seq_arr, block_size, budget, padded_budget)
+    least = _floors(seq_arr) // block_size + 1
+    return [
+        (int(b), int(s), int(m))
+        for i, b in enumerate(batch_arr)
+        for j, s in enumerate(seq_arr)
+        if reach[i, j]
+        for m in blocks_arr
+        if m >= least[j]
+    ]
+
+
+def is_warmed(
+    kind: str, shape: tuple[int, ...], sizes: Mapping[str, Sequence[int]], rule: StepRule
+) -> bool:
+    """Whether warmup compiles this bucket of a `kind` (prefill, decode) part: the same
+    test as prefill_shapes and decode_shapes, for one shape."""
+    names = [
+        f"{kind}_{dim}"
+        for dim in (("batch", "seq", "blocks") if kind == "prefill" else ("batch", "blocks"))
+    ]
+    if any(size not in sizes[name] for size, name in zip(shape, names, strict=True)):
+        return False
+    below = [
+        max((v for v in sizes[n] if v < size), default=0)
+        for size, n in zip(shape, names, strict=True)
+    ]
+    if kind == "decode":
+        return shape[1] > below[0]
+    rows, width = below[0] + 1, below[1] + rule.block_size
+    need = rows * width if rule.padded_budget else width - rule.block_size + rows
+    return need <= rule.max_tokens and shape[2] * rule.block_size >= width
+
+
+def decode_shapes(batch: Sequence[int], blocks: Sequence[int]) -> list[tuple[int, int]]:
+    """Every decode bucket some step can pad to: each row lists at least one block, so
+    B rows pad to a blocks size M only when M > floor(B)."""
+    batch_arr = np.sort(np.asarray(batch, dtype=np.int64))
+    blocks_arr = np.sort(np.asarray(blocks, dtype=np.int64))
+    return [
+        (int(b), int(m))
+        for b, low in zip(batch_arr, _floors(batch_arr), strict=True)
+        for m in blocks_arr
+        if m > low
+    ]
+
+
+def decode_count(batch: Sequence[int], blocks: Sequence[int]) -> int:
+    """len(decode_shapes(batch, blocks)), counted without listing them."""
+    low = _floors(np.sort(np.asarray(batch, dtype=np.int64)))
+    blocks_sorted = np.sort(np.asarray(blocks, dtype=np.int64))
+    return int((blocks_sorted.size - np.searchsorted(blocks_sorted, low, side="right")).sum())
+
+
+def mixed_pairs(
+    sizes: Mapping[str, Sequence[int]], budget: int
+) -> list[tuple[tuple[int, int, int], tuple[int, int]]]:
+    """The mixed warmup grid (FastDeploy warms one): one prefill row, padded to the
+    smallest batch size, of each seq beside each decode batch, the widest tables, within
+    the budget. Its graphs are mostly the prefill and decode phases' own."""
+    rows = min(sizes["prefill_batch"])
+    widest_p, widest_d = max(sizes["prefill_blocks"]), max(sizes["decode_blocks"])
+    return [
+        ((rows, s, widest_p), (b, widest_d))
+        for s in sorted(sizes["prefill_seq"])
+        for b in sorted(sizes["decode_batch"])
+        if rows * s + b <= budget
+    ]
+
+
+def warmup_graphs(
+    sizes: Mapping[str, Sequence[int]],
+    block_size: int,
+    max_tokens: int,
+    mixed: bool,
+    padded_budget: bool = True,
+) -> dict[str, list[tuple]]:
+    """The (prefill, decode) bucket pairs each warmup phase runs."""
+    phases: dict[str, list[tuple]] = {
+        "prefill": [
+            (p, None)
+            for p in prefill_shapes(
+                sizes["prefill_batch"],
+                sizes["prefill_seq"],
+                sizes["prefill_blocks"],
+                block_size,
+                max_tokens,
+                padded_budget,
+            )
+        ],
+        "decode": [(None, d) for d in decode_shapes(sizes["decode_batch"], sizes["decode_blocks"])],
+    }
+    if mixed:
+        phases["mixed"] = mixed_pairs(sizes, max_tokens)
+    return phases
 
 
 def warmup_counts(
-    sizes: Mapping[str, Sequence[int]], block_size: int, max_tokens: int, mixed: bool
+    sizes: Mapping[str, Sequence[int]],
+    block_size: int,
+    max_tokens: int,
+    mixed: bool,
+    padded_budget: bool = True,
 ) -> dict[str, int]:
-    """How many shapes each warmup phase compiles, counted arithmetically (the product of
-    the axes can run to millions): the same filters as the builder's warmup_shapes."""
+    """The graphs each warmup phase compiles that no earlier phase did (a graph is one
+    part's bucket, as the device compiles them), counted without listing the prefill and
+    decode phases (their product can run to millions): the sum is warmup_shapes in
+    metrics.json."""
     counts = {
         "prefill": prefill_count(
             sizes["prefill_batch"],
@@ -110,9 +257,31 @@ def warmup_counts(
             sizes["prefill_blocks"],
             block_size,
             max_tokens,
+            padded_budget,
         ),
-        "decode": len(sizes["decode_batch"]) * len(sizes["decode_blocks"]),
+        "decode": decode_count(sizes["decode_batch"], sizes["decode_blocks"]),
     }
     if mixed:
-        counts["mixed"] = mixed_count(sizes["prefill_seq"], sizes["decode_batch"], max_tokens)
+        counts["mixed"] = len(_new_mixed_graphs(sizes, block_size, max_tokens, padded_budget))
     return counts
+
+
+def _new_mixed_graphs(
+    sizes: Mapping[str, Sequence[int]], block_size: int, max_tokens: int, padded_budget: bool
+) -> set[tuple]:
+    """The mixed grid's part buckets that the prefill and decode phases do not hold."""
+    pairs = mixed_pairs(sizes, max_tokens)
+    prefill = {p for p, _ in pairs}
+    decode = {d for _, d in pairs}
+    # the mixed row count is the smallest batch size, so the grid's rows of that size
+    rows = [min(sizes["prefill_batch"])]
+    grid = set(
+        prefill_shapes(
+            rows, sizes["prefill_seq"], sizes["prefill_blocks"], block_size, max_tokens,
+            padded_budget,
+        )
+    )  # fmt: skip
+    new: set[tuple] = {("prefill", p) for p in prefill if p not in grid}
+    decode_grid = set(decode_shapes(sizes["decode_batch"], sizes["decode_blocks"]))
+    new.update(("decode", d) for d in decode if d not in decode_grid)
+    return new

@@ -63,6 +63,7 @@ class Scheduler(Protocol):
     """Chooses each step's work under the budget; advances requests after the forward."""
 
     splits_prompts: bool  # chunked prefill: steps mix a prompt's chunk with decodes
+    padded_budget: bool  # the budget bounds a step's prefill rows x padded width
     kv_cache: KVCacheManager  # the block books its admissions and preemptions keep
 
     @property
@@ -106,13 +107,13 @@ class MetadataBuilder(Protocol):
     ) -> ForwardMeta:
         """A step of the given bucket shapes made only of padding (warmup)."""
 
-    def warmup_shapes(self, mixed: bool) -> dict[str, list[tuple]]:
-        """Every prepared shape, by phase (prefill, decode, mixed)."""
+    def warmup_shapes(self, mixed: bool, padded_budget: bool = True) -> dict[str, list[tuple]]:
+        """Every shape a step can pad to, by phase (prefill, decode, mixed)."""
 
     max_warmup_shapes: int  # warmup refuses a larger set; 0 = no limit
 
-    def warmup_counts(self, mixed: bool) -> dict[str, int]:
-        """How many shapes warmup_shapes holds per phase, counted without listing them."""
+    def warmup_counts(self, mixed: bool, padded_budget: bool = True) -> dict[str, int]:
+        """The graphs each phase of warmup_shapes compiles, counted without listing them."""
 
 
 class PackedRows(NamedTuple):

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from stages.buckets import Axis, Bucketing, Buckets, warmup_counts
+from stages.buckets import Axis, Bucketing, Buckets, warmup_counts, warmup_graphs
 from stages.kv_cache import KVCacheManager, blocks_for
 from stages.request import PrefillChunk, Request, StepPlan
 from stages.step_shape import StepShape
@@ -491,37 +491,18 @@ class HPUMetadataBuilder:
         }
 
     # -- warmup ------------------------------------------------------------------------------
-    def warmup_counts(self, mixed: bool) -> dict[str, int]:
-        """How many shapes each phase of warmup_shapes holds, without listing them."""
-        sizes = {name: values.tolist() for name, values in self.buckets.sizes.items()}
-        return warmup_counts(sizes, self.block_size, self.max_tokens, mixed)
+    def warmup_counts(self, mixed: bool, padded_budget: bool = True) -> dict[str, int]:
+        """The graphs each phase of warmup_shapes compiles, counted without listing them."""
+        return warmup_counts(self._sizes(), self.block_size, self.max_tokens, mixed, padded_budget)
 
-    def warmup_shapes(self, mixed: bool) -> dict[str, list[tuple]]:
-        """Every prepared prefill and decode shape; with chunking, a coarse mixed grid too
-        (one prefill row, the widest block tables), as FastDeploy warms it."""
-        sizes = {name: [int(v) for v in values] for name, values in self.buckets.sizes.items()}
-        budget = self.max_tokens
-        shapes: dict[str, list[tuple]] = {
-            "prefill": [
-                ((b, s, m), None)
-                for b in sizes["prefill_batch"]
-                for s in sizes["prefill_seq"]
-                for m in sizes["prefill_blocks"]
-                if b * s <= budget and m * self.block_size >= s
-            ],
-            "decode": [
-                (None, (b, m)) for b in sizes["decode_batch"] for m in sizes["decode_blocks"]
-            ],
-        }
-        if mixed:
-            widest_p, widest_d = sizes["prefill_blocks"][-1], sizes["decode_blocks"][-1]
-            shapes["mixed"] = [
-                ((1, s, widest_p), (b, widest_d))
-                for s in sizes["prefill_seq"]
-                for b in sizes["decode_batch"]
-                if s + b <= budget
-            ]
-        return shapes
+    def warmup_shapes(self, mixed: bool, padded_budget: bool = True) -> dict[str, list[tuple]]:
+        """Every prefill and decode bucket some step can pad to (padded_budget: the
+        scheduler's budget bounds rows x padded width); with chunking, a coarse mixed grid
+        too (one prefill row, the widest block tables), as FastDeploy warms it."""
+        return warmup_graphs(self._sizes(), self.block_size, self.max_tokens, mixed, padded_budget)
+
+    def _sizes(self) -> dict[str, list[int]]:
+        return {name: [int(v) for v in values] for name, values in self.buckets.sizes.items()}
 
     # -- both parts --------------------------------------------------------------------------
     def _assemble(

@@ -34,9 +34,8 @@ from stages.request import PrefillChunk, Request, Samples, Status, StepPlan
 from stages.running_rows import RunningRows
 from stages.stopping import StopRule
 
-# runs an iterator to its end, keeping nothing
-_SINK: deque[object] = deque(maxlen=0)
-_consume: Callable[[Iterable[object]], None] = _SINK.extend
+# Runs an iterator to its end, keeping nothing.
+_consume: Callable[[Iterable[object]], None] = deque[object](maxlen=0).extend
 _OUTPUT_IDS = operator.attrgetter("output_ids")
 _TOKEN_TIMES = operator.attrgetter("token_times")
 

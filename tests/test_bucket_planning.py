@@ -25,8 +25,10 @@ from stages.bucket_planner import (
     plan_buckets,
     plan_prefill_pair,
 )
-from stages.buckets import Axis, Buckets, warmup_counts
+from stages.buckets import Axis, Buckets, StepRule, is_warmed, warmup_counts
 from stages.kv_cache import blocks_for
+from stages.metadata import bucket_dims
+from stages.simulator.device import graphs
 from tests.helpers import LIMITS, SMALL, make_config, run_cli, serve
 
 # -- helpers ---------------------------------------------------------------------------------
@@ -140,13 +142,7 @@ def test_evaluating_the_runs_own_set_reproduces_its_padding_and_misses(tmp_path)
     overrides = ["metadata.decode_batch.max=4", "metadata.decode_batch.step=2"]
     folder, records, (_, engine) = write_run(tmp_path / "run", overrides)
     limits = run_limits(folder)
-    result = evaluate(
-        Workload.of(records),
-        limits.buckets("linear"),
-        limits.block_size,
-        limits.max_tokens,
-        limits.mixed,
-    )
+    result = evaluate(Workload.of(records), limits.buckets("linear"), limits.rule)
     assert result.padded_tokens == sum(r["padded_tokens"] for r in records)
     assert result.misses == engine.metadata.bucket_misses > 0
 
@@ -163,11 +159,14 @@ def test_evaluating_the_runs_own_set_reproduces_its_padding_and_misses(tmp_path)
         ["metadata.prefill_seq.sizes=[32,48,96]", "metadata.decode_batch.sizes=[1,3,8]"],
     ],
 )
-def test_counting_equals_the_listed_shapes(overrides):
+def test_counting_equals_the_listed_graphs(overrides):
     engine, _ = build_engine(make_config(overrides))
-    for mixed in (True, False):
-        listed = {k: len(v) for k, v in engine.metadata.warmup_shapes(mixed).items()}
-        assert engine.metadata.warmup_counts(mixed) == listed
+    for mixed, padded in itertools.product((True, False), (True, False)):
+        seen: set = set()
+        for phase, pairs in engine.metadata.warmup_shapes(mixed, padded).items():
+            new = {g for p, d in pairs for g in graphs(p, d)} - seen
+            assert engine.metadata.warmup_counts(mixed, padded)[phase] == len(new)
+            seen |= new
 
 
 def test_counting_a_huge_set_needs_no_list():
@@ -180,11 +179,12 @@ def test_counting_a_huge_set_needs_no_list():
         "decode_blocks": list(range(1, n + 1)),
     }
     counts = warmup_counts(sizes, 16, 16 * n, mixed=True)
-    # by hand: seq 16j allows batch <= n / j, tables m >= j: sum_j floor(n/j) * (n - j + 1)
+    # by hand: seq 16j allows batch <= n / j, tables m >= j: sum_j floor(n/j) * (n - j + 1);
+    # b decode rows list b blocks at least: sum_b (n - b + 1); the mixed grid adds none
     j = np.arange(1, n + 1)
     assert counts["prefill"] == int(((n // j) * (n - j + 1)).sum())
-    assert counts["decode"] == n * n
-    assert counts["mixed"] == int(np.minimum(n, 16 * n - 16 * j).sum())
+    assert counts["decode"] == n * (n + 1) // 2
+    assert counts["mixed"] == 0
 
 
 def test_a_set_beyond_the_warmup_budget_stops_before_compiling():
@@ -251,8 +251,8 @@ def test_prefill_pair_is_optimal(seed):
 
 
 def brute_force_plan(workload, max_shapes, block_size, max_tokens, block_cost):
-    """Every set of observed sizes per axis: the cheapest that fits the budget and keeps
-    each observed step in a warmed bucket."""
+    """Every set of observed sizes per axis: the cheapest whose warmup graphs fit the
+    budget (every observed step pads to a warmed bucket: warmup holds what steps reach)."""
     values = workload.axis_values()
     names = list(values)
     # each axis's candidate size sets with its values padded to them, padded once
@@ -260,11 +260,7 @@ def brute_force_plan(workload, max_shapes, block_size, max_tokens, block_cost):
         [(sizes, pad_to(values[n], sizes)) for sizes in subsets_with_max(values[n].tolist())]
         for n in names
     ]
-    fitting_prefills = [  # the prefill sizes whose buckets hold every observed prefill
-        ((bs, pb), (ss, ps), (ms, pm))
-        for (bs, pb), (ss, ps), (ms, pm) in itertools.product(*options[:3])
-        if not ((pb * ps > max_tokens).any() or (pm * block_size < ps).any())
-    ]
+    fitting_prefills = list(itertools.product(*options[:3]))
     best = None
     for choice in itertools.product(fitting_prefills, *options[3:]):
         (_, pb), (_, ps), (_, pm) = choice[0]
@@ -281,11 +277,14 @@ def brute_force_plan(workload, max_shapes, block_size, max_tokens, block_cost):
 
 HAND_MADE = Workload(
     # (batch, seq, blocks) prefills and (batch, blocks) decodes, block_size 16; max_tokens
-    # 64 keeps the 4 x 32 corner out of warmup, so rows and seq sizes must be chosen together
+    # 64 bounds which batch x seq corners steps reach, so the count couples the axes
     prefill=np.array([[4, 16, 1], [4, 16, 3], [1, 64, 4], [2, 32, 2], [1, 32, 6], [3, 16, 5]]),
     decode=np.array([[1, 2], [2, 3], [5, 9], [6, 12], [6, 14], [3, 5]]),
     real_tokens=200,
 )
+
+
+RULE = StepRule(block_size=16, max_tokens=64, mixed=True)
 
 
 @pytest.mark.parametrize("max_shapes", [12])
@@ -293,10 +292,10 @@ def test_the_whole_plan_is_optimal_on_a_hand_made_workload(max_shapes):
     brute = brute_force_plan(HAND_MADE, max_shapes, 16, 64, block_cost=0.1 * 16)
     if brute is None:  # nothing fits: the planner says so
         with pytest.raises(ValueError, match="raise --max-shapes"):
-            plan_buckets(HAND_MADE, max_shapes, 16, 64, True, 0.1, unobserved={})
+            plan_buckets(HAND_MADE, max_shapes, RULE, 0.1)
         return
-    plan = plan_buckets(HAND_MADE, max_shapes, 16, 64, True, 0.1, unobserved={})
-    reached = evaluate(HAND_MADE, Buckets("linear", _axes(plan.sizes)), 16, 64, True)
+    plan = plan_buckets(HAND_MADE, max_shapes, RULE, 0.1)
+    reached = evaluate(HAND_MADE, Buckets("linear", _axes(plan.sizes)), RULE)
     assert reached.misses == reached.unwarmed == 0 and reached.num_shapes <= max_shapes
     # the plan's own account of its cost, the evaluation's, and the brute force agree
     assert plan.cost == pytest.approx(reached.padded_tokens + 1.6 * reached.padded_blocks)
@@ -310,7 +309,7 @@ def _axes(sizes):
 # -- coverage on the planned workload and off it ----------------------------------------------
 
 
-def test_plan_covers_its_workload_and_counts_misses_on_another(tmp_path, reference_run):
+def test_plan_covers_its_workload_and_another_within_the_config(tmp_path, reference_run):
     folder, records, _ = write_run(tmp_path / "run", [])
     plan, results = plan_source(folder, 48, tmp_path / "plan", "planned", block_weight=0.005)
     assert results["plan"].misses == results["plan"].unwarmed == 0
@@ -321,11 +320,19 @@ def test_plan_covers_its_workload_and_counts_misses_on_another(tmp_path, referen
     assert sum(s.padded_tokens for s in steps) == results["plan"].padded_tokens
     ref, _ = reference_run
     assert all(got[rid].output_ids == ref[rid].output_ids for rid in ref)
-    # Another workload: longer prompts, more at once. Misses are counted, nothing dropped.
+    # Another workload: longer prompts, more at once. The plan ends at the config's limits
+    # and warmup holds every bucket a step reaches: no miss, and no graph warmup skipped.
     other = ["workload.num_requests=8", "workload.max_prompt_tokens=240", "workload.seed=5"]
     base, _ = serve(other)
-    off, engine = serve([*other, *planned])
-    assert engine.metadata.bucket_misses > 0
+    steps = []
+    off, engine = serve([*other, *planned], steps=steps)
+    assert engine.metadata.bucket_misses == 0
+    sizes = {n: v.tolist() for n, v in engine.metadata.buckets.sizes.items()}
+    rule = run_limits(folder).rule
+    for record in steps:
+        prefill, decode = bucket_dims(record.bucket)
+        assert prefill is None or is_warmed("prefill", prefill, sizes, rule)
+        assert decode is None or is_warmed("decode", decode, sizes, rule)
     assert set(off) == set(base) and all(r.finish_reason != "error" for r in off.values())
     assert all(off[rid].output_ids == base[rid].output_ids for rid in base)
 

@@ -2,23 +2,38 @@
 
 from __future__ import annotations
 
+import json
+
+import pytest
 import yaml
 
 from pipeline.buckets import main
 from tests.helpers import SMALL
 
 
-def test_a_workload_config_is_planned_from_its_simulated_steps(tmp_path, capsys):
-    assert main(["plan", "--workload", *SMALL, "--max-shapes", "40", "--out", str(tmp_path)]) == 0
-    assert (tmp_path / "simulated-run" / "steps.jsonl").stat().st_size > 0
-    planned = yaml.safe_load((tmp_path / "buckets" / "planned.yaml").read_text())
-    sizes = planned["metadata"]
-    assert all(values["sizes"] == sorted(values["sizes"]) for values in sizes.values())
-    report = (tmp_path / "report.md").read_text()
-    plan_row = next(line for line in report.splitlines() if line.startswith("| plan |"))
-    assert plan_row.split("|")[6].strip() == "0"  # no misses on the workload it was planned on
-
-
 def test_neither_a_folder_nor_a_workload_is_one_line(tmp_path, capsys):
     assert main(["plan", "--out", str(tmp_path)]) == 2
     assert capsys.readouterr().err.strip().startswith("Error: give a run or sweep folder")
+
+
+@pytest.mark.slow
+def test_a_plan_serves_its_workload_and_another_seed_without_a_miss_or_compile(tmp_path):
+    """Planned from one seed's steps, served warmed on that seed and the next: the served
+    runs' own metrics show no miss and no compile while serving (the report's figures)."""
+    workload = [*SMALL, "workload.num_requests=12", "workload.rate=50", "max_num_seqs=4"]
+    assert main(["plan", "--workload", *workload, "--max-shapes", "40",
+                 "--out", str(tmp_path)]) == 0  # fmt: skip
+    assert (tmp_path / "simulated-run" / "steps.jsonl").stat().st_size > 0
+    planned = yaml.safe_load((tmp_path / "buckets" / "planned.yaml").read_text())
+    assert all(v["sizes"] == sorted(v["sizes"]) for v in planned["metadata"].values())
+    for label in ("same", "seed1"):
+        metrics = json.loads((tmp_path / f"served-{label}" / "metrics.json").read_text())
+        assert metrics["num_requests"] == 12 and metrics["num_errors"] == 0
+        assert metrics["bucket_misses"] == 0 and metrics["serving_compiles"] == 0
+        assert 0 < metrics["warmup_shapes"] <= 40
+    runs = [tmp_path / "served-same", tmp_path / "served-seed1"]
+    prompts = [[json.loads(line)["prompt"] for line in open(r / "generations.jsonl")] for r in runs]
+    assert prompts[0] != prompts[1]  # the second seed is another workload
+    plan_row = next(line for line in (tmp_path / "report.md").read_text().splitlines()
+                    if line.startswith("| plan |"))  # fmt: skip
+    assert [cell.strip() for cell in plan_row.split("|")[6:8]] == ["0", "0"]

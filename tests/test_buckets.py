@@ -68,3 +68,46 @@ def test_a_negative_bucket_step_is_one_line_at_start():
 
     with pytest.raises(ConfigError, match=r"^metadata.prefill_batch: need 1 <= min <= max"):
         build_engine(make_config(["metadata.prefill_batch.step=-1"]))
+
+
+def reached_by_steps(sizes, block_size, budget, padded, max_rows, max_blocks):
+    """Independent of the counting: every step the scheduler's rules allow (b rows, the
+    widest chunk rounding to s tokens, tables of m >= s / block_size blocks), padded."""
+    buckets = Buckets("linear", {n: Axis(v[0], 1, v[-1], tuple(v)) for n, v in sizes.items()})
+    prefill, decode = set(), set()
+    for b in range(1, max_rows + 1):
+        for s in range(block_size, budget + block_size, block_size):
+            tokens = b * s if padded else (s - block_size + 1) + (b - 1)
+            if tokens > budget:
+                continue
+            for m in range(s // block_size, max_blocks + 1):
+                shape, hit = buckets.pad("prefill", {"batch": b, "seq": s, "blocks": m})
+                prefill |= {shape} if hit else set()
+        for k in range(b, max_rows * max_blocks + 1):
+            shape, hit = buckets.pad("decode", {"batch": b, "blocks": k})
+            decode |= {shape} if hit else set()
+    return prefill, decode
+
+
+@pytest.mark.parametrize("padded", [True, False])
+@pytest.mark.parametrize(
+    "sizes",
+    [
+        {"prefill_batch": [1, 2, 3, 4, 5, 6], "prefill_seq": [16, 32, 48, 64],
+         "prefill_blocks": list(range(1, 9)), "decode_batch": [1, 2, 3, 4, 5, 6],
+         "decode_blocks": list(range(1, 49))},
+        {"prefill_batch": [1, 2, 4, 6], "prefill_seq": [16, 32, 64], "prefill_blocks": [1, 2, 4, 8],
+         "decode_batch": [1, 2, 4, 6], "decode_blocks": [1, 2, 4, 8, 16, 32, 48]},
+        {"prefill_batch": [2, 6], "prefill_seq": [48, 64], "prefill_blocks": [3, 8],
+         "decode_batch": [3, 6], "decode_blocks": [2, 5, 48]},
+    ],
+)  # fmt: skip
+def test_warmup_holds_exactly_the_buckets_steps_reach(sizes, padded):
+    from stages.buckets import decode_shapes, prefill_shapes, warmup_counts
+
+    prefill, decode = reached_by_steps(sizes, 16, 64, padded, max_rows=6, max_blocks=8)
+    args = (sizes["prefill_batch"], sizes["prefill_seq"], sizes["prefill_blocks"], 16, 64)
+    assert set(prefill_shapes(*args, padded)) == prefill
+    assert set(decode_shapes(sizes["decode_batch"], sizes["decode_blocks"])) == decode
+    counts = warmup_counts(sizes, 16, 64, mixed=False, padded_budget=padded)
+    assert counts == {"prefill": len(prefill), "decode": len(decode)}

@@ -177,3 +177,25 @@ def test_the_command_line(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "architecture  Qwen3ForCausalLM" in result.stdout
     assert "head_dim 16, q/k norm" in result.stdout
+
+
+def test_a_config_only_folder_is_counted_from_its_config(tmp_path, capsys):
+    folder = tmp_path / "config-only"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(base_config("LlamaForCausalLM", 40)))
+    code, out, _ = run(capsys, folder, "--json")
+    report = json.loads(out)
+    assert code == 1 and not report["servable"]
+    assert report["parameters"] == LLAMA_PARAMETERS and report["parameters_from"] == "config"
+    assert report["reason"].startswith("no weights: servable only with executor=simulated")
+    assert report["tokenizers"] == ["byte"]
+    code, out, _ = run(capsys, folder)
+    assert f"{LLAMA_PARAMETERS:,}, counted from config.json" in out
+    assert "tokenizer=byte only: no tokenizer.json" in out
+
+
+def test_the_tokenizer_options_follow_tokenizer_json(tmp_path, capsys):
+    folder = folder_of(tmp_path)
+    assert json.loads(run(capsys, folder, "--json")[1])["tokenizers"] == ["byte"]
+    write_tokenizer(folder, False)
+    assert json.loads(run(capsys, folder, "--json")[1])["tokenizers"] == ["hf", "byte"]

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from pipeline.review import config_diff, load_run, main, outputs_verdict
+from pipeline.review import _render_config, config_diff, load_run, main, outputs_verdict
 from tests.helpers import TINY, markdown_rows, run_cli
 
 CONFIG: dict[str, Any] = {
@@ -277,3 +277,25 @@ def test_real_sweep_summary_and_baseline_review(real_sweep):
     assert result.returncode == 0, result.stderr
     reviews = json.loads(result.stdout)["reviews"]
     assert len(reviews) == 3 and all(r["outputs"]["comparable"] for r in reviews)
+
+
+def test_bucket_lists_show_as_lists_and_what_was_in_force():
+    axes = ("prefill_batch", "prefill_seq", "prefill_blocks", "decode_batch", "decode_blocks")
+    a = {"metadata": {"bucketing": "exponential", **{x: {"min": 0, "sizes": None} for x in axes}}}
+    b = copy.deepcopy(a)
+    b["metadata"]["bucketing"] = "linear"
+    b["metadata"]["prefill_batch"]["min"] = 2
+    for axis in axes:
+        b["metadata"][axis]["sizes"] = [1, 4, 16]
+    a["metadata"]["decode_batch"]["sizes"] = [1, 2]
+    diff = config_diff(a, b)
+    assert diff["changed"]["metadata.decode_batch.sizes"] == {"a": [1, 2], "b": [1, 4, 16]}
+    assert diff["changed"]["metadata.prefill_seq.sizes"] == {"a": None, "b": [1, 4, 16]}
+    assert not any("[" in key for part in diff.values() for key in part)
+    # every axis of B has sizes: the strategy and prefill_batch.min were not in force there
+    assert diff["changed"]["metadata.bucketing"]["note"].startswith("not in force in B")
+    assert "not in force in B" in diff["changed"]["metadata.prefill_batch.min"]["note"]
+    shown = "\n".join(_render_config({**diff, "choices": {"a": {}, "b": {}},
+                                      "overrides": {"a": [], "b": []}}))  # fmt: skip
+    assert "metadata.decode_batch.sizes: [1, 2] -> [1, 4, 16]" in shown
+    assert "(not in force in B" in shown

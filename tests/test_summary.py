@@ -147,3 +147,33 @@ def test_sweep_with_the_joblib_launcher(tmp_path):
         ]
         assert {line.get("job") for line in lines if "job" in line} == {num}
     assert (sweep / "summary.png").is_file()
+
+
+def test_p90_beside_p50_and_p99_and_clipped_prompts_named(tmp_path):
+    make_job(tmp_path, 0, ["max_tokens=256"], metrics(1.0))
+    clipped = metrics(2.0, workload_counts={"clipped": 3, "rejected": 0})
+    make_job(tmp_path, 1, ["max_tokens=512"], clipped)
+    build_summary(tmp_path)
+    row = read_csv(tmp_path / "summary.csv")[1]
+    for name in ("ttft", "tpot", "itl", "e2e"):
+        assert [float(row[f"{name}_{s}_ms"]) for s in ("p50", "p90", "p99")] == [1.0, 3.0, 4.0]
+    assert row["clipped"] == "3"
+    md = (tmp_path / "summary.md").read_text()
+    assert "| ttft_p50_ms | ttft_p90_ms | ttft_p99_ms |" in md
+    assert "job 1: 3 prompts clipped" in md
+
+
+def test_plot_takes_the_numeric_key_on_x_and_leaves_out_empty_panels(tmp_path):
+    from pipeline.summary import find_jobs
+    from pipeline.summary_plot import log_scale, shown_panels, x_key
+
+    for num, (hw, tokens) in enumerate([(h, t) for h in ("gaudi2", "gaudi3") for t in (256, 512)]):
+        make_job(tmp_path, num, [f"hardware={hw}", f"max_tokens={tokens}"],
+                 metrics(1.0, prefix_cache_hit_rate=0.0))  # fmt: skip
+    jobs = find_jobs(tmp_path)
+    assert x_key(jobs, ["hardware", "max_tokens"]) == "max_tokens"
+    titles = [title for _, title in shown_panels(jobs)]
+    assert "Prefix cache hit rate" not in titles  # 0 in every job
+    assert "Warmup, predicted (s)" not in titles  # no job predicts warmup
+    assert "TTFT p50 (ms)" in titles
+    assert log_scale([50.0, 200_000.0]) and not log_scale([50.0, 4000.0, None])

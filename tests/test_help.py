@@ -1,0 +1,51 @@
+"""Every command's --help: what it does, its arguments and one example."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def commands() -> list[str]:
+    """Every module of the pipeline package that runs as a command."""
+    found = []
+    for path in sorted((ROOT / "pipeline").glob("*.py")):
+        if 'if __name__ == "__main__"' in path.read_text(encoding="utf-8"):
+            found.append("pipeline" if path.stem == "__main__" else f"pipeline.{path.stem}")
+    return found
+
+
+def test_the_commands_are_found():
+    assert {"pipeline", "pipeline.buckets", "pipeline.inspect"} <= set(commands())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("module", commands())
+def test_help_says_what_its_arguments_and_an_example(module):
+    done = subprocess.run(
+        [sys.executable, "-m", module, "--help"], capture_output=True, text=True, cwd=ROOT,
+        timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    text = done.stdout
+    assert f"python -m {module}" in text  # names itself, not another command
+    assert "xample" in text  # one example at least
+    lines = [line for line in text.splitlines() if line.strip()]
+    assert len(lines) >= 4 and not text.rstrip().endswith(("whether", "and", "the"))
+
+
+@pytest.mark.slow
+def test_an_exported_omp_num_threads_gives_no_paddle_warning():
+    env = {**__import__("os").environ, "OMP_NUM_THREADS": "4"}
+    code = "import pipeline, paddle; print(paddle.get_device())"
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env,
+        timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "OMP_NUM_THREADS" not in done.stderr and "WISELY" not in done.stderr
