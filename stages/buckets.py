@@ -107,6 +107,24 @@ def _reachable_prefill(
     return need <= budget
 
 
+def _prefill_axes(
+    batch: Sequence[int],
+    seq: Sequence[int],
+    blocks: Sequence[int],
+    block_size: int,
+    budget: int,
+    padded_budget: bool,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The sorted axes, which (batch, seq) pairs a step can reach, and per seq size the
+    least table that holds its chunk (M * block_size > floor(S))."""
+    batch_arr, seq_arr, blocks_arr = (
+        np.sort(np.asarray(v, dtype=np.int64)) for v in (batch, seq, blocks)
+    )
+    reach = _reachable_prefill(batch_arr, seq_arr, block_size, budget, padded_budget)
+    least = _floors(seq_arr) // block_size + 1
+    return batch_arr, seq_arr, blocks_arr, reach, least
+
+
 def prefill_count(
     batch: Sequence[int],
     seq: Sequence[int],
@@ -117,12 +135,9 @@ def prefill_count(
 ) -> int:
     """Prefill warmup shapes: every (batch, seq, blocks) some step can pad to (see
     prefill_shapes), counted without listing them."""
-    batch_arr = np.sort(np.asarray(batch, dtype=np.int64))
-    seq_arr = np.sort(np.asarray(seq, dtype=np.int64))
-    blocks_sorted = np.sort(np.asarray(blocks, dtype=np.int64))
-    reach = _reachable_prefill(batch_arr, seq_arr, block_size, budget, padded_budget)
-    # a table of M blocks holds the least chunk of S: M * block_size > floor(S)
-    least = _floors(seq_arr) // block_size + 1
+    _, _, blocks_sorted, reach, least = _prefill_axes(
+        batch, seq, blocks, block_size, budget, padded_budget
+    )
     wide = blocks_sorted.size - np.searchsorted(blocks_sorted, least)
     return int((reach.sum(axis=0) * wide).sum())
 
@@ -139,11 +154,9 @@ def prefill_shapes(
     compile to serving. A step of b rows whose widest chunk rounds to s tokens and whose
     widest table has m blocks (m * block_size >= s) pads each dim on its own, so (B, S, M)
     is reachable when the least such step fits the budget and M is above floor(M)."""
-    batch_arr, seq_arr, blocks_arr = (
-        np.sort(np.asarray(v, dtype=np.int64)) for v in (batch, seq, blocks)
+    batch_arr, seq_arr, blocks_arr, reach, least = _prefill_axes(
+        batch, seq, blocks, block_size, budget, padded_budget
     )
-    reach = _reachable_prefill(batch_arr, seq_arr, block_size, budget, padded_budget)
-    least = _floors(seq_arr) // block_size + 1
     return [
         (int(b), int(s), int(m))
         for i, b in enumerate(batch_arr)

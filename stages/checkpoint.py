@@ -347,6 +347,15 @@ class WeightPlan:
         self.shapes[key] = shape
         self.placements.setdefault(key, []).append(placement)
 
+    def parts_per_buffer(self) -> dict[str, int]:
+        """How many stored tensors fill each model tensor: a loader hands a buffer to the
+        model once that many have been placed."""
+        pending: dict[str, int] = defaultdict(int)
+        for placements in self.placements.values():
+            for placement in placements:
+                pending[placement.dest] += 1
+        return pending
+
     def vector(self, key: str, dest: str, size: int, stored: tuple[int, ...] = ()) -> None:
         self.buffers[dest] = (size,)
         self.place(key, stored or (size,), Placement(dest))
@@ -620,10 +629,7 @@ def load_state(
     """Reads every planned tensor, shard by shard and block by block, into the model's
     layout; each model tensor goes to Paddle as soon as its last part is in."""
     by_shard = check_headers(files, plan, folder)  # every shape and dtype before any data
-    pending: dict[str, int] = defaultdict(int)
-    for placements in plan.placements.values():
-        for placement in placements:
-            pending[placement.dest] += 1
+    pending = plan.parts_per_buffer()
     buffers: dict[str, np.ndarray] = {}
     state: dict[str, paddle.Tensor] = {}
     for path, keys in by_shard.items():

@@ -10,7 +10,6 @@ dequantised model plus one block (and one whole query or key weight, for llama's
 from __future__ import annotations
 
 import re
-from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import replace
 
@@ -145,10 +144,7 @@ def load_state(header: GgufHeader, spec: CheckpointSpec, dtype: str) -> dict[str
     """Every model tensor, in the model's layout, each handed to Paddle once complete."""
     plan = weight_plan(spec)
     tensors = check_tensors(header, plan)  # every name, shape and type before any data
-    pending: dict[str, int] = defaultdict(int)
-    for placements in plan.placements.values():
-        for placement in placements:
-            pending[placement.dest] += 1
+    pending = plan.parts_per_buffer()
     buffers: dict[str, np.ndarray] = {}
     state: dict[str, paddle.Tensor] = {}
     with header.path.open("rb") as file:
