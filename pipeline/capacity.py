@@ -30,9 +30,11 @@ from omegaconf import DictConfig, OmegaConf
 from pipeline import artefacts
 from pipeline.build import build_engine
 from pipeline.checks import ConfigError
+from pipeline.engine import Engine
 from pipeline.metrics import StepTotals
-from pipeline.run import run_metrics, serve, slo_of
-from pipeline.slo import Slo, is_good
+from pipeline.run import device_metrics, run_metrics, serve, slo_of
+from pipeline.slo import EarlyVerdict, Slo, needed_good
+from pipeline.stopping import never
 from stages.request import Request
 
 log = structlog.get_logger(__name__)
@@ -86,25 +88,6 @@ class Probe:
     refused: int = 0  # requests the configuration refuses at any load
 
 
-class SloMissed(Exception):
-    """Raised from a probe once its verdict is known to be a miss."""
-
-
-class SloJudge:
-    """Counts requests that miss the SLO as they finish; raises once too many have."""
-
-    def __init__(self, slo: Slo, num_requests: int) -> None:
-        self.slo = slo
-        self.allowed = math.floor(num_requests * (1 - slo.attainment) + 1e-9)
-        self.missed = 0
-
-    def __call__(self, request: Request) -> None:
-        if not is_good(request, self.slo):
-            self.missed += 1
-            if self.missed > self.allowed:
-                raise SloMissed
-
-
 def offered_rps(requests: Sequence[Request]) -> float | None:
     """The open loop's request rate: requests after the first over the arrivals' span."""
     arrivals = [r.arrival_s for r in requests]
@@ -112,8 +95,12 @@ def offered_rps(requests: Sequence[Request]) -> float | None:
     return (len(arrivals) - 1) / span if span > 0 else None
 
 
-def run_probe(cfg: DictConfig, folder: Path, keep_files: bool) -> dict[str, Any]:
-    """Serves one probe into `folder`; returns its metrics (also written there)."""
+def run_probe(
+    cfg: DictConfig, folder: Path, keep_files: bool, decide_early: bool = True
+) -> dict[str, Any]:
+    """Serves one probe into `folder`; returns its metrics (also written there). With
+    decide_early, the probe stops once it has missed its SLO for certain (its metrics then
+    say so under `decided_early`)."""
     with artefacts.writing(folder):
         folder.mkdir(parents=True, exist_ok=True)
     artefacts.write_resolved_config(cfg, folder)
@@ -122,17 +109,7 @@ def run_probe(cfg: DictConfig, folder: Path, keep_files: bool) -> dict[str, Any]
     if keep_files:
         metrics = serve(cfg, engine, requests, folder)
     else:
-        warmup_s = engine.warmup() if cfg.warmup else 0.0
-        totals, status = StepTotals(), "ok"
-        judge = SloJudge(slo_of(cfg), len(requests))
-        try:
-            duration = engine.run(requests, on_step=totals.add, on_finish=judge)
-        except SloMissed:
-            duration, status = engine.clock(), "stopped"
-            for r in requests:
-                if not r.finished:
-                    r.fail(STOPPED, duration)
-        metrics = run_metrics(cfg, engine, requests, totals, duration, warmup_s, status)
+        metrics = serve_judged(cfg, engine, requests, decide_early)
         artefacts.write_metrics(metrics, folder)
     if not cfg.workload.get("concurrency"):
         metrics["offered_rps"] = arrivals
@@ -140,6 +117,29 @@ def run_probe(cfg: DictConfig, folder: Path, keep_files: bool) -> dict[str, Any]
     metrics["refused_requests"] = len(refused)  # at any load: the limits cannot serve them
     if refused:
         metrics["refused_example"] = refused[0]
+    return metrics
+
+
+def serve_judged(
+    cfg: DictConfig, engine: Engine, requests: list[Request], decide_early: bool
+) -> dict[str, Any]:
+    """The probe's run, metrics only; ended by its SLO verdict once that is certain."""
+    warmup_s = engine.warmup() if cfg.warmup else 0.0
+    totals = StepTotals()
+    verdict = EarlyVerdict(slo_of(cfg), requests, arrivals_fixed=not engine.concurrency)
+    duration = engine.run(
+        requests, on_step=totals.add, on_finish=verdict.on_finish,
+        stop=verdict if decide_early else never,
+    )  # fmt: skip
+    decided = verdict.decided_at is not None
+    for r in requests:
+        if not r.finished:
+            r.fail(STOPPED, duration)
+    metrics = run_metrics(
+        cfg, engine, requests, totals, duration, warmup_s, "stopped" if decided else "ok"
+    )
+    if decided:
+        metrics["decided_early"] = verdict.describe()
     return metrics
 
 
@@ -164,7 +164,7 @@ class Search:
         folder = self.out_dir / "probes" / f"{len(self.probes):02d}-{self.axis.key}={value:.6g}"
         cfg = self.cfg.copy()
         OmegaConf.update(cfg, self.axis.key, value)
-        metrics = run_probe(cfg, folder, self.settings.keep_run_files)
+        metrics = run_probe(cfg, folder, self.settings.keep_run_files, self.settings.decide_early)
         self.metrics[load] = metrics
         probe = Probe(
             load=load,
@@ -191,7 +191,7 @@ class Search:
         if probe is None:
             return False
         num_requests = self.metrics[probe.load]["num_requests"]
-        return probe.refused > math.floor(num_requests * (1 - self.cfg.slo.attainment) + 1e-9)
+        return probe.refused > num_requests - needed_good(num_requests, self.cfg.slo.attainment)
 
 
 def bracket(search: Search) -> tuple[float | None, float | None]:
@@ -227,9 +227,11 @@ def narrow(search: Search, lo: float, hi: float) -> tuple[float, float]:
     return lo, hi
 
 
-def capacity_search(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
+def capacity_search(cfg: DictConfig, out_dir: Path, max_warmup_s: float = 0.0) -> dict[str, Any]:
     """Finds the configuration's capacity; writes capacity.json, capacity.md and, as the
-    folder's metrics.json, the metrics at capacity with the search's result beside them."""
+    folder's metrics.json, the metrics at capacity with the search's result beside them.
+    max_warmup_s: a configuration whose predicted warmup is longer is not searched (a plan
+    rules it out whatever its capacity; 0 = search every one)."""
     slo = slo_of(cfg)
     if not slo.bounds:
         raise ConfigError(
@@ -240,12 +242,44 @@ def capacity_search(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     check_settings(cfg.capacity)
     artefacts.write_resolved_config(cfg, out_dir)
     search = Search(cfg, out_dir)
-    lo, hi = bracket(search)
-    if lo is not None and hi is not None:
-        lo, hi = narrow(search, lo, hi)
-    result = search_result(search, lo, hi)
+    too_long = warmup_beyond(cfg, max_warmup_s) if max_warmup_s else None
+    if too_long is not None:
+        result = too_long
+    else:
+        lo, hi = bracket(search)
+        if lo is not None and hi is not None:
+            lo, hi = narrow(search, lo, hi)
+        result = search_result(search, lo, hi)
     write_reports(search, result, out_dir)
     return result
+
+
+def warmup_beyond(cfg: DictConfig, max_warmup_s: float) -> dict[str, Any] | None:
+    """The result of a search not made: the configuration's predicted warmup outlasts
+    max_warmup_s (the device's prediction, from the engine as built; nothing served)."""
+    engine, requests = build_engine(cfg)
+    device = device_metrics(engine)
+    warmup_s = device.get("predicted_warmup_s")
+    if warmup_s is None or warmup_s <= max_warmup_s:
+        return None
+    axis = load_axis(cfg)
+    return {
+        "status": "ok",
+        **device,
+        "num_requests": len(requests),
+        "num_blocks": engine.scheduler.kv_cache.num_blocks,
+        "max_model_len": cfg.max_model_len,
+        "capacity_found": False,
+        "capacity_key": axis.key,
+        "capacity_unit": axis.unit,
+        "capacity": 0,
+        "capacity_value": None,
+        "capacity_above": None,
+        "capacity_rps": 0.0,
+        "capacity_probes": 0,
+        "capacity_reason": f"warmup {warmup_s:,.0f} s > plan.max_warmup_s={max_warmup_s:g}: "
+        "not searched",
+    }
 
 
 def check_settings(settings: DictConfig) -> None:

@@ -14,6 +14,7 @@ import structlog
 
 from pipeline.checks import ConfigError
 from pipeline.metrics import StepRecord
+from pipeline.stopping import StopHook, never
 from stages.interfaces import Attention, MetadataBuilder, Model, Sampler, Scheduler, Tokenizer
 from stages.metadata import ForwardMeta
 from stages.request import Request, StepPlan
@@ -244,8 +245,10 @@ class Engine:
         requests: Sequence[Request],
         on_step: Callable[[StepRecord], None] = lambda record: None,
         on_finish: Callable[[Request], None] = lambda request: None,
+        stop: StopHook = never,
     ) -> float:
-        """Serves every request to its end; returns the run's time in seconds."""
+        """Serves every request to its end, or until `stop` says the outcome is decided;
+        returns the run's time in seconds."""
         clock = self.clock
         clock.restart()
         self.reject_invalid(requests)
@@ -259,7 +262,7 @@ class Engine:
             on_finish(request)
 
         with long_lived_frozen():
-            return self.serve(arrivals, on_step, finished)
+            return self.serve(arrivals, on_step, finished, stop=stop)
 
     def serve(
         self,
@@ -267,13 +270,18 @@ class Engine:
         on_step: Callable[[StepRecord], None] = lambda record: None,
         on_finish: Callable[[Request], None] = lambda request: None,
         on_tokens: Callable[[list[Request]], None] = lambda requests: None,
+        stop: StopHook = never,
     ) -> float:
-        """Serves what the source hands in until it has no more; returns the clock's time.
-        Each request the source gives must have passed `rejection`. on_tokens gets each
-        step's sampled requests (their new tokens) before on_finish gets those that ended."""
+        """Serves what the source hands in until it has no more, or until `stop` says so;
+        returns the clock's time. Each request the source gives must have passed
+        `rejection`. on_tokens gets each step's sampled requests (their new tokens) before
+        on_finish gets those that ended."""
         clock = self.clock
         index = 0
-        while (arrivals := source.take(clock(), idle=not self.scheduler.has_work)) is not None:
+        while (
+            not stop(clock())
+            and (arrivals := source.take(clock(), idle=not self.scheduler.has_work)) is not None
+        ):
             for r in arrivals.new:
                 self.scheduler.add(r)
             for r, reason in arrivals.aborted:

@@ -11,7 +11,8 @@ met that bound.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import heapq
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +26,8 @@ def _tpot_or_zero(r: Request) -> float | None:
         return 0.0
     return tpot_s(r)
 
+
+RequestTest = Callable[[Request], bool]
 
 # (bound's key, the request's value in seconds, or None when it has none)
 MEASURES: dict[str, Callable[[Request], float | None]] = {
@@ -101,3 +104,122 @@ def slo_metrics(requests: Sequence[Request], duration_s: float, slo: Slo) -> dic
         "slo": {**bounds, "attainment": slo.attainment},
         "slo_met": attainment is not None and attainment >= slo.attainment,
     }
+
+
+def needed_good(total: int, attainment: float) -> int:
+    """The fewest good requests of `total` that meet the target, by the same comparison
+    slo_metrics makes (good / total >= attainment)."""
+    need = min(total, max(0, int(attainment * total)))
+    while need > 0 and (need - 1) / total >= attainment:
+        need -= 1
+    while need < total and need / total < attainment:
+        need += 1
+    return need
+
+
+class Deadlines:
+    """Requests in arrival order, passed once each as the clock goes beyond arrival + bound;
+    `late` says whether a passed request is then certain to miss that bound."""
+
+    def __init__(self, ordered: Sequence[Request], bound_ms: float, late: RequestTest) -> None:
+        self.ordered = ordered if bound_ms > 0 else ()
+        self.bound_ms = bound_ms
+        self.late = late
+        self.next = 0
+
+    def passed(self, now: float) -> Iterator[Request]:
+        """The requests whose bound ran out by `now` and that are late, each once."""
+        ordered, bound_ms = self.ordered, self.bound_ms
+        while self.next < len(ordered) and (now - ordered[self.next].arrival_s) * 1e3 > bound_ms:
+            r = ordered[self.next]
+            self.next += 1
+            if self.late(r):
+                yield r
+
+
+class PaceWatch:
+    """TPOT in flight: a request whose first token came at t1 and that may still make at
+    most max_new_tokens in all has TPOT >= (its last token's time - t1) / (max_new_tokens -
+    1); once the clock passes t1 + bound x (max_new_tokens - 1) without its last token, it
+    misses the bound whatever follows. Requests join once they have a first token, in
+    arrival order (a late first token holds the later ones back: later, never wrong)."""
+
+    def __init__(self, ordered: Sequence[Request], bound_ms: float) -> None:
+        self.ordered = ordered if bound_ms > 0 else ()
+        self.bound_ms = bound_ms
+        self.next = 0
+        self.due: list[tuple[float, int, Request]] = []  # (deadline, seq_id, request)
+
+    def passed(self, now: float) -> Iterator[Request]:
+        ordered, due = self.ordered, self.due
+        while self.next < len(ordered) and (
+            ordered[self.next].token_times or ordered[self.next].finished
+        ):
+            r = ordered[self.next]
+            self.next += 1
+            if not r.finished and r.max_new_tokens > 1:
+                deadline = r.token_times[0] + self.bound_ms / 1e3 * (r.max_new_tokens - 1)
+                heapq.heappush(due, (deadline, r.seq_id, r))
+        while due and due[0][0] < now:
+            r = heapq.heappop(due)[2]
+            # a margin for the rounding of TPOT's own (e2e - ttft) / (n - 1)
+            slowest_ms = self.bound_ms * (r.max_new_tokens - 1) * (1 + 1e-9)
+            if not r.finished and (now - r.token_times[0]) * 1e3 > slowest_ms:
+                yield r
+
+
+class EarlyVerdict:
+    """A run's SLO verdict as soon as it is certain: a miss once more requests have missed
+    than the target allows, whatever the others do. The engine asks after each step (the
+    stop hook, pipeline/stopping.py); on_finish counts each request as it ends. A request
+    counts as missed when it ended outside a bound (or failed), or, while still in flight,
+    once its TTFT bound passed without a first token or its E2E bound without its last:
+    neither can be met after that. In flight only where arrival times are fixed (open
+    loop): a closed loop sends a held-back request later, and its clock starts then; and,
+    with its first token, once it can no longer make its remaining tokens within the TPOT
+    bound (PaceWatch)."""
+
+    def __init__(self, slo: Slo, requests: Sequence[Request], arrivals_fixed: bool) -> None:
+        self.slo = slo
+        self.total = len(requests)
+        self.allowed = self.total - needed_good(self.total, slo.attainment)
+        ordered = sorted(requests, key=lambda r: r.arrival_s)
+        fixed = ordered if arrivals_fixed else []
+        self.watches: list[Deadlines | PaceWatch] = [
+            Deadlines(fixed, slo.ttft_ms, lambda r: not r.finished and not r.token_times),
+            Deadlines(fixed, slo.e2e_ms, lambda r: not r.finished),
+            PaceWatch(ordered, slo.tpot_ms),
+        ]
+        self.missed: set[int] = set()  # seq_ids of the requests counted as missed
+        self.missed_in_flight = 0
+        self.finished = 0
+        self.decided_at: float | None = None
+
+    def on_finish(self, r: Request) -> None:
+        self.finished += 1
+        if r.seq_id not in self.missed and not is_good(r, self.slo):
+            self.missed.add(r.seq_id)
+
+    def __call__(self, now: float) -> bool:
+        """True once the run has missed its SLO for certain (it may stop there)."""
+        for watch in self.watches:
+            for r in watch.passed(now):
+                if r.seq_id not in self.missed:
+                    self.missed.add(r.seq_id)
+                    self.missed_in_flight += 1
+        if len(self.missed) > self.allowed and self.decided_at is None:
+            self.decided_at = now
+        return self.decided_at is not None
+
+    def describe(self) -> dict[str, Any]:
+        """metrics.json's `decided_early`: the verdict, when, and which requests it counted
+        (every other metric covers only the requests that finished before the stop)."""
+        return {
+            "verdict": "missed",
+            "at_s": self.decided_at,
+            "requests_finished": self.finished,
+            "requests_missed": len(self.missed),
+            "missed_in_flight": self.missed_in_flight,
+            "missed_allowed": self.allowed,
+            "requests_not_finished": self.total - self.finished,
+        }

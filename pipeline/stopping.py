@@ -1,6 +1,8 @@
-"""Stopping a run by a signal: SIGINT (Ctrl-C) and SIGTERM (what `timeout`, schedulers and
-`kill` send) both end the run the same way, with the folder written and the exit code the
-shell expects (128 + the signal's number: 130 and 143)."""
+"""Stopping a run early: by a signal, SIGINT (Ctrl-C) and SIGTERM (what `timeout`,
+schedulers and `kill` send) both ending the run the same way, with the folder written and the
+exit code the shell expects (128 + the signal's number: 130 and 143); or by a stop hook the
+caller hands the engine, once the run's outcome is decided (a capacity probe's SLO verdict).
+"""
 
 from __future__ import annotations
 
@@ -8,8 +10,22 @@ import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
+from typing import Protocol
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class StopHook(Protocol):
+    """Asked by the engine before each step with the run's clock: True once what follows
+    cannot change what the caller wants from the run; the engine then returns, leaving the
+    requests still in flight unfinished for the caller to account for."""
+
+    def __call__(self, now: float) -> bool: ...
+
+
+def never(now: float) -> bool:
+    """The default stop hook: the run serves every request."""
+    return False
 
 
 class RunInterrupted(BaseException):

@@ -10,7 +10,7 @@ import pytest
 from pipeline.build import build_engine
 from pipeline.capacity import capacity_search, load_axis
 from pipeline.checks import ConfigError
-from pipeline.slo import Slo, slo_metrics
+from pipeline.slo import EarlyVerdict, Slo, is_good, needed_good, slo_metrics
 from tests.helpers import make_config
 
 SMALL_DEPLOYMENT = [
@@ -82,3 +82,57 @@ def test_a_configuration_that_refuses_too_many_requests_is_given_up_at_once(tmp_
     assert not result["capacity_found"] and result["capacity_probes"] == 1
     assert "refused at any load" in result["capacity_reason"]
     assert result["refused_requests"] > 0.1 * result["num_requests"]
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["workload.rate=30"],  # queues grow: TTFT bounds run out while requests wait
+        ["workload.concurrency=8", "slo.ttft_ms=0", "slo.tpot_ms=12"],  # too slow per token
+        ["workload.rate=30", "slo.ttft_ms=0", "slo.tpot_ms=0", "slo.e2e_ms=1500"],
+    ],
+    ids=["ttft", "tpot closed loop", "e2e"],
+)
+def test_an_early_verdict_counts_only_requests_that_miss_in_the_full_run(extra):
+    cfg = make_config([*SMALL_DEPLOYMENT, *extra])
+    slo = Slo.of(cfg.slo)
+    engine, requests = build_engine(cfg)
+    engine.warmup()
+    verdict = EarlyVerdict(slo, requests, arrivals_fixed=not engine.concurrency)
+    engine.run(requests, on_finish=verdict.on_finish, stop=verdict)
+    assert verdict.decided_at is not None and verdict.missed_in_flight > 0
+    assert any(not r.finished for r in requests), "the run should have stopped early"
+    counted = {r.index for r in requests if r.seq_id in verdict.missed}
+    engine, full = build_engine(cfg)  # the same requests, served to the end
+    engine.warmup()
+    engine.run(full)
+    missed = {r.index for r in full if not is_good(r, slo)}
+    assert counted <= missed  # nobody counted as missed met the SLO after all
+    assert len(missed) > verdict.allowed  # so the full run misses the target too
+    assert len(full) - len(missed) < needed_good(len(full), slo.attainment)
+
+
+def test_deciding_probes_early_finds_the_same_capacity(tmp_path):
+    quick = [*SMALL_DEPLOYMENT, "workload.rate=8", "capacity.tolerance=0.2"]
+    runs = {}
+    for name, decide in (("early", "true"), ("full", "false")):
+        (tmp_path / name).mkdir()
+        cfg = make_config([*quick, f"capacity.decide_early={decide}"])
+        result = capacity_search(cfg, tmp_path / name)
+        probes = json.loads((tmp_path / name / "capacity.json").read_text())["probes"]
+        runs[name] = result, [(p["load"], p["met"], p["status"]) for p in probes]
+    (early, early_probes), (full, full_probes) = runs["early"], runs["full"]
+    for key in ("capacity_found", "capacity", "capacity_above", "capacity_probes"):
+        assert early[key] == full[key], key
+    assert [p[:2] for p in early_probes] == [p[:2] for p in full_probes]  # the same verdicts
+    assert "stopped" in [p[2] for p in early_probes], "nothing decided early: tests nothing"
+    assert "stopped" not in [p[2] for p in full_probes]
+
+
+def test_a_configuration_whose_warmup_is_too_long_is_not_searched(tmp_path):
+    cfg = make_config([*SMALL_DEPLOYMENT, "workload.rate=2"])
+    result = capacity_search(cfg, tmp_path, max_warmup_s=1.0)
+    assert result["capacity_probes"] == 0 and not result["capacity_found"]
+    assert result["predicted_warmup_s"] > 1.0
+    assert "plan.max_warmup_s=1" in result["capacity_reason"]
+    assert not (tmp_path / "probes").exists()
