@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from pipeline import artefacts
 from pipeline.build import build_engine
+from pipeline.capacity_estimate import rate_ceiling
 from pipeline.checks import ConfigError
 from pipeline.engine import Engine
 from pipeline.metrics import StepTotals
@@ -36,6 +37,7 @@ from pipeline.run import device_metrics, run_metrics, serve, slo_of
 from pipeline.slo import EarlyVerdict, Slo, needed_good
 from pipeline.stopping import never
 from stages.request import Request
+from stages.simulator.device import SimulatedDevice
 
 log = structlog.get_logger(__name__)
 
@@ -146,10 +148,10 @@ def serve_judged(
 class Search:
     """The probes of one capacity search, each at most once per load."""
 
-    def __init__(self, cfg: DictConfig, out_dir: Path) -> None:
+    def __init__(self, cfg: DictConfig, out_dir: Path, axis: LoadAxis) -> None:
         self.cfg = cfg
         self.out_dir = out_dir
-        self.axis = load_axis(cfg)
+        self.axis = axis
         self.settings = cfg.capacity
         self.probes: dict[float, Probe] = {}
         self.metrics: dict[float, dict[str, Any]] = {}
@@ -241,10 +243,17 @@ def capacity_search(cfg: DictConfig, out_dir: Path, max_warmup_s: float = 0.0) -
         raise ConfigError("the capacity search runs on the simulated device: executor=simulated")
     check_settings(cfg.capacity)
     artefacts.write_resolved_config(cfg, out_dir)
-    search = Search(cfg, out_dir)
-    too_long = warmup_beyond(cfg, max_warmup_s) if max_warmup_s else None
-    if too_long is not None:
-        result = too_long
+    engine, requests = build_engine(cfg)  # as given: its predicted warmup, where to start
+    device = device_metrics(engine)
+    axis = load_axis(cfg)
+    if cfg.capacity.estimate_start:
+        axis = replace(axis, start=estimated_start(cfg, axis, engine, requests, slo) or axis.start)
+    search = Search(cfg, out_dir, axis)
+    warmup_s = device.get("predicted_warmup_s")
+    if max_warmup_s and warmup_s is not None and warmup_s > max_warmup_s:
+        reason = f"warmup {warmup_s:,.0f} s > plan.max_warmup_s={max_warmup_s:g}: not searched"
+        result = not_searched(search, reason, {**device, "num_requests": len(requests)})
+        result["num_blocks"] = engine.scheduler.kv_cache.num_blocks
     else:
         lo, hi = bracket(search)
         if lo is not None and hi is not None:
@@ -254,21 +263,36 @@ def capacity_search(cfg: DictConfig, out_dir: Path, max_warmup_s: float = 0.0) -
     return result
 
 
-def warmup_beyond(cfg: DictConfig, max_warmup_s: float) -> dict[str, Any] | None:
-    """The result of a search not made: the configuration's predicted warmup outlasts
-    max_warmup_s (the device's prediction, from the engine as built; nothing served)."""
-    engine, requests = build_engine(cfg)
-    device = device_metrics(engine)
-    warmup_s = device.get("predicted_warmup_s")
-    if warmup_s is None or warmup_s <= max_warmup_s:
+def estimated_start(
+    cfg: DictConfig, axis: LoadAxis, engine: Engine, requests: Sequence[Request], slo: Slo
+) -> float | None:
+    """The first load to probe: the cost model's steady-state ceiling in the axis's unit
+    (pipeline/capacity_estimate.py). Starting near capacity spares the search its costliest
+    probes, those far below it (many small steps each), whichever side it lands on."""
+    device = engine.model
+    if not isinstance(device, SimulatedDevice):
         return None
-    axis = load_axis(cfg)
+    ceiling = rate_ceiling(
+        device.cost, requests, cfg.block_size, cfg.max_num_seqs,
+        engine.scheduler.kv_cache.num_blocks, slo.tpot_ms,
+    )  # fmt: skip
+    if ceiling is None:
+        return None
+    if axis.integer:
+        return float(max(1, ceiling.batch))
+    if axis.key == "workload.time_scale":  # a multiple of the trace's own rate
+        own = offered_rps(requests)
+        return ceiling.rate / own if own else None
+    return ceiling.rate
+
+
+def not_searched(search: Search, reason: str, metrics: dict[str, Any]) -> dict[str, Any]:
+    """The result of a search not made (nothing served): the reason and what is known."""
+    axis = search.axis
     return {
         "status": "ok",
-        **device,
-        "num_requests": len(requests),
-        "num_blocks": engine.scheduler.kv_cache.num_blocks,
-        "max_model_len": cfg.max_model_len,
+        **metrics,
+        "max_model_len": search.cfg.max_model_len,
         "capacity_found": False,
         "capacity_key": axis.key,
         "capacity_unit": axis.unit,
@@ -277,8 +301,7 @@ def warmup_beyond(cfg: DictConfig, max_warmup_s: float) -> dict[str, Any] | None
         "capacity_above": None,
         "capacity_rps": 0.0,
         "capacity_probes": 0,
-        "capacity_reason": f"warmup {warmup_s:,.0f} s > plan.max_warmup_s={max_warmup_s:g}: "
-        "not searched",
+        "capacity_reason": reason,
     }
 
 

@@ -9,8 +9,10 @@ import pytest
 
 from pipeline.build import build_engine
 from pipeline.capacity import capacity_search, load_axis
+from pipeline.capacity_estimate import rate_ceiling
 from pipeline.checks import ConfigError
 from pipeline.slo import EarlyVerdict, Slo, is_good, needed_good, slo_metrics
+from stages.request import Request
 from tests.helpers import make_config
 
 SMALL_DEPLOYMENT = [
@@ -114,6 +116,7 @@ def test_an_early_verdict_counts_only_requests_that_miss_in_the_full_run(extra):
 
 def test_deciding_probes_early_finds_the_same_capacity(tmp_path):
     quick = [*SMALL_DEPLOYMENT, "workload.rate=8", "capacity.tolerance=0.2"]
+    quick.append("capacity.estimate_start=false")  # from rate 8: four probes, one decided early
     runs = {}
     for name, decide in (("early", "true"), ("full", "false")):
         (tmp_path / name).mkdir()
@@ -136,3 +139,26 @@ def test_a_configuration_whose_warmup_is_too_long_is_not_searched(tmp_path):
     assert result["predicted_warmup_s"] > 1.0
     assert "plan.max_warmup_s=1" in result["capacity_reason"]
     assert not (tmp_path / "probes").exists()
+
+
+class LinearDevice:
+    """A device whose steps take hand-picked times: prefill 0.1 s; a decode step of B rows
+    0.01 + 0.001 x B s."""
+
+    def step_time(self, shape):
+        if shape.prefill is not None:
+            return 0.1
+        return 0.01 + 0.001 * shape.decode[0]
+
+
+def test_the_rate_ceiling_by_hand():
+    requests = [Request(str(i), i, "", [1] * 100, 50) for i in range(4)]  # P 100, O 50
+    # R(B) = B / (50 (0.01 + 0.001 B) + 0.1 B) = B / (0.5 + 0.15 B), growing with B
+    got = rate_ceiling(LinearDevice(), requests, 16, 8, 10_000)
+    assert got.batch == 8 and got.rate == pytest.approx(8 / 1.7)
+    # per-token wait d(B) / (1 - R(B) 0.1): B=2 gives 0.012 / (1 - 0.2 / 0.8) = 16 ms,
+    # B=3 0.013 / (1 - 0.3 / 0.95) = 19.0 ms: a 17 ms TPOT bound stops at B=2
+    got = rate_ceiling(LinearDevice(), requests, 16, 8, 10_000, tpot_ms=17)
+    assert got.batch == 2 and got.rate == pytest.approx(2 / 0.8)
+    # the KV pool: 150 tokens = 10 blocks of 16 a request; 35 blocks hold 3
+    assert rate_ceiling(LinearDevice(), requests, 16, 8, 35).batch == 3
