@@ -148,10 +148,13 @@ def serve_judged(
 class Search:
     """The probes of one capacity search, each at most once per load."""
 
-    def __init__(self, cfg: DictConfig, out_dir: Path, axis: LoadAxis) -> None:
+    def __init__(
+        self, cfg: DictConfig, out_dir: Path, axis: LoadAxis, first_step: float = 2.0
+    ) -> None:
         self.cfg = cfg
         self.out_dir = out_dir
         self.axis = axis
+        self.first_step = first_step  # the bracket's first step up or down, a factor
         self.settings = cfg.capacity
         self.probes: dict[float, Probe] = {}
         self.metrics: dict[float, dict[str, Any]] = {}
@@ -198,18 +201,23 @@ class Search:
 
 def bracket(search: Search) -> tuple[float | None, float | None]:
     """(a load that meets the SLO, a higher one that does not); None where the probe budget
-    (or, halving, a concurrency of 1) ran out first."""
-    axis = search.axis
+    (or, going down, a concurrency of 1) ran out first. Steps from the start by
+    search.first_step, each step the square of the last, at most doubling: from an estimate
+    a close bracket first (a bisection or two from tight), from the workload's own load
+    doubling."""
+    axis, step = search.axis, search.first_step
     lo, hi = (axis.start, None) if search.met(axis.start) else (None, axis.start)
     while lo is None and search.budget_left and not search.hopeless:
         assert hi is not None
-        load = hi // 2 if axis.integer else hi / 2
+        load = min(math.floor(hi / step), hi - 1) if axis.integer else hi / step
         if load < (1 if axis.integer else 1e-6):
             break
+        step = min(2.0, step * step)
         lo, hi = (load, hi) if search.met(load) else (None, load)
     while hi is None and search.budget_left:
         assert lo is not None
-        load = lo * 2
+        load = max(math.ceil(lo * step), lo + 1) if axis.integer else lo * step
+        step = min(2.0, step * step)
         lo, hi = (lo, load) if not search.met(load) else (load, None)
     return lo, hi
 
@@ -245,10 +253,13 @@ def capacity_search(cfg: DictConfig, out_dir: Path, max_warmup_s: float = 0.0) -
     artefacts.write_resolved_config(cfg, out_dir)
     engine, requests = build_engine(cfg)  # as given: its predicted warmup, where to start
     device = device_metrics(engine)
-    axis = load_axis(cfg)
-    if cfg.capacity.estimate_start:
-        axis = replace(axis, start=estimated_start(cfg, axis, engine, requests, slo) or axis.start)
-    search = Search(cfg, out_dir, axis)
+    axis, first_step = load_axis(cfg), 2.0
+    estimate = (
+        estimated_start(cfg, axis, engine, requests, slo) if cfg.capacity.estimate_start else None
+    )
+    if estimate is not None:  # near capacity: a step that one or two bisections make tight
+        axis, first_step = replace(axis, start=estimate), (1 + cfg.capacity.tolerance) ** 2
+    search = Search(cfg, out_dir, axis, first_step)
     warmup_s = device.get("predicted_warmup_s")
     if max_warmup_s and warmup_s is not None and warmup_s > max_warmup_s:
         reason = f"warmup {warmup_s:,.0f} s > plan.max_warmup_s={max_warmup_s:g}: not searched"
