@@ -170,14 +170,13 @@ class PaceWatch:
 
 class EarlyVerdict:
     """A run's SLO verdict as soon as it is certain: a miss once more requests have missed
-    than the target allows, whatever the others do. The engine asks after each step (the
-    stop hook, pipeline/stopping.py); on_finish counts each request as it ends. A request
-    counts as missed when it ended outside a bound (or failed), or, while still in flight,
-    once its TTFT bound passed without a first token or its E2E bound without its last:
-    neither can be met after that. In flight only where arrival times are fixed (open
-    loop): a closed loop sends a held-back request later, and its clock starts then; and,
-    with its first token, once it can no longer make its remaining tokens within the TPOT
-    bound (PaceWatch)."""
+    than the target allows, whatever the others do. The engine asks it before each step
+    (a stop hook, pipeline/stopping.py); on_finish counts each request as it ends. A request
+    counts as missed when it ended outside a bound (or failed), or while still in flight
+    once it can no longer meet a bound: its TTFT bound passed without a first token, or its
+    E2E bound without its last (only where arrival times are fixed, the open loop: a closed
+    loop sends a held-back request later, and its clock starts then), or too little time
+    left for its remaining tokens within the TPOT bound (PaceWatch)."""
 
     def __init__(self, slo: Slo, requests: Sequence[Request], arrivals_fixed: bool) -> None:
         self.slo = slo
