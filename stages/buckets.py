@@ -61,6 +61,14 @@ class Buckets:
         step = self.axes[name].step
         return -(-n // step) * step, False  # fallback: an unprepared shape, never a dropped row
 
+    def fit_prepared(self, name: str, values: np.ndarray) -> np.ndarray:
+        """The prepared size each value pads to, as `fit` finds it, for the leading values
+        that have one: the result stops at the first beyond the largest size."""
+        sizes = self.sizes[name]
+        at = np.searchsorted(sizes, values)
+        beyond = np.flatnonzero(at == len(sizes))
+        return sizes[at[: beyond[0]] if len(beyond) else at]
+
     def pad(self, kind: str, dims: Mapping[str, int]) -> tuple[tuple[int, ...], bool]:
         """(the bucket of a `kind` step needing `dims`, whether every size is prepared)."""
         fitted = [self.fit(f"{kind}_{name}", n) for name, n in dims.items()]

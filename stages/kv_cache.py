@@ -284,6 +284,16 @@ class KVCacheManager:
         table.extend(self._take(max(0, new)))
         return True
 
+    def take_blocks(self, requests: Sequence[Request]) -> None:
+        """One fresh block more for each of `requests`, in their order (one may come again):
+        what their decodes' allocate_slots take one step after another, when the pool's
+        free blocks cover them all (nothing is evicted)."""
+        if len(requests) > self.pool.num_free:
+            raise RuntimeError(f"asked for {len(requests)} blocks, {self.pool.num_free} free")
+        tables = self._tables
+        for request, block in zip(requests, self._take(len(requests)), strict=True):
+            tables[request.seq_id].append(block)
+
     def _take(self, count: int) -> list[int]:
         """count fresh blocks: free ones first, then cached ones nobody holds, oldest first."""
         from_pool = min(count, self.pool.num_free)

@@ -30,8 +30,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from stages.kv_cache import KVCacheManager, blocks_for
-from stages.request import PrefillChunk, Request, Samples, Status, StepPlan
-from stages.running_rows import RunningRows
+from stages.request import DecodeRun, PrefillChunk, Request, Samples, Status, StepPlan
+from stages.running_rows import RunningRows, listed_blocks, recurring
 from stages.stopping import StopRule
 
 # Runs an iterator to its end, keeping nothing.
@@ -436,6 +436,69 @@ class ChunkedScheduler:
             self.kv_cache.free(request)
             request.block_hashes = []
             request.finish(reason, now)
+
+    # -- runs of decode steps (a simulated device's leaps) ---------------------------------
+    def steady_decodes(self, limit: int) -> DecodeRun | None:
+        """The next steps, up to `limit`, while each can only decode every running request,
+        a step-by-step run doing nothing else between them (no admission, preemption or
+        stop before the last); None where the next step may do anything else. Only the
+        length limit may stop a row (StopRule checks no row's every token)."""
+        rows, n = self.rows, len(self.running)
+        if not n or n > self.max_tokens or rows.any_checked() or not rows.all_decoding():
+            return None
+        if self._may_admit(self.max_tokens - n):
+            return None
+        steps = min(limit, rows.steps_to_length())
+        # Without evicting: a cached block taken would change what later admissions match.
+        steps = rows.steps_with_blocks(self.kv_cache.pool.num_free, steps)
+        if steps < 1:
+            return None
+        lens = rows.computed[:n] + 1
+        blocks = listed_blocks(lens, steps, self.block_size)
+        return DecodeRun(list(self.running), lens, blocks, self.block_size)
+
+    def _may_admit(self, left: int) -> bool:
+        """Whether a step whose decodes leave `left` of the budget could admit the first
+        waiting request, now or while the running requests only decode: what holds it
+        back (budget, room, a chunk that fits no step, too few free blocks) stays, except
+        a cached prefix, which the decodes' full blocks may lengthen."""
+        if not self.waiting or left <= 0 or self._admission_room() <= 0:
+            return False
+        head = self.waiting[0]
+        if self.kv_cache.prefix is not None or self._one_step_error(head.num_tokens):
+            return True
+        n = self._prefill_len(head.num_tokens, StepBudget(left, Rectangle(self.block_size)))
+        return n > 0 and self.kv_cache.blocks_for(n) <= self.kv_cache.num_free_blocks
+
+    def advance_decodes(self, run: DecodeRun, token: int, ends: list[float]) -> list[Request]:
+        """The run's steps done: each row gets `token` at each step's end time, its new
+        blocks in the order the steps take them and, with prefix caching, its full blocks
+        registered in that order; returns the requests its last step finished."""
+        steps, n, bs = run.steps, run.rows, self.block_size
+        running, rows = self.running, self.rows
+        if run.requests != running:
+            raise ValueError("advance_decodes takes the run steady_decodes just returned")
+        takers, _ = recurring(rows.first_new_block(), steps, bs)
+        self.kv_cache.take_blocks([running[i] for i in takers.tolist()])
+        filling = recurring(rows.first_full_block(), steps, bs)
+        tokens = [token] * steps
+        _consume(map(list.extend, map(_OUTPUT_IDS, running), itertools.repeat(tokens)))
+        _consume(map(list.extend, map(_TOKEN_TIMES, running), itertools.repeat(ends)))
+        if self.kv_cache.prefix is not None:
+            computed = rows.computed[:n].tolist()
+            for i, at in zip(*(a.tolist() for a in filling), strict=True):
+                running[i].num_computed = computed[i] + int(at)
+                self.kv_cache.cache_computed_blocks(running[i])
+        for request in running:
+            request.num_computed = request.num_tokens - 1
+        rows.advance_by(steps, np.bincount(takers, minlength=n))
+        ending: list[tuple[Request, str, int]] = []
+        for i in np.flatnonzero(rows.may_stop(np.arange(n))).tolist():
+            reason = self.stop.reason(running[i])
+            if reason:
+                ending.append((running[i], reason, i))
+        self._finish_all(ending, ends[-1])
+        return [request for request, _, _ in ending]
 
     def abort(self, request: Request, message: str, now: float) -> None:
         """Ends a request before its stop (its client left): its blocks go back at once."""

@@ -210,7 +210,18 @@ class CostModel:
 
     def amounts(self, shape: StepShape) -> StepAmounts:
         """The step's FLOPs and bytes on one device, in this model's precision and tp."""
-        spec, tp, w = self.spec, self.tp, self.work(shape)
+        return self.amounts_of(self.work(shape))
+
+    def decode_seconds(self, rows: int, slots: np.ndarray, blocks: np.ndarray) -> np.ndarray:
+        """Seconds of decode-only steps of `rows` real rows, given each step's KV slots and
+        blocks, on a device that computes real tokens: step_time's terms, many steps at
+        once (stacked amounts), for a run of steps a simulated device does in one go."""
+        work = StepWork(rows, 0, 0, slots, rows, rows, blocks)
+        return self.seconds_of(self.amounts_of(work))
+
+    def amounts_of(self, w: StepWork) -> StepAmounts:
+        """FLOPs and bytes of a step's work (fields of arrays: many steps')."""
+        spec, tp = self.spec, self.tp
         kv_slot = spec.kv_bytes_per_token(tp) * self._kv_scale
         tokens = w.linear_tokens
         sharded = tp > 1 and tokens > 0
