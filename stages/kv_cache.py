@@ -286,10 +286,9 @@ class KVCacheManager:
 
     def take_blocks(self, requests: Sequence[Request]) -> None:
         """One fresh block more for each of `requests`, in their order (one may come again):
-        what their decodes' allocate_slots take one step after another, when the pool's
-        free blocks cover them all (nothing is evicted)."""
-        if len(requests) > self.pool.num_free:
-            raise RuntimeError(f"asked for {len(requests)} blocks, {self.pool.num_free} free")
+        what their decodes' allocate_slots take one after another, evicting alike."""
+        if len(requests) > self.num_free_blocks:
+            raise RuntimeError(f"asked for {len(requests)} blocks, {self.num_free_blocks} free")
         tables = self._tables
         for request, block in zip(requests, self._take(len(requests)), strict=True):
             tables[request.seq_id].append(block)

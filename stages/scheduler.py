@@ -449,8 +449,7 @@ class ChunkedScheduler:
         if self._may_admit(self.max_tokens - n):
             return None
         steps = min(limit, rows.steps_to_length())
-        # Without evicting: a cached block taken would change what later admissions match.
-        steps = rows.steps_with_blocks(self.kv_cache.pool.num_free, steps)
+        steps = rows.steps_with_blocks(self.kv_cache.num_free_blocks, steps)
         if steps < 1:
             return None
         lens = rows.computed[:n] + 1
@@ -478,17 +477,14 @@ class ChunkedScheduler:
         running, rows = self.running, self.rows
         if run.requests != running:
             raise ValueError("advance_decodes takes the run steady_decodes just returned")
-        takers, _ = recurring(rows.first_new_block(), steps, bs)
-        self.kv_cache.take_blocks([running[i] for i in takers.tolist()])
-        filling = recurring(rows.first_full_block(), steps, bs)
         tokens = [token] * steps
         _consume(map(list.extend, map(_OUTPUT_IDS, running), itertools.repeat(tokens)))
         _consume(map(list.extend, map(_TOKEN_TIMES, running), itertools.repeat(ends)))
-        if self.kv_cache.prefix is not None:
-            computed = rows.computed[:n].tolist()
-            for i, at in zip(*(a.tolist() for a in filling), strict=True):
-                running[i].num_computed = computed[i] + int(at)
-                self.kv_cache.cache_computed_blocks(running[i])
+        takers, taken_at = recurring(rows.first_new_block(), steps, bs)
+        if self.kv_cache.prefix is None:
+            self.kv_cache.take_blocks([running[i] for i in takers.tolist()])
+        else:
+            self._take_and_register(takers, taken_at, steps)
         for request in running:
             request.num_computed = request.num_tokens - 1
         rows.advance_by(steps, np.bincount(takers, minlength=n))
@@ -499,6 +495,24 @@ class ChunkedScheduler:
                 ending.append((running[i], reason, i))
         self._finish_all(ending, ends[-1])
         return [request for request, _, _ in ending]
+
+    def _take_and_register(self, takers: np.ndarray, taken_at: np.ndarray, steps: int) -> None:
+        """With prefix caching, the run's new blocks and its full blocks' contents in the
+        order its steps meet them: each step takes its blocks (which may evict a cached
+        block, forgetting its content), then registers the blocks its tokens filled."""
+        running, computed = self.running, self.rows.computed[: len(self.running)].tolist()
+        fillers, filled_at = recurring(self.rows.first_full_block(), steps, self.block_size)
+        rows = np.concatenate([takers, fillers])
+        at = np.concatenate([taken_at, filled_at])
+        registers = np.repeat([False, True], [len(takers), len(fillers)])
+        order = np.lexsort((rows, registers, at))
+        for i, step, register in zip(*(a[order].tolist() for a in (rows, at, registers))):
+            request = running[i]
+            if register:
+                request.num_computed = computed[i] + step
+                self.kv_cache.cache_computed_blocks(request)
+            else:
+                self.kv_cache.take_blocks([request])
 
     def abort(self, request: Request, message: str, now: float) -> None:
         """Ends a request before its stop (its client left): its blocks go back at once."""
