@@ -136,6 +136,9 @@ class RunningRows:
         takes a block at its first_new_block step and every block_size steps after."""
         bs = self.kv_cache.block_size
         first = self.first_new_block()
+        if limit <= bs:  # the common run: a row takes at most one block
+            needed = np.sort(first[first <= limit])
+            return limit if len(needed) <= free else int(needed[free]) - 1
         late = first > bs  # a row holding more than a block ahead (none does, as allocated)
         if late.any():
             limit = min(limit, int(first[late].min()) - 1)
@@ -167,6 +170,10 @@ def recurring(first: np.ndarray, steps: int, period: int) -> tuple[np.ndarray, n
     """Events each row has at its `first` step (from 1) and every `period` steps after, up
     to `steps`: their rows and steps, in step order and row order within a step (the order
     a step-by-step run meets them)."""
+    if steps <= period:  # the common run: a row has at most one event
+        rows = np.flatnonzero(first <= steps)
+        order = np.argsort(first[rows], kind="stable")
+        return rows[order], first[rows[order]]
     counts = np.maximum(0, (steps - first) // period + 1)
     rows = np.repeat(np.arange(len(first)), counts)
     starts = np.repeat(np.cumsum(counts) - counts, counts)

@@ -1,0 +1,158 @@
+"""Leaps: a simulated device doing runs of decode steps at once must give exactly what the
+same steps one by one give. The oracle is the step-by-step run of the same configuration:
+every metric (floats within 1e-9 relative), every token's time, the KV books at the end."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from benchmarks.azure_conversation import write_conversation_trace
+from pipeline.build import build_engine
+from pipeline.metrics import StepTotals
+from pipeline.run import run_metrics
+from tests.helpers import make_config
+
+SIMULATED = ["executor=simulated", "model=spec/llama31_8b"]
+ARRIVING = [
+    "workload.num_requests=24",
+    "workload.rate=40",
+    "workload.min_prompt_tokens=3",
+    "workload.max_prompt_tokens=120",
+    "workload.min_new_tokens=20",
+    "workload.max_new_tokens=90",
+    "max_model_len=512",
+]
+
+
+def served(overrides: list[str], leaps: bool):
+    """The run's metrics, its requests, its engine and the steps it leapt."""
+    cfg = make_config([*SIMULATED, *overrides])
+    engine, requests = build_engine(cfg)
+    warmup_s = engine.warmup() if cfg.warmup else 0.0
+    totals, leapt = StepTotals(), StepTotals()
+
+    def on_leap(run) -> None:
+        totals.add_run(run)
+        leapt.add_run(run)
+
+    duration = engine.run(requests, on_step=totals.add, on_leap=on_leap if leaps else None)
+    metrics = run_metrics(cfg, engine, requests, totals, duration, warmup_s, "ok")
+    return metrics, requests, engine, leapt.num_steps
+
+
+def assert_same(a, b, path: str = "metrics") -> None:
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), path
+        for key in a:
+            assert_same(a[key], b[key], f"{path}.{key}")
+    elif isinstance(a, float) and isinstance(b, float):
+        assert math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12), f"{path}: {a} != {b}"
+    else:
+        assert a == b, f"{path}: {a} != {b}"
+
+
+def assert_leaps_change_nothing(overrides: list[str]) -> tuple[dict, int]:
+    """Compares the run with leaps against the one without; returns the metrics and how
+    many steps were leapt (so a case shows it exercised leaps)."""
+    alone, alone_requests, alone_engine, none = served(overrides, leaps=False)
+    leapt, requests, engine, steps = served(overrides, leaps=True)
+    assert none == 0
+    assert_same(alone, leapt)
+    for a, b in zip(alone_requests, requests, strict=True):
+        assert (a.id, a.output_ids, a.finish_reason, a.num_preemptions) == (
+            b.id,
+            b.output_ids,
+            b.finish_reason,
+            b.num_preemptions,
+        )
+        assert len(a.token_times) == len(b.token_times)
+        assert all(map(math.isclose, a.token_times, b.token_times)), a.id
+    books = [(e.scheduler.kv_cache.num_free_blocks, e.model.recompiles, e.model.clock()) for e in
+             (alone_engine, engine)]  # fmt: skip
+    assert books[0][:2] == books[1][:2] and math.isclose(books[0][2], books[1][2])
+    return leapt, steps
+
+
+CASES = {
+    "gaudi buckets, warmed": ["hardware=gaudi3", "warmup=true", *ARRIVING],
+    "gaudi buckets, compiled while serving": ["hardware=gaudi2", *ARRIVING],
+    "h100 real lengths": ["hardware=h100", *ARRIVING],
+    "h100 tp=2 fp8": ["hardware=h100", "tp=2", "quantization=fp8", "kv_cache_dtype=fp8",
+                      *ARRIVING],  # fmt: skip
+    "closed loop": ["hardware=h100", *ARRIVING, "workload.concurrency=3"],
+    "static batches": ["hardware=gaudi3", "scheduler=static", "max_tokens=2048", *ARRIVING],
+    "tiny pool, preempting": ["hardware=h100", "num_blocks=24", "max_tokens=64", *ARRIVING],
+    "all at once, whole prompts": ["hardware=h100", "scheduler=whole", "scheduler.no_evict=true",
+                                   *ARRIVING, "workload.rate=0"],  # fmt: skip
+}
+
+
+@pytest.mark.parametrize("overrides", CASES.values(), ids=CASES.keys())
+def test_leaps_give_what_steps_one_by_one_give(overrides):
+    metrics, steps = assert_leaps_change_nothing(overrides)
+    assert steps > metrics["num_steps"] / 6, "too few steps leapt to compare"
+    if "num_blocks=24" in overrides:
+        assert metrics["num_preemptions"] > 0, "no preemption to compare"
+    if "hardware=gaudi2" in overrides:
+        assert metrics["serving_compiles"] > 0, "no compile during serving to compare"
+
+
+def test_leaps_keep_the_prefix_cache_as_steps_do():
+    overrides = [
+        "hardware=h100",
+        "workload=multiturn",
+        "workload.num_conversations=6",
+        "workload.turns=3",
+        "workload.rate=2",
+        "prefix_caching=true",
+        "num_blocks=90",  # cached blocks get evicted
+        "max_model_len=1024",
+        "max_tokens=512",
+    ]
+    metrics, steps = assert_leaps_change_nothing(overrides)
+    assert steps > 0 and metrics["prefix_cache_hit_rate"] > 0
+
+
+def test_leaps_on_a_conversation_trace(tmp_path):
+    trace = tmp_path / "conversation.csv"
+    write_conversation_trace(trace, 40, 8.0)
+    overrides = ["hardware=h100", "workload=trace", f"workload.path={trace}",
+                 "max_model_len=10240", "max_tokens=8192", "metadata.bucketing=exponential",
+                 "warmup=true", "max_num_seqs=32"]  # fmt: skip
+    metrics, steps = assert_leaps_change_nothing(overrides)
+    assert steps > metrics["num_steps"] / 2
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    hardware=st.sampled_from(["h100", "gaudi3"]),
+    requests=st.integers(1, 12),
+    rate=st.sampled_from([0, 5, 50]),
+    block_size=st.sampled_from([16, 32]),
+    num_blocks=st.integers(20, 80),
+    max_num_seqs=st.integers(1, 8),
+    new_tokens=st.integers(1, 60),
+    prefix=st.booleans(),
+)
+def test_leaps_change_nothing_on_small_random_workloads(
+    hardware, requests, rate, block_size, num_blocks, max_num_seqs, new_tokens, prefix
+):
+    assert_leaps_change_nothing([
+        f"hardware={hardware}",
+        f"workload.num_requests={requests}",
+        f"workload.rate={rate}",
+        "workload.min_prompt_tokens=1",
+        "workload.max_prompt_tokens=100",
+        "workload.min_new_tokens=1",
+        f"workload.max_new_tokens={new_tokens}",
+        f"block_size={block_size}",
+        f"num_blocks={num_blocks}",
+        f"max_num_seqs={max_num_seqs}",
+        "max_model_len=200",
+        f"max_tokens={max(block_size, 64)}",
+        f"prefix_caching={str(prefix).lower()}",
+    ])  # fmt: skip
