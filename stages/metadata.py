@@ -13,7 +13,7 @@ assumed left alignment, so prefills of different context lengths attended to wro
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -265,7 +265,8 @@ class HPUMetadataBuilder:
         widths = self.buckets.fit_prepared("decode_blocks", run.blocks)
         if not len(rows) or not len(widths):
             return None
-        return replace(run.first(len(widths)), padded_rows=int(rows[0]), widths=widths)
+        blocks = run.blocks[: len(widths)]
+        return DecodeRun(run.requests, run.lens, blocks, run.block_size, int(rows[0]), widths)
 
     def dummy(
         self, prefill: tuple[int, int, int] | None, decode: tuple[int, int] | None

@@ -6,7 +6,7 @@ import abc
 import enum
 import itertools
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -193,4 +193,7 @@ class DecodeRun:
     def first(self, steps: int) -> DecodeRun:
         """The run's first `steps` steps."""
         widths = self.widths[:steps] if self.widths is not None else None
-        return replace(self, blocks=self.blocks[:steps], widths=widths)
+        return DecodeRun(
+            self.requests, self.lens, self.blocks[:steps], self.block_size, self.padded_rows,
+            widths,
+        )  # fmt: skip

@@ -146,6 +146,11 @@ class RunningRows:
         taken = np.cumsum(per_step[np.arange(1, limit + 1) % bs])
         return int(np.searchsorted(taken, free, side="right"))
 
+    def at_length(self) -> np.ndarray:
+        """The rows whose tokens reached their length limit."""
+        n = self.size
+        return np.flatnonzero(self.prompt[:n] + self.outputs[:n] >= self.limit[:n])
+
     def advance_by(self, steps: int, new_blocks: np.ndarray) -> None:
         """Every row decoded `steps` tokens and took `new_blocks` blocks (one per row)."""
         n = self.size

@@ -444,9 +444,9 @@ class ChunkedScheduler:
         stop before the last); None where the next step may do anything else. Only the
         length limit may stop a row (StopRule checks no row's every token)."""
         rows, n = self.rows, len(self.running)
-        if not n or n > self.max_tokens or rows.any_checked() or not rows.all_decoding():
+        if not n or n > self.max_tokens or self._may_admit(self.max_tokens - n):
             return None
-        if self._may_admit(self.max_tokens - n):
+        if rows.any_checked() or not rows.all_decoding():
             return None
         steps = min(limit, rows.steps_to_length())
         steps = rows.steps_with_blocks(self.kv_cache.num_free_blocks, steps)
@@ -481,15 +481,19 @@ class ChunkedScheduler:
         _consume(map(list.extend, map(_OUTPUT_IDS, running), itertools.repeat(tokens)))
         _consume(map(list.extend, map(_TOKEN_TIMES, running), itertools.repeat(ends)))
         takers, taken_at = recurring(rows.first_new_block(), steps, bs)
-        if self.kv_cache.prefix is None:
+        if self.kv_cache.prefix is None or len(takers) <= self.kv_cache.pool.num_free:
+            # No eviction: taking blocks changes nothing any registration reads.
             self.kv_cache.take_blocks([running[i] for i in takers.tolist()])
+            takers_left = takers[:0]
         else:
-            self._take_and_register(takers, taken_at, steps)
+            takers_left = takers
+        if self.kv_cache.prefix is not None:
+            self._take_and_register(takers_left, taken_at[: len(takers_left)], steps)
         for request in running:
-            request.num_computed = request.num_tokens - 1
+            request.num_computed += steps
         rows.advance_by(steps, np.bincount(takers, minlength=n))
         ending: list[tuple[Request, str, int]] = []
-        for i in np.flatnonzero(rows.may_stop(np.arange(n))).tolist():
+        for i in rows.at_length().tolist():
             reason = self.stop.reason(running[i])
             if reason:
                 ending.append((running[i], reason, i))
@@ -497,22 +501,29 @@ class ChunkedScheduler:
         return [request for request, _, _ in ending]
 
     def _take_and_register(self, takers: np.ndarray, taken_at: np.ndarray, steps: int) -> None:
-        """With prefix caching, the run's new blocks and its full blocks' contents in the
-        order its steps meet them: each step takes its blocks (which may evict a cached
-        block, forgetting its content), then registers the blocks its tokens filled."""
-        running, computed = self.running, self.rows.computed[: len(self.running)].tolist()
+        """With prefix caching, the blocks the run's tokens fill registered by content, and
+        the `takers`' new blocks taken, in the order the steps meet them: each step takes
+        its blocks, then registers those it filled. (Only an eviction, taking a cached
+        block and forgetting its content, makes the order between the two matter.)"""
+        running, kv = self.running, self.kv_cache
+        computed = self.rows.computed[: len(running)].tolist()
         fillers, filled_at = recurring(self.rows.first_full_block(), steps, self.block_size)
+        if not len(fillers) and not len(takers):
+            return
         rows = np.concatenate([takers, fillers])
         at = np.concatenate([taken_at, filled_at])
         registers = np.repeat([False, True], [len(takers), len(fillers)])
         order = np.lexsort((rows, registers, at))
-        for i, step, register in zip(*(a[order].tolist() for a in (rows, at, registers))):
+        events = zip(*(a[order].tolist() for a in (rows, at, registers)), strict=True)
+        for i, step, register in events:
             request = running[i]
             if register:
                 request.num_computed = computed[i] + step
-                self.kv_cache.cache_computed_blocks(request)
+                kv.cache_computed_blocks(request)
             else:
-                self.kv_cache.take_blocks([request])
+                kv.take_blocks([request])
+        for i, request in enumerate(running):
+            request.num_computed = computed[i]
 
     def abort(self, request: Request, message: str, now: float) -> None:
         """Ends a request before its stop (its client left): its blocks go back at once."""

@@ -142,6 +142,14 @@ class StepAmounts:
         )
 
 
+def _roof(a: Any, b: Any) -> Any:
+    """The larger of two times, each a number or an array (numpy's maximum is slow on
+    plain numbers, and a simulated device asks for one step's terms at every step)."""
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return np.maximum(a, b)
+    return max(a, b)
+
+
 def term_seconds(
     a: StepAmounts, hw: HardwareProfile, fp8: bool = False, tp: int = 1
 ) -> dict[str, Any]:
@@ -151,14 +159,12 @@ def term_seconds(
     gemm, attn = hw.gemm_flops_per_s(fp8), hw.attention_flops_per_s
     mem, link = hw.memory_bytes_per_s, hw.interconnect_bytes_per_s(tp)
     return {
-        "linear": np.maximum(
-            a.linear_flops / gemm + a.gemms * hw.gemm_fill_s, a.linear_bytes / mem
-        ),
-        "prefill_attention": np.maximum(a.prefill_attention_flops / attn, a.prefill_kv_bytes / mem),
-        "decode_attention": np.maximum(a.decode_attention_flops / attn, a.decode_kv_bytes / mem),
+        "linear": _roof(a.linear_flops / gemm + a.gemms * hw.gemm_fill_s, a.linear_bytes / mem),
+        "prefill_attention": _roof(a.prefill_attention_flops / attn, a.prefill_kv_bytes / mem),
+        "decode_attention": _roof(a.decode_attention_flops / attn, a.decode_kv_bytes / mem),
         "kv_write": a.kv_write_bytes / mem,
         # The lm head stays in the model's dtype: the bf16 rate.
-        "lm_head": np.maximum(a.lm_head_flops / hw.gemm_flops_per_s(), a.lm_head_bytes / mem),
+        "lm_head": _roof(a.lm_head_flops / hw.gemm_flops_per_s(), a.lm_head_bytes / mem),
         "allreduce": a.allreduce_bytes / link,
         "allreduce_latency": a.allreduce_calls * hw.allreduce_latency_s,
         "kv_blocks": a.kv_blocks_s,

@@ -114,10 +114,13 @@ class SimulatedDevice:
             raise RuntimeError("a recording device runs every step through forward")
         assert run.widths is not None, "the metadata builder pads a run before it runs"
         rows = run.padded_rows
-        widths, first_use, at = np.unique(run.widths, return_index=True, return_inverse=True)
-        times = self._decode_times(run, widths, at)
-        new = [(int(w), i) for w, i in zip(widths, first_use, strict=True)
-               if ("decode", (rows, int(w))) not in self.compiled]  # fmt: skip
+        # A run's rows only grow, so its buckets do: each width's steps are one stretch.
+        change = np.flatnonzero(run.widths[1:] != run.widths[:-1]) + 1
+        starts = [0, *change.tolist()]
+        widths = run.widths[starts].tolist()
+        times = self._decode_times(run, widths, np.diff([*starts, run.steps]))
+        new = [(w, i) for w, i in zip(widths, starts, strict=True)
+               if ("decode", (rows, w)) not in self.compiled]  # fmt: skip
         for _, i in new:
             times[i] += self.hardware.recompile_s
         ends = np.cumsum(np.concatenate([[self.clock()], times]))[1:]
@@ -128,16 +131,14 @@ class SimulatedDevice:
         self.clock.advance_to(float(ends[steps - 1]))
         return ends[:steps].tolist()
 
-    def _decode_times(self, run: DecodeRun, widths: np.ndarray, at: np.ndarray) -> np.ndarray:
+    def _decode_times(self, run: DecodeRun, widths: list[int], counts: np.ndarray) -> np.ndarray:
         """[steps] each decode step's seconds, compiles left out: a padding device's by its
-        bucket alone, another's by its rows' real lengths."""
+        bucket alone (`widths`, each for `counts` steps), another's by its rows' lengths."""
         if not self.hardware.pads_to_buckets:
             return self.cost.decode_seconds(run.rows, run.slots(), run.blocks)
-        per_width = [
-            self._step_time(StepShape(run.block_size, None, (run.padded_rows, int(w))))
-            for w in widths
-        ]
-        return np.array(per_width)[at]
+        bs, rows = run.block_size, run.padded_rows
+        per_width = [self._step_time(StepShape(bs, None, (rows, w))) for w in widths]
+        return np.repeat(per_width, counts)
 
     def _step_time(self, shape: Any) -> float:
         if not self.hardware.pads_to_buckets:
