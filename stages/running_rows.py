@@ -73,13 +73,20 @@ class RunningRows:
         """Rows from `size` on are gone (the newest requests, preempted)."""
         self.size = min(self.size, size)
 
-    def not_plain_decodes(self) -> list[int]:
+    def not_plain_decodes(self) -> tuple[list[int], int]:
         """Rows that are not a plain decode: a prefill (the request has no output yet, or
-        more than one token to compute), or a decode whose token needs a new block."""
+        more than one token to compute), or a decode whose token needs a new block; and
+        how many of them, from the first, are such decodes."""
         n = self.size
         computed = self.computed[:n]
         decoding = (self.outputs[:n] > 0) & (computed + 1 == self.prompt[:n] + self.outputs[:n])
-        return np.flatnonzero(~(decoding & (computed < self.held[:n]))).tolist()
+        others = np.flatnonzero(~(decoding & (computed < self.held[:n])))
+        prefills = np.flatnonzero(~decoding[others])
+        return others.tolist(), int(prefills[0]) if len(prefills) else len(others)
+
+    def took_block(self, rows: list[int]) -> None:
+        """The rows' requests each took one more block."""
+        self.held[rows] += self.kv_cache.block_size
 
     def blocks_to_come(self) -> int:
         """KV blocks the rows will still take before `length` ends them."""

@@ -20,6 +20,7 @@ so that a prompt is prefilled in one step or waits.
 
 from __future__ import annotations
 
+import bisect
 import enum
 import itertools
 import operator
@@ -238,7 +239,7 @@ class ChunkedScheduler:
         rows go one by one. Preempting takes rows from the end and scheduling a row
         changes no other, so the rows found at the start hold for the whole walk."""
         running = self.running
-        others = self.rows.not_plain_decodes()
+        others = self._take_decode_blocks(*self.rows.not_plain_decodes(), budget.left)
         others.append(len(running))  # a sentinel: the end of the last run
         next_other = 0
         i = 0
@@ -263,6 +264,18 @@ class ChunkedScheduler:
                 self.rows.read(i, request)
                 rows.prefill.append(i)
             i += 1
+
+    def _take_decode_blocks(self, others: list[int], decodes: int, left: int) -> list[int]:
+        """The decodes among the first rows that are not plain (those before any prefill
+        row, within the budget `left`) take their new blocks at once, in row order, where
+        the cache has them all: what the walk would do one by one. Returns the rows the
+        walk still goes through one by one."""
+        batch = others[: min(decodes, bisect.bisect_left(others, left))]
+        if not batch or len(batch) > self.kv_cache.num_free_blocks:
+            return others
+        self.kv_cache.take_blocks([self.running[i] for i in batch])
+        self.rows.took_block(batch)
+        return others[len(batch) :]
 
     def _continue_one(self, request: Request, plan: StepPlan, budget: StepBudget) -> str:
         """The request's decode or next chunk, if it fits: `decode`, `prefill`, `waits`
@@ -329,14 +342,10 @@ class ChunkedScheduler:
         """How many of the first `room` waiting requests the pool holds at their full
         length, beside the blocks the running requests will still take."""
         free = self.kv_cache.num_free_blocks - self.rows.blocks_to_come()
-        count = 0
-        for request in itertools.islice(self.waiting, room):
-            total = min(request.num_prompt_tokens + request.max_new_tokens, self.max_model_len)
-            free -= self.kv_cache.blocks_for(total)
-            if free < 0:
-                break
-            count += 1
-        return count
+        heads = itertools.islice(self.waiting, max(room, 0))
+        totals = np.fromiter((r.num_prompt_tokens + r.max_new_tokens for r in heads), np.int64)
+        needed = np.cumsum(blocks_for(np.minimum(totals, self.max_model_len), self.block_size))
+        return int(np.searchsorted(needed, free, side="right"))
 
     @staticmethod
     def _chunk(request: Request, n: int, cached: int = 0) -> PrefillChunk:

@@ -81,13 +81,23 @@ CASES = {
     "gaudi buckets, warmed": ["hardware=gaudi3", "warmup=true", *ARRIVING],
     "gaudi buckets, compiled while serving": ["hardware=gaudi2", *ARRIVING],
     "h100 real lengths": ["hardware=h100", *ARRIVING],
-    "h100 tp=2 fp8": ["hardware=h100", "tp=2", "quantization=fp8", "kv_cache_dtype=fp8",
-                      *ARRIVING],  # fmt: skip
+    "h100 tp=2 fp8": [
+        "hardware=h100",
+        "tp=2",
+        "quantization=fp8",
+        "kv_cache_dtype=fp8",
+        *ARRIVING,
+    ],  # fmt: skip
     "closed loop": ["hardware=h100", *ARRIVING, "workload.concurrency=3"],
     "static batches": ["hardware=gaudi3", "scheduler=static", "max_tokens=2048", *ARRIVING],
     "tiny pool, preempting": ["hardware=h100", "num_blocks=24", "max_tokens=64", *ARRIVING],
-    "all at once, whole prompts": ["hardware=h100", "scheduler=whole", "scheduler.no_evict=true",
-                                   *ARRIVING, "workload.rate=0"],  # fmt: skip
+    "all at once, whole prompts": [
+        "hardware=h100",
+        "scheduler=whole",
+        "scheduler.no_evict=true",
+        *ARRIVING,
+        "workload.rate=0",
+    ],  # fmt: skip
 }
 
 
