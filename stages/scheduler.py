@@ -342,7 +342,8 @@ class ChunkedScheduler:
         """How many of the first `room` waiting requests the pool holds at their full
         length, beside the blocks the running requests will still take."""
         free = self.kv_cache.num_free_blocks - self.rows.blocks_to_come()
-        heads = itertools.islice(self.waiting, max(room, 0))
+        # Each takes a block at least: no more than free + 1 of them need looking at.
+        heads = itertools.islice(self.waiting, max(min(room, free + 1), 0))
         totals = np.fromiter((r.num_prompt_tokens + r.max_new_tokens for r in heads), np.int64)
         needed = np.cumsum(blocks_for(np.minimum(totals, self.max_model_len), self.block_size))
         return int(np.searchsorted(needed, free, side="right"))
