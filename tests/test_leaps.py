@@ -18,12 +18,12 @@ from tests.helpers import make_config
 
 SIMULATED = ["executor=simulated", "model=spec/llama31_8b"]
 ARRIVING = [
-    "workload.num_requests=24",
+    "workload.num_requests=16",
     "workload.rate=40",
     "workload.min_prompt_tokens=3",
     "workload.max_prompt_tokens=120",
     "workload.min_new_tokens=20",
-    "workload.max_new_tokens=90",
+    "workload.max_new_tokens=60",
     "max_model_len=512",
 ]
 
@@ -77,40 +77,54 @@ def assert_leaps_change_nothing(overrides: list[str]) -> tuple[dict, int]:
     return leapt, steps
 
 
-CASES = {
-    "gaudi buckets, warmed": ["hardware=gaudi3", "warmup=true", *ARRIVING],
-    "gaudi buckets, compiled while serving": ["hardware=gaudi2", *ARRIVING],
-    "h100 real lengths": ["hardware=h100", *ARRIVING],
-    "h100 tp=2 fp8": [
-        "hardware=h100",
-        "tp=2",
-        "quantization=fp8",
-        "kv_cache_dtype=fp8",
-        *ARRIVING,
-    ],  # fmt: skip
-    "closed loop": ["hardware=h100", *ARRIVING, "workload.concurrency=3"],
-    "static batches": ["hardware=gaudi3", "scheduler=static", "max_tokens=2048", *ARRIVING],
-    "tiny pool, preempting": ["hardware=h100", "num_blocks=24", "max_tokens=64", *ARRIVING],
-    "all at once, whole prompts": [
-        "hardware=h100",
-        "scheduler=whole",
-        "scheduler.no_evict=true",
-        *ARRIVING,
-        "workload.rate=0",
-    ],  # fmt: skip
-}
+SLOW = pytest.mark.slow  # each case serves twice; three cases stay in the quick suite
+CASES = [
+    pytest.param(["hardware=gaudi3", "warmup=true", *ARRIVING], id="gaudi buckets, warmed"),
+    pytest.param(["hardware=gaudi2", *ARRIVING], id="gaudi, compiled while serving", marks=SLOW),
+    pytest.param(["hardware=h100", *ARRIVING], id="h100 real lengths"),
+    pytest.param(
+        ["hardware=h100", "tp=2", "quantization=fp8", "kv_cache_dtype=fp8", *ARRIVING],
+        id="h100 tp=2 fp8",
+        marks=SLOW,
+    ),  # fmt: skip
+    pytest.param(
+        ["hardware=h100", *ARRIVING, "workload.concurrency=3"], id="closed loop", marks=SLOW
+    ),  # fmt: skip
+    pytest.param(
+        ["hardware=gaudi3", "scheduler=static", "max_tokens=2048", *ARRIVING],
+        id="static batches",
+        marks=SLOW,
+    ),  # fmt: skip
+    pytest.param(
+        ["hardware=h100", "num_blocks=24", "max_tokens=64", *ARRIVING], id="tiny pool, preempting"
+    ),  # fmt: skip
+    pytest.param(
+        [
+            "hardware=h100",
+            "scheduler=whole",
+            "scheduler.no_evict=true",
+            *ARRIVING,
+            "workload.rate=0",
+        ],
+        id="all at once, whole prompts",
+        marks=SLOW,
+    ),  # fmt: skip
+]
 
 
-@pytest.mark.parametrize("overrides", CASES.values(), ids=CASES.keys())
+@pytest.mark.parametrize("overrides", CASES)
 def test_leaps_give_what_steps_one_by_one_give(overrides):
     metrics, steps = assert_leaps_change_nothing(overrides)
-    assert steps > metrics["num_steps"] / 6, "too few steps leapt to compare"
-    if "num_blocks=24" in overrides:
+    if "num_blocks=24" in overrides:  # preemptions interrupt most runs of decodes
         assert metrics["num_preemptions"] > 0, "no preemption to compare"
+        assert steps > 10, "too few steps leapt to compare"
+    else:
+        assert steps > metrics["num_steps"] / 4, "too few steps leapt to compare"
     if "hardware=gaudi2" in overrides:
         assert metrics["serving_compiles"] > 0, "no compile during serving to compare"
 
 
+@SLOW
 def test_leaps_keep_the_prefix_cache_as_steps_do():
     overrides = [
         "hardware=h100",
@@ -127,6 +141,7 @@ def test_leaps_keep_the_prefix_cache_as_steps_do():
     assert steps > 0 and metrics["prefix_cache_hit_rate"] > 0
 
 
+@SLOW
 def test_leaps_on_a_conversation_trace(tmp_path):
     trace = tmp_path / "conversation.csv"
     write_conversation_trace(trace, 40, 8.0)
@@ -137,6 +152,7 @@ def test_leaps_on_a_conversation_trace(tmp_path):
     assert steps > metrics["num_steps"] / 2
 
 
+@SLOW
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     hardware=st.sampled_from(["h100", "gaudi3"]),
