@@ -328,11 +328,14 @@ class Engine:
                 continue
             if leaps and (leapt := self.leap(leaps.until())):
                 run, finished = leapt
-                leaps.done(run)
                 on_tokens(run.requests)
+                # As step by step, the last step counts once its ended requests are handed
+                # on (which may stop the run).
+                leaps.done(run.first(run.steps - 1))
                 for r in finished:
                     self.attention.release(r)
                     on_finish(r)
+                leaps.done(run.last())
                 index += run.steps
                 continue
             t = clock()

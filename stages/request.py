@@ -190,6 +190,14 @@ class DecodeRun:
         """[steps] the KV slots each step's decode attention reads: every row's tokens."""
         return int(self.lens.sum()) + self.rows * np.arange(self.steps, dtype=np.int64)
 
+    def last(self) -> DecodeRun:
+        """The run's last step alone."""
+        widths = self.widths[-1:] if self.widths is not None else None
+        lens = self.lens + self.steps - 1
+        return DecodeRun(
+            self.requests, lens, self.blocks[-1:], self.block_size, self.padded_rows, widths
+        )
+
     def first(self, steps: int) -> DecodeRun:
         """The run's first `steps` steps."""
         widths = self.widths[:steps] if self.widths is not None else None

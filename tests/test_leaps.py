@@ -12,8 +12,10 @@ from hypothesis import strategies as st
 
 from benchmarks.azure_conversation import write_conversation_trace
 from pipeline.build import build_engine
+from pipeline.capacity import SloJudge, SloMissed, run_probe
 from pipeline.metrics import StepTotals
 from pipeline.run import run_metrics
+from pipeline.slo import Slo
 from tests.helpers import make_config
 
 SIMULATED = ["executor=simulated", "model=spec/llama31_8b"]
@@ -77,11 +79,11 @@ def assert_leaps_change_nothing(overrides: list[str]) -> tuple[dict, int]:
     return leapt, steps
 
 
-SLOW = pytest.mark.slow  # each case serves twice; three cases stay in the quick suite
+SLOW = pytest.mark.slow  # each case serves twice; two stay in the quick suite
 CASES = [
     pytest.param(["hardware=gaudi3", "warmup=true", *ARRIVING], id="gaudi buckets, warmed"),
     pytest.param(["hardware=gaudi2", *ARRIVING], id="gaudi, compiled while serving", marks=SLOW),
-    pytest.param(["hardware=h100", *ARRIVING], id="h100 real lengths"),
+    pytest.param(["hardware=h100", *ARRIVING], id="h100 real lengths", marks=SLOW),
     pytest.param(
         ["hardware=h100", "tp=2", "quantization=fp8", "kv_cache_dtype=fp8", *ARRIVING],
         id="h100 tp=2 fp8",
@@ -182,3 +184,29 @@ def test_leaps_change_nothing_on_small_random_workloads(
         f"max_tokens={max(block_size, 64)}",
         f"prefix_caching={str(prefix).lower()}",
     ])  # fmt: skip
+
+
+def test_a_metrics_only_probe_leaps_to_the_metrics_of_a_run_with_files(tmp_path):
+    slo = ["slo.ttft_ms=200", "slo.tpot_ms=20", "slo.attainment=0.01"]  # never stops it
+    cfg = make_config([*SIMULATED, "hardware=h100", *ARRIVING, *slo])
+    with_files = run_probe(cfg, tmp_path / "files", keep_files=True)
+    metrics_only = run_probe(cfg, tmp_path / "metrics", keep_files=False)
+    assert 0 < with_files["slo_attainment"] < 1  # the SLO tells requests apart
+    assert_same(with_files, metrics_only)
+    assert (tmp_path / "files" / "steps.jsonl").exists()
+    assert sorted(p.name for p in (tmp_path / "metrics").iterdir()) == sorted(
+        p.name for p in (tmp_path / "files").iterdir() if p.suffix not in (".jsonl", ".log")
+    )
+
+
+def test_a_probe_stopped_by_its_slo_stops_where_steps_one_by_one_stop():
+    stops = []
+    for leaps in (False, True):
+        cfg = make_config([*SIMULATED, "hardware=h100", *ARRIVING, "slo.ttft_ms=40"])
+        engine, requests = build_engine(cfg)
+        totals = StepTotals()
+        judge = SloJudge(Slo.of(cfg.slo), len(requests))
+        with pytest.raises(SloMissed):
+            engine.run(requests, totals.add, judge, on_leap=totals.add_run if leaps else None)
+        stops.append((engine.clock(), totals.num_steps, [len(r.token_times) for r in requests]))
+    assert stops[0][1:] == stops[1][1:] and math.isclose(stops[0][0], stops[1][0])

@@ -53,15 +53,16 @@ RECOMPILE = "recompile"
 
 @dataclass(frozen=True)
 class StepWork:
-    """What a step computes, in tokens, whatever the device's padding rule."""
+    """What a step computes, in tokens, whatever the device's padding rule. Each field is a
+    number, or an array of many steps' numbers (a run of decode steps priced at once)."""
 
-    linear_tokens: float = 0.0  # rows through the GEMMs, prefill and decode concatenated
-    prefill_pairs: float = 0.0  # query-key pairs of prefill attention
-    prefill_keys: float = 0.0  # KV slots prefill attention reads
-    decode_slots: float = 0.0  # KV slots decode attention reads (one query each)
-    kv_writes: float = 0.0  # KV slots written
-    sampled_rows: float = 0.0  # rows through the lm head
-    blocks: float = 0.0  # KV blocks attention gathers, prefill rows' and decode's
+    linear_tokens: Any = 0.0  # rows through the GEMMs, prefill and decode concatenated
+    prefill_pairs: Any = 0.0  # query-key pairs of prefill attention
+    prefill_keys: Any = 0.0  # KV slots prefill attention reads
+    decode_slots: Any = 0.0  # KV slots decode attention reads (one query each)
+    kv_writes: Any = 0.0  # KV slots written
+    sampled_rows: Any = 0.0  # rows through the lm head
+    blocks: Any = 0.0  # KV blocks attention gathers, prefill rows' and decode's
 
     def __add__(self, other: StepWork) -> StepWork:
         return StepWork(*(a + b for a, b in zip(self._values(), other._values(), strict=True)))
