@@ -130,7 +130,7 @@ def serve_judged(
     totals = StepTotals()
     verdict = EarlyVerdict(slo_of(cfg), requests, arrivals_fixed=not engine.concurrency)
     duration = engine.run(
-        requests, on_step=totals.add, on_finish=verdict.on_finish,
+        requests, on_step=totals.add, on_finish=verdict.on_finish, on_leap=totals.add_run,
         stop=verdict if decide_early else never,
     )  # fmt: skip
     decided = verdict.decided_at is not None
