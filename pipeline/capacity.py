@@ -35,7 +35,6 @@ from pipeline.engine import Engine
 from pipeline.metrics import StepTotals
 from pipeline.run import device_metrics, run_metrics, serve, slo_of
 from pipeline.slo import EarlyVerdict, Slo, needed_good
-from pipeline.stopping import never
 from stages.request import Request
 from stages.simulator.device import SimulatedDevice
 
@@ -131,7 +130,7 @@ def serve_judged(
     verdict = EarlyVerdict(slo_of(cfg), requests, arrivals_fixed=not engine.concurrency)
     duration = engine.run(
         requests, on_step=totals.add, on_finish=verdict.on_finish, on_leap=totals.add_run,
-        stop=verdict if decide_early else never,
+        stop=verdict if decide_early else None,
     )  # fmt: skip
     decided = verdict.decided_at is not None
     for r in requests:

@@ -12,6 +12,7 @@ met that bound.
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -117,21 +118,31 @@ def needed_good(total: int, attainment: float) -> int:
     return need
 
 
+# A bound's deadline is put this much later, relatively: a request found late by the clock
+# is late by its own (e2e - ttft) / (n - 1) arithmetic too, whatever the rounding.
+MARGIN = 1e-9
+
+
 class Deadlines:
-    """Requests in arrival order, passed once each as the clock goes beyond arrival + bound;
-    `late` says whether a passed request is then certain to miss that bound."""
+    """Requests in arrival order, passed once each when the clock goes beyond arrival +
+    bound; `late` says whether a passed request is then certain to miss that bound."""
 
     def __init__(self, ordered: Sequence[Request], bound_ms: float, late: RequestTest) -> None:
         self.ordered = ordered if bound_ms > 0 else ()
-        self.bound_ms = bound_ms
+        self.bound_s = bound_ms / 1e3 * (1 + MARGIN)
         self.late = late
         self.next = 0
 
+    def next_due(self) -> float:
+        """When the next request's bound runs out (math.inf: none left)."""
+        if self.next == len(self.ordered):
+            return math.inf
+        return self.ordered[self.next].arrival_s + self.bound_s
+
     def passed(self, now: float) -> Iterator[Request]:
         """The requests whose bound ran out by `now` and that are late, each once."""
-        ordered, bound_ms = self.ordered, self.bound_ms
-        while self.next < len(ordered) and (now - ordered[self.next].arrival_s) * 1e3 > bound_ms:
-            r = ordered[self.next]
+        while now > self.next_due():
+            r = self.ordered[self.next]
             self.next += 1
             if self.late(r):
                 yield r
@@ -146,9 +157,13 @@ class PaceWatch:
 
     def __init__(self, ordered: Sequence[Request], bound_ms: float) -> None:
         self.ordered = ordered if bound_ms > 0 else ()
-        self.bound_ms = bound_ms
+        self.bound_s = bound_ms / 1e3 * (1 + MARGIN)
         self.next = 0
         self.due: list[tuple[float, int, Request]] = []  # (deadline, seq_id, request)
+
+    def next_due(self) -> float:
+        """The earliest deadline of a request that has joined (math.inf: none)."""
+        return self.due[0][0] if self.due else math.inf
 
     def passed(self, now: float) -> Iterator[Request]:
         ordered, due = self.ordered, self.due
@@ -158,13 +173,11 @@ class PaceWatch:
             r = ordered[self.next]
             self.next += 1
             if not r.finished and r.max_new_tokens > 1:
-                deadline = r.token_times[0] + self.bound_ms / 1e3 * (r.max_new_tokens - 1)
+                deadline = r.token_times[0] + self.bound_s * (r.max_new_tokens - 1)
                 heapq.heappush(due, (deadline, r.seq_id, r))
-        while due and due[0][0] < now:
+        while due and now > due[0][0]:
             r = heapq.heappop(due)[2]
-            # a margin for the rounding of TPOT's own (e2e - ttft) / (n - 1)
-            slowest_ms = self.bound_ms * (r.max_new_tokens - 1) * (1 + 1e-9)
-            if not r.finished and (now - r.token_times[0]) * 1e3 > slowest_ms:
+            if not r.finished:
                 yield r
 
 
@@ -193,6 +206,7 @@ class EarlyVerdict:
         self.missed_in_flight = 0
         self.finished = 0
         self.decided_at: float | None = None
+        self.now = 0.0  # the clock at the last call
 
     def on_finish(self, r: Request) -> None:
         self.finished += 1
@@ -201,6 +215,7 @@ class EarlyVerdict:
 
     def __call__(self, now: float) -> bool:
         """True once the run has missed its SLO for certain (it may stop there)."""
+        self.now = now
         for watch in self.watches:
             for r in watch.passed(now):
                 if r.seq_id not in self.missed:
@@ -209,6 +224,12 @@ class EarlyVerdict:
         if len(self.missed) > self.allowed and self.decided_at is None:
             self.decided_at = now
         return self.decided_at is not None
+
+    def next_change(self) -> float:
+        """The next deadline of a request in flight (a request finishing or getting its
+        first token may bring another: both end a leap anyway); after the last call."""
+        due = min(watch.next_due() for watch in self.watches)
+        return due if due > self.now else math.nextafter(self.now, math.inf)
 
     def describe(self) -> dict[str, Any]:
         """metrics.json's `decided_early`: the verdict, when, and which requests it counted

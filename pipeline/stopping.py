@@ -6,6 +6,7 @@ caller hands the engine, once the run's outcome is decided (a capacity probe's S
 
 from __future__ import annotations
 
+import math
 import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -22,10 +23,21 @@ class StopHook(Protocol):
 
     def __call__(self, now: float) -> bool: ...
 
+    def next_change(self) -> float:
+        """The earliest time after the last call at which the answer may change while no
+        request finishes and none arrives (math.inf: none): a simulated device leaps over
+        runs of decode steps no further, so the run stops where step by step it would."""
+        ...
 
-def never(now: float) -> bool:
+
+class NeverStop:
     """The default stop hook: the run serves every request."""
-    return False
+
+    def __call__(self, now: float) -> bool:
+        return False
+
+    def next_change(self) -> float:
+        return math.inf
 
 
 class RunInterrupted(BaseException):
