@@ -9,6 +9,8 @@ from dataclasses import dataclass
 import numpy as np
 import structlog
 
+from stages.arithmetic import ceil_div
+
 log = structlog.get_logger(__name__)
 
 
@@ -32,7 +34,7 @@ class Axis:
     def sizes(self, strategy: Bucketing | str) -> list[int]:
         if self.explicit:
             return list(self.explicit)
-        top = -(-self.max // self.step) * self.step
+        top = ceil_div(self.max, self.step) * self.step
         if Bucketing(strategy) is Bucketing.exponential:
             sizes, n = [], self.min
             while n < top:
@@ -59,7 +61,7 @@ class Buckets:
         if i < len(sizes):
             return int(sizes[i]), True
         step = self.axes[name].step
-        return -(-n // step) * step, False  # fallback: an unprepared shape, never a dropped row
+        return ceil_div(n, step) * step, False  # fallback: an unprepared shape, never a dropped row
 
     def pad(self, kind: str, dims: Mapping[str, int]) -> tuple[tuple[int, ...], bool]:
         """(the bucket of a `kind` step needing `dims`, whether every size is prepared)."""

@@ -177,10 +177,10 @@ class HPUMetadataBuilder:
         prefill_blocks: dict[str, Any],
         decode_batch: dict[str, Any],
         decode_blocks: dict[str, Any],
-        bucketing: Bucketing | str = Bucketing.linear,
+        bucketing: Bucketing | str,
+        decode_span: float,
+        max_warmup_shapes: int,
         pad_id: int = 0,
-        decode_span: float = 2.0,
-        max_warmup_shapes: int = 512,
         shapes_only: bool = False,
     ) -> None:
         """shapes_only: build() gives the buckets and lengths but no tensors, and lists

@@ -8,6 +8,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import paddle
 
+from stages.arithmetic import ceil_div
 from stages.attention.interface import (
     AttentionOps,
     DecodeLayout,
@@ -180,7 +181,7 @@ class PagedAttention:
         lens = prefill.chunk_lens[: prefill.batch].tolist()
         blocks, rows, start = [], [], 0
         for row, n in enumerate(lens):
-            used = -(-n // bs)
+            used = ceil_div(n, bs)
             blocks.append(dest[row, :used])
             rows.append(start + np.minimum(np.arange(used * bs), n - 1))
             start += n
