@@ -191,9 +191,14 @@ class HfModelConf:
     def spec(self) -> ModelSpec:
         from stages.checkpoint import read_folder_spec
 
-        spec = read_folder_spec(self.path).model
+        checkpoint = read_folder_spec(self.path)
         name = Path(self.path).expanduser().name
-        return dataclasses.replace(spec, name=name, dtype_bytes=dtype_bytes(self.dtype))
+        return dataclasses.replace(
+            checkpoint.model,
+            name=name,
+            dtype_bytes=dtype_bytes(self.dtype),
+            max_position_embeddings=checkpoint.max_position_embeddings,
+        )
 
     def rotary_positions(self) -> int:
         from stages.checkpoint import read_folder_spec
@@ -214,9 +219,14 @@ class GgufModelConf:
         from stages.gguf.config import gguf_spec
         from stages.gguf.reader import read_gguf_header
 
-        spec = gguf_spec(read_gguf_header(self.path)).model
+        checkpoint = gguf_spec(read_gguf_header(self.path))
         name = Path(self.path).expanduser().stem
-        return dataclasses.replace(spec, name=name, dtype_bytes=dtype_bytes(self.dtype))
+        return dataclasses.replace(
+            checkpoint.model,
+            name=name,
+            dtype_bytes=dtype_bytes(self.dtype),
+            max_position_embeddings=checkpoint.max_position_embeddings,
+        )
 
     def rotary_positions(self) -> int:
         from stages.gguf.config import gguf_spec
@@ -302,6 +312,9 @@ class SpecModelConf:
     moe_layer_end: int = -1  # -1 = the last layer
     moe_layer_interval: int = 1
     dtype_bytes: int = 2  # bf16
+    # The context it was trained for (config.json's name); max_model_len may not exceed
+    # it. 0: not stated, no limit.
+    max_position_embeddings: int = 0
 
     has_weights: ClassVar[bool] = False
 

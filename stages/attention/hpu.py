@@ -16,6 +16,7 @@ from stages.attention.interface import (
     RopeTable,
     SlotIndex,
 )
+from stages.host_tensor import host_tensor
 from stages.interfaces import PackedRows
 from stages.kv_cache import KVCacheManager
 from stages.metadata import ForwardMeta
@@ -114,8 +115,8 @@ class PagedAttention:
             parts.append(offset + np.arange(decode.batch))
             rows.append(prefill_tokens + np.arange(decode.batch))
         return PackedRows(
-            paddle.to_tensor(np.concatenate(parts)),
-            paddle.to_tensor(np.concatenate(rows)),
+            host_tensor(np.concatenate(parts)),
+            host_tensor(np.concatenate(rows)),
             prefill_tokens,
         )
 
@@ -184,9 +185,7 @@ class PagedAttention:
             blocks.append(dest[row, :used])
             rows.append(start + np.minimum(np.arange(used * bs), n - 1))
             start += n
-        return BlockWrites(
-            paddle.to_tensor(np.concatenate(blocks)), paddle.to_tensor(np.concatenate(rows))
-        )
+        return BlockWrites(host_tensor(np.concatenate(blocks)), host_tensor(np.concatenate(rows)))
 
     def qkv_rope(
         self, layer: int, x: paddle.Tensor, state: StepState
