@@ -78,7 +78,8 @@ class BucketAxisConf:
     """The prepared sizes of one bucket dimension: `sizes`, or min/step/max. 0 derives a
     value from the limits (min: 1 or block_size; step: 1 or block_size; max: max_num_seqs,
     max_tokens or max_model_len / block_size; for decode_blocks, all rows' blocks up to the
-    pool)."""
+    pool, or with prefix caching up to max_num_seqs full rows, as rows sharing a cached
+    prefix list its blocks each)."""
 
     min: int = 0
     step: int = 0
