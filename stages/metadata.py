@@ -122,12 +122,14 @@ def derived_axes(
     enforces: what a 0 in the config stands for."""
     blocks_per_seq = blocks_for(max_model_len, block_size)
     decode_blocks = decode_blocks_limit(max_num_seqs, blocks_per_seq, num_blocks, prefix_caching)
+    distinct = decode_blocks_limit(max_num_seqs, blocks_per_seq, num_blocks, False)
     return {
         "prefill_batch": {"min": 1, "step": 1, "max": max_num_seqs},
         "prefill_seq": {"min": block_size, "step": block_size, "max": max_tokens},
         "prefill_blocks": {"min": 1, "step": 1, "max": blocks_per_seq},
         "decode_batch": {"min": 1, "step": 1, "max": max_num_seqs},
-        "decode_blocks": {"min": 1, "step": 1, "max": decode_blocks},
+        # past the pool only rows sharing a prefix go: linear steps end there
+        "decode_blocks": {"min": 1, "step": 1, "max": decode_blocks, "dense_max": distinct},
     }
 
 
@@ -148,7 +150,11 @@ def resolve_axes(
     axes = {}
     for name in AXES:
         conf = given[name]
-        bounds: dict[str, Any] = {key: conf[key] or derived[name][key] for key in derived[name]}
+        bounds: dict[str, Any] = {
+            key: conf[key] or derived[name][key] for key in ("min", "step", "max")
+        }
+        if not conf["max"]:  # a derived max keeps the derived dense range
+            bounds["dense_max"] = derived[name].get("dense_max", 0)
         axis = Axis(**bounds)
         sizes = [int(v) for v in (conf.get("sizes") or ())]
         if sizes:

@@ -14,6 +14,17 @@ from tests.helpers import serve
         ("linear", Axis(min=16, step=16, max=64), [16, 32, 48, 64]),
         ("linear", Axis(min=1, step=4, max=10), [1, 5, 9, 12]),
         ("exponential", Axis(min=1, step=4, max=20), [1, 2, 4, 8, 16, 20]),
+        # steps up to the pool (87), then doubling to rows x a full row (prefix sharing)
+        (
+            "linear",
+            Axis(min=1, step=8, max=512, dense_max=87),
+            [*range(1, 88, 8), 88, 176, 352, 512],
+        ),
+        (
+            "exponential",
+            Axis(min=1, step=8, max=512, dense_max=87),
+            [1, 2, 4, 8, 16, 32, 64, 128, 256, 512],
+        ),
     ],
 )
 def test_prepared_sizes(strategy, axis, expected):
