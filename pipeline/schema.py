@@ -415,6 +415,9 @@ class ServeConf:
     max_waiting: int = 256  # requests queued (not yet running) at most; beyond: 503
     max_request_bytes: int = 1_000_000  # larger request bodies get 413
     shutdown_timeout_s: float = 30.0  # SIGTERM: in-flight requests finish or abort by then
+    # Free C heap handed back to the system at most this often (glibc's malloc_trim), so
+    # the resident size stays flat over days; 0 = never.
+    trim_memory_s: float = 60.0
 
 
 @dataclass

@@ -23,6 +23,7 @@ from openai import OpenAI
 from pipeline.build import build_engine
 from pipeline.serve.__main__ import prepare
 from pipeline.serve.api import create_app
+from pipeline.serve.heap import HeapTrimmer
 from pipeline.serve.telemetry import Telemetry
 from pipeline.serve.worker import EngineWorker
 from stages.request import Request
@@ -379,3 +380,11 @@ def test_a_server_keeps_no_object_per_request_it_served(server):
     assert sum(grown.values()) < served, grown  # fewer than one object per request
     assert grown.get("stages.request.Request", 0) <= worker.cfg.max_num_seqs  # the last step's
     assert not worker.streams and kv_free(url)[0] == kv_free(url)[1]
+
+
+def test_the_heap_is_trimmed_no_more_often_than_asked():
+    never, always = HeapTrimmer(0), HeapTrimmer(1e-9)
+    for _ in range(3):
+        never.maybe_trim()
+        always.maybe_trim()
+    assert never.trims == 0 and always.trims == 3
