@@ -10,6 +10,8 @@ from dataclasses import dataclass
 import numpy as np
 import structlog
 
+from stages.arithmetic import ceil_div
+
 log = structlog.get_logger(__name__)
 
 
@@ -47,7 +49,7 @@ class Axis:
         return sizes
 
     def _rounded(self, n: int) -> int:
-        return -(-n // self.step) * self.step
+        return ceil_div(n, self.step) * self.step
 
 
 def _doubling(start: int, top: int) -> list[int]:
@@ -79,7 +81,7 @@ class Buckets:
         if i < len(sizes):
             return sizes[i], True
         step = self.axes[name].step
-        return -(-n // step) * step, False  # fallback: an unprepared shape, never a dropped row
+        return ceil_div(n, step) * step, False  # fallback: an unprepared shape, never a dropped row
 
     def fit_prepared(self, name: str, values: np.ndarray) -> np.ndarray:
         """The prepared size each value pads to, as `fit` finds it, for the leading values
