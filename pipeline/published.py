@@ -12,7 +12,10 @@ fixed prompt and output lengths and a method:
   tuning.py). KV blocks of 32 tokens, the real tokens computed (no padding).
 - `static` (Optimum Habana's run_generation.py): `scheduler=static` with the row's batch,
   prefilled together and decoded in lockstep, on warmed buckets of 128 tokens (the
-  method's bucket_size), exactly the shapes the batch runs.
+  method's bucket_size), exactly the shapes the batch runs. Every published run sets
+  `--attn_batch_split 2` (the run_cmd of each ref_perf entry in Gaudi_1-21.json): the
+  prompt's batch is split in two so that one half's all-reduces run under the other
+  half's compute (`executor.prefill_batch_split=2`).
 
 The predicted figure is output tokens over the simulated run's time, as both sources
 report it. A fit re-times recorded steps (`RowRun.steps`) for other hardware figures: a
@@ -45,6 +48,7 @@ INT_FIELDS = ("tp", "input_tokens", "output_tokens", "num_requests")
 # trtllm-bench's caps on the batch and on a step's tokens.
 MAX_BATCH, MAX_STEP_TOKENS = 4096, 32768
 GPU_BLOCK, HPU_BUCKET = 32, 128
+HPU_BATCH_SPLIT = 2  # run_generation.py --attn_batch_split 2, as the static rows ran
 
 
 @dataclass(frozen=True)
@@ -153,6 +157,7 @@ def row_overrides(row: PublishedRow) -> list[str]:
         *common,
         f"block_size={HPU_BUCKET}",
         "scheduler=static",
+        f"executor.prefill_batch_split={HPU_BATCH_SPLIT}",
         f"max_num_seqs={bs}",
         f"max_tokens={bs * first * HPU_BUCKET}",
         "warmup=true",
