@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import inspect
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,13 +25,17 @@ from omegaconf import OmegaConf
 
 from pipeline.build import build
 from pipeline.published import PublishedRow, row_config, simulate_row
-from stages.simulator.cost_model import CostModel, StepAmounts
+from stages.simulator.cost_model import CostModel, StepAmounts, StepWork, padded_work, real_work
 from stages.simulator.hardware import HardwareProfile
 from stages.simulator.precision import Precision
 
 ROOT = Path(__file__).resolve().parents[1]
-# The code a recorded schedule and its amounts come from: any change records afresh.
+# The code a recorded schedule and its amounts come from: any change records afresh. The
+# cost model's file counts by what sets a step's amounts, not by how they are timed (a
+# change of physics re-times the cached steps).
 SOURCES = ("stages", "pipeline/published.py", "pipeline/engine.py", "pipeline/build.py")
+TIMING = ROOT / "stages" / "simulator" / "cost_model.py"
+AMOUNT_CODE = (StepWork, padded_work, real_work, StepAmounts, CostModel.amounts)
 # Profile figures that decide the KV pool, and so the schedule; the speeds do not.
 SCHEDULE_FIELDS = ("hbm_capacity_gib", "graph_memory_gib", "kv_headroom", "pads_to_buckets")
 AMOUNT_FIELDS = tuple(f.name for f in dataclasses.fields(StepAmounts))
@@ -74,17 +79,22 @@ def _source_digest() -> str:
         path = ROOT / name
         files = sorted(path.rglob("*.py")) if path.is_dir() else [path]
         for file in files:
-            digest.update(str(file.relative_to(ROOT)).encode())
-            digest.update(file.read_bytes())
+            if file != TIMING:
+                digest.update(str(file.relative_to(ROOT)).encode())
+                digest.update(file.read_bytes())
+    for code in AMOUNT_CODE:
+        digest.update(inspect.getsource(code).encode())
     return digest.hexdigest()
 
 
 def cache_key(row: PublishedRow, hardware: HardwareProfile, source: str) -> str:
     """The row (not its published value), its config, the schedule's figures, the code."""
-    cfg = row_config(row, hardware)
+    config = OmegaConf.to_container(row_config(row, hardware), resolve=True)
+    assert isinstance(config, dict)
+    config.pop("hardware", None)  # its speeds are what a fit changes; its memory is below
     described = {
         "row": {k: v for k, v in dataclasses.asdict(row).items() if k != "value"},
-        "config": OmegaConf.to_container(cfg, resolve=True),
+        "config": config,
         "hardware": {k: getattr(hardware, k) for k in ("name", *SCHEDULE_FIELDS)},
         "amounts": AMOUNT_FIELDS,
         "source": source,
