@@ -291,10 +291,18 @@ class ChunkedScheduler:
     ) -> None:
         """First chunks of waiting requests, in order, while the budget, max_num_seqs and
         the cache allow; the first that does not fit ends admission (it never loops). A
-        request's first chunk starts after its longest cached prefix."""
-        room = self._admission_room()
+        request's first chunk starts after its longest cached prefix. With `no_evict`, a
+        request is admitted only while the pool holds it to its end (`free` blocks left
+        beside what the running requests will still take), checked one request at a time:
+        counting every waiting request that would fit costs a pass over them each step."""
+        room, free = self._admission_room()
         while self.waiting and budget.left > 0 and room > 0:
             request = self.waiting[0]
+            need = self._blocks_to_end(request) if free is not None else 0
+            if free is not None:
+                if need > free:
+                    return
+                free -= need
             cached = self.kv_cache.match_prefix(request)
             request.num_computed = len(cached) * self.block_size
             remaining = request.num_tokens - request.num_computed
@@ -319,24 +327,20 @@ class ChunkedScheduler:
             self._charge(n, budget)
             room -= 1
 
-    def _admission_room(self) -> int:
-        """How many waiting requests this step may admit: up to max_num_seqs running, and
-        with `no_evict` only as many as the pool holds to their end."""
+    def _admission_room(self) -> tuple[int, int | None]:
+        """How many waiting requests this step may admit (up to max_num_seqs running), and
+        with `no_evict` the blocks their full lengths may take (None: no such limit)."""
         room = self.max_num_seqs - len(self.running)
-        return self._fitting_to_end(room) if self.no_evict else room
+        return room, (self._free_to_end() if self.no_evict else None)
 
-    def _fitting_to_end(self, room: int) -> int:
-        """How many of the first `room` waiting requests the pool holds at their full
-        length, beside the blocks the running requests will still take."""
-        free = self.kv_cache.num_free_blocks - self.rows.blocks_to_come()
-        count = 0
-        for request in itertools.islice(self.waiting, room):
-            total = min(request.num_prompt_tokens + request.max_new_tokens, self.max_model_len)
-            free -= self.kv_cache.blocks_for(total)
-            if free < 0:
-                break
-            count += 1
-        return count
+    def _free_to_end(self) -> int:
+        """Free blocks beside those the running requests will still take."""
+        return self.kv_cache.num_free_blocks - self.rows.blocks_to_come()
+
+    def _blocks_to_end(self, request: Request) -> int:
+        """Blocks the request holds at its full length."""
+        total = min(request.num_prompt_tokens + request.max_new_tokens, self.max_model_len)
+        return self.kv_cache.blocks_for(total)
 
     @staticmethod
     def _chunk(request: Request, n: int, cached: int = 0) -> PrefillChunk:
@@ -492,7 +496,7 @@ class StaticScheduler(WholeScheduler):
     def __init__(self, **kwargs) -> None:
         super().__init__(**{**kwargs, "max_padding": 1.0})
 
-    def _admission_room(self) -> int:
+    def _admission_room(self) -> tuple[int, int | None]:
         if self.running:
-            return 0  # the batch in flight runs to its end first
-        return self._fitting_to_end(self.max_num_seqs)
+            return 0, None  # the batch in flight runs to its end first
+        return self.max_num_seqs, self._free_to_end()
