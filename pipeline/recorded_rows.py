@@ -33,7 +33,20 @@ ROOT = Path(__file__).resolve().parents[1]
 # The code a recorded schedule and its amounts come from: any change records afresh. The
 # cost model's file counts by what sets a step's amounts, not by how they are timed (a
 # change of physics re-times the cached steps).
-SOURCES = ("stages", "pipeline/published.py", "pipeline/engine.py", "pipeline/build.py")
+SOURCES = (
+    "stages/simulator",
+    "stages/scheduler.py",
+    "stages/running_rows.py",
+    "stages/kv_cache.py",
+    "stages/metadata.py",
+    "stages/buckets.py",
+    "stages/step_shape.py",
+    "stages/model_spec.py",
+    "stages/request.py",
+    "pipeline/published.py",
+    "pipeline/engine.py",
+    "pipeline/build.py",
+)
 TIMING = ROOT / "stages" / "simulator" / "cost_model.py"
 AMOUNT_CODE = (StepWork, padded_work, real_work, StepAmounts, CostModel.amounts)
 # Profile figures that decide the KV pool, and so the schedule; the speeds do not.
@@ -77,7 +90,7 @@ def _source_digest() -> str:
     digest = hashlib.sha256()
     for name in SOURCES:
         path = ROOT / name
-        files = sorted(path.rglob("*.py")) if path.is_dir() else [path]
+        files = sorted(path.rglob("*.py")) if path.is_dir() else [path] if path.is_file() else []
         for file in files:
             if file != TIMING:
                 digest.update(str(file.relative_to(ROOT)).encode())
