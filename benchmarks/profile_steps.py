@@ -39,7 +39,7 @@ from benchmarks.peer import sorted_batches
 from benchmarks.report import write_report
 from pipeline.compose import compose_config
 from pipeline.run import build_engine
-from stages.checkpoint import export_hf_llama
+from stages.checkpoint.export import export_hf_llama
 from stages.step_shape import StepShape
 
 KINDS = ("matmul", "attention", "gather/copy", "elementwise", "other")

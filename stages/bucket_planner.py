@@ -36,7 +36,6 @@ from stages.buckets import (
     warmup_counts,
 )
 
-TOKEN_AXES = ("prefill_batch", "prefill_seq", "decode_batch")
 BLOCK_AXES = ("prefill_blocks", "decode_blocks")
 
 

@@ -282,19 +282,20 @@ def warmup_counts(
 def _new_mixed_graphs(
     sizes: Mapping[str, Sequence[int]], block_size: int, max_tokens: int, padded_budget: bool
 ) -> set[tuple]:
-    """The mixed grid's part buckets that the prefill and decode phases do not hold."""
-    pairs = mixed_pairs(sizes, max_tokens)
-    prefill = {p for p, _ in pairs}
-    decode = {d for _, d in pairs}
-    # the mixed row count is the smallest batch size, so the grid's rows of that size
-    rows = [min(sizes["prefill_batch"])]
-    grid = set(
-        prefill_shapes(
-            rows, sizes["prefill_seq"], sizes["prefill_blocks"], block_size, max_tokens,
-            padded_budget,
-        )
-    )  # fmt: skip
-    new: set[tuple] = {("prefill", p) for p in prefill if p not in grid}
-    decode_grid = set(decode_shapes(sizes["decode_batch"], sizes["decode_blocks"]))
-    new.update(("decode", d) for d in decode if d not in decode_grid)
+    """The mixed grid's part buckets that the prefill and decode phases do not hold, found
+    without listing the grid or the phases: a seq size is in some pair when it fits beside
+    the smallest decode batch, a decode batch when it fits beside the shortest seq."""
+    rows = min(sizes["prefill_batch"])
+    widest_p, widest_d = max(sizes["prefill_blocks"]), max(sizes["decode_blocks"])
+    seq = np.sort(np.asarray(sizes["prefill_seq"], dtype=np.int64))
+    batch = np.sort(np.asarray(sizes["decode_batch"], dtype=np.int64))
+    in_pairs_p = rows * seq + batch[0] <= max_tokens
+    in_pairs_d = rows * seq[0] + batch <= max_tokens
+    # the prefill phase holds (rows, s, widest_p) when that step is reachable (as in
+    # prefill_shapes, rows being the smallest batch size) and the widest table holds it
+    reach = _reachable_prefill(np.array([rows]), seq, block_size, max_tokens, padded_budget)[0]
+    held_p = reach & (widest_p >= _floors(seq) // block_size + 1)
+    held_d = widest_d > _floors(batch)  # as in decode_shapes
+    new: set[tuple] = {("prefill", (rows, int(s), widest_p)) for s in seq[in_pairs_p & ~held_p]}
+    new.update(("decode", (int(b), widest_d)) for b in batch[in_pairs_d & ~held_d])
     return new

@@ -5,7 +5,7 @@ attention with optional q/k/v biases and per-head q/k RMSNorm (Qwen3), and a Swi
 a mixture of experts. The model computes projections and the MLP on a step's rows;
 attention goes to the attention stage, which owns the KV cache and may have the model
 run on a step's real tokens only (packed_rows). Built-in weights are drawn
-from a seed, so no download; stages/checkpoint.py builds the same model from a Hugging Face
+from a seed, so no download; stages/checkpoint/ builds the same model from a Hugging Face
 folder.
 """
 

@@ -69,10 +69,6 @@ class RunningRows:
             values[:n] = values[rows]
         self.size = n
 
-    def truncate(self, size: int) -> None:
-        """Rows from `size` on are gone (the newest requests, preempted)."""
-        self.size = min(self.size, size)
-
     def not_plain_decodes(self) -> list[int]:
         """Rows that are not a plain decode: a prefill (the request has no output yet, or
         more than one token to compute), or a decode whose token needs a new block."""

@@ -25,7 +25,16 @@ from stages.bucket_planner import (
     plan_buckets,
     plan_prefill_pair,
 )
-from stages.buckets import Axis, Buckets, StepRule, is_warmed, warmup_counts
+from stages.buckets import (
+    Axis,
+    Buckets,
+    StepRule,
+    decode_shapes,
+    is_warmed,
+    mixed_pairs,
+    prefill_shapes,
+    warmup_counts,
+)
 from stages.kv_cache import blocks_for
 from stages.metadata import bucket_dims
 from stages.simulator.device import graphs
@@ -370,3 +379,34 @@ def test_cli_plans_from_a_sweep_and_shows_a_run(tmp_path, capsys):
 def test_cli_refuses_a_folder_without_steps(tmp_path, capsys):
     assert buckets_main(["plan", str(tmp_path), "--out", str(tmp_path / "out")]) == 2
     assert "no steps.jsonl" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_mixed_count_matches_the_listed_phases(seed):
+    """The mixed phase's new graphs, counted without lists, equal the listed grid's parts
+    that the listed prefill and decode phases lack."""
+    rng = np.random.default_rng(seed)
+
+    def axis(low, high, n):
+        return sorted(set(rng.integers(low, high, n).tolist()))
+
+    sizes = {
+        "prefill_batch": axis(1, 9, 3),
+        "prefill_seq": [16 * j for j in axis(1, 20, 6)],
+        "prefill_blocks": axis(1, 12, 4),
+        "decode_batch": axis(1, 64, 6),
+        "decode_blocks": axis(1, 40, 5),
+    }
+    budget, padded = int(rng.integers(64, 400)), bool(seed % 2)
+    prefill = set(
+        prefill_shapes(
+            sizes["prefill_batch"], sizes["prefill_seq"], sizes["prefill_blocks"], 16, budget,
+            padded,
+        )
+    )  # fmt: skip
+    decode = set(decode_shapes(sizes["decode_batch"], sizes["decode_blocks"]))
+    pairs = mixed_pairs(sizes, budget)
+    listed = {p for p, _ in pairs if p not in prefill} | {d for _, d in pairs if d not in decode}
+    assert warmup_counts(sizes, 16, budget, mixed=True, padded_budget=padded)["mixed"] == len(
+        listed
+    )

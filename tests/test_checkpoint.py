@@ -19,7 +19,8 @@ from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
 
 from pipeline.build import build_engine
 from pipeline.checks import ConfigError
-from stages.checkpoint import SUPPORTED_ARCHITECTURES, export_hf_llama, load_hf_model, read_spec
+from stages.checkpoint import SUPPORTED_ARCHITECTURES, load_hf_model, read_spec
+from stages.checkpoint.export import export_hf_llama
 from stages.model import check_dtype
 from stages.workload import _WORDS
 from tests import numpy_reference

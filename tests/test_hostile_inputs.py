@@ -272,12 +272,12 @@ def test_a_header_only_trace_says_it_has_no_rows(tmp_path):
 
 
 def test_a_trace_gone_before_the_read_is_one_line(tmp_path, monkeypatch):
-    import stages.trace
+    import stages.trace.workload
 
     def gone(*args, **kwargs):
         raise FileNotFoundError(2, "No such file or directory")
 
-    monkeypatch.setattr(stages.trace, "read_csv_trace", gone)
+    monkeypatch.setattr(stages.trace.workload, "read_csv_trace", gone)
     with pytest.raises(ValueError, match="cannot be read: No such file or directory"):
         stages.trace.TraceWorkload(str(vidur(tmp_path, 0.0)))
 

@@ -97,13 +97,13 @@ def test_special_tokens_with_their_text(tmp_path, capsys):
 def test_weights_are_not_read_nor_the_model_built(tmp_path, capsys, monkeypatch):
     """Only the headers: with weight reading and model building made to fail, the folder
     is still described in full. A shard cut short is refused, as loading would refuse it."""
-    import stages.checkpoint
+    import stages.checkpoint.reading
     import stages.model
 
     def fail(*args, **kwargs):
         raise AssertionError("inspect read weights or built the model")
 
-    monkeypatch.setattr(stages.checkpoint, "_row_blocks", fail)
+    monkeypatch.setattr(stages.checkpoint.reading, "_row_blocks", fail)
     monkeypatch.setattr(stages.model.TransformerLM, "__init__", fail)
     folder = folder_of(tmp_path)
     code, out, _ = run(capsys, folder, "--json")

@@ -139,7 +139,7 @@ class PagedAttention:
                 prefill_layout = ops.prefill_layout(prefill.context_lens, lens, dtype, packed=True)
             prefill_slots = self._prefill_slots(prefill, packed)
             if packed is not None and prefill.block_indices is not None:
-                packed_blocks = self._packed_blocks(prefill, packed)
+                packed_blocks = self._packed_blocks(prefill)
         if decode is not None:
             n = decode.batch if packed is not None else decode.shape[0]
             decode_slots = ops.slot_index(
@@ -169,7 +169,7 @@ class PagedAttention:
         blocks = paddle.gather(prefill.slot_blocks, tokens)
         return self.ops.slot_index(k_cache, blocks, paddle.gather(prefill.slot_offsets, tokens))
 
-    def _packed_blocks(self, prefill, packed: PackedRows) -> BlockWrites:
+    def _packed_blocks(self, prefill) -> BlockWrites:
         """Whole-block writes of packed aligned chunks: each row's blocks that hold tokens,
         filled from packed rows (a last block's tail repeats the row's last token; those
         slots are masked until later tokens overwrite them). Two gathers and a block write

@@ -1,5 +1,5 @@
 """A GGUF file's metadata as the architecture it describes: the Hugging Face config fields
-the checkpoint loader checks (stages/checkpoint.py read_spec), so one set of rules says what
+the checkpoint loader checks (stages.checkpoint.read_spec), so one set of rules says what
 this engine serves, whatever format the weights come in.
 
 llama.cpp writes the sizes under the architecture's own prefix (`llama.block_count`,

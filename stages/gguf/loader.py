@@ -17,14 +17,10 @@ import numpy as np
 import paddle
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from stages.checkpoint import (
-    CheckpointSpec,
-    WeightPlan,
-    _assemble,
-    _place,
-    _to_paddle,
-    weight_plan,
-)
+from stages.checkpoint.assembly import assemble_weights
+from stages.checkpoint.config import CheckpointSpec
+from stages.checkpoint.reading import place_block, to_paddle
+from stages.checkpoint.weight_plan import WeightPlan, weight_plan
 from stages.gguf.config import check_gguf_context, gguf_spec, token_ids
 from stages.gguf.quants import SUPPORTED_TYPES, dequantize
 from stages.gguf.reader import GgufHeader, TensorInfo, read_gguf_header
@@ -159,11 +155,11 @@ def load_state(header: GgufHeader, spec: CheckpointSpec, dtype: str) -> dict[str
                 if len(plan.shapes[key]) == 1:  # a vector is one row; placements see values
                     block = block.reshape(-1)
                 for placement in placements:
-                    _place(buffers[placement.dest], placement, first, block)
+                    place_block(buffers[placement.dest], placement, first, block)
             for dest in (p.dest for p in placements):
                 pending[dest] -= 1
                 if not pending[dest]:
-                    state[dest] = _to_paddle(buffers.pop(dest), dtype)
+                    state[dest] = to_paddle(buffers.pop(dest), dtype)
     return state
 
 
@@ -186,6 +182,6 @@ def load_gguf_model(path: str, dtype: str = "float32", max_position: int = 0) ->
         dtype=dtype,
         rope_scaling=spec.rope_scaling,
         rope_interleaved=spec.rope_interleaved,
-        weights=_assemble(spec, state),
+        weights=assemble_weights(spec, state),
         eos_ids=[i for i in eos if 0 <= i < vocab],
     )
