@@ -233,7 +233,10 @@ def profile_text(
             for r, e in zip(mine, errors, strict=True)
             if r.row.source == source
         ]
-    lines += [f"# Split-half: {c}" for c in checks]
+    for check in checks:
+        fitted_on, _, held_out = check.partition("; held out: ")
+        lines.append(f"# Split-half: {fitted_on}")
+        lines += [f"#   held out: {held_out}"] if held_out else []
     lines += ["defaults:", "  - /schema/hardware@_here_: device"]
     for f in dataclasses.fields(profile):
         value = getattr(profile, f.name)
