@@ -1,12 +1,14 @@
 """How fast the planner's parts run here: one simulated run of a conversation-shaped Azure
 trace with and without the per-step and per-token files, and a whole plan on joblib.
 
-    python -m benchmarks.plan_speed trace [--requests 19365] [--repeat 2] [OVERRIDES...]
+    python -m benchmarks.plan_speed trace [--requests 19365] [--repeat 2] [--metrics-only]
+        [OVERRIDES...]
     python -m benchmarks.plan_speed plan [--requests 2000] [OVERRIDES...]
 
 `trace`: Llama-3.1-8B on an H100 (the case the planner's speed target names), once through
 pipeline.run (steps.jsonl, generations.jsonl) and once as a capacity-search probe writes it
-(metrics.json only): wall seconds (best of --repeat) and the folder's size. `plan`: the 64
+(metrics.json only; where the simulated device leaps over runs of decode steps): wall and
+CPU seconds (best of --repeat), the folder's size and the load average. `plan`: the 64
 configurations of PLAN_SPACE, each a capacity search, on `hydra/launcher=joblib`: the wall
 time of the command and the plan folder's size. The machine may be shared: repeat, take the
 best, and say so.
@@ -15,6 +17,7 @@ best, and say so.
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 import tempfile
@@ -59,23 +62,27 @@ def folder_mb(folder: Path) -> float:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) / 2**20
 
 
-def time_trace(trace: Path, root: Path, overrides: list[str], repeat: int) -> None:
+def time_trace(
+    trace: Path, root: Path, overrides: list[str], repeat: int, with_files: bool
+) -> None:
     from pipeline.capacity import run_probe
     from pipeline.compose import compose_config
     from pipeline.run import run
 
     cfg = compose_config([*TRACE_RUN, f"workload.path={trace}", *overrides])
-    for name, serve in (("with files", run), ("metrics only", None)):
-        best = float("inf")
+    ways = (("with files", run), ("metrics only", None))
+    for name, serve in ways if with_files else ways[1:]:
+        best, best_cpu = float("inf"), float("inf")
         for i in range(repeat):
             out = root / f"{name.replace(' ', '_')}{i}"
             out.mkdir()
-            t = time.perf_counter()
+            t, cpu = time.perf_counter(), time.process_time()
             metrics = run(cfg, out) if serve else run_probe(cfg, out, keep_files=False)
             best = min(best, time.perf_counter() - t)
+            best_cpu = min(best_cpu, time.process_time() - cpu)
         counts = f"{metrics['num_requests']:,} requests, {metrics['num_steps']:,} steps"
-        print(f"{name}: {best:.1f} s wall (best of {repeat}), {counts}, "
-              f"folder {folder_mb(out):.1f} MB")  # fmt: skip
+        print(f"{name}: {best:.1f} s wall, {best_cpu:.1f} s CPU (best of {repeat}), {counts}, "
+              f"folder {folder_mb(out):.1f} MB, load {os.getloadavg()[0]:.1f}")  # fmt: skip
 
 
 def time_plan(trace: Path, root: Path, overrides: list[str], keep: Path | None) -> None:
@@ -99,6 +106,9 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=0, help="0: 19,365 (trace), 2,000 (plan)")
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--keep", type=Path, help="plan: write the plan folder here")
+    parser.add_argument(
+        "--metrics-only", action="store_true", help="trace: skip the run with files"
+    )
     args, overrides = parser.parse_known_args()
     requests = args.requests or (19_365 if args.what == "trace" else 2000)
     with tempfile.TemporaryDirectory() as folder:
@@ -106,7 +116,7 @@ def main() -> None:
         trace = root / "conversation.csv"
         write_conversation_trace(trace, requests, 3600.0 * requests / 19_365)
         if args.what == "trace":
-            time_trace(trace, root, overrides, args.repeat)
+            time_trace(trace, root, overrides, args.repeat, not args.metrics_only)
         else:
             time_plan(trace, root, overrides, args.keep)
 

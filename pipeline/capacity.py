@@ -126,7 +126,9 @@ def run_probe(cfg: DictConfig, folder: Path, keep_files: bool) -> dict[str, Any]
         totals, status = StepTotals(), "ok"
         judge = SloJudge(slo_of(cfg), len(requests))
         try:
-            duration = engine.run(requests, on_step=totals.add, on_finish=judge)
+            duration = engine.run(
+                requests, on_step=totals.add, on_finish=judge, on_leap=totals.add_run
+            )
         except SloMissed:
             duration, status = engine.clock(), "stopped"
             for r in requests:

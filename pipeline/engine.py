@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import gc
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import structlog
 
@@ -16,9 +17,13 @@ from pipeline.checks import ConfigError
 from pipeline.metrics import StepRecord
 from stages.interfaces import Attention, MetadataBuilder, Model, Sampler, Scheduler, Tokenizer
 from stages.metadata import ForwardMeta
-from stages.request import Request, StepPlan
+from stages.request import DecodeRun, Request, StepPlan
 
 log = structlog.get_logger(__name__)
+
+# The most decode steps a leap does at once: long runs gain little more, and a cap keeps
+# each leap's arrays small.
+MAX_LEAP_STEPS = 512
 
 
 class Clock(Protocol):
@@ -115,6 +120,13 @@ class ArrivalTimes:
     def finished(self, request: Request) -> None:
         self.slots.give_back(request.finish_s if request.finish_s is not None else self.clock())
 
+    def next_arrival(self) -> float:
+        """The earliest time take hands in another request while none finishes: the next
+        pending arrival, or never while closed-loop load has every slot taken."""
+        if not self.pending or not self.slots.free:
+            return math.inf
+        return self.pending[0].arrival_s
+
     def take(self, now: float, idle: bool) -> Arrivals | None:
         pending = self.pending
         if idle:
@@ -126,6 +138,15 @@ class ArrivalTimes:
         while pending and pending[0].arrival_s <= now and slots.free:
             new.append(slots.take(pending.popleft()))
         return Arrivals(new)
+
+
+class Leaps(NamedTuple):
+    """Runs of decode steps done at once where nothing else can happen between them (a
+    simulated device's leaps): `until` gives when the source may next hand in a request,
+    and `done` takes each run in place of its steps' records."""
+
+    until: Callable[[], float]
+    done: Callable[[DecodeRun], None]
 
 
 @dataclass
@@ -176,6 +197,19 @@ class Engine:
         samples = self.sampler.sample(logits, plan.sampled_requests)
         finished = self.scheduler.update(plan, samples, now())
         return StepResult(plan, meta, finished)
+
+    def leap(self, until: float) -> tuple[DecodeRun, list[Request]] | None:
+        """Where the next steps can only decode every running request, does as many at once
+        as start before `until` (up to MAX_LEAP_STEPS): what they would do one by one.
+        Returns the run and the requests it finished; None where the next step runs alone."""
+        token = self.sampler.fixed_token
+        run = self.scheduler.steady_decodes(MAX_LEAP_STEPS) if token is not None else None
+        run = self.metadata.pad_decodes(run) if run else None
+        if run is None or token is None:
+            return None
+        ends = self.model.run_decodes(run, until)
+        run = run.first(len(ends))
+        return run, self.scheduler.advance_decodes(run, token, ends)
 
     def warmup(self) -> float:
         """Runs every prepared bucket shape once, as the HPU compiles them before serving."""
@@ -244,8 +278,12 @@ class Engine:
         requests: Sequence[Request],
         on_step: Callable[[StepRecord], None] = lambda record: None,
         on_finish: Callable[[Request], None] = lambda request: None,
+        on_leap: Callable[[DecodeRun], None] | None = None,
     ) -> float:
-        """Serves every request to its end; returns the run's time in seconds."""
+        """Serves every request to its end; returns the run's time in seconds. on_leap:
+        where the device predicts steps (a simulated one) and the caller keeps no step
+        records, runs of decode steps are done at once, each handed to on_leap instead of
+        its steps' records (metrics equal a step-by-step run's)."""
         clock = self.clock
         clock.restart()
         self.reject_invalid(requests)
@@ -258,8 +296,11 @@ class Engine:
             arrivals.finished(request)
             on_finish(request)
 
+        leaps = None
+        if on_leap is not None and self.model.predicts_steps:
+            leaps = Leaps(arrivals.next_arrival, on_leap)
         with long_lived_frozen():
-            return self.serve(arrivals, on_step, finished)
+            return self.serve(arrivals, on_step, finished, leaps=leaps)
 
     def serve(
         self,
@@ -267,10 +308,12 @@ class Engine:
         on_step: Callable[[StepRecord], None] = lambda record: None,
         on_finish: Callable[[Request], None] = lambda request: None,
         on_tokens: Callable[[list[Request]], None] = lambda requests: None,
+        leaps: Leaps | None = None,
     ) -> float:
         """Serves what the source hands in until it has no more; returns the clock's time.
         Each request the source gives must have passed `rejection`. on_tokens gets each
-        step's sampled requests (their new tokens) before on_finish gets those that ended."""
+        step's sampled requests (their new tokens) before on_finish gets those that ended.
+        leaps: runs of decode steps are done at once where they can be (see `leap`)."""
         clock = self.clock
         index = 0
         while (arrivals := source.take(clock(), idle=not self.scheduler.has_work)) is not None:
@@ -282,6 +325,18 @@ class Engine:
                     self.attention.release(r)
                     on_finish(r)
             if not self.scheduler.has_work:
+                continue
+            if leaps and (leapt := self.leap(leaps.until())):
+                run, finished = leapt
+                on_tokens(run.requests)
+                # As step by step, the last step counts once its ended requests are handed
+                # on (which may stop the run).
+                leaps.done(run.first(run.steps - 1))
+                for r in finished:
+                    self.attention.release(r)
+                    on_finish(r)
+                leaps.done(run.last())
+                index += run.steps
                 continue
             t = clock()
             result = self.step(clock)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from stages.request import Request, StepPlan
+from stages.request import DecodeRun, Request, StepPlan
 
 if TYPE_CHECKING:  # the review and summary commands read runs without importing Paddle
     from stages.metadata import ForwardMeta
@@ -91,6 +91,12 @@ class StepTotals:
         self.num_steps += 1
         self.num_tokens += record.num_tokens
         self.padded_tokens += record.padded_tokens
+
+    def add_run(self, run: DecodeRun) -> None:
+        """A run of decode steps done at once (a simulated device's leap)."""
+        self.num_steps += run.steps
+        self.num_tokens += run.rows * run.steps
+        self.padded_tokens += run.padded_rows * run.steps
 
     @classmethod
     def of(cls, steps: Sequence[StepRecord]) -> StepTotals:

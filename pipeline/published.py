@@ -38,6 +38,7 @@ from omegaconf import DictConfig
 
 from pipeline.build import build, build_simulated_engine
 from pipeline.compose import compose_config
+from pipeline.metrics import StepTotals
 from stages.request import Request
 from stages.simulator.cost_model import CostModel, StepAmounts
 from stages.simulator.device import SimulatedDevice, VirtualClock
@@ -240,8 +241,9 @@ def simulate_row(
     if cfg.warmup:
         engine.warmup()
     requests = fixed_requests(row)
-    steps: list[object] = []
-    duration = engine.run(requests, on_step=steps.append)
+    totals = StepTotals()
+    # A recording device keeps each step's amounts, so it runs every step alone.
+    duration = engine.run(requests, totals.add, on_leap=None if record else totals.add_run)
     failed = [r for r in requests if r.finish_reason == "error"]
     if failed:
         raise ValueError(f"{row.label} on {row.hardware}: {failed[0].error}")
@@ -251,7 +253,7 @@ def simulate_row(
         predicted=tokens / duration,
         duration_s=duration,
         output_tokens=tokens,
-        num_steps=len(steps),
+        num_steps=totals.num_steps,
         wall_s=time.perf_counter() - start,
         cpu_s=time.process_time() - cpu,
         cost=device.cost,

@@ -48,7 +48,15 @@ SOURCES = (
     "pipeline/build.py",
 )
 TIMING = ROOT / "stages" / "simulator" / "cost_model.py"
-AMOUNT_CODE = (StepWork, padded_work, real_work, StepAmounts, CostModel.amounts)
+AMOUNT_CODE = (
+    StepWork,
+    padded_work,
+    real_work,
+    StepAmounts,
+    CostModel.amounts,
+    CostModel.amounts_of,
+    CostModel._rows_amounts,
+)
 # Profile figures that decide the KV pool, and so the schedule; the speeds do not.
 SCHEDULE_FIELDS = ("hbm_capacity_gib", "graph_memory_gib", "kv_headroom", "pads_to_buckets")
 AMOUNT_FIELDS = tuple(f.name for f in dataclasses.fields(StepAmounts))

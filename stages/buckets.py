@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -49,17 +50,28 @@ class Buckets:
         self.strategy = Bucketing(strategy)
         self.axes = axes
         self.sizes = {name: np.array(axis.sizes(self.strategy)) for name, axis in axes.items()}
+        # The same sizes as lists: a step fits each dimension by bisection, faster on a
+        # list than numpy's on an array for one number.
+        self._listed = {name: sizes.tolist() for name, sizes in self.sizes.items()}
         self.misses = 0
         self._missed_shapes: set[tuple] = set()
 
     def fit(self, name: str, n: int) -> tuple[int, bool]:
         """(the size n is padded to, whether that size is a prepared one)."""
-        sizes = self.sizes[name]
-        i = int(np.searchsorted(sizes, n))
+        sizes = self._listed[name]
+        i = bisect.bisect_left(sizes, n)
         if i < len(sizes):
-            return int(sizes[i]), True
+            return sizes[i], True
         step = self.axes[name].step
         return -(-n // step) * step, False  # fallback: an unprepared shape, never a dropped row
+
+    def fit_prepared(self, name: str, values: np.ndarray) -> np.ndarray:
+        """The prepared size each value pads to, as `fit` finds it, for the leading values
+        that have one: the result stops at the first beyond the largest size."""
+        sizes = self.sizes[name]
+        at = np.searchsorted(sizes, values)
+        beyond = np.flatnonzero(at == len(sizes))
+        return sizes[at[: beyond[0]] if len(beyond) else at]
 
     def pad(self, kind: str, dims: Mapping[str, int]) -> tuple[tuple[int, ...], bool]:
         """(the bucket of a `kind` step needing `dims`, whether every size is prepared)."""

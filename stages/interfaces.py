@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 from stages.kv_cache import KVCacheManager
 from stages.metadata import ForwardMeta
 from stages.model_spec import ModelSpec
-from stages.request import Request, Samples, StepPlan
+from stages.request import DecodeRun, Request, Samples, StepPlan
 
 if TYPE_CHECKING:  # annotations only: a simulated run never imports Paddle
     import paddle
@@ -92,6 +92,15 @@ class Scheduler(Protocol):
     def abort(self, request: Request, message: str, now: float) -> None:
         """Ends a waiting or running request with an error; its KV blocks are freed now."""
 
+    def steady_decodes(self, limit: int) -> DecodeRun | None:
+        """The next steps (up to `limit`) while each can only decode every running request,
+        nothing else happening between them but the clock; None where the next step may
+        differ. What lets a simulated device run many steps at once (a leap)."""
+
+    def advance_decodes(self, run: DecodeRun, token: int, ends: list[float]) -> list[Request]:
+        """Does what the run's steps' updates do, each row getting `token` at each step's
+        end time; returns the requests its last step finished."""
+
 
 class MetadataBuilder(Protocol):
     """Lays a step plan out in the padded, bucketed shapes the device runs."""
@@ -114,6 +123,10 @@ class MetadataBuilder(Protocol):
 
     def warmup_counts(self, mixed: bool, padded_budget: bool = True) -> dict[str, int]:
         """The graphs each phase of warmup_shapes compiles, counted without listing them."""
+
+    def pad_decodes(self, run: DecodeRun) -> DecodeRun | None:
+        """The run with each step's decode bucket, as many steps as stay within prepared
+        buckets; None where the first does not."""
 
 
 class PackedRows(NamedTuple):
@@ -180,11 +193,23 @@ class Model(Protocol):
     def forward(self, meta: ForwardMeta, attention: Attention) -> paddle.Tensor | None:
         """Logits [rows, vocab] for meta.logits_rows (None from a simulated device)."""
 
+    # True: run_decodes puts a run of decode steps on the clock at once (a simulated
+    # device); False: each step's tokens are computed by forward.
+    predicts_steps: bool
+
     def compile_shapes(self, phases: Mapping[str, Sequence[tuple]]) -> float:
         """Where predicts_warmup: warmup's predicted seconds for these shapes."""
 
+    def run_decodes(self, run: DecodeRun, until: float) -> list[float]:
+        """Where predicts_steps: the end times of the run's first steps, those starting
+        before `until` (the first in any case), now on the clock."""
+
 
 class Sampler(Protocol):
+    # The token every row gets whatever the logits (a simulated run's placeholder, which
+    # ends nothing): a run of steps can then be done at once. None: sampled from the logits.
+    fixed_token: int | None
+
     def validate_request(self, request: Request) -> str | None:
         """Why the request's own sampling values are invalid, or None."""
 

@@ -284,6 +284,15 @@ class KVCacheManager:
         table.extend(self._take(max(0, new)))
         return True
 
+    def take_blocks(self, requests: Sequence[Request]) -> None:
+        """One fresh block more for each of `requests`, in their order (one may come again):
+        what their decodes' allocate_slots take one after another, evicting alike."""
+        if len(requests) > self.num_free_blocks:
+            raise RuntimeError(f"asked for {len(requests)} blocks, {self.num_free_blocks} free")
+        tables = self._tables
+        for request, block in zip(requests, self._take(len(requests)), strict=True):
+            tables[request.seq_id].append(block)
+
     def _take(self, count: int) -> list[int]:
         """count fresh blocks: free ones first, then cached ones nobody holds, oldest first."""
         from_pool = min(count, self.pool.num_free)

@@ -20,7 +20,7 @@ import numpy as np
 
 from stages.buckets import Axis, Bucketing, Buckets, warmup_counts, warmup_graphs
 from stages.kv_cache import KVCacheManager, blocks_for
-from stages.request import PrefillChunk, Request, StepPlan
+from stages.request import DecodeRun, PrefillChunk, Request, StepPlan
 from stages.step_shape import StepShape
 
 if TYPE_CHECKING:
@@ -256,6 +256,17 @@ class HPUMetadataBuilder:
             shape=shape,
             needed=needed,
         )
+
+    def pad_decodes(self, run: DecodeRun) -> DecodeRun | None:
+        """The run's decode buckets, step by step, as build() pads each step: as many
+        steps as stay within the prepared buckets (a miss is counted by build(), one step
+        at a time); None where the first step misses."""
+        rows = self.buckets.fit_prepared("decode_batch", np.array([run.rows]))
+        widths = self.buckets.fit_prepared("decode_blocks", run.blocks)
+        if not len(rows) or not len(widths):
+            return None
+        blocks = run.blocks[: len(widths)]
+        return DecodeRun(run.requests, run.lens, blocks, run.block_size, int(rows[0]), widths)
 
     def dummy(
         self, prefill: tuple[int, int, int] | None, decode: tuple[int, int] | None

@@ -22,6 +22,7 @@ import paddle.nn.functional as F
 
 from stages.metadata import ForwardMeta
 from stages.model_spec import DTYPE_BYTES, ModelSpec, built_in_spec
+from stages.request import DecodeRun
 from stages.rope import rope_inv_freq
 
 if TYPE_CHECKING:
@@ -169,6 +170,7 @@ def transformer_lm(
 
 class TransformerLM:
     predicts_warmup = False  # warmup runs each shape through forward
+    predicts_steps = False  # every step runs through forward: its tokens are computed
 
     def __init__(
         self,
@@ -215,6 +217,9 @@ class TransformerLM:
 
     def compile_shapes(self, phases: Mapping[str, Sequence[tuple]]) -> float:
         raise NotImplementedError("a Paddle model's warmup runs each shape through forward")
+
+    def run_decodes(self, run: DecodeRun, until: float) -> list[float]:
+        raise NotImplementedError("a Paddle model computes each step's tokens in forward")
 
     @property
     def num_bytes(self) -> int:

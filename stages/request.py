@@ -162,3 +162,46 @@ class StepPlan:
     def sampled_requests(self) -> list[Request]:
         """One row of logits per entry, in the order the model returns them."""
         return [c.request for c in self.prefill] + self.decode
+
+
+@dataclass
+class DecodeRun:
+    """Decode-only steps of every running request one after another, with nothing else the
+    scheduler could do between them (no arrival, admission, preemption or stop before the
+    last step): what a simulated device runs at once, a leap, giving exactly what as many
+    steps one by one give. In step j (from 0) row i attends lens[i] + j tokens."""
+
+    requests: list[Request]  # the rows, in the scheduler's order
+    lens: np.ndarray  # [rows] each row's tokens in the first step, its new one included
+    blocks: np.ndarray  # [steps] the KV blocks each step's rows fill: sum(ceil(len / block))
+    block_size: int
+    padded_rows: int = 0  # the decode bucket's rows, once the metadata builder padded them
+    widths: np.ndarray | None = None  # [steps] each step's decode bucket in blocks, likewise
+
+    @property
+    def steps(self) -> int:
+        return len(self.blocks)
+
+    @property
+    def rows(self) -> int:
+        return len(self.requests)
+
+    def slots(self) -> np.ndarray:
+        """[steps] the KV slots each step's decode attention reads: every row's tokens."""
+        return int(self.lens.sum()) + self.rows * np.arange(self.steps, dtype=np.int64)
+
+    def last(self) -> DecodeRun:
+        """The run's last step alone."""
+        widths = self.widths[-1:] if self.widths is not None else None
+        lens = self.lens + self.steps - 1
+        return DecodeRun(
+            self.requests, lens, self.blocks[-1:], self.block_size, self.padded_rows, widths
+        )
+
+    def first(self, steps: int) -> DecodeRun:
+        """The run's first `steps` steps."""
+        widths = self.widths[:steps] if self.widths is not None else None
+        return DecodeRun(
+            self.requests, self.lens, self.blocks[:steps], self.block_size, self.padded_rows,
+            widths,
+        )  # fmt: skip

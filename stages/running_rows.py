@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from stages.kv_cache import KVCacheManager
+from stages.kv_cache import KVCacheManager, blocks_for
 from stages.request import Request
 from stages.stopping import StopRule
 
@@ -69,13 +69,20 @@ class RunningRows:
             values[:n] = values[rows]
         self.size = n
 
-    def not_plain_decodes(self) -> list[int]:
+    def not_plain_decodes(self) -> tuple[list[int], int]:
         """Rows that are not a plain decode: a prefill (the request has no output yet, or
-        more than one token to compute), or a decode whose token needs a new block."""
+        more than one token to compute), or a decode whose token needs a new block; and
+        how many of them, from the first, are such decodes."""
         n = self.size
         computed = self.computed[:n]
         decoding = (self.outputs[:n] > 0) & (computed + 1 == self.prompt[:n] + self.outputs[:n])
-        return np.flatnonzero(~(decoding & (computed < self.held[:n]))).tolist()
+        others = np.flatnonzero(~(decoding & (computed < self.held[:n])))
+        prefills = np.flatnonzero(~decoding[others])
+        return others.tolist(), int(prefills[0]) if len(prefills) else len(others)
+
+    def took_block(self, rows: list[int]) -> None:
+        """The rows' requests each took one more block."""
+        self.held[rows] += self.kv_cache.block_size
 
     def blocks_to_come(self) -> int:
         """KV blocks the rows will still take before `length` ends them."""
@@ -98,6 +105,62 @@ class RunningRows:
         """Which of the rows' computed tokens just filled a block (end on its boundary)."""
         return self.computed[rows] % self.kv_cache.block_size == 0
 
+    # -- runs of decode steps (a simulated device's leaps) ---------------------------------
+    def all_decoding(self) -> bool:
+        """Whether every row is a decode: it has output and one token left to compute."""
+        n = self.size
+        outputs = self.outputs[:n]
+        return bool(((outputs > 0) & (self.computed[:n] + 1 == self.prompt[:n] + outputs)).all())
+
+    def any_checked(self) -> bool:
+        """Whether StopRule.reason must look at some row's every token (EOS, stop strings)."""
+        return bool(self.checked[: self.size].any())
+
+    def steps_to_length(self) -> int:
+        """Decode steps until the first row reaches its length limit (that step ends it)."""
+        n = self.size
+        return int((self.limit[:n] - self.prompt[:n] - self.outputs[:n]).min())
+
+    def first_new_block(self) -> np.ndarray:
+        """Each row's next decode step (from 1) that takes a new block: the first whose
+        token falls past the room its blocks hold."""
+        n = self.size
+        return self.held[:n] - self.computed[:n] + 1
+
+    def first_full_block(self) -> np.ndarray:
+        """Each row's next decode step (from 1) after which its computed tokens fill a block."""
+        n, bs = self.size, self.kv_cache.block_size
+        first = -self.computed[:n] % bs
+        first[first == 0] = bs
+        return first
+
+    def steps_with_blocks(self, free: int, limit: int) -> int:
+        """How many of the next `limit` decode steps of every row `free` blocks cover: a row
+        takes a block at its first_new_block step and every block_size steps after."""
+        bs = self.kv_cache.block_size
+        first = self.first_new_block()
+        if limit <= bs:  # the common run: a row takes at most one block
+            needed = np.sort(first[first <= limit])
+            return limit if len(needed) <= free else int(needed[free]) - 1
+        late = first > bs  # a row holding more than a block ahead (none does, as allocated)
+        if late.any():
+            limit = min(limit, int(first[late].min()) - 1)
+        per_step = np.bincount(first[~late] % bs, minlength=bs)
+        taken = np.cumsum(per_step[np.arange(1, limit + 1) % bs])
+        return int(np.searchsorted(taken, free, side="right"))
+
+    def at_length(self) -> np.ndarray:
+        """The rows whose tokens reached their length limit."""
+        n = self.size
+        return np.flatnonzero(self.prompt[:n] + self.outputs[:n] >= self.limit[:n])
+
+    def advance_by(self, steps: int, new_blocks: np.ndarray) -> None:
+        """Every row decoded `steps` tokens and took `new_blocks` blocks (one per row)."""
+        n = self.size
+        self.computed[:n] += steps
+        self.outputs[:n] += steps
+        self.held[:n] += new_blocks * self.kv_cache.block_size
+
     def mirrors(self, running: Sequence[Request]) -> bool:
         """Whether every row equals its request (what the tests check after each step)."""
         if self.size != len(running):
@@ -109,3 +172,30 @@ class RunningRows:
         return all(
             np.array_equal(getattr(self, name)[:n], getattr(copy, name)[:n]) for name in FIELDS
         )
+
+
+def recurring(first: np.ndarray, steps: int, period: int) -> tuple[np.ndarray, np.ndarray]:
+    """Events each row has at its `first` step (from 1) and every `period` steps after, up
+    to `steps`: their rows and steps, in step order and row order within a step (the order
+    a step-by-step run meets them)."""
+    if steps <= period:  # the common run: a row has at most one event
+        rows = np.flatnonzero(first <= steps)
+        order = np.argsort(first[rows], kind="stable")
+        return rows[order], first[rows[order]]
+    counts = np.maximum(0, (steps - first) // period + 1)
+    rows = np.repeat(np.arange(len(first)), counts)
+    starts = np.repeat(np.cumsum(counts) - counts, counts)
+    at = first[rows] + period * (np.arange(len(rows)) - starts)
+    order = np.lexsort((rows, at))
+    return rows[order], at[order]
+
+
+def listed_blocks(lens: np.ndarray, steps: int, block_size: int) -> np.ndarray:
+    """[steps] the blocks decode rows of `lens` tokens fill in each of `steps` steps, every
+    row one token longer each step: a row fills one more at each step its length passes a
+    multiple of block_size."""
+    start = int(blocks_for(lens, block_size).sum())
+    passing = np.bincount((1 - lens) % block_size, minlength=block_size)
+    grown = passing[np.arange(steps) % block_size]
+    grown[0] = 0
+    return start + np.cumsum(grown)

@@ -20,6 +20,7 @@ so that a prompt is prefilled in one step or waits.
 
 from __future__ import annotations
 
+import bisect
 import enum
 import itertools
 import operator
@@ -30,8 +31,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from stages.kv_cache import KVCacheManager, blocks_for
-from stages.request import PrefillChunk, Request, Samples, Status, StepPlan
-from stages.running_rows import RunningRows
+from stages.request import DecodeRun, PrefillChunk, Request, Samples, Status, StepPlan
+from stages.running_rows import RunningRows, listed_blocks, recurring
 from stages.stopping import StopRule
 
 # Runs an iterator to its end, keeping nothing.
@@ -238,7 +239,7 @@ class ChunkedScheduler:
         rows go one by one. Preempting takes rows from the end and scheduling a row
         changes no other, so the rows found at the start hold for the whole walk."""
         running = self.running
-        others = self.rows.not_plain_decodes()
+        others = self._take_decode_blocks(*self.rows.not_plain_decodes(), budget.left)
         others.append(len(running))  # a sentinel: the end of the last run
         next_other = 0
         i = 0
@@ -263,6 +264,18 @@ class ChunkedScheduler:
                 self.rows.read(i, request)
                 rows.prefill.append(i)
             i += 1
+
+    def _take_decode_blocks(self, others: list[int], decodes: int, left: int) -> list[int]:
+        """The decodes among the first rows that are not plain (those before any prefill
+        row, within the budget `left`) take their new blocks at once, in row order, where
+        the cache has them all: what the walk would do one by one. Returns the rows the
+        walk still goes through one by one."""
+        batch = others[: min(decodes, bisect.bisect_left(others, left))]
+        if not batch or len(batch) > self.kv_cache.num_free_blocks:
+            return others
+        self.kv_cache.take_blocks([self.running[i] for i in batch])
+        self.rows.took_block(batch)
+        return others[len(batch) :]
 
     def _continue_one(self, request: Request, plan: StepPlan, budget: StepBudget) -> str:
         """The request's decode or next chunk, if it fits: `decode`, `prefill`, `waits`
@@ -291,18 +304,10 @@ class ChunkedScheduler:
     ) -> None:
         """First chunks of waiting requests, in order, while the budget, max_num_seqs and
         the cache allow; the first that does not fit ends admission (it never loops). A
-        request's first chunk starts after its longest cached prefix. With `no_evict`, a
-        request is admitted only while the pool holds it to its end (`free` blocks left
-        beside what the running requests will still take), checked one request at a time:
-        counting every waiting request that would fit costs a pass over them each step."""
-        room, free = self._admission_room()
+        request's first chunk starts after its longest cached prefix."""
+        room = self._admission_room()
         while self.waiting and budget.left > 0 and room > 0:
             request = self.waiting[0]
-            need = self._blocks_to_end(request) if free is not None else 0
-            if free is not None:
-                if need > free:
-                    return
-                free -= need
             cached = self.kv_cache.match_prefix(request)
             request.num_computed = len(cached) * self.block_size
             remaining = request.num_tokens - request.num_computed
@@ -327,20 +332,21 @@ class ChunkedScheduler:
             self._charge(n, budget)
             room -= 1
 
-    def _admission_room(self) -> tuple[int, int | None]:
-        """How many waiting requests this step may admit (up to max_num_seqs running), and
-        with `no_evict` the blocks their full lengths may take (None: no such limit)."""
+    def _admission_room(self) -> int:
+        """How many waiting requests this step may admit: up to max_num_seqs running, and
+        with `no_evict` only as many as the pool holds to their end."""
         room = self.max_num_seqs - len(self.running)
-        return room, (self._free_to_end() if self.no_evict else None)
+        return self._fitting_to_end(room) if self.no_evict else room
 
-    def _free_to_end(self) -> int:
-        """Free blocks beside those the running requests will still take."""
-        return self.kv_cache.num_free_blocks - self.rows.blocks_to_come()
-
-    def _blocks_to_end(self, request: Request) -> int:
-        """Blocks the request holds at its full length."""
-        total = min(request.num_prompt_tokens + request.max_new_tokens, self.max_model_len)
-        return self.kv_cache.blocks_for(total)
+    def _fitting_to_end(self, room: int) -> int:
+        """How many of the first `room` waiting requests the pool holds at their full
+        length, beside the blocks the running requests will still take."""
+        free = self.kv_cache.num_free_blocks - self.rows.blocks_to_come()
+        # Each takes a block at least: no more than free + 1 of them need looking at.
+        heads = itertools.islice(self.waiting, max(min(room, free + 1), 0))
+        totals = np.fromiter((r.num_prompt_tokens + r.max_new_tokens for r in heads), np.int64)
+        needed = np.cumsum(blocks_for(np.minimum(totals, self.max_model_len), self.block_size))
+        return int(np.searchsorted(needed, free, side="right"))
 
     @staticmethod
     def _chunk(request: Request, n: int, cached: int = 0) -> PrefillChunk:
@@ -441,6 +447,94 @@ class ChunkedScheduler:
             request.block_hashes = []
             request.finish(reason, now)
 
+    # -- runs of decode steps (a simulated device's leaps) ---------------------------------
+    def steady_decodes(self, limit: int) -> DecodeRun | None:
+        """The next steps, up to `limit`, while each can only decode every running request,
+        a step-by-step run doing nothing else between them (no admission, preemption or
+        stop before the last); None where the next step may do anything else. Only the
+        length limit may stop a row (StopRule checks no row's every token)."""
+        rows, n = self.rows, len(self.running)
+        if not n or n > self.max_tokens or self._may_admit(self.max_tokens - n):
+            return None
+        if rows.any_checked() or not rows.all_decoding():
+            return None
+        steps = min(limit, rows.steps_to_length())
+        steps = rows.steps_with_blocks(self.kv_cache.num_free_blocks, steps)
+        if steps < 1:
+            return None
+        lens = rows.computed[:n] + 1
+        blocks = listed_blocks(lens, steps, self.block_size)
+        return DecodeRun(list(self.running), lens, blocks, self.block_size)
+
+    def _may_admit(self, left: int) -> bool:
+        """Whether a step whose decodes leave `left` of the budget could admit the first
+        waiting request, now or while the running requests only decode: what holds it
+        back (budget, room, a chunk that fits no step, too few free blocks) stays, except
+        a cached prefix, which the decodes' full blocks may lengthen."""
+        if not self.waiting or left <= 0 or self._admission_room() <= 0:
+            return False
+        head = self.waiting[0]
+        if self.kv_cache.prefix is not None or self._one_step_error(head.num_tokens):
+            return True
+        n = self._prefill_len(head.num_tokens, StepBudget(left, Rectangle(self.block_size)))
+        return n > 0 and self.kv_cache.blocks_for(n) <= self.kv_cache.num_free_blocks
+
+    def advance_decodes(self, run: DecodeRun, token: int, ends: list[float]) -> list[Request]:
+        """The run's steps done: each row gets `token` at each step's end time, its new
+        blocks in the order the steps take them and, with prefix caching, its full blocks
+        registered in that order; returns the requests its last step finished."""
+        steps, n, bs = run.steps, run.rows, self.block_size
+        running, rows = self.running, self.rows
+        if run.requests != running:
+            raise ValueError("advance_decodes takes the run steady_decodes just returned")
+        tokens = [token] * steps
+        _consume(map(list.extend, map(_OUTPUT_IDS, running), itertools.repeat(tokens)))
+        _consume(map(list.extend, map(_TOKEN_TIMES, running), itertools.repeat(ends)))
+        takers, taken_at = recurring(rows.first_new_block(), steps, bs)
+        if self.kv_cache.prefix is None or len(takers) <= self.kv_cache.pool.num_free:
+            # No eviction: taking blocks changes nothing any registration reads.
+            self.kv_cache.take_blocks([running[i] for i in takers.tolist()])
+            takers_left = takers[:0]
+        else:
+            takers_left = takers
+        if self.kv_cache.prefix is not None:
+            self._take_and_register(takers_left, taken_at[: len(takers_left)], steps)
+        for request in running:
+            request.num_computed += steps
+        rows.advance_by(steps, np.bincount(takers, minlength=n))
+        ending: list[tuple[Request, str, int]] = []
+        for i in rows.at_length().tolist():
+            reason = self.stop.reason(running[i])
+            if reason:
+                ending.append((running[i], reason, i))
+        self._finish_all(ending, ends[-1])
+        return [request for request, _, _ in ending]
+
+    def _take_and_register(self, takers: np.ndarray, taken_at: np.ndarray, steps: int) -> None:
+        """With prefix caching, the blocks the run's tokens fill registered by content, and
+        the `takers`' new blocks taken, in the order the steps meet them: each step takes
+        its blocks, then registers those it filled. (Only an eviction, taking a cached
+        block and forgetting its content, makes the order between the two matter.)"""
+        running, kv = self.running, self.kv_cache
+        computed = self.rows.computed[: len(running)].tolist()
+        fillers, filled_at = recurring(self.rows.first_full_block(), steps, self.block_size)
+        if not len(fillers) and not len(takers):
+            return
+        rows = np.concatenate([takers, fillers])
+        at = np.concatenate([taken_at, filled_at])
+        registers = np.repeat([False, True], [len(takers), len(fillers)])
+        order = np.lexsort((rows, registers, at))
+        events = zip(*(a[order].tolist() for a in (rows, at, registers)), strict=True)
+        for i, step, register in events:
+            request = running[i]
+            if register:
+                request.num_computed = computed[i] + step
+                kv.cache_computed_blocks(request)
+            else:
+                kv.take_blocks([request])
+        for i, request in enumerate(running):
+            request.num_computed = computed[i]
+
     def abort(self, request: Request, message: str, now: float) -> None:
         """Ends a request before its stop (its client left): its blocks go back at once."""
         if request.status is Status.WAITING and request in self.waiting:
@@ -496,7 +590,7 @@ class StaticScheduler(WholeScheduler):
     def __init__(self, **kwargs) -> None:
         super().__init__(**{**kwargs, "max_padding": 1.0})
 
-    def _admission_room(self) -> tuple[int, int | None]:
+    def _admission_room(self) -> int:
         if self.running:
-            return 0, None  # the batch in flight runs to its end first
-        return self.max_num_seqs, self._free_to_end()
+            return 0  # the batch in flight runs to its end first
+        return self._fitting_to_end(self.max_num_seqs)

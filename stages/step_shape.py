@@ -40,6 +40,14 @@ class StepShape:
                 f"StepShape: {len(self.context_lens)} context_lens for "
                 f"{len(self.chunk_lens)} chunk_lens; give one per prefill row"
             )
-        parts = (self.chunk_lens, self.context_lens, self.decode_lens)
-        if any(len(part) and np.min(part) < 0 for part in parts):
+        # Checked at every step: min() on the tuples, the array's own min (np.min costs more).
+        decode = self.decode_lens
+        if (
+            (self.chunk_lens and min(self.chunk_lens) < 0)
+            or (self.context_lens and min(self.context_lens) < 0)
+            or (
+                len(decode)
+                and (decode.min() if isinstance(decode, np.ndarray) else min(decode)) < 0
+            )
+        ):
             raise ValueError("StepShape: chunk, context and decode lengths must be >= 0")

@@ -134,7 +134,7 @@ def serve_both(seed, count, num_blocks, prefix_caching, max_tokens, whole=False)
         assert steps < 5_000, "the schedulers did not finish"
         if not fast.has_work:
             continue
-        not_plain = set(fast.rows.not_plain_decodes())
+        not_plain = set(fast.rows.not_plain_decodes()[0])
         kinds["block needed"] += sum(  # decoding, but the token needs a new block
             1
             for i in not_plain

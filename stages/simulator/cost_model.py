@@ -56,15 +56,16 @@ RECOMPILE = "recompile"
 
 @dataclass(frozen=True)
 class StepWork:
-    """What a step computes, in tokens, whatever the device's padding rule."""
+    """What a step computes, in tokens, whatever the device's padding rule. Each field is a
+    number, or an array of many steps' numbers (a run of decode steps priced at once)."""
 
-    linear_tokens: float = 0.0  # rows through the GEMMs, prefill and decode concatenated
-    prefill_pairs: float = 0.0  # query-key pairs of prefill attention
-    prefill_keys: float = 0.0  # KV slots prefill attention reads
-    decode_slots: float = 0.0  # KV slots decode attention reads (one query each)
-    kv_writes: float = 0.0  # KV slots written
-    sampled_rows: float = 0.0  # rows through the lm head
-    blocks: float = 0.0  # KV blocks attention gathers, prefill rows' and decode's
+    linear_tokens: Any = 0.0  # rows through the GEMMs, prefill and decode concatenated
+    prefill_pairs: Any = 0.0  # query-key pairs of prefill attention
+    prefill_keys: Any = 0.0  # KV slots prefill attention reads
+    decode_slots: Any = 0.0  # KV slots decode attention reads (one query each)
+    kv_writes: Any = 0.0  # KV slots written
+    sampled_rows: Any = 0.0  # rows through the lm head
+    blocks: Any = 0.0  # KV blocks attention gathers, prefill rows' and decode's
 
     def __add__(self, other: StepWork) -> StepWork:
         return StepWork(*(a + b for a, b in zip(self._values(), other._values(), strict=True)))
@@ -102,17 +103,18 @@ def real_work(shape: StepShape) -> StepWork:
         raise ValueError("the device computes real tokens: give StepShape.chunk_lens")
     if shape.decode is not None and shape.decode[0] and not len(shape.decode_lens):
         raise ValueError("the device computes real tokens: give StepShape.decode_lens")
-    chunks = shape.chunk_lens
+    chunks, bs = shape.chunk_lens, shape.block_size
+    lens = np.asarray(shape.decode_lens, dtype=np.int64)
+    rows, slots, decode_blocks = len(lens), int(lens.sum()), int((-(-lens // bs)).sum())
+    decode = StepWork(rows, 0, 0, slots, rows, rows, decode_blocks)
+    if not chunks:  # a decode-only step (most steps): nothing to add
+        return decode
     contexts = shape.context_lens or (0,) * len(chunks)
     # Query i of a chunk (1-based) sees the context and i of its own chunk's tokens.
     pairs = sum(c * ctx + c * (c + 1) / 2 for c, ctx in zip(chunks, contexts, strict=True))
     keys = sum(chunks) + sum(contexts)
-    bs = shape.block_size
     blocks = sum(-(-(c + ctx) // bs) for c, ctx in zip(chunks, contexts, strict=True))
-    prefill = StepWork(sum(chunks), pairs, keys, 0, sum(chunks), len(chunks), blocks)
-    lens = np.asarray(shape.decode_lens, dtype=np.int64)
-    rows, slots, decode_blocks = len(lens), int(lens.sum()), int((-(-lens // bs)).sum())
-    return prefill + StepWork(rows, 0, 0, slots, rows, rows, decode_blocks)
+    return StepWork(sum(chunks), pairs, keys, 0, sum(chunks), len(chunks), blocks) + decode
 
 
 @dataclass(frozen=True)
@@ -146,6 +148,23 @@ class StepAmounts:
         )
 
 
+def _roof(a: Any, b: Any) -> Any:
+    """The larger of two times, each a number or an array (numpy's maximum is slow on
+    plain numbers, and a simulated device asks for one step's terms at every step)."""
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return np.maximum(a, b)
+    return max(a, b)
+
+
+def _hidden(transfer: Any, compute: Any, split: Any) -> Any:
+    """The all-reduce time a batch split in `split` parts hides: its parts pipeline, each
+    part's all-reduce running under the next part's layer compute, so all but 1 / split of
+    the shorter of the two."""
+    if not isinstance(split, np.ndarray) and split == 1:
+        return 0.0
+    return (1 - 1 / np.asarray(split)) * np.minimum(transfer, compute)
+
+
 def term_seconds(
     a: StepAmounts, hw: HardwareProfile, fp8: bool = False, tp: int = 1
 ) -> dict[str, Any]:
@@ -154,20 +173,17 @@ def term_seconds(
     at the rate plus one fill per kernel."""
     gemm, attn = hw.gemm_flops_per_s(fp8), hw.attention_flops_per_s
     mem, link = hw.memory_bytes_per_s, hw.interconnect_bytes_per_s(tp)
-    linear = np.maximum(a.linear_flops / gemm + a.gemms * hw.gemm_fill_s, a.linear_bytes / mem)
-    prefill = np.maximum(a.prefill_attention_flops / attn, a.prefill_kv_bytes / mem)
+    linear = _roof(a.linear_flops / gemm + a.gemms * hw.gemm_fill_s, a.linear_bytes / mem)
+    prefill = _roof(a.prefill_attention_flops / attn, a.prefill_kv_bytes / mem)
     transfer = a.allreduce_bytes / link
-    # A split batch pipelines its parts: each part's all-reduce runs under the next part's
-    # layer compute, so all but 1 / k of the shorter of the two is hidden.
-    hidden = (1 - 1 / np.asarray(a.batch_split)) * np.minimum(transfer, linear + prefill)
     return {
         "linear": linear,
         "prefill_attention": prefill,
-        "decode_attention": np.maximum(a.decode_attention_flops / attn, a.decode_kv_bytes / mem),
+        "decode_attention": _roof(a.decode_attention_flops / attn, a.decode_kv_bytes / mem),
         "kv_write": a.kv_write_bytes / mem,
         # The lm head stays in the model's dtype: the bf16 rate.
-        "lm_head": np.maximum(a.lm_head_flops / hw.gemm_flops_per_s(), a.lm_head_bytes / mem),
-        "allreduce": transfer - hidden,  # what the compute does not hide
+        "lm_head": _roof(a.lm_head_flops / hw.gemm_flops_per_s(), a.lm_head_bytes / mem),
+        "allreduce": transfer - _hidden(transfer, linear + prefill, a.batch_split),
         "allreduce_latency": a.allreduce_calls * hw.allreduce_latency_s,
         "kv_blocks": a.kv_blocks_s,
     }
@@ -209,6 +225,8 @@ class CostModel:
         # Bytes of a quantised weight and of a KV value, relative to the spec's dtype.
         self._weight_scale = precision.weight_bytes(dtype) / dtype
         self._kv_scale = precision.kv_bytes(dtype) / dtype
+        self._kv_slot = spec.kv_bytes_per_token(tp) * self._kv_scale  # bytes of one KV slot
+        self._by_rows: dict[tuple, dict[str, Any]] = {}  # see _rows_amounts
 
     def with_coefficients(self, coefficients: Mapping[str, float]) -> CostModel:
         merged = {**self.coefficients, **coefficients}
@@ -228,26 +246,53 @@ class CostModel:
 
     def amounts(self, shape: StepShape) -> StepAmounts:
         """The step's FLOPs and bytes on one device, in this model's precision and tp."""
-        spec, tp, w = self.spec, self.tp, self.work(shape)
-        kv_slot = spec.kv_bytes_per_token(tp) * self._kv_scale
-        tokens = w.linear_tokens
-        sharded = tp > 1 and tokens > 0
+        return self.amounts_of(self.work(shape))
+
+    def decode_seconds(self, rows: int, slots: np.ndarray, blocks: np.ndarray) -> np.ndarray:
+        """Seconds of decode-only steps of `rows` real rows, given each step's KV slots and
+        blocks, on a device that computes real tokens: step_time's terms, many steps at
+        once (stacked amounts), for a run of steps a simulated device does in one go."""
+        work = StepWork(rows, 0, 0, slots, rows, rows, blocks)
+        return self.seconds_of(self.amounts_of(work))
+
+    def amounts_of(self, w: StepWork) -> StepAmounts:
+        """FLOPs and bytes of a step's work (fields of arrays: many steps')."""
+        spec, tp, kv_slot = self.spec, self.tp, self._kv_slot
+        rows = self._rows_amounts(w.linear_tokens, w.sampled_rows)
         return StepAmounts(
-            linear_flops=spec.linear_flops(tokens, tp),
-            linear_bytes=spec.linear_bytes(tokens, tp) * self._weight_scale,
-            gemms=GEMMS_PER_LAYER * spec.num_layers if tokens > 0 else 0,
+            **rows,
             prefill_attention_flops=spec.attention_flops(w.prefill_pairs, tp),
             prefill_kv_bytes=w.prefill_keys * kv_slot,
             decode_attention_flops=spec.attention_flops(w.decode_slots, tp),
             decode_kv_bytes=w.decode_slots * kv_slot,
             kv_write_bytes=w.kv_writes * kv_slot,
-            lm_head_flops=spec.lm_head_flops(w.sampled_rows, tp),
-            lm_head_bytes=spec.lm_head_bytes(w.sampled_rows, tp),
-            allreduce_bytes=spec.allreduce_bytes(tokens, tp),
-            allreduce_calls=ALLREDUCES_PER_LAYER * spec.num_layers if sharded else 0,
             kv_blocks_s=w.blocks * spec.num_layers * BLOCK_S,
-            batch_split=self.prefill_batch_split if w.prefill_pairs > 0 else 1,
+            batch_split=np.where(np.asarray(w.prefill_pairs) > 0, self.prefill_batch_split, 1)
+            if isinstance(w.prefill_pairs, np.ndarray)
+            else (self.prefill_batch_split if w.prefill_pairs > 0 else 1),
         )
+
+    def _rows_amounts(self, tokens: Any, sampled: Any) -> dict[str, Any]:
+        """The amounts set by a step's rows alone (its GEMMs, lm head and all-reduces),
+        kept per row count for plain numbers: a run's steps repeat few of them."""
+        key = (tokens, sampled) if isinstance(tokens, int | float) else None
+        known = self._by_rows.get(key) if key is not None else None
+        if known is not None:
+            return known
+        spec, tp = self.spec, self.tp
+        sharded = tp > 1 and tokens > 0
+        amounts = {
+            "linear_flops": spec.linear_flops(tokens, tp),
+            "linear_bytes": spec.linear_bytes(tokens, tp) * self._weight_scale,
+            "gemms": GEMMS_PER_LAYER * spec.num_layers if tokens > 0 else 0,
+            "lm_head_flops": spec.lm_head_flops(sampled, tp),
+            "lm_head_bytes": spec.lm_head_bytes(sampled, tp),
+            "allreduce_bytes": spec.allreduce_bytes(tokens, tp),
+            "allreduce_calls": ALLREDUCES_PER_LAYER * spec.num_layers if sharded else 0,
+        }
+        if key is not None:
+            self._by_rows[key] = amounts
+        return amounts
 
     def rooflines(self, shape: StepShape) -> dict[str, float]:
         """Each term's roofline time in seconds, before its coefficient."""
@@ -263,7 +308,9 @@ class CostModel:
         return parts
 
     def step_time(self, shape: StepShape) -> float:
-        return sum(self.breakdown(shape).values())
+        """The sum of breakdown(shape), without building it (a simulated device's every step)."""
+        recompile = self.hardware.recompile_s if shape.miss else 0.0
+        return float(self.seconds_of(self.amounts(shape))) + recompile
 
     def seconds_of(self, amounts: StepAmounts) -> Any:
         """Seconds of steps given by their amounts (stacked: an array, one per step): the

@@ -17,10 +17,11 @@ import numpy as np
 
 from stages.metadata import ForwardMeta
 from stages.model_spec import ModelSpec
-from stages.request import Request, Samples
+from stages.request import DecodeRun, Request, Samples
 from stages.simulator.cost_model import CostModel, StepAmounts
 from stages.simulator.hardware import HardwareProfile
 from stages.simulator.precision import BF16, Precision
+from stages.step_shape import StepShape
 
 
 class VirtualClock:
@@ -39,6 +40,10 @@ class VirtualClock:
     def sleep_until(self, t: float) -> None:
         self._now = max(self._now, t)
 
+    def advance_to(self, t: float) -> None:
+        """The clock after steps whose end times were summed up from its own time."""
+        self._now = t
+
     def restart(self) -> None:
         self._now = 0.0
 
@@ -54,6 +59,7 @@ class SimulatedDevice:
 
     dtype = "bfloat16"
     predicts_warmup = True  # compile_shapes predicts warmup; no shape runs
+    predicts_steps = True  # run_decodes runs many decode steps at once
 
     def __init__(
         self,
@@ -103,6 +109,40 @@ class SimulatedDevice:
         if self.recorded is not None:
             self.recorded.append((self.cost.amounts(shape), len(new)))
 
+    def run_decodes(self, run: DecodeRun, until: float) -> list[float]:
+        """Runs the run's first steps on the clock, as forward would one by one: those that
+        start before `until` (the next arrival; the first starts now in any case). Returns
+        their end times; a graph first used on the way compiles then. Not while recording."""
+        if self.recorded is not None:
+            raise RuntimeError("a recording device runs every step through forward")
+        assert run.widths is not None, "the metadata builder pads a run before it runs"
+        rows = run.padded_rows
+        # A run's rows only grow, so its buckets do: each width's steps are one stretch.
+        change = np.flatnonzero(run.widths[1:] != run.widths[:-1]) + 1
+        starts = [0, *change.tolist()]
+        widths = run.widths[starts].tolist()
+        times = self._decode_times(run, widths, np.diff([*starts, run.steps]))
+        new = [(w, i) for w, i in zip(widths, starts, strict=True)
+               if ("decode", (rows, w)) not in self.compiled]  # fmt: skip
+        for _, i in new:
+            times[i] += self.hardware.recompile_s
+        ends = np.cumsum(np.concatenate([[self.clock()], times]))[1:]
+        steps = 1 + int(np.searchsorted(ends[:-1], until))
+        compiled = [("decode", (rows, w)) for w, i in new if i < steps]
+        self.compiled.update(compiled)
+        self.recompiles += len(compiled)
+        self.clock.advance_to(float(ends[steps - 1]))
+        return ends[:steps].tolist()
+
+    def _decode_times(self, run: DecodeRun, widths: list[int], counts: np.ndarray) -> np.ndarray:
+        """[steps] each decode step's seconds, compiles left out: a padding device's by its
+        bucket alone (`widths`, each for `counts` steps), another's by its rows' lengths."""
+        if not self.hardware.pads_to_buckets:
+            return self.cost.decode_seconds(run.rows, run.slots(), run.blocks)
+        bs, rows = run.block_size, run.padded_rows
+        per_width = [self._step_time(StepShape(bs, None, (rows, w))) for w in widths]
+        return np.repeat(per_width, counts)
+
     def _step_time(self, shape: Any) -> float:
         if not self.hardware.pads_to_buckets:
             return self.cost.step_time(shape)
@@ -142,6 +182,7 @@ class WorkloadLengthSampler:
 
     def __init__(self, token: int = 0) -> None:
         self.token = token
+        self.fixed_token: int | None = token  # whatever the step: what lets a run leap
 
     def validate_request(self, request: Request) -> str | None:
         return None

@@ -1,0 +1,212 @@
+"""Leaps: a simulated device doing runs of decode steps at once must give exactly what the
+same steps one by one give. The oracle is the step-by-step run of the same configuration:
+every metric (floats within 1e-9 relative), every token's time, the KV books at the end."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from benchmarks.azure_conversation import write_conversation_trace
+from pipeline.build import build_engine
+from pipeline.capacity import SloJudge, SloMissed, run_probe
+from pipeline.metrics import StepTotals
+from pipeline.run import run_metrics
+from pipeline.slo import Slo
+from tests.helpers import make_config
+
+SIMULATED = ["executor=simulated", "model=spec/llama31_8b"]
+ARRIVING = [
+    "workload.num_requests=16",
+    "workload.rate=40",
+    "workload.min_prompt_tokens=3",
+    "workload.max_prompt_tokens=120",
+    "workload.min_new_tokens=20",
+    "workload.max_new_tokens=60",
+    "max_model_len=512",
+]
+
+
+def served(overrides: list[str], leaps: bool):
+    """The run's metrics, its requests, its engine and the steps it leapt."""
+    cfg = make_config([*SIMULATED, *overrides])
+    engine, requests = build_engine(cfg)
+    warmup_s = engine.warmup() if cfg.warmup else 0.0
+    totals, leapt = StepTotals(), StepTotals()
+
+    def on_leap(run) -> None:
+        totals.add_run(run)
+        leapt.add_run(run)
+
+    duration = engine.run(requests, on_step=totals.add, on_leap=on_leap if leaps else None)
+    metrics = run_metrics(cfg, engine, requests, totals, duration, warmup_s, "ok")
+    return metrics, requests, engine, leapt.num_steps
+
+
+def assert_same(a, b, path: str = "metrics") -> None:
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), path
+        for key in a:
+            assert_same(a[key], b[key], f"{path}.{key}")
+    elif isinstance(a, float) and isinstance(b, float):
+        assert math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12), f"{path}: {a} != {b}"
+    else:
+        assert a == b, f"{path}: {a} != {b}"
+
+
+def assert_leaps_change_nothing(overrides: list[str]) -> tuple[dict, int]:
+    """Compares the run with leaps against the one without; returns the metrics and how
+    many steps were leapt (so a case shows it exercised leaps)."""
+    alone, alone_requests, alone_engine, none = served(overrides, leaps=False)
+    leapt, requests, engine, steps = served(overrides, leaps=True)
+    assert none == 0
+    assert_same(alone, leapt)
+    for a, b in zip(alone_requests, requests, strict=True):
+        assert (a.id, a.output_ids, a.finish_reason, a.num_preemptions) == (
+            b.id,
+            b.output_ids,
+            b.finish_reason,
+            b.num_preemptions,
+        )
+        assert len(a.token_times) == len(b.token_times)
+        assert all(map(math.isclose, a.token_times, b.token_times)), a.id
+    books = [(e.scheduler.kv_cache.num_free_blocks, e.model.recompiles, e.model.clock()) for e in
+             (alone_engine, engine)]  # fmt: skip
+    assert books[0][:2] == books[1][:2] and math.isclose(books[0][2], books[1][2])
+    return leapt, steps
+
+
+SLOW = pytest.mark.slow  # each case serves twice; two stay in the quick suite
+CASES = [
+    pytest.param(["hardware=gaudi3", "warmup=true", *ARRIVING], id="gaudi buckets, warmed"),
+    pytest.param(["hardware=gaudi2", *ARRIVING], id="gaudi, compiled while serving", marks=SLOW),
+    pytest.param(["hardware=h100", *ARRIVING], id="h100 real lengths", marks=SLOW),
+    pytest.param(
+        ["hardware=h100", "tp=2", "quantization=fp8", "kv_cache_dtype=fp8", *ARRIVING],
+        id="h100 tp=2 fp8",
+        marks=SLOW,
+    ),  # fmt: skip
+    pytest.param(
+        ["hardware=h100", *ARRIVING, "workload.concurrency=3"], id="closed loop", marks=SLOW
+    ),  # fmt: skip
+    pytest.param(
+        ["hardware=gaudi3", "scheduler=static", "max_tokens=2048", *ARRIVING],
+        id="static batches",
+        marks=SLOW,
+    ),  # fmt: skip
+    pytest.param(
+        ["hardware=h100", "num_blocks=24", "max_tokens=64", *ARRIVING], id="tiny pool, preempting"
+    ),  # fmt: skip
+    pytest.param(
+        [
+            "hardware=h100",
+            "scheduler=whole",
+            "scheduler.no_evict=true",
+            *ARRIVING,
+            "workload.rate=0",
+        ],
+        id="all at once, whole prompts",
+        marks=SLOW,
+    ),  # fmt: skip
+]
+
+
+@pytest.mark.parametrize("overrides", CASES)
+def test_leaps_give_what_steps_one_by_one_give(overrides):
+    metrics, steps = assert_leaps_change_nothing(overrides)
+    if "num_blocks=24" in overrides:  # preemptions interrupt most runs of decodes
+        assert metrics["num_preemptions"] > 0, "no preemption to compare"
+        assert steps > 10, "too few steps leapt to compare"
+    else:
+        assert steps > metrics["num_steps"] / 4, "too few steps leapt to compare"
+    if "hardware=gaudi2" in overrides:
+        assert metrics["serving_compiles"] > 0, "no compile during serving to compare"
+
+
+@SLOW
+def test_leaps_keep_the_prefix_cache_as_steps_do():
+    overrides = [
+        "hardware=h100",
+        "workload=multiturn",
+        "workload.num_conversations=6",
+        "workload.turns=3",
+        "workload.rate=2",
+        "prefix_caching=true",
+        "num_blocks=90",  # cached blocks get evicted
+        "max_model_len=1024",
+        "max_tokens=512",
+    ]
+    metrics, steps = assert_leaps_change_nothing(overrides)
+    assert steps > 0 and metrics["prefix_cache_hit_rate"] > 0
+
+
+@SLOW
+def test_leaps_on_a_conversation_trace(tmp_path):
+    trace = tmp_path / "conversation.csv"
+    write_conversation_trace(trace, 40, 8.0)
+    overrides = ["hardware=h100", "workload=trace", f"workload.path={trace}",
+                 "max_model_len=10240", "max_tokens=8192", "metadata.bucketing=exponential",
+                 "warmup=true", "max_num_seqs=32"]  # fmt: skip
+    metrics, steps = assert_leaps_change_nothing(overrides)
+    assert steps > metrics["num_steps"] / 2
+
+
+@SLOW
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    hardware=st.sampled_from(["h100", "gaudi3"]),
+    requests=st.integers(1, 12),
+    rate=st.sampled_from([0, 5, 50]),
+    block_size=st.sampled_from([16, 32]),
+    num_blocks=st.integers(20, 80),
+    max_num_seqs=st.integers(1, 8),
+    new_tokens=st.integers(1, 60),
+    prefix=st.booleans(),
+)
+def test_leaps_change_nothing_on_small_random_workloads(
+    hardware, requests, rate, block_size, num_blocks, max_num_seqs, new_tokens, prefix
+):
+    assert_leaps_change_nothing([
+        f"hardware={hardware}",
+        f"workload.num_requests={requests}",
+        f"workload.rate={rate}",
+        "workload.min_prompt_tokens=1",
+        "workload.max_prompt_tokens=100",
+        "workload.min_new_tokens=1",
+        f"workload.max_new_tokens={new_tokens}",
+        f"block_size={block_size}",
+        f"num_blocks={num_blocks}",
+        f"max_num_seqs={max_num_seqs}",
+        "max_model_len=200",
+        f"max_tokens={max(block_size, 64)}",
+        f"prefix_caching={str(prefix).lower()}",
+    ])  # fmt: skip
+
+
+def test_a_metrics_only_probe_leaps_to_the_metrics_of_a_run_with_files(tmp_path):
+    slo = ["slo.ttft_ms=200", "slo.tpot_ms=20", "slo.attainment=0.01"]  # never stops it
+    cfg = make_config([*SIMULATED, "hardware=h100", *ARRIVING, *slo])
+    with_files = run_probe(cfg, tmp_path / "files", keep_files=True)
+    metrics_only = run_probe(cfg, tmp_path / "metrics", keep_files=False)
+    assert 0 < with_files["slo_attainment"] < 1  # the SLO tells requests apart
+    assert_same(with_files, metrics_only)
+    assert (tmp_path / "files" / "steps.jsonl").exists()
+    assert sorted(p.name for p in (tmp_path / "metrics").iterdir()) == sorted(
+        p.name for p in (tmp_path / "files").iterdir() if p.suffix not in (".jsonl", ".log")
+    )
+
+
+def test_a_probe_stopped_by_its_slo_stops_where_steps_one_by_one_stop():
+    stops = []
+    for leaps in (False, True):
+        cfg = make_config([*SIMULATED, "hardware=h100", *ARRIVING, "slo.ttft_ms=40"])
+        engine, requests = build_engine(cfg)
+        totals = StepTotals()
+        judge = SloJudge(Slo.of(cfg.slo), len(requests))
+        with pytest.raises(SloMissed):
+            engine.run(requests, totals.add, judge, on_leap=totals.add_run if leaps else None)
+        stops.append((engine.clock(), totals.num_steps, [len(r.token_times) for r in requests]))
+    assert stops[0][1:] == stops[1][1:] and math.isclose(stops[0][0], stops[1][0])
