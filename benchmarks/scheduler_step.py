@@ -13,10 +13,21 @@ import time
 
 import numpy as np
 
+from pipeline.schema import ChunkedSchedulerConf
 from stages.kv_cache import KVCacheManager
 from stages.request import Request, Samples
 from stages.scheduler import ChunkedScheduler
 from stages.stopping import StopRule
+
+# The scheduler's knobs as the config gives them by default (pipeline/schema.py).
+_CONF = ChunkedSchedulerConf()
+SCHEDULER_DEFAULTS = {
+    "align_chunks": _CONF.align_chunks,
+    "long_prefill_threshold": _CONF.long_prefill_threshold,
+    "budget": _CONF.budget,
+    "max_padding": _CONF.max_padding,
+    "no_evict": _CONF.no_evict,
+}
 
 
 def make_scheduler(running: int, waiting: int) -> ChunkedScheduler:
@@ -26,6 +37,7 @@ def make_scheduler(running: int, waiting: int) -> ChunkedScheduler:
         max_tokens=8192,
         max_num_seqs=running,
         max_model_len=4096,
+        **SCHEDULER_DEFAULTS,
     )
     for i in range(running + waiting):
         sched.add(Request(f"r{i}", i, "x", [1] * 100, max_new_tokens=1_000_000))

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.schema import TraceWorkloadConf
 from stages.tokenizer import ByteTokenizer
 from stages.trace import TraceWorkload
 
@@ -55,7 +56,8 @@ def main() -> None:
               f"{time.perf_counter() - t:.1f} s")  # fmt: skip
         before = current_rss_mb()
         t = time.perf_counter()
-        workload = TraceWorkload(str(path), max_model_len=8192)
+        conf = TraceWorkloadConf(path=str(path), seed=0, max_model_len=8192, max_num_seqs=32)
+        workload = TraceWorkload(**{k: v for k, v in vars(conf).items() if k != "_target_"})
         requests = workload.load(ByteTokenizer())
         load_s = time.perf_counter() - t
     loaded = current_rss_mb()

@@ -150,7 +150,12 @@ def build_paddle_engine(cfg: DictConfig) -> tuple[Engine, list[Request]]:
     engine = Engine(
         tokenizer=tokenizer,
         scheduler=build(cfg.scheduler, kv_cache=kv_cache, stop=stop),
-        metadata=build(cfg.metadata, kv_cache=kv_cache, pad_id=tokenizer.pad_id),
+        metadata=build(
+            cfg.metadata,
+            kv_cache=kv_cache,
+            pad_id=tokenizer.pad_id,
+            packed=attention.packs_rows,
+        ),
         model=model,
         attention=attention,
         sampler=build(cfg.sampler),

@@ -204,7 +204,7 @@ class HfModelConf:
 @dataclass
 class GgufModelConf:
     _target_: str = "stages.gguf.loader.load_gguf_model"
-    path: str = MISSING  # a GGUF file (llama, qwen2, qwen3; F32 to Q4_K, see the README)
+    path: str = MISSING  # a GGUF file (llama, qwen2, qwen3; F32 to Q4_K: docs/checkpoints.md)
     dtype: str = "float32"  # compute dtype; every stored type is dequantised to it
     max_position: int = II("max_model_len")  # rotary table; 0 = the file's context_length
 
@@ -348,7 +348,7 @@ class MeasuredHardwareConf:
 @dataclass
 class TraceWorkloadConf:
     _target_: str = "stages.trace.TraceWorkload"
-    path: str = MISSING  # a trace file the user brings (see the README's "Serving traces")
+    path: str = MISSING  # a trace file the user brings (docs/traces.md)
     format: str = "auto"  # auto, azure, burstgpt, mooncake, sharegpt, vidur
     model_filter: str = ""  # burstgpt: keep this model's rows; "" = all
     trace_block_size: int = 512  # mooncake: tokens per hash id

@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from stages.arithmetic import ceil_div
+
 # (column, panel title) for summary.png, one panel each.
 PANELS = [
     ("ttft_p50_ms", "TTFT p50 (ms)"),
@@ -95,7 +97,7 @@ def write_plot(
         name = " ".join(f"{k}={job.override_values.get(k, '')}" for k in keys if k != x)
         series.setdefault(name, []).append((position[label], job))
     panels = shown_panels(jobs, slo)
-    rows = -(-(len(panels) + 1) // 4)
+    rows = ceil_div(len(panels) + 1, 4)
     fig, axes = plt.subplots(rows, 4, figsize=(17, 3.75 * rows), squeeze=False)
     flat = list(axes.flat)
     for ax, (column, title) in zip(flat, panels, strict=False):

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 import numpy as np
 import structlog
 
+from stages.arithmetic import ceil_div
+
 log = structlog.get_logger(__name__)
 
 
@@ -33,7 +35,7 @@ class Axis:
     def sizes(self, strategy: Bucketing | str) -> list[int]:
         if self.explicit:
             return list(self.explicit)
-        top = -(-self.max // self.step) * self.step
+        top = ceil_div(self.max, self.step) * self.step
         if Bucketing(strategy) is Bucketing.exponential:
             sizes, n = [], self.min
             while n < top:
@@ -63,7 +65,7 @@ class Buckets:
         if i < len(sizes):
             return sizes[i], True
         step = self.axes[name].step
-        return -(-n // step) * step, False  # fallback: an unprepared shape, never a dropped row
+        return ceil_div(n, step) * step, False  # fallback: an unprepared shape, never a dropped row
 
     def fit_prepared(self, name: str, values: np.ndarray) -> np.ndarray:
         """The prepared size each value pads to, as `fit` finds it, for the leading values

@@ -11,7 +11,7 @@ made on demand, `stages.request.PromptIds`.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from stages.kv_cache import KVCacheManager
 from stages.metadata import ForwardMeta
@@ -129,14 +129,6 @@ class MetadataBuilder(Protocol):
         buckets; None where the first does not."""
 
 
-class PackedRows(NamedTuple):
-    """A step's real tokens among its padded rows, where the backend attends them packed."""
-
-    tokens: paddle.Tensor  # [T] each real token's row in the padded step
-    logits_rows: paddle.Tensor  # each logits row's place among the packed tokens
-    prefill_tokens: int  # the first this many packed tokens are prefill chunks' tokens
-
-
 class Attention(Protocol):
     """Owns the KV cache tensors and the per-step state every layer shares."""
 
@@ -147,17 +139,13 @@ class Attention(Protocol):
     def load_weights(self, model: Model) -> None:
         """Puts each layer's QKV weight into the backend's layout, once."""
 
-    def packed_rows(self, meta: ForwardMeta) -> PackedRows | None:
-        """The real tokens of a padded step, where the backend attends packed rows (then
-        the model runs its dense layers on those alone); None: the padded step runs."""
+    @property
+    def packs_rows(self) -> bool:
+        """Whether the backend attends a step's real tokens packed, without the padding
+        rows: the metadata builder then lays out those alone (ForwardMeta.packed), and the
+        model runs its dense layers on them."""
 
-    def prepare(
-        self,
-        meta: ForwardMeta,
-        cos: paddle.Tensor,
-        sin: paddle.Tensor,
-        packed: PackedRows | None = None,
-    ) -> Any:
+    def prepare(self, meta: ForwardMeta, cos: paddle.Tensor, sin: paddle.Tensor) -> Any:
         """The state one forward's layers share (rotary table, write slots, decode layout)."""
 
     def qkv_rope(

@@ -20,18 +20,17 @@ import hashlib
 import heapq
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 
+from stages.arithmetic import IntOrArray, ceil_div
 from stages.request import PromptIds, Request
-
-IntOrArray = TypeVar("IntOrArray", int, np.ndarray)
 
 
 def blocks_for(num_tokens: IntOrArray, block_size: int) -> IntOrArray:
     """Blocks that hold num_tokens tokens (each of an array's)."""
-    return -(-num_tokens // block_size)
+    return ceil_div(num_tokens, block_size)
 
 
 def chain_hash(parent: bytes, token_bytes: bytes) -> bytes:

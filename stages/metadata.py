@@ -12,12 +12,14 @@ assumed left alignment, so prefills of different context lengths attended to wro
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from stages.arithmetic import ceil_div
 from stages.buckets import Axis, Bucketing, Buckets, warmup_counts, warmup_graphs
 from stages.kv_cache import KVCacheManager, blocks_for
 from stages.request import DecodeRun, PrefillChunk, Request, StepPlan
@@ -40,33 +42,42 @@ class PrefillMeta:
     batch: int  # real rows
     shape: tuple[int, int, int]  # (batch, seq, blocks) after padding
     seq_ids: list[int]  # each real row's request (its internal sequence number)
-    input_ids: np.ndarray  # [batch, seq]
-    positions: np.ndarray  # [batch, seq]
+    # [batch, seq]; packed: [num_tokens], the rows' real tokens one row after another
+    input_ids: np.ndarray
+    positions: np.ndarray  # as input_ids
     context_lens: np.ndarray  # [batch] tokens already cached before this chunk
     chunk_lens: np.ndarray  # [batch] real tokens of this chunk
+    num_tokens: int  # real tokens, chunk_lens' sum
     # Every chunk starts on a block boundary: the cache is written in whole blocks,
     # block_indices [batch * seq / block_size] naming each block's destination. Otherwise
-    # token by token, at (slot_blocks, slot_offsets) [batch * seq].
+    # token by token, at (slot_blocks, slot_offsets) [batch * seq]. Packed: the blocks that
+    # hold tokens only, filled from the packed rows block_rows [blocks * block_size] (a
+    # last block's tail repeats its row's last token, masked until later tokens overwrite
+    # it), and the real tokens' slots only.
     block_indices: paddle.Tensor | None
     slot_blocks: paddle.Tensor | None
     slot_offsets: paddle.Tensor | None
     has_context: bool
     block_list: paddle.Tensor | None  # [batch, blocks] context then chunk blocks, left-aligned
-    mask: paddle.Tensor | None  # [batch, 1, seq, blocks * block_size] additive, with context
+    # [batch, 1, seq, blocks * block_size] additive, with context; None where packed (the
+    # packed ops read each row's context and length instead)
+    mask: paddle.Tensor | None
+    block_rows: paddle.Tensor | None = None
 
 
 @dataclass
 class DecodeMeta:
     batch: int
     shape: tuple[int, int]  # (batch, blocks): rows and flattened block list after padding
+    rows: int  # rows laid out: the bucket's, or the real ones where packed
     seq_ids: list[int]
-    input_ids: np.ndarray  # [batch]
-    positions: np.ndarray  # [batch]
-    block_indices: paddle.Tensor  # [batch] block of the slot each row writes
-    block_offsets: paddle.Tensor  # [batch] offset of that slot in its block
+    input_ids: np.ndarray  # [rows]
+    positions: np.ndarray  # [rows]
+    block_indices: paddle.Tensor  # [rows] block of the slot each row writes
+    block_offsets: paddle.Tensor  # [rows] offset of that slot in its block
     block_list: paddle.Tensor  # [blocks] every row's blocks, one row after another
     block_groups: paddle.Tensor  # [blocks] the row owning each block (padding: the last)
-    block_mapping: paddle.Tensor  # [blocks, batch] one-hot block -> row, zero for padding
+    block_mapping: paddle.Tensor  # [blocks, rows] one-hot block -> row, zero for padding
     block_bias: paddle.Tensor  # [blocks, block_size] additive: 0 for a filled slot
     # [blocks] each block's place with rows side by side, row_width blocks a row:
     # row * row_width + its index in the row; padding blocks batch * row_width, a spare row.
@@ -93,11 +104,25 @@ class ForwardMeta:
     # Each part's dims before padding to its bucket (what a bucket plan is chosen from):
     # prefill [batch, seq, blocks per row], decode [batch, blocks listed or spanned].
     needed: dict[str, list[int]] = field(default_factory=dict)
+    # The step's real tokens only, laid out for a backend that attends packed rows (the
+    # CPU's): input_ids, positions and logits_rows then skip the padding rows.
+    packed: bool = False
 
     @property
     def prefill_tokens(self) -> int:
-        return self.prefill.shape[0] * self.prefill.shape[1] if self.prefill else 0
+        """Rows of the prefill part: the first this many of input_ids."""
+        if self.prefill is None:
+            return 0
+        if self.packed:
+            return self.prefill.num_tokens
+        return self.prefill.shape[0] * self.prefill.shape[1]
 
+
+# Where a prefill's keys and values go: (block_indices, slot_blocks, slot_offsets,
+# block_rows) as PrefillMeta holds them.
+PrefillWrites = tuple[
+    "paddle.Tensor | None", "paddle.Tensor | None", "paddle.Tensor | None", "paddle.Tensor | None"
+]
 
 _NEG = -1e30  # additive mask; finite so that fully masked padding rows stay finite
 
@@ -177,14 +202,17 @@ class HPUMetadataBuilder:
         prefill_blocks: dict[str, Any],
         decode_batch: dict[str, Any],
         decode_blocks: dict[str, Any],
-        bucketing: Bucketing | str = Bucketing.linear,
+        bucketing: Bucketing | str,
+        decode_span: float,
+        max_warmup_shapes: int,
         pad_id: int = 0,
-        decode_span: float = 2.0,
-        max_warmup_shapes: int = 512,
         shapes_only: bool = False,
+        packed: bool = False,
     ) -> None:
         """shapes_only: build() gives the buckets and lengths but no tensors, and lists
-        decode blocks row by row as the HPU's fused op takes them (a simulated device)."""
+        decode blocks row by row as the HPU's fused op takes them (a simulated device).
+        packed: a step's real tokens only are laid out, for an attention stage that packs
+        rows (its declared `packs_rows`); the buckets are chosen and counted as ever."""
         bs = kv_cache.block_size
         given = dict(zip(AXES, (prefill_batch, prefill_seq, prefill_blocks, decode_batch,
                                 decode_blocks), strict=True))  # fmt: skip
@@ -202,6 +230,7 @@ class HPUMetadataBuilder:
         self.pad_id = pad_id
         self.decode_span = 0.0 if shapes_only else decode_span
         self.shapes_only = shapes_only
+        self.packed = packed
         self.buckets = Buckets(bucketing, axes)
 
     @property
@@ -217,15 +246,19 @@ class HPUMetadataBuilder:
         if self.shapes_only:
             return self._shapes(plan)
         needed: dict[str, list[int]] = {}
-        prefill = self._prefill(plan.prefill, self._prefill_shape(plan.prefill, needed))
-        decode = self._decode(plan.decode, needed=needed) if plan.decode else None
+        prefill_shape = self._prefill_shape(plan.prefill, needed)
+        prefill = self._prefill(plan.prefill, prefill_shape, self.packed)
+        decode = None
+        if plan.decode:
+            lens = decode_lens(plan)
+            decode = self._decode(plan.decode, lens, needed=needed, packed=self.packed)
         shape = step_shape(
             self.block_size,
             plan,
             prefill.shape if prefill else None,
             decode.shape if decode else None,
         )
-        meta = self._assemble(plan.mode, prefill, decode, plan.num_tokens, shape)
+        meta = self._assemble(plan.mode, prefill, decode, plan.num_tokens, shape, self.packed)
         meta.needed = needed
         return meta
 
@@ -273,7 +306,7 @@ class HPUMetadataBuilder:
     ) -> ForwardMeta:
         """A step of the given bucket shapes made only of padding: what warmup runs."""
         prefill_meta = self._prefill([], prefill) if prefill else None
-        decode_meta = self._decode([], decode) if decode else None
+        decode_meta = self._decode([], np.zeros(0, dtype=np.int64), decode) if decode else None
         mode = "mixed" if prefill and decode else "extend" if prefill else "decode"
         shape = StepShape(self.block_size, prefill, decode)
         return self._assemble(mode, prefill_meta, decode_meta, 0, shape)
@@ -297,48 +330,102 @@ class HPUMetadataBuilder:
         return batch, seq, blocks
 
     def _prefill(
-        self, chunks: list[PrefillChunk], shape: tuple[int, int, int] | None
+        self, chunks: list[PrefillChunk], shape: tuple[int, int, int] | None, packed: bool = False
     ) -> PrefillMeta | None:
-        """The prefill part in a bucket `shape` (warmup passes one with no chunks)."""
+        """The prefill part in a bucket `shape` (warmup passes one with no chunks); packed:
+        its real tokens only."""
         if shape is None:
             return None
         rows, seq, blocks = shape
+        bs = self.block_size
         context_lens = np.zeros(rows, dtype=np.int64)
         chunk_lens = np.zeros(rows, dtype=np.int64)
         context_lens[: len(chunks)] = [c.start for c in chunks]
         chunk_lens[: len(chunks)] = [c.length for c in chunks]
-        input_ids = np.full((rows, seq), self.pad_id, dtype=np.int64)
-        for r, c in enumerate(chunks):
-            input_ids[r, : c.length] = c.request.all_ids[c.start : c.end]
         # Wide enough for every block a padded chunk touches, so padding stays in the table.
-        width = max(
-            blocks, int((context_lens // self.block_size).max()) + seq // self.block_size + 1
-        )
+        width = max(blocks, int((context_lens // bs).max()) + seq // bs + 1)
         tables = self._padded_tables([c.request for c in chunks], rows, width)
-        # Positions run on from each row's own context length; padding stays in range.
-        positions = context_lens[:, None] + np.arange(seq)
-        real = np.arange(seq)[None, :] < chunk_lens[:, None]
-        writes = self._prefill_writes(context_lens, chunk_lens, tables, positions, real)
+        if packed:
+            input_ids, positions, writes = self._packed_prefill(
+                chunks, context_lens, chunk_lens, tables
+            )
+        else:
+            input_ids, positions, writes = self._padded_prefill(
+                chunks, context_lens, chunk_lens, tables, seq
+            )
         # Warmup compiles the with-context path for every shape that has room for context.
-        has_context = bool(context_lens.any()) if chunks else blocks * self.block_size > seq
-        block_list, mask = (
-            self._context(context_lens, tables[:, :blocks], seq) if has_context else (None, None)
-        )
+        has_context = bool(context_lens.any()) if chunks else blocks * bs > seq
+        context_tables = tables[:, :blocks]
         return PrefillMeta(
             batch=len(chunks),
             shape=(rows, seq, blocks),
             seq_ids=[c.request.seq_id for c in chunks],
             input_ids=input_ids,
-            positions=np.where(real, positions, 0),
+            positions=positions,
             context_lens=context_lens,
             chunk_lens=chunk_lens,
+            num_tokens=int(chunk_lens.sum()),
             block_indices=writes[0],
             slot_blocks=writes[1],
             slot_offsets=writes[2],
+            block_rows=writes[3],
             has_context=has_context,
-            block_list=block_list,
-            mask=mask,
+            block_list=_tensor(context_tables) if has_context else None,
+            mask=self._context_mask(context_lens, blocks, seq)
+            if has_context and not packed
+            else None,
         )
+
+    def _padded_prefill(
+        self,
+        chunks: list[PrefillChunk],
+        context_lens: np.ndarray,
+        chunk_lens: np.ndarray,
+        tables: np.ndarray,
+        seq: int,
+    ) -> tuple[np.ndarray, np.ndarray, PrefillWrites]:
+        """Ids and positions [rows, seq], padding rows and tails included, and the writes."""
+        input_ids = np.full((len(context_lens), seq), self.pad_id, dtype=np.int64)
+        for r, c in enumerate(chunks):
+            input_ids[r, : c.length] = c.request.all_ids[c.start : c.end]
+        # Positions run on from each row's own context length; padding stays in range.
+        positions = context_lens[:, None] + np.arange(seq)
+        real = np.arange(seq)[None, :] < chunk_lens[:, None]
+        writes = self._prefill_writes(context_lens, chunk_lens, tables, positions, real)
+        return input_ids, np.where(real, positions, 0), writes
+
+    def _packed_prefill(
+        self,
+        chunks: list[PrefillChunk],
+        context_lens: np.ndarray,
+        chunk_lens: np.ndarray,
+        tables: np.ndarray,
+    ) -> tuple[np.ndarray, np.ndarray, PrefillWrites]:
+        """Ids and positions of the real tokens, one row after another, and their writes:
+        whole blocks (those that hold tokens, filled from the packed rows) when every chunk
+        starts on a block boundary, else token slots. Two gathers and a block write take
+        half as long as writing the tokens slot by slot."""
+        bs, n = self.block_size, len(chunks)
+        lens = chunk_lens[:n]
+        starts = np.cumsum(lens) - lens  # each row's first packed token
+        input_ids = np.fromiter(
+            itertools.chain.from_iterable(c.request.all_ids[c.start : c.end] for c in chunks),
+            dtype=np.int64,
+            count=int(lens.sum()),
+        )
+        row_of = np.repeat(np.arange(n), lens)
+        positions = context_lens[row_of] + np.arange(row_of.size) - starts[row_of]
+        if (context_lens % bs).any():
+            blocks_of = tables[row_of, positions // bs]
+            return input_ids, positions, (None, _tensor(blocks_of), _tensor(positions % bs), None)
+        used = ceil_div(lens, bs)
+        block_row = np.repeat(np.arange(n), used)
+        block_j = np.arange(block_row.size) - np.repeat(np.cumsum(used) - used, used)
+        dest = tables[block_row, context_lens[block_row] // bs + block_j]
+        # slot k of a row's block j holds its token j * bs + k; past the row's end, its last
+        in_row = np.minimum(block_j[:, None] * bs + np.arange(bs), lens[block_row][:, None] - 1)
+        fill = (starts[block_row][:, None] + in_row).reshape(-1)
+        return input_ids, positions, (_tensor(dest), None, None, _tensor(fill))
 
     def _padded_tables(self, requests: list[Request], rows: int, blocks: int) -> np.ndarray:
         """[rows, blocks] block tables, left-aligned, padded with the scratch block."""
@@ -355,9 +442,10 @@ class HPUMetadataBuilder:
         tables: np.ndarray,
         positions: np.ndarray,
         real: np.ndarray,
-    ) -> tuple[paddle.Tensor | None, paddle.Tensor | None, paddle.Tensor | None]:
-        """Where the chunk's keys and values go: (block_indices, None, None) when every
-        chunk starts on a block boundary, else token slots (None, blocks, offsets)."""
+    ) -> PrefillWrites:
+        """Where the chunk's keys and values go: (block_indices, None, None, None) when
+        every chunk starts on a block boundary, else token slots (None, blocks, offsets,
+        None)."""
         bs = self.block_size
         seq_blocks = positions.shape[1] // bs
         if not (context_lens % bs).any():
@@ -365,23 +453,20 @@ class HPUMetadataBuilder:
             first = context_lens[:, None] // bs + np.arange(seq_blocks)
             used = np.arange(seq_blocks)[None, :] * bs < chunk_lens[:, None]
             dest = np.where(used, np.take_along_axis(tables, first, axis=1), self.scratch)
-            return _tensor(dest.reshape(-1)), None, None
+            return _tensor(dest.reshape(-1)), None, None, None
         token_blocks = np.take_along_axis(tables, positions // bs, axis=1)
         blocks_of = np.where(real, token_blocks, self.scratch)
         offsets = np.where(real, positions % bs, np.arange(positions.shape[1]) % bs)
-        return None, _tensor(blocks_of.reshape(-1)), _tensor(offsets.reshape(-1))
+        return None, _tensor(blocks_of.reshape(-1)), _tensor(offsets.reshape(-1)), None
 
-    def _context(
-        self, context_lens: np.ndarray, tables: np.ndarray, seq: int
-    ) -> tuple[paddle.Tensor, paddle.Tensor]:
-        """The block list and mask of a prefill with context: key j is the j-th token of
-        the sequence, visible to query i iff j <= ctx + i."""
-        keys = tables.shape[1] * self.block_size
+    def _context_mask(self, context_lens: np.ndarray, blocks: int, seq: int) -> paddle.Tensor:
+        """The mask of a prefill with context: key j is the j-th token of the sequence,
+        visible to query i iff j <= ctx + i."""
+        keys = blocks * self.block_size
         visible = np.arange(keys)[None, None, :] <= (
             context_lens[:, None, None] + np.arange(seq)[None, :, None]
         )
-        mask = np.where(visible, 0.0, _NEG).astype(np.float32)[:, None]
-        return _tensor(tables), _tensor(mask)
+        return _tensor(np.where(visible, 0.0, _NEG).astype(np.float32)[:, None])
 
     # -- the decode part ---------------------------------------------------------------------
     def _span_start(self, row_blocks: np.ndarray) -> int | None:
@@ -403,23 +488,17 @@ class HPUMetadataBuilder:
     def _decode(
         self,
         requests: list[Request],
+        seq_lens: np.ndarray,
         shape: tuple[int, int] | None = None,
         needed: dict[str, list[int]] | None = None,
+        packed: bool = False,
     ) -> DecodeMeta:
-        """The decode part; `shape` forces a bucket (warmup, where every row is padding).
-        Records the dims it pads in `needed`."""
+        """The decode part of rows with seq_lens tokens (the new one included); `shape`
+        forces a bucket (warmup, where every row is padding). Records the dims it pads in
+        `needed`. packed: the real rows only are laid out (the block list keeps its bucket)."""
         n = len(requests)
-        seq_lens = np.array([r.num_computed + 1 for r in requests], dtype=np.int64)
         counts = blocks_for(seq_lens, self.block_size)
-        # Every row's blocks, one row after another.
-        row_blocks = np.array(
-            [
-                b
-                for r, c in zip(requests, counts, strict=True)
-                for b in self.kv_cache.block_table(r)[:c]
-            ],
-            dtype=np.int64,
-        )
+        row_blocks = self._row_blocks(requests, counts)
         start = None if shape else self._span_start(row_blocks)
         if shape is None:
             blocks_needed = row_blocks.size if start is None else int(np.ptp(row_blocks)) + 1
@@ -428,6 +507,7 @@ class HPUMetadataBuilder:
             rows, blocks = self.buckets.shape("decode", batch=n, blocks=blocks_needed)
         else:
             rows, blocks = shape
+        bucket, rows = (rows, blocks), n if packed else rows
         block_list, slots = self._decode_block_list(row_blocks, start, blocks)
         owner = np.repeat(np.arange(n), counts)
         index_in_row = np.arange(row_blocks.size) - np.repeat(np.cumsum(counts) - counts, counts)
@@ -440,7 +520,8 @@ class HPUMetadataBuilder:
         row_width = max(1, int(counts.max(initial=0)))
         return DecodeMeta(
             batch=n,
-            shape=(rows, blocks),
+            shape=bucket,
+            rows=rows,
             seq_ids=[r.seq_id for r in requests],
             input_ids=input_ids,
             positions=positions,
@@ -455,6 +536,11 @@ class HPUMetadataBuilder:
             row_width=row_width,
             block_range=None if start is None else (start, start + blocks),
         )
+
+    def _row_blocks(self, requests: list[Request], counts: np.ndarray) -> np.ndarray:
+        """Every row's blocks that hold its tokens, one row after another."""
+        tables = (self.kv_cache.block_table(r)[:c] for r, c in zip(requests, counts, strict=True))
+        return np.fromiter(itertools.chain.from_iterable(tables), dtype=np.int64)
 
     def _decode_block_list(
         self, row_blocks: np.ndarray, start: int | None, blocks: int
@@ -523,16 +609,20 @@ class HPUMetadataBuilder:
         decode: DecodeMeta | None,
         num_tokens: int,
         shape: StepShape,
+        packed: bool = False,
     ) -> ForwardMeta:
         ids, positions, rows = [], [], []
-        offset = 0
+        offset = padded = 0
         if prefill:
             b, s, _ = prefill.shape
             ids.append(prefill.input_ids.reshape(-1))
             positions.append(prefill.positions.reshape(-1))
-            rows.append(np.arange(prefill.batch) * s + prefill.chunk_lens[: prefill.batch] - 1)
-            offset = b * s
+            lens = prefill.chunk_lens[: prefill.batch]
+            rows.append(np.cumsum(lens) - 1 if packed else np.arange(prefill.batch) * s + lens - 1)
+            offset = prefill.num_tokens if packed else b * s
+            padded = b * s
         if decode:
+            padded += decode.shape[0]
             ids.append(decode.input_ids)
             positions.append(decode.positions)
             rows.append(offset + np.arange(decode.batch))
@@ -548,9 +638,10 @@ class HPUMetadataBuilder:
             positions=_tensor(np.concatenate(positions)),
             logits_rows=_tensor(logits_rows),
             num_tokens=num_tokens,
-            padded_tokens=len(input_ids),
+            padded_tokens=padded,
             bucket=bucket_label(shape.prefill, shape.decode),
             shape=shape,
+            packed=packed,
         )
 
 

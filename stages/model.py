@@ -4,7 +4,8 @@ RMSNorm, rotary positions (rotate-half, or interleaved pairs as in ERNIE-4.5), g
 attention with optional q/k/v biases and per-head q/k RMSNorm (Qwen3), and a SwiGLU MLP or
 a mixture of experts. The model computes projections and the MLP on a step's rows;
 attention goes to the attention stage, which owns the KV cache and may have the model
-run on a step's real tokens only (packed_rows). Built-in weights are drawn
+run on a step's real tokens only (its packs_rows: the metadata builder then lays out
+those alone). Built-in weights are drawn
 from a seed, so no download; stages/checkpoint/ builds the same model from a Hugging Face
 folder.
 """
@@ -299,17 +300,12 @@ class TransformerLM:
     @paddle.no_grad()
     def forward(self, meta: ForwardMeta, attention: Attention) -> paddle.Tensor:
         """Logits [rows, vocab] for meta.logits_rows: each chunk's last token, each decode."""
-        input_ids, positions, logits_rows = meta.input_ids, meta.positions, meta.logits_rows
-        # Where the attention packs a step's real tokens, every layer runs on those alone.
-        packed = attention.packed_rows(meta)
-        if packed is not None:
-            input_ids = paddle.gather(input_ids, packed.tokens)
-            positions = paddle.gather(positions, packed.tokens)
-            logits_rows = packed.logits_rows
-        h = paddle.gather(self.embed, input_ids)
-        cos = paddle.gather(self.cos, positions)  # [tokens, head_dim]
-        sin = paddle.gather(self.sin, positions)
-        state = attention.prepare(meta, cos, sin, packed)
+        # Where the attention packs rows, the step holds its real tokens alone (meta.packed)
+        # and every layer runs on those.
+        h = paddle.gather(self.embed, meta.input_ids)
+        cos = paddle.gather(self.cos, meta.positions)  # [tokens, head_dim]
+        sin = paddle.gather(self.sin, meta.positions)
+        state = attention.prepare(meta, cos, sin)
         for index, layer in enumerate(self.layers):
             # QKV and RoPE belong to the attention stage's ops: the HPU fuses them.
             x = self._rms_norm(h, layer.attn_norm)
@@ -317,7 +313,7 @@ class TransformerLM:
             attended = attention.attend(index, q, k, v, state, out_weight=layer.out)
             h = h + (attended if layer.out_bias is None else attended + layer.out_bias)
             h = h + layer.mlp(self._rms_norm(h, layer.mlp_norm))
-        last = self._rms_norm(paddle.gather(h, logits_rows), self.final_norm)
+        last = self._rms_norm(paddle.gather(h, meta.logits_rows), self.final_norm)
         if self.lm_head is None:
             logits = paddle.matmul(last, self.embed, transpose_y=True)
         else:

@@ -16,12 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from stages.arithmetic import ceil_div
+
 # Bytes of one value in each compute dtype the models run in.
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
-
-
-def ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def dtype_bytes(dtype: str) -> int:

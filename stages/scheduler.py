@@ -111,11 +111,11 @@ class ChunkedScheduler:
         max_tokens: int,
         max_num_seqs: int,
         max_model_len: int,
-        align_chunks: bool = True,
-        long_prefill_threshold: int = 0,
-        budget: Budget | str = Budget.padded,
-        max_padding: float = 0.25,
-        no_evict: bool = False,
+        align_chunks: bool,
+        long_prefill_threshold: int,
+        budget: Budget | str,
+        max_padding: float,
+        no_evict: bool,
     ) -> None:
         budget = Budget(budget)
         block_size = kv_cache.block_size

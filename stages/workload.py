@@ -76,18 +76,18 @@ class SyntheticWorkload:
 
     def __init__(
         self,
-        num_requests: int = 16,
-        min_prompt_tokens: int = 16,
-        max_prompt_tokens: int = 1200,
-        min_new_tokens: int = 8,
-        max_new_tokens: int = 32,
-        ignore_eos: bool = True,
-        rate: float = 0.0,
-        start_s: float = 0.0,
-        seed: int = 0,
-        shared_prefix_tokens: int = 0,
-        num_prefixes: int = 1,
-        concurrency: int = 0,
+        num_requests: int,
+        min_prompt_tokens: int,
+        max_prompt_tokens: int,
+        min_new_tokens: int,
+        max_new_tokens: int,
+        ignore_eos: bool,
+        rate: float,
+        start_s: float,
+        seed: int,
+        shared_prefix_tokens: int,
+        num_prefixes: int,
+        concurrency: int,
     ) -> None:
         self.concurrency = closed_loop(concurrency)
         if shared_prefix_tokens < 0 or num_prefixes < 1:
@@ -157,7 +157,7 @@ class MixedWorkload:
 
     counts: Mapping[str, Any] = MappingProxyType({})  # nothing is dropped or clipped
 
-    def __init__(self, parts: Mapping[str, SyntheticWorkload], concurrency: int = 0) -> None:
+    def __init__(self, parts: Mapping[str, SyntheticWorkload], concurrency: int) -> None:
         if not parts:
             raise ValueError("workload.parts needs at least one part")
         for name, part in parts.items():
@@ -191,17 +191,17 @@ class MultiTurnWorkload:
 
     def __init__(
         self,
-        num_conversations: int = 8,
-        turns: int = 4,
-        system_prompt_tokens: int = 256,
-        min_question_tokens: int = 16,
-        max_question_tokens: int = 64,
-        min_answer_tokens: int = 16,
-        max_answer_tokens: int = 64,
-        rate: float = 0.0,
-        turn_gap_s: float = 1.0,
-        seed: int = 0,
-        concurrency: int = 0,
+        num_conversations: int,
+        turns: int,
+        system_prompt_tokens: int,
+        min_question_tokens: int,
+        max_question_tokens: int,
+        min_answer_tokens: int,
+        max_answer_tokens: int,
+        rate: float,
+        turn_gap_s: float,
+        seed: int,
+        concurrency: int,
     ) -> None:
         self.concurrency = closed_loop(concurrency)
         if num_conversations < 1 or turns < 1 or system_prompt_tokens < 0:
@@ -386,11 +386,11 @@ class JsonlWorkload:
     def __init__(
         self,
         path: str,
-        num_requests: int = 0,
-        max_new_tokens: int = 64,
-        rate: float = 0.0,
-        seed: int = 0,
-        concurrency: int = 0,
+        num_requests: int,
+        max_new_tokens: int,
+        rate: float,
+        seed: int,
+        concurrency: int,
     ) -> None:
         self.concurrency = closed_loop(concurrency)
         if not path:

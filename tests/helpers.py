@@ -3,18 +3,22 @@ and run a command as a user types it. Tests import these from here, never from c
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from omegaconf import DictConfig
 
 from pipeline.build import build_engine
 from pipeline.compose import compose_config
+from pipeline.schema import PipelineConf, TraceWorkloadConf
 from stages.request import Request
+from stages.trace import TraceWorkload
 
 # Small enough for seconds per run, long enough that prompts span several blocks and chunks.
 LIMITS = ["block_size=16", "max_model_len=256", "max_num_seqs=8"]
@@ -55,6 +59,31 @@ def run_cli(cwd: Path, module: str, *args: object) -> subprocess.CompletedProces
         cwd=cwd,
         timeout=300,
     )
+
+
+def schema_kwargs(conf: type, **given: Any) -> dict[str, Any]:
+    """A stage's keyword arguments with the values pipeline/schema.py gives them by default
+    (a top-level key's interpolation, such as ${seed}, as the top level's default; its
+    `_target_` and required fields left out), `given` on top: a stage built directly gets
+    the same defaults as one the config builds."""
+    top = {f.name: f.default for f in dataclasses.fields(PipelineConf)}
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(conf):
+        if f.default_factory is not dataclasses.MISSING:
+            value = f.default_factory()
+        else:
+            value = f.default
+        if f.name == "_target_" or value is dataclasses.MISSING or value == "???":
+            continue
+        if isinstance(value, str) and value.startswith("${"):
+            value = top[value[2:-1]]
+        values[f.name] = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+    return {**values, **given}
+
+
+def trace_workload(path: str | Path, **given: Any) -> TraceWorkload:
+    """A trace workload with the schema's defaults and `given` on top."""
+    return TraceWorkload(**schema_kwargs(TraceWorkloadConf, path=str(path), **given))
 
 
 def make_config(overrides: Sequence[str] = ()) -> DictConfig:

@@ -29,9 +29,11 @@ from stages.buckets import (
     Axis,
     Buckets,
     StepRule,
+    decode_count,
     decode_shapes,
     is_warmed,
     mixed_pairs,
+    prefill_count,
     prefill_shapes,
     warmup_counts,
 )
@@ -261,7 +263,10 @@ def test_prefill_pair_is_optimal(seed):
 
 def brute_force_plan(workload, max_shapes, block_size, max_tokens, block_cost):
     """Every set of observed sizes per axis: the cheapest whose warmup graphs fit the
-    budget (every observed step pads to a warmed bucket: warmup holds what steps reach)."""
+    budget (every observed step pads to a warmed bucket: warmup holds what steps reach).
+    The cost is a prefill part plus a decode part, and the prefill and decode phases' counts
+    bound the total from below, so the choices are tried cheapest first and only those whose
+    phases fit are counted in full: the first that fits is the cheapest of all."""
     values = workload.axis_values()
     names = list(values)
     # each axis's candidate size sets with its values padded to them, padded once
@@ -269,19 +274,33 @@ def brute_force_plan(workload, max_shapes, block_size, max_tokens, block_cost):
         [(sizes, pad_to(values[n], sizes)) for sizes in subsets_with_max(values[n].tolist())]
         for n in names
     ]
-    fitting_prefills = list(itertools.product(*options[:3]))
-    best = None
-    for choice in itertools.product(fitting_prefills, *options[3:]):
-        (_, pb), (_, ps), (_, pm) = choice[0]
-        (_, db), (_, dm) = choice[1:]
-        sizes = dict(zip(names, [c[0] for c in (*choice[0], *choice[1:])], strict=True))
-        if sum(warmup_counts(sizes, block_size, max_tokens, mixed=True).values()) > max_shapes:
-            continue
-        blocks = (pm - values["prefill_blocks"]).sum() + (dm - values["decode_blocks"]).sum()
-        cost = float((pb * ps).sum() + db.sum() + block_cost * blocks)
-        if best is None or cost < best[0]:
-            best = (cost, sizes)
-    return best
+    prefills = list(itertools.product(*options[:3]))
+    decodes = list(itertools.product(*options[3:]))
+    p_cost = np.array(
+        [(pb * ps).sum() + block_cost * (pm - values["prefill_blocks"]).sum()
+         for (_, pb), (_, ps), (_, pm) in prefills]
+    )  # fmt: skip
+    d_cost = np.array(
+        [
+            db.sum() + block_cost * (dm - values["decode_blocks"]).sum()
+            for (_, db), (_, dm) in decodes
+        ]
+    )
+    p_count = np.array(
+        [prefill_count(b, s, m, block_size, max_tokens) for (b, _), (s, _), (m, _) in prefills]
+    )
+    d_count = np.array([decode_count(b, m) for (b, _), (m, _) in decodes])
+    cost = p_cost[:, None] + d_cost[None, :]
+    fits_phases = p_count[:, None] + d_count[None, :] <= max_shapes
+    for flat in np.argsort(np.where(fits_phases, cost, np.inf), axis=None, kind="stable"):
+        i, j = np.unravel_index(flat, cost.shape)
+        if not fits_phases[i, j]:
+            return None
+        choice = (*prefills[i], *decodes[j])
+        sizes = dict(zip(names, [c[0] for c in choice], strict=True))
+        if sum(warmup_counts(sizes, block_size, max_tokens, mixed=True).values()) <= max_shapes:
+            return float(cost[i, j]), sizes
+    return None
 
 
 HAND_MADE = Workload(

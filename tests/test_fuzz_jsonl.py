@@ -15,8 +15,9 @@ from hypothesis import strategies as st
 
 from pipeline.artefacts import GenerationWriter, read_generations
 from pipeline.build import build_engine
+from pipeline.schema import JsonlWorkloadConf
 from stages.workload import JsonlWorkload
-from tests.helpers import make_config
+from tests.helpers import make_config, schema_kwargs
 
 FIELDS = ["id", "max_new_tokens", "arrival_s", "ignore_eos", "stop", "seed",
           "temperature", "top_k", "top_p", "colour"]  # fmt: skip
@@ -87,7 +88,8 @@ def test_every_line_gets_one_generation_in_order(engine, lines):
         folder = Path(tmp)
         path = folder / "fuzz.jsonl"
         path.write_bytes(b"\n".join(lines) + b"\n")
-        requests = JsonlWorkload(str(path), max_new_tokens=4).load(engine.tokenizer)
+        given = schema_kwargs(JsonlWorkloadConf, path=str(path), max_new_tokens=4)
+        requests = JsonlWorkload(**given).load(engine.tokenizer)
         expected = sum(1 for raw in lines if raw.removesuffix(b"\r").strip())
         assert len(requests) == expected
         for r in requests:

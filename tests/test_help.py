@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -22,6 +23,35 @@ def commands() -> list[str]:
 
 def test_the_commands_are_found():
     assert {"pipeline", "pipeline.buckets", "pipeline.inspect"} <= set(commands())
+
+
+def listed_groups() -> dict[str, set[str]]:
+    """The config groups and options `python -m pipeline --help` lists (its help template),
+    with `prefix/{a,b}` expanded."""
+    help_config = OmegaConf.load(ROOT / "conf/hydra/help/pipeline.yaml")
+    template = OmegaConf.to_container(help_config)["template"]  # unresolved
+    section = template.split("== Config groups (group=option) ==")[1].split("==")[0]
+    groups: dict[str, set[str]] = {}
+    for line in filter(None, map(str.strip, section.splitlines())):
+        name, options = line.split(":", 1)
+        group = name.split(" (")[0].lstrip("+")
+        groups[group] = set()
+        for option in options.split(", "):
+            prefix, _, names = option.strip().partition("{")
+            if names:
+                groups[group] |= {prefix + n for n in names.rstrip("}").split(",")}
+            else:
+                groups[group].add(prefix)
+    return groups
+
+
+def test_the_help_lists_every_config_group_and_option():
+    on_disk = {
+        group.name: {str(p.relative_to(group).with_suffix("")) for p in group.rglob("*.yaml")}
+        for group in (ROOT / "conf").iterdir()
+        if group.is_dir() and group.name != "hydra"
+    }
+    assert listed_groups() == on_disk
 
 
 @pytest.mark.slow

@@ -19,7 +19,7 @@ from pipeline.checks import ConfigError
 from stages.simulator.hardware import HardwareProfile, read_profile
 from stages.tokenizer import ByteTokenizer
 from stages.workload import MAX_ARRIVAL_S
-from tests.helpers import REPO, make_config
+from tests.helpers import REPO, make_config, trace_workload
 from tests.test_inspect import folder_of
 
 VIDUR = "arrived_at,num_prefill_tokens,num_decode_tokens\n"
@@ -190,29 +190,26 @@ def test_sigterm_to_a_joblib_sweep_stops_its_workers_and_summarises(tmp_path):
 
 
 def test_a_one_line_sharegpt_file_gives_each_entry_its_own_id(tmp_path):
-    from stages.trace import TraceWorkload
 
     entry = {"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}]}
     path = tmp_path / "one.json"
     path.write_text(json.dumps([entry, entry, {**entry, "id": "line-1.2"}, entry]))
-    requests = TraceWorkload(str(path)).load(ByteTokenizer())
+    requests = trace_workload(path).load(ByteTokenizer())
     ids = [r.id for r in requests]
     assert len(set(ids)) == 4 and ids[:2] == ["line-1", "line-1.2"]
 
 
 def test_a_sharegpt_entry_nested_beyond_the_stack_is_its_error(tmp_path):
-    from stages.trace import TraceWorkload
 
     entry = {"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}]}
     path = tmp_path / "deep.json"
     path.write_text("[" + json.dumps(entry) + ",\n" + "[" * 100_000 + "]" * 100_000 + "]")
-    requests = TraceWorkload(str(path)).load(ByteTokenizer())
+    requests = trace_workload(path).load(ByteTokenizer())
     assert requests[0].error is None and "bad JSON" in requests[1].error
 
 
 @pytest.mark.parametrize("fmt", ["vidur", "mooncake", "sharegpt"])
 def test_a_byte_that_is_not_utf8_ends_only_its_row(tmp_path, fmt):
-    from stages.trace import TraceWorkload
 
     if fmt == "vidur":
         body = (VIDUR + "0,10,3\n1,1\xff0,3\n2,12,3\n").encode("latin-1")
@@ -231,23 +228,21 @@ def test_a_byte_that_is_not_utf8_ends_only_its_row(tmp_path, fmt):
         / f"trace.{'json' if fmt == 'sharegpt' else 'jsonl' if fmt == 'mooncake' else 'csv'}"
     )
     path.write_bytes(body)
-    requests = TraceWorkload(str(path), format=fmt).load(ByteTokenizer())
+    requests = trace_workload(path, format=fmt).load(ByteTokenizer())
     assert [r.error is None for r in requests] == [True, False, True]
     assert "line" in requests[1].error and "not valid UTF-8" in requests[1].error
 
 
 def test_a_mooncake_first_line_over_64_kib_is_read(tmp_path):
-    from stages.trace import TraceWorkload
 
     entry = {"timestamp": 0, "input_length": 10, "output_length": 3, "hash_ids": [7] * 40_000}
     path = tmp_path / "long.jsonl"
     path.write_text(json.dumps(entry) + "\n")
     for fmt in ("mooncake", "auto"):
-        assert TraceWorkload(str(path), format=fmt).format == "mooncake"
+        assert trace_workload(path, format=fmt).format == "mooncake"
 
 
 def test_counts_and_offsets_no_trace_can_hold_are_that_rows_error(tmp_path):
-    from stages.trace import TraceWorkload
 
     path = tmp_path / "azure.csv"
     path.write_text(
@@ -256,19 +251,18 @@ def test_counts_and_offsets_no_trace_can_hold_are_that_rows_error(tmp_path):
         "2023-11-16 18:15:47.0000000,99999999999999999999,3\n"
         "2023-11-16 18:15:48.0000000+99:99,10,3\n"
     )
-    requests = TraceWorkload(str(path)).load(ByteTokenizer())
+    requests = trace_workload(path).load(ByteTokenizer())
     assert requests[0].error is None
     assert "ContextTokens=99999999999999999999 is more tokens" in requests[1].error
     assert "+99:99" in requests[2].error
 
 
 def test_a_header_only_trace_says_it_has_no_rows(tmp_path):
-    from stages.trace import TraceWorkload
 
     path = tmp_path / "empty.csv"
     path.write_text(VIDUR)
     with pytest.raises(ValueError, match="has no rows: give a trace with requests"):
-        TraceWorkload(str(path))
+        trace_workload(path)
 
 
 def test_a_trace_gone_before_the_read_is_one_line(tmp_path, monkeypatch):
@@ -279,7 +273,7 @@ def test_a_trace_gone_before_the_read_is_one_line(tmp_path, monkeypatch):
 
     monkeypatch.setattr(stages.trace.workload, "read_csv_trace", gone)
     with pytest.raises(ValueError, match="cannot be read: No such file or directory"):
-        stages.trace.TraceWorkload(str(vidur(tmp_path, 0.0)))
+        trace_workload(vidur(tmp_path, 0.0))
 
 
 @pytest.mark.parametrize("key", ["seed", "workload.seed", "model.seed"])

@@ -5,9 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from pipeline.schema import HPUMetadataConf
 from stages.kv_cache import KVCacheManager
 from stages.metadata import HPUMetadataBuilder
 from stages.request import Request, StepPlan
+from tests.helpers import schema_kwargs
 
 BS, POOL = 16, 40
 
@@ -24,8 +26,8 @@ KV = GivenTables(POOL, BS)
 
 def builder(decode_span: float, blocks_step: int = 1) -> HPUMetadataBuilder:
     axis = {"min": 0, "step": 0, "max": 0}
-    return HPUMetadataBuilder(
-        kv_cache=KV,
+    given = schema_kwargs(
+        HPUMetadataConf,
         max_tokens=64,
         max_num_seqs=8,
         max_model_len=256,
@@ -36,6 +38,7 @@ def builder(decode_span: float, blocks_step: int = 1) -> HPUMetadataBuilder:
         decode_blocks={"min": 1, "step": blocks_step, "max": 0},
         decode_span=decode_span,
     )
+    return HPUMetadataBuilder(kv_cache=KV, **given)
 
 
 def decoding(tables: list[list[int]], lengths: list[int]) -> list[Request]:

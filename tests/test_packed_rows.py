@@ -1,50 +1,131 @@
-"""Which rows of a padded step the CPU forward runs its dense layers on."""
+"""The metadata builder's packed layout (an attention stage that packs rows, the CPU's): the
+padded layout's real tokens, found here by hand, and nothing else."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import numpy as np
+import pytest
 
-from stages.attention import ops_cpu
-from stages.attention.hpu import PagedAttention
+from pipeline.schema import HPUMetadataConf
+from stages.kv_cache import KVCacheManager
+from stages.metadata import HPUMetadataBuilder
+from stages.request import PrefillChunk, Request, StepPlan
+from tests.helpers import schema_kwargs
+
+BS, POOL = 4, 64
 
 
-def step(chunk_lens: list[int], rows: int, seq: int, decodes: int, decode_rows: int):
-    """A ForwardMeta's fields that packed_rows reads: prefill rows padded to rows x seq,
-    then decode rows padded to decode_rows."""
-    lens = np.array(chunk_lens + [0] * (rows - len(chunk_lens)), dtype=np.int64)
-    prefill = SimpleNamespace(batch=len(chunk_lens), shape=(rows, seq, 4), chunk_lens=lens)
-    decode = SimpleNamespace(batch=decodes, shape=(decode_rows, 8)) if decode_rows else None
-    return SimpleNamespace(
-        prefill=prefill if rows else None,
-        decode=decode,
-        num_tokens=sum(chunk_lens) + decodes,
-        padded_tokens=rows * seq + decode_rows,
+class GivenTables(KVCacheManager):
+    """The pool, with each request's blocks given by the test rather than allocated."""
+
+    def assign(self, request: Request, table: list[int]) -> None:
+        self._tables[request.seq_id] = table
+
+
+def builders() -> tuple[HPUMetadataBuilder, HPUMetadataBuilder, GivenTables]:
+    kv = GivenTables(POOL, BS)
+    given = schema_kwargs(HPUMetadataConf, max_tokens=64, max_num_seqs=8, max_model_len=64)
+    padded = HPUMetadataBuilder(kv_cache=kv, **given)
+    packed = HPUMetadataBuilder(kv_cache=kv, packed=True, **given)
+    return padded, packed, kv
+
+
+def request(kv: GivenTables, i: int, length: int, computed: int, first_block: int) -> Request:
+    r = Request(
+        id=f"r{i}", index=i, prompt="", prompt_ids=list(range(100 * i, 100 * i + length)),
+        max_new_tokens=4,
+    )  # fmt: skip
+    r.num_computed = computed
+    kv.assign(r, list(range(first_block, first_block + -(-length // BS) + 1)))
+    return r
+
+
+def plan(kv: GivenTables, contexts: list[int], decodes: int) -> StepPlan:
+    """Chunks of 3 and 5 tokens after the given contexts, then decode rows."""
+    chunks = [
+        PrefillChunk(request(kv, i, ctx + n, ctx, 8 * i), ctx, ctx + n)
+        for i, (ctx, n) in enumerate(zip(contexts, [3, 5], strict=False))
+    ]
+    decode = [request(kv, 10 + i, 6 + i, 5 + i, 32 + 4 * i) for i in range(decodes)]
+    return StepPlan(prefill=chunks, decode=decode)
+
+
+def real_rows(meta) -> list[int]:
+    """The padded step's rows that hold real tokens: each prefill row's first chunk_len of
+    its seq, then the real decode rows."""
+    rows: list[int] = []
+    b, s, _ = meta.prefill.shape if meta.prefill else (0, 0, 0)
+    if meta.prefill:
+        for r, n in enumerate(meta.prefill.chunk_lens[: meta.prefill.batch].tolist()):
+            rows += range(r * s, r * s + n)
+    if meta.decode:
+        rows += range(b * s, b * s + meta.decode.batch)
+    return rows
+
+
+def cache_writes(meta) -> dict[tuple[int, int], int]:
+    """{(block, offset): the row of input_ids written there} of the prefill's layout."""
+    p = meta.prefill
+    if p.block_indices is None:
+        slots = zip(p.slot_blocks.numpy().tolist(), p.slot_offsets.numpy().tolist(), strict=True)
+        return {slot: row for row, slot in enumerate(slots)}
+    fill = p.block_rows.numpy().tolist() if p.block_rows is not None else None
+    return {
+        (block, k): fill[j * BS + k] if fill is not None else j * BS + k
+        for j, block in enumerate(p.block_indices.numpy().tolist())
+        for k in range(BS)
+    }
+
+
+@pytest.mark.parametrize(
+    "contexts, decodes",
+    [([0, 0], 3), ([4, 8], 2), ([2, 5], 1), ([0], 0), ([], 3), ([4, 0], 0)],
+    ids=["aligned mixed", "aligned with context", "unaligned", "one row", "decode", "two rows"],
+)
+def test_the_packed_layout_is_the_padded_ones_real_tokens(contexts, decodes):
+    padded_builder, packed_builder, kv = builders()
+    step = plan(kv, contexts, decodes)
+    padded, packed = padded_builder.build(step), packed_builder.build(step)
+    rows = real_rows(padded)
+    assert packed.packed and not padded.packed
+    assert padded.padded_tokens > len(rows)  # the case has padding to leave out
+    assert packed.input_ids.numpy().tolist() == padded.input_ids.numpy()[rows].tolist()
+    assert packed.positions.numpy().tolist() == padded.positions.numpy()[rows].tolist()
+    # the logits rows pick the same tokens; the buckets and counts stay the padded step's
+    picked = padded.input_ids.numpy()[padded.logits_rows.numpy()]
+    assert packed.input_ids.numpy()[packed.logits_rows.numpy()].tolist() == picked.tolist()
+    assert (packed.bucket, packed.padded_tokens) == (padded.bucket, padded.padded_tokens)
+    assert (packed.shape.prefill, packed.shape.decode) == (
+        padded.shape.prefill,
+        padded.shape.decode,
     )
+    if step.prefill:
+        assert packed.prefill_tokens == sum(c.length for c in step.prefill)
+        assert packed.prefill.mask is None  # the packed ops read contexts and lengths
+        assert (packed.prefill.block_list is None) == (padded.prefill.block_list is None)
+        real_ids, ids = padded.input_ids.numpy(), packed.input_ids.numpy()
+        real = {
+            slot: real_ids[row] for slot, row in cache_writes(padded).items() if row in set(rows)
+        }
+        got = {slot: ids[row] for slot, row in cache_writes(packed).items()}
+        # every real token lands where the padded layout puts it; the packed layout's other
+        # slots (a block's tail) hold the row's last token, masked until overwritten
+        assert {slot: got[slot] for slot in real} == real
+        assert padded_builder.scratch not in {block for block, _ in got}  # padding writes none
+    if step.decode:
+        n = len(step.decode)
+        pad, pack = padded.decode, packed.decode
+        assert pack.rows == n <= pad.rows
+        for name in ("block_indices", "block_offsets"):
+            assert getattr(pack, name).numpy().tolist() == getattr(pad, name).numpy()[:n].tolist()
+        assert np.array_equal(pack.block_mapping.numpy(), pad.block_mapping.numpy()[:, :n])
+        assert np.array_equal(pack.block_bias.numpy(), pad.block_bias.numpy())
+        owned = pad.block_mapping.numpy().sum(axis=1) > 0  # padding blocks: any row, masked
+        assert np.array_equal(pack.block_groups.numpy()[owned], pad.block_groups.numpy()[owned])
 
 
-def packed(meta):
-    return PagedAttention.packed_rows(SimpleNamespace(ops=ops_cpu), meta)
-
-
-def test_real_tokens_and_logits_rows_of_a_mixed_step():
-    # Rows 0-7 hold 3 real tokens, rows 8-15 hold 5, rows 16-23 are a padding row; then
-    # decode rows 24-27, of which 24-26 are real.
-    got = packed(step([3, 5], rows=3, seq=8, decodes=3, decode_rows=4))
-    assert got.tokens.numpy().tolist() == [0, 1, 2, 8, 9, 10, 11, 12, 24, 25, 26]
-    assert got.logits_rows.numpy().tolist() == [2, 7, 8, 9, 10]
-    assert got.prefill_tokens == 8
-
-
-def test_decode_only_step_with_padding_rows():
-    got = packed(step([], rows=0, seq=0, decodes=2, decode_rows=4))
-    assert got.tokens.numpy().tolist() == [0, 1]
-    assert got.logits_rows.numpy().tolist() == [0, 1] and got.prefill_tokens == 0
-
-
-def test_no_packing_without_padding_or_without_real_tokens():
-    assert packed(step([8, 8], rows=2, seq=8, decodes=1, decode_rows=1)) is None
-    assert packed(step([], rows=2, seq=8, decodes=0, decode_rows=0)) is None  # warmup
-    no_packing = SimpleNamespace(ops=SimpleNamespace(packs_rows=False))  # the HPU's ops
-    assert PagedAttention.packed_rows(no_packing, step([3], 1, 8, 0, 0)) is None
+def test_warmup_steps_stay_padded():
+    """A warmup step has no real token: a packing builder lays it out padded, whole."""
+    _, packed_builder, _ = builders()
+    meta = packed_builder.dummy((2, 8, 4), (4, 8))
+    assert not meta.packed and meta.input_ids.shape == [2 * 8 + 4]

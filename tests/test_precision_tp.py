@@ -15,7 +15,7 @@ from stages.model_spec import model_spec
 from stages.simulator.cost_model import CostModel
 from stages.simulator.hardware import GIB, kv_pool_blocks
 from stages.simulator.precision import Precision
-from stages.simulator.shape import StepShape
+from stages.step_shape import StepShape
 from tests.conftest import serve
 from tests.test_cost_model import DEVICE, KV_BYTES_PER_TOKEN, LINEAR_PARAMS, LM_HEAD_PARAMS, TINY
 

@@ -10,12 +10,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.build import build_engine
+from pipeline.schema import ChunkedSchedulerConf
 from stages.kv_cache import KVCacheManager
 from stages.request import Request, Samples
 from stages.scheduler import ChunkedScheduler
 from stages.stopping import StopRule
 from stages.trace import PromptIdSource, SeededPromptIds
-from tests.helpers import make_config, serve
+from tests.helpers import make_config, schema_kwargs, serve
 
 BS = 4
 
@@ -139,13 +140,9 @@ def test_block_states_hold_for_any_workload_with_shared_prefixes(
     ]
     longest = max(len(r.prompt_ids) + new for r in reqs)
     kv = KVCacheManager(-(-longest // BS) + pool_slack, BS, prefix_caching=True)
-    sched = ChunkedScheduler(
-        kv_cache=kv,
-        stop=StopRule((), 10_000),
-        max_tokens=budget_blocks * BS,
-        max_num_seqs=4,
-        max_model_len=10_000,
-    )
+    limits = {"max_tokens": budget_blocks * BS, "max_num_seqs": 4, "max_model_len": 10_000}
+    given = schema_kwargs(ChunkedSchedulerConf, **limits)
+    sched = ChunkedScheduler(kv_cache=kv, stop=StopRule((), 10_000), **given)
     for r in reqs:
         sched.add(r)
     for _ in range(5_000):

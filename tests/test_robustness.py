@@ -18,10 +18,11 @@ from pipeline.build import build
 from pipeline.checks import ConfigError, check_config, check_memory, memory_estimate
 from pipeline.metrics import StepRecord
 from pipeline.run import run
+from pipeline.schema import JsonlWorkloadConf
 from pipeline.stopping import RunInterrupted
 from stages.tokenizer import ByteTokenizer
 from stages.workload import JsonlWorkload
-from tests.helpers import make_config
+from tests.helpers import make_config, schema_kwargs
 
 # ------------------------------------------------------------------------------- jsonl
 
@@ -29,7 +30,9 @@ from tests.helpers import make_config
 def load(tmp_path, data: bytes, **kwargs) -> list:
     path = tmp_path / "prompts.jsonl"
     path.write_bytes(data)
-    return JsonlWorkload(str(path), **kwargs).load(ByteTokenizer())
+    return JsonlWorkload(**schema_kwargs(JsonlWorkloadConf, path=str(path), **kwargs)).load(
+        ByteTokenizer()
+    )
 
 
 def lines(*rows: dict) -> bytes:
@@ -118,7 +121,7 @@ def test_jsonl_workload_keys_are_checked(tmp_path, kwargs, message):
     path = tmp_path / "p.jsonl"
     path.write_text('{"prompt": "a"}\n')
     with pytest.raises(ValueError, match=message):
-        JsonlWorkload(str(path), **kwargs)
+        JsonlWorkload(**schema_kwargs(JsonlWorkloadConf, path=str(path), **kwargs))
 
 
 # ------------------------------------------------------------------------------ bounds

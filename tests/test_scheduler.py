@@ -7,10 +7,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pipeline.schema import ChunkedSchedulerConf, WholeSchedulerConf
 from stages.kv_cache import KVCacheManager, blocks_for
 from stages.request import Request, Samples
 from stages.scheduler import ChunkedScheduler, WholeScheduler
 from stages.stopping import StopRule
+from tests.helpers import schema_kwargs
 
 
 def request(i: int, prompt_len: int, new: int = 4) -> Request:
@@ -24,7 +26,8 @@ def scheduler(**kw) -> ChunkedScheduler:
     cls = args.pop("cls", ChunkedScheduler)
     kv_cache = KVCacheManager(args.pop("num_blocks"), args.pop("block_size"))
     stop = StopRule((), args["max_model_len"])
-    return cls(kv_cache=kv_cache, stop=stop, **args)
+    conf = WholeSchedulerConf if issubclass(cls, WholeScheduler) else ChunkedSchedulerConf
+    return cls(kv_cache=kv_cache, stop=stop, **schema_kwargs(conf, **args))
 
 
 def sevens(rows: int) -> Samples:

@@ -12,11 +12,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pipeline.schema import ChunkedSchedulerConf, WholeSchedulerConf
 from stages.kv_cache import KVCacheManager
 from stages.request import Request, Samples
 from stages.running_rows import RunningRows
 from stages.scheduler import ChunkedScheduler, WholeScheduler
 from stages.stopping import StopRule
+from tests.helpers import schema_kwargs
 
 BS = 4
 EOS = 9
@@ -101,8 +103,9 @@ def token(request: Request) -> int:
 def build(cls, requests, num_blocks: int, prefix_caching: bool, max_tokens: int, **kw):
     kv = KVCacheManager(num_blocks, BS, prefix_caching=prefix_caching)
     stop = StopRule([EOS], 24, decode_text)
-    return cls(kv_cache=kv, stop=stop, max_tokens=max_tokens, max_num_seqs=5,
-               max_model_len=24, **kw)  # fmt: skip
+    conf = WholeSchedulerConf if issubclass(cls, WholeScheduler) else ChunkedSchedulerConf
+    limits = schema_kwargs(conf, max_tokens=max_tokens, max_num_seqs=5, max_model_len=24, **kw)
+    return cls(kv_cache=kv, stop=stop, **limits)
 
 
 def plan_of(plan) -> tuple:

@@ -21,7 +21,7 @@ from stages.trace import (
     datetime_seconds,
     detect_format,
 )
-from tests.helpers import make_config, serve
+from tests.helpers import make_config, serve, trace_workload
 
 # (arrival seconds, prompt tokens, output tokens): the rows every format's file is made from.
 ROWS = [(0.0, 40, 5), (0.5, 70, 3), (1.25, 20, 6), (3.0, 33, 4)]
@@ -80,7 +80,7 @@ def chat(rid: str, *turns: tuple[str, str]) -> dict:
 
 
 def load(path, **kwargs) -> tuple[TraceWorkload, list[Request]]:
-    workload = TraceWorkload(str(path), **{"max_model_len": 256, **kwargs})
+    workload = trace_workload(path, **{"max_model_len": 256, **kwargs})
     return workload, workload.load(ByteTokenizer())
 
 
@@ -264,7 +264,7 @@ def test_auto_detection_picks_each_format(tmp_path, fmt):
     else:
         path = timed_trace(tmp_path, fmt)
     assert detect_format(path) == fmt
-    assert TraceWorkload(str(path), max_model_len=256).format == fmt
+    assert trace_workload(path, max_model_len=256).format == fmt
 
 
 FORMAT_NAMES = "azure (CSV TIMESTAMP,ContextTokens,GeneratedTokens); burstgpt"
@@ -273,12 +273,12 @@ FORMAT_NAMES = "azure (CSV TIMESTAMP,ContextTokens,GeneratedTokens); burstgpt"
 def test_another_format_gets_one_line(tmp_path):
     azure = timed_trace(tmp_path, "azure")
     with pytest.raises(ValueError, match="looks like a azure trace, not vidur") as err:
-        TraceWorkload(str(azure), format="vidur")
+        trace_workload(azure, format="vidur")
     assert "\n" not in str(err.value) and "workload.format=azure" in str(err.value)
     other = tmp_path / "other.csv"
     other.write_text("when,prompt,answer\n1,2,3\n")
     with pytest.raises(ValueError) as err:
-        TraceWorkload(str(other))
+        trace_workload(other)
     message = str(err.value)
     assert "\n" not in message and FORMAT_NAMES in message
     for name in ("mooncake (JSONL", "sharegpt (JSON list", "vidur (CSV arrived_at"):
@@ -286,7 +286,7 @@ def test_another_format_gets_one_line(tmp_path):
     jsonl = tmp_path / "prompts.jsonl"
     jsonl.write_text(json.dumps({"prompt": "hello"}) + "\n")
     with pytest.raises(ValueError, match="is not a trace this reads"):
-        TraceWorkload(str(jsonl))
+        trace_workload(jsonl)
 
 
 def test_bad_keys_become_one_line_config_errors(tmp_path):

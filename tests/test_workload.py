@@ -9,9 +9,10 @@ import numpy as np
 from hydra.utils import instantiate
 
 from pipeline.compose import compose_config
+from pipeline.schema import SyntheticWorkloadConf
 from stages.tokenizer import ByteTokenizer
 from stages.workload import SyntheticWorkload, poisson_arrivals
-from tests.helpers import make_config, serve
+from tests.helpers import make_config, schema_kwargs, serve
 
 
 def test_jsonl_bad_lines_fail_alone(tmp_path):
@@ -57,7 +58,7 @@ def test_requests_wait_for_their_arrival(tmp_path):
 
 
 def synthetic(**kwargs) -> list:
-    return SyntheticWorkload(**kwargs).load(ByteTokenizer())
+    return SyntheticWorkload(**schema_kwargs(SyntheticWorkloadConf, **kwargs)).load(ByteTokenizer())
 
 
 def test_synthetic_lengths_are_drawn_from_their_ranges():

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
-import numpy as np
 import paddle
 
 from stages.attention.interface import (
@@ -16,7 +15,6 @@ from stages.attention.interface import (
     RopeTable,
     SlotIndex,
 )
-from stages.interfaces import PackedRows
 from stages.kv_cache import KVCacheManager
 from stages.metadata import ForwardMeta
 from stages.request import Request
@@ -35,11 +33,6 @@ def load_ops(name: str) -> AttentionOps:
     raise ValueError(f"attention.ops={name}: choose attention.ops=cpu or intel_hpu")
 
 
-class BlockWrites(NamedTuple):
-    blocks: paddle.Tensor  # [n] destination blocks
-    rows: paddle.Tensor  # [n * bs] the packed rows that fill them, block by block
-
-
 @dataclass
 class StepState:
     """What every layer of one forward shares, made once by `prepare` in the backend's form."""
@@ -50,8 +43,6 @@ class StepState:
     prefill_layout: PrefillLayout | None  # the prefill rows' real lengths and contexts
     decode_slots: SlotIndex | None  # each decode row's write slot
     decode_layout: DecodeLayout | None  # the decode's mask and row placement
-    packed: PackedRows | None = None  # q, k, v and outputs are the real tokens only
-    packed_blocks: BlockWrites | None = None  # packed aligned chunks' whole-block writes
 
 
 class PagedAttention:
@@ -95,98 +86,37 @@ class PagedAttention:
             for layer in model.layers
         ]
 
-    def packed_rows(self, meta: ForwardMeta) -> PackedRows | None:
-        """The real tokens of a step that has padding, where the backend attends packed rows
-        (the CPU: no static shapes to keep); None = the model runs the padded step."""
-        if not self.ops.packs_rows:
-            return None
-        if not meta.num_tokens or meta.num_tokens == meta.padded_tokens:
-            return None
-        prefill, decode = meta.prefill, meta.decode
-        parts, rows, offset, prefill_tokens = [], [], 0, 0
-        if prefill:
-            b, s, _ = prefill.shape
-            lens = prefill.chunk_lens[: prefill.batch]
-            parts += [np.arange(s * row, s * row + n) for row, n in enumerate(lens.tolist())]
-            rows.append(np.cumsum(lens) - 1)
-            offset, prefill_tokens = b * s, int(lens.sum())
-        if decode:
-            parts.append(offset + np.arange(decode.batch))
-            rows.append(prefill_tokens + np.arange(decode.batch))
-        return PackedRows(
-            paddle.to_tensor(np.concatenate(parts)),
-            paddle.to_tensor(np.concatenate(rows)),
-            prefill_tokens,
-        )
+    @property
+    def packs_rows(self) -> bool:
+        """Whether the backend attends a step's real tokens packed (the CPU's ops): the
+        metadata builder then lays out those alone, and every layer runs on them."""
+        return self.ops.packs_rows
 
-    def prepare(
-        self,
-        meta: ForwardMeta,
-        cos: paddle.Tensor,
-        sin: paddle.Tensor,
-        packed: PackedRows | None = None,
-    ) -> StepState:
-        """packed: packed_rows(meta), cos and sin then of the real tokens only."""
+    def prepare(self, meta: ForwardMeta, cos: paddle.Tensor, sin: paddle.Tensor) -> StepState:
+        """The step's write slots, layouts and rotary table, made once for every layer."""
         ops, k_cache = self.ops, self.k_cache[0]  # every layer's cache has one shape
         prefill, decode = meta.prefill, meta.decode
-        prefill_slots = prefill_layout = decode_slots = layout = packed_blocks = None
+        prefill_slots = prefill_layout = decode_slots = layout = None
         if prefill is not None:
             dtype = str(cos.dtype).split(".")[-1]
             lens = prefill.chunk_lens
-            if packed is None:
-                prefill_layout = ops.prefill_layout(prefill.context_lens, lens, dtype)
-            else:
+            if meta.packed:
                 prefill_layout = ops.prefill_layout(prefill.context_lens, lens, dtype, packed=True)
-            prefill_slots = self._prefill_slots(prefill, packed)
-            if packed is not None and prefill.block_indices is not None:
-                packed_blocks = self._packed_blocks(prefill)
+            else:
+                prefill_layout = ops.prefill_layout(prefill.context_lens, lens, dtype)
+            if prefill.block_indices is None:  # an unaligned prefill writes token by token
+                prefill_slots = ops.slot_index(k_cache, prefill.slot_blocks, prefill.slot_offsets)
         if decode is not None:
-            n = decode.batch if packed is not None else decode.shape[0]
-            decode_slots = ops.slot_index(
-                k_cache, decode.block_indices[:n], decode.block_offsets[:n]
-            )
+            decode_slots = ops.slot_index(k_cache, decode.block_indices, decode.block_offsets)
             layout = ops.decode_layout(
                 decode.block_bias,
                 decode.row_slots,
                 decode.row_width,
-                decode.shape[0],
+                decode.rows,
                 self.heads.num_heads,
             )
         rope = ops.rope_table(cos, sin, self.heads)
-        return StepState(
-            meta, rope, prefill_slots, prefill_layout, decode_slots, layout, packed, packed_blocks
-        )
-
-    def _prefill_slots(self, prefill, packed: PackedRows | None) -> SlotIndex | None:
-        """The prefill's token slots where it writes token by token: an unaligned prefill's
-        (padded or packed); None where it writes whole blocks."""
-        k_cache = self.k_cache[0]
-        if prefill.block_indices is not None:
-            return None
-        if packed is None:
-            return self.ops.slot_index(k_cache, prefill.slot_blocks, prefill.slot_offsets)
-        tokens = packed.tokens[: packed.prefill_tokens]
-        blocks = paddle.gather(prefill.slot_blocks, tokens)
-        return self.ops.slot_index(k_cache, blocks, paddle.gather(prefill.slot_offsets, tokens))
-
-    def _packed_blocks(self, prefill) -> BlockWrites:
-        """Whole-block writes of packed aligned chunks: each row's blocks that hold tokens,
-        filled from packed rows (a last block's tail repeats the row's last token; those
-        slots are masked until later tokens overwrite them). Two gathers and a block write
-        take half as long as writing the tokens slot by slot."""
-        b, s, _ = prefill.shape
-        bs = self.k_cache[0].shape[-1]
-        dest = prefill.block_indices.numpy().reshape(b, s // bs)
-        lens = prefill.chunk_lens[: prefill.batch].tolist()
-        blocks, rows, start = [], [], 0
-        for row, n in enumerate(lens):
-            used = -(-n // bs)
-            blocks.append(dest[row, :used])
-            rows.append(start + np.minimum(np.arange(used * bs), n - 1))
-            start += n
-        return BlockWrites(
-            paddle.to_tensor(np.concatenate(blocks)), paddle.to_tensor(np.concatenate(rows))
-        )
+        return StepState(meta, rope, prefill_slots, prefill_layout, decode_slots, layout)
 
     def qkv_rope(
         self, layer: int, x: paddle.Tensor, state: StepState
@@ -209,8 +139,7 @@ class PagedAttention:
         """q [tokens, heads, dim], k/v [tokens, kv_heads, dim] -> attention through the
         output projection out_weight, [tokens, hidden]: prefill rows, then decode rows (of
         the real tokens only where state.packed)."""
-        packed = state.packed
-        split = state.meta.prefill_tokens if packed is None else packed.prefill_tokens
+        split = state.meta.prefill_tokens
         parts = []
         if state.meta.prefill:
             parts.append(self._prefill(layer, q[:split], k[:split], v[:split], state, out_weight))
@@ -222,16 +151,16 @@ class PagedAttention:
         ops, k_cache, v_cache = self.ops, self.k_cache[layer], self.v_cache[layer]
         meta = state.meta.prefill
         b, s, _ = meta.shape
-        if state.packed_blocks is not None:
-            blocks, rows = state.packed_blocks
+        if meta.block_rows is not None:  # packed rows fill the blocks they write
+            rows = meta.block_rows
             ops.write_blocks(
-                k_cache, v_cache, blocks, paddle.gather(k, rows), paddle.gather(v, rows)
+                k_cache, v_cache, meta.block_indices, paddle.gather(k, rows), paddle.gather(v, rows)
             )
         elif state.prefill_slots is None:
             ops.write_blocks(k_cache, v_cache, meta.block_indices, k, v)
         else:
             ops.write_slots(k_cache, v_cache, state.prefill_slots, k, v)
-        if state.packed is None:
+        if not state.meta.packed:
             q = q.reshape([b, s, *q.shape[1:]])
             k, v = (t.reshape([b, s, *t.shape[1:]]) for t in (k, v))
         if meta.has_context:
@@ -244,10 +173,7 @@ class PagedAttention:
         ops, k_cache, v_cache = self.ops, self.k_cache[layer], self.v_cache[layer]
         meta = state.meta.decode
         ops.write_slots(k_cache, v_cache, state.decode_slots, k, v)
-        rows, padding = q.shape[0], meta.shape[0] - q.shape[0]
-        if padding:  # packed: the decode op's block tables name the padded rows
-            q = paddle.concat([q, paddle.zeros([padding, *q.shape[1:]], dtype=q.dtype)])
-        out = ops.decode(
+        return ops.decode(
             q,
             k_cache,
             v_cache,
@@ -258,7 +184,6 @@ class PagedAttention:
             out_weight,
             meta.block_range,
         )
-        return out[:rows] if padding else out
 
     def release(self, request: Request) -> None:
         """Nothing to do: a finished request's blocks go back to the pool via the KV-cache

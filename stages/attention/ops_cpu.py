@@ -27,6 +27,7 @@ import numpy as np
 import paddle
 import paddle.nn.functional as F
 
+from stages.arithmetic import ceil_div
 from stages.attention.interface import Heads
 
 _NEG = -1e30
@@ -389,7 +390,7 @@ def prefill_with_context(
 
     def row_keys_values(row: int, keys: int) -> tuple[paddle.Tensor, paddle.Tensor]:
         with dense_copies():
-            blocks = block_list[row, : -(-keys // bs)]
+            blocks = block_list[row, : ceil_div(keys, bs)]
             return _gather_key_columns(k_cache, blocks), _gather_rows(v_cache, blocks)
 
     return _attend_rows(q, layout, row_keys_values, True, out_weight)

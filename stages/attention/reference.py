@@ -12,7 +12,6 @@ import paddle
 import paddle.nn.functional as F
 
 from stages.attention.interface import Heads
-from stages.interfaces import PackedRows
 from stages.metadata import ForwardMeta
 from stages.request import Request
 
@@ -72,6 +71,7 @@ class ReferenceAttention:
     """Keys and values per request, keyed by its internal sequence number."""
 
     supports_prefix_caching = False  # each request computes every one of its tokens
+    packs_rows = False  # each request attends on its own; padding never joins
 
     def __init__(self, num_layers: int, **_unused) -> None:
         self.keys: list[dict[int, paddle.Tensor]] = [{} for _ in range(num_layers)]
@@ -89,17 +89,7 @@ class ReferenceAttention:
             for layer in model.layers
         ]
 
-    def packed_rows(self, meta: ForwardMeta) -> None:
-        """Every request attends on its own, padding never joins: nothing to pack."""
-        return None
-
-    def prepare(
-        self,
-        meta: ForwardMeta,
-        cos: paddle.Tensor,
-        sin: paddle.Tensor,
-        packed: PackedRows | None = None,
-    ) -> ReferenceStep:
+    def prepare(self, meta: ForwardMeta, cos: paddle.Tensor, sin: paddle.Tensor) -> ReferenceStep:
         return ReferenceStep(meta, cos, sin)
 
     def qkv_rope(

@@ -21,6 +21,8 @@ from typing import Any
 import numpy as np
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
+from stages.arithmetic import ceil_div
+
 MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
 DEFAULT_ALIGNMENT = 32
@@ -211,7 +213,7 @@ def _parse(cursor: _Cursor, path: Path, file_size: int) -> GgufHeader:
     alignment = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
     if not isinstance(alignment, int) or alignment < 1 or alignment & (alignment - 1):
         raise ValueError(f"{path}: general.alignment={alignment!r} is not a power of two")
-    data_start = -(-cursor.pos // alignment) * alignment
+    data_start = ceil_div(cursor.pos, alignment) * alignment
     tensors: dict[str, TensorInfo] = {}
     for name, shape, code, offset in infos:
         if name in tensors:

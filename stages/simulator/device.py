@@ -155,14 +155,12 @@ class NoAttention:
     The simulated device runs no layer, so nothing asks it for a layer's attention."""
 
     supports_prefix_caching = True
+    packs_rows = False
 
     def load_weights(self, model: Any) -> None:
         """There are no weights."""
 
-    def packed_rows(self, meta: ForwardMeta) -> None:
-        return None
-
-    def prepare(self, meta: ForwardMeta, cos: Any, sin: Any, packed: Any = None) -> None:
+    def prepare(self, meta: ForwardMeta, cos: Any, sin: Any) -> None:
         raise NotImplementedError("a simulated device runs no layer")
 
     def qkv_rope(self, layer: int, x: Any, state: Any) -> tuple[Any, Any, Any]:

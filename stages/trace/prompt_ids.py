@@ -11,6 +11,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
+from stages.arithmetic import ceil_div
 from stages.interfaces import Tokenizer
 from stages.request import PromptIds
 
@@ -60,7 +61,8 @@ class PromptIdSource:
             return self._stream(0, key, length)
         line, hash_ids = key
         blocks = [
-            self._stream(1, h, self.block_size) for h in hash_ids[: -(-length // self.block_size)]
+            self._stream(1, h, self.block_size)
+            for h in hash_ids[: ceil_div(length, self.block_size)]
         ]
         covered = len(blocks) * self.block_size
         if covered < length:  # more tokens than hash ids: the rest is the row's own
