@@ -13,10 +13,10 @@ from hypothesis import strategies as st
 
 from benchmarks.azure_conversation import write_conversation_trace
 from pipeline.build import build_engine
-from pipeline.capacity import SloJudge, SloMissed, run_probe
+from pipeline.capacity import run_probe
 from pipeline.metrics import StepTotals
 from pipeline.run import run_metrics
-from pipeline.slo import Slo
+from pipeline.slo import EarlyVerdict, Slo
 from stages.kv_cache import KVCacheManager
 from stages.running_rows import RunningRows, listed_blocks, recurring
 from stages.stopping import StopRule
@@ -190,9 +190,21 @@ def test_leaps_change_nothing_on_small_random_workloads(
     ])  # fmt: skip
 
 
+# An H100 of fixed speed, whatever the shipped profile is fitted to: the SLO below tells
+# its requests apart.
+FIXED_H100 = [
+    "hardware=h100",
+    "hardware.gemm_efficiency=0.7",
+    "hardware.attention_efficiency=0.6",
+    "hardware.memory_efficiency=0.8",
+    "hardware.step_overhead_s=0.002",
+    "hardware.gemm_fill_s=5e-6",
+]
+
+
 def test_a_metrics_only_probe_leaps_to_the_metrics_of_a_run_with_files(tmp_path):
     slo = ["slo.ttft_ms=200", "slo.tpot_ms=20", "slo.attainment=0.01"]  # never stops it
-    cfg = make_config([*SIMULATED, "hardware=h100", *ARRIVING, *slo])
+    cfg = make_config([*SIMULATED, *FIXED_H100, *ARRIVING, *slo])
     with_files = run_probe(cfg, tmp_path / "files", keep_files=True)
     metrics_only = run_probe(cfg, tmp_path / "metrics", keep_files=False)
     assert 0 < with_files["slo_attainment"] < 1  # the SLO tells requests apart
@@ -203,15 +215,17 @@ def test_a_metrics_only_probe_leaps_to_the_metrics_of_a_run_with_files(tmp_path)
     )
 
 
-def test_a_probe_stopped_by_its_slo_stops_where_steps_one_by_one_stop():
+@pytest.mark.parametrize("slo", ["slo.ttft_ms=40", "slo.tpot_ms=6"], ids=["ttft", "tpot"])
+def test_a_probe_stopped_by_its_slo_stops_where_steps_one_by_one_stop(slo):
     stops = []
     for leaps in (False, True):
-        cfg = make_config([*SIMULATED, "hardware=h100", *ARRIVING, "slo.ttft_ms=40"])
+        cfg = make_config([*SIMULATED, *FIXED_H100, *ARRIVING, slo])
         engine, requests = build_engine(cfg)
         totals = StepTotals()
-        judge = SloJudge(Slo.of(cfg.slo), len(requests))
-        with pytest.raises(SloMissed):
-            engine.run(requests, totals.add, judge, on_leap=totals.add_run if leaps else None)
+        verdict = EarlyVerdict(Slo.of(cfg.slo), requests, arrivals_fixed=True)
+        on_leap = totals.add_run if leaps else None
+        engine.run(requests, totals.add, verdict.on_finish, on_leap=on_leap, stop=verdict)
+        assert verdict.decided_at is not None and verdict.missed_in_flight > 0
         stops.append((engine.clock(), totals.num_steps, [len(r.token_times) for r in requests]))
     assert stops[0][1:] == stops[1][1:] and math.isclose(stops[0][0], stops[1][0])
 
