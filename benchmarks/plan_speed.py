@@ -10,14 +10,17 @@ pipeline.run (steps.jsonl, generations.jsonl) and once as a capacity-search prob
 (metrics.json only; where the simulated device leaps over runs of decode steps): wall and
 CPU seconds (best of --repeat), the folder's size and the load average. `plan`: the 64
 configurations of PLAN_SPACE, each a capacity search, on `hydra/launcher=joblib`: the wall
-time of the command and the plan folder's size. The machine may be shared: repeat, take the
+and CPU time of the command (its workers included), the load average around it, the probes
+made and the plan folder's size. The machine may be shared: repeat, take the
 best, and say so.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -89,15 +92,21 @@ def time_plan(trace: Path, root: Path, overrides: list[str], keep: Path | None) 
     sweep = keep or root / "plan"
     command = [sys.executable, "-m", "pipeline.plan", *PLAN_FIXED, *PLAN_SPACE,
                f"workload.path={trace}", f"hydra.sweep.dir={sweep}", *overrides]  # fmt: skip
+    load_before = os.getloadavg()[0]
+    cpu = resource.getrusage(resource.RUSAGE_CHILDREN)
     t = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True)
     wall = time.perf_counter() - t
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)  # the command and its workers
+    cpu_s = after.ru_utime + after.ru_stime - cpu.ru_utime - cpu.ru_stime
     print(done.stdout[-12000:])
     if done.returncode:
         print(done.stderr[-2000:])
-    jobs = len(list(sweep.glob("*/capacity.json")))
-    print(f"plan: {jobs} configurations searched in {wall:.0f} s wall, folder "
-          f"{folder_mb(sweep):.1f} MB")  # fmt: skip
+    searched = [json.loads(p.read_text()) for p in sweep.glob("*/capacity.json")]
+    probes = sum(len(c["probes"]) for c in searched)
+    print(f"plan: {len(searched)} configurations ({probes} probes) in {wall:.0f} s wall, "
+          f"{cpu_s:.0f} s CPU, load average {load_before:.1f} before and "
+          f"{os.getloadavg()[0]:.1f} after; folder {folder_mb(sweep):.1f} MB")  # fmt: skip
 
 
 def main() -> None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,11 +29,14 @@ from omegaconf import DictConfig, OmegaConf
 
 from pipeline import artefacts
 from pipeline.build import build_engine
+from pipeline.capacity_estimate import rate_ceiling
 from pipeline.checks import ConfigError
+from pipeline.engine import Engine
 from pipeline.metrics import StepTotals
-from pipeline.run import run_metrics, serve, slo_of
-from pipeline.slo import Slo, is_good
+from pipeline.run import device_metrics, run_metrics, serve, slo_of
+from pipeline.slo import EarlyVerdict, Slo, needed_good
 from stages.request import Request
+from stages.simulator.device import SimulatedDevice
 
 log = structlog.get_logger(__name__)
 
@@ -86,25 +89,6 @@ class Probe:
     refused: int = 0  # requests the configuration refuses at any load
 
 
-class SloMissed(Exception):
-    """Raised from a probe once its verdict is known to be a miss."""
-
-
-class SloJudge:
-    """Counts requests that miss the SLO as they finish; raises once too many have."""
-
-    def __init__(self, slo: Slo, num_requests: int) -> None:
-        self.slo = slo
-        self.allowed = math.floor(num_requests * (1 - slo.attainment) + 1e-9)
-        self.missed = 0
-
-    def __call__(self, request: Request) -> None:
-        if not is_good(request, self.slo):
-            self.missed += 1
-            if self.missed > self.allowed:
-                raise SloMissed
-
-
 def offered_rps(requests: Sequence[Request]) -> float | None:
     """The open loop's request rate: requests after the first over the arrivals' span."""
     arrivals = [r.arrival_s for r in requests]
@@ -112,8 +96,12 @@ def offered_rps(requests: Sequence[Request]) -> float | None:
     return (len(arrivals) - 1) / span if span > 0 else None
 
 
-def run_probe(cfg: DictConfig, folder: Path, keep_files: bool) -> dict[str, Any]:
-    """Serves one probe into `folder`; returns its metrics (also written there)."""
+def run_probe(
+    cfg: DictConfig, folder: Path, keep_files: bool, decide_early: bool = True
+) -> dict[str, Any]:
+    """Serves one probe into `folder`; returns its metrics (also written there). With
+    decide_early, the probe stops once it has missed its SLO for certain (its metrics then
+    say so under `decided_early`)."""
     with artefacts.writing(folder):
         folder.mkdir(parents=True, exist_ok=True)
     artefacts.write_resolved_config(cfg, folder)
@@ -122,19 +110,7 @@ def run_probe(cfg: DictConfig, folder: Path, keep_files: bool) -> dict[str, Any]
     if keep_files:
         metrics = serve(cfg, engine, requests, folder)
     else:
-        warmup_s = engine.warmup() if cfg.warmup else 0.0
-        totals, status = StepTotals(), "ok"
-        judge = SloJudge(slo_of(cfg), len(requests))
-        try:
-            duration = engine.run(
-                requests, on_step=totals.add, on_finish=judge, on_leap=totals.add_run
-            )
-        except SloMissed:
-            duration, status = engine.clock(), "stopped"
-            for r in requests:
-                if not r.finished:
-                    r.fail(STOPPED, duration)
-        metrics = run_metrics(cfg, engine, requests, totals, duration, warmup_s, status)
+        metrics = serve_judged(cfg, engine, requests, decide_early)
         artefacts.write_metrics(metrics, folder)
     if not cfg.workload.get("concurrency"):
         metrics["offered_rps"] = arrivals
@@ -145,13 +121,39 @@ def run_probe(cfg: DictConfig, folder: Path, keep_files: bool) -> dict[str, Any]
     return metrics
 
 
+def serve_judged(
+    cfg: DictConfig, engine: Engine, requests: list[Request], decide_early: bool
+) -> dict[str, Any]:
+    """The probe's run, metrics only; ended by its SLO verdict once that is certain."""
+    warmup_s = engine.warmup() if cfg.warmup else 0.0
+    totals = StepTotals()
+    verdict = EarlyVerdict(slo_of(cfg), requests, arrivals_fixed=not engine.concurrency)
+    duration = engine.run(
+        requests, on_step=totals.add, on_finish=verdict.on_finish, on_leap=totals.add_run,
+        stop=verdict if decide_early else None,
+    )  # fmt: skip
+    decided = verdict.decided_at is not None
+    for r in requests:
+        if not r.finished:
+            r.fail(STOPPED, duration)
+    metrics = run_metrics(
+        cfg, engine, requests, totals, duration, warmup_s, "stopped" if decided else "ok"
+    )
+    if decided:
+        metrics["decided_early"] = verdict.describe()
+    return metrics
+
+
 class Search:
     """The probes of one capacity search, each at most once per load."""
 
-    def __init__(self, cfg: DictConfig, out_dir: Path) -> None:
+    def __init__(
+        self, cfg: DictConfig, out_dir: Path, axis: LoadAxis, first_step: float = 2.0
+    ) -> None:
         self.cfg = cfg
         self.out_dir = out_dir
-        self.axis = load_axis(cfg)
+        self.axis = axis
+        self.first_step = first_step  # the bracket's first step up or down, a factor
         self.settings = cfg.capacity
         self.probes: dict[float, Probe] = {}
         self.metrics: dict[float, dict[str, Any]] = {}
@@ -166,7 +168,7 @@ class Search:
         folder = self.out_dir / "probes" / f"{len(self.probes):02d}-{self.axis.key}={value:.6g}"
         cfg = self.cfg.copy()
         OmegaConf.update(cfg, self.axis.key, value)
-        metrics = run_probe(cfg, folder, self.settings.keep_run_files)
+        metrics = run_probe(cfg, folder, self.settings.keep_run_files, self.settings.decide_early)
         self.metrics[load] = metrics
         probe = Probe(
             load=load,
@@ -193,23 +195,28 @@ class Search:
         if probe is None:
             return False
         num_requests = self.metrics[probe.load]["num_requests"]
-        return probe.refused > math.floor(num_requests * (1 - self.cfg.slo.attainment) + 1e-9)
+        return probe.refused > num_requests - needed_good(num_requests, self.cfg.slo.attainment)
 
 
 def bracket(search: Search) -> tuple[float | None, float | None]:
     """(a load that meets the SLO, a higher one that does not); None where the probe budget
-    (or, halving, a concurrency of 1) ran out first."""
-    axis = search.axis
+    (or, going down, a concurrency of 1) ran out first. Steps from the start by
+    search.first_step, each step the square of the last, at most doubling: from an estimate
+    a close bracket first (a bisection or two from tight), from the workload's own load
+    doubling."""
+    axis, step = search.axis, search.first_step
     lo, hi = (axis.start, None) if search.met(axis.start) else (None, axis.start)
     while lo is None and search.budget_left and not search.hopeless:
         assert hi is not None
-        load = hi // 2 if axis.integer else hi / 2
+        load = min(math.floor(hi / step), hi - 1) if axis.integer else hi / step
         if load < (1 if axis.integer else 1e-6):
             break
+        step = min(2.0, step * step)
         lo, hi = (load, hi) if search.met(load) else (None, load)
     while hi is None and search.budget_left:
         assert lo is not None
-        load = lo * 2
+        load = max(math.ceil(lo * step), lo + 1) if axis.integer else lo * step
+        step = min(2.0, step * step)
         lo, hi = (lo, load) if not search.met(load) else (load, None)
     return lo, hi
 
@@ -229,9 +236,11 @@ def narrow(search: Search, lo: float, hi: float) -> tuple[float, float]:
     return lo, hi
 
 
-def capacity_search(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
+def capacity_search(cfg: DictConfig, out_dir: Path, max_warmup_s: float = 0.0) -> dict[str, Any]:
     """Finds the configuration's capacity; writes capacity.json, capacity.md and, as the
-    folder's metrics.json, the metrics at capacity with the search's result beside them."""
+    folder's metrics.json, the metrics at capacity with the search's result beside them.
+    max_warmup_s: a configuration whose predicted warmup is longer is not searched (a plan
+    rules it out whatever its capacity; 0 = search every one)."""
     slo = slo_of(cfg)
     if not slo.bounds:
         raise ConfigError(
@@ -241,13 +250,69 @@ def capacity_search(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
         raise ConfigError("the capacity search runs on the simulated device: executor=simulated")
     check_settings(cfg.capacity)
     artefacts.write_resolved_config(cfg, out_dir)
-    search = Search(cfg, out_dir)
-    lo, hi = bracket(search)
-    if lo is not None and hi is not None:
-        lo, hi = narrow(search, lo, hi)
-    result = search_result(search, lo, hi)
+    engine, requests = build_engine(cfg)  # as given: its predicted warmup, where to start
+    device = device_metrics(engine)
+    axis, first_step = load_axis(cfg), 2.0
+    estimate = (
+        estimated_start(cfg, axis, engine, requests, slo) if cfg.capacity.estimate_start else None
+    )
+    if estimate is not None:  # near capacity: a step that one or two bisections make tight
+        axis, first_step = replace(axis, start=estimate), (1 + cfg.capacity.tolerance) ** 2
+    search = Search(cfg, out_dir, axis, first_step)
+    warmup_s = device.get("predicted_warmup_s")
+    if max_warmup_s and warmup_s is not None and warmup_s > max_warmup_s:
+        reason = f"warmup {warmup_s:,.0f} s > plan.max_warmup_s={max_warmup_s:g}: not searched"
+        result = not_searched(search, reason, {**device, "num_requests": len(requests)})
+        result["num_blocks"] = engine.scheduler.kv_cache.num_blocks
+    else:
+        lo, hi = bracket(search)
+        if lo is not None and hi is not None:
+            lo, hi = narrow(search, lo, hi)
+        result = search_result(search, lo, hi)
     write_reports(search, result, out_dir)
     return result
+
+
+def estimated_start(
+    cfg: DictConfig, axis: LoadAxis, engine: Engine, requests: Sequence[Request], slo: Slo
+) -> float | None:
+    """The first load to probe: the cost model's steady-state ceiling in the axis's unit
+    (pipeline/capacity_estimate.py). Starting near capacity spares the search its costliest
+    probes, those far below it (many small steps each), whichever side it lands on."""
+    device = engine.model
+    if not isinstance(device, SimulatedDevice):
+        return None
+    ceiling = rate_ceiling(
+        device.cost, requests, cfg.block_size, cfg.max_num_seqs,
+        engine.scheduler.kv_cache.num_blocks, slo.tpot_ms,
+    )  # fmt: skip
+    if ceiling is None:
+        return None
+    if axis.integer:
+        return float(max(1, ceiling.batch))
+    if axis.key == "workload.time_scale":  # a multiple of the trace's own rate
+        own = offered_rps(requests)
+        return ceiling.rate / own if own else None
+    return ceiling.rate
+
+
+def not_searched(search: Search, reason: str, metrics: dict[str, Any]) -> dict[str, Any]:
+    """The result of a search not made (nothing served): the reason and what is known."""
+    axis = search.axis
+    return {
+        "status": "ok",
+        **metrics,
+        "max_model_len": search.cfg.max_model_len,
+        "capacity_found": False,
+        "capacity_key": axis.key,
+        "capacity_unit": axis.unit,
+        "capacity": 0,
+        "capacity_value": None,
+        "capacity_above": None,
+        "capacity_rps": 0.0,
+        "capacity_probes": 0,
+        "capacity_reason": reason,
+    }
 
 
 def check_settings(settings: DictConfig) -> None:

@@ -12,6 +12,7 @@ with no counterpart there is said in a comment, not invented.
 from __future__ import annotations
 
 import argparse
+import enum
 import json
 import shlex
 import sys
@@ -79,8 +80,8 @@ def deployment(config: Mapping[str, Any], num_blocks: int, model: str = "") -> D
         block_size=int(config["block_size"]),
         chunked_prefill=scheduler == "ChunkedScheduler",
         prefix_caching=bool(config.get("prefix_caching", True)),
-        quantization=str(config.get("quantization", "none")),
-        kv_cache_dtype=str(config.get("kv_cache_dtype", "auto")),
+        quantization=_setting(config.get("quantization", "none")),
+        kv_cache_dtype=_setting(config.get("kv_cache_dtype", "auto")),
         warmup=bool(config.get("warmup", False)),
         bucketing=strategy.value,
         buckets={name: axis.sizes(strategy) for name, axis in axes.items()},
@@ -88,12 +89,22 @@ def deployment(config: Mapping[str, Any], num_blocks: int, model: str = "") -> D
     )
 
 
+def _setting(value: Any) -> str:
+    """An enum setting's name, from a config in memory (enums) or read from YAML (strings)."""
+    return value.value if isinstance(value, enum.Enum) else str(value)
+
+
 def _lines(parts: Sequence[str]) -> str:
     return " \\\n  ".join(parts)
 
 
+# quantization and kv_cache_dtype as each server names them. FastDeploy's Intel Gaudi
+# guide takes weight-only wint8/wint4 and no FP8 or KV-cache dtype. vllm-gaudi runs FP8
+# through Intel Neural Compressor (vLLM's "FP8 INC" page): `--quantization inc` with the
+# model's calibrated QUANT_CONFIG, and `--kv-cache-dtype fp8_inc`; it has no wint8/wint4.
 FASTDEPLOY_QUANTIZATION = {"wint8": "wint8", "wint4": "wint4"}
-VLLM_QUANTIZATION = {"fp8": "fp8"}
+VLLM_QUANTIZATION = {"fp8": "inc"}
+VLLM_KV_CACHE_DTYPE = {"fp8": "fp8_inc"}
 
 
 def _header(d: Deployment, server: str, note: str) -> list[str]:
@@ -104,6 +115,8 @@ def _header(d: Deployment, server: str, note: str) -> list[str]:
         "set -euo pipefail",
     ]
     if d.scheduler not in ("ChunkedScheduler", "WholeScheduler"):
+        # Static batching (scheduler=static) waits for a whole batch to end before admitting
+        # more; both servers batch continuously and have no setting for it.
         lines.append(
             f"# scheduler {d.scheduler}: no counterpart in this server (it batches "
             "continuously); the plan's figures for it do not carry over."
@@ -199,10 +212,17 @@ def vllm_script(d: Deployment) -> str:
     ]
     if d.quantization in VLLM_QUANTIZATION:
         args.append(f"--quantization {VLLM_QUANTIZATION[d.quantization]}")
+        lines += [
+            "# FP8 through Intel Neural Compressor needs the model's measurements: QUANT_CONFIG",
+            "# names the quantization JSON that calibration wrote (vLLM's FP8 INC page).",
+            ': "${QUANT_CONFIG:?set QUANT_CONFIG to the INC quantization JSON of the model}"',
+        ]
     elif d.quantization != "none":
         lines.append(f"# quantization={d.quantization}: no vllm-gaudi counterpart; not set.")
-    if d.kv_cache_dtype == "fp8":
-        args.append("--kv-cache-dtype fp8_inc")
+    if d.kv_cache_dtype in VLLM_KV_CACHE_DTYPE:
+        args.append(f"--kv-cache-dtype {VLLM_KV_CACHE_DTYPE[d.kv_cache_dtype]}")
+    elif d.kv_cache_dtype != "auto":
+        lines.append(f"# kv_cache_dtype={d.kv_cache_dtype}: no vllm-gaudi counterpart; not set.")
     return "\n".join([*lines, _lines(args)]) + "\n"
 
 

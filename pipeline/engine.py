@@ -15,6 +15,7 @@ import structlog
 
 from pipeline.checks import ConfigError
 from pipeline.metrics import StepRecord
+from pipeline.stopping import NeverStop, StopHook
 from stages.interfaces import Attention, MetadataBuilder, Model, Sampler, Scheduler, Tokenizer
 from stages.metadata import ForwardMeta
 from stages.request import DecodeRun, Request, StepPlan
@@ -279,11 +280,13 @@ class Engine:
         on_step: Callable[[StepRecord], None] = lambda record: None,
         on_finish: Callable[[Request], None] = lambda request: None,
         on_leap: Callable[[DecodeRun], None] | None = None,
+        stop: StopHook | None = None,
     ) -> float:
-        """Serves every request to its end; returns the run's time in seconds. on_leap:
-        where the device predicts steps (a simulated one) and the caller keeps no step
-        records, runs of decode steps are done at once, each handed to on_leap instead of
-        its steps' records (metrics equal a step-by-step run's)."""
+        """Serves every request to its end, or until `stop` says the outcome is decided;
+        returns the run's time in seconds. on_leap: where the device predicts steps (a
+        simulated one) and the caller keeps no step records, runs of decode steps are done
+        at once, each handed to on_leap instead of its steps' records (metrics equal a
+        step-by-step run's)."""
         clock = self.clock
         clock.restart()
         self.reject_invalid(requests)
@@ -296,11 +299,17 @@ class Engine:
             arrivals.finished(request)
             on_finish(request)
 
+        stop = stop or NeverStop()
         leaps = None
         if on_leap is not None and self.model.predicts_steps:
-            leaps = Leaps(arrivals.next_arrival, on_leap)
+            hook = stop  # leaps end where the stop hook's answer may change, as arrivals do
+
+            def until() -> float:
+                return min(arrivals.next_arrival(), hook.next_change())
+
+            leaps = Leaps(until, on_leap)
         with long_lived_frozen():
-            return self.serve(arrivals, on_step, finished, leaps=leaps)
+            return self.serve(arrivals, on_step, finished, leaps=leaps, stop=stop)
 
     def serve(
         self,
@@ -309,14 +318,20 @@ class Engine:
         on_finish: Callable[[Request], None] = lambda request: None,
         on_tokens: Callable[[list[Request]], None] = lambda requests: None,
         leaps: Leaps | None = None,
+        stop: StopHook | None = None,
     ) -> float:
-        """Serves what the source hands in until it has no more; returns the clock's time.
-        Each request the source gives must have passed `rejection`. on_tokens gets each
-        step's sampled requests (their new tokens) before on_finish gets those that ended.
-        leaps: runs of decode steps are done at once where they can be (see `leap`)."""
+        """Serves what the source hands in until it has no more, or until `stop` says so;
+        returns the clock's time. Each request the source gives must have passed
+        `rejection`. on_tokens gets each step's sampled requests (their new tokens) before
+        on_finish gets those that ended. leaps: runs of decode steps are done at once where
+        they can be (see `leap`); `stop` is asked between them as between steps."""
         clock = self.clock
+        stop = stop or NeverStop()
         index = 0
-        while (arrivals := source.take(clock(), idle=not self.scheduler.has_work)) is not None:
+        while (
+            not stop(clock())
+            and (arrivals := source.take(clock(), idle=not self.scheduler.has_work)) is not None
+        ):
             for r in arrivals.new:
                 self.scheduler.add(r)
             for r, reason in arrivals.aborted:

@@ -39,7 +39,8 @@ def main(cfg: DictConfig) -> None:
     structlog.contextvars.bind_contextvars(job=job)
     try:
         check_plan(cfg)
-        print_result(capacity_search(cfg, out_dir), out_dir)
+        result = capacity_search(cfg, out_dir, max_warmup_s=cfg.plan.max_warmup_s)
+        print_result(result, out_dir)
     except Exception as err:  # one failed job must not stop the plan; the table shows it
         known = isinstance(err, ConfigError | artefacts.RunFolderError)
         message = str(err) if known else f"{type(err).__name__}: {err}"

@@ -224,8 +224,11 @@ def write_pareto(cands: Sequence[Candidate], chosen: Candidate | None, path: Pat
     plt.close(fig)
 
 
-def build_plan_report(plan_dir: Path, settings: DictConfig | dict[str, Any]) -> str:
-    """Writes the table, the plot, best.json and deploy/; returns what to print."""
+def build_plan_report(
+    plan_dir: Path, settings: DictConfig | dict[str, Any], tolerance: float = 0.0
+) -> str:
+    """Writes the table, the plot, best.json and deploy/; returns what to print.
+    tolerance: the capacity search's (said in plan.md's header)."""
     jobs = find_jobs(plan_dir)
     if not jobs:
         raise ValueError(f"{plan_dir}: no job folders")
@@ -239,6 +242,12 @@ def build_plan_report(plan_dir: Path, settings: DictConfig | dict[str, Any]) -> 
     if searched:
         unit, key = searched[0].get("capacity_unit"), searched[0]["capacity_key"]
         header += f" `capacity` is in {unit} (`{key}`); `capacity_rps` is requests/s."
+    if tolerance:
+        header += (
+            f" Each capacity is bisected to a relative tolerance of {tolerance:g} "
+            f"(`capacity.tolerance`): the next load probed above it, at most {1 + tolerance:g} "
+            "times it (a concurrency: one more), missed."
+        )
     table = write_table(rows, header, plan_dir)
     write_pareto(cands, chosen, plan_dir / PARETO_PNG)
     if chosen is None:
@@ -289,7 +298,7 @@ class PlanReport(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         plan_dir = Path(config.hydra.sweep.dir)
         try:
-            text = build_plan_report(plan_dir, config.plan)
+            text = build_plan_report(plan_dir, config.plan, config.capacity.tolerance)
         except Exception as err:  # the jobs' folders stay; say how to build it again
             log.error("Plan report failed (%s: %s)", type(err).__name__, err)
             return

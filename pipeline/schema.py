@@ -420,6 +420,8 @@ class CapacityConf:
     max_probes: int = 12  # runs one search may make
     tolerance: float = 0.05  # rates: stop when the bracket's ends are within 5%
     keep_run_files: bool = False  # probes also write steps.jsonl and generations.jsonl
+    decide_early: bool = True  # a probe stops once it has missed its SLO for certain
+    estimate_start: bool = True  # first probe at the cost model's ceiling, not the workload's load
 
 
 @dataclass

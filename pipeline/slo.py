@@ -11,7 +11,9 @@ met that bound.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import heapq
+import math
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +27,8 @@ def _tpot_or_zero(r: Request) -> float | None:
         return 0.0
     return tpot_s(r)
 
+
+RequestTest = Callable[[Request], bool]
 
 # (bound's key, the request's value in seconds, or None when it has none)
 MEASURES: dict[str, Callable[[Request], float | None]] = {
@@ -101,3 +105,141 @@ def slo_metrics(requests: Sequence[Request], duration_s: float, slo: Slo) -> dic
         "slo": {**bounds, "attainment": slo.attainment},
         "slo_met": attainment is not None and attainment >= slo.attainment,
     }
+
+
+def needed_good(total: int, attainment: float) -> int:
+    """The fewest good requests of `total` that meet the target, by the same comparison
+    slo_metrics makes (good / total >= attainment)."""
+    need = min(total, max(0, int(attainment * total)))
+    while need > 0 and (need - 1) / total >= attainment:
+        need -= 1
+    while need < total and need / total < attainment:
+        need += 1
+    return need
+
+
+# A bound's deadline is put this much later, relatively: a request found late by the clock
+# is late by its own (e2e - ttft) / (n - 1) arithmetic too, whatever the rounding.
+MARGIN = 1e-9
+
+
+class Deadlines:
+    """Requests in arrival order, passed once each when the clock goes beyond arrival +
+    bound; `late` says whether a passed request is then certain to miss that bound."""
+
+    def __init__(self, ordered: Sequence[Request], bound_ms: float, late: RequestTest) -> None:
+        self.ordered = ordered if bound_ms > 0 else ()
+        self.bound_s = bound_ms / 1e3 * (1 + MARGIN)
+        self.late = late
+        self.next = 0
+
+    def next_due(self) -> float:
+        """When the next request's bound runs out (math.inf: none left)."""
+        if self.next == len(self.ordered):
+            return math.inf
+        return self.ordered[self.next].arrival_s + self.bound_s
+
+    def passed(self, now: float) -> Iterator[Request]:
+        """The requests whose bound ran out by `now` and that are late, each once."""
+        while now > self.next_due():
+            r = self.ordered[self.next]
+            self.next += 1
+            if self.late(r):
+                yield r
+
+
+class PaceWatch:
+    """TPOT in flight: a request whose first token came at t1 and that may still make at
+    most max_new_tokens in all has TPOT >= (its last token's time - t1) / (max_new_tokens -
+    1); once the clock passes t1 + bound x (max_new_tokens - 1) without its last token, it
+    misses the bound whatever follows. Requests join once they have a first token, in
+    arrival order (a late first token holds the later ones back: later, never wrong)."""
+
+    def __init__(self, ordered: Sequence[Request], bound_ms: float) -> None:
+        self.ordered = ordered if bound_ms > 0 else ()
+        self.bound_s = bound_ms / 1e3 * (1 + MARGIN)
+        self.next = 0
+        self.due: list[tuple[float, int, Request]] = []  # (deadline, seq_id, request)
+
+    def next_due(self) -> float:
+        """The earliest deadline of a request that has joined (math.inf: none)."""
+        return self.due[0][0] if self.due else math.inf
+
+    def passed(self, now: float) -> Iterator[Request]:
+        ordered, due = self.ordered, self.due
+        while self.next < len(ordered) and (
+            ordered[self.next].token_times or ordered[self.next].finished
+        ):
+            r = ordered[self.next]
+            self.next += 1
+            if not r.finished and r.max_new_tokens > 1:
+                deadline = r.token_times[0] + self.bound_s * (r.max_new_tokens - 1)
+                heapq.heappush(due, (deadline, r.seq_id, r))
+        while due and now > due[0][0]:
+            r = heapq.heappop(due)[2]
+            if not r.finished:
+                yield r
+
+
+class EarlyVerdict:
+    """A run's SLO verdict as soon as it is certain: a miss once more requests have missed
+    than the target allows, whatever the others do. The engine asks it before each step
+    (a stop hook, pipeline/stopping.py); on_finish counts each request as it ends. A request
+    counts as missed when it ended outside a bound (or failed), or while still in flight
+    once it can no longer meet a bound: its TTFT bound passed without a first token, or its
+    E2E bound without its last (only where arrival times are fixed, the open loop: a closed
+    loop sends a held-back request later, and its clock starts then), or too little time
+    left for its remaining tokens within the TPOT bound (PaceWatch)."""
+
+    def __init__(self, slo: Slo, requests: Sequence[Request], arrivals_fixed: bool) -> None:
+        self.slo = slo
+        self.total = len(requests)
+        self.allowed = self.total - needed_good(self.total, slo.attainment)
+        ordered = sorted(requests, key=lambda r: r.arrival_s)
+        fixed = ordered if arrivals_fixed else []
+        self.watches: list[Deadlines | PaceWatch] = [
+            Deadlines(fixed, slo.ttft_ms, lambda r: not r.finished and not r.token_times),
+            Deadlines(fixed, slo.e2e_ms, lambda r: not r.finished),
+            PaceWatch(ordered, slo.tpot_ms),
+        ]
+        self.missed: set[int] = set()  # seq_ids of the requests counted as missed
+        self.missed_in_flight = 0
+        self.finished = 0
+        self.decided_at: float | None = None
+        self.now = 0.0  # the clock at the last call
+
+    def on_finish(self, r: Request) -> None:
+        self.finished += 1
+        if r.seq_id not in self.missed and not is_good(r, self.slo):
+            self.missed.add(r.seq_id)
+
+    def __call__(self, now: float) -> bool:
+        """True once the run has missed its SLO for certain (it may stop there)."""
+        self.now = now
+        for watch in self.watches:
+            for r in watch.passed(now):
+                if r.seq_id not in self.missed:
+                    self.missed.add(r.seq_id)
+                    self.missed_in_flight += 1
+        if len(self.missed) > self.allowed and self.decided_at is None:
+            self.decided_at = now
+        return self.decided_at is not None
+
+    def next_change(self) -> float:
+        """The next deadline of a request in flight (a request finishing or getting its
+        first token may bring another: both end a leap anyway); after the last call."""
+        due = min(watch.next_due() for watch in self.watches)
+        return due if due > self.now else math.nextafter(self.now, math.inf)
+
+    def describe(self) -> dict[str, Any]:
+        """metrics.json's `decided_early`: the verdict, when, and which requests it counted
+        (every other metric covers only the requests that finished before the stop)."""
+        return {
+            "verdict": "missed",
+            "at_s": self.decided_at,
+            "requests_finished": self.finished,
+            "requests_missed": len(self.missed),
+            "missed_in_flight": self.missed_in_flight,
+            "missed_allowed": self.allowed,
+            "requests_not_finished": self.total - self.finished,
+        }

@@ -58,15 +58,25 @@ def server_flags(args: list[str]) -> argparse.Namespace:
     return parser.parse_args(args)
 
 
+# What each server's documentation calls our settings, read back (None: it has none).
+# FastDeploy's Intel Gaudi guide: --quantization wint8|wint4, no FP8, no KV-cache dtype.
+# vLLM's FP8 INC page: --quantization inc and --kv-cache-dtype fp8_inc; no wint8/wint4.
+FASTDEPLOY_READ = {"quantization": {"wint8": "wint8", "wint4": "wint4"}, "kv_cache_dtype": {}}
+VLLM_READ = {"quantization": {"inc": "fp8"}, "kv_cache_dtype": {"fp8_inc": "fp8"}}
+
+
 @pytest.mark.parametrize(
     "overrides",
     [
         ["max_tokens=256", "max_num_seqs=8", "prefix_caching=false"],
         ["scheduler=whole", "max_tokens=512", "metadata.bucketing=exponential", "warmup=true"],
+        ["tp=2", "quantization=fp8", "kv_cache_dtype=fp8", "max_tokens=512"],
+        ["scheduler=static", "quantization=wint4", "max_tokens=512", "max_num_seqs=4"],
+        ["tp=4", "quantization=wint8", "kv_cache_dtype=fp8"],
     ],
-    ids=["chunked", "whole"],
+    ids=["chunked", "whole", "tp2 fp8", "static wint4", "tp4 wint8"],
 )
-def test_exported_commands_parse_back_into_the_same_settings(tmp_path, overrides):
+def test_exported_commands_parse_back_into_the_same_settings(tmp_path, monkeypatch, overrides):
     cfg = make_config(
         ["executor=simulated", "hardware=gaudi3", "model=spec/llama31_8b", *overrides]
     )
@@ -74,8 +84,14 @@ def test_exported_commands_parse_back_into_the_same_settings(tmp_path, overrides
     config = OmegaConf.to_container(cfg, resolve=True)
     d = deployment(config, engine.scheduler.kv_cache.num_blocks, "org/model")
     write_deploy(d, overrides, tmp_path / "deploy")
-    chunked = "scheduler=whole" not in overrides
-    for name, module in ((FASTDEPLOY, "fastdeploy.entrypoints.openai.api_server"), (VLLM, None)):
+    chunked = not any(o in overrides for o in ("scheduler=whole", "scheduler=static"))
+    monkeypatch.setenv("QUANT_CONFIG", str(tmp_path / "inc.json"))  # an FP8 vLLM deploy needs it
+    servers = (
+        (FASTDEPLOY, "fastdeploy.entrypoints.openai.api_server", FASTDEPLOY_READ),
+        (VLLM, None, VLLM_READ),
+    )
+    for name, module, read in servers:
+        script = (tmp_path / "deploy" / name).read_text()
         args, env = run_script(tmp_path / "deploy" / name, tmp_path)
         if module:
             assert args[:2] == ["-m", module]
@@ -104,7 +120,19 @@ def test_exported_commands_parse_back_into_the_same_settings(tmp_path, overrides
         assert flags.max_num_batched_tokens == cfg.max_tokens
         assert flags.prefix_caching == cfg.prefix_caching
         assert flags.chunked_prefill == chunked
-        assert flags.quantization == "none"
+        given = dict(o.split("=", 1) for o in overrides)
+        for key, flag, default in (
+            ("quantization", flags.quantization, "none"),
+            ("kv_cache_dtype", flags.kv_cache_dtype, "auto"),
+        ):
+            value = given.get(key, default)
+            if flag not in (None, "none"):
+                assert read[key][flag] == value, (name, key)
+            elif value not in ("none", "auto"):  # no counterpart: said, not invented
+                assert value not in read[key].values()
+                assert f"# {key}={value}: no " in script, (name, key)
+        static = "scheduler=static" in overrides
+        assert ("no counterpart in this server" in script) == static
     written = (tmp_path / "deploy" / OVERRIDES).read_text().splitlines()
     assert written == overrides
     assert (tmp_path / "deploy" / VLLM_BUCKETS).is_file()

@@ -12,10 +12,10 @@ from hypothesis import strategies as st
 
 from benchmarks.azure_conversation import write_conversation_trace
 from pipeline.build import build_engine
-from pipeline.capacity import SloJudge, SloMissed, run_probe
+from pipeline.capacity import run_probe
 from pipeline.metrics import StepTotals
 from pipeline.run import run_metrics
-from pipeline.slo import Slo
+from pipeline.slo import EarlyVerdict, Slo
 from tests.helpers import make_config
 
 SIMULATED = ["executor=simulated", "model=spec/llama31_8b"]
@@ -199,14 +199,16 @@ def test_a_metrics_only_probe_leaps_to_the_metrics_of_a_run_with_files(tmp_path)
     )
 
 
-def test_a_probe_stopped_by_its_slo_stops_where_steps_one_by_one_stop():
+@pytest.mark.parametrize("slo", ["slo.ttft_ms=40", "slo.tpot_ms=6"], ids=["ttft", "tpot"])
+def test_a_probe_stopped_by_its_slo_stops_where_steps_one_by_one_stop(slo):
     stops = []
     for leaps in (False, True):
-        cfg = make_config([*SIMULATED, "hardware=h100", *ARRIVING, "slo.ttft_ms=40"])
+        cfg = make_config([*SIMULATED, "hardware=h100", *ARRIVING, slo])
         engine, requests = build_engine(cfg)
         totals = StepTotals()
-        judge = SloJudge(Slo.of(cfg.slo), len(requests))
-        with pytest.raises(SloMissed):
-            engine.run(requests, totals.add, judge, on_leap=totals.add_run if leaps else None)
+        verdict = EarlyVerdict(Slo.of(cfg.slo), requests, arrivals_fixed=True)
+        on_leap = totals.add_run if leaps else None
+        engine.run(requests, totals.add, verdict.on_finish, on_leap=on_leap, stop=verdict)
+        assert verdict.decided_at is not None and verdict.missed_in_flight > 0
         stops.append((engine.clock(), totals.num_steps, [len(r.token_times) for r in requests]))
     assert stops[0][1:] == stops[1][1:] and math.isclose(stops[0][0], stops[1][0])
