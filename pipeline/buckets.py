@@ -44,7 +44,7 @@ from stages.bucket_planner import HEADROOM, Evaluation, Plan, Workload, evaluate
 from stages.buckets import Axis, Bucketing, Buckets, StepRule
 from stages.interfaces import Scheduler
 from stages.kv_cache import blocks_for
-from stages.metadata import AXES, resolve_axes
+from stages.metadata import AXES, decode_blocks_limit, resolve_axes
 
 
 class SourceError(ValueError):
@@ -124,16 +124,17 @@ def run_limits(run: Path) -> RunLimits:
         name: {key: cfg.metadata[name][key] for key in ("min", "step", "max")} for name in AXES
     }
     num_blocks = _num_blocks(run, cfg)
+    prefix = bool(OmegaConf.select(cfg, "prefix_caching", default=False))
     axes = resolve_axes(
-        given, cfg.block_size, cfg.max_tokens, cfg.max_num_seqs, cfg.max_model_len, num_blocks
-    )
+        given, cfg.block_size, cfg.max_tokens, cfg.max_num_seqs, cfg.max_model_len, num_blocks,
+        prefix,
+    )  # fmt: skip
     rule = StepRule(
         block_size=cfg.block_size,
         max_tokens=cfg.max_tokens,
         mixed=bool(scheduler.splits_prompts),
         padded_budget=OmegaConf.select(cfg, "scheduler.budget", default="padded") == "padded",
     )
-    prefix = bool(OmegaConf.select(cfg, "prefix_caching", default=False))
     tops = axis_tops(rule, cfg.max_num_seqs, cfg.max_model_len, num_blocks, prefix)
     return RunLimits(rule=rule, axes=axes, tops=tops)
 
@@ -149,13 +150,12 @@ def axis_tops(
     bs, budget = rule.block_size, rule.max_tokens
     per_row = blocks_for(max_model_len, bs)
     chunk = budget // bs if rule.padded_budget else blocks_for(budget, bs)
-    listed = max_num_seqs * per_row
     return {
         "prefill_batch": min(max_num_seqs, budget // bs if rule.padded_budget else budget),
         "prefill_seq": min(chunk, per_row) * bs,
         "prefill_blocks": per_row,
         "decode_batch": min(max_num_seqs, budget),
-        "decode_blocks": listed if prefix else min(num_blocks, listed),
+        "decode_blocks": decode_blocks_limit(max_num_seqs, per_row, num_blocks, prefix),
     }
 
 

@@ -12,7 +12,13 @@ from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue
 
-from pipeline.checks import ConfigError, check_config, check_memory, describe_model
+from pipeline.checks import (
+    ConfigError,
+    check_config,
+    check_memory,
+    check_model_context,
+    describe_model,
+)
 from pipeline.engine import Engine
 from pipeline.expansion import check_expansion
 from stages.interfaces import Attention, Tokenizer, Workload
@@ -173,6 +179,7 @@ def build_simulated_engine(
     given, replaces the config's profile (a fit trying other figures)."""
     tokenizer = build(cfg.tokenizer)
     spec, _ = describe_model(cfg)
+    check_model_context(cfg, spec)
     if cfg.hardware is None and hardware is None:
         raise ConfigError("executor=simulated needs a device: give hardware=gaudi3 (or ...)")
     hardware = hardware or build(cfg.hardware)

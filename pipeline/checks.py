@@ -105,6 +105,17 @@ def describe_model(cfg: DictConfig) -> tuple[ModelSpec, int]:
         raise ConfigError(str(err)) from err
 
 
+def check_model_context(cfg: DictConfig, spec: ModelSpec) -> None:
+    """Refuses a max_model_len past the context the model was trained for, where its
+    description states one (a model=spec preset or config.json)."""
+    limit = spec.max_position_embeddings
+    if limit and cfg.max_model_len > limit:
+        raise ConfigError(
+            f"max_model_len={cfg.max_model_len} is above {spec.name}'s context length "
+            f"(model.max_position_embeddings={limit}): lower max_model_len to {limit} or less"
+        )
+
+
 def _check_limits(cfg: DictConfig) -> None:
     if cfg.max_tokens < 1 or cfg.max_num_seqs < 1:
         raise ConfigError("max_tokens and max_num_seqs must be >= 1")
@@ -250,7 +261,8 @@ def _bucket_entries(cfg: DictConfig, num_blocks: int) -> int:
     """How many sizes the metadata builder's bucket axes will hold (0 keys derived)."""
     limits = (cfg.block_size, cfg.max_tokens, cfg.max_num_seqs, cfg.max_model_len)
     total = 0
-    for name, derived in derived_axes(*limits, max(num_blocks, 1)).items():
+    prefix = bool(cfg.get("prefix_caching", False))
+    for name, derived in derived_axes(*limits, max(num_blocks, 1), prefix).items():
         axis = cfg.metadata.get(name) or {}
         lo, step, top = (axis.get(key) or derived[key] for key in ("min", "step", "max"))
         if cfg.metadata.get("bucketing") == "exponential":

@@ -136,6 +136,14 @@ def workload_rows(metrics: Mapping[str, Any]) -> list[tuple[str, str]]:
         (
             "prompts cut",
             f"{clipped} clipped, {rejected} rejected by {where}: every figure is for the cut "
-            "workload; raise max_model_len toward the model's context length",
+            f"workload; {raise_advice(metrics.get('max_position_embeddings'))}",
         )
     ]
+
+
+def raise_advice(context: int | None) -> str:
+    """What to do about prompts cut by max_model_len, with the model's own context length
+    where its description states one."""
+    if context:
+        return f"raise max_model_len (the model allows up to {context:,})"
+    return "raise max_model_len toward the model's context length"

@@ -69,6 +69,7 @@ def deployment(config: Mapping[str, Any], num_blocks: int, model: str = "") -> D
         config["max_num_seqs"],
         config["max_model_len"],
         num_blocks,
+        bool(config.get("prefix_caching", False)),
     )
     strategy = Bucketing(meta.get("bucketing", "linear"))
     return Deployment(

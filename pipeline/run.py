@@ -12,7 +12,7 @@ from omegaconf import DictConfig
 from pipeline import artefacts
 from pipeline.artefacts import INTERRUPTED
 from pipeline.build import build_engine, check_resolves, import_paddle
-from pipeline.checks import ConfigError
+from pipeline.checks import ConfigError, describe_model
 from pipeline.console import Progress, summary_table
 from pipeline.engine import Engine
 from pipeline.folder_lock import FolderLock
@@ -127,7 +127,18 @@ def run_metrics(
     }
     if engine.workload_counts:
         metrics["workload_counts"] = engine.workload_counts
+        context = model_context(cfg)
+        if context:  # what the cut prompts could be served whole up to
+            metrics["max_position_embeddings"] = context
     return metrics
+
+
+def model_context(cfg: DictConfig) -> int:
+    """The context the model was trained for, where its description states one (0: not)."""
+    try:
+        return describe_model(cfg)[0].max_position_embeddings
+    except ConfigError:
+        return 0
 
 
 def slo_of(cfg: DictConfig) -> Slo:

@@ -78,7 +78,8 @@ class BucketAxisConf:
     """The prepared sizes of one bucket dimension: `sizes`, or min/step/max. 0 derives a
     value from the limits (min: 1 or block_size; step: 1 or block_size; max: max_num_seqs,
     max_tokens or max_model_len / block_size; for decode_blocks, all rows' blocks up to the
-    pool)."""
+    pool, or with prefix caching up to max_num_seqs full rows, as rows sharing a cached
+    prefix list its blocks each)."""
 
     min: int = 0
     step: int = 0
@@ -191,9 +192,14 @@ class HfModelConf:
     def spec(self) -> ModelSpec:
         from stages.checkpoint import read_folder_spec
 
-        spec = read_folder_spec(self.path).model
+        checkpoint = read_folder_spec(self.path)
         name = Path(self.path).expanduser().name
-        return dataclasses.replace(spec, name=name, dtype_bytes=dtype_bytes(self.dtype))
+        return dataclasses.replace(
+            checkpoint.model,
+            name=name,
+            dtype_bytes=dtype_bytes(self.dtype),
+            max_position_embeddings=checkpoint.max_position_embeddings,
+        )
 
     def rotary_positions(self) -> int:
         from stages.checkpoint import read_folder_spec
@@ -214,9 +220,14 @@ class GgufModelConf:
         from stages.gguf.config import gguf_spec
         from stages.gguf.reader import read_gguf_header
 
-        spec = gguf_spec(read_gguf_header(self.path)).model
+        checkpoint = gguf_spec(read_gguf_header(self.path))
         name = Path(self.path).expanduser().stem
-        return dataclasses.replace(spec, name=name, dtype_bytes=dtype_bytes(self.dtype))
+        return dataclasses.replace(
+            checkpoint.model,
+            name=name,
+            dtype_bytes=dtype_bytes(self.dtype),
+            max_position_embeddings=checkpoint.max_position_embeddings,
+        )
 
     def rotary_positions(self) -> int:
         from stages.gguf.config import gguf_spec
@@ -302,6 +313,9 @@ class SpecModelConf:
     moe_layer_end: int = -1  # -1 = the last layer
     moe_layer_interval: int = 1
     dtype_bytes: int = 2  # bf16
+    # The context it was trained for (config.json's name); max_model_len may not exceed
+    # it. 0: not stated, no limit.
+    max_position_embeddings: int = 0
 
     has_weights: ClassVar[bool] = False
 
@@ -401,6 +415,9 @@ class ServeConf:
     max_waiting: int = 256  # requests queued (not yet running) at most; beyond: 503
     max_request_bytes: int = 1_000_000  # larger request bodies get 413
     shutdown_timeout_s: float = 30.0  # SIGTERM: in-flight requests finish or abort by then
+    # Free C heap handed back to the system at most this often (glibc's malloc_trim), so
+    # the resident size stays flat over days; 0 = never.
+    trim_memory_s: float = 60.0
 
 
 @dataclass

@@ -20,6 +20,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from pipeline.console import raise_advice
 from pipeline.run_folder import RunFileError, read_mapping, read_metrics, read_overrides
 from pipeline.stopping import stop_on_signals
 from pipeline.summary_plot import write_plot, x_key
@@ -226,7 +227,8 @@ def _workload_notes(jobs: Sequence[Job]) -> list[str]:
     for j in cut:
         lines.append(
             f"- job {j.num}: {j.value('clipped') or 0:.0f} prompts clipped to max_model_len - 1, "
-            f"{j.value('rejected') or 0:.0f} rejected: raise max_model_len to serve them whole"
+            f"{j.value('rejected') or 0:.0f} rejected: to serve them whole, "
+            f"{raise_advice(j.metrics.get('max_position_embeddings'))}"
         )
     return lines
 

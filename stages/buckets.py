@@ -25,24 +25,40 @@ class Bucketing(str, enum.Enum):
 @dataclass(frozen=True)
 class Axis:
     """The prepared sizes of one bucket dimension: an explicit list when `explicit` is
-    given, else min, step and max under a strategy. `step` also rounds a miss's fallback."""
+    given, else min, step and max under a strategy. `step` also rounds a miss's fallback.
+    `dense_max` (0: max) ends the linear strategy's steps early: past it sizes double up
+    to max, for a range steps rarely reach (decode blocks only rows sharing a cached
+    prefix list)."""
 
     min: int
     step: int
     max: int
     explicit: tuple[int, ...] = ()
+    dense_max: int = 0
 
     def sizes(self, strategy: Bucketing | str) -> list[int]:
         if self.explicit:
             return list(self.explicit)
-        top = ceil_div(self.max, self.step) * self.step
+        top = self._rounded(self.max)
         if Bucketing(strategy) is Bucketing.exponential:
-            sizes, n = [], self.min
-            while n < top:
-                sizes.append(n)
-                n *= 2
-            return [*sizes, top]
-        return list(range(self.min, top, self.step)) + [top]
+            return [*_doubling(self.min, top), top]
+        dense = self._rounded(self.dense_max) if 0 < self.dense_max < self.max else top
+        sizes = list(range(self.min, dense, self.step)) + [dense]
+        if dense < top:
+            sizes += [*_doubling(2 * dense, top), top]
+        return sizes
+
+    def _rounded(self, n: int) -> int:
+        return ceil_div(n, self.step) * self.step
+
+
+def _doubling(start: int, top: int) -> list[int]:
+    """start, 2 x start, ... below top."""
+    sizes, n = [], start
+    while n < top:
+        sizes.append(n)
+        n *= 2
+    return sizes
 
 
 class Buckets:

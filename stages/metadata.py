@@ -21,20 +21,13 @@ import numpy as np
 
 from stages.arithmetic import ceil_div
 from stages.buckets import Axis, Bucketing, Buckets, warmup_counts, warmup_graphs
+from stages.host_tensor import host_tensor
 from stages.kv_cache import KVCacheManager, blocks_for
 from stages.request import DecodeRun, PrefillChunk, Request, StepPlan
 from stages.step_shape import StepShape
 
 if TYPE_CHECKING:
     import paddle
-
-
-def _tensor(array: np.ndarray) -> paddle.Tensor:
-    """An array as a Paddle tensor. Paddle is imported by the first tensor a step needs, so
-    a simulated run, which lays out shapes only, never imports it."""
-    import paddle
-
-    return paddle.to_tensor(array)
 
 
 @dataclass
@@ -129,19 +122,39 @@ _NEG = -1e30  # additive mask; finite so that fully masked padding rows stay fin
 AXES = ("prefill_batch", "prefill_seq", "prefill_blocks", "decode_batch", "decode_blocks")
 
 
+def decode_blocks_limit(
+    max_num_seqs: int, blocks_per_seq: int, num_blocks: int, prefix_caching: bool
+) -> int:
+    """The most blocks a decode step lists, all rows together. Each row lists its own
+    blocks, at most a full row's and at most the pool. Without prefix caching the rows'
+    blocks are distinct, so the pool bounds their sum too; with it, rows sharing a cached
+    prefix list its blocks once each, and the sum can exceed the pool."""
+    per_row = min(blocks_per_seq, num_blocks)
+    if prefix_caching:
+        return max_num_seqs * per_row
+    return min(num_blocks, max_num_seqs * per_row)
+
+
 def derived_axes(
-    block_size: int, max_tokens: int, max_num_seqs: int, max_model_len: int, num_blocks: int
+    block_size: int,
+    max_tokens: int,
+    max_num_seqs: int,
+    max_model_len: int,
+    num_blocks: int,
+    prefix_caching: bool = False,
 ) -> dict[str, dict[str, int]]:
     """Each bucket axis's min, step and max as derived from the limits the scheduler
     enforces: what a 0 in the config stands for."""
     blocks_per_seq = blocks_for(max_model_len, block_size)
-    decode_blocks = min(num_blocks, max_num_seqs * blocks_per_seq)
+    decode_blocks = decode_blocks_limit(max_num_seqs, blocks_per_seq, num_blocks, prefix_caching)
+    distinct = decode_blocks_limit(max_num_seqs, blocks_per_seq, num_blocks, False)
     return {
         "prefill_batch": {"min": 1, "step": 1, "max": max_num_seqs},
         "prefill_seq": {"min": block_size, "step": block_size, "max": max_tokens},
         "prefill_blocks": {"min": 1, "step": 1, "max": blocks_per_seq},
         "decode_batch": {"min": 1, "step": 1, "max": max_num_seqs},
-        "decode_blocks": {"min": 1, "step": 1, "max": decode_blocks},
+        # past the pool only rows sharing a prefix go: linear steps end there
+        "decode_blocks": {"min": 1, "step": 1, "max": decode_blocks, "dense_max": distinct},
     }
 
 
@@ -152,14 +165,21 @@ def resolve_axes(
     max_num_seqs: int,
     max_model_len: int,
     num_blocks: int,
+    prefix_caching: bool = False,
 ) -> dict[str, Axis]:
     """Each bucket axis from its config (`sizes`, or min/step/max with 0 derived from the
     limits); a ValueError names the key to change."""
-    derived = derived_axes(block_size, max_tokens, max_num_seqs, max_model_len, num_blocks)
+    derived = derived_axes(
+        block_size, max_tokens, max_num_seqs, max_model_len, num_blocks, prefix_caching
+    )
     axes = {}
     for name in AXES:
         conf = given[name]
-        bounds: dict[str, Any] = {key: conf[key] or derived[name][key] for key in derived[name]}
+        bounds: dict[str, Any] = {
+            key: conf[key] or derived[name][key] for key in ("min", "step", "max")
+        }
+        if not conf["max"]:  # a derived max keeps the derived dense range
+            bounds["dense_max"] = derived[name].get("dense_max", 0)
         axis = Axis(**bounds)
         sizes = [int(v) for v in (conf.get("sizes") or ())]
         if sizes:
@@ -216,7 +236,10 @@ class HPUMetadataBuilder:
         bs = kv_cache.block_size
         given = dict(zip(AXES, (prefill_batch, prefill_seq, prefill_blocks, decode_batch,
                                 decode_blocks), strict=True))  # fmt: skip
-        axes = resolve_axes(given, bs, max_tokens, max_num_seqs, max_model_len, kv_cache.num_blocks)
+        prefix = kv_cache.prefix is not None
+        axes = resolve_axes(
+            given, bs, max_tokens, max_num_seqs, max_model_len, kv_cache.num_blocks, prefix
+        )
         if max_warmup_shapes < 0:
             raise ValueError(
                 f"metadata.max_warmup_shapes={max_warmup_shapes}: needs 0 (no limit) or more"
@@ -371,7 +394,7 @@ class HPUMetadataBuilder:
             slot_offsets=writes[2],
             block_rows=writes[3],
             has_context=has_context,
-            block_list=_tensor(context_tables) if has_context else None,
+            block_list=host_tensor(context_tables) if has_context else None,
             mask=self._context_mask(context_lens, blocks, seq)
             if has_context and not packed
             else None,
@@ -418,7 +441,11 @@ class HPUMetadataBuilder:
         positions = context_lens[row_of] + np.arange(row_of.size) - starts[row_of]
         if (context_lens % bs).any():
             blocks_of = tables[row_of, positions // bs]
-            return input_ids, positions, (None, _tensor(blocks_of), _tensor(positions % bs), None)
+            return (
+                input_ids,
+                positions,
+                (None, host_tensor(blocks_of), host_tensor(positions % bs), None),
+            )
         used = ceil_div(lens, bs)
         block_row = np.repeat(np.arange(n), used)
         block_j = np.arange(block_row.size) - np.repeat(np.cumsum(used) - used, used)
@@ -426,7 +453,7 @@ class HPUMetadataBuilder:
         # slot k of a row's block j holds its token j * bs + k; past the row's end, its last
         in_row = np.minimum(block_j[:, None] * bs + np.arange(bs), lens[block_row][:, None] - 1)
         fill = (starts[block_row][:, None] + in_row).reshape(-1)
-        return input_ids, positions, (_tensor(dest), None, None, _tensor(fill))
+        return input_ids, positions, (host_tensor(dest), None, None, host_tensor(fill))
 
     def _padded_tables(self, requests: list[Request], rows: int, blocks: int) -> np.ndarray:
         """[rows, blocks] block tables, left-aligned, padded with the scratch block."""
@@ -454,11 +481,11 @@ class HPUMetadataBuilder:
             first = context_lens[:, None] // bs + np.arange(seq_blocks)
             used = np.arange(seq_blocks)[None, :] * bs < chunk_lens[:, None]
             dest = np.where(used, np.take_along_axis(tables, first, axis=1), self.scratch)
-            return _tensor(dest.reshape(-1)), None, None, None
+            return host_tensor(dest.reshape(-1)), None, None, None
         token_blocks = np.take_along_axis(tables, positions // bs, axis=1)
         blocks_of = np.where(real, token_blocks, self.scratch)
         offsets = np.where(real, positions % bs, np.arange(positions.shape[1]) % bs)
-        return None, _tensor(blocks_of.reshape(-1)), _tensor(offsets.reshape(-1)), None
+        return None, host_tensor(blocks_of.reshape(-1)), host_tensor(offsets.reshape(-1)), None
 
     def _context_mask(self, context_lens: np.ndarray, blocks: int, seq: int) -> paddle.Tensor:
         """The mask of a prefill with context: key j is the j-th token of the sequence,
@@ -467,7 +494,7 @@ class HPUMetadataBuilder:
         visible = np.arange(keys)[None, None, :] <= (
             context_lens[:, None, None] + np.arange(seq)[None, :, None]
         )
-        return _tensor(np.where(visible, 0.0, _NEG).astype(np.float32)[:, None])
+        return host_tensor(np.where(visible, 0.0, _NEG).astype(np.float32)[:, None])
 
     # -- the decode part ---------------------------------------------------------------------
     def _span_start(self, row_blocks: np.ndarray) -> int | None:
@@ -527,11 +554,11 @@ class HPUMetadataBuilder:
             input_ids=input_ids,
             positions=positions,
             **self._decode_writes(row_blocks, counts, positions, rows),
-            block_list=_tensor(block_list),
-            block_groups=_tensor(self._scatter(blocks, slots, owner, rows - 1)),
-            block_mapping=_tensor(self._mapping(blocks, rows, slots, owner)),
-            block_bias=_tensor(self._bias(blocks, slots, tokens_in_block)),
-            row_slots=_tensor(
+            block_list=host_tensor(block_list),
+            block_groups=host_tensor(self._scatter(blocks, slots, owner, rows - 1)),
+            block_mapping=host_tensor(self._mapping(blocks, rows, slots, owner)),
+            block_bias=host_tensor(self._bias(blocks, slots, tokens_in_block)),
+            row_slots=host_tensor(
                 self._scatter(blocks, slots, owner * row_width + index_in_row, rows * row_width)
             ),
             row_width=row_width,
@@ -584,8 +611,8 @@ class HPUMetadataBuilder:
         write_blocks[:n] = row_blocks[np.cumsum(counts) - 1]
         offsets = np.where(np.arange(rows) < n, positions % self.block_size, 0)
         return {
-            "block_indices": _tensor(write_blocks),
-            "block_offsets": _tensor(offsets),
+            "block_indices": host_tensor(write_blocks),
+            "block_offsets": host_tensor(offsets),
         }
 
     # -- warmup ------------------------------------------------------------------------------
@@ -635,9 +662,9 @@ class HPUMetadataBuilder:
             mode=mode,
             prefill=prefill,
             decode=decode,
-            input_ids=_tensor(input_ids),
-            positions=_tensor(np.concatenate(positions)),
-            logits_rows=_tensor(logits_rows),
+            input_ids=host_tensor(input_ids),
+            positions=host_tensor(np.concatenate(positions)),
+            logits_rows=host_tensor(logits_rows),
             num_tokens=num_tokens,
             padded_tokens=padded,
             bucket=bucket_label(shape.prefill, shape.decode),

@@ -74,6 +74,8 @@ class ModelSpec:
     qk_norm: bool = False  # RMSNorm over each query and key head (Qwen3)
     dtype_bytes: int = 2  # bytes of one weight and one KV value: bf16 by default
     moe: MoeLayout | None = None
+    # The context the model was trained for, as config.json names it (0: not stated).
+    max_position_embeddings: int = 0
 
     def __post_init__(self) -> None:
         for key in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads"):
@@ -82,6 +84,11 @@ class ModelSpec:
         for key in ("head_dim", "intermediate_size", "dtype_bytes"):
             if getattr(self, key) < 1:
                 raise ValueError(f"model.{key}={getattr(self, key)} must be >= 1")
+        if self.max_position_embeddings < 0:
+            raise ValueError(
+                f"model.max_position_embeddings={self.max_position_embeddings} must be >= 0 "
+                "(0: not stated)"
+            )
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
                 f"model.num_heads={self.num_heads} is not a multiple of "
@@ -260,8 +267,13 @@ def spec_from_file(config: str, name: str = "", dtype_bytes: int = 2) -> ModelSp
     path = Path(config).expanduser()
     if path.is_dir():
         path = path / "config.json"
-    spec = read_spec(read_json(path)).model
-    return dataclasses.replace(spec, name=name or path.parent.name, dtype_bytes=dtype_bytes)
+    checkpoint = read_spec(read_json(path))
+    return dataclasses.replace(
+        checkpoint.model,
+        name=name or path.parent.name,
+        dtype_bytes=dtype_bytes,
+        max_position_embeddings=checkpoint.max_position_embeddings,
+    )
 
 
 def built_in_spec(
@@ -309,6 +321,7 @@ def model_spec(
     moe_layer_end: int = -1,
     moe_layer_interval: int = 1,
     dtype_bytes: int = 2,
+    max_position_embeddings: int = 0,
 ) -> ModelSpec:
     """The `model=spec` option: config.json at `config`, or else the fields given."""
     if config:
@@ -344,4 +357,5 @@ def model_spec(
         qkv_bias=qkv_bias,
         dtype_bytes=dtype_bytes,
         moe=moe,
+        max_position_embeddings=max_position_embeddings,
     )

@@ -42,7 +42,9 @@ def splitmix64(x: np.ndarray) -> np.ndarray:
     return z ^ (z >> np.uint64(31))
 
 
-@functools.lru_cache(maxsize=1 << 16)
+# Cached for the rows in flight, hashed once each rather than at every token; a server's
+# ids never come back, so a larger cache would only grow (~200 bytes an id) to its size.
+@functools.lru_cache(maxsize=1 << 12)
 def id_hash(request_id: str) -> int:
     """A stable 64-bit hash of an id (Python's hash() changes from run to run)."""
     return int.from_bytes(hashlib.blake2b(request_id.encode(), digest_size=8).digest(), "little")

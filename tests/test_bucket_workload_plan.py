@@ -37,3 +37,28 @@ def test_a_plan_serves_its_workload_and_another_seed_without_a_miss_or_compile(t
     plan_row = next(line for line in (tmp_path / "report.md").read_text().splitlines()
                     if line.startswith("| plan |"))  # fmt: skip
     assert [cell.strip() for cell in plan_row.split("|")[6:8]] == ["0", "0"]
+
+
+@pytest.mark.slow
+def test_a_prefix_sharing_plan_serves_rows_listing_more_blocks_than_the_pool(tmp_path):
+    """Rows sharing a cached prefix list its blocks once each: decode steps list more
+    blocks than the pool holds, and the plan (ending at what the config can produce, not
+    at the pool) serves its workload and another seed warmed, with no miss or compile."""
+    pool = 40
+    workload = ["block_size=16", "max_model_len=256", "max_num_seqs=8", "prefix_caching=true",
+                f"num_blocks={pool}", "workload.num_requests=16",
+                "workload.shared_prefix_tokens=100", "workload.min_prompt_tokens=10",
+                "workload.max_prompt_tokens=30", "workload.min_new_tokens=40",
+                "workload.max_new_tokens=60"]  # fmt: skip
+    assert main(["plan", "--workload", *workload, "--max-shapes", "60",
+                 "--out", str(tmp_path)]) == 0  # fmt: skip
+    planned = yaml.safe_load((tmp_path / "buckets" / "planned.yaml").read_text())
+    assert planned["metadata"]["decode_blocks"]["sizes"][-1] == 8 * 16  # rows x a full row
+    for label in ("same", "seed1"):
+        folder = tmp_path / f"served-{label}"
+        metrics = json.loads((folder / "metrics.json").read_text())
+        assert metrics["num_errors"] == 0 and metrics["prefix_cache_hit_rate"] > 0
+        assert metrics["bucket_misses"] == 0 and metrics["serving_compiles"] == 0
+        listed = [json.loads(line)["needed"].get("decode", [0, 0])[1]
+                  for line in open(folder / "steps.jsonl")]  # fmt: skip
+        assert max(listed) > pool

@@ -14,6 +14,17 @@ from tests.helpers import serve
         ("linear", Axis(min=16, step=16, max=64), [16, 32, 48, 64]),
         ("linear", Axis(min=1, step=4, max=10), [1, 5, 9, 12]),
         ("exponential", Axis(min=1, step=4, max=20), [1, 2, 4, 8, 16, 20]),
+        # steps up to the pool (87), then doubling to rows x a full row (prefix sharing)
+        (
+            "linear",
+            Axis(min=1, step=8, max=512, dense_max=87),
+            [*range(1, 88, 8), 88, 176, 352, 512],
+        ),
+        (
+            "exponential",
+            Axis(min=1, step=8, max=512, dense_max=87),
+            [1, 2, 4, 8, 16, 32, 64, 128, 256, 512],
+        ),
     ],
 )
 def test_prepared_sizes(strategy, axis, expected):
@@ -111,3 +122,23 @@ def test_warmup_holds_exactly_the_buckets_steps_reach(sizes, padded):
     assert set(decode_shapes(sizes["decode_batch"], sizes["decode_blocks"])) == decode
     counts = warmup_counts(sizes, 16, 64, mixed=False, padded_budget=padded)
     assert counts == {"prefill": len(prefill), "decode": len(decode)}
+
+
+def test_rows_sharing_a_prefix_fit_the_derived_decode_axis_past_the_pool():
+    """Rows sharing cached prefix blocks list them once each, so a decode step can list
+    more blocks than the pool holds: the derived decode axis reaches what the config can
+    produce, and a warmed run misses no bucket and compiles nothing while serving."""
+    pool = 40
+    steps: list = []
+    _, engine = serve(
+        ["executor=simulated", "hardware=gaudi3", "prefix_caching=true", f"num_blocks={pool}",
+         "warmup=true", "workload.num_requests=16", "workload.shared_prefix_tokens=100",
+         "workload.min_prompt_tokens=10", "workload.max_prompt_tokens=30",
+         "workload.min_new_tokens=40", "workload.max_new_tokens=60"],
+        steps=steps,
+    )  # fmt: skip
+    listed = max(s.needed["decode"][1] for s in steps if "decode" in s.needed)
+    assert listed > pool  # the case at hand: more blocks listed than the pool has
+    assert engine.metadata.bucket_misses == 0 and engine.model.recompiles == 0
+    # 8 rows (max_num_seqs) of at most 16 blocks (max_model_len 256 / block_size 16)
+    assert engine.metadata.buckets.sizes["decode_blocks"][-1] == 8 * 16

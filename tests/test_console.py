@@ -21,3 +21,11 @@ def test_clipped_and_rejected_prompts_are_shown_only_when_there_are_some():
     assert "1 clipped, 2 rejected by max_model_len=2048" in table
     clean = {**BASE, "workload_counts": {"clipped": 0, "rejected": 0}}
     assert "prompts cut" not in summary_table(clean)
+
+
+def test_cut_prompts_are_offered_the_models_own_context_length():
+    counts = {"clipped": 3, "rejected": 0, "requests": 10}
+    metrics = {**BASE, "max_model_len": 2048, "workload_counts": counts}
+    known = summary_table({**metrics, "max_position_embeddings": 131072})
+    assert "raise max_model_len (the model allows up to 131,072)" in known
+    assert "the model allows" not in summary_table(metrics)  # a model that states none

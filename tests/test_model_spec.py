@@ -10,9 +10,11 @@ from hydra import compose, initialize_config_module
 from hydra.utils import instantiate
 
 from pipeline.build import build
-from pipeline.checks import ConfigError, check_config
+from pipeline.checks import ConfigError, check_config, check_model_context
+from pipeline.run import model_context
 from pipeline.schema import register_schemas
 from stages.model_spec import ModelSpec, MoeLayout, model_spec
+from tests.helpers import run_cli
 from tests.test_cost_model import TINY, TINY_MOE
 
 register_schemas()
@@ -136,6 +138,7 @@ def test_config_json_gives_the_presets_spec(tmp_path):
     assert spec.name == "ernie"  # the folder's name
     assert spec.num_parameters() == from_json.num_parameters()
     assert spec.moe == from_json.moe
+    assert spec.max_position_embeddings == from_json.max_position_embeddings == 131072
     qwen = write_config(
         tmp_path / "qwen",
         architectures=["Qwen2ForCausalLM"],
@@ -146,6 +149,7 @@ def test_config_json_gives_the_presets_spec(tmp_path):
         num_attention_heads=28,
         num_key_value_heads=4,
         tie_word_embeddings=False,
+        max_position_embeddings=131072,
     )
     assert model_spec(config=str(qwen / "config.json")) == ModelSpec(
         **{**preset("qwen25_7b").__dict__, "name": "qwen"}
@@ -182,3 +186,38 @@ def test_the_engine_refuses_a_spec_without_weights():
         cfg = compose(config_name="config", overrides=["model=spec/llama31_8b"])
     with pytest.raises(ConfigError, match="model=spec is a model without weights"):
         check_config(cfg)
+
+
+# max_position_embeddings of each model's config.json on the Hugging Face Hub (the model
+# cards give the same context length: 128K tokens for Llama-3.1 and Qwen2.5, 131072 ERNIE).
+CONTEXT = {
+    "llama31_8b": 131072,
+    "llama31_70b": 131072,
+    "qwen25_7b": 131072,
+    "ernie45_0p3b": 131072,
+    "ernie45_21b_a3b": 131072,
+}
+
+
+@pytest.mark.parametrize("name", sorted(CONTEXT))
+def test_presets_state_their_context_and_refuse_a_longer_max_model_len(name):
+    assert preset(name).max_position_embeddings == CONTEXT[name]
+    with initialize_config_module(config_module="pipeline.conf", version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[f"model=spec/{name}"])
+    cfg.max_model_len = CONTEXT[name]
+    check_model_context(cfg, preset(name))  # up to the context: accepted
+    cfg.max_model_len = CONTEXT[name] + 1
+    with pytest.raises(ConfigError, match=f"max_position_embeddings={CONTEXT[name]}"):
+        check_model_context(cfg, preset(name))
+    assert model_context(cfg) == CONTEXT[name]  # what a cut prompt's message offers
+
+
+@pytest.mark.slow
+def test_a_max_model_len_past_the_presets_context_exits_2_in_one_line(tmp_path):
+    result = run_cli(
+        tmp_path, "pipeline", "executor=simulated", "hardware=gaudi3", "model=spec/llama31_8b",
+        "max_model_len=131073", "workload.num_requests=2", f"hydra.run.dir={tmp_path}",
+    )  # fmt: skip
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert lines[-1].startswith("Error: max_model_len=131073 is above Llama-3.1-8B's context")

@@ -5,6 +5,8 @@ when clients disconnect."""
 from __future__ import annotations
 
 import asyncio
+import collections
+import gc
 import json
 import socket
 import threading
@@ -21,6 +23,7 @@ from openai import OpenAI
 from pipeline.build import build_engine
 from pipeline.serve.__main__ import prepare
 from pipeline.serve.api import create_app
+from pipeline.serve.heap import HeapTrimmer
 from pipeline.serve.telemetry import Telemetry
 from pipeline.serve.worker import EngineWorker
 from stages.request import Request
@@ -324,3 +327,64 @@ def test_the_digital_twin_answers_no_sooner_than_the_device_it_simulates(tmp_pat
         waited = time.perf_counter() - start
     assert reply.json()["usage"]["completion_tokens"] == new_tokens
     assert waited >= predicted
+
+
+def live_objects() -> collections.Counter:
+    """The process's objects the collector tracks, by type, once garbage is collected."""
+    gc.collect()
+    return collections.Counter(type(o) for o in gc.get_objects())
+
+
+# abc's isinstance caches: weak references (and their callbacks), refilled when an import
+# registers a class; as many as there are abstract classes and types, whatever is served.
+CACHES = ("weakref.ReferenceType", "builtins.builtin_function_or_method")
+
+
+def grown_since(before: collections.Counter, limit: int) -> dict[str, int]:
+    """The object counts (by type, caches left out) that grew since `before`, waiting (30 s
+    at most) while they total `limit` or more: uvicorn closes a connection just after its
+    client has left."""
+    deadline = time.monotonic() + 30
+    while True:
+        after = live_objects()
+        grown = {f"{kind.__module__}.{kind.__qualname__}": n - before[kind]
+                 for kind, n in after.items() if n > before[kind]}  # fmt: skip
+        grown = {name: n for name, n in grown.items() if name not in CACHES}
+        if sum(grown.values()) < limit or time.monotonic() > deadline:
+            return grown
+        time.sleep(0.1)
+
+
+def test_a_server_keeps_no_object_per_request_it_served(server):
+    """Once its requests have ended, what a server holds does not grow with the requests
+    it served: fewer than one more object per request (abc's caches aside), and of the
+    requests only the last step's (each tensor a step made with paddle.to_tensor left a
+    list behind, a dozen a step)."""
+    url, worker = server
+
+    async def round_of(count: int) -> None:
+        async with httpx.AsyncClient(headers=AUTH, timeout=60) as client:
+            bodies = [{"prompt": p, "max_tokens": 8, "ignore_eos": True, "stream": i % 2 == 1}
+                      for i, p in enumerate(PROMPTS * (count // len(PROMPTS)))]  # fmt: skip
+            answers = await asyncio.gather(
+                *(client.post(f"{url}/v1/completions", json=b) for b in bodies)
+            )
+            assert all(a.status_code == 200 for a in answers)
+
+    asyncio.run(round_of(16))  # what is made once, and what 16 connections at once hold
+    before = live_objects()
+    served = 32
+    for _ in range(served // 16):
+        asyncio.run(round_of(16))
+    grown = grown_since(before, served)
+    assert sum(grown.values()) < served, grown  # fewer than one object per request
+    assert grown.get("stages.request.Request", 0) <= worker.cfg.max_num_seqs  # the last step's
+    assert not worker.streams and kv_free(url)[0] == kv_free(url)[1]
+
+
+def test_the_heap_is_trimmed_no_more_often_than_asked():
+    never, always = HeapTrimmer(0), HeapTrimmer(1e-9)
+    for _ in range(3):
+        never.maybe_trim()
+        always.maybe_trim()
+    assert never.trims == 0 and always.trims == 3

@@ -53,6 +53,8 @@ def prepare(cfg: DictConfig, model_choice: str) -> None:
         raise ConfigError(f"serve.port={cfg.serve.port}: choose a port in 1..65535")
     if cfg.serve.max_waiting < 1 or cfg.serve.max_request_bytes < 1:
         raise ConfigError("serve.max_waiting and serve.max_request_bytes must be >= 1")
+    if cfg.serve.trim_memory_s < 0:
+        raise ConfigError(f"serve.trim_memory_s={cfg.serve.trim_memory_s}: use 0 (never) or more")
 
 
 class DrainingServer(uvicorn.Server):

@@ -23,6 +23,7 @@ from pipeline.build import build_engine
 from pipeline.engine import Arrivals, Engine
 from pipeline.metrics import StepRecord
 from pipeline.serve.folder import GenerationAppender, write_folder_metrics
+from pipeline.serve.heap import HeapTrimmer
 from pipeline.serve.telemetry import Telemetry
 from stages.request import Request
 from stages.simulator.device import VirtualClock
@@ -133,6 +134,7 @@ class EngineWorker:
         self.ready = threading.Event()
         self.draining = False  # a stop signal came: in-flight requests finish, none start
         self.failed: str | None = None
+        self.heap = HeapTrimmer(cfg.serve.trim_memory_s)
         self._thread = threading.Thread(target=self._main, name="engine", daemon=True)
 
     # -- the HTTP side (event loop thread) --------------------------------------------------
@@ -221,6 +223,7 @@ class EngineWorker:
     def _on_step(self, record: StepRecord, steps: artefacts.StepWriter) -> None:
         steps(record)
         self.telemetry.observe_step(record)
+        self.heap.maybe_trim()
 
     def _on_tokens(self, requests: list[Request]) -> None:
         batch = []

@@ -29,6 +29,7 @@ import paddle.nn.functional as F
 
 from stages.arithmetic import ceil_div
 from stages.attention.interface import Heads
+from stages.host_tensor import host_tensor
 
 _NEG = -1e30
 supports_qk_norm = True
@@ -284,7 +285,7 @@ def _tile_mask(seen: int, size: int, dtype: str) -> paddle.Tensor:
 def _causal_bias(s: int, dtype: str) -> paddle.Tensor:
     """[S, S] additive: query i sees keys 0..i. Built once per length, not once per layer
     (building it took longer than the attention it masks)."""
-    return paddle.to_tensor(np.triu(np.full((s, s), _NEG, dtype=np.float32), 1)).astype(dtype)
+    return host_tensor(np.triu(np.full((s, s), _NEG, dtype=np.float32), 1)).astype(dtype)
 
 
 def _attend_tile(
