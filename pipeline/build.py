@@ -189,7 +189,8 @@ def build_simulated_engine(
         num_blocks = cfg.num_blocks or kv_pool_blocks(
             spec, hardware, cfg.block_size, cfg.tp, precision
         )
-        device = SimulatedDevice(spec, hardware, clock, cfg.tp, precision)
+        split = cfg.executor.prefill_batch_split
+        device = SimulatedDevice(spec, hardware, clock, cfg.tp, precision, split)
     except ValueError as err:
         raise ConfigError(str(err)) from err
     kv_cache = KVCacheManager(num_blocks, cfg.block_size, cfg.prefix_caching)

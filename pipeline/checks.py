@@ -266,10 +266,17 @@ def _bucket_entries(cfg: DictConfig, num_blocks: int) -> int:
         axis = cfg.metadata.get(name) or {}
         lo, step, top = (axis.get(key) or derived[key] for key in ("min", "step", "max"))
         if cfg.metadata.get("bucketing") == "exponential":
-            total += max(1, int(math.log2(max(top / max(lo, 1), 1))) + 2)
-        else:
-            total += max(1, (top - lo) // max(step, 1) + 2)
+            total += _doublings(lo, top) + 1
+            continue
+        # a derived decode blocks axis steps up to the pool, then doubles (Axis.sizes)
+        dense = min(top, derived.get("dense_max") or top) if not axis.get("max") else top
+        total += max(1, (dense - lo) // max(step, 1) + 2) + _doublings(dense, top)
     return total
+
+
+def _doublings(low: int, high: int) -> int:
+    """How many times `low` doubles before reaching `high` (about)."""
+    return int(math.log2(max(high / max(low, 1), 1)))
 
 
 def memory_estimate(cfg: DictConfig, num_blocks: int) -> dict[str, int]:

@@ -1,17 +1,20 @@
 """`python -m pipeline.calibrate --published FILE hardware=NAME`: fit a device profile to
-published throughput figures.
+published throughput figures (`hardware=h100,h200`: several devices fitted together).
 
 Each of the device's rows is simulated once in its method (pipeline.published) with its
-steps' amounts recorded; a trial profile then re-times those steps (the schedule of a run
-whose requests are all there at the start does not depend on the device's speed). The
-fitted figures are what a device's hardware decides and the spec sheet does not say: the
-achieved fractions of peak of GEMMs, attention and memory, the per-step host overhead, a
-GEMM's fixed fill time, and an all-reduce's latency and the link's efficiency (only where
-some row runs tp > 1). A
-pattern search over their logarithms minimises the mean squared log error of the rows'
-throughput, with a weak pull towards the profile's starting values so that a figure the
-rows barely constrain stays where the profile put it. The split-half check fits one
-model's rows and reports the error on the other's, both ways.
+steps' amounts recorded (`--cache DIR` keeps them for the next fit: pipeline.recorded_rows);
+a trial profile then re-times those steps (the schedule of a run whose requests are all
+there at the start does not depend on the device's speed). The fitted figures are what a
+device's hardware decides and the spec sheet does not say: the achieved fractions of peak
+of GEMMs, attention and memory, the per-step host overhead, a GEMM's fixed fill time, and
+an all-reduce's latency and the link's efficiency (only where some row runs tp > 1).
+Devices fitted together share each figure but their memory's efficiency: H100 and H200
+are one compute die with different memory, so their 40 rows fit one set of compute and
+overhead figures, each device with its own bandwidth. A pattern search over the figures'
+logarithms minimises the mean squared log error of the rows' throughput, with a weak pull
+towards the starting profiles so that a figure the rows barely constrain stays where the
+profile put it. The split-half check fits one model's rows and reports the error on the
+other's, both ways.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import argparse
 import dataclasses
 import math
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -29,8 +32,8 @@ import numpy as np
 
 from pipeline.build import build
 from pipeline.compose import compose_config
-from pipeline.published import PublishedRow, RowRun, median, read_rows, simulate_row
-from stages.simulator.cost_model import StepAmounts
+from pipeline.published import PublishedRow, median, read_rows
+from pipeline.recorded_rows import Recorded, record
 from stages.simulator.hardware import HardwareProfile
 
 # Each fitted figure and its bounds: achieved fractions of peak, and seconds.
@@ -44,34 +47,18 @@ BOUNDS = {
     "interconnect_efficiency": (0.05, 1.0),
 }
 LINK_KEYS = ("allreduce_latency_s", "interconnect_efficiency")  # told only by tp > 1 rows
+# Fitted together, devices share every figure but this: one compute die (H100 and H200
+# are both GH100) behind each its own memory.
+OWN_KEYS = ("memory_efficiency",)
 PULL = 1e-3  # weight of the squared log distance from the starting values
 CONF = Path(__file__).resolve().parents[1] / "conf" / "hardware"
+Profiles = dict[str, HardwareProfile]
 
 
-@dataclass
-class Recorded:
-    """A row's simulated steps, ready to re-time."""
-
-    run: RowRun
-    amounts: StepAmounts
-    compiles: int
-
-    def predicted(self, hardware: HardwareProfile) -> float:
-        seconds = float(self.run.cost.on(hardware).seconds_of(self.amounts).sum())
-        return self.run.output_tokens / (seconds + self.compiles * hardware.recompile_s)
-
-
-def record(rows: Sequence[PublishedRow], hardware: HardwareProfile | None) -> list[Recorded]:
-    recorded = []
-    for row in rows:
-        run = simulate_row(row, hardware, record=True)
-        amounts = StepAmounts.stack([a for a, _ in run.steps])
-        recorded.append(Recorded(run, amounts, sum(n for _, n in run.steps)))
-    return recorded
-
-
-def log_errors(recorded: Sequence[Recorded], hardware: HardwareProfile) -> np.ndarray:
-    return np.array([math.log(r.predicted(hardware) / r.run.row.value) for r in recorded])
+def log_errors(recorded: Sequence[Recorded], profiles: Mapping[str, HardwareProfile]) -> np.ndarray:
+    return np.array(
+        [math.log(r.predicted(profiles[r.row.hardware]) / r.row.value) for r in recorded]
+    )
 
 
 def fitted_keys(rows: Sequence[PublishedRow]) -> list[str]:
@@ -110,24 +97,60 @@ def pattern_search(
     return x
 
 
-def fit(recorded: Sequence[Recorded], start: HardwareProfile) -> HardwareProfile:
-    keys = fitted_keys([r.run.row for r in recorded])
-    origin = np.log([getattr(start, k) for k in keys])
-    low = np.log([BOUNDS[k][0] for k in keys])
-    high = np.log([BOUNDS[k][1] for k in keys])
+@dataclass(frozen=True)
+class Parameter:
+    """One fitted figure: of every device (shared) or of one (`device`)."""
 
-    def profile(x: np.ndarray) -> HardwareProfile:
-        return dataclasses.replace(start, **dict(zip(keys, np.exp(x).tolist(), strict=True)))
+    key: str
+    device: str | None = None
+
+    def applies_to(self, device: str) -> bool:
+        return self.device is None or self.device == device
+
+
+def parameters(recorded: Sequence[Recorded], devices: Sequence[str]) -> list[Parameter]:
+    """The figures to fit: shared by the devices but each device's own OWN_KEYS."""
+    keys = fitted_keys([r.row for r in recorded])
+    shown = [d for d in devices if any(r.row.hardware == d for r in recorded)]
+    found = []
+    for key in keys:
+        own = key in OWN_KEYS and len(shown) > 1
+        found += [Parameter(key, d) for d in shown] if own else [Parameter(key)]
+    return found
+
+
+def fit(recorded: Sequence[Recorded], starts: Mapping[str, HardwareProfile]) -> Profiles:
+    """Profiles (by device name) that minimise the rows' mean squared log error, with a
+    weak pull towards `starts`."""
+    chosen = parameters(recorded, list(starts))
+
+    def start_log(p: Parameter) -> float:
+        devices = [p.device] if p.device else list(starts)
+        return float(np.mean([math.log(getattr(starts[d], p.key)) for d in devices]))
+
+    origin = np.array([start_log(p) for p in chosen])
+    low = np.log([BOUNDS[p.key][0] for p in chosen])
+    high = np.log([BOUNDS[p.key][1] for p in chosen])
+
+    def profiles(x: np.ndarray) -> Profiles:
+        values = np.exp(x).tolist()
+        return {
+            name: dataclasses.replace(
+                start,
+                **{p.key: v for p, v in zip(chosen, values, strict=True) if p.applies_to(name)},
+            )
+            for name, start in starts.items()
+        }
 
     def loss(x: np.ndarray) -> float:
-        errors = log_errors(recorded, profile(x))
+        errors = log_errors(recorded, profiles(x))
         return float(np.mean(errors**2) + PULL * np.sum((x - origin) ** 2))
 
-    return profile(pattern_search(loss, np.clip(origin, low, high), low, high))
+    return profiles(pattern_search(loss, np.clip(origin, low, high), low, high))
 
 
-def errors_of(recorded: Sequence[Recorded], hardware: HardwareProfile) -> list[float]:
-    return [r.predicted(hardware) / r.run.row.value - 1 for r in recorded]
+def errors_of(recorded: Sequence[Recorded], profiles: Mapping[str, HardwareProfile]) -> list[float]:
+    return [r.error(profiles[r.row.hardware]) for r in recorded]
 
 
 def describe(errors: Sequence[float]) -> str:
@@ -135,19 +158,28 @@ def describe(errors: Sequence[float]) -> str:
     return f"median {median(absolute):.1%}, worst {max(absolute):.1%}"
 
 
-def split_half(recorded: Sequence[Recorded], start: HardwareProfile) -> list[str]:
+def per_device(recorded: Sequence[Recorded], profiles: Mapping[str, HardwareProfile]) -> str:
+    """Each device's rows' error, or the one device's."""
+    parts = []
+    for name in dict.fromkeys(r.row.hardware for r in recorded):
+        mine = [r for r in recorded if r.row.hardware == name]
+        parts.append(f"{name} {len(mine)} rows: {describe(errors_of(mine, profiles))}")
+    return "; ".join(parts)
+
+
+def split_half(recorded: Sequence[Recorded], starts: Mapping[str, HardwareProfile]) -> list[str]:
     """Fit on each model's rows, check on the other's."""
-    models = sorted({r.run.row.model_preset for r in recorded})
+    models = sorted({r.row.model_preset for r in recorded})
     if len(models) < 2:
         return ["split-half: the rows hold one model only"]
     lines = []
     for model in models:
-        inside = [r for r in recorded if r.run.row.model_preset == model]
-        outside = [r for r in recorded if r.run.row.model_preset != model]
-        fitted = fit(inside, start)
+        inside = [r for r in recorded if r.row.model_preset == model]
+        outside = [r for r in recorded if r.row.model_preset != model]
+        fitted = fit(inside, starts)
         lines.append(
-            f"fit on {model} ({len(inside)} rows: {describe(errors_of(inside, fitted))}), "
-            f"held-out {len(outside)} rows: {describe(errors_of(outside, fitted))}"
+            f"fit on {model} ({per_device(inside, fitted)}); "
+            f"held out: {per_device(outside, fitted)}"
         )
     return lines
 
@@ -165,34 +197,49 @@ def spec_sheet_comments(name: str) -> list[str]:
 
 
 def profile_text(
-    fitted: HardwareProfile,
+    name: str,
+    fitted: Mapping[str, HardwareProfile],
     recorded: Sequence[Recorded],
-    file: str,
+    command: str,
     checks: Sequence[str],
 ) -> str:
-    errors = errors_of(recorded, fitted)
-    keys = fitted_keys([r.run.row for r in recorded])
+    """The device's fitted profile as YAML, its comments naming the rows it was fitted to,
+    their errors and the split-half check."""
+    profile = fitted[name]
+    mine = [r for r in recorded if r.row.hardware == name]
+    errors = errors_of(mine, fitted)
+    chosen = parameters(recorded, list(fitted))
     day = datetime.now(timezone.utc).strftime("%Y-%m-%d")
-    lines = spec_sheet_comments(fitted.name)
+    lines = spec_sheet_comments(name)
     lines += [
         f"# FITTED to published figures on {day}:",
-        f"#   python -m pipeline.calibrate --published {file} hardware={fitted.name}",
-        f"# Fitted: {', '.join(keys)};",
+        f"#   {command}",
+        f"# Fitted: {', '.join(dict.fromkeys(p.key for p in chosen))};",
         "# the rest are spec-sheet figures or guesses.",
-        f"# Rows ({len(recorded)}; {describe(errors)}):",
     ]
-    for source in dict.fromkeys(r.run.row.source for r in recorded):
+    others = [d for d in fitted if d != name]
+    if others:
+        own = ", ".join(dict.fromkeys(p.key for p in chosen if p.device))
+        lines.append(
+            f"# Fitted together with {', '.join(others)}'s rows: one figure each for all, but "
+            f"{own or 'none'} (each device's own)."
+        )
+    lines.append(f"# Rows ({len(mine)}; {describe(errors)}):")
+    for source in dict.fromkeys(r.row.source for r in mine):
         lines.append(f"#  {source}:")
         lines += [
-            f"#   {r.run.row.label}: {r.run.row.value:.0f} tok/s, predicted "
-            f"{r.predicted(fitted):.0f} ({e:+.1%})"
-            for r, e in zip(recorded, errors, strict=True)
-            if r.run.row.source == source
+            f"#   {r.row.label}: {r.row.value:.0f} tok/s, predicted "
+            f"{r.predicted(profile):.0f} ({e:+.1%})"
+            for r, e in zip(mine, errors, strict=True)
+            if r.row.source == source
         ]
-    lines += [f"# Split-half: {c}" for c in checks]
+    for check in checks:
+        fitted_on, _, held_out = check.partition("; held out: ")
+        lines.append(f"# Split-half: {fitted_on}")
+        lines += [f"#   held out: {held_out}"] if held_out else []
     lines += ["defaults:", "  - /schema/hardware@_here_: device"]
-    for f in dataclasses.fields(fitted):
-        value = getattr(fitted, f.name)
+    for f in dataclasses.fields(profile):
+        value = getattr(profile, f.name)
         if f.name == "coefficients":
             if value:
                 lines.append("coefficients:")
@@ -209,32 +256,64 @@ def _number(value: object) -> str:
     return str(value)
 
 
+def devices_and_overrides(overrides: Sequence[str]) -> tuple[list[str], list[str]]:
+    """`hardware=h100,h200` names devices fitted together; the other overrides apply to
+    each."""
+    named = [o for o in overrides if o.startswith("hardware=")]
+    if len(named) != 1:
+        raise ValueError("give one hardware=NAME (or hardware=NAME,NAME to fit them together)")
+    devices = [d for d in named[0].removeprefix("hardware=").split(",") if d]
+    if not devices or len(set(devices)) != len(devices):
+        raise ValueError(f"{named[0]}: name each device once")
+    return devices, [o for o in overrides if o not in named]
+
+
+def starting_profiles(devices: Sequence[str], overrides: Sequence[str]) -> Profiles:
+    return {
+        name: build(compose_config(["executor=simulated", f"hardware={name}", *overrides]).hardware)
+        for name in devices
+    }
+
+
 def main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m pipeline.calibrate --published FILE",
-        description="Fit a device profile to published throughput figures.",
+        description="Fit device profiles to published throughput figures.",
     )
     parser.add_argument("--published", required=True, help="a published-measurements CSV")
-    parser.add_argument("--out", help="the profile YAML to write (default: NAME.yaml here)")
+    parser.add_argument(
+        "--out",
+        default="{name}.yaml",
+        help="the profile YAML to write; {name} stands for the device (default: {name}.yaml)",
+    )
+    parser.add_argument("--cache", help="a folder keeping each row's simulated steps")
     parser.add_argument("--no-split", action="store_true", help="skip the split-half check")
-    parser.add_argument("overrides", nargs="*", help="hardware=NAME (the profile to start from)")
+    parser.add_argument(
+        "overrides", nargs="*", help="hardware=NAME or hardware=NAME,NAME (fitted together)"
+    )
     args = parser.parse_args(argv)
     try:
-        start = build(compose_config(["executor=simulated", *args.overrides]).hardware)
-        rows = [r for r in read_rows(args.published) if r.hardware == start.name]
-        if not rows:
-            raise ValueError(f"{args.published} has no rows for hardware={start.name}")
+        devices, overrides = devices_and_overrides(args.overrides)
+        if len(devices) > 1 and "{name}" not in args.out:
+            raise ValueError(f"--out {args.out}: with several devices, name it with {{name}}")
+        starts = starting_profiles(devices, overrides)
+        rows = [r for r in read_rows(args.published) if r.hardware in starts]
+        missing = sorted(set(devices) - {r.hardware for r in rows})
+        if missing:
+            raise ValueError(f"{args.published} has no rows for hardware={','.join(missing)}")
     except Exception as err:  # a bad file or override: one line, exit 2
         print(f"Error: {err}", file=sys.stderr)
         return 2
-    recorded = record(rows, start)
-    print(f"{len(rows)} rows of {start.name}; as given: {describe(errors_of(recorded, start))}")
-    fitted = fit(recorded, start)
-    print(f"fitted: {describe(errors_of(recorded, fitted))}")
-    checks = [] if args.no_split else split_half(recorded, start)
+    recorded = record(rows, starts, args.cache)
+    print(f"{len(rows)} rows; as given: {per_device(recorded, starts)}")
+    fitted = fit(recorded, starts)
+    print(f"fitted: {per_device(recorded, fitted)}")
+    checks = [] if args.no_split else split_half(recorded, starts)
     for line in checks:
         print(f"split-half: {line}")
-    out = Path(args.out or f"{start.name}.yaml")
-    out.write_text(profile_text(fitted, recorded, args.published, checks))
-    print(f"wrote {out}: hardware=measured hardware.path={out}")
+    command = " ".join(["python -m pipeline.calibrate", *argv])
+    for name in devices:
+        out = Path(args.out.format(name=name))
+        out.write_text(profile_text(name, fitted, recorded, command, checks))
+        print(f"wrote {out}: hardware=measured hardware.path={out}")
     return 0

@@ -4,15 +4,20 @@ A row of a published-measurements CSV (benchmarks/data/published-measurements.cs
 56, with their sources) names a device, a model preset, tensor parallelism, precision,
 fixed prompt and output lengths and a method:
 
-- `offline` (trtllm-bench throughput): every request queued at once, whole prompts (no
-  chunked prefill), admitted only when the KV cache holds them to their end (its default
-  GUARANTEED_NO_EVICT policy), the batch and token limits trtllm-bench derives: the
-  requests the KV cache holds at input + output tokens each, at most 4096, and
-  batch x (1 + input / output) tokens a step, at most 32768 (tensorrt_llm/bench/build/
-  tuning.py). KV blocks of 32 tokens, the real tokens computed (no padding).
+- `offline` (trtllm-bench throughput): every request queued at once, admitted only when
+  the KV cache holds them to their end (its default GUARANTEED_NO_EVICT policy), prompts
+  chunked in whole blocks beside the running decodes (`--enable_chunked_context` is
+  trtllm-bench's default, tensorrt_llm/bench/benchmark/throughput.py), under the batch
+  and token limits trtllm-bench derives: the requests the KV cache holds at input +
+  output tokens each, at most 4096, and batch x (1 + input / output) tokens a step, at
+  most 32768 (tensorrt_llm/bench/build/tuning.py). KV blocks of 32 tokens, the real
+  tokens computed (no padding).
 - `static` (Optimum Habana's run_generation.py): `scheduler=static` with the row's batch,
   prefilled together and decoded in lockstep, on warmed buckets of 128 tokens (the
-  method's bucket_size), exactly the shapes the batch runs.
+  method's bucket_size), exactly the shapes the batch runs. Every published run sets
+  `--attn_batch_split 2` (the run_cmd of each ref_perf entry in Gaudi_1-21.json): the
+  prompt's batch is split in two so that one half's all-reduces run under the other
+  half's compute (`executor.prefill_batch_split=2`).
 
 The predicted figure is output tokens over the simulated run's time, as both sources
 report it. A fit re-times recorded steps (`RowRun.steps`) for other hardware figures: a
@@ -47,6 +52,7 @@ INT_FIELDS = ("tp", "input_tokens", "output_tokens", "num_requests")
 # trtllm-bench's caps on the batch and on a step's tokens.
 MAX_BATCH, MAX_STEP_TOKENS = 4096, 32768
 GPU_BLOCK, HPU_BUCKET = 32, 128
+HPU_BATCH_SPLIT = 2  # run_generation.py --attn_batch_split 2, as the static rows ran
 
 
 @dataclass(frozen=True)
@@ -144,7 +150,7 @@ def row_overrides(row: PublishedRow) -> list[str]:
         return [
             *common,
             f"block_size={GPU_BLOCK}",
-            "scheduler=whole",
+            "scheduler=chunked",
             "scheduler.budget=real",
             "scheduler.no_evict=true",
         ]
@@ -155,6 +161,7 @@ def row_overrides(row: PublishedRow) -> list[str]:
         *common,
         f"block_size={HPU_BUCKET}",
         "scheduler=static",
+        f"executor.prefill_batch_split={HPU_BATCH_SPLIT}",
         f"max_num_seqs={bs}",
         f"max_tokens={bs * first * HPU_BUCKET}",
         "warmup=true",
@@ -189,7 +196,7 @@ def row_config(row: PublishedRow, hardware: HardwareProfile | None = None) -> Di
         precision = Precision(Quantization(row.quantization), KvCacheDtype(row.kv_cache_dtype))
         pool = kv_pool_blocks(spec, profile, GPU_BLOCK, row.tp, precision) * GPU_BLOCK
         batch, tokens = offline_limits(row, pool)
-        cfg.max_num_seqs, cfg.max_tokens = batch, max(tokens, batch, row.input_tokens)
+        cfg.max_num_seqs, cfg.max_tokens = batch, max(tokens, batch)
     return cfg
 
 

@@ -393,6 +393,9 @@ class PaddleExecutorConf:
 @dataclass
 class SimulatedExecutorConf:
     name: Executor = Executor.simulated
+    # Parts a prefill's batch is split into so that each part's all-reduces run under the
+    # next part's compute (Optimum Habana's --attn_batch_split); 1 = no split.
+    prefill_batch_split: int = 1
 
 
 @dataclass

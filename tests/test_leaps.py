@@ -186,9 +186,21 @@ def test_leaps_change_nothing_on_small_random_workloads(
     ])  # fmt: skip
 
 
+# An H100 of fixed speed, whatever the shipped profile is fitted to: the SLO below tells
+# its requests apart.
+FIXED_H100 = [
+    "hardware=h100",
+    "hardware.gemm_efficiency=0.7",
+    "hardware.attention_efficiency=0.6",
+    "hardware.memory_efficiency=0.8",
+    "hardware.step_overhead_s=0.002",
+    "hardware.gemm_fill_s=5e-6",
+]
+
+
 def test_a_metrics_only_probe_leaps_to_the_metrics_of_a_run_with_files(tmp_path):
     slo = ["slo.ttft_ms=200", "slo.tpot_ms=20", "slo.attainment=0.01"]  # never stops it
-    cfg = make_config([*SIMULATED, "hardware=h100", *ARRIVING, *slo])
+    cfg = make_config([*SIMULATED, *FIXED_H100, *ARRIVING, *slo])
     with_files = run_probe(cfg, tmp_path / "files", keep_files=True)
     metrics_only = run_probe(cfg, tmp_path / "metrics", keep_files=False)
     assert 0 < with_files["slo_attainment"] < 1  # the SLO tells requests apart
@@ -203,7 +215,7 @@ def test_a_metrics_only_probe_leaps_to_the_metrics_of_a_run_with_files(tmp_path)
 def test_a_probe_stopped_by_its_slo_stops_where_steps_one_by_one_stop(slo):
     stops = []
     for leaps in (False, True):
-        cfg = make_config([*SIMULATED, "hardware=h100", *ARRIVING, slo])
+        cfg = make_config([*SIMULATED, *FIXED_H100, *ARRIVING, slo])
         engine, requests = build_engine(cfg)
         totals = StepTotals()
         verdict = EarlyVerdict(Slo.of(cfg.slo), requests, arrivals_fixed=True)

@@ -74,6 +74,30 @@ def test_each_allreduce_pays_the_link_latency():
     assert cost(tp=1, allreduce_latency_s=10e-6).breakdown(DECODE)["allreduce_latency"] == 0
 
 
+def test_a_split_prefill_hides_its_allreduce_under_the_other_parts_compute():
+    # 128 prefill tokens at tp=2: two all-reduces in each of 2 layers of 128 x 64 bf16
+    # values, half of each sent: T seconds on the link. Split in k parts, each part's
+    # transfer runs under the next part's compute C: all but 1 / k of min(T, C) is hidden.
+    sent = 2 * 2 * (128 * 64 * 2) * 2 * (2 - 1) / 2
+    for link_gbs in (50.0, 1e-3):  # the transfer shorter, then longer, than the compute
+        whole = cost(tp=2, interconnect_gbs=link_gbs)
+        transfer = sent / (link_gbs * 1e9)
+        parts = whole.breakdown(PREFILL)
+        assert parts["allreduce"] == pytest.approx(transfer)
+        compute = parts["linear"] + parts["prefill_attention"]
+        for k in (2, 3):
+            model = CostModel(whole.spec, whole.hardware, 2, prefill_batch_split=k)
+            split = model.breakdown(PREFILL)
+            hidden = (1 - 1 / k) * min(transfer, compute)
+            assert split["allreduce"] == pytest.approx(transfer - hidden)
+            assert split["linear"] == parts["linear"]
+    # A decode step is not split: its all-reduce is all exposed.
+    decode = CostModel(whole.spec, whole.hardware, 2, prefill_batch_split=2)
+    assert decode.breakdown(DECODE)["allreduce"] == whole.breakdown(DECODE)["allreduce"] > 0
+    with pytest.raises(ValueError, match="prefill_batch_split=0 must be"):
+        CostModel(whole.spec, whole.hardware, 2, prefill_batch_split=0)
+
+
 def test_a_thin_gemm_loses_efficiency_to_the_fill_time():
     # Four GEMMs a layer; at tp=1 and 128 tokens each averages F = 2 x 128 x P / 8 FLOPs,
     # 1 TFLOPS makes that F / 1e12 seconds busy, and each pays 1 us of fill.

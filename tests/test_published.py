@@ -7,9 +7,21 @@ import dataclasses
 import numpy as np
 import pytest
 
-from pipeline.fit_published import Recorded, fit, pattern_search, record
+from pipeline.fit_published import fit, pattern_search
 from pipeline.published import DATA, PublishedRow, offline_limits, read_rows, simulate_row
+from pipeline.recorded_rows import Recorded, record
 from stages.simulator.cost_model import StepAmounts
+
+# The figures a fit changes, fixed here so that a test does not follow the shipped profiles.
+TEST_FIGURES = {
+    "gemm_efficiency": 0.7,
+    "attention_efficiency": 0.6,
+    "memory_efficiency": 0.8,
+    "interconnect_efficiency": 0.75,
+    "step_overhead_s": 0.002,
+    "gemm_fill_s": 5e-6,
+    "allreduce_latency_s": 1.5e-5,
+}
 
 
 def small_row(mode: str = "offline", **changes) -> PublishedRow:
@@ -61,7 +73,7 @@ def test_retimed_steps_equal_a_fresh_simulation_on_other_hardware(mode):
     row = small_row(mode, hardware="gaudi2") if mode == "static" else small_row()
     run = simulate_row(row, record=True)
     steps = StepAmounts.stack([a for a, _ in run.steps])
-    recorded = Recorded(run, steps, sum(n for _, n in run.steps))
+    recorded = Recorded(row, run.cost, steps, sum(n for _, n in run.steps), run.output_tokens)
     assert recorded.predicted(run.cost.hardware) == pytest.approx(run.predicted, rel=1e-9)
     assert run.num_steps == len(run.steps) > 2
     slower = dataclasses.replace(
@@ -87,16 +99,17 @@ def test_pattern_search_finds_a_bounded_minimum():
 def test_a_fit_recovers_figures_that_made_the_published_values():
     rows = [small_row(input_tokens=n, output_tokens=m) for n, m in ((96, 24), (512, 16), (32, 96))]
     rows.append(small_row(model_preset="llama31_70b", tp=2, input_tokens=256, output_tokens=32))
-    true = record(rows[:1], None)[0].run.cost.hardware
+    shipped = record(rows[:1], None)[0].cost.hardware
     true = dataclasses.replace(
-        true, gemm_efficiency=0.5, memory_efficiency=0.6, step_overhead_s=0.004
+        shipped, **{**TEST_FIGURES, "gemm_efficiency": 0.5, "memory_efficiency": 0.6}
     )
+    true = dataclasses.replace(true, step_overhead_s=0.004)
     made = [dataclasses.replace(r, value=simulate_row(r, true).predicted) for r in rows]
     recorded = record(made, true)
     start = dataclasses.replace(true, gemm_efficiency=0.8, step_overhead_s=0.001)
-    fitted = fit(recorded, start)
-    before = [abs(r.predicted(start) / r.run.row.value - 1) for r in recorded]
-    errors = [abs(r.predicted(fitted) / r.run.row.value - 1) for r in recorded]
+    fitted = fit(recorded, {"h100": start})["h100"]
+    before = [abs(r.error(start)) for r in recorded]
+    errors = [abs(r.error(fitted)) for r in recorded]
     # The weak pull towards the start keeps it from exact; far closer than the start.
     assert max(errors) < 0.03 < max(before) / 4
 
@@ -134,3 +147,68 @@ def test_calibrate_writes_a_profile_that_reads_back_and_names_its_rows(tmp_path)
     assert "8b tp1 96/24: 1000 tok/s" in text and "8b tp1 400/16: 300 tok/s" in text
     profile = read_profile(out)
     assert profile.name == "h100" and profile.fp8_tflops == 1979
+
+
+def test_a_cached_recording_is_re_timed_without_simulating_again(tmp_path, monkeypatch):
+    import pipeline.recorded_rows as recorded_rows
+
+    row = small_row(num_requests=6)
+    first = record([row], None, cache=tmp_path)[0]
+    assert len(list(tmp_path.glob("*.npz"))) == 1
+
+    def no_simulation(*args, **kwargs):
+        raise AssertionError("the cached row was simulated again")
+
+    monkeypatch.setattr(recorded_rows, "recorded_run", no_simulation)
+    again = record([dataclasses.replace(row, value=5.0)], None, cache=tmp_path)[0]
+    slower = dataclasses.replace(first.cost.hardware, memory_efficiency=0.3)
+    assert again.predicted(slower) == pytest.approx(first.predicted(slower), rel=1e-12)
+    assert again.row.value == 5.0  # the published figure is the new row's
+    # Another row (or config) is another recording.
+    with pytest.raises(AssertionError, match="simulated again"):
+        record([dataclasses.replace(row, output_tokens=23)], None, cache=tmp_path)
+
+
+def test_devices_fitted_together_share_all_but_their_memory():
+    from pipeline.fit_published import parameters
+
+    rows = [small_row(hardware=h, tp=t) for h in ("h100", "h200") for t in (1, 2)]
+    recorded = [
+        Recorded(r, None, StepAmounts.stack([]), 0, 1)  # type: ignore[arg-type]
+        for r in rows
+    ]
+    chosen = parameters(recorded, ["h100", "h200"])
+    own = {(p.key, p.device) for p in chosen if p.device}
+    assert own == {("memory_efficiency", "h100"), ("memory_efficiency", "h200")}
+    shared = {p.key for p in chosen if p.device is None}
+    assert "gemm_efficiency" in shared and "allreduce_latency_s" in shared
+    # One device: each figure once; tp=1 rows alone tell nothing of the links.
+    alone = parameters(recorded[:1], ["h100"])
+    assert {p.device for p in alone} == {None}
+    assert "allreduce_latency_s" not in {p.key for p in alone}
+
+
+@pytest.mark.slow
+def test_a_joint_fit_recovers_a_shared_compute_and_each_devices_memory():
+    rows = [
+        small_row(hardware=h, input_tokens=n, output_tokens=m)
+        for h in ("h100", "h200")
+        for n, m in ((96, 24), (512, 16), (32, 96))
+    ]
+    recorded = record(rows, None)
+    starts = {
+        r.row.hardware: dataclasses.replace(r.cost.hardware, **TEST_FIGURES) for r in recorded
+    }
+    true = {
+        name: dataclasses.replace(
+            hw, gemm_efficiency=0.5, step_overhead_s=0.004, memory_efficiency=memory
+        )
+        for (name, hw), memory in zip(starts.items(), (0.6, 0.85), strict=True)
+    }
+    for r in recorded:  # the figures the true profiles give, as if published
+        r.row = dataclasses.replace(r.row, value=r.predicted(true[r.row.hardware]))
+    fitted = fit(recorded, starts)
+    assert fitted["h100"].gemm_efficiency == fitted["h200"].gemm_efficiency
+    errors = [abs(r.error(fitted[r.row.hardware])) for r in recorded]
+    before = [abs(r.error(starts[r.row.hardware])) for r in recorded]
+    assert max(errors) < 0.03 < max(before) / 4

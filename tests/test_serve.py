@@ -20,10 +20,10 @@ import pytest
 import uvicorn
 from openai import OpenAI
 
+from pipeline.allocator import HeapTrimmer
 from pipeline.build import build_engine
 from pipeline.serve.__main__ import prepare
 from pipeline.serve.api import create_app
-from pipeline.serve.heap import HeapTrimmer
 from pipeline.serve.telemetry import Telemetry
 from pipeline.serve.worker import EngineWorker
 from stages.request import Request

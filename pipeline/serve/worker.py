@@ -19,11 +19,11 @@ import structlog
 from omegaconf import DictConfig
 
 from pipeline import artefacts
+from pipeline.allocator import HeapTrimmer
 from pipeline.build import build_engine
 from pipeline.engine import Arrivals, Engine
 from pipeline.metrics import StepRecord
 from pipeline.serve.folder import GenerationAppender, write_folder_metrics
-from pipeline.serve.heap import HeapTrimmer
 from pipeline.serve.telemetry import Telemetry
 from stages.request import Request
 from stages.simulator.device import VirtualClock

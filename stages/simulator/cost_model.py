@@ -10,6 +10,9 @@ the GEMMs run at the FP8 rate. Tensor parallelism costs what hardware makes it c
 of a layer's two all-reduces pays the link's per-call latency besides its bytes, and a GEMM
 of F FLOPs takes F / rate + `gemm_fill_s` (launch, pipeline fill, the last partial wave), so
 its efficiency F / (F + rate x fill) falls as tensor parallelism makes the matrices thin.
+A prefill whose batch is split into k parts (Optimum Habana's `--attn_batch_split`) sends
+one part's all-reduce while the next part computes: all but 1 / k of the shorter of the
+two is hidden.
 """
 
 from __future__ import annotations
@@ -134,6 +137,8 @@ class StepAmounts:
     allreduce_bytes: Any  # sent by each device over its link
     allreduce_calls: Any
     kv_blocks_s: Any  # the blocks' fixed handling time, before its coefficient
+    # Parts the step's batch is split into so that all-reduces overlap compute (1: none).
+    batch_split: Any = 1
 
     @staticmethod
     def stack(steps: Sequence[StepAmounts]) -> StepAmounts:
@@ -152,6 +157,15 @@ def _roof(a: Any, b: Any) -> Any:
     return max(a, b)
 
 
+def _hidden(transfer: Any, compute: Any, split: Any) -> Any:
+    """The all-reduce time a batch split in `split` parts hides: its parts pipeline, each
+    part's all-reduce running under the next part's layer compute, so all but 1 / split of
+    the shorter of the two."""
+    if not isinstance(split, np.ndarray) and split == 1:
+        return 0.0
+    return (1 - 1 / np.asarray(split)) * np.minimum(transfer, compute)
+
+
 def term_seconds(
     a: StepAmounts, hw: HardwareProfile, fp8: bool = False, tp: int = 1
 ) -> dict[str, Any]:
@@ -160,14 +174,17 @@ def term_seconds(
     at the rate plus one fill per kernel."""
     gemm, attn = hw.gemm_flops_per_s(fp8), hw.attention_flops_per_s
     mem, link = hw.memory_bytes_per_s, hw.interconnect_bytes_per_s(tp)
+    linear = _roof(a.linear_flops / gemm + a.gemms * hw.gemm_fill_s, a.linear_bytes / mem)
+    prefill = _roof(a.prefill_attention_flops / attn, a.prefill_kv_bytes / mem)
+    transfer = a.allreduce_bytes / link
     return {
-        "linear": _roof(a.linear_flops / gemm + a.gemms * hw.gemm_fill_s, a.linear_bytes / mem),
-        "prefill_attention": _roof(a.prefill_attention_flops / attn, a.prefill_kv_bytes / mem),
+        "linear": linear,
+        "prefill_attention": prefill,
         "decode_attention": _roof(a.decode_attention_flops / attn, a.decode_kv_bytes / mem),
         "kv_write": a.kv_write_bytes / mem,
         # The lm head stays in the model's dtype: the bf16 rate.
         "lm_head": _roof(a.lm_head_flops / hw.gemm_flops_per_s(), a.lm_head_bytes / mem),
-        "allreduce": a.allreduce_bytes / link,
+        "allreduce": transfer - _hidden(transfer, linear + prefill, a.batch_split),
         "allreduce_latency": a.allreduce_calls * hw.allreduce_latency_s,
         "kv_blocks": a.kv_blocks_s,
     }
@@ -183,9 +200,16 @@ class CostModel:
         tp: int = 1,
         coefficients: Mapping[str, float] | None = None,
         precision: Precision = BF16,
+        prefill_batch_split: int = 1,
     ) -> None:
         spec.check_tp(tp)
+        if isinstance(prefill_batch_split, bool) or not 1 <= prefill_batch_split <= 64:
+            raise ValueError(
+                f"executor.prefill_batch_split={prefill_batch_split} must be an integer "
+                "from 1 (no split) to 64"
+            )
         self.spec, self.hardware, self.tp, self.precision = spec, hardware, tp, precision
+        self.prefill_batch_split = int(prefill_batch_split)
         merged = {term: 1.0 for term in TERMS} | UNCALIBRATED | {OVERHEAD: hardware.step_overhead_s}
         for given in (hardware.coefficients, coefficients or {}):
             unknown = sorted(set(given) - set(merged))
@@ -207,7 +231,9 @@ class CostModel:
 
     def with_coefficients(self, coefficients: Mapping[str, float]) -> CostModel:
         merged = {**self.coefficients, **coefficients}
-        return CostModel(self.spec, self.hardware, self.tp, merged, self.precision)
+        return CostModel(
+            self.spec, self.hardware, self.tp, merged, self.precision, self.prefill_batch_split
+        )
 
     def work(self, shape: StepShape) -> StepWork:
         return padded_work(shape) if self.hardware.pads_to_buckets else real_work(shape)
@@ -242,6 +268,9 @@ class CostModel:
             decode_kv_bytes=w.decode_slots * kv_slot,
             kv_write_bytes=w.kv_writes * kv_slot,
             kv_blocks_s=w.blocks * spec.num_layers * BLOCK_S,
+            batch_split=np.where(np.asarray(w.prefill_pairs) > 0, self.prefill_batch_split, 1)
+            if isinstance(w.prefill_pairs, np.ndarray)
+            else (self.prefill_batch_split if w.prefill_pairs > 0 else 1),
         )
 
     def _rows_amounts(self, tokens: Any, sampled: Any) -> dict[str, Any]:
@@ -293,8 +322,14 @@ class CostModel:
         return sum(c[term] * t for term, t in parts.items()) + c[OVERHEAD]
 
     def on(self, hardware: HardwareProfile) -> CostModel:
-        """The same model, tp and precision on other hardware figures."""
-        return CostModel(self.spec, hardware, self.tp, precision=self.precision)
+        """The same model, tp, precision and batch split on other hardware figures."""
+        return CostModel(
+            self.spec,
+            hardware,
+            self.tp,
+            precision=self.precision,
+            prefill_batch_split=self.prefill_batch_split,
+        )
 
     def warmup_time(self, num_shapes: int) -> float:
         """Compiling every prepared bucket once before serving."""

@@ -68,11 +68,14 @@ class SimulatedDevice:
         clock: VirtualClock,
         tp: int = 1,
         precision: Precision = BF16,
+        prefill_batch_split: int = 1,
     ) -> None:
         self.spec = spec
         self.hardware = hardware
         self.precision = precision
-        self.cost = CostModel(spec, hardware, tp, precision=precision)
+        self.cost = CostModel(
+            spec, hardware, tp, precision=precision, prefill_batch_split=prefill_batch_split
+        )
         self.clock = clock
         self.compiled: set[tuple] = set()
         self.recompiles = 0

@@ -1,8 +1,10 @@
 """Hardware profiles of a simulated device, their YAML files, and the KV pool they leave.
 
 Peak rates, memory and interconnect come from public spec sheets (cited in conf/hardware/);
-the efficiency factors, overheads and compile times are guesses until a profile is fitted to
-measured steps (`CostModel.fit`) and written with `write_profile`, which `hardware=measured
+the shipped profiles' efficiency factors, overhead, fill time and link latency are fitted
+to published throughput figures (`python -m pipeline.calibrate --published`), their
+compile times and graph memory are guesses. A profile fitted to measured steps
+(`CostModel.fit`) is written with `write_profile`, which `hardware=measured
 hardware.path=FILE` reads back.
 """
 
