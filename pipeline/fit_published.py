@@ -29,6 +29,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
+import yaml
 
 from pipeline.build import build
 from pipeline.compose import compose_config
@@ -51,7 +52,9 @@ LINK_KEYS = ("allreduce_latency_s", "interconnect_efficiency")  # told only by t
 # are both GH100) behind each its own memory.
 OWN_KEYS = ("memory_efficiency",)
 PULL = 1e-3  # weight of the squared log distance from the starting values
-CONF = Path(__file__).resolve().parents[1] / "conf" / "hardware"
+ROOT = Path(__file__).resolve().parents[1]
+CONF = ROOT / "conf" / "hardware"
+START = ROOT / "benchmarks" / "data" / "published-fit-start.yaml"
 Profiles = dict[str, HardwareProfile]
 
 
@@ -268,11 +271,28 @@ def devices_and_overrides(overrides: Sequence[str]) -> tuple[list[str], list[str
     return devices, [o for o in overrides if o not in named]
 
 
-def starting_profiles(devices: Sequence[str], overrides: Sequence[str]) -> Profiles:
-    return {
-        name: build(compose_config(["executor=simulated", f"hardware={name}", *overrides]).hardware)
-        for name in devices
-    }
+def starting_figures(path: str | Path) -> dict[str, dict[str, float]]:
+    """The start file's figures per device (benchmarks/data/published-fit-start.yaml)."""
+    data = yaml.safe_load(Path(path).read_text()) if Path(path).is_file() else None
+    if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
+        raise ValueError(f"--start {path}: not a mapping of devices to fitted figures")
+    for name, figures in data.items():
+        unknown = sorted(set(figures) - set(BOUNDS))
+        if unknown:
+            raise ValueError(f"--start {path}: {name}: {', '.join(unknown)} are not fitted")
+    return {str(k): {str(f): float(v) for f, v in d.items()} for k, d in data.items()}
+
+
+def starting_profiles(
+    devices: Sequence[str], overrides: Sequence[str], start: str | Path
+) -> Profiles:
+    """Each device's profile with its fitted figures set to where a fit starts."""
+    figures = starting_figures(start)
+    profiles = {}
+    for name in devices:
+        cfg = compose_config(["executor=simulated", f"hardware={name}", *overrides])
+        profiles[name] = dataclasses.replace(build(cfg.hardware), **figures.get(name, {}))
+    return profiles
 
 
 def main(argv: Sequence[str]) -> int:
@@ -287,6 +307,11 @@ def main(argv: Sequence[str]) -> int:
         help="the profile YAML to write; {name} stands for the device (default: {name}.yaml)",
     )
     parser.add_argument("--cache", help="a folder keeping each row's simulated steps")
+    parser.add_argument(
+        "--start",
+        default=str(START),
+        help="each device's starting figures, the weak pull's target (default: %(default)s)",
+    )
     parser.add_argument("--no-split", action="store_true", help="skip the split-half check")
     parser.add_argument(
         "overrides", nargs="*", help="hardware=NAME or hardware=NAME,NAME (fitted together)"
@@ -296,7 +321,7 @@ def main(argv: Sequence[str]) -> int:
         devices, overrides = devices_and_overrides(args.overrides)
         if len(devices) > 1 and "{name}" not in args.out:
             raise ValueError(f"--out {args.out}: with several devices, name it with {{name}}")
-        starts = starting_profiles(devices, overrides)
+        starts = starting_profiles(devices, overrides, args.start)
         rows = [r for r in read_rows(args.published) if r.hardware in starts]
         missing = sorted(set(devices) - {r.hardware for r in rows})
         if missing:

@@ -318,12 +318,12 @@ class HPUMetadataBuilder:
         """The run's decode buckets, step by step, as build() pads each step: as many
         steps as stay within the prepared buckets (a miss is counted by build(), one step
         at a time); None where the first step misses."""
-        rows = self.buckets.fit_prepared("decode_batch", np.array([run.rows]))
+        rows, prepared = self.buckets.fit("decode_batch", run.rows)
         widths = self.buckets.fit_prepared("decode_blocks", run.blocks)
-        if not len(rows) or not len(widths):
+        if not prepared or not len(widths):
             return None
         blocks = run.blocks[: len(widths)]
-        return DecodeRun(run.requests, run.lens, blocks, run.block_size, int(rows[0]), widths)
+        return DecodeRun(run.requests, run.lens, blocks, run.block_size, rows, widths)
 
     def dummy(
         self, prefill: tuple[int, int, int] | None, decode: tuple[int, int] | None

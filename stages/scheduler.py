@@ -516,24 +516,27 @@ class ChunkedScheduler:
         its blocks, then registers those it filled. (Only an eviction, taking a cached
         block and forgetting its content, makes the order between the two matter.)"""
         running, kv = self.running, self.kv_cache
-        computed = self.rows.computed[: len(running)].tolist()
         fillers, filled_at = recurring(self.rows.first_full_block(), steps, self.block_size)
         if not len(fillers) and not len(takers):
             return
         rows = np.concatenate([takers, fillers])
         at = np.concatenate([taken_at, filled_at])
         registers = np.repeat([False, True], [len(takers), len(fillers)])
-        order = np.lexsort((rows, registers, at))
-        events = zip(*(a[order].tolist() for a in (rows, at, registers)), strict=True)
-        for i, step, register in events:
+        if len(takers):  # fillers come in the steps' order already
+            order = np.lexsort((rows, registers, at))
+            rows, at, registers = rows[order], at[order], registers[order]
+        before = self.rows.computed[rows].tolist()
+        for i, computed, step, register in zip(
+            rows.tolist(), before, at.tolist(), registers.tolist(), strict=True
+        ):
             request = running[i]
             if register:
-                request.num_computed = computed[i] + step
+                request.num_computed = computed + step
                 kv.cache_computed_blocks(request)
             else:
                 kv.take_blocks([request])
-        for i, request in enumerate(running):
-            request.num_computed = computed[i]
+        for i, computed in zip(rows.tolist(), before, strict=True):
+            running[i].num_computed = computed
 
     def abort(self, request: Request, message: str, now: float) -> None:
         """Ends a request before its stop (its client left): its blocks go back at once."""

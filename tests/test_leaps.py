@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -16,6 +17,9 @@ from pipeline.capacity import run_probe
 from pipeline.metrics import StepTotals
 from pipeline.run import run_metrics
 from pipeline.slo import EarlyVerdict, Slo
+from stages.kv_cache import KVCacheManager
+from stages.running_rows import RunningRows, listed_blocks, recurring
+from stages.stopping import StopRule
 from tests.helpers import make_config
 
 SIMULATED = ["executor=simulated", "model=spec/llama31_8b"]
@@ -224,3 +228,33 @@ def test_a_probe_stopped_by_its_slo_stops_where_steps_one_by_one_stop(slo):
         assert verdict.decided_at is not None and verdict.missed_in_flight > 0
         stops.append((engine.clock(), totals.num_steps, [len(r.token_times) for r in requests]))
     assert stops[0][1:] == stops[1][1:] and math.isclose(stops[0][0], stops[1][0])
+
+
+@pytest.mark.parametrize("steps", [1, 5, 16, 17, 70])
+def test_recurring_events_come_in_the_order_steps_meet_them(steps):
+    rng = np.random.default_rng(steps)
+    first = rng.integers(1, 20, size=12)
+    rows, at = recurring(first, steps, period=16)
+    brute = sorted((s, r) for r in range(12) for s in range(int(first[r]), steps + 1, 16))
+    assert list(zip(at.tolist(), rows.tolist(), strict=True)) == brute
+
+
+def test_listed_blocks_count_each_steps_blocks_row_by_row():
+    lens = np.array([1, 15, 16, 17, 40])
+    blocks = listed_blocks(lens, 40, 16)
+    assert blocks.tolist() == [int(np.ceil((lens + j) / 16).sum()) for j in range(40)]
+
+
+@pytest.mark.parametrize("limit", [3, 16, 40])
+@pytest.mark.parametrize("free", [0, 2, 5, 100])
+def test_the_blocks_free_bound_a_run_where_a_step_would_run_short(limit, free):
+    rows = RunningRows(KVCacheManager(num_blocks=200, block_size=16), StopRule((), 4096), 6)
+    rows.size = 6
+    rows.computed[:6] = [15, 16, 30, 31, 33, 47]  # tokens whose keys are in the cache
+    rows.held[:6] = [16, 16, 32, 32, 48, 48]  # the room their blocks hold: whole blocks
+    # Step j (from 1) writes token computed + j - 1: a new block when that reaches held.
+    taken = [sum((c + j - 1 - h) >= 0 and (c + j - 1 - h) % 16 == 0
+                 for c, h in zip(rows.computed[:6], rows.held[:6], strict=True))
+             for j in range(1, limit + 1)]  # fmt: skip
+    expected = next((j for j in range(limit) if sum(taken[: j + 1]) > free), limit)
+    assert rows.steps_with_blocks(free, limit) == expected

@@ -212,3 +212,17 @@ def test_a_joint_fit_recovers_a_shared_compute_and_each_devices_memory():
     errors = [abs(r.error(fitted[r.row.hardware])) for r in recorded]
     before = [abs(r.error(starts[r.row.hardware])) for r in recorded]
     assert max(errors) < 0.03 < max(before) / 4
+
+
+def test_a_fit_starts_from_the_start_files_figures_not_the_fitted_profile(tmp_path):
+    from pipeline.fit_published import START, starting_profiles
+
+    shipped = starting_profiles(["gaudi2"], [], START)
+    start = tmp_path / "start.yaml"
+    start.write_text("gaudi2:\n  gemm_efficiency: 0.31\n  step_overhead_s: 0.007\n")
+    chosen = starting_profiles(["gaudi2", "gaudi3"], [], start)["gaudi2"]
+    assert (chosen.gemm_efficiency, chosen.step_overhead_s) == (0.31, 0.007)
+    assert chosen.bf16_tflops == shipped["gaudi2"].bf16_tflops  # the spec sheet's, kept
+    start.write_text("gaudi2:\n  bf16_tflops: 1000\n")
+    with pytest.raises(ValueError, match="bf16_tflops are not fitted"):
+        starting_profiles(["gaudi2"], [], start)

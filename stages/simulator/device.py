@@ -118,8 +118,9 @@ class SimulatedDevice:
         assert run.widths is not None, "the metadata builder pads a run before it runs"
         rows = run.padded_rows
         # A run's rows only grow, so its buckets do: each width's steps are one stretch.
-        change = np.flatnonzero(run.widths[1:] != run.widths[:-1]) + 1
-        starts = [0, *change.tolist()]
+        starts = [0]
+        if run.widths[0] != run.widths[-1]:
+            starts += (np.flatnonzero(run.widths[1:] != run.widths[:-1]) + 1).tolist()
         widths = run.widths[starts].tolist()
         times = self._decode_times(run, widths, np.diff([*starts, run.steps]))
         new = [(w, i) for w, i in zip(widths, starts, strict=True)
