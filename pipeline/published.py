@@ -39,6 +39,7 @@ from omegaconf import DictConfig
 from pipeline.build import build, build_simulated_engine
 from pipeline.compose import compose_config
 from pipeline.metrics import StepTotals
+from stages.arithmetic import ceil_div
 from stages.request import Request
 from stages.simulator.cost_model import CostModel, StepAmounts
 from stages.simulator.device import SimulatedDevice, VirtualClock
@@ -127,7 +128,7 @@ def _row(line: dict[str, str]) -> PublishedRow:
 
 
 def _blocks(tokens: int, size: int) -> int:
-    return -(-tokens // size)
+    return ceil_div(tokens, size)
 
 
 def row_overrides(row: PublishedRow) -> list[str]:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from stages.arithmetic import ceil_div
 from stages.buckets import (
     Buckets,
     StepRule,
@@ -191,7 +192,7 @@ def tail_sizes(values: np.ndarray, limit: int, step: int, headroom: float) -> li
     top = int(values.max()) if values.size else 0
     sizes = []
     if headroom > 0 and top:
-        above = max(top + step, -(-math.ceil(top * (1 + headroom)) // step) * step)
+        above = max(top + step, ceil_div(math.ceil(top * (1 + headroom)), step) * step)
         if above < limit:
             sizes.append(above)
     return [*sizes, limit] if limit > top else sizes

@@ -270,7 +270,7 @@ class KVCacheManager:
         holding no blocks, whose num_computed already counts them: it takes them too."""
         table = self._tables.get(request.seq_id)
         held = len(table) if table else 0
-        new = -(-(request.num_computed + num_new_tokens) // self.block_size) - held - len(cached)
+        new = ceil_div(request.num_computed + num_new_tokens, self.block_size) - held - len(cached)
         if new <= 0 and not cached:  # the common case: a decode within its last block
             return True
         unheld = sum(1 for b in cached if b in self.prefix.unheld) if cached else 0

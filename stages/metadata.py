@@ -271,15 +271,16 @@ class HPUMetadataBuilder:
         needed: dict[str, list[int]] = {}
         prefill_shape = self._prefill_shape(plan.prefill, needed)
         prefill = self._prefill(plan.prefill, prefill_shape, self.packed)
+        lens = decode_lens(plan)  # the scheduler's array where it has one; read once
         decode = None
         if plan.decode:
-            lens = decode_lens(plan)
             decode = self._decode(plan.decode, lens, needed=needed, packed=self.packed)
         shape = step_shape(
             self.block_size,
             plan,
             prefill.shape if prefill else None,
             decode.shape if decode else None,
+            lens,
         )
         meta = self._assemble(plan.mode, prefill, decode, plan.num_tokens, shape, self.packed)
         meta.needed = needed
@@ -290,7 +291,7 @@ class HPUMetadataBuilder:
         needed: dict[str, list[int]] = {}
         prefill = self._prefill_shape(plan.prefill, needed)
         decode: tuple[int, int] | None = None
-        lens = decode_lens(plan)
+        lens = decode_lens(plan)  # the scheduler's array where it has one; read once
         if len(lens):
             # Each row lists the blocks its tokens fill: sum(ceil(len / block_size)).
             blocks = int(blocks_for(lens, self.block_size).sum())
@@ -298,7 +299,7 @@ class HPUMetadataBuilder:
             rows, width = self.buckets.shape("decode", batch=len(lens), blocks=blocks)
             decode = rows, width
         padded = (prefill[0] * prefill[1] if prefill else 0) + (decode[0] if decode else 0)
-        shape = step_shape(self.block_size, plan, prefill, decode)
+        shape = step_shape(self.block_size, plan, prefill, decode, lens)
         return ForwardMeta(
             mode=plan.mode,
             prefill=None,
@@ -705,13 +706,14 @@ def step_shape(
     plan: StepPlan,
     prefill: tuple[int, int, int] | None,
     decode: tuple[int, int] | None,
+    lens: np.ndarray,
 ) -> StepShape:
-    """The step's buckets and each row's real lengths."""
+    """The step's buckets and each row's real lengths (lens: decode_lens(plan))."""
     return StepShape(
         block_size,
         prefill,
         decode,
         chunk_lens=tuple(c.length for c in plan.prefill),
         context_lens=tuple(c.start for c in plan.prefill),
-        decode_lens=decode_lens(plan),
+        decode_lens=lens,
     )

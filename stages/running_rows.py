@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from stages.arithmetic import ceil_div
 from stages.kv_cache import KVCacheManager, blocks_for
 from stages.request import Request
 from stages.stopping import StopRule
@@ -87,7 +88,7 @@ class RunningRows:
     def blocks_to_come(self) -> int:
         """KV blocks the rows will still take before `length` ends them."""
         n, bs = self.size, self.kv_cache.block_size
-        final = -(-self.limit[:n] // bs) * bs  # tokens the blocks at the end hold
+        final = ceil_div(self.limit[:n], bs) * bs  # tokens the blocks at the end hold
         return int(np.maximum(final - self.held[:n], 0).sum()) // bs
 
     def advance(self, rows: np.ndarray) -> None:

@@ -446,6 +446,15 @@ def decode_layout(
     )
 
 
+def _tile_sections(nb: int, block_range: tuple[int, int] | None, block_bytes: int) -> list[int]:
+    """Blocks per tile of a decode: one tile for a span read in place, else tiles of a
+    cache's size (_TILE_BYTES)."""
+    if block_range is not None:
+        return [nb]
+    tile = max(1, _TILE_BYTES // block_bytes)
+    return [min(tile, nb - lo) for lo in range(0, nb, tile)]
+
+
 def decode(
     q: paddle.Tensor,
     k_cache: paddle.Tensor,
@@ -461,9 +470,8 @@ def decode(
     (decode_layout's places), where one in-place softmax normalises every row over all its
     blocks; the block mapping then sums each row's weighted values. That is fewer and
     lighter ops than combining per-block maxima and sums, as the HPU's flat attention
-    does, with the same result. A
-    block span (block_range) is read in place: matmuls straight over a slice of the cache
-    run twice as fast as gathering the same blocks first."""
+    does, with the same result. A block span (block_range) is read in place: matmuls
+    straight over a slice of the cache run twice as fast as gathering the same blocks."""
     r, h, d = q.shape
     _, kv, bs, _ = v_cache.shape
     nb = block_list.shape[0]
@@ -471,12 +479,8 @@ def decode(
     q_blocks = paddle.gather(q, block_groups)  # [NB, KV, G, D]: each block's row's queries
     bias, places, row_width = layout
     per_head = (r + 1) * row_width
-    if block_range is not None:
-        first, end = block_range
-        sections = [nb]
-    else:
-        tile = max(1, _TILE_BYTES // (kv * bs * d * k_cache.element_size()))
-        sections = [min(tile, nb - lo) for lo in range(0, nb, tile)]
+    first, end = block_range or (0, nb)
+    sections = _tile_sections(nb, block_range, kv * bs * d * k_cache.element_size())
 
     def tiles(*tensors: paddle.Tensor) -> zip:
         # One split per tensor rather than slices per tile: op launches add up.

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from stages.arithmetic import ceil_div
 from stages.model_spec import ModelSpec
 from stages.simulator.hardware import HardwareProfile, write_profile
 from stages.simulator.nnls import nnls
@@ -105,7 +106,7 @@ def real_work(shape: StepShape) -> StepWork:
         raise ValueError("the device computes real tokens: give StepShape.decode_lens")
     chunks, bs = shape.chunk_lens, shape.block_size
     lens = np.asarray(shape.decode_lens, dtype=np.int64)
-    rows, slots, decode_blocks = len(lens), int(lens.sum()), int((-(-lens // bs)).sum())
+    rows, slots, decode_blocks = len(lens), int(lens.sum()), int(ceil_div(lens, bs).sum())
     decode = StepWork(rows, 0, 0, slots, rows, rows, decode_blocks)
     if not chunks:  # a decode-only step (most steps): nothing to add
         return decode
@@ -113,7 +114,7 @@ def real_work(shape: StepShape) -> StepWork:
     # Query i of a chunk (1-based) sees the context and i of its own chunk's tokens.
     pairs = sum(c * ctx + c * (c + 1) / 2 for c, ctx in zip(chunks, contexts, strict=True))
     keys = sum(chunks) + sum(contexts)
-    blocks = sum(-(-(c + ctx) // bs) for c, ctx in zip(chunks, contexts, strict=True))
+    blocks = sum(ceil_div(c + ctx, bs) for c, ctx in zip(chunks, contexts, strict=True))
     return StepWork(sum(chunks), pairs, keys, 0, sum(chunks), len(chunks), blocks) + decode
 
 

@@ -82,6 +82,20 @@ def _bulk_datetimes(values: list[str]) -> np.ndarray:
     return np.where(np.isnat(stamps), np.nan, seconds)
 
 
+def _record_errors(text: str, records: list[list[str]], width: int) -> dict[int, str]:
+    """Rows whose field count is not the header's, or that hold a byte that is not UTF-8."""
+    errors = {
+        i: f"{len(r)} fields, the header has {width}"
+        for i, r in enumerate(records)
+        if len(r) != width
+    }
+    if UNDECODED.search(text):  # rare: only then is every row searched
+        for i, record in enumerate(records):
+            if any(UNDECODED.search(field) for field in record):
+                errors[i] = NOT_UTF8
+    return errors
+
+
 def read_csv_trace(path: Path, format: str, model_filter: str = "") -> TraceRows:
     """Azure, BurstGPT or Vidur rows; BurstGPT rows of 0 response tokens are failed requests,
     skipped and counted, and `model_filter` keeps one model's rows."""
@@ -90,15 +104,7 @@ def read_csv_trace(path: Path, format: str, model_filter: str = "") -> TraceRows
     header = [name.strip() for name in records[0]]
     records, lines = records[1:], np.asarray(numbers[1:], dtype=np.int64)
     counts: Counter = Counter(rows=len(records))
-    errors = {
-        i: f"{len(r)} fields, the header has {len(header)}"
-        for i, r in enumerate(records)
-        if len(r) != len(header)
-    }
-    if UNDECODED.search(text):  # rare: only then is every row searched
-        for i, record in enumerate(records):
-            if any(UNDECODED.search(field) for field in record):
-                errors[i] = NOT_UTF8
+    errors = _record_errors(text, records, len(header))
     t_name, in_name, out_name = CSV_COLUMNS[format]
     if errors:  # the columns below are read from full rows only: put blanks in the others
         records = [r if len(r) == len(header) else [""] * len(header) for r in records]
