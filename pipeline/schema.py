@@ -198,7 +198,6 @@ class HfModelConf:
             checkpoint.model,
             name=name,
             dtype_bytes=dtype_bytes(self.dtype),
-            max_position_embeddings=checkpoint.max_position_embeddings,
         )
 
     def rotary_positions(self) -> int:
@@ -226,7 +225,6 @@ class GgufModelConf:
             checkpoint.model,
             name=name,
             dtype_bytes=dtype_bytes(self.dtype),
-            max_position_embeddings=checkpoint.max_position_embeddings,
         )
 
     def rotary_positions(self) -> int:

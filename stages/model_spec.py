@@ -272,7 +272,6 @@ def spec_from_file(config: str, name: str = "", dtype_bytes: int = 2) -> ModelSp
         checkpoint.model,
         name=name or path.parent.name,
         dtype_bytes=dtype_bytes,
-        max_position_embeddings=checkpoint.max_position_embeddings,
     )
 
 

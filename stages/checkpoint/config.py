@@ -40,13 +40,16 @@ class CheckpointSpec:
 
     architecture: str  # as config.json names it
     family: str  # the architecture family of ARCHITECTURE_FAMILIES
-    model: ModelSpec
-    max_position_embeddings: int
+    model: ModelSpec  # its max_position_embeddings is the config's
     rms_eps: float
     rope_theta: float
     rope_scaling: dict[str, Any] | None
     rope_interleaved: bool
     sliding_window: int | None = None  # each token attends to at most this many (Mistral)
+
+    @property
+    def max_position_embeddings(self) -> int:
+        return self.model.max_position_embeddings
 
 
 class _Fields:
@@ -201,12 +204,12 @@ def read_spec(config: Mapping[str, Any]) -> CheckpointSpec:
         lm_head_bias=family == ERNIE_MOE and ernie_bias,
         qk_norm=family == QWEN3,
         moe=_moe(f, num_layers) if family == ERNIE_MOE else None,
+        max_position_embeddings=f.integer("max_position_embeddings", 2048),
     )
     return CheckpointSpec(
         architecture=name,
         family=family,
         model=model,
-        max_position_embeddings=f.integer("max_position_embeddings", 2048),
         rms_eps=f.number("rms_norm_eps", 1e-6),
         rope_theta=theta,
         rope_scaling=scaling,
