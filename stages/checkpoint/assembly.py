@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -71,7 +71,7 @@ def assemble_weights(spec: CheckpointSpec, state: Mapping[str, paddle.Tensor]) -
 def load_hf_model(path: str, dtype: str = "float32", max_position: int = 0) -> TransformerLM:
     """The model of a local Hugging Face folder, in compute dtype `dtype`, with rotary tables
     for `max_position` positions (0 = the config's max_position_embeddings)."""
-    from stages.model import TransformerLM, check_dtype
+    from stages.model import check_dtype
 
     folder = model_folder(path)
     spec = read_spec(read_json(folder / "config.json"))
@@ -92,6 +92,20 @@ def load_hf_model(path: str, dtype: str = "float32", max_position: int = 0) -> T
             )
     files = weight_files(folder)
     state = load_state(files, weight_plan(spec, files.keys()), dtype, folder)
+    return assemble_model(spec, state, dtype, max_position, special.eos_ids)
+
+
+def assemble_model(
+    spec: CheckpointSpec,
+    state: Mapping[str, paddle.Tensor],
+    dtype: str,
+    max_position: int,
+    eos_ids: Iterable[int],
+) -> TransformerLM:
+    """The TransformerLM of a checked spec and its loaded tensors, whichever file held them,
+    with rotary tables for `max_position` positions (0 = the model's context length)."""
+    from stages.model import TransformerLM
+
     return TransformerLM(
         replace(spec.model, dtype_bytes=dtype_bytes(dtype)),
         max_position=max_position or spec.max_position_embeddings,
@@ -101,5 +115,5 @@ def load_hf_model(path: str, dtype: str = "float32", max_position: int = 0) -> T
         rope_scaling=spec.rope_scaling,
         rope_interleaved=spec.rope_interleaved,
         weights=assemble_weights(spec, state),
-        eos_ids=special.eos_ids,
+        eos_ids=eos_ids,
     )

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from dataclasses import replace
 
 import numpy as np
 import paddle
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from stages.checkpoint.assembly import assemble_weights
+from stages.checkpoint.assembly import assemble_model
 from stages.checkpoint.config import CheckpointSpec
 from stages.checkpoint.reading import place_block, to_paddle
 from stages.checkpoint.weight_plan import WeightPlan, weight_plan
@@ -25,7 +24,6 @@ from stages.gguf.config import check_gguf_context, gguf_spec, token_ids
 from stages.gguf.quants import SUPPORTED_TYPES, dequantize
 from stages.gguf.reader import GgufHeader, TensorInfo, read_gguf_header
 from stages.model import TransformerLM, check_dtype
-from stages.model_spec import dtype_bytes
 
 # GGUF tensor names (llama.cpp's tensor_mapping) -> Hugging Face names.
 _GLOBAL_NAMES = {
@@ -174,14 +172,4 @@ def load_gguf_model(path: str, dtype: str = "float32", max_position: int = 0) ->
     eos = token_ids(header, "eos", "eot", "eom")
     state = load_state(header, spec, dtype)
     vocab = spec.model.vocab_size
-    return TransformerLM(
-        replace(spec.model, dtype_bytes=dtype_bytes(dtype)),
-        max_position=context,
-        rope_theta=spec.rope_theta,
-        rms_eps=spec.rms_eps,
-        dtype=dtype,
-        rope_scaling=spec.rope_scaling,
-        rope_interleaved=spec.rope_interleaved,
-        weights=assemble_weights(spec, state),
-        eos_ids=[i for i in eos if 0 <= i < vocab],
-    )
+    return assemble_model(spec, state, dtype, context, [i for i in eos if 0 <= i < vocab])
