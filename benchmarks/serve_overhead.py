@@ -33,6 +33,7 @@ from pathlib import Path
 import httpx
 from hydra.utils import instantiate
 
+from benchmarks.report import write_report
 from benchmarks.serve_load import Load, Prompt, report, run_load
 from pipeline.compose import compose_config
 from stages.tokenizer import ByteTokenizer
@@ -164,7 +165,7 @@ def main() -> None:
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:
-        args.out.write_text(text, encoding="utf-8")
+        write_report(args.out, text)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import httpx
 
+from benchmarks.report import write_report
 from benchmarks.serve_load import Load, report, run_load, synthetic_prompts
 from benchmarks.serve_overhead import started_server
 
@@ -74,7 +75,7 @@ def main() -> None:
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:
-        args.out.write_text(text, encoding="utf-8")
+        write_report(args.out, text)
 
 
 if __name__ == "__main__":
