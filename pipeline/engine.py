@@ -204,9 +204,11 @@ class Engine:
         as start before `until` (up to MAX_LEAP_STEPS): what they would do one by one.
         Returns the run and the requests it finished; None where the next step runs alone."""
         token = self.sampler.fixed_token
-        run = self.scheduler.steady_decodes(MAX_LEAP_STEPS) if token is not None else None
+        if token is None:
+            return None
+        run = self.scheduler.steady_decodes(MAX_LEAP_STEPS)
         run = self.metadata.pad_decodes(run) if run else None
-        if run is None or token is None:
+        if run is None:
             return None
         ends = self.model.run_decodes(run, until)
         run = run.first(len(ends))
