@@ -258,6 +258,11 @@ def moe_layers(num_layers: int, start: int, end: int, interval: int) -> frozense
     return frozenset(i for i in range(num_layers) if (i + 1) % interval == 0 and start <= i <= end)
 
 
+def _even_split(hidden_size: int, num_heads: int) -> int:
+    """A head's width where the config gives none: the hidden size split evenly."""
+    return hidden_size // num_heads if num_heads else 0
+
+
 def spec_from_file(config: str, name: str = "", dtype_bytes: int = 2) -> ModelSpec:
     """The spec of a config.json (or of the folder holding one), checked as a checkpoint's."""
     import dataclasses
@@ -293,7 +298,7 @@ def built_in_spec(
         num_layers=num_layers,
         num_heads=num_heads,
         num_kv_heads=num_kv_heads,
-        head_dim=head_dim or (hidden_size // num_heads if num_heads else 0),
+        head_dim=head_dim or _even_split(hidden_size, num_heads),
         intermediate_size=intermediate_size,
         name="built-in",
         dtype_bytes=dtype_bytes(dtype),
@@ -350,7 +355,7 @@ def model_spec(
         num_layers=num_layers,
         num_heads=num_heads,
         num_kv_heads=num_kv_heads,
-        head_dim=head_dim or (hidden_size // num_heads if num_heads else 0),
+        head_dim=head_dim or _even_split(hidden_size, num_heads),
         intermediate_size=intermediate_size,
         tied_embeddings=tied_embeddings,
         qkv_bias=qkv_bias,
