@@ -218,3 +218,20 @@ def write_model(
     writer.write_tensors_to_file()
     writer.close()
     return expected
+
+
+def model_config(arch: str, vocab: int, tied: bool) -> dict:
+    """A two-layer config.json of `arch` the GGUF tests write their files from."""
+    return {
+        "architectures": [arch],
+        "vocab_size": vocab,
+        "hidden_size": 256,
+        "intermediate_size": 512,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 512,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0,
+        "tie_word_embeddings": tied,
+    }

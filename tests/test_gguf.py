@@ -22,7 +22,7 @@ from stages.gguf.tokenizer import GgufTokenizer
 from stages.tokenizer import ByteTokenizer, HfTokenizer
 from tests import numpy_reference
 from tests.conftest import LIMITS, run_cli, serve
-from tests.gguf_files import CHATML, T, hf_weights, store, train_vocab, write_model
+from tests.gguf_files import CHATML, T, hf_weights, model_config, store, train_vocab, write_model
 
 
 @pytest.mark.parametrize("kind", SUPPORTED_TYPES, ids=lambda t: t.name)
@@ -56,22 +56,6 @@ LLAMA_TYPES = {
     "output.weight": T.Q6_K,
 }
 QWEN_TYPES = {"attn_q.weight": T.F16, "ffn_down.weight": T.Q8_0, "token_embd.weight": T.BF16}
-
-
-def model_config(arch: str, vocab: int, tied: bool) -> dict:
-    return {
-        "architectures": [arch],
-        "vocab_size": vocab,
-        "hidden_size": 256,
-        "intermediate_size": 512,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "max_position_embeddings": 512,
-        "rms_norm_eps": 1e-5,
-        "rope_theta": 10000.0,
-        "tie_word_embeddings": tied,
-    }
 
 
 @pytest.fixture(scope="module")

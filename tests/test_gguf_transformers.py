@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import serve
-from tests.gguf_files import T, hf_weights, train_vocab, write_model
+from tests.gguf_files import T, hf_weights, model_config, train_vocab, write_model
 
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
@@ -24,18 +24,7 @@ pytest.importorskip("accelerate")
 @pytest.mark.slow
 def test_greedy_tokens_equal_transformers_gguf_loading(tmp_path):
     vocab = train_vocab()
-    config = {
-        "architectures": ["LlamaForCausalLM"],
-        "vocab_size": vocab.get_vocab_size(),
-        "hidden_size": 256,
-        "intermediate_size": 512,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "max_position_embeddings": 512,
-        "rms_norm_eps": 1e-5,
-        "rope_theta": 10000.0,
-    }
+    config = model_config("LlamaForCausalLM", vocab.get_vocab_size(), tied=False)
     rng = np.random.default_rng(0)
     types = {"attn_q.weight": T.Q4_K, "attn_k.weight": T.Q8_0, "ffn_up.weight": T.Q6_K}
     path = tmp_path / "tiny.gguf"
