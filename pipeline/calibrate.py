@@ -39,7 +39,7 @@ from pipeline.checks import ConfigError, describe_model
 from pipeline.engine import Engine
 from pipeline.run import run
 from pipeline.run_folder import RunFileError, read_step_lines
-from pipeline.schema import register_schemas
+from pipeline.schema import Executor, register_schemas
 from stages.attention.hpu import load_ops
 from stages.metadata import bucket_dims
 from stages.simulator.cost_model import CostModel
@@ -150,7 +150,7 @@ def run_samples(folder: str | Path, pads_to_buckets: bool) -> list[tuple[StepSha
     cfg = read_run_config(folder)
     if cfg is None or not (folder / STEPS).is_file():
         raise ConfigError(f"calibrate.runs: {folder} is not a run folder (no config or {STEPS})")
-    if OmegaConf.select(cfg, "executor.name") == "simulated":
+    if OmegaConf.select(cfg, "executor.name") == Executor.simulated:
         raise ConfigError(f"calibrate.runs: {folder} is a simulated run; give real runs")
     try:  # every field checked (a NaN duration would fit NaN coefficients)
         steps = read_step_lines(folder / STEPS)

@@ -376,7 +376,7 @@ class TraceWorkloadConf:
     concurrency: int = 0  # most requests in flight (closed loop); 0 = open loop
 
 
-class Executor(str, enum.Enum):
+class Executor(enum.StrEnum):
     """Members are named by their values: OmegaConf matches a config value by name."""
 
     paddle = "paddle"  # the real forward pass, in Paddle

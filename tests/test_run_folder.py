@@ -303,6 +303,25 @@ DAMAGE = [
         "field `output_ids`",
     ),
     (
+        "unknown finish reason",
+        lambda f: replace_first_line(
+            f / artefacts.GENERATIONS, first_generation(f, finish_reason="done")
+        ),
+        "generations.jsonl:1",
+        "field `finish_reason` is 'done', which must be one of stop, length, error or null",
+    ),
+    (
+        "unknown step mode",
+        lambda f: replace_first_line(
+            f / artefacts.STEPS,
+            json.dumps(
+                {**json.loads((f / artefacts.STEPS).read_text().splitlines()[0]), "mode": "fill"}
+            ),
+        ),
+        "steps.jsonl:1",
+        "field `mode` is 'fill', which must be one of extend, decode, mixed",
+    ),
+    (
         "newer steps",
         lambda f: replace_first_line(
             f / artefacts.STEPS,
