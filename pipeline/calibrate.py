@@ -39,7 +39,7 @@ from pipeline.checks import ConfigError, describe_model
 from pipeline.engine import Engine
 from pipeline.run import run
 from pipeline.run_folder import RunFileError, read_step_lines
-from pipeline.schema import Executor, register_schemas
+from pipeline.schema import Executor, HardwareConf, register_schemas, schema_defaults
 from stages.attention.hpu import load_ops
 from stages.metadata import bucket_dims
 from stages.simulator.cost_model import CostModel
@@ -87,6 +87,7 @@ def cpu_profile(rates: dict[str, float], pads_to_buckets: bool = False) -> Hardw
     meminfo = Path("/proc/meminfo").read_text().split()
     capacity = int(meminfo[meminfo.index("MemTotal:") + 1]) / 2**20
     return HardwareProfile(
+        **schema_defaults(HardwareConf),
         name="measured-cpu",
         bf16_tflops=rates["flops"] / 1e12,  # fp32 here: the CPU multiplies in fp32
         hbm_bandwidth_gbs=rates["bytes"] / 1e9,
