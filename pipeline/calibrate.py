@@ -86,23 +86,23 @@ def cpu_profile(rates: dict[str, float], pads_to_buckets: bool = False) -> Hardw
     pads_to_buckets: whether the forward computes the padded buckets (see pads_buckets)."""
     meminfo = Path("/proc/meminfo").read_text().split()
     capacity = int(meminfo[meminfo.index("MemTotal:") + 1]) / 2**20
-    return HardwareProfile(
-        **schema_defaults(HardwareConf),
-        name="measured-cpu",
-        bf16_tflops=rates["flops"] / 1e12,  # fp32 here: the CPU multiplies in fp32
-        hbm_bandwidth_gbs=rates["bytes"] / 1e9,
-        hbm_capacity_gib=capacity,
-        interconnect_gbs=1.0,
-        gemm_efficiency=1.0,
-        attention_efficiency=1.0,
-        memory_efficiency=1.0,
-        interconnect_efficiency=1.0,
-        step_overhead_s=0.0,
-        compile_s=0.0,  # eager Paddle compiles nothing: no warmup cost, no miss penalty
-        recompile_s=0.0,
-        graph_memory_gib=0.0,
-        pads_to_buckets=pads_to_buckets,
-    )
+    measured = {
+        "name": "measured-cpu",
+        "bf16_tflops": rates["flops"] / 1e12,  # fp32 here: the CPU multiplies in fp32
+        "hbm_bandwidth_gbs": rates["bytes"] / 1e9,
+        "hbm_capacity_gib": capacity,
+        "interconnect_gbs": 1.0,
+        "gemm_efficiency": 1.0,
+        "attention_efficiency": 1.0,
+        "memory_efficiency": 1.0,
+        "interconnect_efficiency": 1.0,
+        "step_overhead_s": 0.0,
+        "compile_s": 0.0,  # eager Paddle compiles nothing: no warmup cost, no miss penalty
+        "recompile_s": 0.0,
+        "graph_memory_gib": 0.0,
+        "pads_to_buckets": pads_to_buckets,
+    }
+    return HardwareProfile(**{**schema_defaults(HardwareConf), **measured})
 
 
 def pads_buckets(cfg: DictConfig) -> bool:
