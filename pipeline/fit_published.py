@@ -208,13 +208,28 @@ def profile_text(
 ) -> str:
     """The device's fitted profile as YAML, its comments naming the rows it was fitted to,
     their errors and the split-half check."""
+    lines = spec_sheet_comments(name)
+    lines += _fit_comments(name, fitted, recorded, command, checks)
+    lines += ["defaults:", "  - /schema/hardware@_here_: device"]
+    lines += _profile_fields(fitted[name])
+    return "\n".join(lines) + "\n"
+
+
+def _fit_comments(
+    name: str,
+    fitted: Mapping[str, HardwareProfile],
+    recorded: Sequence[Recorded],
+    command: str,
+    checks: Sequence[str],
+) -> list[str]:
+    """The comments of a fitted profile: when and how it was fitted, which parameters,
+    each row with its prediction, and the split-half check."""
     profile = fitted[name]
     mine = [r for r in recorded if r.row.hardware == name]
     errors = errors_of(mine, fitted)
     chosen = parameters(recorded, list(fitted))
     day = datetime.now(timezone.utc).strftime("%Y-%m-%d")
-    lines = spec_sheet_comments(name)
-    lines += [
+    lines = [
         f"# FITTED to published figures on {day}:",
         f"#   {command}",
         f"# Fitted: {', '.join(dict.fromkeys(p.key for p in chosen))};",
@@ -240,7 +255,12 @@ def profile_text(
         fitted_on, _, held_out = check.partition("; held out: ")
         lines.append(f"# Split-half: {fitted_on}")
         lines += [f"#   held out: {held_out}"] if held_out else []
-    lines += ["defaults:", "  - /schema/hardware@_here_: device"]
+    return lines
+
+
+def _profile_fields(profile: HardwareProfile) -> list[str]:
+    """The profile's fields as YAML lines (its coefficients as a mapping, if any)."""
+    lines = []
     for f in dataclasses.fields(profile):
         value = getattr(profile, f.name)
         if f.name == "coefficients":
@@ -250,7 +270,7 @@ def profile_text(
             continue
         shown = str(value).lower() if isinstance(value, bool) else _number(value)
         lines.append(f"{f.name}: {shown}")
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def _number(value: object) -> str:
