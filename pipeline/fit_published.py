@@ -25,7 +25,7 @@ import math
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -228,7 +228,7 @@ def _fit_comments(
     mine = [r for r in recorded if r.row.hardware == name]
     errors = errors_of(mine, fitted)
     chosen = parameters(recorded, list(fitted))
-    day = datetime.now(timezone.utc).strftime("%Y-%m-%d")
+    day = datetime.now(UTC).strftime("%Y-%m-%d")
     lines = [
         f"# FITTED to published figures on {day}:",
         f"#   {command}",
