@@ -23,7 +23,7 @@ from stages.arithmetic import ceil_div
 from stages.buckets import Axis, Bucketing, Buckets, warmup_counts, warmup_graphs
 from stages.host_tensor import host_tensor
 from stages.kv_cache import KVCacheManager, blocks_for
-from stages.request import DecodeRun, PrefillChunk, Request, StepPlan
+from stages.request import DecodeRun, PrefillChunk, Request, StepMode, StepPlan
 from stages.step_shape import StepShape
 
 if TYPE_CHECKING:
@@ -83,7 +83,7 @@ class DecodeMeta:
 
 @dataclass
 class ForwardMeta:
-    mode: str  # extend (prefill only: FastDeploy's name), decode or mixed
+    mode: StepMode
     prefill: PrefillMeta | None
     decode: DecodeMeta | None
     # None when the builder lays out shapes only (a simulated device needs no tensors).
@@ -331,7 +331,7 @@ class HPUMetadataBuilder:
         """A step of the given bucket shapes made only of padding: what warmup runs."""
         prefill_meta = self._prefill([], prefill) if prefill else None
         decode_meta = self._decode([], np.zeros(0, dtype=np.int64), decode) if decode else None
-        mode = "mixed" if prefill and decode else "extend" if prefill else "decode"
+        mode = StepMode.of(bool(prefill), bool(decode))
         shape = StepShape(self.block_size, prefill, decode)
         return self._assemble(mode, prefill_meta, decode_meta, 0, shape)
 
@@ -632,7 +632,7 @@ class HPUMetadataBuilder:
     # -- both parts --------------------------------------------------------------------------
     def _assemble(
         self,
-        mode: str,
+        mode: StepMode,
         prefill: PrefillMeta | None,
         decode: DecodeMeta | None,
         num_tokens: int,

@@ -287,8 +287,8 @@ def built_in_spec(
     num_heads: int,
     num_kv_heads: int,
     intermediate_size: int,
-    head_dim: int = 0,
-    dtype: str = "float32",
+    head_dim: int,
+    dtype: str,
 ) -> ModelSpec:
     """The built-in model of these sizes (`model=tiny`, `small`): a dense Llama-style
     decoder with an untied lm head, holding its weights in `dtype`."""
@@ -306,26 +306,27 @@ def built_in_spec(
 
 
 def model_spec(
-    config: str = "",
-    name: str = "",
-    vocab_size: int = 0,
-    hidden_size: int = 0,
-    num_layers: int = 0,
-    num_heads: int = 0,
-    num_kv_heads: int = 0,
-    head_dim: int = 0,
-    intermediate_size: int = 0,
-    tied_embeddings: bool = False,
-    qkv_bias: bool = False,
-    num_experts: int = 0,
-    experts_per_token: int = 0,
-    expert_intermediate_size: int = 0,
-    num_shared_experts: int = 0,
-    moe_layer_start: int = 0,
-    moe_layer_end: int = -1,
-    moe_layer_interval: int = 1,
-    dtype_bytes: int = 2,
-    max_position_embeddings: int = 0,
+    *,
+    config: str,
+    name: str,
+    vocab_size: int,
+    hidden_size: int,
+    num_layers: int,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    intermediate_size: int,
+    tied_embeddings: bool,
+    qkv_bias: bool,
+    num_experts: int,
+    experts_per_token: int,
+    expert_intermediate_size: int,
+    num_shared_experts: int,
+    moe_layer_start: int,
+    moe_layer_end: int,
+    moe_layer_interval: int,
+    dtype_bytes: int,
+    max_position_embeddings: int,
 ) -> ModelSpec:
     """The `model=spec` option: config.json at `config`, or else the fields given."""
     if config:

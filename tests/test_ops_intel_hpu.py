@@ -415,7 +415,9 @@ def test_load_ops_builds_the_backend_from_the_installed_plugin(monkeypatch, plug
     monkeypatch.setitem(sys.modules, "paddlenlp_ops", plugin)
     backend = load_ops("intel_hpu")
     assert isinstance(backend, IntelHPUOps) and backend.plugin is plugin
-    attention = PagedAttention(KVCacheManager(NUM_BLOCKS, BS), 2, KV, D, ops="intel_hpu")
+    attention = PagedAttention(
+        KVCacheManager(NUM_BLOCKS, BS), 2, KV, D, ops="intel_hpu", dtype="float32"
+    )
     assert [c.shape for c in attention.k_cache] == [[NUM_BLOCKS + 1, BS, KV, D]] * 2
 
 

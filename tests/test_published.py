@@ -128,7 +128,7 @@ def test_the_commands_refuse_a_missing_file_in_one_line(capsys, tmp_path):
 @pytest.mark.slow
 def test_calibrate_writes_a_profile_that_reads_back_and_names_its_rows(tmp_path):
     from pipeline.calibrate.fit import main as calibrate
-    from stages.simulator.hardware import read_profile
+    from pipeline.schema import measured_profile
 
     rows = [small_row(), small_row(input_tokens=400, output_tokens=16, value=300.0)]
     header = DATA.read_text().splitlines()[0]
@@ -145,7 +145,7 @@ def test_calibrate_writes_a_profile_that_reads_back_and_names_its_rows(tmp_path)
     assert calibrate(["--published", str(data), "hardware=h100", "--out", str(out)]) == 0
     text = out.read_text()
     assert "8b tp1 96/24: 1000 tok/s" in text and "8b tp1 400/16: 300 tok/s" in text
-    profile = read_profile(out)
+    profile = measured_profile(out)
     assert profile.name == "h100" and profile.fp8_tflops == 1979
 
 

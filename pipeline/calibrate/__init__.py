@@ -38,6 +38,7 @@ from pipeline.checks import ConfigError, describe_model
 from pipeline.engine import Engine
 from pipeline.run import run
 from pipeline.run_folder import RunFileError, read_step_lines
+from pipeline.schema import Executor, HardwareConf, schema_defaults
 from stages.attention.paged import load_ops
 from stages.metadata import bucket_dims
 from stages.simulator.cost_model import CostModel
@@ -84,22 +85,23 @@ def cpu_profile(rates: dict[str, float], pads_to_buckets: bool = False) -> Hardw
     pads_to_buckets: whether the forward computes the padded buckets (see pads_buckets)."""
     meminfo = Path("/proc/meminfo").read_text().split()
     capacity = int(meminfo[meminfo.index("MemTotal:") + 1]) / 2**20
-    return HardwareProfile(
-        name="measured-cpu",
-        bf16_tflops=rates["flops"] / 1e12,  # fp32 here: the CPU multiplies in fp32
-        hbm_bandwidth_gbs=rates["bytes"] / 1e9,
-        hbm_capacity_gib=capacity,
-        interconnect_gbs=1.0,
-        gemm_efficiency=1.0,
-        attention_efficiency=1.0,
-        memory_efficiency=1.0,
-        interconnect_efficiency=1.0,
-        step_overhead_s=0.0,
-        compile_s=0.0,  # eager Paddle compiles nothing: no warmup cost, no miss penalty
-        recompile_s=0.0,
-        graph_memory_gib=0.0,
-        pads_to_buckets=pads_to_buckets,
-    )
+    measured = {
+        "name": "measured-cpu",
+        "bf16_tflops": rates["flops"] / 1e12,  # fp32 here: the CPU multiplies in fp32
+        "hbm_bandwidth_gbs": rates["bytes"] / 1e9,
+        "hbm_capacity_gib": capacity,
+        "interconnect_gbs": 1.0,
+        "gemm_efficiency": 1.0,
+        "attention_efficiency": 1.0,
+        "memory_efficiency": 1.0,
+        "interconnect_efficiency": 1.0,
+        "step_overhead_s": 0.0,
+        "compile_s": 0.0,  # eager Paddle compiles nothing: no warmup cost, no miss penalty
+        "recompile_s": 0.0,
+        "graph_memory_gib": 0.0,
+        "pads_to_buckets": pads_to_buckets,
+    }
+    return HardwareProfile(**{**schema_defaults(HardwareConf), **measured})
 
 
 def pads_buckets(cfg: DictConfig) -> bool:
@@ -148,7 +150,7 @@ def run_samples(folder: str | Path, pads_to_buckets: bool) -> list[tuple[StepSha
     cfg = read_run_config(folder)
     if cfg is None or not (folder / STEPS).is_file():
         raise ConfigError(f"calibrate.runs: {folder} is not a run folder (no config or {STEPS})")
-    if OmegaConf.select(cfg, "executor.name") == "simulated":
+    if OmegaConf.select(cfg, "executor.name") == Executor.simulated:
         raise ConfigError(f"calibrate.runs: {folder} is a simulated run; give real runs")
     try:  # every field checked (a NaN duration would fit NaN coefficients)
         steps = read_step_lines(folder / STEPS)

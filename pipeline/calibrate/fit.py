@@ -25,7 +25,7 @@ import math
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -211,7 +211,7 @@ def profile_text(
     mine = [r for r in recorded if r.row.hardware == name]
     errors = errors_of(mine, fitted)
     chosen = parameters(recorded, list(fitted))
-    day = datetime.now(timezone.utc).strftime("%Y-%m-%d")
+    day = datetime.now(UTC).strftime("%Y-%m-%d")
     lines = spec_sheet_comments(name)
     lines += [
         f"# FITTED to published figures on {day}:",

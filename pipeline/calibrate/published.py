@@ -40,7 +40,7 @@ from pipeline.build import build, build_simulated_engine
 from pipeline.compose import compose_config
 from pipeline.metrics import StepTotals
 from stages.arithmetic import ceil_div
-from stages.request import Request
+from stages.request import FinishReason, Request
 from stages.simulator.cost_model import CostModel, StepAmounts
 from stages.simulator.device import SimulatedDevice, VirtualClock
 from stages.simulator.hardware import HardwareProfile, kv_pool_blocks
@@ -247,7 +247,7 @@ def simulate_row(
     totals = StepTotals()
     # A recording device keeps each step's amounts, so it runs every step alone.
     duration = engine.run(requests, totals.add, on_leap=None if record else totals.add_run)
-    failed = [r for r in requests if r.finish_reason == "error"]
+    failed = [r for r in requests if r.finish_reason == FinishReason.ERROR]
     if failed:
         raise ValueError(f"{row.label} on {row.hardware}: {failed[0].error}")
     tokens = sum(len(r.output_ids) for r in requests)

@@ -34,8 +34,9 @@ from pipeline.engine import Engine
 from pipeline.metrics import StepTotals
 from pipeline.plan.capacity_estimate import rate_ceiling
 from pipeline.run import device_metrics, run_metrics, serve, slo_of
+from pipeline.schema import Executor
 from pipeline.slo import EarlyVerdict, Slo, needed_good
-from stages.request import Request
+from stages.request import FinishReason, Request
 from stages.simulator.device import SimulatedDevice
 
 log = structlog.get_logger(__name__)
@@ -114,7 +115,9 @@ def run_probe(
         artefacts.write_metrics(metrics, folder)
     if not cfg.workload.get("concurrency"):
         metrics["offered_rps"] = arrivals
-    refused = [r.error for r in requests if r.finish_reason == "error" and r.error != STOPPED]
+    refused = [
+        r.error for r in requests if r.finish_reason == FinishReason.ERROR and r.error != STOPPED
+    ]
     metrics["refused_requests"] = len(refused)  # at any load: the limits cannot serve them
     if refused:
         metrics["refused_example"] = refused[0]
@@ -246,7 +249,7 @@ def capacity_search(cfg: DictConfig, out_dir: Path, max_warmup_s: float = 0.0) -
         raise ConfigError(
             "a capacity search needs an SLO: give slo.ttft_ms, slo.tpot_ms or slo.e2e_ms"
         )
-    if cfg.executor.name != "simulated":
+    if cfg.executor.name != Executor.simulated:
         raise ConfigError("the capacity search runs on the simulated device: executor=simulated")
     check_settings(cfg.capacity)
     artefacts.write_resolved_config(cfg, out_dir)
