@@ -15,7 +15,7 @@ import structlog
 
 from pipeline.checks import ConfigError
 from pipeline.metrics import StepRecord
-from pipeline.stopping import NeverStop, StopHook
+from pipeline.stop_hook import NeverStop, StopHook
 from stages.interfaces import Attention, MetadataBuilder, Model, Sampler, Scheduler, Tokenizer
 from stages.metadata import ForwardMeta
 from stages.request import DecodeRun, Request, StepPlan

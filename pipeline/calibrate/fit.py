@@ -1,8 +1,8 @@
 """`python -m pipeline.calibrate --published FILE hardware=NAME`: fit a device profile to
 published throughput figures (`hardware=h100,h200`: several devices fitted together).
 
-Each of the device's rows is simulated once in its method (pipeline.published) with its
-steps' amounts recorded (`--cache DIR` keeps them for the next fit: pipeline.recorded_rows);
+Each of the device's rows is simulated once in its method (pipeline.calibrate.published) with its
+steps' amounts recorded (`--cache DIR` keeps them for the next fit: pipeline.calibrate.recorded);
 a trial profile then re-times those steps (the schedule of a run whose requests are all
 there at the start does not depend on the device's speed). The fitted figures are what a
 device's hardware decides and the spec sheet does not say: the achieved fractions of peak
@@ -32,9 +32,9 @@ import numpy as np
 import yaml
 
 from pipeline.build import build
+from pipeline.calibrate.published import REPO, PublishedRow, median, read_rows
+from pipeline.calibrate.recorded import Recorded, record
 from pipeline.compose import compose_config
-from pipeline.published import PublishedRow, median, read_rows
-from pipeline.recorded_rows import Recorded, record
 from stages.simulator.hardware import HardwareProfile
 
 # Each fitted figure and its bounds: achieved fractions of peak, and seconds.
@@ -52,9 +52,8 @@ LINK_KEYS = ("allreduce_latency_s", "interconnect_efficiency")  # told only by t
 # are both GH100) behind each its own memory.
 OWN_KEYS = ("memory_efficiency",)
 PULL = 1e-3  # weight of the squared log distance from the starting values
-ROOT = Path(__file__).resolve().parents[1]
-CONF = ROOT / "conf" / "hardware"
-START = ROOT / "benchmarks" / "data" / "published-fit-start.yaml"
+CONF = REPO / "conf" / "hardware"
+START = REPO / "benchmarks" / "data" / "published-fit-start.yaml"
 Profiles = dict[str, HardwareProfile]
 
 
