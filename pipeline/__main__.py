@@ -18,7 +18,7 @@ from pipeline.folder_lock import FolderBusy
 from pipeline.run import run
 from pipeline.run_folder import RunStatus
 from pipeline.schema import register_schemas
-from pipeline.stopping import RunInterrupted
+from pipeline.signals import RunInterrupted
 
 log = structlog.get_logger("pipeline")
 register_schemas()

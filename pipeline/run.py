@@ -21,8 +21,8 @@ from pipeline.metrics import StepRecord, StepTotals, summarise
 from pipeline.resume import Previous, load_previous, pending_requests
 from pipeline.run_folder import RunStatus
 from pipeline.schema import Executor
+from pipeline.signals import RunInterrupted, as_interrupted, stop_on_signals
 from pipeline.slo import Slo, slo_metrics
-from pipeline.stopping import RunInterrupted, as_interrupted, stop_on_signals
 from stages.request import Request
 from stages.simulator.device import SimulatedDevice
 

@@ -116,7 +116,7 @@ class HPUMetadataConf:
 
 @dataclass
 class PagedAttentionConf:
-    _target_: str = "stages.attention.hpu.PagedAttention"
+    _target_: str = "stages.attention.paged.PagedAttention"
     ops: str = "cpu"  # cpu (plain Paddle) or intel_hpu (the plugin's ops)
 
 
@@ -463,7 +463,7 @@ class SloConf:
 
 @dataclass
 class CapacityConf:
-    """The capacity search of `python -m pipeline.plan` (pipeline/capacity.py)."""
+    """The capacity search of `python -m pipeline.plan` (pipeline/plan/capacity.py)."""
 
     max_probes: int = 12  # runs one search may make
     tolerance: float = 0.05  # rates: stop when the bracket's ends are within 5%
@@ -474,7 +474,7 @@ class CapacityConf:
 
 @dataclass
 class PlanConf:
-    """`python -m pipeline.plan`: how the configurations are ranked (pipeline/plan_report.py)."""
+    """`python -m pipeline.plan`: how the configurations are ranked (pipeline/plan/report.py)."""
 
     objective: str = "goodput_per_card"  # or cost: per million output tokens
     device_hour_usd: float = 0.0  # one card's hour; needed for objective=cost

@@ -184,7 +184,7 @@ class PaceWatch:
 class EarlyVerdict:
     """A run's SLO verdict as soon as it is certain: a miss once more requests have missed
     than the target allows, whatever the others do. The engine asks it before each step
-    (a stop hook, pipeline/stopping.py); on_finish counts each request as it ends. A request
+    (a stop hook, pipeline/stop_hook.py); on_finish counts each request as it ends. A request
     counts as missed when it ended outside a bound (or failed), or while still in flight
     once it can no longer meet a bound: its TTFT bound passed without a first token, or its
     E2E bound without its last (only where arrival times are fixed, the open loop: a closed

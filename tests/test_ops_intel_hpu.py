@@ -19,9 +19,9 @@ from pipeline import checks
 from pipeline.build import build_engine
 from pipeline.checks import ConfigError
 from stages.attention import ops_cpu, ops_intel_hpu, reference
-from stages.attention.hpu import PagedAttention, load_ops
 from stages.attention.interface import Heads
 from stages.attention.ops_intel_hpu import IntelHPUOps
+from stages.attention.paged import PagedAttention, load_ops
 from stages.kv_cache import KVCacheManager
 from tests.helpers import make_config
 

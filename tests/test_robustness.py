@@ -19,7 +19,7 @@ from pipeline.checks import ConfigError, check_config, check_memory, memory_esti
 from pipeline.metrics import StepRecord
 from pipeline.run import run
 from pipeline.schema import JsonlWorkloadConf
-from pipeline.stopping import RunInterrupted
+from pipeline.signals import RunInterrupted
 from stages.tokenizer import ByteTokenizer
 from stages.workload import JsonlWorkload
 from tests.helpers import make_config, schema_kwargs

@@ -125,7 +125,7 @@ def serve(cfg: DictConfig, out_dir: Path) -> int:
     return 0
 
 
-@hydra.main(version_base="1.3", config_path="pkg://pipeline.conf", config_name="config")
+@hydra.main(version_base="1.3", config_path="pkg://pipeline.conf", config_name="serve")
 def main(cfg: DictConfig) -> None:
     hydra_cfg = HydraConfig.get()
     out_dir = Path(hydra_cfg.runtime.output_dir)

@@ -46,7 +46,9 @@ from stages.simulator.device import SimulatedDevice, VirtualClock
 from stages.simulator.hardware import HardwareProfile, kv_pool_blocks
 from stages.simulator.precision import KvCacheDtype, Precision, Quantization
 
-DATA = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "published-measurements.csv"
+# The source checkout: the published figures, shipped profiles and fit start live beside the code.
+REPO = Path(__file__).resolve().parents[2]
+DATA = REPO / "benchmarks" / "data" / "published-measurements.csv"
 MODES = ("offline", "static")
 INT_FIELDS = ("tp", "input_tokens", "output_tokens", "num_requests")
 # trtllm-bench's caps on the batch and on a step's tokens.

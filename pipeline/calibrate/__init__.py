@@ -1,7 +1,7 @@
 """`python -m pipeline.calibrate [overrides]`: fit the simulated device to this machine.
 
 (`python -m pipeline.calibrate --published FILE hardware=NAME` fits a device's profile to
-published figures instead: pipeline.fit_published.)
+published figures instead: pipeline.calibrate.fit.)
 
 Serves the configured workload for real (executor=paddle) and fits the cost model's
 coefficients to its steps: each step's shape and its measured time, scheduling, metadata,
@@ -20,7 +20,6 @@ HPU.
 from __future__ import annotations
 
 import json
-import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -39,8 +38,8 @@ from pipeline.checks import ConfigError, describe_model
 from pipeline.engine import Engine
 from pipeline.run import run
 from pipeline.run_folder import RunFileError, read_step_lines
-from pipeline.schema import Executor, HardwareConf, register_schemas, schema_defaults
-from stages.attention.hpu import load_ops
+from pipeline.schema import Executor, HardwareConf, schema_defaults
+from stages.attention.paged import load_ops
 from stages.metadata import bucket_dims
 from stages.simulator.cost_model import CostModel
 from stages.simulator.hardware import HardwareProfile, write_profile
@@ -248,12 +247,3 @@ def main(cfg: DictConfig) -> None:
     print(f"{path}\n  steps fitted: {len(report)}; fitted step time within "
           f"{summary['median_error']:.1%} (median), {summary['worst_error']:.1%} (worst)\n"
           f"  use: executor=simulated hardware=measured hardware.path={path}")  # fmt: skip
-
-
-if __name__ == "__main__":
-    if "--published" in sys.argv[1:]:  # fit a device profile to published figures
-        from pipeline.fit_published import main as fit_published
-
-        sys.exit(fit_published(sys.argv[1:]))
-    register_schemas()
-    main()

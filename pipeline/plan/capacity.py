@@ -29,10 +29,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from pipeline import artefacts
 from pipeline.build import build_engine
-from pipeline.capacity_estimate import rate_ceiling
 from pipeline.checks import ConfigError
 from pipeline.engine import Engine
 from pipeline.metrics import StepTotals
+from pipeline.plan.capacity_estimate import rate_ceiling
 from pipeline.run import device_metrics, run_metrics, serve, slo_of
 from pipeline.schema import Executor
 from pipeline.slo import EarlyVerdict, Slo, needed_good
@@ -280,7 +280,7 @@ def estimated_start(
     cfg: DictConfig, axis: LoadAxis, engine: Engine, requests: Sequence[Request], slo: Slo
 ) -> float | None:
     """The first load to probe: the cost model's steady-state ceiling in the axis's unit
-    (pipeline/capacity_estimate.py). Starting near capacity spares the search its costliest
+    (pipeline/plan/capacity_estimate.py). Starting near capacity spares the search its costliest
     probes, those far below it (many small steps each), whichever side it lands on."""
     device = engine.model
     if not isinstance(device, SimulatedDevice):
