@@ -30,6 +30,7 @@ class RunStatus(enum.StrEnum):
     OK = "ok"
     FAILED = "failed"  # an error stopped it; metrics.json's `error` says which
     INTERRUPTED = "interrupted"  # a signal stopped it; resume=FOLDER serves the rest
+    STOPPED = "stopped"  # a capacity probe, stopped once its verdict was known
 
 
 class RunFileError(ConfigError):
