@@ -60,7 +60,7 @@ with open("/proc/self/clear_refs", "w") as f:
     f.write("5")
 baseline_kib = status_kib("VmRSS")
 start = time.perf_counter()
-model = load_hf_model(sys.argv[1], dtype=sys.argv[2])
+model = load_hf_model(sys.argv[1], dtype=sys.argv[2], max_position=0)
 seconds = time.perf_counter() - start
 print(json.dumps({"baseline_kib": baseline_kib, "peak_kib": status_kib("VmHWM"),
                   "seconds": seconds, "model_bytes": model.num_bytes,

@@ -68,8 +68,8 @@ def folder_mb(folder: Path) -> float:
 def time_trace(
     trace: Path, root: Path, overrides: list[str], repeat: int, with_files: bool
 ) -> None:
-    from pipeline.capacity import run_probe
     from pipeline.compose import compose_config
+    from pipeline.plan.capacity import run_probe
     from pipeline.run import run
 
     cfg = compose_config([*TRACE_RUN, f"workload.path={trace}", *overrides])

@@ -8,7 +8,7 @@ The default file is benchmarks/data/published-measurements.csv (56 rows: TensorR
 v1.0 performance overview on H100 and H200, Optimum Habana's SW 1.21 reference numbers on
 Gaudi 2 and 3; each row names its source). Offline rows queue every request at once with
 trtllm-bench's batch limits; static rows run `scheduler=static` at the row's batch
-(pipeline/published.py). Each device's profile is conf/hardware/NAME.yaml.
+(pipeline/calibrate/published.py). Each device's profile is conf/hardware/NAME.yaml.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import os
 import sys
 import time
 
-from pipeline.published import DATA, error_lines, median, read_rows, simulate_row
+from pipeline.calibrate.published import DATA, error_lines, median, read_rows, simulate_row
 
 
 def main(argv: list[str] | None = None) -> int:

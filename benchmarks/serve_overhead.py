@@ -51,7 +51,7 @@ def write_dataset(path: Path, args: argparse.Namespace) -> list[Prompt]:
             f"workload.max_new_tokens={args.output_len}",
         ]
     )
-    requests = instantiate(cfg.workload).load(ByteTokenizer())
+    requests = instantiate(cfg.workload).load(ByteTokenizer(add_bos=True))
     lines = [
         {"id": r.id, "prompt": r.prompt, "max_new_tokens": args.output_len, "ignore_eos": True}
         for r in requests

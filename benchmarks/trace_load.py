@@ -58,7 +58,7 @@ def main() -> None:
         t = time.perf_counter()
         conf = TraceWorkloadConf(path=str(path), seed=0, max_model_len=8192, max_num_seqs=32)
         workload = TraceWorkload(**{k: v for k, v in vars(conf).items() if k != "_target_"})
-        requests = workload.load(ByteTokenizer())
+        requests = workload.load(ByteTokenizer(add_bos=True))
         load_s = time.perf_counter() - t
     loaded = current_rss_mb()
     prompt_tokens = sum(len(r.prompt_ids) for r in requests)

@@ -1,4 +1,5 @@
-"""The engine: entry point, step loop, run artefacts, sweeps and reviews."""
+"""The engine: entry point, step loop and run artefacts; each command (`python -m
+pipeline.NAME`) is a package of its own here (docs/architecture.md, "Where the code lives")."""
 
 import os
 import warnings

@@ -17,7 +17,7 @@ from pipeline.checks import ConfigError
 from pipeline.folder_lock import FolderBusy
 from pipeline.run import run
 from pipeline.schema import register_schemas
-from pipeline.stopping import RunInterrupted
+from pipeline.signals import RunInterrupted
 
 log = structlog.get_logger("pipeline")
 register_schemas()

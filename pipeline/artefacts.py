@@ -38,7 +38,7 @@ from pipeline.run_folder import (  # noqa: F401  (read_generations: the folder's
     read_generations,
     read_mapping,
 )
-from stages.request import Request
+from stages.request import FinishReason, Request
 
 # The error of a request a signal stopped; resuming the folder serves these again.
 INTERRUPTED = "interrupted: the run stopped before this request finished"
@@ -101,7 +101,7 @@ def write_resolved_config(cfg: DictConfig, out_dir: Path) -> None:
 
 def output_text(request: Request, tokenizer) -> str:
     text = tokenizer.decode(request.output_ids)
-    if request.finish_reason == "stop" and request.stop:
+    if request.finish_reason == FinishReason.STOP and request.stop:
         # Like vLLM, the text ends before the stop string that ended it.
         cuts = [text.find(s) for s in request.stop if s in text]
         if cuts:

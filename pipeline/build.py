@@ -21,6 +21,7 @@ from pipeline.checks import (
 )
 from pipeline.engine import Engine
 from pipeline.expansion import check_expansion
+from pipeline.schema import Executor
 from stages.interfaces import Attention, Tokenizer, Workload
 from stages.kv_cache import KVCacheManager, blocks_for
 from stages.request import Request
@@ -99,7 +100,7 @@ def build_engine(
     device's, virtual by default (a server paces it in real time)."""
     check_resolves(cfg)
     check_config(cfg)
-    if cfg.executor.name == "simulated":
+    if cfg.executor.name == Executor.simulated:
         return build_simulated_engine(cfg, clock or VirtualClock())
     return build_paddle_engine(cfg)
 

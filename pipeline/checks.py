@@ -11,7 +11,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline.schema import ModelOption, model_kind, model_option
+from pipeline.schema import Executor, ModelOption, model_kind, model_option
 from stages.metadata import derived_axes
 from stages.model_spec import ModelSpec
 from stages.workload import MAX_ARRIVAL_S  # one bound for every workload's arrivals
@@ -48,7 +48,7 @@ def check_config(cfg: DictConfig) -> None:
     bs = cfg.block_size
     if bs < 1 or bs & (bs - 1):
         raise ConfigError(f"block_size={bs} is not a power of two: set block_size=16, 64 or 128")
-    simulated = cfg.executor.name == "simulated"
+    simulated = cfg.executor.name == Executor.simulated
     if not _model_kind(cfg).has_weights and not simulated:
         raise ConfigError(
             "model=spec is a model without weights, for the simulated device: add "

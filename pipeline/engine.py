@@ -15,7 +15,7 @@ import structlog
 
 from pipeline.checks import ConfigError
 from pipeline.metrics import StepRecord
-from pipeline.stopping import NeverStop, StopHook
+from pipeline.stop_hook import NeverStop, StopHook
 from stages.interfaces import Attention, MetadataBuilder, Model, Sampler, Scheduler, Tokenizer
 from stages.metadata import ForwardMeta
 from stages.request import DecodeRun, Request, StepPlan
@@ -346,40 +346,64 @@ class Engine:
             not stop(clock())
             and (arrivals := source.take(clock(), idle=not self.scheduler.has_work)) is not None
         ):
-            for r in arrivals.new:
-                self.scheduler.add(r)
-            for r, reason in arrivals.aborted:
-                if not r.finished:
-                    self.scheduler.abort(r, reason, clock())
-                    self.attention.release(r)
-                    on_finish(r)
+            self._admit(arrivals, on_finish)
             if not self.scheduler.has_work:
                 continue
             if leaps and (leapt := self.leap(leaps.until(), leaps.finishes())):
-                run, finished = leapt
-                on_tokens(run.requests)
-                # As step by step, the last step counts once its ended requests are handed
-                # on (which may stop the run).
-                leaps.done(run.first(run.steps - 1))
-                for r in finished:
-                    self.attention.release(r)
-                    on_finish(r)
-                leaps.done(run.last())
-                index += run.steps
+                index += self._hand_on_leap(*leapt, leaps, on_tokens, on_finish)
                 continue
-            t = clock()
-            result = self.step(clock)
-            on_tokens(result.plan.sampled_requests)
-            for r in result.plan.failed + result.finished:
-                self.attention.release(r)
-                on_finish(r)
-            if result.meta is None:
-                if result.plan.failed:
-                    continue
-                raise RuntimeError("the scheduler found nothing to run while requests wait")
-            record = StepRecord.of(
-                index, result.plan, result.meta, clock() - t, self.record_lengths
-            )
-            on_step(record)
-            index += 1
+            index += self._step_once(index, on_step, on_tokens, on_finish)
         return clock()
+
+    def _admit(self, arrivals: Arrivals, on_finish: Callable[[Request], None]) -> None:
+        """The scheduler takes the new requests; the aborted ones end now."""
+        for r in arrivals.new:
+            self.scheduler.add(r)
+        for r, reason in arrivals.aborted:
+            if not r.finished:
+                self.scheduler.abort(r, reason, self.clock())
+                self._release([r], on_finish)
+
+    def _hand_on_leap(
+        self,
+        run: DecodeRun,
+        finished: list[Request],
+        leaps: Leaps,
+        on_tokens: Callable[[list[Request]], None],
+        on_finish: Callable[[Request], None],
+    ) -> int:
+        """Hands on a leap's tokens, its ended requests and its run; returns its steps."""
+        on_tokens(run.requests)
+        # As step by step, the last step counts once its ended requests are handed on
+        # (which may stop the run).
+        leaps.done(run.first(run.steps - 1))
+        self._release(finished, on_finish)
+        leaps.done(run.last())
+        return run.steps
+
+    def _step_once(
+        self,
+        index: int,
+        on_step: Callable[[StepRecord], None],
+        on_tokens: Callable[[list[Request]], None],
+        on_finish: Callable[[Request], None],
+    ) -> int:
+        """Runs one step and hands on its tokens, its ended requests and its record (step
+        `index`); returns the steps recorded: 0 where the plan only failed requests."""
+        t = self.clock()
+        result = self.step(self.clock)
+        on_tokens(result.plan.sampled_requests)
+        self._release(result.plan.failed + result.finished, on_finish)
+        if result.meta is None:
+            if result.plan.failed:
+                return 0
+            raise RuntimeError("the scheduler found nothing to run while requests wait")
+        duration = self.clock() - t
+        on_step(StepRecord.of(index, result.plan, result.meta, duration, self.record_lengths))
+        return 1
+
+    def _release(self, requests: list[Request], on_finish: Callable[[Request], None]) -> None:
+        """Ended requests give their cache back, then are handed on."""
+        for r in requests:
+            self.attention.release(r)
+            on_finish(r)

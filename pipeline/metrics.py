@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from stages.request import DecodeRun, Request, StepPlan
+from stages.request import DecodeRun, FinishReason, Request, StepMode, StepPlan
 
 if TYPE_CHECKING:  # the review and summary commands read runs without importing Paddle
     from stages.metadata import ForwardMeta
@@ -33,7 +33,7 @@ class StepRecord:
     """One line of steps.jsonl."""
 
     step: int
-    mode: str
+    mode: StepMode
     prefill: list[dict[str, Any]]
     decode: list[str]
     preempted: list[str]
@@ -155,7 +155,7 @@ def itl_ms(requests: Sequence[Request]) -> np.ndarray:
 def summarise(
     requests: Sequence[Request], steps: Sequence[StepRecord] | StepTotals, duration_s: float
 ) -> dict[str, Any]:
-    served = [r for r in requests if r.finish_reason != "error"]
+    served = [r for r in requests if r.finish_reason != FinishReason.ERROR]
     output_tokens = sum(len(r.output_ids) for r in requests)
     totals = steps if isinstance(steps, StepTotals) else StepTotals.of(steps)
     real, padded = totals.num_tokens, totals.padded_tokens

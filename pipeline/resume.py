@@ -21,7 +21,7 @@ from pipeline import artefacts, run_folder
 from pipeline.checks import ConfigError
 from pipeline.identity import TOKEN_NEUTRAL, check_identity
 from pipeline.metrics import StepRecord
-from stages.request import Request, Status
+from stages.request import FinishReason, Request, Status, StepMode
 
 log = structlog.get_logger(__name__)
 
@@ -100,7 +100,7 @@ def _load(folder: Path, overrides: Sequence[str]) -> Previous:
     check_identity(cfg, folder, len(kept))
     steps_file = folder / artefacts.STEPS
     step_lines = run_folder.read_step_lines(_appendable(steps_file)) if steps_file.is_file() else []
-    steps = [StepRecord(**line) for line in step_lines]
+    steps = [StepRecord(**{**line, "mode": StepMode(line["mode"])}) for line in step_lines]
     duration = sum(s.duration_s for s in steps)
     metrics = run_folder.read_metrics(folder) if (folder / artefacts.METRICS).is_file() else None
     if metrics and metrics.get("duration_s") is not None:
@@ -111,7 +111,8 @@ def _load(folder: Path, overrides: Sequence[str]) -> Previous:
 def restore(request: Request, line: dict[str, Any]) -> None:
     """A finished request as the earlier run left it, times shifted to its own arrival."""
     request.output_ids = [int(t) for t in line.get("output_ids") or []]
-    request.finish_reason = line.get("finish_reason")
+    reason = line.get("finish_reason")
+    request.finish_reason = FinishReason(reason) if reason is not None else None
     request.error = line.get("error")
     request.status = Status.FINISHED
     ttft, e2e = line.get("ttft_s"), line.get("e2e_s")

@@ -19,8 +19,9 @@ from pipeline.folder_lock import FolderLock
 from pipeline.identity import write_identity
 from pipeline.metrics import StepRecord, StepTotals, summarise
 from pipeline.resume import Previous, load_previous, pending_requests
+from pipeline.schema import Executor
+from pipeline.signals import RunInterrupted, as_interrupted, stop_on_signals
 from pipeline.slo import Slo, slo_metrics
-from pipeline.stopping import RunInterrupted, as_interrupted, stop_on_signals
 from stages.request import Request
 from stages.simulator.device import SimulatedDevice
 
@@ -31,7 +32,7 @@ def run(cfg: DictConfig, out_dir: Path, overrides: Sequence[str] = ()) -> dict[s
     """Serves the workload into `out_dir`; with `resume=RUN_DIR`, completes that folder
     instead, with its own config (`overrides` are the command line's, checked against it).
     A stop signal raises RunInterrupted once the folder is written."""
-    if cfg.executor.name != "simulated":
+    if cfg.executor.name != Executor.simulated:
         import_paddle()  # before stop_on_signals: Paddle installs its own handlers on import
     with stop_on_signals():
         check_resolves(cfg)

@@ -6,6 +6,7 @@ traceback; a last line a kill or a full disk cut short is left out.
 
 from __future__ import annotations
 
+import enum
 import json
 import math
 import os
@@ -16,6 +17,7 @@ from typing import Any
 
 from pipeline.checks import ConfigError
 from stages.checked_yaml import YamlFileError, read_yaml
+from stages.request import FinishReason, StepMode
 
 GENERATIONS, STEPS, METRICS = "generations.jsonl", "steps.jsonl", "metrics.json"
 RESOLVED_CONFIG = "resolved_config.yaml"
@@ -142,6 +144,15 @@ def _str(value: Any) -> bool:
     return isinstance(value, str)
 
 
+def _one_of(kind: type[enum.StrEnum]) -> Callable[[Any], bool]:
+    values = frozenset(member.value for member in kind)
+    return lambda value: isinstance(value, str) and value in values
+
+
+def _choices(kind: type[enum.StrEnum]) -> str:
+    return "one of " + ", ".join(member.value for member in kind)
+
+
 def _chunk(value: Any) -> bool:
     return (
         isinstance(value, dict)
@@ -166,7 +177,7 @@ GENERATION_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "cached_tokens": (_optional(_count), "an integer >= 0"),
     "output_ids": (_list_of(_count), "a list of token ids (integers >= 0)"),
     "output_text": (_optional(_str), "a string"),
-    "finish_reason": (_optional(_str), "a string or null"),
+    "finish_reason": (_optional(_one_of(FinishReason)), f"{_choices(FinishReason)} or null"),
     "error": (_optional(_str), "a string or null"),
     "ttft_s": (_optional(_non_negative), "a finite number >= 0 or null"),
     "e2e_s": (_optional(_non_negative), "a finite number >= 0 or null"),
@@ -181,7 +192,7 @@ def _part_dims(value: Any) -> bool:
 
 STEP_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "step": (_count, "an integer >= 0"),
-    "mode": (_str, "a string"),
+    "mode": (_one_of(StepMode), _choices(StepMode)),
     "prefill": (_list_of(_chunk), "a list of {id, start, end, cached}"),
     "decode": (_list_of(_str), "a list of request ids"),
     "preempted": (_list_of(_str), "a list of request ids"),

@@ -19,6 +19,7 @@ from omegaconf import II, MISSING, DictConfig, OmegaConf
 from stages.buckets import Bucketing
 from stages.model_spec import ModelSpec, built_in_spec, dtype_bytes, model_spec
 from stages.scheduler import Budget
+from stages.simulator.hardware import HardwareProfile, read_profile
 from stages.simulator.precision import KvCacheDtype, Quantization
 
 
@@ -115,7 +116,7 @@ class HPUMetadataConf:
 
 @dataclass
 class PagedAttentionConf:
-    _target_: str = "stages.attention.hpu.PagedAttention"
+    _target_: str = "stages.attention.paged.PagedAttention"
     ops: str = "cpu"  # cpu (plain Paddle) or intel_hpu (the plugin's ops)
 
 
@@ -125,19 +126,23 @@ class ReferenceAttentionConf:
 
 
 @dataclass
-class GreedySamplerConf:
-    _target_: str = "stages.sampler.GreedySampler"
+class SamplerConf:
+    _target_: str = MISSING
     logprobs: int = 0  # top-k log-probabilities per generated token; 0 = off
 
 
 @dataclass
-class RandomSamplerConf:
+class GreedySamplerConf(SamplerConf):
+    _target_: str = "stages.sampler.GreedySampler"
+
+
+@dataclass
+class RandomSamplerConf(SamplerConf):
     _target_: str = "stages.sampler.RandomSampler"
     temperature: float = 1.0
     top_k: int = 0  # 0 = off
     top_p: float = 1.0  # 1.0 = off
     seed: int = II("seed")
-    logprobs: int = 0  # top-k log-probabilities per generated token; 0 = off
 
 
 class ModelOption(Protocol):
@@ -151,6 +156,11 @@ class ModelOption(Protocol):
 
     def rotary_positions(self) -> int:
         """Positions of the rotary table the model would build (0: none)."""
+
+
+# The compute dtype a model's weights and activations take unless its option says otherwise:
+# Paddle's CPU kernels are float32 (bf16 runs where the device has bf16 matmuls).
+COMPUTE_DTYPE = "float32"
 
 
 @dataclass
@@ -167,7 +177,7 @@ class TransformerConf:
     rope_theta: float = 10000.0
     rms_eps: float = 1e-6
     seed: int = II("seed")
-    dtype: str = "float32"
+    dtype: str = COMPUTE_DTYPE
 
     has_weights: ClassVar[bool] = True
 
@@ -184,7 +194,7 @@ class TransformerConf:
 class HfModelConf:
     _target_: str = "stages.checkpoint.load_hf_model"
     path: str = MISSING  # a local Hugging Face-format folder
-    dtype: str = "float32"  # compute dtype; stored bf16 / fp16 / fp32 weights are converted
+    dtype: str = COMPUTE_DTYPE  # stored bf16 / fp16 / fp32 weights are converted to it
     max_position: int = II("max_model_len")  # rotary table; 0 = max_position_embeddings
 
     has_weights: ClassVar[bool] = True
@@ -210,7 +220,7 @@ class HfModelConf:
 class GgufModelConf:
     _target_: str = "stages.gguf.loader.load_gguf_model"
     path: str = MISSING  # a GGUF file (llama, qwen2, qwen3; F32 to Q4_K: docs/checkpoints.md)
-    dtype: str = "float32"  # compute dtype; every stored type is dequantised to it
+    dtype: str = COMPUTE_DTYPE  # every stored type is dequantised to it
     max_position: int = II("max_model_len")  # rotary table; 0 = the file's context_length
 
     has_weights: ClassVar[bool] = True
@@ -353,8 +363,27 @@ class HardwareConf:
 
 @dataclass
 class MeasuredHardwareConf:
-    _target_: str = "stages.simulator.hardware.read_profile"
+    _target_: str = "pipeline.schema.measured_profile"
     path: str = MISSING  # a profile YAML written by CostModel.write_profile
+
+
+def schema_defaults(conf: type) -> dict[str, Any]:
+    """The values a schema gives its keys by default: those set to a plain value (not
+    MISSING, not an interpolation of another key), `_target_` left out."""
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(conf):
+        value = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        if f.name == "_target_" or value is dataclasses.MISSING or value == MISSING:
+            continue
+        if not (isinstance(value, str) and value.startswith("${")):
+            values[f.name] = value
+    return values
+
+
+def measured_profile(path: str) -> HardwareProfile:
+    """`hardware=measured`: a profile YAML, whose fields the device schema gives a default
+    (kv_headroom, fp8_tflops, ...) may be left out."""
+    return read_profile(path, schema_defaults(HardwareConf))
 
 
 @dataclass
@@ -376,7 +405,7 @@ class TraceWorkloadConf:
     concurrency: int = 0  # most requests in flight (closed loop); 0 = open loop
 
 
-class Executor(str, enum.Enum):
+class Executor(enum.StrEnum):
     """Members are named by their values: OmegaConf matches a config value by name."""
 
     paddle = "paddle"  # the real forward pass, in Paddle
@@ -433,7 +462,7 @@ class SloConf:
 
 @dataclass
 class CapacityConf:
-    """The capacity search of `python -m pipeline.plan` (pipeline/capacity.py)."""
+    """The capacity search of `python -m pipeline.plan` (pipeline/plan/capacity.py)."""
 
     max_probes: int = 12  # runs one search may make
     tolerance: float = 0.05  # rates: stop when the bracket's ends are within 5%
@@ -444,7 +473,7 @@ class CapacityConf:
 
 @dataclass
 class PlanConf:
-    """`python -m pipeline.plan`: how the configurations are ranked (pipeline/plan_report.py)."""
+    """`python -m pipeline.plan`: how the configurations are ranked (pipeline/plan/report.py)."""
 
     objective: str = "goodput_per_card"  # or cost: per million output tokens
     device_hour_usd: float = 0.0  # one card's hour; needed for objective=cost

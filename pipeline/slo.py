@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipeline.metrics import e2e_s, tpot_s, ttft_s
-from stages.request import Request
+from stages.request import FinishReason, Request
 
 
 def _tpot_or_zero(r: Request) -> float | None:
@@ -80,7 +80,7 @@ def _met(r: Request, name: str, bound_ms: float) -> bool:
 
 def is_good(r: Request, slo: Slo) -> bool:
     """Served, and within every bound that is set."""
-    return r.finish_reason != "error" and all(
+    return r.finish_reason != FinishReason.ERROR and all(
         _met(r, name, bound) for name, bound in slo.bounds.items()
     )
 
@@ -91,7 +91,7 @@ def slo_metrics(requests: Sequence[Request], duration_s: float, slo: Slo) -> dic
     (the bounds and the target) and `slo_met` (attainment at or above the target). With no
     bound set, every served request is good."""
     bounds = slo.bounds
-    served = [r for r in requests if r.finish_reason != "error"]
+    served = [r for r in requests if r.finish_reason != FinishReason.ERROR]
     passed = {name: [_met(r, name, bound) for r in served] for name, bound in bounds.items()}
     good = sum(all(row) for row in zip(*passed.values(), strict=True)) if bounds else len(served)
     total = len(requests)
@@ -184,7 +184,7 @@ class PaceWatch:
 class EarlyVerdict:
     """A run's SLO verdict as soon as it is certain: a miss once more requests have missed
     than the target allows, whatever the others do. The engine asks it before each step
-    (a stop hook, pipeline/stopping.py); on_finish counts each request as it ends. A request
+    (a stop hook, pipeline/stop_hook.py); on_finish counts each request as it ends. A request
     counts as missed when it ended outside a bound (or failed), or while still in flight
     once it can no longer meet a bound: its TTFT bound passed without a first token, or its
     E2E bound without its last (only where arrival times are fixed, the open loop: a closed

@@ -15,7 +15,7 @@ from stages.arithmetic import ceil_div
 log = structlog.get_logger(__name__)
 
 
-class Bucketing(str, enum.Enum):
+class Bucketing(enum.StrEnum):
     """Members are named by their values: OmegaConf matches a config value by name."""
 
     linear = "linear"  # min, then every step up to max

@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from stages import interfaces as contract
     from stages.attention import ops_cpu
-    from stages.attention.hpu import PagedAttention
     from stages.attention.interface import AttentionOps
     from stages.attention.ops_intel_hpu import IntelHPUOps
+    from stages.attention.paged import PagedAttention
     from stages.attention.reference import ReferenceAttention
     from stages.gguf.tokenizer import GgufTokenizer
     from stages.metadata import HPUMetadataBuilder

@@ -23,7 +23,7 @@ from stages.arithmetic import ceil_div
 from stages.buckets import Axis, Bucketing, Buckets, warmup_counts, warmup_graphs
 from stages.host_tensor import host_tensor
 from stages.kv_cache import KVCacheManager, blocks_for
-from stages.request import DecodeRun, PrefillChunk, Request, StepPlan
+from stages.request import DecodeRun, PrefillChunk, Request, StepMode, StepPlan
 from stages.step_shape import StepShape
 
 if TYPE_CHECKING:
@@ -83,7 +83,7 @@ class DecodeMeta:
 
 @dataclass
 class ForwardMeta:
-    mode: str  # extend (prefill only: FastDeploy's name), decode or mixed
+    mode: StepMode
     prefill: PrefillMeta | None
     decode: DecodeMeta | None
     # None when the builder lays out shapes only (a simulated device needs no tensors).
@@ -335,7 +335,7 @@ class HPUMetadataBuilder:
         """A step of the given bucket shapes made only of padding: what warmup runs."""
         prefill_meta = self._prefill([], prefill) if prefill else None
         decode_meta = self._decode([], np.zeros(0, dtype=np.int64), decode) if decode else None
-        mode = "mixed" if prefill and decode else "extend" if prefill else "decode"
+        mode = StepMode.of(bool(prefill), bool(decode))
         shape = StepShape(self.block_size, prefill, decode)
         return self._assemble(mode, prefill_meta, decode_meta, 0, shape)
 
@@ -531,15 +531,8 @@ class HPUMetadataBuilder:
         n = len(requests)
         counts = blocks_for(seq_lens, self.block_size)
         row_blocks = self._row_blocks(requests, counts)
-        start = None if shape else self._span_start(row_blocks)
-        if shape is None:
-            blocks_needed = row_blocks.size if start is None else int(np.ptp(row_blocks)) + 1
-            if needed is not None:
-                needed["decode"] = [n, blocks_needed]
-            rows, blocks = self.buckets.shape("decode", batch=n, blocks=blocks_needed)
-        else:
-            rows, blocks = shape
-        bucket, rows = (rows, blocks), n if packed else rows
+        start, bucket = self._decode_bucket(n, row_blocks, shape, needed)
+        rows, blocks = n if packed else bucket[0], bucket[1]
         block_list, slots = self._decode_block_list(row_blocks, start, blocks)
         owner = np.repeat(np.arange(n), counts)
         index_in_row = np.arange(row_blocks.size) - np.repeat(np.cumsum(counts) - counts, counts)
@@ -568,6 +561,24 @@ class HPUMetadataBuilder:
             row_width=row_width,
             block_range=None if start is None else (start, start + blocks),
         )
+
+    def _decode_bucket(
+        self,
+        n: int,
+        row_blocks: np.ndarray,
+        shape: tuple[int, int] | None,
+        needed: dict[str, list[int]] | None,
+    ) -> tuple[int | None, tuple[int, int]]:
+        """(where the decode span starts or None, the (rows, blocks) bucket) of n rows
+        holding row_blocks; `shape` forces the bucket and lists blocks row by row."""
+        if shape is not None:
+            return None, shape
+        start = self._span_start(row_blocks)
+        blocks_needed = row_blocks.size if start is None else int(np.ptp(row_blocks)) + 1
+        if needed is not None:
+            needed["decode"] = [n, blocks_needed]
+        rows, blocks = self.buckets.shape("decode", batch=n, blocks=blocks_needed)
+        return start, (rows, blocks)
 
     def _row_blocks(self, requests: list[Request], counts: np.ndarray) -> np.ndarray:
         """Every row's blocks that hold its tokens, one row after another."""
@@ -636,7 +647,7 @@ class HPUMetadataBuilder:
     # -- both parts --------------------------------------------------------------------------
     def _assemble(
         self,
-        mode: str,
+        mode: StepMode,
         prefill: PrefillMeta | None,
         decode: DecodeMeta | None,
         num_tokens: int,

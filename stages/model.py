@@ -140,11 +140,11 @@ def transformer_lm(
     num_kv_heads: int,
     intermediate_size: int,
     max_position: int,
-    head_dim: int = 0,
-    rope_theta: float = 10000.0,
-    rms_eps: float = 1e-6,
-    seed: int = 0,
-    dtype: str = "float32",
+    head_dim: int,
+    rope_theta: float,
+    rms_eps: float,
+    seed: int,
+    dtype: str,
 ) -> TransformerLM:
     """The built-in model (`model=tiny`, `model=small`): a dense Llama-style decoder with an
     untied lm head, its weights drawn from `seed`."""
@@ -164,9 +164,42 @@ def transformer_lm(
         max_position=max_position,
         rope_theta=rope_theta,
         rms_eps=rms_eps,
-        seed=seed,
         dtype=dtype,
+        weights=draw_weights(spec, dtype, np.random.default_rng(seed)),
     )
+
+
+def draw_weights(spec: ModelSpec, dtype: str, rng: np.random.Generator) -> ModelWeights:
+    """A dense, untied model's weights drawn from `rng`, in `dtype`."""
+    d = spec
+    if d.moe is not None or d.tied_embeddings or d.qk_norm:
+        raise ValueError("only a dense, untied model's weights are drawn from a seed")
+    qkv_width = (d.num_heads + 2 * d.num_kv_heads) * d.head_dim
+
+    def normal(rows: int, cols: int, std: float) -> paddle.Tensor:
+        return paddle.to_tensor(rng.normal(0.0, std, (rows, cols)).astype(dtype))
+
+    def ones(n: int) -> paddle.Tensor:
+        return paddle.ones([n], dtype=dtype)
+
+    # Unit-variance embeddings and 1/sqrt(fan_in) projections keep logits well spread,
+    # so greedy choices are far from ties and comparisons across layouts are stable.
+    # The draw order is fixed: a seed gives the same weights as it always has.
+    embed = normal(d.vocab_size, d.hidden_size, 1.0)
+    layers = []
+    for _ in range(d.num_layers):
+        attn_norm = ones(d.hidden_size)
+        qkv = normal(d.hidden_size, qkv_width, d.hidden_size**-0.5)
+        out = normal(d.num_heads * d.head_dim, d.hidden_size, (d.num_heads * d.head_dim) ** -0.5)
+        mlp_norm = ones(d.hidden_size)
+        # Gate and up are drawn as one matrix, as they always were, then split.
+        gate_up = normal(d.hidden_size, 2 * d.intermediate_size, d.hidden_size**-0.5)
+        gate, up = (t.contiguous() for t in paddle.chunk(gate_up, 2, axis=1))
+        down = normal(d.intermediate_size, d.hidden_size, d.intermediate_size**-0.5)
+        layers.append(LayerWeights(attn_norm, qkv, out, mlp_norm, DenseMLP(gate, up, down)))
+    final_norm = ones(d.hidden_size)
+    lm_head = normal(d.hidden_size, d.vocab_size, d.hidden_size**-0.5)
+    return ModelWeights(embed, layers, final_norm, lm_head)
 
 
 class TransformerLM:
@@ -178,17 +211,16 @@ class TransformerLM:
         spec: ModelSpec,
         *,
         max_position: int,
-        rope_theta: float = 10000.0,
-        rms_eps: float = 1e-6,
-        seed: int = 0,
-        dtype: str = "float32",
+        rope_theta: float,
+        rms_eps: float,
+        dtype: str,
+        weights: ModelWeights,
         rope_scaling: Mapping[str, Any] | None = None,
         rope_interleaved: bool = False,
-        weights: ModelWeights | None = None,
         eos_ids: Iterable[int] = (),
     ) -> None:
-        """The model `spec` describes; its weights are drawn from `seed` unless given (a
-        loaded checkpoint's), and then only a dense model's can be drawn."""
+        """The model `spec` describes, with its weights: a loaded checkpoint's, or drawn
+        from a seed (draw_weights)."""
         if spec.head_dim % 2:
             raise ValueError(f"model.head_dim={spec.head_dim} must be even for rotary positions")
         check_dtype(dtype)
@@ -203,8 +235,6 @@ class TransformerLM:
         # 1 / hidden in a column: the mean of squares as a matmul (see _rms_norm).
         hidden = spec.hidden_size
         self._mean_column = paddle.full([hidden, 1], 1.0 / hidden, dtype="float32")
-        if weights is None:
-            weights = self._draw_weights(np.random.default_rng(seed))
         self.embed = weights.embed
         self.layers = weights.layers
         self.final_norm = weights.final_norm
@@ -239,39 +269,6 @@ class TransformerLM:
                     yield from walk(getattr(node, f.name))
 
         yield from walk([self.embed, self.layers, self.final_norm, self.lm_head, self.lm_head_bias])
-
-    def _draw_weights(self, rng: np.random.Generator) -> ModelWeights:
-        d = self.spec
-        if d.moe is not None or d.tied_embeddings or d.qk_norm:
-            raise ValueError("only a dense, untied model's weights are drawn from a seed")
-        qkv_width = (d.num_heads + 2 * d.num_kv_heads) * d.head_dim
-
-        def normal(rows: int, cols: int, std: float) -> paddle.Tensor:
-            return paddle.to_tensor(rng.normal(0.0, std, (rows, cols)).astype(self.dtype))
-
-        def ones(n: int) -> paddle.Tensor:
-            return paddle.ones([n], dtype=self.dtype)
-
-        # Unit-variance embeddings and 1/sqrt(fan_in) projections keep logits well spread,
-        # so greedy choices are far from ties and comparisons across layouts are stable.
-        # The draw order is fixed: a seed gives the same weights as it always has.
-        embed = normal(d.vocab_size, d.hidden_size, 1.0)
-        layers = []
-        for _ in range(d.num_layers):
-            attn_norm = ones(d.hidden_size)
-            qkv = normal(d.hidden_size, qkv_width, d.hidden_size**-0.5)
-            out = normal(
-                d.num_heads * d.head_dim, d.hidden_size, (d.num_heads * d.head_dim) ** -0.5
-            )
-            mlp_norm = ones(d.hidden_size)
-            # Gate and up are drawn as one matrix, as they always were, then split.
-            gate_up = normal(d.hidden_size, 2 * d.intermediate_size, d.hidden_size**-0.5)
-            gate, up = (t.contiguous() for t in paddle.chunk(gate_up, 2, axis=1))
-            down = normal(d.intermediate_size, d.hidden_size, d.intermediate_size**-0.5)
-            layers.append(LayerWeights(attn_norm, qkv, out, mlp_norm, DenseMLP(gate, up, down)))
-        final_norm = ones(d.hidden_size)
-        lm_head = normal(d.hidden_size, d.vocab_size, d.hidden_size**-0.5)
-        return ModelWeights(embed, layers, final_norm, lm_head)
 
     def _init_rope(self) -> None:
         inv_freq = rope_inv_freq(self.spec.head_dim, self.rope_theta, self.rope_scaling)

@@ -287,8 +287,8 @@ def built_in_spec(
     num_heads: int,
     num_kv_heads: int,
     intermediate_size: int,
-    head_dim: int = 0,
-    dtype: str = "float32",
+    head_dim: int,
+    dtype: str,
 ) -> ModelSpec:
     """The built-in model of these sizes (`model=tiny`, `small`): a dense Llama-style
     decoder with an untied lm head, holding its weights in `dtype`."""
@@ -306,48 +306,34 @@ def built_in_spec(
 
 
 def model_spec(
-    config: str = "",
-    name: str = "",
-    vocab_size: int = 0,
-    hidden_size: int = 0,
-    num_layers: int = 0,
-    num_heads: int = 0,
-    num_kv_heads: int = 0,
-    head_dim: int = 0,
-    intermediate_size: int = 0,
-    tied_embeddings: bool = False,
-    qkv_bias: bool = False,
-    num_experts: int = 0,
-    experts_per_token: int = 0,
-    expert_intermediate_size: int = 0,
-    num_shared_experts: int = 0,
-    moe_layer_start: int = 0,
-    moe_layer_end: int = -1,
-    moe_layer_interval: int = 1,
-    dtype_bytes: int = 2,
-    max_position_embeddings: int = 0,
+    *,
+    config: str,
+    name: str,
+    vocab_size: int,
+    hidden_size: int,
+    num_layers: int,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    intermediate_size: int,
+    tied_embeddings: bool,
+    qkv_bias: bool,
+    num_experts: int,
+    experts_per_token: int,
+    expert_intermediate_size: int,
+    num_shared_experts: int,
+    moe_layer_start: int,
+    moe_layer_end: int,
+    moe_layer_interval: int,
+    dtype_bytes: int,
+    max_position_embeddings: int,
 ) -> ModelSpec:
     """The `model=spec` option: config.json at `config`, or else the fields given."""
+    _check_one_source(config, hidden_size, has_fields=bool(hidden_size or num_layers or vocab_size))
     if config:
-        if hidden_size or num_layers or vocab_size:
-            raise ValueError(
-                "model.config is given with architecture fields too: give either "
-                "model.config=PATH or the fields (a model=spec/NAME preset), not both"
-            )
         return spec_from_file(config, name, dtype_bytes)
-    if not hidden_size:
-        raise ValueError(
-            "model=spec has no architecture: give model.config=PATH (a config.json or its "
-            "folder) or choose a preset, e.g. model=spec/llama31_8b"
-        )
-    if moe_layer_interval < 1:
-        raise ValueError(f"model.moe_layer_interval={moe_layer_interval} must be >= 1")
-    moe = None
-    if num_experts:
-        layers = moe_layers(num_layers, moe_layer_start, moe_layer_end, moe_layer_interval)
-        moe = MoeLayout(
-            num_experts, experts_per_token, expert_intermediate_size, num_shared_experts, layers
-        )
+    experts = (num_experts, experts_per_token, expert_intermediate_size, num_shared_experts)
+    moe = _moe_layout(num_layers, *experts, moe_layer_start, moe_layer_end, moe_layer_interval)
     return ModelSpec(
         name=name or "spec",
         vocab_size=vocab_size,
@@ -362,4 +348,40 @@ def model_spec(
         dtype_bytes=dtype_bytes,
         moe=moe,
         max_position_embeddings=max_position_embeddings,
+    )
+
+
+def _check_one_source(config: str, hidden_size: int, has_fields: bool) -> None:
+    """A spec comes from config.json or from its fields: one of them, not both."""
+    if config and has_fields:
+        raise ValueError(
+            "model.config is given with architecture fields too: give either "
+            "model.config=PATH or the fields (a model=spec/NAME preset), not both"
+        )
+    if not config and not hidden_size:
+        raise ValueError(
+            "model=spec has no architecture: give model.config=PATH (a config.json or its "
+            "folder) or choose a preset, e.g. model=spec/llama31_8b"
+        )
+
+
+def _moe_layout(
+    num_layers: int,
+    num_experts: int,
+    experts_per_token: int,
+    expert_intermediate_size: int,
+    num_shared_experts: int,
+    start: int,
+    end: int,
+    interval: int,
+) -> MoeLayout | None:
+    """The routed experts of a spec's fields (None without experts); `interval` is checked
+    either way, as a preset may set it for a dense model."""
+    if interval < 1:
+        raise ValueError(f"model.moe_layer_interval={interval} must be >= 1")
+    if not num_experts:
+        return None
+    layers = moe_layers(num_layers, start, end, interval)
+    return MoeLayout(
+        num_experts, experts_per_token, expert_intermediate_size, num_shared_experts, layers
     )

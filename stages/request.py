@@ -22,6 +22,29 @@ class Status(enum.Enum):
     FINISHED = "finished"
 
 
+class FinishReason(enum.StrEnum):
+    """Why a request ended, as generations.jsonl and the server's replies write it."""
+
+    STOP = "stop"  # an end-of-sequence id or a stop string
+    LENGTH = "length"  # max_new_tokens or the model's context
+    ERROR = "error"  # refused, failed or aborted: the request's `error` says why
+
+
+class StepMode(enum.StrEnum):
+    """What a step computes, as steps.jsonl writes it (`extend` is FastDeploy's name for a
+    prefill-only step)."""
+
+    EXTEND = "extend"
+    DECODE = "decode"
+    MIXED = "mixed"
+
+    @classmethod
+    def of(cls, prefill: bool, decode: bool) -> StepMode:
+        if prefill and decode:
+            return cls.MIXED
+        return cls.EXTEND if prefill else cls.DECODE
+
+
 @dataclass
 class SamplingParams:
     """Per-request sampling values; None means "use the sampler's own setting"."""
@@ -66,7 +89,7 @@ class Request:
     output_ids: list[int] = field(default_factory=list)
     num_computed: int = 0  # tokens whose keys and values are in the cache
     status: Status = Status.WAITING
-    finish_reason: str | None = None
+    finish_reason: FinishReason | None = None
     error: str | None = None
     token_times: list[float] = field(default_factory=list)  # seconds since the run's start
     finish_s: float | None = None
@@ -98,13 +121,13 @@ class Request:
         if logprobs is not None:
             self.logprobs.append(logprobs)
 
-    def finish(self, reason: str, now: float) -> None:
+    def finish(self, reason: FinishReason, now: float) -> None:
         self.status = Status.FINISHED
         self.finish_reason = reason
         self.finish_s = now
 
     def fail(self, message: str, now: float) -> None:
-        self.finish("error", now)
+        self.finish(FinishReason.ERROR, now)
         self.error = message
 
 
@@ -154,10 +177,8 @@ class StepPlan:
         return not self.prefill and not self.decode
 
     @property
-    def mode(self) -> str:
-        if self.prefill and self.decode:
-            return "mixed"
-        return "extend" if self.prefill else "decode"
+    def mode(self) -> StepMode:
+        return StepMode.of(bool(self.prefill), bool(self.decode))
 
     @property
     def sampled_requests(self) -> list[Request]:

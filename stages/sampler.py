@@ -201,7 +201,7 @@ class GreedySampler:
 
     fixed_token: int | None = None  # its tokens depend on the logits
 
-    def __init__(self, logprobs: int = 0) -> None:
+    def __init__(self, logprobs: int) -> None:
         _raise_if(logprobs_error(logprobs, "sampler.logprobs"), "set sampler.logprobs=0 or a count")
         self.logprobs = int(logprobs)
 
@@ -237,11 +237,11 @@ class RandomSampler:
 
     def __init__(
         self,
-        temperature: float = 1.0,
-        top_k: int = 0,
-        top_p: float = 1.0,
-        seed: int = 0,
-        logprobs: int = 0,
+        temperature: float,
+        top_k: int,
+        top_p: float,
+        seed: int,
+        logprobs: int,
     ) -> None:
         _raise_if(
             temperature_error(temperature, "sampler.temperature"),

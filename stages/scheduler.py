@@ -31,7 +31,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from stages.kv_cache import KVCacheManager, blocks_for
-from stages.request import DecodeRun, PrefillChunk, Request, Samples, Status, StepPlan
+from stages.request import (
+    DecodeRun,
+    FinishReason,
+    PrefillChunk,
+    Request,
+    Samples,
+    Status,
+    StepPlan,
+)
 from stages.running_rows import RunningRows, listed_blocks, recurring
 from stages.stopping import StopRule
 
@@ -41,11 +49,20 @@ _OUTPUT_IDS = operator.attrgetter("output_ids")
 _TOKEN_TIMES = operator.attrgetter("token_times")
 
 
-class Budget(str, enum.Enum):
+class Budget(enum.StrEnum):
     """Members are named by their values: OmegaConf matches a config value by name."""
 
     padded = "padded"  # a prefill row costs its share of the padded rectangle
     real = "real"  # a prefill row costs its real tokens
+
+
+class RowFate(enum.Enum):
+    """What a running row got at its turn in a step's walk (ChunkedScheduler._continue_one)."""
+
+    DECODE = "decode"  # its next token
+    PREFILL = "prefill"  # its next chunk
+    WAITS = "waits"  # nothing: no chunk fits this step
+    PREEMPTED = "preempted"  # it was preempted itself, which ends the walk
 
 
 @dataclass
@@ -255,12 +272,12 @@ class ChunkedScheduler:
                 continue
             request = running[i]
             kind = self._continue_one(request, plan, budget)
-            if kind == "preempted":
+            if kind is RowFate.PREEMPTED:
                 return
-            if kind == "decode":
+            if kind is RowFate.DECODE:
                 self.rows.read_held(i, request)  # it may hold a new block
                 rows.decode_spans.append((i, i + 1))
-            elif kind == "prefill":
+            elif kind is RowFate.PREFILL:
                 self.rows.read(i, request)
                 rows.prefill.append(i)
             i += 1
@@ -277,7 +294,7 @@ class ChunkedScheduler:
         self.rows.took_block(batch)
         return others[len(batch) :]
 
-    def _continue_one(self, request: Request, plan: StepPlan, budget: StepBudget) -> str:
+    def _continue_one(self, request: Request, plan: StepPlan, budget: StepBudget) -> RowFate:
         """The request's decode or next chunk, if it fits: `decode`, `prefill`, `waits`
         (no chunk fits this step), or `preempted` when it was preempted itself, which ends
         the step's walk over the running requests."""
@@ -285,19 +302,19 @@ class ChunkedScheduler:
         is_decode = remaining == 1 and bool(request.output_ids)
         n = 1 if is_decode else self._prefill_len(remaining, budget)
         if n == 0:
-            return "waits"
+            return RowFate.WAITS
         while not self.kv_cache.allocate_slots(request, n):
             if self.running[-1] is request:  # nothing newer is left to preempt
                 self._preempt(request, plan)
-                return "preempted"
+                return RowFate.PREEMPTED
             self._preempt(self.running[-1], plan)
         if is_decode:
             plan.decode.append(request)
             budget.left -= 1
-            return "decode"
+            return RowFate.DECODE
         plan.prefill.append(self._chunk(request, n))
         self._charge(n, budget)
-        return "prefill"
+        return RowFate.PREFILL
 
     def _admit_waiting(
         self, plan: StepPlan, budget: StepBudget, now: float, rows: StepRows
@@ -376,7 +393,7 @@ class ChunkedScheduler:
         if rows is None or rows.plan is not plan:
             raise ValueError("update takes the plan the last schedule() returned")
         self._step = None
-        ending: list[tuple[Request, str, int]] = []  # with each one's running row
+        ending: list[tuple[Request, FinishReason, int]] = []  # with each one's running row
         tokens = samples.token_ids.tolist()
         logprobs = samples.logprobs
         for row, (chunk, running_row) in enumerate(zip(plan.prefill, rows.prefill, strict=True)):
@@ -404,7 +421,7 @@ class ChunkedScheduler:
         tokens: list[int],
         logprobs: list[dict[int, float]] | None,
         now: float,
-        ending: list[tuple[Request, str, int]],
+        ending: list[tuple[Request, FinishReason, int]],
     ) -> None:
         """The decode rows of update, a step's rows at a time: each gets its token, and
         only the rows the arrays say may have filled a block or reached a stop are looked
@@ -431,7 +448,9 @@ class ChunkedScheduler:
             if reason:
                 ending.append((decode[k], reason, int(running_rows[k])))
 
-    def _finish_all(self, ending: list[tuple[Request, str, int]], times: list[float]) -> None:
+    def _finish_all(
+        self, ending: list[tuple[Request, FinishReason, int]], times: list[float]
+    ) -> None:
         """Finishes ending requests, given with their running rows, at their times, in
         order, at once: taking thousands of rows out one by one would shift the rest."""
         if len(ending) < 2:
@@ -509,7 +528,7 @@ class ChunkedScheduler:
         for request, stayed in zip(running, stays, strict=True):
             request.num_computed += stayed
         rows.advance_by(run.stays, np.bincount(takers, minlength=run.rows))
-        ending: list[tuple[Request, str, int]] = []
+        ending: list[tuple[Request, FinishReason, int]] = []
         done = rows.at_length()
         for i in done[np.argsort(run.stays[done], kind="stable")].tolist():
             reason = self.stop.reason(running[i])
@@ -571,10 +590,10 @@ class ChunkedScheduler:
         """Ends a request before its stop (its client left): its blocks go back at once."""
         if request.status is Status.WAITING and request in self.waiting:
             self.waiting.remove(request)
-        self.finish(request, "error", now)
+        self.finish(request, FinishReason.ERROR, now)
         request.error = message
 
-    def finish(self, request: Request, reason: str, now: float) -> None:
+    def finish(self, request: Request, reason: FinishReason, now: float) -> None:
         if request.finished:
             return
         if request in self.running:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 
-from stages.request import Request
+from stages.request import FinishReason, Request
 
 
 class StopRule:
@@ -23,18 +23,18 @@ class StopRule:
         self.max_model_len = max_model_len
         self.decode = decode
 
-    def reason(self, request: Request) -> str | None:
+    def reason(self, request: Request) -> FinishReason | None:
         """Why the request ends after its latest output token, or None to go on:
         `stop` for an end-of-sequence id or a stop string, `length` for max_new_tokens or
         max_model_len."""
         if not request.ignore_eos and request.output_ids[-1] in self.eos_ids:
-            return "stop"
+            return FinishReason.STOP
         if len(request.output_ids) >= request.max_new_tokens:
-            return "length"
+            return FinishReason.LENGTH
         if request.num_tokens >= self.max_model_len:
-            return "length"
+            return FinishReason.LENGTH
         if request.stop and self.decode is not None and self._hit_stop_string(request):
-            return "stop"
+            return FinishReason.STOP
         return None
 
     def length_limit(self, request: Request) -> int:

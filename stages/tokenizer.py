@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ class ByteTokenizer:
     pad_id = 258
     chat_template: str | None = None  # chats get the plain template (stages/chat.py)
 
-    def __init__(self, add_bos: bool = True) -> None:
+    def __init__(self, add_bos: bool) -> None:
         self.add_bos = add_bos
 
     @property
@@ -67,12 +68,80 @@ def read_chat_template(folder: Path) -> str | None:
     return template if isinstance(template, str) else None
 
 
-class HfTokenizer:
+@dataclass(frozen=True)
+class SpecialTokens:
+    """The special ids (and the BOS and EOS text chat templates name) a tokenizer's files give."""
+
+    bos_id: int | None
+    eos_ids: frozenset[int]
+    pad_ids: tuple[int, ...]  # the padding id where the files name one
+    control_ids: frozenset[int]  # chat markers and the like
+    bos_text: str  # "" where the files give none
+    eos_text: str
+
+
+class LibraryTokenizer:
+    """A `tokenizers` tokenizer and the special ids its files name: the encode, decode and
+    chat lines that tokenizer=hf and tokenizer=gguf share; each reads its own files."""
+
+    def __init__(
+        self,
+        tokenizer: Any,  # a tokenizers.Tokenizer
+        vocab_size: int,
+        special: SpecialTokens,
+        add_bos: bool,
+        add_special_tokens: bool,
+        chat_template: str | None,
+    ) -> None:
+        self._tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.bos_id = special.bos_id
+        self._eos_ids = special.eos_ids
+        self._special = special.control_ids
+        self._chat_tokens = (special.bos_text, special.eos_text)
+        self.add_bos = add_bos
+        self.add_special_tokens = add_special_tokens
+        self.chat_template = chat_template
+        # Padding rows only need some valid id; they are never attended to or sampled.
+        self.pad_id = next(
+            (i for i in (*special.pad_ids, *sorted(special.eos_ids)) if 0 <= i < vocab_size), 0
+        )
+
+    @property
+    def eos_ids(self) -> frozenset[int]:
+        return self._eos_ids
+
+    @property
+    def special_ids(self) -> frozenset[int]:
+        """Control tokens (chat markers and the like)."""
+        return self._special
+
+    def encode(self, text: str) -> list[int]:
+        ids = self._tokenizer.encode(text, add_special_tokens=self.add_special_tokens).ids
+        if self.add_bos and (not ids or ids[0] != self.bos_id):
+            ids = [self.bos_id, *ids]
+        return ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self._tokenizer.decode(list(ids), skip_special_tokens=True)
+
+    def encode_chat(self, messages: Sequence[Mapping[str, Any]]) -> tuple[str, list[int]]:
+        """Chat messages under the files' chat template (the plain template where they have
+        none); the ids as transformers' apply_chat_template gives them: the template writes
+        any BOS, so none is added."""
+        from stages.chat import render_chat
+
+        text = render_chat(self.chat_template, messages, *self._chat_tokens)
+        return text, self._tokenizer.encode(text, add_special_tokens=False).ids
+
+
+class HfTokenizer(LibraryTokenizer):
     """A Hugging Face tokenizer.json, read with the `tokenizers` library (a JSON model: no
     code from the folder runs). BOS / EOS / PAD ids come from the folder's config.json and
-    generation_config.json."""
+    generation_config.json; `add_special_tokens` applies tokenizer.json's own template, as
+    transformers encodes."""
 
-    def __init__(self, path: str, add_special_tokens: bool = True, add_bos: bool = False) -> None:
+    def __init__(self, path: str, add_special_tokens: bool, add_bos: bool) -> None:
         # Imported here so that the byte tokenizer needs neither Paddle nor `tokenizers`.
         from tokenizers import Tokenizer
 
@@ -87,54 +156,33 @@ class HfTokenizer:
             found = f" (found {', '.join(others)}, which is not read)" if others else ""
             raise ValueError(f"{file} is missing: tokenizer=hf reads tokenizer.json{found}")
         try:
-            self._tokenizer = Tokenizer.from_file(str(file))
+            tokenizer = Tokenizer.from_file(str(file))
         except Exception as err:  # the tokenizers library raises plain Exception subclasses
             raise ValueError(f"{file} is not a readable tokenizer.json: {err}") from err
-        self.add_special_tokens = add_special_tokens
-        self.add_bos = add_bos
-        self.vocab_size = self._tokenizer.get_vocab_size(with_added_tokens=True)
-        self.chat_template = read_chat_template(folder)
-        self._chat_tokens = _chat_tokens(folder)  # the template's bos_token, eos_token
-        special = read_special_ids(folder)
-        self.bos_id = special.bos_id
-        self._eos_ids = special.eos_ids
-        if add_bos and self.bos_id is None:
+        ids = read_special_ids(folder)
+        decoder = tokenizer.get_added_tokens_decoder()
+        bos_text, eos_text = _chat_tokens(folder)
+        special = SpecialTokens(
+            bos_id=ids.bos_id,
+            eos_ids=ids.eos_ids,
+            pad_ids=() if ids.pad_id is None else (ids.pad_id,),
+            control_ids=frozenset(i for i, token in decoder.items() if token.special),
+            bos_text=bos_text,
+            eos_text=eos_text,
+        )
+        if add_bos and special.bos_id is None:
             raise ValueError(
                 f"tokenizer.add_bos=true, but {folder} names no bos_token_id in config.json or "
                 "generation_config.json"
             )
-        # Padding rows only need some valid id; they are never attended to or sampled.
-        self.pad_id = next(
-            (i for i in (special.pad_id, *sorted(special.eos_ids)) if i is not None), 0
+        super().__init__(
+            tokenizer,
+            tokenizer.get_vocab_size(with_added_tokens=True),
+            special,
+            add_bos,
+            add_special_tokens,
+            read_chat_template(folder),
         )
-
-    @property
-    def eos_ids(self) -> frozenset[int]:
-        return self._eos_ids
-
-    @property
-    def special_ids(self) -> frozenset[int]:
-        """tokenizer.json's added special tokens (chat markers and the like)."""
-        decoder = self._tokenizer.get_added_tokens_decoder()
-        return frozenset(i for i, token in decoder.items() if token.special)
-
-    def encode(self, text: str) -> list[int]:
-        ids = self._tokenizer.encode(text, add_special_tokens=self.add_special_tokens).ids
-        if self.add_bos and (not ids or ids[0] != self.bos_id):
-            ids = [self.bos_id, *ids]
-        return ids
-
-    def decode(self, ids: Sequence[int]) -> str:
-        return self._tokenizer.decode(list(ids), skip_special_tokens=True)
-
-    def encode_chat(self, messages: Sequence[Mapping[str, Any]]) -> tuple[str, list[int]]:
-        """Chat messages under tokenizer_config.json's chat_template (the plain template
-        where it has none); the ids as transformers' apply_chat_template gives them (the
-        template writes any BOS)."""
-        from stages.chat import render_chat
-
-        text = render_chat(self.chat_template, messages, *self._chat_tokens)
-        return text, self._tokenizer.encode(text, add_special_tokens=False).ids
 
 
 def _token_text(value: Any) -> str:

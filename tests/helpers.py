@@ -16,7 +16,8 @@ from omegaconf import DictConfig
 
 from pipeline.build import build_engine
 from pipeline.compose import compose_config
-from pipeline.schema import PipelineConf, TraceWorkloadConf
+from pipeline.schema import PipelineConf, SpecModelConf, TraceWorkloadConf
+from stages.model_spec import ModelSpec, model_spec
 from stages.request import Request
 from stages.trace import TraceWorkload
 
@@ -79,6 +80,11 @@ def schema_kwargs(conf: type, **given: Any) -> dict[str, Any]:
             value = top[value[2:-1]]
         values[f.name] = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
     return {**values, **given}
+
+
+def spec_of(**given: Any) -> ModelSpec:
+    """A model=spec description with the schema's defaults and `given` on top."""
+    return model_spec(**schema_kwargs(SpecModelConf, **given))
 
 
 def trace_workload(path: str | Path, **given: Any) -> TraceWorkload:

@@ -26,7 +26,7 @@ def test_json_lines_are_utf8_json_even_for_what_orjson_refuses():
 
 
 def test_generations_are_rewritten_in_workload_order(tmp_path):
-    writer = artefacts.GenerationWriter(tmp_path, ByteTokenizer())
+    writer = artefacts.GenerationWriter(tmp_path, ByteTokenizer(add_bos=True))
     for index in (2, 0, 1):
         r = Request(f"r{index}", index, "p", [1], max_new_tokens=1)
         r.output_ids, r.token_times = [65], [0.5]

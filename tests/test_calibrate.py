@@ -14,8 +14,9 @@ from pipeline.calibrate import calibrate, error_summary, grid, run_samples
 from pipeline.checks import ConfigError
 from pipeline.compose import compose_config
 from pipeline.run import run
+from pipeline.schema import measured_profile
 from stages.metadata import bucket_dims, bucket_label
-from stages.simulator.hardware import read_profile, write_profile
+from stages.simulator.hardware import write_profile
 from tests.helpers import LIMITS, REPO, serve
 
 TINY_GRID = [*LIMITS, "max_tokens=64"]
@@ -79,7 +80,7 @@ def test_a_calibrated_profile_round_trips_into_a_simulated_run(served_run, tmp_p
     )
     assert error_summary(report)["median_error"] < 1.0  # a fit, however noisy the machine
     path = write_profile(tmp_path / "hardware.yaml", profile, coefficients)
-    assert read_profile(path).coefficients == coefficients
+    assert measured_profile(path).coefficients == coefficients
     got, engine = serve(
         [*SERVED, "executor=simulated", "hardware=measured", f"hardware.path={path}"]
     )
@@ -143,7 +144,7 @@ def test_the_command_serves_then_writes_a_profile(tmp_path):
     assert (tmp_path / "served" / "steps.jsonl").is_file()
     fitted = json.loads((tmp_path / "calibration.json").read_text())
     assert fitted["samples"] == len(run_samples(tmp_path / "served", False))
-    assert read_profile(tmp_path / "hardware.yaml").coefficients == fitted["coefficients"]
+    assert measured_profile(tmp_path / "hardware.yaml").coefficients == fitted["coefficients"]
 
 
 def test_steps_record_their_buckets_as_numbers():

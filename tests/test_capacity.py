@@ -8,9 +8,9 @@ import json
 import pytest
 
 from pipeline.build import build_engine
-from pipeline.capacity import capacity_search, load_axis
-from pipeline.capacity_estimate import rate_ceiling
 from pipeline.checks import ConfigError
+from pipeline.plan.capacity import capacity_search, load_axis
+from pipeline.plan.capacity_estimate import rate_ceiling
 from pipeline.slo import EarlyVerdict, Slo, is_good, needed_good, slo_metrics
 from stages.request import Request
 from tests.helpers import make_config

@@ -330,7 +330,7 @@ def good_folder(tmp_path: Path, **config_changes) -> tuple[Path, dict]:
 
 def expect_error(folder: Path, message: str) -> str:
     with pytest.raises(ValueError) as err:
-        load_hf_model(str(folder))
+        load_hf_model(str(folder), "float32", max_position=0)
     text = str(err.value)
     assert message in text and "\n" not in text
     return text
@@ -378,7 +378,9 @@ def test_fused_experts_misshapen_or_missing_are_named(tmp_path):
 def test_a_sliding_window_covering_the_served_context_is_served(tmp_path):
     folder, _ = good_folder(tmp_path, architectures=["MistralForCausalLM"], sliding_window=256)
     expect_error(folder, "sliding_window=256 is smaller than the context of 512 tokens")
-    model = load_hf_model(str(folder), max_position=256)  # max_model_len=256 fits the window
+    model = load_hf_model(
+        str(folder), "float32", max_position=256
+    )  # max_model_len=256 fits the window
     assert model.max_position == 256
 
 
@@ -497,7 +499,7 @@ def test_max_model_len_beyond_the_model(tmp_path):
     with pytest.raises(
         ValueError, match="max_model_len=4096 is above the model's max_position_embeddings=512"
     ):
-        load_hf_model(str(folder), max_position=4096)
+        load_hf_model(str(folder), "float32", max_position=4096)
 
 
 def test_half_precision_compute_is_refused_where_paddle_has_no_kernel():

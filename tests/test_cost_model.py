@@ -10,12 +10,12 @@ import pytest
 from hydra import compose, initialize_config_module
 from hydra.utils import instantiate
 
-from pipeline.schema import register_schemas
-from stages.model_spec import model_spec
+from pipeline.schema import HardwareConf, measured_profile, register_schemas
 from stages.simulator.cost_model import OVERHEAD, TERMS, CostModel
-from stages.simulator.hardware import GIB, HardwareProfile, kv_pool_blocks, read_profile
+from stages.simulator.hardware import GIB, HardwareProfile, kv_pool_blocks
 from stages.simulator.nnls import nnls
 from stages.step_shape import StepShape
+from tests.helpers import schema_kwargs, spec_of
 
 register_schemas()
 
@@ -45,26 +45,29 @@ KV_BYTES_PER_TOKEN = 2 * 2 * 2 * 16 * 2  # layers x (k, v) x KV heads x head_dim
 
 # 1 TFLOPS, 100 GB/s, 50 GB/s links, nothing lost to efficiency: a ridge of 10 FLOPs a byte.
 DEVICE = HardwareProfile(
-    name="round",
-    bf16_tflops=1.0,
-    hbm_bandwidth_gbs=100.0,
-    hbm_capacity_gib=1.0,
-    interconnect_gbs=50.0,
-    gemm_efficiency=1.0,
-    attention_efficiency=1.0,
-    memory_efficiency=1.0,
-    interconnect_efficiency=1.0,
-    step_overhead_s=0.001,
-    compile_s=2.0,
-    recompile_s=0.5,
-    graph_memory_gib=0.25,
-    kv_headroom=0.25,
+    **schema_kwargs(
+        HardwareConf,
+        name="round",
+        bf16_tflops=1.0,
+        hbm_bandwidth_gbs=100.0,
+        hbm_capacity_gib=1.0,
+        interconnect_gbs=50.0,
+        gemm_efficiency=1.0,
+        attention_efficiency=1.0,
+        memory_efficiency=1.0,
+        interconnect_efficiency=1.0,
+        step_overhead_s=0.001,
+        compile_s=2.0,
+        recompile_s=0.5,
+        graph_memory_gib=0.25,
+        kv_headroom=0.25,
+    )
 )
 FLOPS, BANDWIDTH, LINK = 1e12, 100e9, 50e9
 
 
 def tiny_model(tp: int = 1, **hardware) -> CostModel:
-    return CostModel(model_spec(**TINY), dataclasses.replace(DEVICE, **hardware), tp)
+    return CostModel(spec_of(**TINY), dataclasses.replace(DEVICE, **hardware), tp)
 
 
 def test_pure_decode_is_weights_once_plus_kv_slots_when_memory_bound():
@@ -96,7 +99,7 @@ def test_prefill_flops_by_hand_when_compute_bound():
     linear = 2 * LINEAR_PARAMS * 128
     attention = 2 * 4 * 64 * 64 * (4 * 16) * 2  # layers x 4 x seq x keys x heads*head_dim, 2 rows
     lm_head = 2 * 2 * LM_HEAD_PARAMS  # only each row's sampled token
-    spec = model_spec(**TINY)
+    spec = spec_of(**TINY)
     assert spec.linear_flops(128) == linear
     assert spec.attention_flops(2 * 64 * 64) == attention
     parts = tiny_model().breakdown(shape)
@@ -124,7 +127,7 @@ def test_mixed_step_runs_its_gemms_on_the_concatenated_rows():
 
 
 def test_moe_step_reads_only_the_experts_its_tokens_touch():
-    spec = model_spec(**TINY_MOE)
+    spec = spec_of(**TINY_MOE)
     attention = 2 * (64 * 64 + 2 * 64 * 32 + 64 * 64)
     dense_mlp = 3 * 64 * 128  # layer 0
     expert, router = 3 * 64 * 32, 64 * 8 + 8
@@ -155,7 +158,7 @@ def test_a_miss_adds_exactly_the_recompile_penalty():
 
 
 def test_kv_pool_from_capacity():
-    spec = model_spec(**TINY)
+    spec = spec_of(**TINY)
     free = 1 * GIB * (1 - 0.25) - spec.weight_bytes() - 0.25 * GIB
     assert kv_pool_blocks(spec, DEVICE, 16, 1) == int(free // (16 * KV_BYTES_PER_TOKEN))
     # tp=2 halves the weights and the KV bytes per block on each device.
@@ -196,7 +199,7 @@ def test_bad_hardware_and_coefficients_are_one_line_errors():
     with pytest.raises(ValueError, match="gemm_efficiency=1.5"):
         dataclasses.replace(DEVICE, gemm_efficiency=1.5)
     with pytest.raises(ValueError, match="unknown cost coefficients attention"):
-        CostModel(model_spec(**TINY), DEVICE, coefficients={"attention": 1.0})
+        CostModel(spec_of(**TINY), DEVICE, coefficients={"attention": 1.0})
     with pytest.raises(ValueError, match="tp=8"):
         tiny_model(tp=8)
 
@@ -275,6 +278,6 @@ def test_profile_round_trip_and_measured_option(tmp_path):
     )
     (tmp_path / "bad.yaml").write_text("name: x\nflops: 3\n")
     with pytest.raises(ValueError, match="unknown fields flops"):
-        read_profile(tmp_path / "bad.yaml")
+        measured_profile(tmp_path / "bad.yaml")
     with pytest.raises(ValueError, match="no such file"):
-        read_profile(tmp_path / "none.yaml")
+        measured_profile(tmp_path / "none.yaml")

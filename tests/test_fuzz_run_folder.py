@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 from pipeline import artefacts, buckets, review, summary
 from pipeline.resume import load_previous
 from pipeline.run import run
-from stages.simulator.hardware import _RANGES, HardwareProfile, read_profile
+from pipeline.schema import measured_profile
+from stages.simulator.hardware import _RANGES, HardwareProfile
 from tests.helpers import REPO, make_config
 
 numbers = st.one_of(
@@ -150,7 +151,7 @@ def test_a_profile_is_checked_or_refused_in_one_line(changes, dropped, how, raw)
         path = Path(tmp) / "profile.yaml"
         path.write_bytes(text)
         try:
-            profile = read_profile(path)
+            profile = measured_profile(path)
         except ValueError as err:
             message = str(err)
             assert message.startswith(f"hardware.path={path}") and "\n" not in message, message
@@ -168,5 +169,5 @@ def test_the_profile_fuzz_reaches_a_valid_profile():
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "profile.yaml"
         path.write_text(yaml.safe_dump(PROFILE))
-        assert read_profile(path).name == "gaudi3"
+        assert measured_profile(path).name == "gaudi3"
     assert artefacts.METRICS in FILES

@@ -128,7 +128,7 @@ TEXTS = [
 
 def test_gpt2_vocabulary_tokenizes_as_the_trained_tokenizer(tmp_path, vocab):
     path, _, _ = make_gguf(tmp_path, vocab, "Qwen2ForCausalLM", {}, tied=True)
-    tokenizer = GgufTokenizer(str(path))
+    tokenizer = GgufTokenizer(str(path), add_bos=None)
     for text in TEXTS:
         expected = vocab.encode(text, add_special_tokens=False).ids
         assert tokenizer.encode(text) == expected, text
@@ -189,7 +189,7 @@ def test_llama_vocabulary_tokenizes_as_sentencepiece_does(tmp_path):
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    tokenizer = GgufTokenizer(str(path))
+    tokenizer = GgufTokenizer(str(path), add_bos=None)
     vocab = {t: i for i, t in enumerate(tokens)}
     for text in ["the block", "lock the check", "the  cab", "blocked ", "thé clock"]:
         expected = [1, *spm_reference(text, vocab, scores)]
@@ -213,14 +213,19 @@ def test_chat_template_renders_in_the_sandbox():
 
 def test_tokenizers_without_a_file_template_use_the_plain_one(tmp_path, vocab):
     messages = [{"role": "user", "content": "Hi"}]
-    text, ids = ByteTokenizer().encode_chat(messages)
+    text, ids = ByteTokenizer(add_bos=True).encode_chat(messages)
     assert text == "<|user|>\nHi\n<|assistant|>\n"
-    assert ids == ByteTokenizer().encode(text)
+    assert ids == ByteTokenizer(add_bos=True).encode(text)
     vocab.save(str(tmp_path / "tokenizer.json"))
-    assert HfTokenizer(str(tmp_path)).encode_chat(messages)[0] == text
+    assert (
+        HfTokenizer(str(tmp_path), add_special_tokens=True, add_bos=False).encode_chat(messages)[0]
+        == text
+    )
     config = {"chat_template": CHATML, "bos_token": {"content": "<|endoftext|>"}}
     (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
-    text, ids = HfTokenizer(str(tmp_path)).encode_chat(messages)
+    text, ids = HfTokenizer(str(tmp_path), add_special_tokens=True, add_bos=False).encode_chat(
+        messages
+    )
     assert text == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
     assert ids == vocab.encode(text, add_special_tokens=False).ids
 

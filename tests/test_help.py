@@ -13,16 +13,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def commands() -> list[str]:
-    """Every module of the pipeline package that runs as a command."""
-    found = []
-    for path in sorted((ROOT / "pipeline").glob("*.py")):
-        if 'if __name__ == "__main__"' in path.read_text(encoding="utf-8"):
-            found.append("pipeline" if path.stem == "__main__" else f"pipeline.{path.stem}")
-    return found
+    """Every command of the pipeline package: the package itself and each subpackage that
+    runs with `python -m` (has a __main__.py)."""
+    mains = sorted((ROOT / "pipeline").glob("*/__main__.py"))
+    return ["pipeline", *(f"pipeline.{path.parent.name}" for path in mains)]
 
 
 def test_the_commands_are_found():
-    assert {"pipeline", "pipeline.buckets", "pipeline.inspect"} <= set(commands())
+    assert {"pipeline", "pipeline.buckets", "pipeline.inspect", "pipeline.serve"} <= set(commands())
 
 
 def listed_groups() -> dict[str, set[str]]:

@@ -16,10 +16,11 @@ import yaml
 from pipeline import inspect
 from pipeline.build import load_workload
 from pipeline.checks import ConfigError
+from pipeline.schema import HardwareConf, measured_profile
 from stages.simulator.hardware import HardwareProfile, read_profile
 from stages.tokenizer import ByteTokenizer
 from stages.workload import MAX_ARRIVAL_S
-from tests.helpers import REPO, make_config, trace_workload
+from tests.helpers import REPO, make_config, schema_kwargs, trace_workload
 from tests.test_inspect import folder_of
 
 VIDUR = "arrived_at,num_prefill_tokens,num_decode_tokens\n"
@@ -75,7 +76,7 @@ def workloads(tmp_path: Path) -> dict[str, tuple[list[str], list[float]]]:
 )
 def test_every_workload_ends_requests_arriving_after_a_day(tmp_path, case):
     overrides, arrivals = workloads(tmp_path)[case]
-    _, requests = load_workload(make_config(overrides), ByteTokenizer())
+    _, requests = load_workload(make_config(overrides), ByteTokenizer(add_bos=True))
     assert len(requests) == len(arrivals)
     for request, arrival in zip(requests, arrivals, strict=True):
         late = arrival > MAX_ARRIVAL_S
@@ -106,7 +107,7 @@ def test_a_profile_larger_than_any_real_one_is_refused_unread(tmp_path):
         f.write(profile_text())
         f.truncate(100 * 2**20)  # 100 MiB, sparse: nothing is written
     with pytest.raises(ValueError, match=r"is 100.0 MiB, more than the 4 MiB"):
-        read_profile(path)
+        measured_profile(path)
 
 
 # ------------------------------------------------------------------ profile values
@@ -129,14 +130,14 @@ def test_profile_fields_are_checked_by_type_and_range(tmp_path, changes, message
     path = tmp_path / "profile.yaml"
     path.write_text(profile_text(**changes))
     with pytest.raises(ValueError) as err:
-        read_profile(path)
+        measured_profile(path)
     assert str(err.value).startswith(f"hardware.path={path}: ") and message in str(err.value)
 
 
 def test_a_written_profile_reads_back():
     fields = yaml.safe_load(profile_text())
     assert read_profile  # the same checks hold for a profile composed by Hydra
-    assert HardwareProfile(**fields).pads_to_buckets is True
+    assert HardwareProfile(**schema_kwargs(HardwareConf, **fields)).pads_to_buckets is True
 
 
 def test_a_composed_profile_with_a_nan_is_refused():
@@ -194,7 +195,7 @@ def test_a_one_line_sharegpt_file_gives_each_entry_its_own_id(tmp_path):
     entry = {"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}]}
     path = tmp_path / "one.json"
     path.write_text(json.dumps([entry, entry, {**entry, "id": "line-1.2"}, entry]))
-    requests = trace_workload(path).load(ByteTokenizer())
+    requests = trace_workload(path).load(ByteTokenizer(add_bos=True))
     ids = [r.id for r in requests]
     assert len(set(ids)) == 4 and ids[:2] == ["line-1", "line-1.2"]
 
@@ -204,7 +205,7 @@ def test_a_sharegpt_entry_nested_beyond_the_stack_is_its_error(tmp_path):
     entry = {"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}]}
     path = tmp_path / "deep.json"
     path.write_text("[" + json.dumps(entry) + ",\n" + "[" * 100_000 + "]" * 100_000 + "]")
-    requests = trace_workload(path).load(ByteTokenizer())
+    requests = trace_workload(path).load(ByteTokenizer(add_bos=True))
     assert requests[0].error is None and "bad JSON" in requests[1].error
 
 
@@ -228,7 +229,7 @@ def test_a_byte_that_is_not_utf8_ends_only_its_row(tmp_path, fmt):
         / f"trace.{'json' if fmt == 'sharegpt' else 'jsonl' if fmt == 'mooncake' else 'csv'}"
     )
     path.write_bytes(body)
-    requests = trace_workload(path, format=fmt).load(ByteTokenizer())
+    requests = trace_workload(path, format=fmt).load(ByteTokenizer(add_bos=True))
     assert [r.error is None for r in requests] == [True, False, True]
     assert "line" in requests[1].error and "not valid UTF-8" in requests[1].error
 
@@ -251,7 +252,7 @@ def test_counts_and_offsets_no_trace_can_hold_are_that_rows_error(tmp_path):
         "2023-11-16 18:15:47.0000000,99999999999999999999,3\n"
         "2023-11-16 18:15:48.0000000+99:99,10,3\n"
     )
-    requests = trace_workload(path).load(ByteTokenizer())
+    requests = trace_workload(path).load(ByteTokenizer(add_bos=True))
     assert requests[0].error is None
     assert "ContextTokens=99999999999999999999 is more tokens" in requests[1].error
     assert "+99:99" in requests[2].error
@@ -315,4 +316,4 @@ def test_a_workload_file_gone_before_the_read_is_one_line(tmp_path, monkeypatch)
     monkeypatch.setattr(pipeline.build, "build", build_then_remove)
     cfg = make_config(["workload=jsonl", f"workload.path={path}"])
     with pytest.raises(ConfigError, match=rf"workload: {path} cannot be read \(No such file"):
-        load_workload(cfg, ByteTokenizer())
+        load_workload(cfg, ByteTokenizer(add_bos=True))

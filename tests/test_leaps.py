@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 from benchmarks.azure_conversation import write_conversation_trace
 from pipeline.build import build_engine
-from pipeline.capacity import run_probe
 from pipeline.metrics import StepTotals
+from pipeline.plan.capacity import run_probe
 from pipeline.run import run_metrics
 from pipeline.slo import EarlyVerdict, Slo
 from stages.kv_cache import KVCacheManager

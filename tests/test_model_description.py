@@ -11,7 +11,7 @@ from pipeline.checks import ConfigError, check_config, describe_model
 from pipeline.schema import HfModelConf, SpecModelConf, TransformerConf, model_kind
 from stages.checkpoint import read_spec
 from stages.model import transformer_lm
-from tests.helpers import make_config
+from tests.helpers import make_config, schema_kwargs
 from tests.test_checkpoint import CASES, make_folder
 
 
@@ -24,7 +24,18 @@ def test_the_count_is_every_stored_tensor_of_a_checkpoint(tmp_path, case):
 
 
 def test_the_count_is_every_tensor_of_a_built_in_model():
-    model = transformer_lm(50, 32, 2, 4, 2, 64, max_position=16)
+    model = transformer_lm(
+        **schema_kwargs(
+            TransformerConf,
+            vocab_size=50,
+            hidden_size=32,
+            num_layers=2,
+            num_heads=4,
+            num_kv_heads=2,
+            intermediate_size=64,
+            max_position=16,
+        )
+    )
     held = sum(math.prod(t.shape) for t in model._tensors())
     assert model.num_parameters == model.spec.num_parameters() == held
     assert model.spec.dtype_bytes == 4  # float32

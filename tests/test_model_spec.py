@@ -13,8 +13,8 @@ from pipeline.build import build
 from pipeline.checks import ConfigError, check_config, check_model_context
 from pipeline.run import model_context
 from pipeline.schema import register_schemas
-from stages.model_spec import ModelSpec, MoeLayout, model_spec
-from tests.helpers import run_cli
+from stages.model_spec import ModelSpec, MoeLayout
+from tests.helpers import run_cli, spec_of
 from tests.test_cost_model import TINY, TINY_MOE
 
 register_schemas()
@@ -55,15 +55,15 @@ def test_published_splits_of_qwen_and_ernie_moe():
 
 
 def test_tiny_parameter_count_by_hand():
-    spec = model_spec(**TINY)
+    spec = spec_of(**TINY)
     q, k, v, o = 64 * 64, 64 * 32, 64 * 32, 64 * 64
     mlp = 3 * 64 * 128
     norms = 2 * 64
     layer = q + k + v + o + mlp + norms
     assert spec.num_parameters() == 2 * layer + 64 + 2 * 1000 * 64  # final norm, untied
-    tied = model_spec(**TINY, tied_embeddings=True)
+    tied = spec_of(**TINY, tied_embeddings=True)
     assert tied.num_parameters() == 2 * layer + 64 + 1000 * 64
-    biased = model_spec(**TINY, qkv_bias=True)
+    biased = spec_of(**TINY, qkv_bias=True)
     assert biased.num_parameters() - spec.num_parameters() == 2 * (64 + 32 + 32)
     assert spec.weight_bytes() == 2 * spec.num_parameters()  # bf16
     # Keys and values: 2 layers x 2 KV heads x 16 dims x 2 tensors x 2 bytes.
@@ -71,7 +71,7 @@ def test_tiny_parameter_count_by_hand():
 
 
 def test_moe_parameters_and_experts_touched_by_hand():
-    spec = model_spec(**TINY_MOE)
+    spec = spec_of(**TINY_MOE)
     assert spec.moe.layers == frozenset({1})
     attention, norms, dense = 12288, 128, 3 * 64 * 128
     expert, router = 3 * 64 * 32, 64 * 8 + 8
@@ -86,7 +86,7 @@ def test_moe_parameters_and_experts_touched_by_hand():
 
 
 def test_tensor_parallel_splits_heads_weights_and_kv():
-    spec = model_spec(**TINY)
+    spec = spec_of(**TINY)
     assert spec.heads_per_device(2) == 2 and spec.kv_heads_per_device(2) == 1
     assert spec.kv_bytes_per_token(2) == spec.kv_bytes_per_token() / 2
     # tp=4 has more devices than KV heads: each device keeps one KV head, replicated.
@@ -151,7 +151,7 @@ def test_config_json_gives_the_presets_spec(tmp_path):
         tie_word_embeddings=False,
         max_position_embeddings=131072,
     )
-    assert model_spec(config=str(qwen / "config.json")) == ModelSpec(
+    assert spec_of(config=str(qwen / "config.json")) == ModelSpec(
         **{**preset("qwen25_7b").__dict__, "name": "qwen"}
     )
 
@@ -168,15 +168,15 @@ def test_bad_spec_configs_are_one_line_errors(tmp_path):
         build(missing.model)
     folder = write_config(tmp_path / "x", **{**ERNIE_21B_CONFIG, "architectures": ["Nope"]})
     with pytest.raises(ValueError, match="architecture 'Nope' is not supported"):
-        model_spec(config=str(folder))
+        spec_of(config=str(folder))
     with pytest.raises(ValueError, match="not both"):
-        model_spec(config=str(folder), hidden_size=64)
+        spec_of(config=str(folder), hidden_size=64)
     with pytest.raises(ValueError, match="model=spec/llama31_8b"):
-        model_spec()
+        spec_of()
     with pytest.raises(ValueError, match="not a multiple"):
-        model_spec(**{**TINY, "num_kv_heads": 3})
+        spec_of(**{**TINY, "num_kv_heads": 3})
     with pytest.raises(ValueError, match="experts_per_token=9"):
-        model_spec(**TINY, num_experts=8, experts_per_token=9, expert_intermediate_size=32)
+        spec_of(**TINY, num_experts=8, experts_per_token=9, expert_intermediate_size=32)
     with pytest.raises(ValueError, match="moe_layer"):
         MoeLayout(8, 2, 32, 0, frozenset())
 

@@ -19,9 +19,9 @@ from pipeline import checks
 from pipeline.build import build_engine
 from pipeline.checks import ConfigError
 from stages.attention import ops_cpu, ops_intel_hpu, reference
-from stages.attention.hpu import PagedAttention, load_ops
 from stages.attention.interface import Heads
 from stages.attention.ops_intel_hpu import IntelHPUOps
+from stages.attention.paged import PagedAttention, load_ops
 from stages.kv_cache import KVCacheManager
 from tests.helpers import make_config
 
@@ -415,7 +415,9 @@ def test_load_ops_builds_the_backend_from_the_installed_plugin(monkeypatch, plug
     monkeypatch.setitem(sys.modules, "paddlenlp_ops", plugin)
     backend = load_ops("intel_hpu")
     assert isinstance(backend, IntelHPUOps) and backend.plugin is plugin
-    attention = PagedAttention(KVCacheManager(NUM_BLOCKS, BS), 2, KV, D, ops="intel_hpu")
+    attention = PagedAttention(
+        KVCacheManager(NUM_BLOCKS, BS), 2, KV, D, ops="intel_hpu", dtype="float32"
+    )
     assert [c.shape for c in attention.k_cache] == [[NUM_BLOCKS + 1, BS, KV, D]] * 2
 
 

@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 
 from pipeline.checks import ConfigError
 from pipeline.deploy import main as deploy_main
-from pipeline.plan_report import best, build_plan_report, candidates, check_plan, pareto_front
+from pipeline.plan.report import best, build_plan_report, candidates, check_plan, pareto_front
 from pipeline.summary import find_jobs
 from tests.helpers import make_config, run_cli
 

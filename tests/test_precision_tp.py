@@ -11,12 +11,12 @@ import pytest
 from pipeline.checks import ConfigError, check_config
 from pipeline.compose import compose_config
 from pipeline.run import device_metrics
-from stages.model_spec import model_spec
 from stages.simulator.cost_model import CostModel
 from stages.simulator.hardware import GIB, kv_pool_blocks
 from stages.simulator.precision import Precision
 from stages.step_shape import StepShape
 from tests.conftest import serve
+from tests.helpers import spec_of
 from tests.test_cost_model import DEVICE, KV_BYTES_PER_TOKEN, LINEAR_PARAMS, LM_HEAD_PARAMS, TINY
 
 # DEVICE with an FP8 peak of 2 TFLOPS (twice its bf16 one).
@@ -27,7 +27,7 @@ DECODE = StepShape(16, None, (4, 8))  # 4 rows: the GEMMs read their weights
 
 def cost(quantization="none", kv="auto", tp=1, **hardware) -> CostModel:
     device = dataclasses.replace(FP8_DEVICE, **hardware)
-    return CostModel(model_spec(**TINY), device, tp, precision=Precision(quantization, kv))
+    return CostModel(spec_of(**TINY), device, tp, precision=Precision(quantization, kv))
 
 
 def test_an_fp8_gemm_runs_at_the_fp8_rate_and_reads_one_byte_a_weight():
@@ -55,7 +55,7 @@ def test_an_fp8_kv_cache_halves_its_traffic_and_doubles_the_pool():
     parts = cost(kv="fp8").breakdown(DECODE)
     assert parts["decode_attention"] == pytest.approx(128 * KV_BYTES_PER_TOKEN / 2 / 100e9)
     assert parts["kv_write"] == pytest.approx(4 * KV_BYTES_PER_TOKEN / 2 / 100e9)
-    spec = model_spec(**TINY)
+    spec = spec_of(**TINY)
     # Weights: the layers (and norms) at one byte, the two 1000 x 64 tables at two.
     tables = 2 * LM_HEAD_PARAMS
     weights = (spec.num_parameters() - tables) * 1 + tables * 2
@@ -164,6 +164,6 @@ def test_all_to_all_links_give_an_allreduce_its_peers_bandwidth():
     assert links.interconnect_bytes_per_s(4) == 30e9
     assert links.interconnect_bytes_per_s(8) == 50e9
     assert FP8_DEVICE.interconnect_bytes_per_s(2) == 50e9  # a switch: all of it at any tp
-    parts = CostModel(model_spec(**TINY), links, 2).breakdown(DECODE)
+    parts = CostModel(spec_of(**TINY), links, 2).breakdown(DECODE)
     sent = 2 * 2 * (4 * 64 * 2) * 2 * (2 - 1) / 2
     assert parts["allreduce"] == pytest.approx(sent / 10e9)

@@ -7,9 +7,9 @@ import dataclasses
 import numpy as np
 import pytest
 
-from pipeline.fit_published import fit, pattern_search
-from pipeline.published import DATA, PublishedRow, offline_limits, read_rows, simulate_row
-from pipeline.recorded_rows import Recorded, record
+from pipeline.calibrate.fit import fit, pattern_search
+from pipeline.calibrate.published import DATA, PublishedRow, offline_limits, read_rows, simulate_row
+from pipeline.calibrate.recorded import Recorded, record
 from stages.simulator.cost_model import StepAmounts
 
 # The figures a fit changes, fixed here so that a test does not follow the shipped profiles.
@@ -116,7 +116,7 @@ def test_a_fit_recovers_figures_that_made_the_published_values():
 
 def test_the_commands_refuse_a_missing_file_in_one_line(capsys, tmp_path):
     from benchmarks.published import main as published
-    from pipeline.fit_published import main as calibrate
+    from pipeline.calibrate.fit import main as calibrate
 
     missing = tmp_path / "none.csv"
     assert published(["--file", str(missing)]) == 2
@@ -127,8 +127,8 @@ def test_the_commands_refuse_a_missing_file_in_one_line(capsys, tmp_path):
 
 @pytest.mark.slow
 def test_calibrate_writes_a_profile_that_reads_back_and_names_its_rows(tmp_path):
-    from pipeline.fit_published import main as calibrate
-    from stages.simulator.hardware import read_profile
+    from pipeline.calibrate.fit import main as calibrate
+    from pipeline.schema import measured_profile
 
     rows = [small_row(), small_row(input_tokens=400, output_tokens=16, value=300.0)]
     header = DATA.read_text().splitlines()[0]
@@ -145,12 +145,12 @@ def test_calibrate_writes_a_profile_that_reads_back_and_names_its_rows(tmp_path)
     assert calibrate(["--published", str(data), "hardware=h100", "--out", str(out)]) == 0
     text = out.read_text()
     assert "8b tp1 96/24: 1000 tok/s" in text and "8b tp1 400/16: 300 tok/s" in text
-    profile = read_profile(out)
+    profile = measured_profile(out)
     assert profile.name == "h100" and profile.fp8_tflops == 1979
 
 
 def test_a_cached_recording_is_re_timed_without_simulating_again(tmp_path, monkeypatch):
-    import pipeline.recorded_rows as recorded_rows
+    import pipeline.calibrate.recorded as recorded_rows
 
     row = small_row(num_requests=6)
     first = record([row], None, cache=tmp_path)[0]
@@ -170,7 +170,7 @@ def test_a_cached_recording_is_re_timed_without_simulating_again(tmp_path, monke
 
 
 def test_devices_fitted_together_share_all_but_their_memory():
-    from pipeline.fit_published import parameters
+    from pipeline.calibrate.fit import parameters
 
     rows = [small_row(hardware=h, tp=t) for h in ("h100", "h200") for t in (1, 2)]
     recorded = [
@@ -215,7 +215,7 @@ def test_a_joint_fit_recovers_a_shared_compute_and_each_devices_memory():
 
 
 def test_a_fit_starts_from_the_start_files_figures_not_the_fitted_profile(tmp_path):
-    from pipeline.fit_published import START, starting_profiles
+    from pipeline.calibrate.fit import START, starting_profiles
 
     shipped = starting_profiles(["gaudi2"], [], START)
     start = tmp_path / "start.yaml"

@@ -19,7 +19,7 @@ from pipeline.checks import ConfigError, check_config, check_memory, memory_esti
 from pipeline.metrics import StepRecord
 from pipeline.run import run
 from pipeline.schema import JsonlWorkloadConf
-from pipeline.stopping import RunInterrupted
+from pipeline.signals import RunInterrupted
 from stages.tokenizer import ByteTokenizer
 from stages.workload import JsonlWorkload
 from tests.helpers import make_config, schema_kwargs
@@ -31,7 +31,7 @@ def load(tmp_path, data: bytes, **kwargs) -> list:
     path = tmp_path / "prompts.jsonl"
     path.write_bytes(data)
     return JsonlWorkload(**schema_kwargs(JsonlWorkloadConf, path=str(path), **kwargs)).load(
-        ByteTokenizer()
+        ByteTokenizer(add_bos=True)
     )
 
 
@@ -208,7 +208,7 @@ def test_special_ids_must_be_integers_in_the_vocabulary(tmp_path, change, messag
 
     folder, _ = good_folder(tmp_path, **change)
     with pytest.raises(ValueError) as err:
-        load_hf_model(str(folder))
+        load_hf_model(str(folder), "float32", max_position=0)
     assert message in str(err.value)
 
 

@@ -22,7 +22,7 @@ from pipeline.folder_lock import LOCK_FILE, FolderBusy, FolderLock
 from pipeline.identity import check_identity, identity
 from pipeline.resume import load_previous
 from pipeline.run import run
-from stages.simulator.hardware import read_profile
+from pipeline.schema import measured_profile
 from tests.helpers import REPO, make_config, run_cli
 
 HOLD = (
@@ -226,7 +226,7 @@ def test_an_alias_bomb_in_a_profile_is_refused(tmp_path):
     path = tmp_path / "bomb.yaml"
     path.write_text(text.replace("NAME", "*i"))
     with pytest.raises(ValueError, match=f"hardware.path={path}: its aliases expand to more"):
-        read_profile(path)
+        measured_profile(path)
 
 
 def test_a_config_value_doubling_through_references_is_refused():
@@ -301,6 +301,25 @@ DAMAGE = [
         ),
         "generations.jsonl:1",
         "field `output_ids`",
+    ),
+    (
+        "unknown finish reason",
+        lambda f: replace_first_line(
+            f / artefacts.GENERATIONS, first_generation(f, finish_reason="done")
+        ),
+        "generations.jsonl:1",
+        "field `finish_reason` is 'done', which must be one of stop, length, error or null",
+    ),
+    (
+        "unknown step mode",
+        lambda f: replace_first_line(
+            f / artefacts.STEPS,
+            json.dumps(
+                {**json.loads((f / artefacts.STEPS).read_text().splitlines()[0]), "mode": "fill"}
+            ),
+        ),
+        "steps.jsonl:1",
+        "field `mode` is 'fill', which must be one of extend, decode, mixed",
     ),
     (
         "newer steps",

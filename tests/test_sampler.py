@@ -17,9 +17,20 @@ from hypothesis import strategies as st
 from pipeline.build import build_engine
 from pipeline.checks import ConfigError
 from pipeline.run import run
+from pipeline.schema import GreedySamplerConf, RandomSamplerConf
 from stages.request import Request, SamplingParams
 from stages.sampler import GreedySampler, RandomSampler, uniforms
-from tests.helpers import make_config
+from tests.helpers import make_config, schema_kwargs
+
+
+def random_sampler(**given) -> RandomSampler:
+    """A random sampler with the schema's defaults (seed: the top level's) and `given`."""
+    return RandomSampler(**schema_kwargs(RandomSamplerConf, **given))
+
+
+def greedy_sampler(**given) -> GreedySampler:
+    return GreedySampler(**schema_kwargs(GreedySamplerConf, **given))
+
 
 # ---------------------------------------------------------------------------------------------
 # Helpers
@@ -129,21 +140,21 @@ DISTRIBUTIONS = {
 @pytest.mark.parametrize("params", DISTRIBUTIONS.values(), ids=DISTRIBUTIONS.keys())
 @pytest.mark.parametrize("by", ["id", "index"])
 def test_frequencies_match_the_restricted_softmax(params, by):
-    tokens = draw_many(RandomSampler(seed=3, **params), ROW, DRAWS, by=by)
+    tokens = draw_many(random_sampler(seed=3, **params), ROW, DRAWS, by=by)
     assert_distribution(tokens, restricted(ROW, **params))
 
 
 def test_per_request_values_override_the_sampler():
     params = dict(temperature=1.2, top_k=5, top_p=0.9)
-    tokens = draw_many(RandomSampler(temperature=0.3, top_k=2, seed=5), ROW, DRAWS, **params)
+    tokens = draw_many(random_sampler(temperature=0.3, top_k=2, seed=5), ROW, DRAWS, **params)
     assert_distribution(tokens, restricted(ROW, **params))
 
 
 def test_the_test_can_fail():
     """Draws at T = 0.7 do not pass for softmax(logits), nor top-k draws for the full softmax."""
-    counts = np.bincount(draw_many(RandomSampler(temperature=0.7), ROW, DRAWS), minlength=10)
+    counts = np.bincount(draw_many(random_sampler(temperature=0.7), ROW, DRAWS), minlength=10)
     assert not fits(counts.astype(np.float64), restricted(ROW, 1.0))
-    top = draw_many(RandomSampler(top_k=8), ROW, DRAWS)
+    top = draw_many(random_sampler(top_k=8), ROW, DRAWS)
     assert np.bincount(top, minlength=10)[8:].sum() == 0
     assert not fits(np.bincount(top, minlength=10).astype(np.float64), restricted(ROW, 1.0))
 
@@ -152,7 +163,7 @@ def test_large_vocabulary_top_p_beyond_the_candidate_head():
     """With a flat row the nucleus spans thousands of tokens, past the first candidates."""
     rng = np.random.default_rng(0)
     row = rng.normal(scale=0.1, size=4096).astype(np.float32)
-    sampler = RandomSampler(top_p=0.9, seed=1)
+    sampler = random_sampler(top_p=0.9, seed=1)
     requests = [request(f"wide-{i}") for i in range(64)]
     logits = np.tile(row, (64, 1))
     wide = sample(sampler, logits, requests)
@@ -195,8 +206,8 @@ GREEDY_EQUIVALENTS = {
 def test_greedy_equivalents_equal_greedy(params, sampling):
     x = tied_logits()
     requests = [request(f"g{i}", produced=i, **sampling) for i in range(len(x))]
-    greedy = sample(GreedySampler(), x, requests)
-    assert np.array_equal(sample(RandomSampler(seed=9, **params), x, requests), greedy)
+    greedy = sample(greedy_sampler(), x, requests)
+    assert np.array_equal(sample(random_sampler(seed=9, **params), x, requests), greedy)
     assert np.array_equal(greedy, np.argmax(x, axis=-1))  # lowest id among ties
 
 
@@ -225,7 +236,7 @@ def test_a_row_draws_the_same_alone_or_anywhere_in_a_batch(params, vocab, data_s
     x = (rng.normal(size=(len(params), vocab)) * rng.uniform(0.1, 5)).astype(np.float32)
     x[:, : vocab // 3] = np.round(x[:, : vocab // 3])  # some exact ties
     requests = [request(f"b{i}", produced=i * 3, **p) for i, p in enumerate(params)]
-    sampler = RandomSampler(temperature=0.8, top_k=0, top_p=0.9, seed=11)
+    sampler = random_sampler(temperature=0.8, top_k=0, top_p=0.9, seed=11)
     sampler.CANDIDATES = candidates
     batch = sample(sampler, x, requests)
 
@@ -242,7 +253,7 @@ def test_a_row_draws_the_same_alone_or_anywhere_in_a_batch(params, vocab, data_s
 
 def test_streams_depend_on_id_index_and_seed():
     x = np.zeros((1, 1000), dtype=np.float32)  # uniform: the token shows the stream
-    sampler = RandomSampler(seed=1)
+    sampler = random_sampler(seed=1)
 
     def token(rid, produced=0, sampler=sampler, **sampling):
         return int(sample(sampler, x, [request(rid, produced, **sampling)])[0])
@@ -250,9 +261,9 @@ def test_streams_depend_on_id_index_and_seed():
     assert token("a") == token("a")
     assert len({token(f"id-{i}") for i in range(20)}) > 15
     assert len({token("a", produced=i) for i in range(20)}) > 15
-    assert token("a") != token("a", sampler=RandomSampler(seed=2))  # 1 in 1000 to collide
+    assert token("a") != token("a", sampler=random_sampler(seed=2))  # 1 in 1000 to collide
     # A request's own seed decides its stream, whatever its id or the run's seed.
-    assert token("a", seed=5) == token("b", seed=5) == token("a", sampler=RandomSampler(), seed=5)
+    assert token("a", seed=5) == token("b", seed=5) == token("a", sampler=random_sampler(), seed=5)
     assert token("a", seed=5) != token("a", seed=6)
 
 
@@ -267,7 +278,9 @@ def test_uniforms_cover_the_unit_interval():
 # Log-probabilities
 
 
-@pytest.mark.parametrize("sampler", [GreedySampler(logprobs=3), RandomSampler(2.0, logprobs=3)])
+@pytest.mark.parametrize(
+    "sampler", [greedy_sampler(logprobs=3), random_sampler(temperature=2.0, logprobs=3)]
+)
 def test_logprobs_are_the_raw_top_k_and_hold_the_sampled_token(sampler):
     x = tied_logits(rows=8, vocab=40)
     requests = [request(f"l{i}") for i in range(len(x))]
@@ -283,7 +296,7 @@ def test_logprobs_are_the_raw_top_k_and_hold_the_sampled_token(sampler):
 
 def test_no_logprobs_by_default():
     x = tied_logits(rows=2, vocab=10)
-    for sampler in (GreedySampler(), RandomSampler()):
+    for sampler in (greedy_sampler(), random_sampler()):
         assert sampler.sample(paddle.to_tensor(x), [request("a"), request("b")]).logprobs is None
 
 
@@ -302,14 +315,14 @@ BAD_CONFIG = {
 @pytest.mark.parametrize(("params", "message"), BAD_CONFIG.values(), ids=BAD_CONFIG.keys())
 def test_bad_sampler_values_fail_with_one_line(params, message):
     with pytest.raises(ValueError) as err:
-        RandomSampler(**params)
+        random_sampler(**params)
     assert message in str(err.value) and "set sampler." in str(err.value)
     assert "\n" not in str(err.value)
 
 
 def test_greedy_checks_logprobs():
     with pytest.raises(ValueError, match="sampler.logprobs=-3"):
-        GreedySampler(logprobs=-3)
+        greedy_sampler(logprobs=-3)
 
 
 BAD_REQUEST = {
@@ -327,7 +340,7 @@ BAD_REQUEST = {
 
 @pytest.mark.parametrize(("sampling", "message"), BAD_REQUEST.values(), ids=BAD_REQUEST.keys())
 def test_bad_request_values_are_that_requests_error(sampling, message):
-    for sampler in (RandomSampler(), GreedySampler()):
+    for sampler in (random_sampler(), greedy_sampler()):
         error = sampler.validate_request(request(**sampling))
         assert error is not None and error.startswith(message) and "\n" not in error
         assert sampler.validate_request(request(temperature=0.6, top_k=3, top_p=1, seed=1)) is None

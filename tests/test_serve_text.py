@@ -13,7 +13,7 @@ from stages.request import Request
 from stages.stopping import StopRule
 from stages.tokenizer import ByteTokenizer
 
-TOKENIZER = ByteTokenizer()
+TOKENIZER = ByteTokenizer(add_bos=True)
 # Bytes of ASCII, of multi-byte characters and stray continuation bytes, so that steps
 # cut characters in half and some never complete.
 BYTES = st.lists(st.sampled_from([*b"ab x", *"é€😀".encode(), 0x80, 0xBF]), max_size=40)

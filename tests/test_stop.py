@@ -32,7 +32,7 @@ def first_new_printable(text: str) -> tuple[int, str] | None:
 
 
 def test_a_stop_string_cuts_the_output_where_it_first_appears(tmp_path):
-    tok = ByteTokenizer()
+    tok = ByteTokenizer(add_bos=True)
     free = run(tmp_path)
     stops, expected = {}, {}
     for rid, r in free.items():

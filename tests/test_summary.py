@@ -165,7 +165,7 @@ def test_p90_beside_p50_and_p99_and_clipped_prompts_named(tmp_path):
 
 def test_plot_takes_the_numeric_key_on_x_and_leaves_out_empty_panels(tmp_path):
     from pipeline.summary import find_jobs
-    from pipeline.summary_plot import log_scale, shown_panels, x_key
+    from pipeline.summary.plot import log_scale, shown_panels, x_key
 
     for num, (hw, tokens) in enumerate([(h, t) for h in ("gaudi2", "gaudi3") for t in (256, 512)]):
         make_job(tmp_path, num, [f"hardware={hw}", f"max_tokens={tokens}"],

@@ -6,7 +6,7 @@ from stages.tokenizer import ByteTokenizer
 
 @given(st.text())
 def test_byte_tokenizer_round_trips_any_unicode(text):
-    tokenizer = ByteTokenizer()
+    tokenizer = ByteTokenizer(add_bos=True)
     ids = tokenizer.encode(text)
     assert ids[0] == tokenizer.bos_id
     assert all(0 <= i < tokenizer.vocab_size for i in ids)

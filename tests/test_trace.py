@@ -81,7 +81,7 @@ def chat(rid: str, *turns: tuple[str, str]) -> dict:
 
 def load(path, **kwargs) -> tuple[TraceWorkload, list[Request]]:
     workload = trace_workload(path, **{"max_model_len": 256, **kwargs})
-    return workload, workload.load(ByteTokenizer())
+    return workload, workload.load(ByteTokenizer(add_bos=True))
 
 
 TIMED = ["azure", "burstgpt", "mooncake", "vidur"]
@@ -231,7 +231,7 @@ def test_sharegpt_first_human_turn_and_the_gpt_reply(tmp_path):
     ]
     path = sharegpt_file(tmp_path, entries)
     workload, requests = load(path)
-    tok = ByteTokenizer()
+    tok = ByteTokenizer(add_bos=True)
     assert [r.id for r in requests[:2]] == ["a", "b"]
     assert requests[0].prompt == "What is a KV cache?"
     assert requests[0].prompt_ids == tok.encode("What is a KV cache?")
@@ -369,7 +369,7 @@ def test_the_pipeline_serves_every_trace_request(tmp_path, fmt):
     if fmt == "sharegpt":
         entries = [chat(f"c{i}", ("human", "tell me " * i), ("gpt", "ok " * i)) for i in (1, 3, 5)]
         path = sharegpt_file(tmp_path, entries)
-        expected = [len(ByteTokenizer().encode("ok " * i)) for i in (1, 3, 5)]
+        expected = [len(ByteTokenizer(add_bos=True).encode("ok " * i)) for i in (1, 3, 5)]
     else:
         rows = [(t / 10, n_in, n_out) for t, n_in, n_out in ROWS]  # a fast replay
         path = timed_trace(tmp_path, fmt, rows)

@@ -58,7 +58,9 @@ def test_requests_wait_for_their_arrival(tmp_path):
 
 
 def synthetic(**kwargs) -> list:
-    return SyntheticWorkload(**schema_kwargs(SyntheticWorkloadConf, **kwargs)).load(ByteTokenizer())
+    return SyntheticWorkload(**schema_kwargs(SyntheticWorkloadConf, **kwargs)).load(
+        ByteTokenizer(add_bos=True)
+    )
 
 
 def test_synthetic_lengths_are_drawn_from_their_ranges():
@@ -76,7 +78,7 @@ def test_synthetic_lengths_are_drawn_from_their_ranges():
     # The byte tokenizer's prompts have exactly the drawn length: same seed, fixed prompt.
     exact = synthetic(num_requests=20, min_prompt_tokens=77, max_prompt_tokens=77, seed=2)
     assert {len(r.prompt_ids) for r in exact} == {77}
-    assert all(r.prompt == ByteTokenizer().decode(r.prompt_ids) for r in exact)
+    assert all(r.prompt == ByteTokenizer(add_bos=True).decode(r.prompt_ids) for r in exact)
 
 
 def test_poisson_gaps_have_mean_one_over_rate():
@@ -115,7 +117,7 @@ def test_mixed_workload_from_the_config():
             f"{parts}.long.max_prompt_tokens=200",
         ]
     )
-    requests = instantiate(cfg.workload).load(ByteTokenizer())
+    requests = instantiate(cfg.workload).load(ByteTokenizer(add_bos=True))
     assert [r.id for r in requests] == [f"decode-{i}" for i in range(5)] + [
         f"long-{i}" for i in range(3)
     ]

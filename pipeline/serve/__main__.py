@@ -28,7 +28,7 @@ from pipeline import artefacts, logs  # noqa: F401  (logs configures structlog)
 from pipeline.build import check_resolves, import_paddle
 from pipeline.checks import ConfigError, check_config
 from pipeline.run import slo_of
-from pipeline.schema import register_schemas
+from pipeline.schema import Executor, register_schemas
 from pipeline.serve.api import create_app
 from pipeline.serve.telemetry import Telemetry
 from pipeline.serve.worker import EngineWorker
@@ -47,7 +47,7 @@ def prepare(cfg: DictConfig, model_choice: str) -> None:
     slo_of(cfg)  # a bad bound stops the server before anything is built
     if not cfg.serve.model_name:
         cfg.serve.model_name = model_choice
-    if cfg.executor.name != "simulated" and not cfg.num_blocks:
+    if cfg.executor.name != Executor.simulated and not cfg.num_blocks:
         cfg.num_blocks = cfg.max_num_seqs * blocks_for(cfg.max_model_len, cfg.block_size)
     if not 0 < cfg.serve.port < 65536:
         raise ConfigError(f"serve.port={cfg.serve.port}: choose a port in 1..65535")
@@ -108,7 +108,7 @@ def serve(cfg: DictConfig, out_dir: Path) -> int:
         timeout_graceful_shutdown=round(settings.shutdown_timeout_s) + 5,
     )
     server = DrainingServer(config, lambda: app.state.worker.drain())
-    if cfg.executor.name != "simulated":
+    if cfg.executor.name != Executor.simulated:
         import_paddle()  # before uvicorn's handlers: Paddle's own would replace them
     print(f"serving on http://{settings.host}:{settings.port} (run folder {out_dir})", flush=True)
     with exit_quietly_on_signals():
@@ -124,7 +124,7 @@ def serve(cfg: DictConfig, out_dir: Path) -> int:
     return 0
 
 
-@hydra.main(version_base="1.3", config_path="pkg://pipeline.conf", config_name="config")
+@hydra.main(version_base="1.3", config_path="pkg://pipeline.conf", config_name="serve")
 def main(cfg: DictConfig) -> None:
     hydra_cfg = HydraConfig.get()
     out_dir = Path(hydra_cfg.runtime.output_dir)

@@ -11,12 +11,13 @@ from __future__ import annotations
 import asyncio
 import itertools
 import secrets
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from omegaconf import DictConfig
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -52,11 +53,24 @@ def problem_response(err: Problem) -> JSONResponse:
     return JSONResponse(body, status_code=err.status, headers=err.headers)
 
 
+@dataclass
+class Serving:
+    """What the routes read besides the worker: the serve settings, the context limit,
+    and the count that numbers replies."""
+
+    settings: DictConfig  # cfg.serve
+    max_model_len: int
+    numbers: Iterator[int] = field(default_factory=itertools.count)
+
+    def reply(self, kind: str) -> Reply:
+        return Reply(kind, next(self.numbers), self.settings.model_name)
+
+
 def create_app(
     cfg: DictConfig, make_worker: Callable[[asyncio.AbstractEventLoop], EngineWorker]
 ) -> FastAPI:
     """The app; its lifespan starts the engine worker and stops it at shutdown."""
-    settings = cfg.serve
+    shutdown_timeout_s = cfg.serve.shutdown_timeout_s
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -64,111 +78,132 @@ def create_app(
         app.state.worker = worker
         worker.start()
         yield
-        await asyncio.to_thread(worker.stop, settings.shutdown_timeout_s)
+        await asyncio.to_thread(worker.stop, shutdown_timeout_s)
 
     app = FastAPI(title="hpu-pipeline", lifespan=lifespan)
+    app.state.serving = Serving(cfg.serve, cfg.max_model_len)
     app.add_exception_handler(Problem, lambda request, err: problem_response(err))
-    numbers = itertools.count()
-
-    @app.get("/health")
-    async def health(request: Request) -> Response:
-        worker: EngineWorker = request.app.state.worker
-        if worker.failed:
-            return JSONResponse({"status": "failed", "error": worker.failed}, status_code=503)
-        if not worker.ready.is_set():
-            return JSONResponse({"status": "not ready"}, status_code=503)
-        return JSONResponse({"status": "ok"})
-
-    @app.get("/metrics")
-    async def metrics(request: Request) -> Response:
-        telemetry: Telemetry = request.app.state.worker.telemetry
-        return Response(generate_latest(telemetry.registry), media_type=CONTENT_TYPE_LATEST)
-
-    @app.get("/v1/models")
-    async def models(request: Request) -> Response:
-        check_key(request, settings.api_key)
-        model = {"id": settings.model_name, "object": "model", "created": 0,
-                 "owned_by": "hpu-pipeline", "max_model_len": cfg.max_model_len}  # fmt: skip
-        return JSONResponse({"object": "list", "data": [model]})
-
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> Response:
-        worker, body = await accept(request, CompletionBody)
-        tokenizer = worker.engine.tokenizer
-        prompt = body.prompt_text()
-        if isinstance(prompt, list):
-            bad = [i for i in prompt if not 0 <= i < tokenizer.vocab_size]
-            if bad:
-                raise Problem(400, f"prompt: token id {bad[0]} is outside the vocabulary "
-                              f"(0..{tokenizer.vocab_size - 1})", "prompt")  # fmt: skip
-            ids, prompt = prompt, tokenizer.decode(prompt)
-        else:
-            ids = tokenizer.encode(prompt)
-        reply = Reply("text_completion", next(numbers), settings.model_name)
-        return await generate(request, worker, body, reply, prompt, ids, body.max_tokens)
-
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request) -> Response:
-        worker, body = await accept(request, ChatBody)
-        tokenizer = worker.engine.tokenizer
-        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
-        try:  # the model's chat template, as for jsonl `messages` (stages/chat.py)
-            prompt, ids = tokenizer.encode_chat(messages)
-        except ValueError as err:
-            raise Problem(400, str(err), "messages") from None
-        reply = Reply("chat.completion", next(numbers), settings.model_name)
-        return await generate(request, worker, body, reply, prompt, ids, body.limit())
-
-    async def accept(request: Request, body_type: type[GenerationBody]) -> tuple[EngineWorker, Any]:
-        """The checks every generation request passes, in the order the module names."""
-        check_key(request, settings.api_key)
-        raw = await read_body(request, settings.max_request_bytes)
-        try:
-            body = parse(body_type, raw)
-        except RequestError as err:
-            raise Problem(400, str(err), err.param) from None
-        if body.model is not None and body.model != settings.model_name:
-            raise Problem(404, f"model '{body.model}' is not served here: "
-                          f"GET /v1/models lists '{settings.model_name}'", "model")  # fmt: skip
-        worker: EngineWorker = request.app.state.worker
-        if not worker.ready.is_set():
-            raise Problem(503, "the server is not ready (loading, warming up or stopping)",
-                          headers={"Retry-After": "5"})  # fmt: skip
-        if worker.waiting >= settings.max_waiting:
-            message = f"{worker.waiting} requests wait, serve.max_waiting={settings.max_waiting}"
-            raise Problem(503, f"{message}: retry later", headers={"Retry-After": "1"})
-        return worker, body
-
-    async def generate(
-        request: Request,
-        worker: EngineWorker,
-        body: GenerationBody,
-        reply: Reply,
-        prompt: str,
-        ids: list[int],
-        limit: int | None,
-    ) -> Response:
-        engine = worker.engine
-        ident = (reply.id, reply.index)
-        job = to_request(body, prompt, ids, limit, cfg.max_model_len, ident, engine.clock())
-        reason = engine.rejection(job)
-        if reason:
-            raise Problem(400, reason)
-        try:
-            stream = worker.submit(job, streamed=body.stream)
-        except RuntimeError as err:
-            raise Problem(503, str(err), headers={"Retry-After": "5"}) from None
-        if body.stream:
-            events = stream_events(request, worker, stream, reply, body.include_usage)
-            return StreamingResponse(events, media_type="text/event-stream")
-        await wait_for_end(request, worker, stream)
-        if stream.request.error:
-            status = 503 if stream.request.error.startswith("aborted") else 500
-            raise Problem(status, stream.request.error)
-        return Response(orjson.dumps(reply.whole(stream.request, engine.tokenizer)),
-                        media_type="application/json")  # fmt: skip
-
+    app.include_router(probe_routes)
+    app.include_router(openai_routes)
     return app
+
+
+# /health and /metrics: for load balancers and Prometheus, open without a key.
+probe_routes = APIRouter()
+
+
+@probe_routes.get("/health")
+async def health(request: Request) -> Response:
+    worker: EngineWorker = request.app.state.worker
+    if worker.failed:
+        return JSONResponse({"status": "failed", "error": worker.failed}, status_code=503)
+    if not worker.ready.is_set():
+        return JSONResponse({"status": "not ready"}, status_code=503)
+    return JSONResponse({"status": "ok"})
+
+
+@probe_routes.get("/metrics")
+async def metrics(request: Request) -> Response:
+    telemetry: Telemetry = request.app.state.worker.telemetry
+    return Response(generate_latest(telemetry.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+# OpenAI's API: models, completions, chat completions.
+openai_routes = APIRouter(prefix="/v1")
+
+
+@openai_routes.get("/models")
+async def models(request: Request) -> Response:
+    serving: Serving = request.app.state.serving
+    settings = serving.settings
+    check_key(request, settings.api_key)
+    model = {"id": settings.model_name, "object": "model", "created": 0,
+             "owned_by": "hpu-pipeline", "max_model_len": serving.max_model_len}  # fmt: skip
+    return JSONResponse({"object": "list", "data": [model]})
+
+
+@openai_routes.post("/completions")
+async def completions(request: Request) -> Response:
+    worker, body = await accept(request, CompletionBody)
+    tokenizer = worker.engine.tokenizer
+    prompt = body.prompt_text()
+    if isinstance(prompt, list):
+        bad = [i for i in prompt if not 0 <= i < tokenizer.vocab_size]
+        if bad:
+            raise Problem(400, f"prompt: token id {bad[0]} is outside the vocabulary "
+                          f"(0..{tokenizer.vocab_size - 1})", "prompt")  # fmt: skip
+        ids, prompt = prompt, tokenizer.decode(prompt)
+    else:
+        ids = tokenizer.encode(prompt)
+    reply = request.app.state.serving.reply("text_completion")
+    return await generate(request, worker, body, reply, prompt, ids, body.max_tokens)
+
+
+@openai_routes.post("/chat/completions")
+async def chat_completions(request: Request) -> Response:
+    worker, body = await accept(request, ChatBody)
+    tokenizer = worker.engine.tokenizer
+    messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+    try:  # the model's chat template, as for jsonl `messages` (stages/chat.py)
+        prompt, ids = tokenizer.encode_chat(messages)
+    except ValueError as err:
+        raise Problem(400, str(err), "messages") from None
+    reply = request.app.state.serving.reply("chat.completion")
+    return await generate(request, worker, body, reply, prompt, ids, body.limit())
+
+
+async def accept(request: Request, body_type: type[GenerationBody]) -> tuple[EngineWorker, Any]:
+    """The checks every generation request passes, in the order the module names."""
+    settings = request.app.state.serving.settings
+    check_key(request, settings.api_key)
+    raw = await read_body(request, settings.max_request_bytes)
+    try:
+        body = parse(body_type, raw)
+    except RequestError as err:
+        raise Problem(400, str(err), err.param) from None
+    if body.model is not None and body.model != settings.model_name:
+        raise Problem(404, f"model '{body.model}' is not served here: "
+                      f"GET /v1/models lists '{settings.model_name}'", "model")  # fmt: skip
+    worker: EngineWorker = request.app.state.worker
+    if not worker.ready.is_set():
+        raise Problem(503, "the server is not ready (loading, warming up or stopping)",
+                      headers={"Retry-After": "5"})  # fmt: skip
+    if worker.waiting >= settings.max_waiting:
+        message = f"{worker.waiting} requests wait, serve.max_waiting={settings.max_waiting}"
+        raise Problem(503, f"{message}: retry later", headers={"Retry-After": "1"})
+    return worker, body
+
+
+async def generate(
+    request: Request,
+    worker: EngineWorker,
+    body: GenerationBody,
+    reply: Reply,
+    prompt: str,
+    ids: list[int],
+    limit: int | None,
+) -> Response:
+    """Hands the request to the engine worker; answers it whole or as a stream."""
+    engine = worker.engine
+    ident = (reply.id, reply.index)
+    max_model_len = request.app.state.serving.max_model_len
+    job = to_request(body, prompt, ids, limit, max_model_len, ident, engine.clock())
+    reason = engine.rejection(job)
+    if reason:
+        raise Problem(400, reason)
+    try:
+        stream = worker.submit(job, streamed=body.stream)
+    except RuntimeError as err:
+        raise Problem(503, str(err), headers={"Retry-After": "5"}) from None
+    if body.stream:
+        events = stream_events(request, worker, stream, reply, body.include_usage)
+        return StreamingResponse(events, media_type="text/event-stream")
+    await wait_for_end(request, worker, stream)
+    if stream.request.error:
+        status = 503 if stream.request.error.startswith("aborted") else 500
+        raise Problem(status, stream.request.error)
+    return Response(orjson.dumps(reply.whole(stream.request, engine.tokenizer)),
+                    media_type="application/json")  # fmt: skip
 
 
 def check_key(request: Request, api_key: str) -> None:

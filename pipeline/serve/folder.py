@@ -21,7 +21,7 @@ from pipeline.engine import Engine
 from pipeline.metrics import StepTotals, summarise
 from pipeline.run import device_metrics, slo_of
 from pipeline.slo import slo_metrics
-from stages.request import Request, Status
+from stages.request import FinishReason, Request, Status
 
 
 class GenerationAppender:
@@ -55,7 +55,7 @@ def ended_request(line: dict[str, Any]) -> Request:
         max_new_tokens=line["max_new_tokens"],
         output_ids=line["output_ids"],
         status=Status.FINISHED,
-        finish_reason=line["finish_reason"],
+        finish_reason=FinishReason(line["finish_reason"]) if line["finish_reason"] else None,
         error=line["error"],
         cached_tokens=line["cached_tokens"],
     )

@@ -16,7 +16,7 @@ from prometheus_client.registry import Collector
 
 from pipeline.engine import Engine
 from pipeline.metrics import StepRecord, e2e_s, itl_s, ttft_s
-from stages.request import Request
+from stages.request import FinishReason, Request
 from stages.simulator.device import SimulatedDevice
 
 # Bucket edges in seconds, as wide as vLLM's (first token of a long prompt to minutes).
@@ -84,7 +84,7 @@ class Telemetry:
 
     def observe_finish(self, request: Request) -> None:
         name = self.model_name
-        reason = request.finish_reason or "error"
+        reason = request.finish_reason or FinishReason.ERROR
         self.success.labels(name, "abort" if request.error else reason).inc()
         self.prompt_tokens.labels(name).inc(request.num_prompt_tokens)
         self.generation_tokens.labels(name).inc(len(request.output_ids))

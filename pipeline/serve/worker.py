@@ -23,6 +23,7 @@ from pipeline.allocator import HeapTrimmer
 from pipeline.build import build_engine
 from pipeline.engine import Arrivals, Engine
 from pipeline.metrics import StepRecord
+from pipeline.schema import Executor
 from pipeline.serve.folder import GenerationAppender, write_folder_metrics
 from pipeline.serve.telemetry import Telemetry
 from stages.request import Request
@@ -216,7 +217,7 @@ class EngineWorker:
             )
 
     def _load(self) -> Engine:
-        paced = PacedClock() if self.cfg.executor.name == "simulated" else None
+        paced = PacedClock() if self.cfg.executor.name == Executor.simulated else None
         engine, _ = build_engine(self.cfg, clock=paced)
         return engine
 

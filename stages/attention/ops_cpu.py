@@ -455,6 +455,71 @@ def _tile_sections(nb: int, block_range: tuple[int, int] | None, block_bytes: in
     return [min(tile, nb - lo) for lo in range(0, nb, tile)]
 
 
+class _Tiling(NamedTuple):
+    """How a decode walks its blocks: in tiles of `sections` blocks, each tile's blocks
+    gathered from the cache, or a span (block_range) read in place."""
+
+    sections: list[int]
+    block_range: tuple[int, int] | None
+
+    def split(self, *tensors: paddle.Tensor) -> zip:
+        """The tensors' tiles side by side."""
+        # One split per tensor rather than slices per tile: op launches add up.
+        many = len(self.sections) > 1
+        parts = (paddle.split(x, self.sections) if many else [x] for x in tensors)
+        return zip(*parts, strict=True)
+
+    def cache(self, cache: paddle.Tensor, ids: paddle.Tensor) -> paddle.Tensor:
+        """A tile's blocks of the cache."""
+        if self.block_range is not None:
+            first, end = self.block_range
+            return cache[first:end]
+        return paddle.gather(cache, ids)
+
+
+def _block_probs(
+    q_blocks: paddle.Tensor,
+    k_cache: paddle.Tensor,
+    block_list: paddle.Tensor,
+    layout: DecodeLayout,
+    tiling: _Tiling,
+    num_rows: int,
+) -> paddle.Tensor:
+    """[H * (R + 1) * row_width, bs]: each block's scores at its place, softmaxed over its
+    row's places."""
+    _, kv, group, _ = q_blocks.shape
+    h, bs = kv * group, k_cache.shape[-1]
+    bias, places, row_width = layout
+    # Masked slots and unused places stay at -1e30, not -inf: a row of padding only then
+    # softmaxes to finite weights, which its zero mapping discards.
+    scores = paddle.full([h * (num_rows + 1) * row_width, bs], _NEG, dtype=q_blocks.dtype)
+    for q_tile, ids, bias_tile, place_tile in tiling.split(q_blocks, block_list, bias, places):
+        n = q_tile.shape[0]
+        tile_scores = paddle.matmul(q_tile, tiling.cache(k_cache, ids)).reshape([n, h, bs])
+        tile_scores.add_(bias_tile)
+        paddle.scatter_(scores, place_tile.reshape([-1]), tile_scores.reshape([n * h, bs]))
+    F.softmax_(scores.reshape([h * (num_rows + 1), row_width * bs]), axis=-1)
+    return scores
+
+
+def _block_values(
+    probs: paddle.Tensor,
+    v_cache: paddle.Tensor,
+    block_list: paddle.Tensor,
+    places: paddle.Tensor,
+    tiling: _Tiling,
+) -> paddle.Tensor:
+    """[NB, H * D]: each block's values weighted by its probabilities (from its places)."""
+    _, kv, bs, d = v_cache.shape
+    h = places.shape[1]
+    block_out = []
+    for ids, place_tile in tiling.split(block_list, places):
+        n = ids.shape[0]
+        weights = paddle.gather(probs, place_tile.reshape([-1])).reshape([n, kv, h // kv, bs])
+        block_out.append(paddle.matmul(weights, tiling.cache(v_cache, ids)).reshape([n, h * d]))
+    return paddle.concat(block_out) if len(block_out) > 1 else block_out[0]
+
+
 def decode(
     q: paddle.Tensor,
     k_cache: paddle.Tensor,
@@ -474,36 +539,11 @@ def decode(
     straight over a slice of the cache run twice as fast as gathering the same blocks."""
     r, h, d = q.shape
     _, kv, bs, _ = v_cache.shape
-    nb = block_list.shape[0]
     q = q.reshape([r, kv, h // kv, d]) * (d**-0.5)
     q_blocks = paddle.gather(q, block_groups)  # [NB, KV, G, D]: each block's row's queries
-    bias, places, row_width = layout
-    per_head = (r + 1) * row_width
-    first, end = block_range or (0, nb)
-    sections = _tile_sections(nb, block_range, kv * bs * d * k_cache.element_size())
-
-    def tiles(*tensors: paddle.Tensor) -> zip:
-        # One split per tensor rather than slices per tile: op launches add up.
-        parts = (paddle.split(x, sections) if len(sections) > 1 else [x] for x in tensors)
-        return zip(*parts, strict=True)
-
-    def cache_tile(cache: paddle.Tensor, ids: paddle.Tensor) -> paddle.Tensor:
-        return cache[first:end] if block_range is not None else paddle.gather(cache, ids)
-
-    # Masked slots and unused places stay at -1e30, not -inf: a row of padding only then
-    # softmaxes to finite weights, which its zero mapping discards.
-    scores = paddle.full([h * per_head, bs], _NEG, dtype=q.dtype)
-    for q_tile, ids, bias_tile, place_tile in tiles(q_blocks, block_list, bias, places):
-        n = q_tile.shape[0]
-        tile_scores = paddle.matmul(q_tile, cache_tile(k_cache, ids)).reshape([n, h, bs])
-        tile_scores.add_(bias_tile)
-        paddle.scatter_(scores, place_tile.reshape([-1]), tile_scores.reshape([n * h, bs]))
-    F.softmax_(scores.reshape([h * (r + 1), row_width * bs]), axis=-1)
-    block_out = []
-    for ids, place_tile in tiles(block_list, places):
-        n = ids.shape[0]
-        probs = paddle.gather(scores, place_tile.reshape([-1])).reshape([n, kv, h // kv, bs])
-        block_out.append(paddle.matmul(probs, cache_tile(v_cache, ids)).reshape([n, h * d]))
-    block_out = paddle.concat(block_out) if len(block_out) > 1 else block_out[0]
+    block_bytes = kv * bs * d * k_cache.element_size()
+    tiling = _Tiling(_tile_sections(block_list.shape[0], block_range, block_bytes), block_range)
+    probs = _block_probs(q_blocks, k_cache, block_list, layout, tiling, r)
+    block_out = _block_values(probs, v_cache, block_list, layout.places, tiling)
     rows = paddle.matmul(block_mapping, block_out, transpose_x=True)  # [R, H * D]
     return paddle.matmul(rows, out_weight)

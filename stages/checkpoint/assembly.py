@@ -68,7 +68,7 @@ def assemble_weights(spec: CheckpointSpec, state: Mapping[str, paddle.Tensor]) -
     )
 
 
-def load_hf_model(path: str, dtype: str = "float32", max_position: int = 0) -> TransformerLM:
+def load_hf_model(path: str, dtype: str, max_position: int) -> TransformerLM:
     """The model of a local Hugging Face folder, in compute dtype `dtype`, with rotary tables
     for `max_position` positions (0 = the config's max_position_embeddings)."""
     from stages.model import check_dtype

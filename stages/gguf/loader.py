@@ -161,7 +161,7 @@ def load_state(header: GgufHeader, spec: CheckpointSpec, dtype: str) -> dict[str
     return state
 
 
-def load_gguf_model(path: str, dtype: str = "float32", max_position: int = 0) -> TransformerLM:
+def load_gguf_model(path: str, dtype: str, max_position: int) -> TransformerLM:
     """The model of a GGUF file, in compute dtype `dtype`, with rotary tables for
     `max_position` positions (0 = the file's context length)."""
     header = read_gguf_header(path)

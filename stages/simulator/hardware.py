@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -64,15 +64,15 @@ class HardwareProfile:
     compile_s: float  # graph compile of one bucket at warmup
     recompile_s: float  # a step whose bucket was not warmed compiles it first
     graph_memory_gib: float  # device memory the compiled graphs and workspaces reserve
-    kv_headroom: float = 0.1  # fraction of capacity kept free beside weights and KV
-    pads_to_buckets: bool = True  # HPU: computes the padded bucket; GPU: the real tokens
-    fp8_tflops: float = 0.0  # dense FP8 peak; 0 = none, FP8 GEMMs run at the bf16 rate
-    allreduce_latency_s: float = 0.0  # fixed time of one all-reduce call over the link
-    gemm_fill_s: float = 0.0  # fixed time of one GEMM kernel: launch, fill, last wave
+    kv_headroom: float  # fraction of capacity kept free beside weights and KV
+    pads_to_buckets: bool  # HPU: computes the padded bucket; GPU: the real tokens
+    fp8_tflops: float  # dense FP8 peak; 0 = none, FP8 GEMMs run at the bf16 rate
+    allreduce_latency_s: float  # fixed time of one all-reduce call over the link
+    gemm_fill_s: float  # fixed time of one GEMM kernel: launch, fill, last wave
     # All-to-all links: the bandwidth to one peer, a direction; a tp-way all-reduce has
     # tp - 1 peers' links. 0: a switch (NVLink) gives interconnect_gbs whatever tp.
-    interconnect_peer_gbs: float = 0.0
-    coefficients: Mapping[str, float] = field(default_factory=dict)  # fitted; empty = 1.0
+    interconnect_peer_gbs: float
+    coefficients: Mapping[str, float]  # fitted; empty = 1.0
 
     def __post_init__(self) -> None:
         """Every field checked for its type and range, whichever file it came from: a NaN
@@ -170,9 +170,10 @@ def kv_pool_blocks(
 _FIELDS = {f.name for f in dataclasses.fields(HardwareProfile)}
 
 
-def read_profile(path: str | Path) -> HardwareProfile:
-    """A profile YAML (the `hardware=measured` option); a bad file is a one-line error
-    naming the file and the field."""
+def read_profile(path: str | Path, optional: Mapping[str, Any]) -> HardwareProfile:
+    """A profile YAML (the `hardware=measured` option), whose fields in `optional` may be
+    left out and then take its values (the schema's defaults); a bad file is a one-line
+    error naming the file and the field."""
     what = f"hardware.path={path}"
     try:
         data = read_yaml(path, what)
@@ -184,19 +185,13 @@ def read_profile(path: str | Path) -> HardwareProfile:
     unknown = sorted(str(k) for k in set(data) - _FIELDS)
     if unknown:
         raise ValueError(f"{what}: unknown fields {', '.join(unknown)}")
-    missing = sorted(
-        f.name
-        for f in dataclasses.fields(HardwareProfile)
-        if f.name not in data
-        and f.default is dataclasses.MISSING
-        and f.default_factory is dataclasses.MISSING
-    )
+    missing = sorted(_FIELDS - set(data) - set(optional))
     if missing:
         raise ValueError(
             f"{what}: no {', '.join(missing)}: add them (write_profile writes every field)"
         )
     try:
-        return HardwareProfile(**data)
+        return HardwareProfile(**{**optional, **data})
     except ValueError as err:
         raise ValueError(f"{what}: {err}") from err
 

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from stages.model_spec import ModelSpec
 
 
-class Quantization(str, enum.Enum):
+class Quantization(enum.StrEnum):
     """Members are named by their values: OmegaConf matches a config value by name."""
 
     none = "none"  # the model's dtype (bf16)
@@ -29,7 +29,7 @@ class Quantization(str, enum.Enum):
     wint4 = "wint4"  # int4 weights, bf16 GEMMs after dequantising
 
 
-class KvCacheDtype(str, enum.Enum):
+class KvCacheDtype(enum.StrEnum):
     auto = "auto"  # the model's dtype
     fp8 = "fp8"  # one byte a key or value
 

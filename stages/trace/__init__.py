@@ -7,15 +7,17 @@ per format (`csv_traces` for Azure, BurstGPT and Vidur; `mooncake`; `sharegpt`),
 """
 
 from stages.trace.fields import datetime_seconds
-from stages.trace.formats import FORMATS, detect_format, resolve_format
+from stages.trace.formats import FORMATS, TraceFormat, detect_format, resolve_format
 from stages.trace.prompt_ids import PREFIX_KEY, PromptIdSource, SeededPromptIds, prompt_vocab
-from stages.trace.workload import TraceWorkload
+from stages.trace.workload import TooLong, TraceWorkload
 
 __all__ = [
     "FORMATS",
     "PREFIX_KEY",
     "PromptIdSource",
     "SeededPromptIds",
+    "TooLong",
+    "TraceFormat",
     "TraceWorkload",
     "datetime_seconds",
     "detect_format",

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from stages.trace.fields import MAX_COUNT, datetime_seconds, parse_seconds, token_count
-from stages.trace.formats import BURSTGPT_MODEL, CSV_COLUMNS, NOT_UTF8, UNDECODED
+from stages.trace.formats import BURSTGPT_MODEL, CSV_COLUMNS, NOT_UTF8, UNDECODED, TraceFormat
 from stages.trace.rows import TraceRows, forward_filled
 
 
@@ -62,9 +62,9 @@ def _count_column(values: list[str], name: str, minimum: int) -> tuple[np.ndarra
     return counts, errors
 
 
-def _time_column(values: list[str], format: str, name: str) -> tuple[np.ndarray, dict]:
+def _time_column(values: list[str], format: TraceFormat, name: str) -> tuple[np.ndarray, dict]:
     bulk: Callable[[list[str]], np.ndarray]
-    if format == "azure":
+    if format is TraceFormat.AZURE:
         bulk = _bulk_datetimes
         one = datetime_seconds
     else:
@@ -96,7 +96,7 @@ def _record_errors(text: str, records: list[list[str]], width: int) -> dict[int,
     return errors
 
 
-def read_csv_trace(path: Path, format: str, model_filter: str = "") -> TraceRows:
+def read_csv_trace(path: Path, format: TraceFormat, model_filter: str = "") -> TraceRows:
     """Azure, BurstGPT or Vidur rows; BurstGPT rows of 0 response tokens are failed requests,
     skipped and counted, and `model_filter` keeps one model's rows."""
     text = path.read_text(encoding="utf-8-sig", errors="surrogateescape")
@@ -109,7 +109,7 @@ def read_csv_trace(path: Path, format: str, model_filter: str = "") -> TraceRows
     if errors:  # the columns below are read from full rows only: put blanks in the others
         records = [r if len(r) == len(header) else [""] * len(header) for r in records]
     keep = np.ones(len(records), dtype=bool)
-    if format == "burstgpt" and model_filter:
+    if format is TraceFormat.BURSTGPT and model_filter:
         c_model = header.index(BURSTGPT_MODEL)
         keep = np.array([r[c_model] == model_filter for r in records], dtype=bool)
         keep[list(errors)] = True  # a malformed row is reported whatever its model
@@ -124,7 +124,7 @@ def read_csv_trace(path: Path, format: str, model_filter: str = "") -> TraceRows
                 errors.setdefault(i, message)
     valid = np.ones(len(records), dtype=bool)
     valid[list(errors)] = False
-    if format == "burstgpt":
+    if format is TraceFormat.BURSTGPT:
         failed = valid & keep & (outputs == 0)
         counts["failed_skipped"] = int(failed.sum())
         keep &= ~failed

@@ -4,24 +4,38 @@ from its CSV header or first JSON line."""
 from __future__ import annotations
 
 import csv
+import enum
 import json
 import re
 from pathlib import Path
 
+
+class TraceFormat(enum.StrEnum):
+    """The trace formats read, by the name workload.format gives."""
+
+    AZURE = "azure"
+    BURSTGPT = "burstgpt"
+    MOONCAKE = "mooncake"
+    SHAREGPT = "sharegpt"
+    VIDUR = "vidur"
+
+
 FORMATS = {
-    "azure": "CSV TIMESTAMP,ContextTokens,GeneratedTokens",
-    "burstgpt": "CSV Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type",
-    "mooncake": "JSONL timestamp,input_length,output_length,hash_ids",
-    "sharegpt": "JSON list of {id, conversations: [{from, value}]}",
-    "vidur": "CSV arrived_at,num_prefill_tokens,num_decode_tokens",
+    TraceFormat.AZURE: "CSV TIMESTAMP,ContextTokens,GeneratedTokens",
+    TraceFormat.BURSTGPT: (
+        "CSV Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type"
+    ),
+    TraceFormat.MOONCAKE: "JSONL timestamp,input_length,output_length,hash_ids",
+    TraceFormat.SHAREGPT: "JSON list of {id, conversations: [{from, value}]}",
+    TraceFormat.VIDUR: "CSV arrived_at,num_prefill_tokens,num_decode_tokens",
 }
 FORMAT_LIST = "; ".join(f"{name} ({what})" for name, what in FORMATS.items())
 
 # CSV formats: the columns read, as (arrival, prompt tokens, output tokens), and the model's.
 CSV_COLUMNS = {
-    "azure": ("TIMESTAMP", "ContextTokens", "GeneratedTokens"),
-    "burstgpt": ("Timestamp", "Request tokens", "Response tokens"),
-    "vidur": ("arrived_at", "num_prefill_tokens", "num_decode_tokens"),
+    TraceFormat.AZURE: ("TIMESTAMP", "ContextTokens", "GeneratedTokens"),
+    TraceFormat.BURSTGPT: ("Timestamp", "Request tokens", "Response tokens"),
+    TraceFormat.VIDUR: ("arrived_at", "num_prefill_tokens", "num_decode_tokens"),
 }
 BURSTGPT_MODEL = "Model"
 MOONCAKE_KEYS = ("timestamp", "input_length", "output_length")
@@ -46,32 +60,33 @@ def _first_line(path: Path) -> str:
     return stripped.splitlines()[0] if stripped else ""
 
 
-def detect_format(path: Path) -> str | None:
+def detect_format(path: Path) -> TraceFormat | None:
     """The format a file's CSV header or first JSON line/character names, or None."""
     first = _first_line(path)
     if first.startswith("["):
-        return "sharegpt"
+        return TraceFormat.SHAREGPT
     if first.startswith("{"):
         try:
             line = json.loads(first)
         except ValueError:
             return None
-        return "mooncake" if isinstance(line, dict) and set(MOONCAKE_KEYS) <= set(line) else None
+        is_mooncake = isinstance(line, dict) and set(MOONCAKE_KEYS) <= set(line)
+        return TraceFormat.MOONCAKE if is_mooncake else None
     names = {name.strip() for name in next(csv.reader([first]), [])}
     for name, columns in CSV_COLUMNS.items():
-        if set(columns) <= names and (name != "burstgpt" or BURSTGPT_MODEL in names):
+        if set(columns) <= names and (name is not TraceFormat.BURSTGPT or BURSTGPT_MODEL in names):
             return name
     return None
 
 
-def resolve_format(path: Path, format: str) -> str:
+def resolve_format(path: Path, format: str) -> TraceFormat:
     """The format to read `path` as; a file of no known format, or of another format than the
     one asked for, gets one line naming the formats."""
     detected = detect_format(path)
     if format == "auto" and detected:
         return detected
     if format == detected:
-        return format
+        return detected
     snippet = _first_line(path)[:80]
     if detected:
         return _raise(
@@ -85,5 +100,5 @@ def resolve_format(path: Path, format: str) -> str:
     )
 
 
-def _raise(message: str) -> str:
+def _raise(message: str) -> TraceFormat:
     raise ValueError(message)

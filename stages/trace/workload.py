@@ -3,6 +3,7 @@ windowed, scaled) and lengths."""
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ from stages.interfaces import Tokenizer
 from stages.request import Request, SamplingParams
 from stages.trace.csv_traces import read_csv_trace
 from stages.trace.fields import collector_paused
-from stages.trace.formats import FORMAT_LIST, FORMATS, resolve_format
+from stages.trace.formats import FORMAT_LIST, FORMATS, TraceFormat, resolve_format
 from stages.trace.mooncake import read_mooncake
 from stages.trace.prompt_ids import PromptIdSource, SeededPromptIds, prompt_vocab
 from stages.trace.sharegpt import read_sharegpt
@@ -29,6 +30,13 @@ NO_STOP: Any = ()
 # The scheduler refuses an empty prompt string; a token-count row has ids but no text. One
 # shared placeholder: the request's id names the row and prompt_tokens its length.
 PLACEHOLDER_PROMPT = "<seeded token ids>"
+
+
+class TooLong(enum.StrEnum):
+    """What a trace's prompt longer than max_model_len - 1 gets (workload.too_long)."""
+
+    CLIP = "clip"  # its first tokens, counted as clipped
+    ERROR = "error"  # refused with an error naming the limit, counted as rejected
 
 
 COUNT_KEYS = (
@@ -52,7 +60,7 @@ def _check_values(
 ) -> None:  # fmt: skip
     if format != "auto" and format not in FORMATS:
         raise ValueError(f"workload.format={format}: choose auto or one of {FORMAT_LIST}")
-    if too_long not in ("clip", "error"):
+    if too_long not in set(TooLong):
         raise ValueError(f"workload.too_long={too_long}: choose workload.too_long=clip or error")
     if time_scale <= 0 or start_s < 0 or duration_s < 0 or num_requests < 0 or rate < 0:
         raise ValueError(
@@ -102,14 +110,14 @@ class TraceWorkload:
         self.time_scale, self.start_s, self.duration_s = time_scale, start_s, duration_s
         self.num_requests = num_requests
         self.rate = rate
-        self.too_long = too_long
+        self.too_long = TooLong(too_long)
         self.seed = seed
         self.max_model_len = max_model_len
         self.max_num_seqs = max_num_seqs
         self.counts: dict[str, Any] = {"format": self.format, **dict.fromkeys(COUNT_KEYS, 0)}
         with collector_paused():
             try:
-                if self.format == "sharegpt":
+                if self.format is TraceFormat.SHAREGPT:
                     self._read_conversations()
                 else:
                     self._read_rows()
@@ -122,24 +130,24 @@ class TraceWorkload:
         self, model_filter: str, time_scale: float, start_s: float, duration_s: float, rate: float
     ) -> None:
         """Keys that mean nothing for this file's format are refused, not ignored."""
-        if model_filter and self.format != "burstgpt":
+        if model_filter and self.format is not TraceFormat.BURSTGPT:
             raise ValueError(
                 f"workload.model_filter applies to burstgpt traces; {self.path.name} is "
                 f"{self.format}: drop workload.model_filter"
             )
-        if self.format == "sharegpt" and (time_scale != 1.0 or start_s or duration_s):
+        if self.format is TraceFormat.SHAREGPT and (time_scale != 1.0 or start_s or duration_s):
             raise ValueError(
                 "a sharegpt file has no timestamps: drop workload.time_scale, start_s and "
                 "duration_s, and give workload.rate (Poisson arrivals) and num_requests"
             )
-        if self.format != "sharegpt" and rate:
+        if self.format is not TraceFormat.SHAREGPT and rate:
             raise ValueError(
                 f"a {self.format} trace has its own arrivals: drop workload.rate "
                 "(workload.time_scale speeds them up or slows them down)"
             )
 
     def _read_rows(self) -> None:
-        if self.format == "mooncake":
+        if self.format is TraceFormat.MOONCAKE:
             rows = read_mooncake(self.path)
         else:
             rows = read_csv_trace(self.path, self.format, self.model_filter)
@@ -189,7 +197,7 @@ class TraceWorkload:
 
     def load(self, tokenizer: Tokenizer) -> list[Request]:
         with collector_paused():
-            if self.format == "sharegpt":
+            if self.format is TraceFormat.SHAREGPT:
                 requests = self._conversation_requests(tokenizer)
             else:
                 requests = self._row_requests(tokenizer)
@@ -205,7 +213,7 @@ class TraceWorkload:
         an error (a malformed row's) ends the request at its arrival."""
         limit = self.max_model_len - 1
         if error is None and len(ids) > limit:
-            if self.too_long == "error":
+            if self.too_long is TooLong.ERROR:
                 self.counts["rejected"] += 1
                 error = (
                     f"prompt has {len(ids)} tokens, max_model_len={self.max_model_len} leaves "

@@ -573,7 +573,3 @@ def _main_sweep(sweep_dir: Path, baseline: int, args: argparse.Namespace) -> int
                 f"{verdict_line(doc['outputs'])}"
             )
     return code
-
-
-if __name__ == "__main__":
-    sys.exit(main())

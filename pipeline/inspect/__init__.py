@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pipeline.inspect_gguf import describe_gguf, render_gguf
+from pipeline.inspect.gguf import describe_gguf, render_gguf
 from stages.checkpoint import (
     INDEX_FILE,
     CheckpointSpec,
@@ -291,7 +291,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         return NOT_A_MODEL
     print(json.dumps(report, indent=2) if args.json else text)
     return SERVABLE if report["servable"] else NOT_SERVABLE
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -22,8 +22,8 @@ from omegaconf import DictConfig
 
 from pipeline.console import raise_advice
 from pipeline.run_folder import RunFileError, read_mapping, read_metrics, read_overrides
-from pipeline.stopping import stop_on_signals
-from pipeline.summary_plot import write_plot, x_key
+from pipeline.signals import stop_on_signals
+from pipeline.summary.plot import write_plot, x_key
 
 # Plain stdlib logging: after the jobs, Hydra's own logging (not the jobs' structlog) is live.
 log = logging.getLogger(__name__)
@@ -339,7 +339,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     print(path.read_text(encoding="utf-8"))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

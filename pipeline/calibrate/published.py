@@ -40,13 +40,15 @@ from pipeline.build import build, build_simulated_engine
 from pipeline.compose import compose_config
 from pipeline.metrics import StepTotals
 from stages.arithmetic import ceil_div
-from stages.request import Request
+from stages.request import FinishReason, Request
 from stages.simulator.cost_model import CostModel, StepAmounts
 from stages.simulator.device import SimulatedDevice, VirtualClock
 from stages.simulator.hardware import HardwareProfile, kv_pool_blocks
 from stages.simulator.precision import KvCacheDtype, Precision, Quantization
 
-DATA = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "published-measurements.csv"
+# The source checkout: the published figures, shipped profiles and fit start live beside the code.
+REPO = Path(__file__).resolve().parents[2]
+DATA = REPO / "benchmarks" / "data" / "published-measurements.csv"
 MODES = ("offline", "static")
 INT_FIELDS = ("tp", "input_tokens", "output_tokens", "num_requests")
 # trtllm-bench's caps on the batch and on a step's tokens.
@@ -245,7 +247,7 @@ def simulate_row(
     totals = StepTotals()
     # A recording device keeps each step's amounts, so it runs every step alone.
     duration = engine.run(requests, totals.add, on_leap=None if record else totals.add_run)
-    failed = [r for r in requests if r.finish_reason == "error"]
+    failed = [r for r in requests if r.finish_reason == FinishReason.ERROR]
     if failed:
         raise ValueError(f"{row.label} on {row.hardware}: {failed[0].error}")
     tokens = sum(len(r.output_ids) for r in requests)

@@ -1,7 +1,7 @@
 """`python -m pipeline.calibrate [overrides]`: fit the simulated device to this machine.
 
 (`python -m pipeline.calibrate --published FILE hardware=NAME` fits a device's profile to
-published figures instead: pipeline.fit_published.)
+published figures instead: pipeline.calibrate.fit.)
 
 Serves the configured workload for real (executor=paddle) and fits the cost model's
 coefficients to its steps: each step's shape and its measured time, scheduling, metadata,
@@ -20,7 +20,6 @@ HPU.
 from __future__ import annotations
 
 import json
-import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -39,8 +38,8 @@ from pipeline.checks import ConfigError, describe_model
 from pipeline.engine import Engine
 from pipeline.run import run
 from pipeline.run_folder import RunFileError, read_step_lines
-from pipeline.schema import register_schemas
-from stages.attention.hpu import load_ops
+from pipeline.schema import Executor, HardwareConf, schema_defaults
+from stages.attention.paged import load_ops
 from stages.metadata import bucket_dims
 from stages.simulator.cost_model import CostModel
 from stages.simulator.hardware import HardwareProfile, write_profile
@@ -86,22 +85,23 @@ def cpu_profile(rates: dict[str, float], pads_to_buckets: bool = False) -> Hardw
     pads_to_buckets: whether the forward computes the padded buckets (see pads_buckets)."""
     meminfo = Path("/proc/meminfo").read_text().split()
     capacity = int(meminfo[meminfo.index("MemTotal:") + 1]) / 2**20
-    return HardwareProfile(
-        name="measured-cpu",
-        bf16_tflops=rates["flops"] / 1e12,  # fp32 here: the CPU multiplies in fp32
-        hbm_bandwidth_gbs=rates["bytes"] / 1e9,
-        hbm_capacity_gib=capacity,
-        interconnect_gbs=1.0,
-        gemm_efficiency=1.0,
-        attention_efficiency=1.0,
-        memory_efficiency=1.0,
-        interconnect_efficiency=1.0,
-        step_overhead_s=0.0,
-        compile_s=0.0,  # eager Paddle compiles nothing: no warmup cost, no miss penalty
-        recompile_s=0.0,
-        graph_memory_gib=0.0,
-        pads_to_buckets=pads_to_buckets,
-    )
+    measured = {
+        "name": "measured-cpu",
+        "bf16_tflops": rates["flops"] / 1e12,  # fp32 here: the CPU multiplies in fp32
+        "hbm_bandwidth_gbs": rates["bytes"] / 1e9,
+        "hbm_capacity_gib": capacity,
+        "interconnect_gbs": 1.0,
+        "gemm_efficiency": 1.0,
+        "attention_efficiency": 1.0,
+        "memory_efficiency": 1.0,
+        "interconnect_efficiency": 1.0,
+        "step_overhead_s": 0.0,
+        "compile_s": 0.0,  # eager Paddle compiles nothing: no warmup cost, no miss penalty
+        "recompile_s": 0.0,
+        "graph_memory_gib": 0.0,
+        "pads_to_buckets": pads_to_buckets,
+    }
+    return HardwareProfile(**{**schema_defaults(HardwareConf), **measured})
 
 
 def pads_buckets(cfg: DictConfig) -> bool:
@@ -150,7 +150,7 @@ def run_samples(folder: str | Path, pads_to_buckets: bool) -> list[tuple[StepSha
     cfg = read_run_config(folder)
     if cfg is None or not (folder / STEPS).is_file():
         raise ConfigError(f"calibrate.runs: {folder} is not a run folder (no config or {STEPS})")
-    if OmegaConf.select(cfg, "executor.name") == "simulated":
+    if OmegaConf.select(cfg, "executor.name") == Executor.simulated:
         raise ConfigError(f"calibrate.runs: {folder} is a simulated run; give real runs")
     try:  # every field checked (a NaN duration would fit NaN coefficients)
         steps = read_step_lines(folder / STEPS)
@@ -247,12 +247,3 @@ def main(cfg: DictConfig) -> None:
     print(f"{path}\n  steps fitted: {len(report)}; fitted step time within "
           f"{summary['median_error']:.1%} (median), {summary['worst_error']:.1%} (worst)\n"
           f"  use: executor=simulated hardware=measured hardware.path={path}")  # fmt: skip
-
-
-if __name__ == "__main__":
-    if "--published" in sys.argv[1:]:  # fit a device profile to published figures
-        from pipeline.fit_published import main as fit_published
-
-        sys.exit(fit_published(sys.argv[1:]))
-    register_schemas()
-    main()

@@ -24,12 +24,11 @@ import numpy as np
 from omegaconf import OmegaConf
 
 from pipeline.build import build
-from pipeline.published import PublishedRow, row_config, simulate_row
+from pipeline.calibrate.published import REPO, PublishedRow, row_config, simulate_row
 from stages.simulator.cost_model import CostModel, StepAmounts, StepWork, padded_work, real_work
 from stages.simulator.hardware import HardwareProfile
 from stages.simulator.precision import Precision
 
-ROOT = Path(__file__).resolve().parents[1]
 # The code a recorded schedule and its amounts come from: any change records afresh. The
 # cost model's file counts by what sets a step's amounts, not by how they are timed (a
 # change of physics re-times the cached steps).
@@ -43,11 +42,11 @@ SOURCES = (
     "stages/step_shape.py",
     "stages/model_spec.py",
     "stages/request.py",
-    "pipeline/published.py",
+    "pipeline/calibrate/published.py",
     "pipeline/engine.py",
     "pipeline/build.py",
 )
-TIMING = ROOT / "stages" / "simulator" / "cost_model.py"
+TIMING = REPO / "stages" / "simulator" / "cost_model.py"
 AMOUNT_CODE = (
     StepWork,
     padded_work,
@@ -97,11 +96,11 @@ def recorded_run(row: PublishedRow, hardware: HardwareProfile | None) -> Recorde
 def _source_digest() -> str:
     digest = hashlib.sha256()
     for name in SOURCES:
-        path = ROOT / name
+        path = REPO / name
         files = sorted(path.rglob("*.py")) if path.is_dir() else [path] if path.is_file() else []
         for file in files:
             if file != TIMING:
-                digest.update(str(file.relative_to(ROOT)).encode())
+                digest.update(str(file.relative_to(REPO)).encode())
                 digest.update(file.read_bytes())
     for code in AMOUNT_CODE:
         digest.update(inspect.getsource(code).encode())

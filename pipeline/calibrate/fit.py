@@ -1,8 +1,8 @@
 """`python -m pipeline.calibrate --published FILE hardware=NAME`: fit a device profile to
 published throughput figures (`hardware=h100,h200`: several devices fitted together).
 
-Each of the device's rows is simulated once in its method (pipeline.published) with its
-steps' amounts recorded (`--cache DIR` keeps them for the next fit: pipeline.recorded_rows);
+Each of the device's rows is simulated once in its method (pipeline.calibrate.published) with its
+steps' amounts recorded (`--cache DIR` keeps them for the next fit: pipeline.calibrate.recorded);
 a trial profile then re-times those steps (the schedule of a run whose requests are all
 there at the start does not depend on the device's speed). The fitted figures are what a
 device's hardware decides and the spec sheet does not say: the achieved fractions of peak
@@ -25,16 +25,16 @@ import math
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
 import yaml
 
 from pipeline.build import build
+from pipeline.calibrate.published import REPO, PublishedRow, median, read_rows
+from pipeline.calibrate.recorded import Recorded, record
 from pipeline.compose import compose_config
-from pipeline.published import PublishedRow, median, read_rows
-from pipeline.recorded_rows import Recorded, record
 from stages.simulator.hardware import HardwareProfile
 
 # Each fitted figure and its bounds: achieved fractions of peak, and seconds.
@@ -52,9 +52,8 @@ LINK_KEYS = ("allreduce_latency_s", "interconnect_efficiency")  # told only by t
 # are both GH100) behind each its own memory.
 OWN_KEYS = ("memory_efficiency",)
 PULL = 1e-3  # weight of the squared log distance from the starting values
-ROOT = Path(__file__).resolve().parents[1]
-CONF = ROOT / "conf" / "hardware"
-START = ROOT / "benchmarks" / "data" / "published-fit-start.yaml"
+CONF = REPO / "conf" / "hardware"
+START = REPO / "benchmarks" / "data" / "published-fit-start.yaml"
 Profiles = dict[str, HardwareProfile]
 
 
@@ -208,13 +207,28 @@ def profile_text(
 ) -> str:
     """The device's fitted profile as YAML, its comments naming the rows it was fitted to,
     their errors and the split-half check."""
+    lines = spec_sheet_comments(name)
+    lines += _fit_comments(name, fitted, recorded, command, checks)
+    lines += ["defaults:", "  - /schema/hardware@_here_: device"]
+    lines += _profile_fields(fitted[name])
+    return "\n".join(lines) + "\n"
+
+
+def _fit_comments(
+    name: str,
+    fitted: Mapping[str, HardwareProfile],
+    recorded: Sequence[Recorded],
+    command: str,
+    checks: Sequence[str],
+) -> list[str]:
+    """The comments of a fitted profile: when and how it was fitted, which parameters,
+    each row with its prediction, and the split-half check."""
     profile = fitted[name]
     mine = [r for r in recorded if r.row.hardware == name]
     errors = errors_of(mine, fitted)
     chosen = parameters(recorded, list(fitted))
-    day = datetime.now(timezone.utc).strftime("%Y-%m-%d")
-    lines = spec_sheet_comments(name)
-    lines += [
+    day = datetime.now(UTC).strftime("%Y-%m-%d")
+    lines = [
         f"# FITTED to published figures on {day}:",
         f"#   {command}",
         f"# Fitted: {', '.join(dict.fromkeys(p.key for p in chosen))};",
@@ -240,7 +254,12 @@ def profile_text(
         fitted_on, _, held_out = check.partition("; held out: ")
         lines.append(f"# Split-half: {fitted_on}")
         lines += [f"#   held out: {held_out}"] if held_out else []
-    lines += ["defaults:", "  - /schema/hardware@_here_: device"]
+    return lines
+
+
+def _profile_fields(profile: HardwareProfile) -> list[str]:
+    """The profile's fields as YAML lines (its coefficients as a mapping, if any)."""
+    lines = []
     for f in dataclasses.fields(profile):
         value = getattr(profile, f.name)
         if f.name == "coefficients":
@@ -250,7 +269,7 @@ def profile_text(
             continue
         shown = str(value).lower() if isinstance(value, bool) else _number(value)
         lines.append(f"{f.name}: {shown}")
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def _number(value: object) -> str:

@@ -56,8 +56,8 @@ class PagedAttention:
         num_layers: int,
         num_kv_heads: int,
         head_dim: int,
-        ops: str = "cpu",
-        dtype: str = "float32",
+        ops: str,
+        dtype: str,
     ) -> None:
         self.ops = load_ops(ops)
         caches = [

@@ -280,7 +280,3 @@ def export_run(run_dir: Path, out: Path, model: str = "") -> list[Path]:
     if num_blocks < 1:
         raise ValueError("metrics.json has no num_blocks (run it again with this version)")
     return write_deploy(deployment(config, num_blocks, model), overrides or [], out)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,9 +1,9 @@
 """`python -m pipeline.plan`: which settings meet the SLO at the highest load per card.
 
 Every job of the sweep (Hydra's grammar and launchers: `hydra/launcher=joblib` runs them in
-parallel) runs a capacity search (pipeline/capacity.py) on the simulated device; once all
+parallel) runs a capacity search (pipeline/plan/capacity.py) on the simulated device; once all
 have finished, the plan folder gets plan.md / plan.csv, pareto.png, best.json and
-deploy/{fastdeploy-hpu.sh,vllm-gaudi.sh,overrides.txt} (pipeline/plan_report.py).
+deploy/{fastdeploy-hpu.sh,vllm-gaudi.sh,overrides.txt} (pipeline/plan/report.py).
 
     python -m pipeline.plan model=spec/ernie45_21b_a3b hardware=gaudi2 workload=trace \\
         workload.path=FILE slo.ttft_ms=2000 slo.tpot_ms=50 max_tokens=2048,4096 \\
@@ -21,9 +21,9 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from pipeline import artefacts, logs  # noqa: F401  (logs configures structlog)
-from pipeline.capacity import capacity_search, print_result
 from pipeline.checks import ConfigError
-from pipeline.plan_report import check_plan
+from pipeline.plan.capacity import capacity_search, print_result
+from pipeline.plan.report import check_plan
 from pipeline.schema import register_schemas
 
 log = structlog.get_logger("pipeline.plan")
@@ -51,7 +51,3 @@ def main(cfg: DictConfig) -> None:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
         log.error("job_failed", error=message)
-
-
-if __name__ == "__main__":
-    main()

@@ -38,7 +38,7 @@ from typing import Any
 from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline.bucket_serving import Served, run_overrides, serve_plan, simulated, with_seed
+from pipeline.buckets.serving import Served, run_overrides, serve_plan, simulated, with_seed
 from pipeline.run_folder import read_mapping, read_metrics, read_step_lines
 from stages.bucket_planner import HEADROOM, Evaluation, Plan, Workload, evaluate, plan_buckets
 from stages.buckets import Axis, Bucketing, Buckets, StepRule
@@ -468,7 +468,3 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print((args.out / "report.md").read_text(), end="")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -29,13 +29,14 @@ from omegaconf import DictConfig, OmegaConf
 
 from pipeline import artefacts
 from pipeline.build import build_engine
-from pipeline.capacity_estimate import rate_ceiling
 from pipeline.checks import ConfigError
 from pipeline.engine import Engine
 from pipeline.metrics import StepTotals
+from pipeline.plan.capacity_estimate import rate_ceiling
 from pipeline.run import device_metrics, run_metrics, serve, slo_of
+from pipeline.schema import Executor
 from pipeline.slo import EarlyVerdict, Slo, needed_good
-from stages.request import Request
+from stages.request import FinishReason, Request
 from stages.simulator.device import SimulatedDevice
 
 log = structlog.get_logger(__name__)
@@ -114,7 +115,9 @@ def run_probe(
         artefacts.write_metrics(metrics, folder)
     if not cfg.workload.get("concurrency"):
         metrics["offered_rps"] = arrivals
-    refused = [r.error for r in requests if r.finish_reason == "error" and r.error != STOPPED]
+    refused = [
+        r.error for r in requests if r.finish_reason == FinishReason.ERROR and r.error != STOPPED
+    ]
     metrics["refused_requests"] = len(refused)  # at any load: the limits cannot serve them
     if refused:
         metrics["refused_example"] = refused[0]
@@ -246,7 +249,7 @@ def capacity_search(cfg: DictConfig, out_dir: Path, max_warmup_s: float = 0.0) -
         raise ConfigError(
             "a capacity search needs an SLO: give slo.ttft_ms, slo.tpot_ms or slo.e2e_ms"
         )
-    if cfg.executor.name != "simulated":
+    if cfg.executor.name != Executor.simulated:
         raise ConfigError("the capacity search runs on the simulated device: executor=simulated")
     check_settings(cfg.capacity)
     artefacts.write_resolved_config(cfg, out_dir)
@@ -277,7 +280,7 @@ def estimated_start(
     cfg: DictConfig, axis: LoadAxis, engine: Engine, requests: Sequence[Request], slo: Slo
 ) -> float | None:
     """The first load to probe: the cost model's steady-state ceiling in the axis's unit
-    (pipeline/capacity_estimate.py). Starting near capacity spares the search its costliest
+    (pipeline/plan/capacity_estimate.py). Starting near capacity spares the search its costliest
     probes, those far below it (many small steps each), whichever side it lands on."""
     device = engine.model
     if not isinstance(device, SimulatedDevice):

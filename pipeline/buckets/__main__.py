@@ -1,0 +1,7 @@
+"""`python -m pipeline.buckets`: the command itself is pipeline/buckets/__init__.py."""
+
+import sys
+
+from pipeline.buckets import main
+
+sys.exit(main())

@@ -1,0 +1,7 @@
+"""`python -m pipeline.deploy`: the command itself is pipeline/deploy/__init__.py."""
+
+import sys
+
+from pipeline.deploy import main
+
+sys.exit(main())

@@ -1,0 +1,7 @@
+"""`python -m pipeline.inspect`: the command itself is pipeline/inspect/__init__.py."""
+
+import sys
+
+from pipeline.inspect import main
+
+sys.exit(main())

@@ -1,0 +1,7 @@
+"""`python -m pipeline.review`: the command itself is pipeline/review/__init__.py."""
+
+import sys
+
+from pipeline.review import main
+
+sys.exit(main())

@@ -1,0 +1,7 @@
+"""`python -m pipeline.summary`: the command itself is pipeline/summary/__init__.py."""
+
+import sys
+
+from pipeline.summary import main
+
+sys.exit(main())
