@@ -21,8 +21,12 @@ from stages.model_spec import ModelSpec, model_spec
 from stages.request import Request
 from stages.trace import TraceWorkload
 
+# One Paddle math thread: `pytest -n auto` runs a test per core already, and threads of two
+# tests on one core cost more than they give. How fast, not which tokens.
+ONE_THREAD = "num_threads=1"
+
 # Small enough for seconds per run, long enough that prompts span several blocks and chunks.
-LIMITS = ["block_size=16", "max_model_len=256", "max_num_seqs=8"]
+LIMITS = ["block_size=16", "max_model_len=256", "max_num_seqs=8", ONE_THREAD]
 SMALL = [
     *LIMITS,
     "workload.num_requests=6",
@@ -34,6 +38,7 @@ SMALL = [
 
 # For command-line runs: a few short requests, well under a second a job once Paddle is loaded.
 TINY = [
+    ONE_THREAD,
     "block_size=16",
     "max_num_seqs=4",
     "max_model_len=256",

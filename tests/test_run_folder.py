@@ -152,7 +152,7 @@ def test_resume_refuses_a_config_the_lines_were_not_made_with(folder, key, value
 
 
 def test_resume_accepts_the_config_it_was_made_with(folder):
-    edit_config(folder, "num_threads", 1)  # how fast, not which tokens
+    edit_config(folder, "num_threads", 3)  # how fast, not which tokens
     assert len(load_previous(folder).kept) == 3
 
 
