@@ -16,6 +16,7 @@ from pipeline import artefacts, logs  # noqa: F401  (logs configures structlog)
 from pipeline.checks import ConfigError
 from pipeline.folder_lock import FolderBusy
 from pipeline.run import run
+from pipeline.run_folder import RunStatus
 from pipeline.schema import register_schemas
 from pipeline.signals import RunInterrupted
 
@@ -23,7 +24,7 @@ log = structlog.get_logger("pipeline")
 register_schemas()
 
 
-def _record_failure(status: str, message: str, out_dir: Path) -> None:
+def _record_failure(status: RunStatus, message: str, out_dir: Path) -> None:
     """metrics.json says why the run ended, unless the folder cannot be written either."""
     try:
         artefacts.write_metrics({"status": status, "error": message}, out_dir)
@@ -45,7 +46,7 @@ def main(cfg: DictConfig) -> None:
         run(cfg, out_dir, overrides=[str(o) for o in typed] if isinstance(typed, list) else [])
     except RunInterrupted as stop:
         if not stop.recorded:  # stopped before serving began
-            _record_failure("interrupted", str(stop), out_dir)
+            _record_failure(RunStatus.INTERRUPTED, str(stop), out_dir)
         # Exiting (not returning) ends a sweep too: the jobs after this one do not start.
         log.warning("run_interrupted", signal=str(stop), out_dir=str(out_dir))
         sys.exit(stop.exit_code)
@@ -53,7 +54,7 @@ def main(cfg: DictConfig) -> None:
         known = isinstance(err, ConfigError | artefacts.RunFolderError)
         message = str(err) if known else f"{type(err).__name__}: {err}"
         if not isinstance(err, FolderBusy):  # the folder is another process's
-            _record_failure("failed", message, out_dir)
+            _record_failure(RunStatus.FAILED, message, out_dir)
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
         if multirun:  # one failed job must not stop the sweep

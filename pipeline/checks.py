@@ -12,6 +12,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from pipeline.schema import Executor, ModelOption, model_kind, model_option
+from stages.device import Device
 from stages.metadata import derived_axes
 from stages.model_spec import ModelSpec
 from stages.workload import MAX_ARRIVAL_S  # one bound for every workload's arrivals
@@ -31,8 +32,8 @@ def _hpu_plugin_present() -> bool:
     import paddle
 
     return bool(
-        paddle.is_compiled_with_custom_device("intel_hpu")
-        and paddle.device.get_custom_device_count("intel_hpu") > 0
+        paddle.is_compiled_with_custom_device(Device.INTEL_HPU)
+        and paddle.device.get_custom_device_count(Device.INTEL_HPU) > 0
     )
 
 
@@ -130,7 +131,7 @@ def _check_limits(cfg: DictConfig) -> None:
         raise ConfigError(f"num_blocks={cfg.num_blocks}: must be >= 0 (0 derives it)")
     if cfg.num_threads < 1:
         raise ConfigError(f"num_threads={cfg.num_threads}: must be >= 1")
-    if cfg.device not in ("cpu", "intel_hpu"):
+    if cfg.device not in set(Device):
         raise ConfigError(f"device={cfg.device}: choose device=cpu or device=intel_hpu")
 
 
@@ -151,8 +152,8 @@ def _check_chunks(cfg: DictConfig, bs: int) -> None:
 
 def _check_device(cfg: DictConfig) -> None:
     ops = cfg.attention.get("ops")
-    if ops == "intel_hpu":
-        if cfg.device != "intel_hpu":
+    if ops == Device.INTEL_HPU:
+        if cfg.device != Device.INTEL_HPU:
             raise ConfigError(
                 f"attention.ops=intel_hpu needs device=intel_hpu and {_HPU_OPS_PACKAGES}, "
                 "or set attention.ops=cpu"
@@ -162,13 +163,14 @@ def _check_device(cfg: DictConfig) -> None:
                 "attention.ops=intel_hpu writes the cache in whole blocks: set "
                 "scheduler.align_chunks=true"
             )
-    if cfg.device == "intel_hpu" and not _hpu_plugin_present():
-        install = _HPU_OPS_PACKAGES if ops == "intel_hpu" else "paddle-custom-device for intel_hpu"
+    if cfg.device == Device.INTEL_HPU and not _hpu_plugin_present():
+        plugin = "paddle-custom-device for intel_hpu"
+        install = _HPU_OPS_PACKAGES if ops == Device.INTEL_HPU else plugin
         raise ConfigError(
             f"device=intel_hpu but no Intel HPU is visible to Paddle: install {install} and "
             "the Gaudi driver, or set device=cpu"
         )
-    if ops == "intel_hpu" and not _hpu_ops_present():
+    if ops == Device.INTEL_HPU and not _hpu_ops_present():
         raise ConfigError(
             f"attention.ops=intel_hpu: paddlenlp_ops is missing; install {_HPU_OPS_PACKAGES}"
         )

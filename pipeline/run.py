@@ -19,6 +19,7 @@ from pipeline.folder_lock import FolderLock
 from pipeline.identity import write_identity
 from pipeline.metrics import StepRecord, StepTotals, summarise
 from pipeline.resume import Previous, load_previous, pending_requests
+from pipeline.run_folder import RunStatus
 from pipeline.schema import Executor
 from pipeline.signals import RunInterrupted, as_interrupted, stop_on_signals
 from pipeline.slo import Slo, slo_metrics
@@ -84,7 +85,7 @@ def serve(
     steps: list[StepRecord] = list(previous.steps) if previous else []
     warmup_s = engine.warmup() if cfg.warmup else 0.0
     duration, stopped = serve_pending(engine, pending, out_dir, previous, steps)
-    status = "interrupted" if stopped else "ok"
+    status = RunStatus.INTERRUPTED if stopped else RunStatus.OK
     duration += previous.duration_s if previous else 0.0
     metrics = run_metrics(cfg, engine, requests, steps, duration, warmup_s, status)
     if previous:
@@ -112,7 +113,7 @@ def run_metrics(
     steps: Sequence[StepRecord] | StepTotals,
     duration: float,
     warmup_s: float,
-    status: str,
+    status: RunStatus,
 ) -> dict[str, Any]:
     """metrics.json: the serving metrics, the SLO's, and what the device predicts."""
     metrics = {

@@ -24,6 +24,15 @@ RESOLVED_CONFIG = "resolved_config.yaml"
 MAX_METRICS_BYTES = 64 * 1024 * 1024  # a trace run's metrics are a few kilobytes
 
 
+class RunStatus(enum.StrEnum):
+    """How a run ended: metrics.json's `status`."""
+
+    OK = "ok"
+    FAILED = "failed"  # an error stopped it; metrics.json's `error` says which
+    INTERRUPTED = "interrupted"  # a signal stopped it; resume=FOLDER serves the rest
+    STOPPED = "stopped"  # a capacity probe, stopped once its verdict was known
+
+
 class RunFileError(ConfigError):
     """A run-folder file that cannot be read; the message is the one line the user sees."""
 

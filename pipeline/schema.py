@@ -247,7 +247,13 @@ class GgufModelConf:
 
 
 @dataclass
-class SyntheticWorkloadConf:
+class WorkloadConf:
+    _target_: str = MISSING
+    concurrency: int = 0  # most requests in flight (closed loop); 0 = open loop
+
+
+@dataclass
+class SyntheticWorkloadConf(WorkloadConf):
     _target_: str = "stages.workload.SyntheticWorkload"
     num_requests: int = 16
     min_prompt_tokens: int = 16
@@ -260,18 +266,16 @@ class SyntheticWorkloadConf:
     seed: int = II("seed")
     shared_prefix_tokens: int = 0  # each prompt starts with a shared prefix this long; 0 = none
     num_prefixes: int = 1  # distinct shared prefixes; request i has prefix i mod this
-    concurrency: int = 0  # most requests in flight (closed loop); 0 = open loop
 
 
 @dataclass
-class MixedWorkloadConf:
+class MixedWorkloadConf(WorkloadConf):
     _target_: str = "stages.workload.MixedWorkload"
     parts: dict[str, SyntheticWorkloadConf] = field(default_factory=dict)
-    concurrency: int = 0  # most requests in flight (closed loop); 0 = open loop
 
 
 @dataclass
-class MultiTurnWorkloadConf:
+class MultiTurnWorkloadConf(WorkloadConf):
     _target_: str = "stages.workload.MultiTurnWorkload"
     num_conversations: int = 8
     turns: int = 4  # each turn's prompt: the previous prompt, its answer and a new question
@@ -283,18 +287,16 @@ class MultiTurnWorkloadConf:
     rate: float = 0.0  # conversations start as a Poisson process, per second; 0 = all at once
     turn_gap_s: float = 1.0  # a turn arrives this long after the previous one
     seed: int = II("seed")
-    concurrency: int = 0  # most requests in flight (closed loop); 0 = open loop
 
 
 @dataclass
-class JsonlWorkloadConf:
+class JsonlWorkloadConf(WorkloadConf):
     _target_: str = "stages.workload.JsonlWorkload"
     path: str = MISSING  # a jsonl file, one request per line
     num_requests: int = 0  # 0 = every line
     max_new_tokens: int = 64  # for lines that do not say
     rate: float = 0.0  # Poisson arrivals when lines give no arrival_s
     seed: int = II("seed")
-    concurrency: int = 0  # most requests in flight (closed loop); 0 = open loop
 
 
 @dataclass
@@ -387,7 +389,7 @@ def measured_profile(path: str) -> HardwareProfile:
 
 
 @dataclass
-class TraceWorkloadConf:
+class TraceWorkloadConf(WorkloadConf):
     _target_: str = "stages.trace.TraceWorkload"
     path: str = MISSING  # a trace file the user brings (docs/traces.md)
     format: str = "auto"  # auto, azure, burstgpt, mooncake, sharegpt, vidur
@@ -402,7 +404,6 @@ class TraceWorkloadConf:
     seed: int = II("seed")
     max_model_len: int = II("max_model_len")
     max_num_seqs: int = II("max_num_seqs")
-    concurrency: int = 0  # most requests in flight (closed loop); 0 = open loop
 
 
 class Executor(enum.StrEnum):

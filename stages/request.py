@@ -37,11 +37,15 @@ class StepMode(enum.StrEnum):
     DECODE = "decode"
     MIXED = "mixed"
 
-    @classmethod
-    def of(cls, prefill: bool, decode: bool) -> StepMode:
-        if prefill and decode:
-            return cls.MIXED
-        return cls.EXTEND if prefill else cls.DECODE
+    @staticmethod
+    def of(prefill: bool, decode: bool) -> StepMode:
+        if prefill:
+            return _MIXED if decode else _EXTEND
+        return _DECODE
+
+
+# Read at every step: a module global is read faster than an enum's attribute (Python 3.11).
+_EXTEND, _DECODE, _MIXED = StepMode.EXTEND, StepMode.DECODE, StepMode.MIXED
 
 
 @dataclass
@@ -177,7 +181,9 @@ class StepPlan:
 
     @property
     def mode(self) -> StepMode:
-        return StepMode.of(bool(self.prefill), bool(self.decode))
+        if self.prefill:
+            return _MIXED if self.decode else _EXTEND
+        return _DECODE
 
     @property
     def sampled_requests(self) -> list[Request]:

@@ -12,7 +12,7 @@ from stages.checkpoint import weight_plan
 from stages.gguf.config import ARCHITECTURES, check_gguf_context, gguf_spec, token_ids
 from stages.gguf.loader import check_tensors
 from stages.gguf.reader import GgufHeader, read_gguf_header
-from stages.gguf.vocab import PRE_TOKENIZERS
+from stages.gguf.vocab import vocab_style
 from stages.rope import rope_type
 
 
@@ -23,22 +23,10 @@ def _servable(header: GgufHeader, context: int) -> tuple[Any, str | None]:
         spec = gguf_spec(header)
         check_gguf_context(header, spec, context or spec.max_position_embeddings)
         check_tensors(header, weight_plan(spec))
-        _check_vocabulary(header.metadata)
+        vocab_style(header.metadata)
     except ValueError as err:
         return spec, str(err)
     return spec, None
-
-
-def _check_vocabulary(metadata: Mapping[str, Any]) -> None:
-    style = metadata.get("tokenizer.ggml.model")
-    if style not in ("gpt2", "llama"):
-        raise ValueError(f"tokenizer.ggml.model={style!r} is not supported (gpt2, llama)")
-    pre = metadata.get("tokenizer.ggml.pre", "default")
-    if style == "gpt2" and pre not in PRE_TOKENIZERS:
-        raise ValueError(
-            f"tokenizer.ggml.pre={pre!r} is not supported: supported are "
-            f"{', '.join(PRE_TOKENIZERS)}"
-        )
 
 
 def _specials(header: GgufHeader) -> dict[str, Any]:

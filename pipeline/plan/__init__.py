@@ -24,6 +24,7 @@ from pipeline import artefacts, logs  # noqa: F401  (logs configures structlog)
 from pipeline.checks import ConfigError
 from pipeline.plan.capacity import capacity_search, print_result
 from pipeline.plan.report import check_plan
+from pipeline.run_folder import RunStatus
 from pipeline.schema import register_schemas
 
 log = structlog.get_logger("pipeline.plan")
@@ -45,7 +46,7 @@ def main(cfg: DictConfig) -> None:
         known = isinstance(err, ConfigError | artefacts.RunFolderError)
         message = str(err) if known else f"{type(err).__name__}: {err}"
         try:
-            artefacts.write_metrics({"status": "failed", "error": message}, out_dir)
+            artefacts.write_metrics({"status": RunStatus.FAILED, "error": message}, out_dir)
         except artefacts.RunFolderError:
             pass
         if os.environ.get("HYDRA_FULL_ERROR") == "1":

@@ -34,6 +34,7 @@ from pipeline.engine import Engine
 from pipeline.metrics import StepTotals
 from pipeline.plan.capacity_estimate import rate_ceiling
 from pipeline.run import device_metrics, run_metrics, serve, slo_of
+from pipeline.run_folder import RunStatus
 from pipeline.schema import Executor
 from pipeline.slo import EarlyVerdict, Slo, needed_good
 from stages.request import FinishReason, Request
@@ -139,9 +140,8 @@ def serve_judged(
     for r in requests:
         if not r.finished:
             r.fail(STOPPED, duration)
-    metrics = run_metrics(
-        cfg, engine, requests, totals, duration, warmup_s, "stopped" if decided else "ok"
-    )
+    status = RunStatus.STOPPED if decided else RunStatus.OK
+    metrics = run_metrics(cfg, engine, requests, totals, duration, warmup_s, status)
     if decided:
         metrics["decided_early"] = verdict.describe()
     return metrics
@@ -175,7 +175,7 @@ class Search:
         self.metrics[load] = metrics
         probe = Probe(
             load=load,
-            met=bool(metrics.get("slo_met")) and metrics["status"] == "ok",
+            met=bool(metrics.get("slo_met")) and metrics["status"] == RunStatus.OK,
             attainment=metrics.get("slo_attainment"),
             goodput=metrics.get("request_goodput", 0.0),
             offered_rps=metrics.get("offered_rps"),
@@ -303,7 +303,7 @@ def not_searched(search: Search, reason: str, metrics: dict[str, Any]) -> dict[s
     """The result of a search not made (nothing served): the reason and what is known."""
     axis = search.axis
     return {
-        "status": "ok",
+        "status": RunStatus.OK,
         **metrics,
         "max_model_len": search.cfg.max_model_len,
         "capacity_found": False,
@@ -337,7 +337,7 @@ def search_result(search: Search, lo: float | None, hi: float | None) -> dict[st
         duration = metrics.get("duration_s") or 0.0
         rps = metrics["num_requests"] / duration if duration else None
     metrics.update(
-        status="ok",
+        status=RunStatus.OK,
         capacity_found=lo is not None,
         capacity_key=axis.key,
         capacity_unit=axis.unit,

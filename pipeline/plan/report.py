@@ -26,6 +26,7 @@ from omegaconf import DictConfig
 from pipeline.artefacts import RESOLVED_CONFIG
 from pipeline.checks import ConfigError
 from pipeline.deploy import deployment, tool_overrides, write_deploy
+from pipeline.run_folder import RunStatus
 from pipeline.slo import Slo
 from pipeline.summary import Job, find_jobs, split_override, swept_keys
 
@@ -92,7 +93,7 @@ def candidates(jobs: Sequence[Job], max_warmup_s: float) -> list[Candidate]:
         config = yaml.safe_load(resolved.read_text(encoding="utf-8")) if resolved.is_file() else {}
         c = Candidate(job, config or {})
         warmup = c.metric("predicted_warmup_s")
-        if job.status != "ok":
+        if job.status != RunStatus.OK:
             c.ruled_out = f"{job.status}: {job.error}"
         elif not job.metrics.get("capacity_found"):
             c.ruled_out = str(job.metrics.get("capacity_reason") or "no load met the SLO")

@@ -26,6 +26,7 @@ from deepdiff import DeepDiff
 
 from pipeline.run_folder import (
     RunFileError,
+    RunStatus,
     read_choices,
     read_generations,
     read_mapping,
@@ -59,7 +60,7 @@ class Run:
     @property
     def complete(self) -> bool:
         """Whether every request of the workload has its line (a run that ended normally)."""
-        return self.metrics.get("status") == "ok"
+        return self.metrics.get("status") == RunStatus.OK
 
 
 def request_key(line: dict[str, Any]) -> dict[str, Any]:
@@ -102,7 +103,7 @@ def _read_run(path: Path) -> Run:
         if why and metrics and metrics.get("error"):
             why += ": " + " ".join(str(metrics["error"]).split())  # one line on stderr
         raise ReviewError(f"{path} has no generations.jsonl{why + ')' if why else ''}")
-    metrics = {"status": "interrupted"} if metrics is None else metrics
+    metrics = {"status": RunStatus.INTERRUPTED} if metrics is None else metrics
     generations = read_generations(generations_path)
     ids = Counter(g["id"] for g in generations)
     repeated = next((rid for rid, count in ids.items() if count > 1), None)

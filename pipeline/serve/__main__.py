@@ -28,6 +28,7 @@ from pipeline import artefacts, logs  # noqa: F401  (logs configures structlog)
 from pipeline.build import check_resolves, import_paddle
 from pipeline.checks import ConfigError, check_config
 from pipeline.run import slo_of
+from pipeline.run_folder import RunStatus
 from pipeline.schema import Executor, register_schemas
 from pipeline.serve.api import create_app
 from pipeline.serve.telemetry import Telemetry
@@ -118,7 +119,7 @@ def serve(cfg: DictConfig, out_dir: Path) -> int:
         known = isinstance(err, ConfigError | artefacts.RunFolderError)
         message = str(err) if known else f"{type(err).__name__}: {err}"
         if not (out_dir / artefacts.METRICS).exists():
-            artefacts.write_metrics({"status": "failed", "error": message}, out_dir)
+            artefacts.write_metrics({"status": RunStatus.FAILED, "error": message}, out_dir)
         print(f"Error: {message}", file=sys.stderr)
         return 2 if isinstance(err, ConfigError) else 1
     return 0

@@ -20,6 +20,7 @@ from pipeline.artefacts import GENERATIONS, STEPS
 from pipeline.engine import Engine
 from pipeline.metrics import StepTotals, summarise
 from pipeline.run import device_metrics, slo_of
+from pipeline.run_folder import RunStatus
 from pipeline.slo import slo_metrics
 from stages.request import FinishReason, Request, Status
 
@@ -88,7 +89,7 @@ def write_folder_metrics(
     out_dir: Path,
     duration_s: float,
     warmup_s: float,
-    status: str,
+    status: RunStatus,
     error: str | None,
 ) -> None:
     """metrics.json from the folder's generations and steps; generations.jsonl is rewritten

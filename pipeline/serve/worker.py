@@ -23,6 +23,7 @@ from pipeline.allocator import HeapTrimmer
 from pipeline.build import build_engine
 from pipeline.engine import Arrivals, Engine
 from pipeline.metrics import StepRecord
+from pipeline.run_folder import RunStatus
 from pipeline.schema import Executor
 from pipeline.serve.folder import GenerationAppender, write_folder_metrics
 from pipeline.serve.telemetry import Telemetry
@@ -194,7 +195,7 @@ class EngineWorker:
         engine.clock.restart()
         self.ready.set()
         log.info("server_ready", warmup_s=round(warmup_s, 3))
-        duration, status = 0.0, "ok"
+        duration, status = 0.0, RunStatus.OK
         try:
             duration = engine.serve(
                 self.inbox,
@@ -203,7 +204,7 @@ class EngineWorker:
                 on_tokens=self._on_tokens,
             )
         except BaseException as err:  # the engine broke: every open request gets the error
-            status, self.failed = "failed", f"{type(err).__name__}: {err}"
+            status, self.failed = RunStatus.FAILED, f"{type(err).__name__}: {err}"
             log.exception("engine_failed")
             for stream in list(self.streams.values()):
                 stream.request.fail(f"the engine failed: {self.failed}", engine.clock())

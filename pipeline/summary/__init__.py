@@ -21,7 +21,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from pipeline.console import raise_advice
-from pipeline.run_folder import RunFileError, read_mapping, read_metrics, read_overrides
+from pipeline.run_folder import RunFileError, RunStatus, read_mapping, read_metrics, read_overrides
 from pipeline.signals import stop_on_signals
 from pipeline.summary.plot import write_plot, x_key
 
@@ -109,7 +109,7 @@ def read_job(job_dir: Path, fallback_num: int = 0) -> Job:
     except RunFileError as err:
         return Job(num, job_dir, [], "unreadable", error=str(err))
     if not (job_dir / "metrics.json").is_file():  # killed before it could write one
-        return Job(num, job_dir, overrides, "interrupted", error="no metrics.json")
+        return Job(num, job_dir, overrides, RunStatus.INTERRUPTED, error="no metrics.json")
     try:
         metrics = read_metrics(job_dir) or {}
     except (OSError, RunFileError) as err:
@@ -170,7 +170,7 @@ def write_csv(jobs: Sequence[Job], path: Path) -> None:
 
 
 def write_markdown(jobs: Sequence[Job], keys: Sequence[str], path: Path) -> None:
-    ok = sum(j.status == "ok" for j in jobs)
+    ok = sum(j.status == RunStatus.OK for j in jobs)
     swept = ", ".join(f"`{k}`" for k in keys) or "nothing (every job has the same overrides)"
     lines = [
         f"# Sweep summary: {path.parent}",
@@ -193,7 +193,7 @@ def write_markdown(jobs: Sequence[Job], keys: Sequence[str], path: Path) -> None
         lines.append("| " + " | ".join(cells) + " |")
     lines += _compile_notes(jobs)
     lines += _workload_notes(jobs)
-    failed = [j for j in jobs if j.status != "ok"]
+    failed = [j for j in jobs if j.status != RunStatus.OK]
     if failed:
         lines += ["", "## Jobs that did not finish", ""]
         lines += [f"- job {j.num} ({j.status}): {j.error or 'no error recorded'}" for j in failed]
@@ -235,7 +235,7 @@ def _workload_notes(jobs: Sequence[Job]) -> list[str]:
 
 def _notes(jobs: Sequence[Job], keys: Sequence[str]) -> list[str]:
     """The plot's last panel: the jobs, the x-axis, and what has no point."""
-    failed = [j for j in jobs if j.status != "ok"]
+    failed = [j for j in jobs if j.status != RunStatus.OK]
     text = [f"{len(jobs)} jobs, {len(jobs) - len(failed)} ok", f"x: {x_key(jobs, keys) or 'job'}"]
     if any(j.metrics.get("simulated") for j in jobs):
         text.append("simulated: predicted figures")

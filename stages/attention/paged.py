@@ -15,6 +15,7 @@ from stages.attention.interface import (
     RopeTable,
     SlotIndex,
 )
+from stages.device import Device
 from stages.kv_cache import KVCacheManager
 from stages.metadata import ForwardMeta
 from stages.request import Request
@@ -22,11 +23,11 @@ from stages.request import Request
 
 def load_ops(name: str) -> AttentionOps:
     """The backend of attention.ops; ValueError (one line) when it cannot be loaded."""
-    if name == "cpu":
+    if name == Device.CPU:
         from stages.attention import ops_cpu
 
         return ops_cpu
-    if name == "intel_hpu":
+    if name == Device.INTEL_HPU:
         from stages.attention import ops_intel_hpu
 
         return ops_intel_hpu.load()

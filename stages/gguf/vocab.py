@@ -12,7 +12,8 @@ any splitting, as special tokens are.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import enum
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -61,13 +62,33 @@ def _list(metadata: dict[str, Any], key: str, path: Any) -> Sequence[Any]:
     return value
 
 
-def _gpt2_model(tokens: Sequence[str], metadata: dict[str, Any], path: Any) -> Tokenizer:
-    name = metadata.get("tokenizer.ggml.pre", "default")
-    if name not in PRE_TOKENIZERS:
+class VocabStyle(enum.StrEnum):
+    """The vocabulary styles read, by tokenizer.ggml.model's name (the module's docstring)."""
+
+    GPT2 = "gpt2"
+    LLAMA = "llama"
+
+
+def vocab_style(metadata: Mapping[str, Any]) -> VocabStyle:
+    """The file's vocabulary style, and for `gpt2` its pre-tokenizer, checked: a ValueError
+    names the key where this reads neither."""
+    style = metadata.get("tokenizer.ggml.model")
+    styles = [s.value for s in VocabStyle]
+    if not isinstance(style, str) or style not in styles:
         raise ValueError(
-            f"{path}: tokenizer.ggml.pre={name!r} is not supported: supported are "
+            f"tokenizer.ggml.model={style!r} is not supported: supported are {', '.join(styles)}"
+        )
+    pre_name = metadata.get("tokenizer.ggml.pre", "default")
+    if style == VocabStyle.GPT2 and pre_name not in PRE_TOKENIZERS:
+        raise ValueError(
+            f"tokenizer.ggml.pre={pre_name!r} is not supported: supported are "
             f"{', '.join(PRE_TOKENIZERS)}"
         )
+    return VocabStyle(style)
+
+
+def _gpt2_model(tokens: Sequence[str], metadata: dict[str, Any], path: Any) -> Tokenizer:
+    name = metadata.get("tokenizer.ggml.pre", "default")  # vocab_style checked it
     merges = [tuple(m.split(" ", 1)) for m in _list(metadata, "tokenizer.ggml.merges", path)]
     if any(len(m) != 2 for m in merges):
         raise ValueError(f"{path}: a tokenizer.ggml.merges entry is not two tokens")
@@ -124,16 +145,15 @@ def _spm_model(tokens: Sequence[str], metadata: dict[str, Any], path: Any) -> To
 
 def build_tokenizer(metadata: dict[str, Any], path: Any) -> Tokenizer:
     """The file's vocabulary as a `tokenizers` tokenizer (no BOS added: the caller decides)."""
-    style = metadata.get("tokenizer.ggml.model")
     tokens = list(_list(metadata, "tokenizer.ggml.tokens", path))
-    if style == "gpt2":
+    try:
+        style = vocab_style(metadata)
+    except ValueError as err:
+        raise ValueError(f"{path}: {err}") from err
+    if style is VocabStyle.GPT2:
         tokenizer = _gpt2_model(tokens, metadata, path)
-    elif style == "llama":
-        tokenizer = _spm_model(tokens, metadata, path)
     else:
-        raise ValueError(
-            f"{path}: tokenizer.ggml.model={style!r} is not supported: supported are gpt2, llama"
-        )
+        tokenizer = _spm_model(tokens, metadata, path)
     types = metadata.get("tokenizer.ggml.token_type")
     if types is not None and len(types) == len(tokens):
         kinds = [int(t) for t in types]
