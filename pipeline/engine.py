@@ -24,7 +24,7 @@ log = structlog.get_logger(__name__)
 
 # The most decode steps a leap does at once: long runs gain little more, and a cap keeps
 # each leap's arrays small.
-MAX_LEAP_STEPS = 512
+MAX_LEAP_STEPS = 64
 
 
 class Clock(Protocol):
@@ -121,6 +121,12 @@ class ArrivalTimes:
     def finished(self, request: Request) -> None:
         self.slots.give_back(request.finish_s if request.finish_s is not None else self.clock())
 
+    def finishes_before_change(self) -> float:
+        """How many requests may finish before take could hand one in sooner than
+        next_arrival says: none while closed-loop load holds one back (a finish frees its
+        slot), any number otherwise."""
+        return 0 if self.pending and not self.slots.free else math.inf
+
     def next_arrival(self) -> float:
         """The earliest time take hands in another request while none finishes: the next
         pending arrival, or never while closed-loop load has every slot taken."""
@@ -143,10 +149,12 @@ class ArrivalTimes:
 
 class Leaps(NamedTuple):
     """Runs of decode steps done at once where nothing else can happen between them (a
-    simulated device's leaps): `until` gives when the source may next hand in a request,
-    and `done` takes each run in place of its steps' records."""
+    simulated device's leaps): `until` gives when the source may next hand in a request
+    or the stop hook's answer change, `finishes` how many requests may finish before
+    either changes, and `done` takes each run in place of its steps' records."""
 
     until: Callable[[], float]
+    finishes: Callable[[], float]
     done: Callable[[DecodeRun], None]
 
 
@@ -199,14 +207,15 @@ class Engine:
         finished = self.scheduler.update(plan, samples, now())
         return StepResult(plan, meta, finished)
 
-    def leap(self, until: float) -> tuple[DecodeRun, list[Request]] | None:
-        """Where the next steps can only decode every running request, does as many at once
-        as start before `until` (up to MAX_LEAP_STEPS): what they would do one by one.
-        Returns the run and the requests it finished; None where the next step runs alone."""
+    def leap(self, until: float, finishes: float = 0) -> tuple[DecodeRun, list[Request]] | None:
+        """Where the next steps can only decode the running requests, does as many at once
+        as start before `until` (up to MAX_LEAP_STEPS), letting up to `finishes` requests
+        finish before the last: what they would do one by one. Returns the run and the
+        requests it finished; None where the next step runs alone."""
         token = self.sampler.fixed_token
         if token is None:
             return None
-        run = self.scheduler.steady_decodes(MAX_LEAP_STEPS)
+        run = self.scheduler.steady_decodes(MAX_LEAP_STEPS, finishes)
         run = self.metadata.pad_decodes(run) if run else None
         if run is None:
             return None
@@ -309,7 +318,10 @@ class Engine:
             def until() -> float:
                 return min(arrivals.next_arrival(), hook.next_change())
 
-            leaps = Leaps(until, on_leap)
+            def finishes() -> float:
+                return min(arrivals.finishes_before_change(), hook.finishes_before_change())
+
+            leaps = Leaps(until, finishes, on_leap)
         with long_lived_frozen():
             return self.serve(arrivals, on_step, finished, leaps=leaps, stop=stop)
 
@@ -337,7 +349,7 @@ class Engine:
             self._admit(arrivals, on_finish)
             if not self.scheduler.has_work:
                 continue
-            if leaps and (leapt := self.leap(leaps.until())):
+            if leaps and (leapt := self.leap(leaps.until(), leaps.finishes())):
                 index += self._hand_on_leap(*leapt, leaps, on_tokens, on_finish)
                 continue
             index += self._step_once(index, on_step, on_tokens, on_finish)

@@ -95,8 +95,8 @@ class StepTotals:
     def add_run(self, run: DecodeRun) -> None:
         """A run of decode steps done at once (a simulated device's leap)."""
         self.num_steps += run.steps
-        self.num_tokens += run.rows * run.steps
-        self.padded_tokens += run.padded_rows * run.steps
+        self.num_tokens += run.num_tokens
+        self.padded_tokens += int(run.padded_rows.sum()) if run.padded_rows is not None else 0
 
     @classmethod
     def of(cls, steps: Sequence[StepRecord]) -> StepTotals:

@@ -226,10 +226,17 @@ class EarlyVerdict:
         return self.decided_at is not None
 
     def next_change(self) -> float:
-        """The next deadline of a request in flight (a request finishing or getting its
-        first token may bring another: both end a leap anyway); after the last call."""
+        """The next deadline of a request in flight, after the last call. A first token
+        may bring another (it ends a leap), and so may a finish that lets later requests
+        join the TPOT watch; a leap runs past finishes only while none waits, when every
+        request in flight has joined already."""
         due = min(watch.next_due() for watch in self.watches)
         return due if due > self.now else math.nextafter(self.now, math.inf)
+
+    def finishes_before_change(self) -> float:
+        """Each finish counts one miss at most: the verdict holds while the misses stay
+        within those allowed."""
+        return 0 if self.decided_at is not None else self.allowed - len(self.missed)
 
     def describe(self) -> dict[str, Any]:
         """metrics.json's `decided_early`: the verdict, when, and which requests it counted

@@ -20,6 +20,12 @@ class StopHook(Protocol):
         runs of decode steps no further, so the run stops where step by step it would."""
         ...
 
+    def finishes_before_change(self) -> float:
+        """How many more requests may finish, however they fare, before the answer may
+        change (math.inf: any number): a leap lets no more rows than that leave its batch
+        before its last step."""
+        ...
+
 
 class NeverStop:
     """The default stop hook: the run serves every request."""
@@ -28,4 +34,7 @@ class NeverStop:
         return False
 
     def next_change(self) -> float:
+        return math.inf
+
+    def finishes_before_change(self) -> float:
         return math.inf

@@ -92,14 +92,15 @@ class Scheduler(Protocol):
     def abort(self, request: Request, message: str, now: float) -> None:
         """Ends a waiting or running request with an error; its KV blocks are freed now."""
 
-    def steady_decodes(self, limit: int) -> DecodeRun | None:
-        """The next steps (up to `limit`) while each can only decode every running request,
-        nothing else happening between them but the clock; None where the next step may
+    def steady_decodes(self, limit: int, finishes: float = 0) -> DecodeRun | None:
+        """The next steps (up to `limit`) while each can only decode the running requests,
+        nothing else happening between them but the clock and rows reaching their length
+        (up to `finishes` of them before the last step); None where the next step may
         differ. What lets a simulated device run many steps at once (a leap)."""
 
     def advance_decodes(self, run: DecodeRun, token: int, ends: list[float]) -> list[Request]:
         """Does what the run's steps' updates do, each row getting `token` at each step's
-        end time; returns the requests its last step finished."""
+        end time while it stays; returns the requests the run finished, in order."""
 
 
 class MetadataBuilder(Protocol):

@@ -318,12 +318,16 @@ class HPUMetadataBuilder:
         """The run's decode buckets, step by step, as build() pads each step: as many
         steps as stay within the prepared buckets (a miss is counted by build(), one step
         at a time); None where the first step misses."""
-        rows, prepared = self.buckets.fit("decode_batch", run.rows)
+        rows = self.buckets.fit_prepared("decode_batch", run.batch)
         widths = self.buckets.fit_prepared("decode_blocks", run.blocks)
-        if not prepared or not len(widths):
+        steps = min(len(rows), len(widths))
+        if not steps:
             return None
-        blocks = run.blocks[: len(widths)]
-        return DecodeRun(run.requests, run.lens, blocks, run.block_size, rows, widths)
+        run = run.first(steps) if steps < run.steps else run
+        return DecodeRun(
+            run.requests, run.lens, run.stays, run.blocks, run.block_size, rows[:steps],
+            widths[:steps],
+        )  # fmt: skip
 
     def dummy(
         self, prefill: tuple[int, int, int] | None, decode: tuple[int, int] | None

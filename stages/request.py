@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import abc
 import enum
+import functools
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -193,17 +194,20 @@ class StepPlan:
 
 @dataclass
 class DecodeRun:
-    """Decode-only steps of every running request one after another, with nothing else the
-    scheduler could do between them (no arrival, admission, preemption or stop before the
-    last step): what a simulated device runs at once, a leap, giving exactly what as many
-    steps one by one give. In step j (from 0) row i attends lens[i] + j tokens."""
+    """Decode-only steps of the running requests one after another, with nothing else the
+    scheduler could do between them (no arrival, admission or preemption; no stop but
+    the length limits): what a simulated device runs at once, a leap, giving exactly what
+    as many steps one by one give. Row i decodes in the first stays[i] steps, the last of
+    which ends it, and leaves the batch; in step j (from 0) it attends lens[i] + j tokens."""
 
     requests: list[Request]  # the rows, in the scheduler's order
     lens: np.ndarray  # [rows] each row's tokens in the first step, its new one included
+    stays: np.ndarray  # [rows] the steps each row decodes in, from the first
     blocks: np.ndarray  # [steps] the KV blocks each step's rows fill: sum(ceil(len / block))
     block_size: int
-    padded_rows: int = 0  # the decode bucket's rows, once the metadata builder padded them
-    widths: np.ndarray | None = None  # [steps] each step's decode bucket in blocks, likewise
+    # [steps] each step's decode bucket, rows and blocks, once the metadata builder padded it
+    padded_rows: np.ndarray | None = None
+    widths: np.ndarray | None = None
 
     @property
     def steps(self) -> int:
@@ -213,22 +217,50 @@ class DecodeRun:
     def rows(self) -> int:
         return len(self.requests)
 
+    @property
+    def num_tokens(self) -> int:
+        """Tokens decoded over the run: one per row and step it stays."""
+        return int(self.stays.sum())
+
+    @functools.cached_property
+    def leaving(self) -> bool:
+        """Whether a row leaves before the last step."""
+        return bool(self.stays.min() < self.steps)
+
+    def _left_by(self, weights: np.ndarray | None = None) -> np.ndarray:
+        """[steps] how many rows (or how much of `weights`) left before each step."""
+        gone = np.bincount(self.stays, weights, minlength=self.steps + 1)[: self.steps]
+        return np.cumsum(gone)
+
+    @functools.cached_property
+    def batch(self) -> np.ndarray:
+        """[steps] the rows each step decodes."""
+        if not self.leaving:
+            return np.full(self.steps, self.rows)
+        return self.rows - self._left_by()
+
     def slots(self) -> np.ndarray:
-        """[steps] the KV slots each step's decode attention reads: every row's tokens."""
-        return int(self.lens.sum()) + self.rows * np.arange(self.steps, dtype=np.int64)
+        """[steps] the KV slots each step's decode attention reads: its rows' tokens."""
+        steps = np.arange(self.steps, dtype=np.int64)
+        total = int(self.lens.sum())
+        if not self.leaving:  # the common run
+            return total + self.rows * steps
+        left = np.rint(self._left_by(self.lens.astype(float))).astype(np.int64)
+        return total - left + self.batch * steps
 
     def last(self) -> DecodeRun:
-        """The run's last step alone."""
-        widths = self.widths[-1:] if self.widths is not None else None
-        lens = self.lens + self.steps - 1
-        return DecodeRun(
-            self.requests, lens, self.blocks[-1:], self.block_size, self.padded_rows, widths
-        )
+        """The run's last step alone (the rows that stay to it)."""
+        lens, stays = self.lens + self.steps - 1, (self.stays >= self.steps).astype(np.int64)
+        return self._part(lens, stays, slice(-1, None))
 
     def first(self, steps: int) -> DecodeRun:
         """The run's first `steps` steps."""
-        widths = self.widths[:steps] if self.widths is not None else None
+        return self._part(self.lens, np.minimum(self.stays, steps), slice(steps))
+
+    def _part(self, lens: np.ndarray, stays: np.ndarray, steps: slice) -> DecodeRun:
+        padded, widths = self.padded_rows, self.widths
         return DecodeRun(
-            self.requests, self.lens, self.blocks[:steps], self.block_size, self.padded_rows,
-            widths,
+            self.requests, lens, stays, self.blocks[steps], self.block_size,
+            padded[steps] if padded is not None else None,
+            widths[steps] if widths is not None else None,
         )  # fmt: skip

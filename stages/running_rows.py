@@ -117,10 +117,10 @@ class RunningRows:
         """Whether StopRule.reason must look at some row's every token (EOS, stop strings)."""
         return bool(self.checked[: self.size].any())
 
-    def steps_to_length(self) -> int:
-        """Decode steps until the first row reaches its length limit (that step ends it)."""
+    def steps_to_length(self) -> np.ndarray:
+        """[rows] decode steps until each row reaches its length limit (that step ends it)."""
         n = self.size
-        return int((self.limit[:n] - self.prompt[:n] - self.outputs[:n]).min())
+        return self.limit[:n] - self.prompt[:n] - self.outputs[:n]
 
     def first_new_block(self) -> np.ndarray:
         """Each row's next decode step (from 1) that takes a new block: the first whose
@@ -135,28 +135,26 @@ class RunningRows:
         first[first == 0] = bs
         return first
 
-    def steps_with_blocks(self, free: int, limit: int) -> int:
-        """How many of the next `limit` decode steps of every row `free` blocks cover: a row
-        takes a block at its first_new_block step and every block_size steps after."""
-        bs = self.kv_cache.block_size
-        first = self.first_new_block()
-        if limit <= bs:  # the common run: a row takes at most one block
-            needed = np.sort(first[first <= limit])
-            return limit if len(needed) <= free else int(needed[free]) - 1
-        late = first > bs  # a row holding more than a block ahead (none does, as allocated)
-        if late.any():
-            limit = min(limit, int(first[late].min()) - 1)
-        per_step = np.bincount(first[~late] % bs, minlength=bs)
-        taken = np.cumsum(per_step[np.arange(1, limit + 1) % bs])
-        return int(np.searchsorted(taken, free, side="right"))
+    def steps_with_blocks(self, free: int, limit: int, stays: np.ndarray | None = None) -> int:
+        """How many of the next `limit` decode steps `free` blocks cover: a row takes a
+        block at its first_new_block step and every block_size steps after, up to its
+        `stays` steps (the step it leaves the batch at; by default it stays to `limit`)."""
+        first, bs = self.first_new_block(), self.kv_cache.block_size
+        last = limit if stays is None else np.minimum(stays, limit)
+        if int(np.maximum((last - first) // bs + 1, 0).sum()) <= free:  # the common run
+            return limit
+        rows, at = recurring(first, limit, bs)
+        if stays is not None:
+            at = at[at <= stays[rows]]
+        return limit if len(at) <= free else int(at[free]) - 1
 
     def at_length(self) -> np.ndarray:
         """The rows whose tokens reached their length limit."""
         n = self.size
         return np.flatnonzero(self.prompt[:n] + self.outputs[:n] >= self.limit[:n])
 
-    def advance_by(self, steps: int, new_blocks: np.ndarray) -> None:
-        """Every row decoded `steps` tokens and took `new_blocks` blocks (one per row)."""
+    def advance_by(self, steps: np.ndarray, new_blocks: np.ndarray) -> None:
+        """Each row decoded `steps` tokens and took `new_blocks` blocks (one per row)."""
         n = self.size
         self.computed[:n] += steps
         self.outputs[:n] += steps
@@ -191,12 +189,20 @@ def recurring(first: np.ndarray, steps: int, period: int) -> tuple[np.ndarray, n
     return rows[order], at[order]
 
 
-def listed_blocks(lens: np.ndarray, steps: int, block_size: int) -> np.ndarray:
+def listed_blocks(
+    lens: np.ndarray, steps: int, block_size: int, stays: np.ndarray | None = None
+) -> np.ndarray:
     """[steps] the blocks decode rows of `lens` tokens fill in each of `steps` steps, every
     row one token longer each step: a row fills one more at each step its length passes a
-    multiple of block_size."""
+    multiple of block_size. A row leaves after its `stays` steps (by default it stays)."""
     start = int(blocks_for(lens, block_size).sum())
     passing = np.bincount((1 - lens) % block_size, minlength=block_size)
     grown = passing[np.arange(steps) % block_size]
     grown[0] = 0
-    return start + np.cumsum(grown)
+    blocks = start + np.cumsum(grown)
+    if stays is not None and stays.min() < steps:  # the blocks of the rows gone, taken off
+        gone = np.flatnonzero(stays < steps)
+        at = np.arange(steps)
+        after = at >= stays[gone, None]
+        blocks -= (blocks_for(lens[gone, None] + at, block_size) * after).sum(axis=0)
+    return blocks

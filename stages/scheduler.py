@@ -411,7 +411,7 @@ class ChunkedScheduler:
         first = len(plan.prefill)
         decode_logprobs = logprobs[first:] if logprobs is not None else None
         self._update_decodes(plan, rows.decode_rows, tokens[first:], decode_logprobs, now, ending)
-        self._finish_all(ending, now)
+        self._finish_all(ending, [now] * len(ending))
         return [request for request, _, _ in ending]
 
     def _update_decodes(
@@ -448,40 +448,46 @@ class ChunkedScheduler:
             if reason:
                 ending.append((decode[k], reason, int(running_rows[k])))
 
-    def _finish_all(self, ending: list[tuple[Request, FinishReason, int]], now: float) -> None:
-        """Finishes a step's ending requests, given with their running rows, at once:
-        taking thousands of rows out one by one would shift the rest each time."""
+    def _finish_all(
+        self, ending: list[tuple[Request, FinishReason, int]], times: list[float]
+    ) -> None:
+        """Finishes ending requests, given with their running rows, at their times, in
+        order, at once: taking thousands of rows out one by one would shift the rest."""
         if len(ending) < 2:
-            for request, reason, _ in ending:
+            for (request, reason, _), now in zip(ending, times, strict=True):
                 self.finish(request, reason, now)
             return
         kept = np.ones(len(self.running), dtype=bool)
         kept[[row for _, _, row in ending]] = False
         self.running[:] = itertools.compress(self.running, kept.tolist())
         self.rows.keep(np.flatnonzero(kept))
-        for request, reason, _ in ending:
+        for (request, reason, _), now in zip(ending, times, strict=True):
             self.kv_cache.free(request)
             request.block_hashes = []
             request.finish(reason, now)
 
     # -- runs of decode steps (a simulated device's leaps) ---------------------------------
-    def steady_decodes(self, limit: int) -> DecodeRun | None:
-        """The next steps, up to `limit`, while each can only decode every running request,
-        a step-by-step run doing nothing else between them (no admission, preemption or
-        stop before the last); None where the next step may do anything else. Only the
-        length limit may stop a row (StopRule checks no row's every token)."""
+    def steady_decodes(self, limit: int, finishes: float = 0) -> DecodeRun | None:
+        """The next steps, up to `limit`, while each can only decode the running requests,
+        a step-by-step run doing nothing else between them (no admission or preemption);
+        None where the next step may do anything else. Only the length limit may stop a
+        row (StopRule checks no row's every token); a row that reaches it leaves the run
+        there, and at most `finishes` rows leave before its last step (none while a
+        request waits: their blocks may let it in)."""
         rows, n = self.rows, len(self.running)
         if not n or n > self.max_tokens or self._may_admit(self.max_tokens - n):
             return None
         if rows.any_checked() or not rows.all_decoding():
             return None
-        steps = min(limit, rows.steps_to_length())
-        steps = rows.steps_with_blocks(self.kv_cache.num_free_blocks, steps)
+        left = rows.steps_to_length()
+        leaving = 0 if self.waiting else int(min(finishes, n - 1))
+        steps = min(limit, int(np.partition(left, leaving)[leaving]) if leaving else left.min())
+        steps = rows.steps_with_blocks(self.kv_cache.num_free_blocks, steps, left)
         if steps < 1:
             return None
-        lens = rows.computed[:n] + 1
-        blocks = listed_blocks(lens, steps, self.block_size)
-        return DecodeRun(list(self.running), lens, blocks, self.block_size)
+        lens, stays = rows.computed[:n] + 1, np.minimum(left, steps)
+        blocks = listed_blocks(lens, steps, self.block_size, stays)
+        return DecodeRun(list(self.running), lens, stays, blocks, self.block_size)
 
     def _may_admit(self, left: int) -> bool:
         """Whether a step whose decodes leave `left` of the budget could admit the first
@@ -497,17 +503,20 @@ class ChunkedScheduler:
         return n > 0 and self.kv_cache.blocks_for(n) <= self.kv_cache.num_free_blocks
 
     def advance_decodes(self, run: DecodeRun, token: int, ends: list[float]) -> list[Request]:
-        """The run's steps done: each row gets `token` at each step's end time, its new
-        blocks in the order the steps take them and, with prefix caching, its full blocks
-        registered in that order; returns the requests its last step finished."""
-        steps, n, bs = run.steps, run.rows, self.block_size
+        """The run's steps done: each row gets `token` at each step's end time while it
+        stays, its new blocks in the order the steps take them and, with prefix caching,
+        its full blocks registered in that order; the rows that reached their length end
+        at their last step's end. Returns those, in the order the steps finish them."""
+        steps, bs = run.steps, self.block_size
         running, rows = self.running, self.rows
         if run.requests != running:
             raise ValueError("advance_decodes takes the run steady_decodes just returned")
-        tokens = [token] * steps
-        _consume(map(list.extend, map(_OUTPUT_IDS, running), itertools.repeat(tokens)))
-        _consume(map(list.extend, map(_TOKEN_TIMES, running), itertools.repeat(ends)))
+        stays = run.stays.tolist()
+        self._append_tokens(token, ends, stays)
         takers, taken_at = recurring(rows.first_new_block(), steps, bs)
+        if min(stays) < steps:
+            kept = taken_at <= run.stays[takers]
+            takers, taken_at = takers[kept], taken_at[kept]
         if self.kv_cache.prefix is None or len(takers) <= self.kv_cache.pool.num_free:
             # No eviction: taking blocks changes nothing any registration reads.
             self.kv_cache.take_blocks([running[i] for i in takers.tolist()])
@@ -515,43 +524,65 @@ class ChunkedScheduler:
         else:
             takers_left = takers
         if self.kv_cache.prefix is not None:
-            self._take_and_register(takers_left, taken_at[: len(takers_left)], steps)
-        for request in running:
-            request.num_computed += steps
-        rows.advance_by(steps, np.bincount(takers, minlength=n))
+            self._take_and_register(takers_left, taken_at[: len(takers_left)], run.stays, steps)
+        for request, stayed in zip(running, stays, strict=True):
+            request.num_computed += stayed
+        rows.advance_by(run.stays, np.bincount(takers, minlength=run.rows))
         ending: list[tuple[Request, FinishReason, int]] = []
-        for i in rows.at_length().tolist():
+        done = rows.at_length()
+        for i in done[np.argsort(run.stays[done], kind="stable")].tolist():
             reason = self.stop.reason(running[i])
             if reason:
                 ending.append((running[i], reason, i))
-        self._finish_all(ending, ends[-1])
+        self._finish_all(ending, [ends[stays[i] - 1] for _, _, i in ending])
         return [request for request, _, _ in ending]
 
-    def _take_and_register(self, takers: np.ndarray, taken_at: np.ndarray, steps: int) -> None:
-        """With prefix caching, the blocks the run's tokens fill registered by content, and
-        the `takers`' new blocks taken, in the order the steps meet them: each step takes
-        its blocks, then registers those it filled. (Only an eviction, taking a cached
-        block and forgetting its content, makes the order between the two matter.)"""
+    def _append_tokens(self, token: int, ends: list[float], stays: list[int]) -> None:
+        """Each running row's tokens and their times over the steps it stays."""
+        running, steps = self.running, len(ends)
+        if min(stays) == steps:  # no row leaves: the same lists for every row
+            tokens = [token] * steps
+            _consume(map(list.extend, map(_OUTPUT_IDS, running), itertools.repeat(tokens)))
+            _consume(map(list.extend, map(_TOKEN_TIMES, running), itertools.repeat(ends)))
+            return
+        for request, stayed in zip(running, stays, strict=True):
+            request.output_ids.extend([token] * stayed)
+            request.token_times.extend(ends[:stayed])
+
+    def _take_and_register(
+        self, takers: np.ndarray, taken_at: np.ndarray, stays: np.ndarray, steps: int
+    ) -> None:
+        """With prefix caching, the blocks the run's tokens fill registered by content, the
+        `takers`' new blocks taken and the blocks of rows that leave before the last step
+        let go, in the order the steps meet them: each step takes its blocks, registers
+        those it filled, then ends its finished rows. (Only an eviction, taking a cached
+        block and forgetting its content, makes the order between them matter.)"""
         running, kv = self.running, self.kv_cache
         fillers, filled_at = recurring(self.rows.first_full_block(), steps, self.block_size)
+        gone = np.flatnonzero(stays < steps)
+        if len(gone):  # a row fills no block after it left
+            kept = filled_at <= stays[fillers]
+            fillers, filled_at = fillers[kept], filled_at[kept]
         if not len(fillers) and not len(takers):
             return
-        rows = np.concatenate([takers, fillers])
-        at = np.concatenate([taken_at, filled_at])
-        registers = np.repeat([False, True], [len(takers), len(fillers)])
-        if len(takers):  # fillers come in the steps' order already
-            order = np.lexsort((rows, registers, at))
-            rows, at, registers = rows[order], at[order], registers[order]
+        rows = np.concatenate([takers, fillers, gone])
+        at = np.concatenate([taken_at, filled_at, stays[gone]])
+        kinds = np.repeat([0, 1, 2], [len(takers), len(fillers), len(gone)])  # take, fill, go
+        if len(takers) or len(gone):  # fillers come in the steps' order already
+            order = np.lexsort((rows, kinds, at))
+            rows, at, kinds = rows[order], at[order], kinds[order]
         before = self.rows.computed[rows].tolist()
-        for i, computed, step, register in zip(
-            rows.tolist(), before, at.tolist(), registers.tolist(), strict=True
+        for i, computed, step, kind in zip(
+            rows.tolist(), before, at.tolist(), kinds.tolist(), strict=True
         ):
             request = running[i]
-            if register:
+            if kind == 1:
                 request.num_computed = computed + step
                 kv.cache_computed_blocks(request)
-            else:
+            elif kind == 0:
                 kv.take_blocks([request])
+            else:
+                kv.free(request)  # finishing it later frees nothing more
         for i, computed in zip(rows.tolist(), before, strict=True):
             running[i].num_computed = computed
 

@@ -18,6 +18,7 @@ from pipeline.plan.capacity import run_probe
 from pipeline.run import run_metrics
 from pipeline.slo import EarlyVerdict, Slo
 from stages.kv_cache import KVCacheManager
+from stages.request import DecodeRun
 from stages.running_rows import RunningRows, listed_blocks, recurring
 from stages.stopping import StopRule
 from tests.helpers import make_config
@@ -34,20 +35,40 @@ ARRIVING = [
 ]
 
 
+# Requests far enough apart that leaps run past finishes: rows leave the batch mid-leap.
+SPREAD = [
+    "workload.num_requests=40",
+    "workload.rate=10",
+    "workload.min_prompt_tokens=3",
+    "workload.max_prompt_tokens=120",
+    "workload.min_new_tokens=20",
+    "workload.max_new_tokens=120",
+    "max_model_len=512",
+]
+
+
+class Leapt:
+    """What a run's leaps did: their steps, and how many had a row leave before its end."""
+
+    def __init__(self, totals: StepTotals) -> None:
+        self.totals, self.steps, self.leaving = totals, StepTotals(), 0
+
+    def __call__(self, run: DecodeRun) -> None:
+        self.totals.add_run(run)
+        self.steps.add_run(run)
+        self.leaving += run.leaving
+
+
 def served(overrides: list[str], leaps: bool):
-    """The run's metrics, its requests, its engine and the steps it leapt."""
+    """The run's metrics, its requests, its engine and what its leaps did."""
     cfg = make_config([*SIMULATED, *overrides])
     engine, requests = build_engine(cfg)
     warmup_s = engine.warmup() if cfg.warmup else 0.0
-    totals, leapt = StepTotals(), StepTotals()
-
-    def on_leap(run) -> None:
-        totals.add_run(run)
-        leapt.add_run(run)
-
-    duration = engine.run(requests, on_step=totals.add, on_leap=on_leap if leaps else None)
+    totals = StepTotals()
+    leapt = Leapt(totals)
+    duration = engine.run(requests, on_step=totals.add, on_leap=leapt if leaps else None)
     metrics = run_metrics(cfg, engine, requests, totals, duration, warmup_s, "ok")
-    return metrics, requests, engine, leapt.num_steps
+    return metrics, requests, engine, leapt
 
 
 def assert_same(a, b, path: str = "metrics") -> None:
@@ -61,12 +82,12 @@ def assert_same(a, b, path: str = "metrics") -> None:
         assert a == b, f"{path}: {a} != {b}"
 
 
-def assert_leaps_change_nothing(overrides: list[str]) -> tuple[dict, int]:
-    """Compares the run with leaps against the one without; returns the metrics and how
-    many steps were leapt (so a case shows it exercised leaps)."""
+def assert_leaps_change_nothing(overrides: list[str]) -> tuple[dict, Leapt]:
+    """Compares the run with leaps against the one without; returns the metrics and what
+    the leaps did (so a case shows it exercised them)."""
     alone, alone_requests, alone_engine, none = served(overrides, leaps=False)
     leapt, requests, engine, steps = served(overrides, leaps=True)
-    assert none == 0
+    assert none.steps.num_steps == 0
     assert_same(alone, leapt)
     for a, b in zip(alone_requests, requests, strict=True):
         assert (a.id, a.output_ids, a.finish_reason, a.num_preemptions) == (
@@ -115,17 +136,29 @@ CASES = [
         id="all at once, whole prompts",
         marks=SLOW,
     ),  # fmt: skip
+    pytest.param(["hardware=h100", *SPREAD], id="rows leave mid-leap"),
+    pytest.param(
+        ["hardware=gaudi2", "metadata.bucketing=exponential", *SPREAD],
+        id="rows leave, gaudi buckets shrink and compile",
+        marks=SLOW,
+    ),  # fmt: skip
+    pytest.param(
+        ["hardware=h100", "prefix_caching=true", "num_blocks=48", *SPREAD],
+        id="rows leave while the prefix cache evicts",
+    ),  # fmt: skip
 ]
 
 
 @pytest.mark.parametrize("overrides", CASES)
 def test_leaps_give_what_steps_one_by_one_give(overrides):
     metrics, steps = assert_leaps_change_nothing(overrides)
+    if overrides[-1] == SPREAD[-1]:
+        assert steps.leaving > 0, "no row left a leap before its end"
     if "num_blocks=24" in overrides:  # preemptions interrupt most runs of decodes
         assert metrics["num_preemptions"] > 0, "no preemption to compare"
-        assert steps > 10, "too few steps leapt to compare"
+        assert steps.steps.num_steps > 10, "too few steps leapt to compare"
     else:
-        assert steps > metrics["num_steps"] / 4, "too few steps leapt to compare"
+        assert steps.steps.num_steps > metrics["num_steps"] / 4, "too few steps leapt"
     if "hardware=gaudi2" in overrides:
         assert metrics["serving_compiles"] > 0, "no compile during serving to compare"
 
@@ -144,7 +177,7 @@ def test_leaps_keep_the_prefix_cache_as_steps_do():
         "max_tokens=512",
     ]
     metrics, steps = assert_leaps_change_nothing(overrides)
-    assert steps > 0 and metrics["prefix_cache_hit_rate"] > 0
+    assert steps.steps.num_steps > 0 and metrics["prefix_cache_hit_rate"] > 0
 
 
 @SLOW
@@ -155,7 +188,7 @@ def test_leaps_on_a_conversation_trace(tmp_path):
                  "max_model_len=10240", "max_tokens=8192", "metadata.bucketing=exponential",
                  "warmup=true", "max_num_seqs=32"]  # fmt: skip
     metrics, steps = assert_leaps_change_nothing(overrides)
-    assert steps > metrics["num_steps"] / 2
+    assert steps.steps.num_steps > metrics["num_steps"] / 2 and steps.leaving > 0
 
 
 @SLOW
@@ -215,18 +248,61 @@ def test_a_metrics_only_probe_leaps_to_the_metrics_of_a_run_with_files(tmp_path)
     )
 
 
-@pytest.mark.parametrize("slo", ["slo.ttft_ms=40", "slo.tpot_ms=6"], ids=["ttft", "tpot"])
-def test_a_probe_stopped_by_its_slo_stops_where_steps_one_by_one_stop(slo):
+@pytest.mark.parametrize(
+    ("slo", "workload"),
+    [
+        (["slo.ttft_ms=40"], ARRIVING),
+        (["slo.tpot_ms=6"], ARRIVING),
+        (["slo.e2e_ms=300", "slo.attainment=0.5"], SPREAD),
+    ],
+    ids=["ttft", "tpot", "e2e, leaps past finishes"],
+)
+def test_a_probe_stopped_by_its_slo_stops_where_steps_one_by_one_stop(slo, workload):
     stops = []
     for leaps in (False, True):
-        cfg = make_config([*SIMULATED, *FIXED_H100, *ARRIVING, slo])
+        cfg = make_config([*SIMULATED, *FIXED_H100, *workload, *slo])
         engine, requests = build_engine(cfg)
         totals = StepTotals()
         verdict = EarlyVerdict(Slo.of(cfg.slo), requests, arrivals_fixed=True)
-        on_leap = totals.add_run if leaps else None
-        engine.run(requests, totals.add, verdict.on_finish, on_leap=on_leap, stop=verdict)
+        leapt = Leapt(totals)
+        engine.run(requests, totals.add, verdict.on_finish, leapt if leaps else None, verdict)
         assert verdict.decided_at is not None and verdict.missed_in_flight > 0
+        stops.append((engine.clock(), totals.num_steps, [len(r.token_times) for r in requests],
+                      verdict.describe()))  # fmt: skip
+    assert workload is ARRIVING or leapt.leaving > 0, "no leap ran past a finish"
+    assert stops[0][1:] == stops[1][1:] and math.isclose(stops[0][0], stops[1][0])
+
+
+class StopAtFinish:
+    """A stop hook whose answer changes at the run's k-th finish (and at no time)."""
+
+    def __init__(self, k: int) -> None:
+        self.k, self.finished = k, 0
+
+    def on_finish(self, request) -> None:
+        self.finished += 1
+
+    def __call__(self, now: float) -> bool:
+        return self.finished >= self.k
+
+    def next_change(self) -> float:
+        return math.inf
+
+    def finishes_before_change(self) -> float:
+        return max(0, self.k - self.finished - 1)
+
+
+@pytest.mark.parametrize("k", [4, 15])
+def test_leaps_past_finishes_stop_where_steps_one_by_one_stop(k):
+    stops = []
+    for leaps in (False, True):
+        engine, requests = build_engine(make_config([*SIMULATED, "hardware=h100", *SPREAD]))
+        totals, hook = StepTotals(), StopAtFinish(k)
+        leapt = Leapt(totals)
+        engine.run(requests, totals.add, hook.on_finish, leapt if leaps else None, stop=hook)
         stops.append((engine.clock(), totals.num_steps, [len(r.token_times) for r in requests]))
+    assert leapt.leaving > 0, "no leap ran past a finish"
+    assert hook.finished < len(requests)  # stopped early
     assert stops[0][1:] == stops[1][1:] and math.isclose(stops[0][0], stops[1][0])
 
 
@@ -239,22 +315,44 @@ def test_recurring_events_come_in_the_order_steps_meet_them(steps):
     assert list(zip(at.tolist(), rows.tolist(), strict=True)) == brute
 
 
-def test_listed_blocks_count_each_steps_blocks_row_by_row():
+@pytest.mark.parametrize("stays", [None, [40, 40, 40, 40, 40], [3, 40, 17, 1, 40]])
+def test_listed_blocks_count_each_steps_blocks_row_by_row(stays):
     lens = np.array([1, 15, 16, 17, 40])
-    blocks = listed_blocks(lens, 40, 16)
-    assert blocks.tolist() == [int(np.ceil((lens + j) / 16).sum()) for j in range(40)]
+    left = np.array(stays) if stays else None
+    blocks = listed_blocks(lens, 40, 16, left)
+    staying = [[j < (stays[i] if stays else 40) for i in range(5)] for j in range(40)]
+    by_hand = [sum(int(np.ceil((n + j) / 16)) for n, on in zip(lens, staying[j], strict=True) if on)
+               for j in range(40)]  # fmt: skip
+    assert blocks.tolist() == by_hand
 
 
+def test_a_run_counts_the_rows_and_slots_of_each_step_as_rows_leave():
+    lens, stays = np.array([10, 3, 7, 20]), np.array([5, 2, 5, 4])
+    run = DecodeRun([None] * 4, lens, stays, np.zeros(5, np.int64), 16)  # type: ignore[list-item]
+    on = [[j < s for s in stays] for j in range(5)]
+    assert run.batch.tolist() == [sum(row) for row in on] == [4, 4, 3, 3, 2]
+    assert run.slots().tolist() == [sum(int(n) + j for n, o in zip(lens, on[j], strict=True) if o)
+                                    for j in range(5)]  # fmt: skip
+    assert run.num_tokens == int(stays.sum())
+    first, last = run.first(3), run.last()
+    assert first.batch.tolist() == [4, 4, 3] and first.slots().tolist() == run.slots()[:3].tolist()
+    assert last.batch.tolist() == [2] and last.slots().tolist() == run.slots()[-1:].tolist()
+
+
+@pytest.mark.parametrize("stays", [None, [2, 40, 5, 40, 1, 20]])
 @pytest.mark.parametrize("limit", [3, 16, 40])
 @pytest.mark.parametrize("free", [0, 2, 5, 100])
-def test_the_blocks_free_bound_a_run_where_a_step_would_run_short(limit, free):
+def test_the_blocks_free_bound_a_run_where_a_step_would_run_short(limit, free, stays):
     rows = RunningRows(KVCacheManager(num_blocks=200, block_size=16), StopRule((), 4096), 6)
     rows.size = 6
     rows.computed[:6] = [15, 16, 30, 31, 33, 47]  # tokens whose keys are in the cache
     rows.held[:6] = [16, 16, 32, 32, 48, 48]  # the room their blocks hold: whole blocks
     # Step j (from 1) writes token computed + j - 1: a new block when that reaches held.
-    taken = [sum((c + j - 1 - h) >= 0 and (c + j - 1 - h) % 16 == 0
-                 for c, h in zip(rows.computed[:6], rows.held[:6], strict=True))
+    # A row that left (after its `stays` steps) takes nothing more.
+    last = stays or [limit] * 6
+    taken = [sum((c + j - 1 - h) >= 0 and (c + j - 1 - h) % 16 == 0 and j <= s
+                 for c, h, s in zip(rows.computed[:6], rows.held[:6], last, strict=True))
              for j in range(1, limit + 1)]  # fmt: skip
     expected = next((j for j in range(limit) if sum(taken[: j + 1]) > free), limit)
-    assert rows.steps_with_blocks(free, limit) == expected
+    left = np.array(stays) if stays else None
+    assert rows.steps_with_blocks(free, limit, left) == expected

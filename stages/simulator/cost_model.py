@@ -249,17 +249,27 @@ class CostModel:
         """The step's FLOPs and bytes on one device, in this model's precision and tp."""
         return self.amounts_of(self.work(shape))
 
-    def decode_seconds(self, rows: int, slots: np.ndarray, blocks: np.ndarray) -> np.ndarray:
-        """Seconds of decode-only steps of `rows` real rows, given each step's KV slots and
-        blocks, on a device that computes real tokens: step_time's terms, many steps at
-        once (stacked amounts), for a run of steps a simulated device does in one go."""
+    def decode_seconds(
+        self, rows: int | np.ndarray, slots: np.ndarray, blocks: np.ndarray
+    ) -> np.ndarray:
+        """Seconds of decode-only steps, given their real rows (one count for every step,
+        or each step's), each step's KV slots and blocks, on a device that computes real
+        tokens: step_time's terms, many steps at once (stacked amounts), for a run of
+        steps a simulated device does in one go."""
+        if not isinstance(rows, np.ndarray):  # every step has the same rows
+            by_rows = self._rows_amounts(rows, rows)
+        else:  # each row count's amounts (one step's, kept), step by step
+            counts, at = np.unique(rows, return_inverse=True)
+            each = [self._rows_amounts(n, n) for n in counts.tolist()]
+            by_rows = {name: np.array([a[name] for a in each])[at] for name in each[0]}
         work = StepWork(rows, 0, 0, slots, rows, rows, blocks)
-        return self.seconds_of(self.amounts_of(work))
+        return self.seconds_of(self.amounts_of(work, by_rows))
 
-    def amounts_of(self, w: StepWork) -> StepAmounts:
-        """FLOPs and bytes of a step's work (fields of arrays: many steps')."""
+    def amounts_of(self, w: StepWork, rows: dict[str, Any] | None = None) -> StepAmounts:
+        """FLOPs and bytes of a step's work (fields of arrays: many steps'); `rows`: the
+        amounts its rows alone set, where the caller has them (_rows_amounts)."""
         spec, tp, kv_slot = self.spec, self.tp, self._kv_slot
-        rows = self._rows_amounts(w.linear_tokens, w.sampled_rows)
+        rows = rows if rows is not None else self._rows_amounts(w.linear_tokens, w.sampled_rows)
         return StepAmounts(
             **rows,
             prefill_attention_flops=spec.attention_flops(w.prefill_pairs, tp),

@@ -115,34 +115,39 @@ class SimulatedDevice:
         their end times; a graph first used on the way compiles then. Not while recording."""
         if self.recorded is not None:
             raise RuntimeError("a recording device runs every step through forward")
-        assert run.widths is not None, "the metadata builder pads a run before it runs"
-        rows = run.padded_rows
-        # A run's rows only grow, so its buckets do: each width's steps are one stretch.
+        assert run.widths is not None and run.padded_rows is not None, "pad the run first"
+        # Each stretch of steps with one bucket runs one graph.
+        rows, widths = run.padded_rows, run.widths
         starts = [0]
-        if run.widths[0] != run.widths[-1]:
-            starts += (np.flatnonzero(run.widths[1:] != run.widths[:-1]) + 1).tolist()
-        widths = run.widths[starts].tolist()
-        times = self._decode_times(run, widths, np.diff([*starts, run.steps]))
-        new = [(w, i) for w, i in zip(widths, starts, strict=True)
-               if ("decode", (rows, w)) not in self.compiled]  # fmt: skip
-        for _, i in new:
-            times[i] += self.hardware.recompile_s
+        if rows[0] != rows[-1] or widths[0] != widths[-1]:
+            changes = (rows[1:] != rows[:-1]) | (widths[1:] != widths[:-1])
+            starts += (np.flatnonzero(changes) + 1).tolist()
+        shapes = list(zip(rows[starts].tolist(), widths[starts].tolist(), strict=True))
+        times = self._decode_times(run, shapes, np.diff([*starts, run.steps]))
+        new: dict[tuple[int, int], int] = {}  # each graph not compiled yet: its first step
+        for shape, i in zip(shapes, starts, strict=True):
+            if ("decode", shape) not in self.compiled and shape not in new:
+                new[shape] = i
+                times[i] += self.hardware.recompile_s
         ends = np.cumsum(np.concatenate([[self.clock()], times]))[1:]
         steps = 1 + int(np.searchsorted(ends[:-1], until))
-        compiled = [("decode", (rows, w)) for w, i in new if i < steps]
+        compiled = [("decode", shape) for shape, i in new.items() if i < steps]
         self.compiled.update(compiled)
         self.recompiles += len(compiled)
         self.clock.advance_to(float(ends[steps - 1]))
         return ends[:steps].tolist()
 
-    def _decode_times(self, run: DecodeRun, widths: list[int], counts: np.ndarray) -> np.ndarray:
+    def _decode_times(
+        self, run: DecodeRun, shapes: list[tuple[int, int]], counts: np.ndarray
+    ) -> np.ndarray:
         """[steps] each decode step's seconds, compiles left out: a padding device's by its
-        bucket alone (`widths`, each for `counts` steps), another's by its rows' lengths."""
+        bucket alone (`shapes`, each for `counts` steps), another's by its rows' lengths."""
         if not self.hardware.pads_to_buckets:
-            return self.cost.decode_seconds(run.rows, run.slots(), run.blocks)
-        bs, rows = run.block_size, run.padded_rows
-        per_width = [self._step_time(StepShape(bs, None, (rows, w))) for w in widths]
-        return np.repeat(per_width, counts)
+            rows = run.batch if run.leaving else run.rows
+            return self.cost.decode_seconds(rows, run.slots(), run.blocks)
+        bs = run.block_size
+        per_shape = [self._step_time(StepShape(bs, None, shape)) for shape in shapes]
+        return np.repeat(per_shape, counts)
 
     def _step_time(self, shape: Any) -> float:
         if not self.hardware.pads_to_buckets:
