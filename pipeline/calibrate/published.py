@@ -28,6 +28,7 @@ start, so its steps stay the same.
 from __future__ import annotations
 
 import csv
+import enum
 import math
 import time
 from collections.abc import Sequence
@@ -49,12 +50,18 @@ from stages.simulator.precision import KvCacheDtype, Precision, Quantization
 # The source checkout: the published figures, shipped profiles and fit start live beside the code.
 REPO = Path(__file__).resolve().parents[2]
 DATA = REPO / "benchmarks" / "data" / "published-measurements.csv"
-MODES = ("offline", "static")
 INT_FIELDS = ("tp", "input_tokens", "output_tokens", "num_requests")
 # trtllm-bench's caps on the batch and on a step's tokens.
 MAX_BATCH, MAX_STEP_TOKENS = 4096, 32768
 GPU_BLOCK, HPU_BUCKET = 32, 128
 HPU_BATCH_SPLIT = 2  # run_generation.py --attn_batch_split 2, as the static rows ran
+
+
+class Method(enum.StrEnum):
+    """How a published figure was measured, the file's `mode` (the module's docstring)."""
+
+    OFFLINE = "offline"  # trtllm-bench throughput: every request queued at once
+    STATIC = "static"  # Optimum Habana's run_generation.py: one batch in lockstep
 
 
 @dataclass(frozen=True)
@@ -66,7 +73,7 @@ class PublishedRow:
     tp: int
     quantization: str
     kv_cache_dtype: str
-    mode: str
+    mode: Method
     input_tokens: int
     output_tokens: int
     batch_size: int  # static rows; 0 for offline
@@ -102,14 +109,15 @@ def read_rows(path: str | Path) -> list[PublishedRow]:
 def _row(line: dict[str, str]) -> PublishedRow:
     if line.get("metric") != "output_throughput":
         raise ValueError(f"metric={line.get('metric')!r}: only output_throughput is simulated")
-    if line["mode"] not in MODES:
-        raise ValueError(f"mode={line['mode']!r}: choose one of {', '.join(MODES)}")
+    methods = [m.value for m in Method]
+    if line["mode"] not in methods:
+        raise ValueError(f"mode={line['mode']!r}: choose one of {', '.join(methods)}")
     Precision(
         Quantization(line["quantization"]), KvCacheDtype(line["kv_cache_dtype"])
     )  # a bad name fails here
     values = {k: int(line[k]) for k in INT_FIELDS}
     batch = int(line["batch_size"] or 0)
-    if line["mode"] == "static" and batch < 1:
+    if line["mode"] == Method.STATIC and batch < 1:
         raise ValueError("a static row needs batch_size >= 1")
     value = float(line["value"])
     if min(values.values()) < 1 or not value > 0:
@@ -121,7 +129,7 @@ def _row(line: dict[str, str]) -> PublishedRow:
         model_preset=line["model_preset"],
         quantization=line["quantization"],
         kv_cache_dtype=line["kv_cache_dtype"],
-        mode=line["mode"],
+        mode=Method(line["mode"]),
         batch_size=batch,
         value=value,
         method=line.get("method", ""),
@@ -148,7 +156,7 @@ def row_overrides(row: PublishedRow) -> list[str]:
         "workload.min_prompt_tokens=1",
         "workload.max_prompt_tokens=1",
     ]
-    if row.mode == "offline":
+    if row.mode == Method.OFFLINE:
         return [
             *common,
             f"block_size={GPU_BLOCK}",
@@ -193,7 +201,7 @@ def offline_limits(row: PublishedRow, pool_tokens: int) -> tuple[int, int]:
 def row_config(row: PublishedRow, hardware: HardwareProfile | None = None) -> DictConfig:
     """The composed config of the row's simulated run, its limits set by its method."""
     cfg = compose_config(row_overrides(row))
-    if row.mode == "offline":
+    if row.mode == Method.OFFLINE:
         spec, profile = build(cfg.model), hardware or build(cfg.hardware)
         precision = Precision(Quantization(row.quantization), KvCacheDtype(row.kv_cache_dtype))
         pool = kv_pool_blocks(spec, profile, GPU_BLOCK, row.tp, precision) * GPU_BLOCK

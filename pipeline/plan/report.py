@@ -10,6 +10,7 @@ is 1000 / mean TPOT (ms), AIConfigurator's axis. Cost per million output tokens 
 from __future__ import annotations
 
 import csv
+import enum
 import json
 import logging
 import math
@@ -32,7 +33,14 @@ from pipeline.summary import Job, find_jobs, split_override, swept_keys
 
 log = logging.getLogger(__name__)
 
-OBJECTIVES = ("goodput_per_card", "cost")
+
+class Objective(enum.StrEnum):
+    """What the plan ranks eligible configurations by (`plan.objective`)."""
+
+    GOODPUT_PER_CARD = "goodput_per_card"  # requests/s meeting the SLO, per card: the most
+    COST = "cost"  # USD per million output tokens at plan.device_hour_usd: the least
+
+
 PLAN_CSV, PLAN_MD, PARETO_PNG, BEST_JSON = "plan.csv", "plan.md", "pareto.png", "best.json"
 
 
@@ -103,7 +111,7 @@ def candidates(jobs: Sequence[Job], max_warmup_s: float) -> list[Candidate]:
     return out
 
 
-def best(cands: Sequence[Candidate], objective: str, usd: float) -> Candidate | None:
+def best(cands: Sequence[Candidate], objective: Objective, usd: float) -> Candidate | None:
     """The eligible candidate with the most goodput per card, or the lowest cost per
     million output tokens; ties go to the shorter warmup."""
     eligible = [c for c in cands if not c.ruled_out]
@@ -113,7 +121,7 @@ def best(cands: Sequence[Candidate], objective: str, usd: float) -> Candidate | 
     def warmup(c: Candidate) -> float:
         return c.metric("predicted_warmup_s") or 0.0
 
-    if objective == "cost":
+    if objective == Objective.COST:
         return min(eligible, key=lambda c: (c.cost_per_mtok(usd) or math.inf, warmup(c)))
     return max(eligible, key=lambda c: (c.goodput_per_card, -warmup(c)))
 
@@ -233,7 +241,8 @@ def build_plan_report(
     jobs = find_jobs(plan_dir)
     if not jobs:
         raise ValueError(f"{plan_dir}: no job folders")
-    objective, usd = str(settings["objective"]), float(settings["device_hour_usd"] or 0.0)
+    objective = Objective(str(settings["objective"]))
+    usd = float(settings["device_hour_usd"] or 0.0)
     cands = candidates(jobs, float(settings["max_warmup_s"] or 0.0))
     chosen = best(cands, objective, usd)
     keys = swept_keys(jobs)
@@ -271,9 +280,10 @@ def build_plan_report(
 def check_plan(cfg: DictConfig) -> None:
     """The plan's own keys, and an SLO to search under; a ConfigError names the key."""
     plan = cfg.plan
-    if plan.objective not in OBJECTIVES:
-        raise ConfigError(f"plan.objective={plan.objective}: choose one of {', '.join(OBJECTIVES)}")
-    if plan.objective == "cost" and not plan.device_hour_usd > 0:
+    objectives = [o.value for o in Objective]
+    if plan.objective not in objectives:
+        raise ConfigError(f"plan.objective={plan.objective}: choose one of {', '.join(objectives)}")
+    if plan.objective == Objective.COST and not plan.device_hour_usd > 0:
         raise ConfigError("plan.objective=cost needs plan.device_hour_usd (one card's hour, USD)")
     if plan.max_warmup_s < 0:
         raise ConfigError(f"plan.max_warmup_s={plan.max_warmup_s}: give seconds, or 0 for none")

@@ -253,7 +253,7 @@ class PrefillLayout(NamedTuple):
 
 
 def prefill_layout(
-    context_lens: np.ndarray, chunk_lens: np.ndarray, dtype: str = "float32", packed: bool = False
+    context_lens: np.ndarray, chunk_lens: np.ndarray, dtype: str, packed: bool = False
 ) -> PrefillLayout:
     """Tiles of QUERY_TILE queries over each row's real tokens; rows with equal offsets
     share their masks. packed: the prefill ops take and give the real tokens only."""
