@@ -170,10 +170,13 @@ def kv_pool_blocks(
 _FIELDS = {f.name for f in dataclasses.fields(HardwareProfile)}
 
 
-def read_profile(path: str | Path, optional: Mapping[str, Any]) -> HardwareProfile:
+def read_profile(path: str | Path, optional: Mapping[str, Any] | None = None) -> HardwareProfile:
     """A profile YAML (the `hardware=measured` option), whose fields in `optional` may be
-    left out and then take its values (the schema's defaults); a bad file is a one-line
-    error naming the file and the field."""
+    left out and then take its values (the schema's defaults, pipeline.schema.measured_profile);
+    a bad file is a one-line error naming the file and the field. Without `optional` the file
+    gives every field, as write_profile writes it: what a run folder whose saved config names
+    this function as its target needs when it is resumed."""
+    optional = optional or {}
     what = f"hardware.path={path}"
     try:
         data = read_yaml(path, what)
