@@ -88,8 +88,9 @@ class Buckets:
         that have one: the result stops at the first beyond the largest size."""
         sizes = self.sizes[name]
         at = np.searchsorted(sizes, values)
-        beyond = np.flatnonzero(at == len(sizes))
-        return sizes[at[: beyond[0]] if len(beyond) else at]
+        if at.max() < len(sizes):  # the common case: every value has one
+            return sizes[at]
+        return sizes[at[: np.flatnonzero(at == len(sizes))[0]]]
 
     def pad(self, kind: str, dims: Mapping[str, int]) -> tuple[tuple[int, ...], bool]:
         """(the bucket of a `kind` step needing `dims`, whether every size is prepared)."""

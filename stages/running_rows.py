@@ -201,8 +201,7 @@ def listed_blocks(
     grown[0] = 0
     blocks = start + np.cumsum(grown)
     if stays is not None and stays.min() < steps:  # the blocks of the rows gone, taken off
-        gone = np.flatnonzero(stays < steps)
-        at = np.arange(steps)
-        after = at >= stays[gone, None]
-        blocks -= (blocks_for(lens[gone, None] + at, block_size) * after).sum(axis=0)
+        for row in np.flatnonzero(stays < steps).tolist():
+            gone = int(stays[row])
+            blocks[gone:] -= blocks_for(lens[row] + np.arange(gone, steps), block_size)
     return blocks

@@ -481,7 +481,9 @@ class ChunkedScheduler:
             return None
         left = rows.steps_to_length()
         leaving = 0 if self.waiting else int(min(finishes, n - 1))
-        steps = min(limit, int(np.partition(left, leaving)[leaving]) if leaving else left.min())
+        # The step the leaving-th row (from 0, in the order they leave) reaches its length.
+        last = left.max() if leaving == n - 1 else np.partition(left, leaving)[leaving]
+        steps = min(limit, int(last if leaving else left.min()))
         steps = rows.steps_with_blocks(self.kv_cache.num_free_blocks, steps, left)
         if steps < 1:
             return None

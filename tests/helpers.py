@@ -3,7 +3,9 @@ and run a command as a user types it. Tests import these from here, never from c
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import functools
 import os
 import subprocess
 import sys
@@ -97,10 +99,17 @@ def trace_workload(path: str | Path, **given: Any) -> TraceWorkload:
     return TraceWorkload(**schema_kwargs(TraceWorkloadConf, path=str(path), **given))
 
 
+@functools.lru_cache(maxsize=64)
+def composed(overrides: tuple[str, ...]) -> DictConfig:
+    """Hydra's composition of `overrides`, once a process: several tests compose the same."""
+    return compose_config(overrides)
+
+
 def make_config(overrides: Sequence[str] = ()) -> DictConfig:
-    """The small defaults, with the synthetic workload's keys only when it is the workload."""
+    """The small defaults, with the synthetic workload's keys only when it is the workload.
+    Each call gets its own copy, which the test may change."""
     base = LIMITS if any(o.startswith("workload=") for o in overrides) else SMALL
-    return compose_config([*base, *overrides])
+    return copy.deepcopy(composed((*base, *overrides)))
 
 
 class RecordingSampler:

@@ -15,9 +15,11 @@ from pathlib import Path
 import pytest
 
 from pipeline.artefacts import INTERRUPTED, read_generations
+from tests.helpers import ONE_THREAD
 
 # Enough steps (one or two decodes at a time) that a signal lands mid-run.
 WORK = [
+    ONE_THREAD,
     "block_size=16",
     "max_num_seqs=2",
     "max_tokens=64",
@@ -127,7 +129,7 @@ def test_sigkill_keeps_the_written_lines_and_resume_completes(tmp_path, uninterr
     assert summary.returncode == 0, summary.stderr
     assert "status" in summary.stdout and "interrupted" in summary.stdout
 
-    result = cli(tmp_path, "pipeline", f"+resume={run_dir}", "num_threads=1")  # speed only
+    result = cli(tmp_path, "pipeline", f"+resume={run_dir}", "num_threads=2")  # speed only
     assert result.returncode == 0, result.stderr
     steps = [json.loads(line) for line in (run_dir / "steps.jsonl").open()]
     assert [s["step"] for s in steps] == list(range(len(steps)))  # numbered on across runs

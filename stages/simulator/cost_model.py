@@ -228,6 +228,7 @@ class CostModel:
         self._kv_scale = precision.kv_bytes(dtype) / dtype
         self._kv_slot = spec.kv_bytes_per_token(tp) * self._kv_scale  # bytes of one KV slot
         self._by_rows: dict[tuple, dict[str, Any]] = {}  # see _rows_amounts
+        self._decode_rows: dict[str, np.ndarray] = {}  # see _decode_rows_table
 
     def with_coefficients(self, coefficients: Mapping[str, float]) -> CostModel:
         merged = {**self.coefficients, **coefficients}
@@ -258,10 +259,9 @@ class CostModel:
         steps a simulated device does in one go."""
         if not isinstance(rows, np.ndarray):  # every step has the same rows
             by_rows = self._rows_amounts(rows, rows)
-        else:  # each row count's amounts (one step's, kept), step by step
-            counts, at = np.unique(rows, return_inverse=True)
-            each = [self._rows_amounts(n, n) for n in counts.tolist()]
-            by_rows = {name: np.array([a[name] for a in each])[at] for name in each[0]}
+        else:  # each step's row count's amounts, from a table by row count
+            table = self._decode_rows_table(int(rows.max()))
+            by_rows = {name: column[rows] for name, column in table.items()}
         work = StepWork(rows, 0, 0, slots, rows, rows, blocks)
         return self.seconds_of(self.amounts_of(work, by_rows))
 
@@ -282,6 +282,17 @@ class CostModel:
             if isinstance(w.prefill_pairs, np.ndarray)
             else (self.prefill_batch_split if w.prefill_pairs > 0 else 1),
         )
+
+    def _decode_rows_table(self, rows: int) -> dict[str, np.ndarray]:
+        """_rows_amounts of a decode step of 0, 1, ... rows (at least `rows`), as columns:
+        made once (doubled when a larger count comes), for runs whose rows leave."""
+        table = self._decode_rows
+        if not table or len(table["gemms"]) <= rows:
+            each = [self._rows_amounts(n, n) for n in range(max(2 * rows, 64))]
+            table = self._decode_rows = {
+                name: np.array([a[name] for a in each]) for name in each[0]
+            }
+        return table
 
     def _rows_amounts(self, tokens: Any, sampled: Any) -> dict[str, Any]:
         """The amounts set by a step's rows alone (its GEMMs, lm head and all-reduces),
