@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import enum
 import importlib.util
 import math
 import sys
@@ -12,9 +11,11 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from pipeline.schema import Executor, ModelOption, model_kind, model_option
+from stages.buckets import Bucketing
 from stages.device import Device
 from stages.metadata import derived_axes
 from stages.model_spec import ModelSpec
+from stages.simulator.precision import KvCacheDtype, Quantization
 from stages.workload import MAX_ARRIVAL_S  # one bound for every workload's arrivals
 
 
@@ -79,9 +80,8 @@ def _check_dtype_bytes(cfg: DictConfig) -> None:
 
 def _check_real_precision(cfg: DictConfig) -> None:
     """Quantised weights and an FP8 KV cache exist only on the simulated device."""
-    for key, plain in (("quantization", "none"), ("kv_cache_dtype", "auto")):
-        given = cfg.get(key, plain)
-        value = given.value if isinstance(given, enum.Enum) else str(given)
+    for key, plain in (("quantization", Quantization.none), ("kv_cache_dtype", KvCacheDtype.auto)):
+        value = str(cfg.get(key, plain))
         if value != plain:
             raise ConfigError(
                 f"{key}={value} is simulated only: the real path runs the model's own dtype; "
@@ -267,7 +267,7 @@ def _bucket_entries(cfg: DictConfig, num_blocks: int) -> int:
     for name, derived in derived_axes(*limits, max(num_blocks, 1), prefix).items():
         axis = cfg.metadata.get(name) or {}
         lo, step, top = (axis.get(key) or derived[key] for key in ("min", "step", "max"))
-        if cfg.metadata.get("bucketing") == "exponential":
+        if cfg.metadata.get("bucketing") == Bucketing.exponential:
             total += _doublings(lo, top) + 1
             continue
         # a derived decode blocks axis steps up to the pool, then doubles (Axis.sizes)

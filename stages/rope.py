@@ -2,20 +2,27 @@
 
 from __future__ import annotations
 
+import enum
 import math
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+
+class RopeType(enum.StrEnum):
+    """The rope scaling kinds computed, by the name config.json's `rope_type` gives."""
+
+    DEFAULT = "default"  # none
+    LINEAR = "linear"  # every frequency divided by `factor`
+    LLAMA3 = "llama3"  # long wavelengths divided by `factor`, short ones kept
 
 
 def rope_type(scaling: Mapping[str, Any] | None) -> str:
     """The rope scaling kind a config names ("rope_type", formerly "type"); none = default."""
     if not scaling:
-        return "default"
-    return str(scaling.get("rope_type", scaling.get("type", "default")))
+        return RopeType.DEFAULT
+    return str(scaling.get("rope_type", scaling.get("type", RopeType.DEFAULT)))
 
 
 def rope_inv_freq(
@@ -25,15 +32,15 @@ def rope_inv_freq(
     half = head_dim // 2
     inv_freq = 1.0 / theta ** (np.arange(half, dtype=np.float64) / half)
     kind = rope_type(scaling)
-    if kind not in SUPPORTED_ROPE_TYPES:
+    supported = [t.value for t in RopeType]
+    if kind not in supported:
         raise ValueError(
-            f"rope_scaling type {kind!r} is not supported: choose one of "
-            f"{', '.join(SUPPORTED_ROPE_TYPES)}"
+            f"rope_scaling type {kind!r} is not supported: choose one of {', '.join(supported)}"
         )
-    if kind == "default" or scaling is None:
+    if kind == RopeType.DEFAULT or scaling is None:
         return inv_freq
     factor = _positive(scaling, "factor")
-    if kind == "linear":
+    if kind == RopeType.LINEAR:
         return inv_freq / factor
     # llama3: long wavelengths slow down by `factor`, short ones stay, a smooth blend between.
     low = _positive(scaling, "low_freq_factor")

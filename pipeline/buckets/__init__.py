@@ -45,6 +45,7 @@ from stages.buckets import Axis, Bucketing, Buckets, StepRule
 from stages.interfaces import Scheduler
 from stages.kv_cache import blocks_for
 from stages.metadata import AXES, decode_blocks_limit, resolve_axes
+from stages.scheduler import Budget
 
 
 class SourceError(ValueError):
@@ -129,11 +130,12 @@ def run_limits(run: Path) -> RunLimits:
         given, cfg.block_size, cfg.max_tokens, cfg.max_num_seqs, cfg.max_model_len, num_blocks,
         prefix,
     )  # fmt: skip
+    budget = OmegaConf.select(cfg, "scheduler.budget", default=Budget.padded)
     rule = StepRule(
         block_size=cfg.block_size,
         max_tokens=cfg.max_tokens,
         mixed=bool(scheduler.splits_prompts),
-        padded_budget=OmegaConf.select(cfg, "scheduler.budget", default="padded") == "padded",
+        padded_budget=budget == Budget.padded,
     )
     tops = axis_tops(rule, cfg.max_num_seqs, cfg.max_model_len, num_blocks, prefix)
     return RunLimits(rule=rule, axes=axes, tops=tops)

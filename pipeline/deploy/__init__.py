@@ -12,18 +12,18 @@ with no counterpart there is said in a comment, not invented.
 from __future__ import annotations
 
 import argparse
-import enum
 import json
 import shlex
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from stages.buckets import Bucketing
+from stages.simulator.precision import KvCacheDtype, Quantization
 
 FASTDEPLOY, VLLM, OVERRIDES, VLLM_BUCKETS = (
     "fastdeploy-hpu.sh",
@@ -46,13 +46,13 @@ class Deployment:
     block_size: int
     chunked_prefill: bool  # scheduler=chunked
     prefix_caching: bool
-    quantization: str = "none"  # none, fp8, wint8, wint4
-    kv_cache_dtype: str = "auto"
-    warmup: bool = True
-    bucketing: str = "linear"
+    quantization: Quantization
+    kv_cache_dtype: KvCacheDtype
+    warmup: bool
+    bucketing: Bucketing
     # each bucket axis's prepared sizes (prefill: batch, seq, blocks; decode: batch, blocks)
-    buckets: dict[str, list[int]] = field(default_factory=dict)
-    scheduler: str = "chunked"
+    buckets: dict[str, list[int]]
+    scheduler: str  # the scheduler's class name
 
 
 def deployment(config: Mapping[str, Any], num_blocks: int, model: str = "") -> Deployment:
@@ -71,7 +71,7 @@ def deployment(config: Mapping[str, Any], num_blocks: int, model: str = "") -> D
         num_blocks,
         bool(config.get("prefix_caching", False)),
     )
-    strategy = Bucketing(meta.get("bucketing", "linear"))
+    strategy = Bucketing(meta.get("bucketing", Bucketing.linear))
     return Deployment(
         model=model or str(config["model"].get("name") or "MODEL"),
         tp=int(config.get("tp", 1)),
@@ -81,18 +81,13 @@ def deployment(config: Mapping[str, Any], num_blocks: int, model: str = "") -> D
         block_size=int(config["block_size"]),
         chunked_prefill=scheduler == "ChunkedScheduler",
         prefix_caching=bool(config.get("prefix_caching", True)),
-        quantization=_setting(config.get("quantization", "none")),
-        kv_cache_dtype=_setting(config.get("kv_cache_dtype", "auto")),
+        quantization=Quantization(config.get("quantization", Quantization.none)),
+        kv_cache_dtype=KvCacheDtype(config.get("kv_cache_dtype", KvCacheDtype.auto)),
         warmup=bool(config.get("warmup", False)),
-        bucketing=strategy.value,
+        bucketing=strategy,
         buckets={name: axis.sizes(strategy) for name, axis in axes.items()},
         scheduler=scheduler,
     )
-
-
-def _setting(value: Any) -> str:
-    """An enum setting's name, from a config in memory (enums) or read from YAML (strings)."""
-    return value.value if isinstance(value, enum.Enum) else str(value)
 
 
 def _lines(parts: Sequence[str]) -> str:
@@ -153,9 +148,9 @@ def fastdeploy_script(d: Deployment) -> str:
     args.append("--enable-prefix-caching" if d.prefix_caching else "--no-enable-prefix-caching")
     if d.quantization in FASTDEPLOY_QUANTIZATION:
         args.append(f"--quantization {FASTDEPLOY_QUANTIZATION[d.quantization]}")
-    elif d.quantization != "none":
+    elif d.quantization != Quantization.none:
         lines.append(f"# quantization={d.quantization}: no FastDeploy HPU counterpart; not set.")
-    if d.kv_cache_dtype != "auto":
+    if d.kv_cache_dtype != KvCacheDtype.auto:
         lines.append(f"# kv_cache_dtype={d.kv_cache_dtype}: no FastDeploy HPU setting; not set.")
     args.append("--graph-optimization-config '{\"use_cudagraph\":false}'")
     return "\n".join([*lines, _lines(args)]) + "\n"
@@ -184,6 +179,7 @@ def vllm_script(d: Deployment) -> str:
     lines = _header(
         d, "vLLM on Intel Gaudi (vllm-gaudi)", "The model: a Hugging Face id or folder."
     )
+    exponential = d.bucketing == Bucketing.exponential
     lines += [
         "# The bucket sets the simulation prepared, exactly, from the file beside this one:",
         "# prompt (batch, query tokens, blocks), decode (batch, 1, blocks of all rows). The",
@@ -193,7 +189,7 @@ def vllm_script(d: Deployment) -> str:
         "# Without file support, these ranges come closest; vLLM's linear ranges double from",
         "# MIN up to STEP first, so they are not the same sets. VLLM_EXPONENTIAL_BUCKETING is",
         "# deprecated (it overrides VLLM_BUCKETING_STRATEGY) and is left unset.",
-        f"# export VLLM_BUCKETING_STRATEGY={'exp' if d.bucketing == 'exponential' else 'lin'}",
+        f"# export VLLM_BUCKETING_STRATEGY={'exp' if exponential else 'lin'}",
     ]
     b = d.buckets
     lines += _range_env("PROMPT", "BS", b["prefill_batch"])
@@ -218,11 +214,11 @@ def vllm_script(d: Deployment) -> str:
             "# names the quantization JSON that calibration wrote (vLLM's FP8 INC page).",
             ': "${QUANT_CONFIG:?set QUANT_CONFIG to the INC quantization JSON of the model}"',
         ]
-    elif d.quantization != "none":
+    elif d.quantization != Quantization.none:
         lines.append(f"# quantization={d.quantization}: no vllm-gaudi counterpart; not set.")
     if d.kv_cache_dtype in VLLM_KV_CACHE_DTYPE:
         args.append(f"--kv-cache-dtype {VLLM_KV_CACHE_DTYPE[d.kv_cache_dtype]}")
-    elif d.kv_cache_dtype != "auto":
+    elif d.kv_cache_dtype != KvCacheDtype.auto:
         lines.append(f"# kv_cache_dtype={d.kv_cache_dtype}: no vllm-gaudi counterpart; not set.")
     return "\n".join([*lines, _lines(args)]) + "\n"
 

@@ -30,7 +30,7 @@ from pipeline.serve.protocol import (
     parse,
     to_request,
 )
-from pipeline.serve.replies import Reply, TextStream
+from pipeline.serve.replies import Reply, ReplyKind, TextStream
 from pipeline.serve.telemetry import Telemetry
 from pipeline.serve.worker import EngineWorker, Finished, Stream
 
@@ -62,7 +62,7 @@ class Serving:
     max_model_len: int
     numbers: Iterator[int] = field(default_factory=itertools.count)
 
-    def reply(self, kind: str) -> Reply:
+    def reply(self, kind: ReplyKind) -> Reply:
         return Reply(kind, next(self.numbers), self.settings.model_name)
 
 
@@ -135,7 +135,7 @@ async def completions(request: Request) -> Response:
         ids, prompt = prompt, tokenizer.decode(prompt)
     else:
         ids = tokenizer.encode(prompt)
-    reply = request.app.state.serving.reply("text_completion")
+    reply = request.app.state.serving.reply(ReplyKind.TEXT_COMPLETION)
     return await generate(request, worker, body, reply, prompt, ids, body.max_tokens)
 
 
@@ -148,7 +148,7 @@ async def chat_completions(request: Request) -> Response:
         prompt, ids = tokenizer.encode_chat(messages)
     except ValueError as err:
         raise Problem(400, str(err), "messages") from None
-    reply = request.app.state.serving.reply("chat.completion")
+    reply = request.app.state.serving.reply(ReplyKind.CHAT_COMPLETION)
     return await generate(request, worker, body, reply, prompt, ids, body.limit())
 
 

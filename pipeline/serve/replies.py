@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,19 +54,25 @@ def usage(request: Request) -> dict[str, Any]:
     }
 
 
+class ReplyKind(enum.StrEnum):
+    """The OpenAI object a reply is (a streamed chat chunk adds `.chunk`)."""
+
+    TEXT_COMPLETION = "text_completion"
+    CHAT_COMPLETION = "chat.completion"
+
+
 @dataclass
 class Reply:
-    """One request's answer, whole or as chunks: `kind` is text_completion or
-    chat.completion."""
+    """One request's answer, whole or as chunks."""
 
-    kind: str
+    kind: ReplyKind
     index: int
     model: str
     created: int = field(default_factory=lambda: int(time.time()))
 
     @property
     def chat(self) -> bool:
-        return self.kind == "chat.completion"
+        return self.kind is ReplyKind.CHAT_COMPLETION
 
     @property
     def id(self) -> str:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from stages.model_spec import ModelSpec, MoeLayout
-from stages.rope import rope_inv_freq
+from stages.rope import RopeType, rope_inv_freq
 
 # Architecture families, named by their first name below.
 LLAMA = "LlamaForCausalLM"
@@ -93,7 +93,8 @@ def _rope(config: Mapping[str, Any], fields: _Fields) -> tuple[float, dict[str, 
     if isinstance(params, dict) and "rope_theta" in params:
         theta = _Fields(params).number("rope_theta")
         scaling = {k: v for k, v in params.items() if k != "rope_theta"}
-        return theta, scaling if scaling.get("rope_type", "default") != "default" else None
+        scaled = scaling.get("rope_type", RopeType.DEFAULT) != RopeType.DEFAULT
+        return theta, scaling if scaled else None
     scaling = config.get("rope_scaling")
     if scaling is not None and not isinstance(scaling, dict):
         raise ValueError(

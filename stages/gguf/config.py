@@ -14,6 +14,7 @@ import numpy as np
 
 from stages.checkpoint import CheckpointSpec, check_context, read_spec
 from stages.gguf.reader import GgufHeader
+from stages.rope import RopeType
 
 # GGUF architecture -> the Hugging Face class whose rules apply.
 ARCHITECTURES = {
@@ -79,11 +80,11 @@ def _rope_scaling(header: GgufHeader, arch: str) -> dict[str, Any] | None:
         )
     if kind == "none":
         return None
-    if kind != "linear":
+    if kind != RopeType.LINEAR:
         raise ValueError(
             f"{header.path}: {arch}.rope.scaling.type={kind!r} is not supported (none, linear)"
         )
-    return {"rope_type": "linear", "factor": number(header, f"{arch}.rope.scaling.factor")}
+    return {"rope_type": RopeType.LINEAR, "factor": number(header, f"{arch}.rope.scaling.factor")}
 
 
 def hf_config(header: GgufHeader) -> dict[str, Any]:
