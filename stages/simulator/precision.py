@@ -39,8 +39,8 @@ _WEIGHT_BYTES = {Quantization.fp8: 1.0, Quantization.wint8: 1.0, Quantization.wi
 
 @dataclass(frozen=True)
 class Precision:
-    quantization: Quantization = Quantization.none
-    kv_cache_dtype: KvCacheDtype = KvCacheDtype.auto
+    quantization: Quantization
+    kv_cache_dtype: KvCacheDtype
 
     def __post_init__(self) -> None:
         # Plain strings from a config or a caller become the enums (a bad one: ValueError).
@@ -73,4 +73,4 @@ class Precision:
         return f"{self.quantization.value}/{self.kv_cache_dtype.value}"
 
 
-BF16 = Precision()
+BF16 = Precision(Quantization.none, KvCacheDtype.auto)  # the model's own dtype throughout
