@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
-from pipeline.review import _render_config, config_diff, load_run, main, outputs_verdict
+from pipeline.review import config_diff, load_run, main, outputs_verdict
+from pipeline.review.render import render_config
 from tests.helpers import TINY, markdown_rows, run_cli
 
 CONFIG: dict[str, Any] = {
@@ -295,7 +296,7 @@ def test_bucket_lists_show_as_lists_and_what_was_in_force():
     # every axis of B has sizes: the strategy and prefill_batch.min were not in force there
     assert diff["changed"]["metadata.bucketing"]["note"].startswith("not in force in B")
     assert "not in force in B" in diff["changed"]["metadata.prefill_batch.min"]["note"]
-    shown = "\n".join(_render_config({**diff, "choices": {"a": {}, "b": {}},
+    shown = "\n".join(render_config({**diff, "choices": {"a": {}, "b": {}},
                                       "overrides": {"a": [], "b": []}}))  # fmt: skip
     assert "metadata.decode_batch.sizes: [1, 2] -> [1, 4, 16]" in shown
     assert "(not in force in B" in shown
