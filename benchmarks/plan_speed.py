@@ -2,13 +2,16 @@
 trace with and without the per-step and per-token files, and a whole plan on joblib.
 
     python -m benchmarks.plan_speed trace [--requests 19365] [--repeat 2] [--metrics-only]
-        [OVERRIDES...]
+        [--profile ROWS] [OVERRIDES...]
     python -m benchmarks.plan_speed plan [--requests 2000] [OVERRIDES...]
 
 `trace`: Llama-3.1-8B on an H100 (the case the planner's speed target names), once through
 pipeline.run (steps.jsonl, generations.jsonl) and once as a capacity-search probe writes it
 (metrics.json only; where the simulated device leaps over runs of decode steps): wall and
-CPU seconds (best of --repeat), the folder's size and the load average. `plan`: the 64
+CPU seconds (best of --repeat), the folder's size and the load average; with --profile,
+instead one metrics-only probe under cProfile, its ROWS costliest functions by their own time
+and with what they call (Engine.step and Engine.leap's calls count the single steps and the
+leaps; cProfile slows the run several times over, so compare shares). `plan`: the 64
 configurations of PLAN_SPACE, each a capacity search, on `hydra/launcher=joblib`: the wall
 and CPU time of the command (its workers included), the load average around it, the probes
 made and the plan folder's size. The machine may be shared: repeat, take the
@@ -18,8 +21,10 @@ best, and say so.
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
 import os
+import pstats
 import resource
 import subprocess
 import sys
@@ -88,6 +93,18 @@ def time_trace(
               f"folder {folder_mb(out):.1f} MB, load {os.getloadavg()[0]:.1f}")  # fmt: skip
 
 
+def profile_trace(trace: Path, root: Path, overrides: list[str], rows: int) -> None:
+    from pipeline.compose import compose_config
+    from pipeline.plan.capacity import run_probe
+
+    cfg = compose_config([*TRACE_RUN, f"workload.path={trace}", *overrides])
+    profiler = cProfile.Profile()
+    profiler.runcall(run_probe, cfg, root / "profiled", keep_files=False)
+    stats = pstats.Stats(profiler)
+    for order in ("tottime", "cumulative"):
+        stats.sort_stats(order).print_stats(rows)
+
+
 def time_plan(trace: Path, root: Path, overrides: list[str], keep: Path | None) -> None:
     sweep = keep or root / "plan"
     command = [sys.executable, "-m", "pipeline.plan", *PLAN_FIXED, *PLAN_SPACE,
@@ -118,13 +135,16 @@ def main() -> None:
     parser.add_argument(
         "--metrics-only", action="store_true", help="trace: skip the run with files"
     )
+    parser.add_argument("--profile", type=int, metavar="ROWS", help="trace: profile one probe")
     args, overrides = parser.parse_known_args()
     requests = args.requests or (19_365 if args.what == "trace" else 2000)
     with tempfile.TemporaryDirectory() as folder:
         root = Path(folder)
         trace = root / "conversation.csv"
         write_conversation_trace(trace, requests, 3600.0 * requests / 19_365)
-        if args.what == "trace":
+        if args.what == "trace" and args.profile:
+            profile_trace(trace, root, overrides, args.profile)
+        elif args.what == "trace":
             time_trace(trace, root, overrides, args.repeat, not args.metrics_only)
         else:
             time_plan(trace, root, overrides, args.keep)

@@ -565,6 +565,8 @@ class ChunkedScheduler:
         if len(gone):  # a row fills no block after it left
             kept = filled_at <= stays[fillers]
             fillers, filled_at = fillers[kept], filled_at[kept]
+        if not len(takers):  # no eviction: the leaving rows' blocks may go after the rest
+            gone = gone[:0]
         if not len(fillers) and not len(takers):
             return
         rows = np.concatenate([takers, fillers, gone])
