@@ -18,7 +18,7 @@ from gguf.constants import GGML_QUANT_SIZES
 from gguf.quants import dequantize, quantize
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from stages.workload import _WORDS
+from stages.workload.prompt_text import WORDS
 
 T = gguf.GGMLQuantizationType
 # Byte offsets and base magnitudes of each K-quant block's float16 scales (d, then dmin).
@@ -140,7 +140,7 @@ def train_vocab(size: int = 300) -> Tokenizer:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    text = " ".join(_WORDS) + " 0123456789 Hello, world! It's 2026."
+    text = " ".join(WORDS) + " 0123456789 Hello, world! It's 2026."
     tokenizer.train_from_iterator([text] * 4, trainer)
     tokenizer.decoder = decoders.ByteLevel()
     return tokenizer

@@ -22,7 +22,7 @@ from pipeline.checks import ConfigError
 from stages.checkpoint import SUPPORTED_ARCHITECTURES, load_hf_model, read_spec
 from stages.checkpoint.export import export_hf_llama
 from stages.model import check_dtype
-from stages.workload import _WORDS
+from stages.workload.prompt_text import WORDS
 from tests import numpy_reference
 from tests.helpers import make_config, serve
 
@@ -35,7 +35,7 @@ def write_tokenizer(folder: Path, bos_template: bool) -> int:
     tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
     trainer = trainers.BpeTrainer(vocab_size=200, special_tokens=SPECIALS, show_progress=False)
-    tokenizer.train_from_iterator([" ".join(_WORDS)] * 4, trainer)
+    tokenizer.train_from_iterator([" ".join(WORDS)] * 4, trainer)
     if bos_template:  # Llama-style: tokenizer.json itself puts BOS first
         tokenizer.post_processor = processors.TemplateProcessing(
             single="<s> $A", special_tokens=[("<s>", BOS)]
