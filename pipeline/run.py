@@ -11,7 +11,7 @@ from omegaconf import DictConfig
 
 from pipeline import artefacts
 from pipeline.artefacts import INTERRUPTED
-from pipeline.build import build_engine, check_resolves, import_paddle
+from pipeline.build import build_engine, check_resolves
 from pipeline.checks import ConfigError, describe_model
 from pipeline.console import Progress, summary_table
 from pipeline.engine import Engine
@@ -20,7 +20,6 @@ from pipeline.identity import write_identity
 from pipeline.metrics import StepRecord, StepTotals, summarise
 from pipeline.resume import Previous, load_previous, pending_requests
 from pipeline.run_folder import RunStatus
-from pipeline.schema import Executor
 from pipeline.signals import RunInterrupted, as_interrupted, stop_on_signals
 from pipeline.slo import Slo, slo_metrics
 from stages.request import Request
@@ -33,8 +32,8 @@ def run(cfg: DictConfig, out_dir: Path, overrides: Sequence[str] = ()) -> dict[s
     """Serves the workload into `out_dir`; with `resume=RUN_DIR`, completes that folder
     instead, with its own config (`overrides` are the command line's, checked against it).
     A stop signal raises RunInterrupted once the folder is written."""
-    if cfg.executor.name != Executor.simulated:
-        import_paddle()  # before stop_on_signals: Paddle installs its own handlers on import
+    # Paddle loads once the config has passed its checks (build_engine), so that a config
+    # error or --help costs no import; loading it puts the stop handlers back.
     with stop_on_signals():
         check_resolves(cfg)
         if not cfg.get("resume"):

@@ -117,7 +117,9 @@ PrefillWrites = tuple[
     "paddle.Tensor | None", "paddle.Tensor | None", "paddle.Tensor | None", "paddle.Tensor | None"
 ]
 
-_NEG = -1e30  # additive mask; finite so that fully masked padding rows stay finite
+# The additive mask's score for a key a query must not see. Finite, not -inf: a row that
+# sees no key (padding) then softmaxes to finite weights, which its zero output discards.
+MASKED_SCORE = -1e30
 
 AXES = ("prefill_batch", "prefill_seq", "prefill_blocks", "decode_batch", "decode_blocks")
 
@@ -498,7 +500,7 @@ class HPUMetadataBuilder:
         visible = np.arange(keys)[None, None, :] <= (
             context_lens[:, None, None] + np.arange(seq)[None, :, None]
         )
-        return host_tensor(np.where(visible, 0.0, _NEG).astype(np.float32)[:, None])
+        return host_tensor(np.where(visible, 0.0, MASKED_SCORE).astype(np.float32)[:, None])
 
     # -- the decode part ---------------------------------------------------------------------
     def _span_start(self, row_blocks: np.ndarray) -> int | None:
@@ -615,7 +617,7 @@ class HPUMetadataBuilder:
         filled = np.zeros(blocks, dtype=np.int64)
         filled[slots] = tokens_in_block
         visible = np.arange(self.block_size)[None, :] < filled[:, None]
-        return np.where(visible, 0.0, _NEG).astype(np.float32)
+        return np.where(visible, 0.0, MASKED_SCORE).astype(np.float32)
 
     def _decode_writes(
         self, row_blocks: np.ndarray, counts: np.ndarray, positions: np.ndarray, rows: int

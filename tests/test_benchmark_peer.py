@@ -7,10 +7,8 @@ from collections import defaultdict
 
 import pytest
 
-torch = pytest.importorskip("torch")
-
-from benchmarks.peer import first_difference, sorted_batches  # noqa: E402
-from benchmarks.profile_steps import PhaseProfile, _module_timers, kind_of, report  # noqa: E402
+from benchmarks.peer import first_difference, sorted_batches
+from benchmarks.profile_steps import PhaseProfile, _module_timers, kind_of, report
 
 
 def test_sorted_batches_pad_each_batch_to_its_own_longest_prompt() -> None:
@@ -56,7 +54,7 @@ def test_kind_of(op: str, kind: str) -> None:
     assert kind_of(op) == kind
 
 
-def test_module_timers_split_time_without_counting_twice() -> None:
+def test_module_timers_split_time_without_counting_twice(torch) -> None:
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.SiLU(), torch.nn.Linear(64, 8))
     totals: dict[str, float] = defaultdict(float)
     _module_timers(model, totals)

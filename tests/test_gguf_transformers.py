@@ -16,13 +16,10 @@ import pytest
 from tests.conftest import serve
 from tests.gguf_files import T, hf_weights, model_config, train_vocab, write_model
 
-transformers = pytest.importorskip("transformers")
-torch = pytest.importorskip("torch")
-pytest.importorskip("accelerate")
-
 
 @pytest.mark.slow
-def test_greedy_tokens_equal_transformers_gguf_loading(tmp_path):
+def test_greedy_tokens_equal_transformers_gguf_loading(tmp_path, torch, transformers):
+    pytest.importorskip("accelerate")
     vocab = train_vocab()
     config = model_config("LlamaForCausalLM", vocab.get_vocab_size(), tied=False)
     rng = np.random.default_rng(0)

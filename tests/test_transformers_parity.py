@@ -17,9 +17,6 @@ import pytest
 from tests.helpers import serve
 from tests.test_checkpoint import BOS, EOS, PAD, write_tokenizer
 
-transformers = pytest.importorskip("transformers")
-torch = pytest.importorskip("torch")
-
 SHAPE = {
     "hidden_size": 64,
     "intermediate_size": 96,
@@ -63,7 +60,7 @@ CASES = {
 }
 
 
-def redraw(model, seed: int = 0) -> None:
+def redraw(torch, model, seed: int = 0) -> None:
     """Weights spread like a trained model's scale: norms near one, projections at
     1/sqrt(fan_in), unit embeddings and router."""
     rng = np.random.default_rng(seed)
@@ -83,7 +80,7 @@ def redraw(model, seed: int = 0) -> None:
             param.copy_(torch.from_numpy(values.astype(np.float32)))
 
 
-def save(tmp_path, case: Case):
+def save(tmp_path, case: Case, torch, transformers):
     folder = tmp_path / "model"
     folder.mkdir()
     vocab = write_tokenizer(folder, bos_template=False) + 6
@@ -92,7 +89,7 @@ def save(tmp_path, case: Case):
     )
     torch.manual_seed(0)
     model = getattr(transformers, f"{case.classes}ForCausalLM")(config).eval()
-    redraw(model)
+    redraw(torch, model)
     model.save_pretrained(folder, save_original_format=case.original_format)
     if case.name is not None:  # the same tensors under another folder's name
         written = json.loads((folder / "config.json").read_text())
@@ -101,8 +98,8 @@ def save(tmp_path, case: Case):
 
 
 @pytest.mark.parametrize("case", CASES, ids=CASES)
-def test_greedy_tokens_match_transformers_generate(tmp_path, case):
-    folder, model = save(tmp_path, CASES[case])
+def test_greedy_tokens_match_transformers_generate(tmp_path, case, torch, transformers):
+    folder, model = save(tmp_path, CASES[case], torch, transformers)
     if "fused" in case:
         with open(folder / "model.safetensors", "rb") as f:
             assert b"mlp.experts.gate_up_proj" in f.read(1 << 16)

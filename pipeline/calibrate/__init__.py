@@ -20,26 +20,25 @@ HPU.
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import hydra
 import numpy as np
-import paddle
 import structlog
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from pipeline import logs  # noqa: F401  (logs configures structlog)
 from pipeline.artefacts import STEPS, read_run_config
-from pipeline.build import build_engine
-from pipeline.checks import ConfigError, describe_model
+from pipeline.build import build_engine, check_resolves, import_paddle
+from pipeline.checks import ConfigError, check_config, describe_model
 from pipeline.engine import Engine
 from pipeline.run import run
 from pipeline.run_folder import RunFileError, read_step_lines
 from pipeline.schema import Executor, HardwareConf, schema_defaults
-from stages.attention.paged import load_ops
 from stages.metadata import bucket_dims
 from stages.simulator.cost_model import CostModel
 from stages.simulator.hardware import HardwareProfile, write_profile
@@ -72,6 +71,9 @@ def best_seconds(fn: Callable[[], object], repeats: int) -> float:
 def measured_rates(threads: int) -> dict[str, float]:
     """This machine's fp32 matmul rate (FLOP/s) and read bandwidth (bytes/s), best of a few
     tries: the roofline needs the peak to choose each term's regime."""
+    import_paddle()  # here, not at the command's start: its --help and checks need no tensors
+    import paddle
+
     paddle.base.core.set_num_threads(threads)
     a, b = paddle.rand([1024, 1024]), paddle.rand([1024, 1024])
     x = paddle.ones([64 * 2**20 // 4])
@@ -108,6 +110,8 @@ def pads_buckets(cfg: DictConfig) -> bool:
     """Whether the configured forward computes the padded buckets. The CPU attention ops
     take each step's real tokens packed (no static shapes to keep), so the GEMMs and
     attention there cost by the real lengths; the HPU's ops compute the padded bucket."""
+    from stages.attention.paged import load_ops  # Paddle's ops: not for --help
+
     ops = OmegaConf.select(cfg, "attention.ops")
     return ops is None or not load_ops(ops).packs_rows
 
@@ -231,6 +235,9 @@ def main(cfg: DictConfig) -> None:
     options = cfg.calibrate
     runs = list(options.runs)
     try:
+        if options.serve or options.grid_shapes:  # an engine will be built: Paddle loads
+            check_resolves(cfg)  # after the config's checks, so an error costs no import
+            check_config(cfg)
         check_grid(options.grid_shapes, pads_buckets(cfg))  # before serving, not after
         if options.serve:
             served = out_dir / "served"
@@ -239,7 +246,8 @@ def main(cfg: DictConfig) -> None:
             runs.append(served)
         profile, coefficients, report = calibrate(cfg, options.grid_shapes, runs)
     except ConfigError as e:
-        raise SystemExit(f"error: {e}") from None
+        print(f"Error: {e}", file=sys.stderr)
+        sys.exit(2)
     path = write_profile(out_dir / "hardware.yaml", profile, coefficients)
     summary = {"samples": len(report), **error_summary(report), "coefficients": coefficients}
     (out_dir / "calibration.json").write_text(json.dumps(summary, indent=2) + "\n")

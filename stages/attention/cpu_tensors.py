@@ -8,10 +8,6 @@ from collections.abc import Iterator
 
 import paddle
 
-# Finite, not -inf: a row that sees no key (padding) then softmaxes to finite weights,
-# which its zero output or mapping discards.
-MASKED_SCORE = -1e30
-
 _STRIDE_FLAG = "FLAGS_use_stride_kernel"
 try:
     _HAS_STRIDE_FLAG = _STRIDE_FLAG in paddle.get_flags([_STRIDE_FLAG])

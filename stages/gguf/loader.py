@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import numpy as np
-import paddle
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from stages.checkpoint.assembly import assemble_model
@@ -23,7 +23,11 @@ from stages.checkpoint.weight_plan import WeightPlan, weight_plan
 from stages.gguf.config import check_gguf_context, gguf_spec, token_ids
 from stages.gguf.quants import SUPPORTED_TYPES, dequantize
 from stages.gguf.reader import GgufHeader, TensorInfo, read_gguf_header
-from stages.model import TransformerLM, check_dtype
+
+if TYPE_CHECKING:  # checking a file's tensors needs no Paddle; loading them imports it
+    import paddle
+
+    from stages.model import TransformerLM
 
 # GGUF tensor names (llama.cpp's tensor_mapping) -> Hugging Face names.
 _GLOBAL_NAMES = {
@@ -164,6 +168,8 @@ def load_state(header: GgufHeader, spec: CheckpointSpec, dtype: str) -> dict[str
 def load_gguf_model(path: str, dtype: str, max_position: int) -> TransformerLM:
     """The model of a GGUF file, in compute dtype `dtype`, with rotary tables for
     `max_position` positions (0 = the file's context length)."""
+    from stages.model import check_dtype
+
     header = read_gguf_header(path)
     spec = gguf_spec(header)
     check_dtype(dtype)
