@@ -18,7 +18,7 @@ from omegaconf import DictConfig
 
 from pipeline.build import build_engine
 from pipeline.compose import compose_config
-from pipeline.schema import PipelineConf, SpecModelConf, TraceWorkloadConf
+from pipeline.schema import PipelineConf, SpecModelConf, TraceWorkloadConf, schema_defaults
 from stages.model_spec import ModelSpec, model_spec
 from stages.request import Request
 from stages.trace import TraceWorkload
@@ -75,17 +75,13 @@ def schema_kwargs(conf: type, **given: Any) -> dict[str, Any]:
     `_target_` and required fields left out), `given` on top: a stage built directly gets
     the same defaults as one the config builds."""
     top = {f.name: f.default for f in dataclasses.fields(PipelineConf)}
-    values: dict[str, Any] = {}
-    for f in dataclasses.fields(conf):
-        if f.default_factory is not dataclasses.MISSING:
-            value = f.default_factory()
-        else:
-            value = f.default
-        if f.name == "_target_" or value is dataclasses.MISSING or value == "???":
-            continue
-        if isinstance(value, str) and value.startswith("${"):
-            value = top[value[2:-1]]
-        values[f.name] = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+    values = {
+        f.name: top[f.default[2:-1]]
+        for f in dataclasses.fields(conf)
+        if isinstance(f.default, str) and f.default.startswith("${")
+    }
+    for name, value in schema_defaults(conf).items():
+        values[name] = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
     return {**values, **given}
 
 
