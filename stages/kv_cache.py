@@ -238,11 +238,13 @@ class KVCacheManager:
             data = name + np.asarray(outputs, dtype=np.int32).tobytes()
             chain.append(hashlib.blake2b(data, digest_size=16, person=NAMED_PROMPT).digest())
 
-    def cache_computed_blocks(self, request: Request) -> None:
-        """Registers the content of the request's blocks that its computed tokens fill."""
+    def cache_computed_blocks(self, request: Request, num_computed: int | None = None) -> None:
+        """Registers the content of the request's blocks that its computed tokens fill (or
+        its first `num_computed` tokens: a run of decode steps registers step by step)."""
         if self.prefix is None:
             return
-        full = request.num_computed // self.block_size
+        computed = request.num_computed if num_computed is None else num_computed
+        full = computed // self.block_size
         done = self._registered.get(request.seq_id, 0)
         if full > done:  # the common case, a decode within a block, returns here
             table = self.block_table(request)

@@ -139,9 +139,12 @@ class RunningRows:
         """How many of the next `limit` decode steps `free` blocks cover: a row takes a
         block at its first_new_block step and every block_size steps after, up to its
         `stays` steps (the step it leaves the batch at; by default it stays to `limit`)."""
-        first, bs = self.first_new_block(), self.kv_cache.block_size
+        n, bs = self.size, self.kv_cache.block_size
+        if n * (1 + (limit - 1) // bs) <= free:  # the common run: room for any row's blocks
+            return limit
+        first = self.first_new_block()
         last = limit if stays is None else np.minimum(stays, limit)
-        if int(np.maximum((last - first) // bs + 1, 0).sum()) <= free:  # the common run
+        if int(np.maximum((last - first) // bs + 1, 0).sum()) <= free:
             return limit
         rows, at = recurring(first, limit, bs)
         if stays is not None:
@@ -151,7 +154,7 @@ class RunningRows:
     def at_length(self) -> np.ndarray:
         """The rows whose tokens reached their length limit."""
         n = self.size
-        return np.flatnonzero(self.prompt[:n] + self.outputs[:n] >= self.limit[:n])
+        return (self.prompt[:n] + self.outputs[:n] >= self.limit[:n]).nonzero()[0]
 
     def advance_by(self, steps: np.ndarray, new_blocks: np.ndarray) -> None:
         """Each row decoded `steps` tokens and took `new_blocks` blocks (one per row)."""
@@ -173,17 +176,21 @@ class RunningRows:
         )
 
 
-def recurring(first: np.ndarray, steps: int, period: int) -> tuple[np.ndarray, np.ndarray]:
+def recurring(
+    first: np.ndarray, steps: int, period: int, stays: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """Events each row has at its `first` step (from 1) and every `period` steps after, up
-    to `steps`: their rows and steps, in step order and row order within a step (the order
-    a step-by-step run meets them)."""
+    to `steps` (and to its `stays` steps, if given): their rows and steps, in step order and
+    row order within a step (the order a step-by-step run meets them)."""
+    last = steps if stays is None else np.minimum(stays, steps)
     if steps <= period:  # the common run: a row has at most one event
-        rows = np.flatnonzero(first <= steps)
-        order = np.argsort(first[rows], kind="stable")
-        return rows[order], first[rows[order]]
-    counts = np.maximum(0, (steps - first) // period + 1)
-    rows = np.repeat(np.arange(len(first)), counts)
-    starts = np.repeat(np.cumsum(counts) - counts, counts)
+        rows = (first <= last).nonzero()[0]
+        at = first[rows]
+        order = at.argsort(kind="stable")
+        return rows[order], at[order]
+    counts = np.maximum(0, (last - first) // period + 1)
+    rows = np.arange(len(first)).repeat(counts)
+    starts = (counts.cumsum() - counts).repeat(counts)
     at = first[rows] + period * (np.arange(len(rows)) - starts)
     order = np.lexsort((rows, at))
     return rows[order], at[order]
@@ -195,13 +202,14 @@ def listed_blocks(
     """[steps] the blocks decode rows of `lens` tokens fill in each of `steps` steps, every
     row one token longer each step: a row fills one more at each step its length passes a
     multiple of block_size. A row leaves after its `stays` steps (by default it stays)."""
-    start = int(blocks_for(lens, block_size).sum())
-    passing = np.bincount((1 - lens) % block_size, minlength=block_size)
-    grown = passing[np.arange(steps) % block_size]
-    grown[0] = 0
-    blocks = start + np.cumsum(grown)
-    if stays is not None and stays.min() < steps:  # the blocks of the rows gone, taken off
-        for row in np.flatnonzero(stays < steps).tolist():
-            gone = int(stays[row])
-            blocks[gone:] -= blocks_for(lens[row] + np.arange(gone, steps), block_size)
+    bs = block_size
+    passing = np.bincount((1 - lens) % bs, minlength=bs)  # by step, modulo block_size
+    grown = passing[:steps] if steps <= bs else passing[np.arange(steps) % bs]
+    grown[0] = blocks_for(lens, bs).sum()  # the first step's blocks, then each step's more
+    blocks = grown.cumsum()
+    gone = None if stays is None else (stays < steps).nonzero()[0]
+    if gone is not None and len(gone):  # the blocks of the rows gone, taken off
+        step = np.arange(steps)
+        after = step >= stays[gone, None]  # [gone rows, steps]: the steps after it left
+        blocks -= (blocks_for(lens[gone, None] + step, bs) * after).sum(axis=0)
     return blocks
