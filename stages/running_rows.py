@@ -107,15 +107,13 @@ class RunningRows:
         return self.computed[rows] % self.kv_cache.block_size == 0
 
     # -- runs of decode steps (a simulated device's leaps) ---------------------------------
-    def all_decoding(self) -> bool:
-        """Whether every row is a decode: it has output and one token left to compute."""
+    def only_decoding_to_length(self) -> bool:
+        """Whether every row is a decode (it has output and one token left to compute) that
+        only its length limit may end (StopRule.reason need not see its every token)."""
         n = self.size
         outputs = self.outputs[:n]
-        return bool(((outputs > 0) & (self.computed[:n] + 1 == self.prompt[:n] + outputs)).all())
-
-    def any_checked(self) -> bool:
-        """Whether StopRule.reason must look at some row's every token (EOS, stop strings)."""
-        return bool(self.checked[: self.size].any())
+        others = (self.computed[:n] + 1 != self.prompt[:n] + outputs) | (outputs == 0)
+        return not (others | self.checked[:n]).any()
 
     def steps_to_length(self) -> np.ndarray:
         """[rows] decode steps until each row reaches its length limit (that step ends it)."""

@@ -479,7 +479,7 @@ class ChunkedScheduler:
         rows, n = self.rows, len(self.running)
         if not n or n > self.max_tokens or self._may_admit(self.max_tokens - n):
             return None
-        if rows.any_checked() or not rows.all_decoding():
+        if not rows.only_decoding_to_length():
             return None
         left = rows.steps_to_length()
         leaving = 0 if self.waiting else int(min(finishes, n - 1))
