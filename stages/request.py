@@ -245,7 +245,7 @@ class DecodeRun:
         total = int(self.lens.sum())
         if not self.leaving:  # the common run
             return total + self.rows * steps
-        left = self._left_by(self.lens.astype(float)).round().astype(np.int64)
+        left = self._left_by(self.lens).astype(np.int64)  # sums of whole numbers: exact
         return total - left + self.batch * steps
 
     def last(self) -> DecodeRun:

@@ -128,10 +128,7 @@ class RunningRows:
 
     def first_full_block(self) -> np.ndarray:
         """Each row's next decode step (from 1) after which its computed tokens fill a block."""
-        n, bs = self.size, self.kv_cache.block_size
-        first = -self.computed[:n] % bs
-        first[first == 0] = bs
-        return first
+        return (-1 - self.computed[: self.size]) % self.kv_cache.block_size + 1
 
     def steps_with_blocks(self, free: int, limit: int, stays: np.ndarray | None = None) -> int:
         """How many of the next `limit` decode steps `free` blocks cover: a row takes a
@@ -175,18 +172,18 @@ class RunningRows:
 
 
 def recurring(
-    first: np.ndarray, steps: int, period: int, stays: np.ndarray | None = None
+    first: np.ndarray, steps: int, period: int, last: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """Events each row has at its `first` step (from 1) and every `period` steps after, up
-    to `steps` (and to its `stays` steps, if given): their rows and steps, in step order and
-    row order within a step (the order a step-by-step run meets them)."""
-    last = steps if stays is None else np.minimum(stays, steps)
+    to `steps` (or to each row's `last` step, at most `steps`): their rows and steps, in step
+    order and row order within a step (the order a step-by-step run meets them)."""
+    end = steps if last is None else last
     if steps <= period:  # the common run: a row has at most one event
-        rows = (first <= last).nonzero()[0]
+        rows = (first <= end).nonzero()[0]
         at = first[rows]
         order = at.argsort(kind="stable")
         return rows[order], at[order]
-    counts = np.maximum(0, (last - first) // period + 1)
+    counts = np.maximum(0, (end - first) // period + 1)
     rows = np.arange(len(first)).repeat(counts)
     starts = (counts.cumsum() - counts).repeat(counts)
     at = first[rows] + period * (np.arange(len(rows)) - starts)
@@ -201,13 +198,18 @@ def listed_blocks(
     row one token longer each step: a row fills one more at each step its length passes a
     multiple of block_size. A row leaves after its `stays` steps (by default it stays)."""
     bs = block_size
-    passing = np.bincount((1 - lens) % bs, minlength=bs)  # by step, modulo block_size
-    grown = passing[:steps] if steps <= bs else passing[np.arange(steps) % bs]
-    grown[0] = blocks_for(lens, bs).sum()  # the first step's blocks, then each step's more
-    blocks = grown.cumsum()
-    gone = None if stays is None else (stays < steps).nonzero()[0]
-    if gone is not None and len(gone):  # the blocks of the rows gone, taken off
-        step = np.arange(steps)
-        after = step >= stays[gone, None]  # [gone rows, steps]: the steps after it left
-        blocks -= (blocks_for(lens[gone, None] + step, bs) * after).sum(axis=0)
-    return blocks
+    # Counted as changes from step to step: each row's blocks at step 0, one more at each
+    # step (from 0) whose token starts a block while the row stays, and all of the row's
+    # taken off at the step it has left by.
+    first = (-lens) % bs + 1  # each row's first step whose token starts a block
+    last = steps - 1 if stays is None else stays - 1  # each row's last step
+    if steps <= bs:  # the common run: a row starts at most one block
+        starts = first[first <= last]
+    else:
+        starts = recurring(first, steps - 1, bs, last)[1]
+    change = np.bincount(starts, minlength=steps)
+    if stays is not None:  # rows leave with the blocks their last step filled
+        held = (lens + stays + (bs - 2)) // bs
+        change = change - np.bincount(stays, held, minlength=steps + 1)[:steps].astype(np.int64)
+    change[0] = blocks_for(lens, bs).sum()
+    return change.cumsum()
