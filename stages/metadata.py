@@ -12,6 +12,7 @@ assumed left alignment, so prefills of different context lengths attended to wro
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -696,6 +697,7 @@ class HPUMetadataBuilder:
         )
 
 
+@functools.lru_cache(maxsize=4096)  # a run's steps pad to few buckets: each label made once
 def bucket_label(prefill: tuple | None, decode: tuple | None) -> str:
     """steps.jsonl's `bucket`: e.g. "prefill 2x256x4 + decode 8x24"."""
     parts = [f"prefill {'x'.join(map(str, prefill))}"] if prefill else []

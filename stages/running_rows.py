@@ -50,6 +50,12 @@ class RunningRows:
         self.limit[row] = self.stop.length_limit(request)
         self.checked[row] = self.stop.checks_each_token(request)
 
+    def read_progress(self, row: int, request: Request) -> None:
+        """Row `row`'s computed and output tokens, after its prefill chunk ran (nothing else
+        of the row changes in a step's update)."""
+        self.computed[row] = request.num_computed
+        self.outputs[row] = len(request.output_ids)
+
     def read_held(self, row: int, request: Request) -> None:
         """Row `row`'s blocks, after a decode took room for its token (nothing else of
         the row changes before the step's update)."""
@@ -79,10 +85,11 @@ class RunningRows:
         todo = self.prompt[:n] - computed  # tokens left to compute
         todo += outputs
         # Few numpy calls: a step's rows are often a handful, and each call costs the same.
-        others = np.flatnonzero((todo != 1) | (outputs == 0) | (computed >= self.held[:n]))
+        # (.nonzero() on the 1-d mask: np.flatnonzero's wrapper costs more than the search)
+        others = ((todo != 1) | (outputs == 0) | (computed >= self.held[:n])).nonzero()[0]
         if not len(others):
             return [], 0
-        prefills = np.flatnonzero((todo[others] != 1) | (outputs[others] == 0))
+        prefills = ((todo[others] != 1) | (outputs[others] == 0)).nonzero()[0]
         return others.tolist(), int(prefills[0]) if len(prefills) else len(others)
 
     def took_block(self, rows: list[int]) -> None:
@@ -109,7 +116,7 @@ class RunningRows:
         look |= self.checked[rows]
         if filled:
             look |= self.computed[rows] % self.kv_cache.block_size == 0
-        return np.flatnonzero(look).tolist()
+        return look.nonzero()[0].tolist()
 
     # -- runs of decode steps (a simulated device's leaps) ---------------------------------
     def all_decoding(self) -> bool:

@@ -416,7 +416,7 @@ class ChunkedScheduler:
                 reason = self.stop.reason(request)
                 if reason:
                     ending.append((request, reason, running_row))
-            self.rows.read(running_row, request)
+            self.rows.read_progress(running_row, request)
         first = len(plan.prefill)
         decode_logprobs = logprobs[first:] if logprobs is not None else None
         self._update_decodes(plan, rows.decode_rows, tokens[first:], decode_logprobs, now, ending)
