@@ -59,10 +59,13 @@ RECOMPILE = "recompile"
 AFFINE_PROBE = (1 << 24, 1 << 20)
 
 
-@dataclass(frozen=True)
+# StepWork and StepAmounts are values nothing changes once made; not frozen, as a simulated
+# device makes one of each a step and a frozen dataclass's __init__ costs several times a
+# plain one's.
+@dataclass(slots=True)
 class StepWork:
     """What a step computes, in tokens, whatever the device's padding rule. Each field is a
-    number, or an array of many steps' numbers (a run of decode steps priced at once)."""
+    number, or an array of many steps' numbers (many steps' at once)."""
 
     linear_tokens: Any = 0.0  # rows through the GEMMs, prefill and decode concatenated
     prefill_pairs: Any = 0.0  # query-key pairs of prefill attention
@@ -133,7 +136,7 @@ def decode_sums(shape: StepShape) -> tuple[int, int, int]:
     return len(lens), sum(lens), sum(ceil_div(n, shape.block_size) for n in lens)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class StepAmounts:
     """What a step computes and moves on one device, whatever the device's speed: FLOPs and
     bytes per term, precision and tensor parallelism applied. Each field is a number, or an
