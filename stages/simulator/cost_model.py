@@ -18,6 +18,7 @@ two is hidden.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,12 +54,18 @@ GEMMS_PER_LAYER = 4
 ALLREDUCES_PER_LAYER = 2  # after attention and after the MLP
 UNCALIBRATED = {"kv_blocks": 0.0}
 RECOMPILE = "recompile"
+# KV slots and blocks of a decode step far beyond any real one, where decode_rates checks
+# that a step's time is still affine in them.
+AFFINE_PROBE = (1 << 24, 1 << 20)
 
 
-@dataclass(frozen=True)
+# StepWork and StepAmounts are values nothing changes once made; not frozen, as a simulated
+# device makes one of each a step and a frozen dataclass's __init__ costs several times a
+# plain one's.
+@dataclass(slots=True)
 class StepWork:
     """What a step computes, in tokens, whatever the device's padding rule. Each field is a
-    number, or an array of many steps' numbers (a run of decode steps priced at once)."""
+    number, or an array of many steps' numbers (many steps' at once)."""
 
     linear_tokens: Any = 0.0  # rows through the GEMMs, prefill and decode concatenated
     prefill_pairs: Any = 0.0  # query-key pairs of prefill attention
@@ -102,23 +109,34 @@ def real_work(shape: StepShape) -> StepWork:
     """A GPU's work: the real tokens, causal prefill attention over each row's context."""
     if shape.prefill is not None and shape.prefill[0] and not shape.chunk_lens:
         raise ValueError("the device computes real tokens: give StepShape.chunk_lens")
-    if shape.decode is not None and shape.decode[0] and not len(shape.decode_lens):
-        raise ValueError("the device computes real tokens: give StepShape.decode_lens")
+    rows, slots, decode_blocks = decode_sums(shape)
     chunks, bs = shape.chunk_lens, shape.block_size
-    lens = np.asarray(shape.decode_lens, dtype=np.int64)
-    rows, slots, decode_blocks = len(lens), int(lens.sum()), int(ceil_div(lens, bs).sum())
-    decode = StepWork(rows, 0, 0, slots, rows, rows, decode_blocks)
     if not chunks:  # a decode-only step (most steps): nothing to add
-        return decode
-    contexts = shape.context_lens or (0,) * len(chunks)
-    # Query i of a chunk (1-based) sees the context and i of its own chunk's tokens.
-    pairs = sum(c * ctx + c * (c + 1) / 2 for c, ctx in zip(chunks, contexts, strict=True))
-    keys = sum(chunks) + sum(contexts)
-    blocks = sum(ceil_div(c + ctx, bs) for c, ctx in zip(chunks, contexts, strict=True))
-    return StepWork(sum(chunks), pairs, keys, 0, sum(chunks), len(chunks), blocks) + decode
+        return StepWork(rows, 0, 0, slots, rows, rows, decode_blocks)
+    tokens, pairs, keys, blocks = 0, 0.0, 0, 0
+    for chunk, context in zip(chunks, shape.context_lens or (0,) * len(chunks), strict=True):
+        tokens += chunk
+        # Query i of a chunk (1-based) sees the context and i of its own chunk's tokens.
+        pairs += chunk * context + chunk * (chunk + 1) / 2
+        keys += chunk + context
+        blocks += ceil_div(chunk + context, bs)
+    tokens += rows
+    sampled = len(chunks) + rows
+    return StepWork(tokens, pairs, keys, slots, tokens, sampled, blocks + decode_blocks)
 
 
-@dataclass(frozen=True)
+def decode_sums(shape: StepShape) -> tuple[int, int, int]:
+    """The decode rows of a step on a device that computes real tokens, the KV slots they
+    read and the blocks they fill: sum(ceil(len / block_size))."""
+    lens = shape.decode_lens
+    if shape.decode is not None and shape.decode[0] and not len(lens):
+        raise ValueError("the device computes real tokens: give StepShape.decode_lens")
+    if isinstance(lens, np.ndarray):  # the metadata builder's (a method: no np wrapper)
+        return len(lens), int(lens.sum()), int(ceil_div(lens, shape.block_size).sum())
+    return len(lens), sum(lens), sum(ceil_div(n, shape.block_size) for n in lens)
+
+
+@dataclass(slots=True)
 class StepAmounts:
     """What a step computes and moves on one device, whatever the device's speed: FLOPs and
     bytes per term, precision and tensor parallelism applied. Each field is a number, or an
@@ -228,7 +246,9 @@ class CostModel:
         self._kv_scale = precision.kv_bytes(dtype) / dtype
         self._kv_slot = spec.kv_bytes_per_token(tp) * self._kv_scale  # bytes of one KV slot
         self._by_rows: dict[tuple, dict[str, Any]] = {}  # see _rows_amounts
-        self._decode_rows: dict[str, np.ndarray] = {}  # see _decode_rows_table
+        # decode_rates by row count, and as a [3, row counts] array (_decode_rate_table)
+        self._decode_rates: list[tuple[float, float, float]] = []
+        self._rate_table = np.zeros((3, 0))
 
     def with_coefficients(self, coefficients: Mapping[str, float]) -> CostModel:
         merged = {**self.coefficients, **coefficients}
@@ -255,23 +275,56 @@ class CostModel:
     ) -> np.ndarray:
         """Seconds of decode-only steps, given their real rows (one count for every step,
         or each step's), each step's KV slots and blocks, on a device that computes real
-        tokens: step_time's terms, many steps at once (stacked amounts), for a run of
-        steps a simulated device does in one go."""
-        if not isinstance(rows, np.ndarray):  # every step has the same rows
-            by_rows = self._rows_amounts(rows, rows)
-        else:  # each step's row count's amounts, from a table by row count
-            table = self._decode_rows_table(int(rows.max()))
-            by_rows = {name: column[rows] for name, column in table.items()}
-        work = StepWork(rows, 0, 0, slots, rows, rows, blocks)
-        return self.seconds_of(self.amounts_of(work, by_rows))
+        tokens: step_time's, many steps at once (a run of steps a simulated device does in
+        one go), by each row count's decode rates."""
+        most = int(rows.max()) if isinstance(rows, np.ndarray) else rows
+        fixed, per_slot, per_block = self._decode_rate_table(most)[:, rows]
+        return fixed + per_slot * slots + per_block * blocks
 
-    def amounts_of(self, w: StepWork, rows: dict[str, Any] | None = None) -> StepAmounts:
-        """FLOPs and bytes of a step's work (fields of arrays: many steps'); `rows`: the
-        amounts its rows alone set, where the caller has them (_rows_amounts)."""
+    def _decode_rate_table(self, rows: int) -> np.ndarray:
+        """[3, row counts] decode_rates of 0, 1, ... rows (at least `rows`): made once,
+        doubled when a larger count comes."""
+        if len(self._decode_rates) <= rows:
+            more = range(len(self._decode_rates), max(2 * rows, 64))
+            self._decode_rates += [self.decode_rates(n) for n in more]
+            self._rate_table = np.array(self._decode_rates).T
+        return self._rate_table
+
+    def decode_rates(self, rows: int) -> tuple[float, float, float]:
+        """A decode-only step of `rows` rows on a device that computes real tokens takes
+        fixed + per_slot x its KV slots + per_block x its blocks seconds: each term is a
+        roofline of amounts proportional to the slots, or to the blocks, or set by the rows
+        alone. The three numbers come from the terms themselves (their change from no slot
+        or block to one); a step far out checks that the time is still affine in them."""
+        seconds = [
+            self._weighted_terms(StepWork(rows, 0, 0, slots, rows, rows, blocks))
+            for slots, blocks in ((0, 0), (1, 0), (0, 1), AFFINE_PROBE)
+        ]
+        none, slot, block, far = seconds
+        fixed = sum(none.values()) + self.coefficients[OVERHEAD]
+        per_slot = sum(slot[term] - t for term, t in none.items())
+        per_block = sum(block[term] - t for term, t in none.items())
+        exact = sum(far.values()) + self.coefficients[OVERHEAD]
+        affine = fixed + per_slot * AFFINE_PROBE[0] + per_block * AFFINE_PROBE[1]
+        if not math.isclose(affine, exact, rel_tol=1e-9):
+            raise RuntimeError(
+                f"a decode step of {rows} rows takes {exact} s at {AFFINE_PROBE} KV slots "
+                f"and blocks, not the {affine} s its rates give: a term is no longer affine "
+                "in them, and decode_seconds needs another form"
+            )
+        return fixed, per_slot, per_block
+
+    def _weighted_terms(self, work: StepWork) -> dict[str, float]:
+        """Each term's seconds for one step's work, times its coefficient."""
+        c = self.coefficients
+        parts = term_seconds(self.amounts_of(work), self.hardware, self.precision.fp8_gemm, self.tp)
+        return {term: c[term] * t for term, t in parts.items()}
+
+    def amounts_of(self, w: StepWork) -> StepAmounts:
+        """FLOPs and bytes of a step's work (fields of arrays: many steps')."""
         spec, tp, kv_slot = self.spec, self.tp, self._kv_slot
-        rows = rows if rows is not None else self._rows_amounts(w.linear_tokens, w.sampled_rows)
         return StepAmounts(
-            **rows,
+            **self._rows_amounts(w.linear_tokens, w.sampled_rows),
             prefill_attention_flops=spec.attention_flops(w.prefill_pairs, tp),
             prefill_kv_bytes=w.prefill_keys * kv_slot,
             decode_attention_flops=spec.attention_flops(w.decode_slots, tp),
@@ -282,17 +335,6 @@ class CostModel:
             if isinstance(w.prefill_pairs, np.ndarray)
             else (self.prefill_batch_split if w.prefill_pairs > 0 else 1),
         )
-
-    def _decode_rows_table(self, rows: int) -> dict[str, np.ndarray]:
-        """_rows_amounts of a decode step of 0, 1, ... rows (at least `rows`), as columns:
-        made once (doubled when a larger count comes), for runs whose rows leave."""
-        table = self._decode_rows
-        if not table or len(table["gemms"]) <= rows:
-            each = [self._rows_amounts(n, n) for n in range(max(2 * rows, 64))]
-            table = self._decode_rows = {
-                name: np.array([a[name] for a in each]) for name in each[0]
-            }
-        return table
 
     def _rows_amounts(self, tokens: Any, sampled: Any) -> dict[str, Any]:
         """The amounts set by a step's rows alone (its GEMMs, lm head and all-reduces),
@@ -330,8 +372,16 @@ class CostModel:
         return parts
 
     def step_time(self, shape: StepShape) -> float:
-        """The sum of breakdown(shape), without building it (a simulated device's every step)."""
+        """The sum of breakdown(shape), without building it (a simulated device's every
+        step); a decode-only step on a device that computes real tokens by its row count's
+        decode_rates, as decode_seconds prices a run of them."""
         recompile = self.hardware.recompile_s if shape.miss else 0.0
+        if shape.prefill is None and not self.hardware.pads_to_buckets:
+            rows, slots, blocks = decode_sums(shape)
+            if rows >= len(self._decode_rates):
+                self._decode_rate_table(rows)
+            fixed, per_slot, per_block = self._decode_rates[rows]
+            return fixed + per_slot * slots + per_block * blocks + recompile
         return float(self.seconds_of(self.amounts(shape))) + recompile
 
     def seconds_of(self, amounts: StepAmounts) -> Any:

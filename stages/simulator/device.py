@@ -116,21 +116,23 @@ class SimulatedDevice:
         if self.recorded is not None:
             raise RuntimeError("a recording device runs every step through forward")
         assert run.widths is not None and run.padded_rows is not None, "pad the run first"
-        # Each stretch of steps with one bucket runs one graph.
+        # Each stretch of steps with one bucket runs one graph. (The widths may grow and
+        # shrink back as rows leave: every step is compared with the one before.)
         rows, widths = run.padded_rows, run.widths
-        starts = [0]
-        if rows[0] != rows[-1] or widths[0] != widths[-1]:
-            changes = (rows[1:] != rows[:-1]) | (widths[1:] != widths[:-1])
-            starts += (np.flatnonzero(changes) + 1).tolist()
+        changes = (rows[1:] != rows[:-1]) | (widths[1:] != widths[:-1])
+        starts = [0, *(changes.nonzero()[0] + 1).tolist()]
         shapes = list(zip(rows[starts].tolist(), widths[starts].tolist(), strict=True))
-        times = self._decode_times(run, shapes, np.diff([*starts, run.steps]))
+        times = self._decode_times(run, shapes, starts)
         new: dict[tuple[int, int], int] = {}  # each graph not compiled yet: its first step
         for shape, i in zip(shapes, starts, strict=True):
             if ("decode", shape) not in self.compiled and shape not in new:
                 new[shape] = i
                 times[i] += self.hardware.recompile_s
-        ends = np.cumsum(np.concatenate([[self.clock()], times]))[1:]
-        steps = 1 + int(np.searchsorted(ends[:-1], until))
+        # The end times: the clock's time and the steps' summed up in order, as forward's
+        # advances would.
+        times[0] += self.clock()
+        ends = times.cumsum()
+        steps = 1 + int(ends[:-1].searchsorted(until))
         compiled = [("decode", shape) for shape, i in new.items() if i < steps]
         self.compiled.update(compiled)
         self.recompiles += len(compiled)
@@ -138,16 +140,17 @@ class SimulatedDevice:
         return ends[:steps].tolist()
 
     def _decode_times(
-        self, run: DecodeRun, shapes: list[tuple[int, int]], counts: np.ndarray
+        self, run: DecodeRun, shapes: list[tuple[int, int]], starts: list[int]
     ) -> np.ndarray:
         """[steps] each decode step's seconds, compiles left out: a padding device's by its
-        bucket alone (`shapes`, each for `counts` steps), another's by its rows' lengths."""
+        bucket alone (`shapes`, each from its step in `starts` on), another's by its rows'
+        lengths."""
         if not self.hardware.pads_to_buckets:
             rows = run.batch if run.leaving else run.rows
             return self.cost.decode_seconds(rows, run.slots(), run.blocks)
         bs = run.block_size
         per_shape = [self._step_time(StepShape(bs, None, shape)) for shape in shapes]
-        return np.repeat(per_shape, counts)
+        return np.repeat(per_shape, np.diff([*starts, run.steps]))
 
     def _step_time(self, shape: Any) -> float:
         if not self.hardware.pads_to_buckets:

@@ -1,0 +1,163 @@
+"""A decode-only step's time by its row count's rates (fixed + per KV slot + per block), the
+fast form every decode step of a simulated run is priced by, against the cost model's terms
+summed one by one (breakdown) on every shipped model, hardware profile, precision and tp;
+its guard against a term that is no longer affine; a run of decode steps against the same
+steps one at a time."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from functools import cache
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hydra import compose, initialize_config_module
+from hydra.utils import instantiate
+
+import stages.simulator.cost_model as cost_model
+from stages.model_spec import ModelSpec
+from stages.request import DecodeRun
+from stages.simulator.cost_model import OVERHEAD, TERMS, CostModel
+from stages.simulator.device import SimulatedDevice, VirtualClock
+from stages.simulator.hardware import HardwareProfile
+from stages.simulator.precision import KvCacheDtype, Precision, Quantization
+from stages.step_shape import StepShape
+from tests.test_cost_model import DEVICE, TINY, spec_of
+
+CONF = Path(__file__).parents[1] / "conf"
+MODELS = sorted(p.stem for p in (CONF / "model" / "spec").glob("*.yaml"))
+# measured.yaml is a fitted profile's reader: it needs a file.
+PROFILES = sorted(p.stem for p in (CONF / "hardware").glob("*.yaml") if p.stem != "measured")
+PRECISIONS = [Precision(q, kv) for q, kv in itertools.product(Quantization, KvCacheDtype)]
+TPS = (1, 2, 4, 8)
+
+
+@cache
+def shipped() -> tuple[dict[str, ModelSpec], dict[str, HardwareProfile]]:
+    with initialize_config_module(config_module="pipeline.conf", version_base="1.3"):
+        specs = {
+            m: instantiate(compose(config_name="config", overrides=[f"model=spec/{m}"]).model)
+            for m in MODELS
+        }
+        profiles = {h: instantiate(compose(config_name=f"hardware/{h}").hardware) for h in PROFILES}
+    return specs, profiles
+
+
+def models_to_check() -> list[CostModel]:
+    """Every shipped model on every profile (a padding one made to compute real tokens, to
+    price its figures the same way): every precision at tp 1, every tp the model splits to
+    in bf16 with a batch split of 4; random coefficients, so that every term (the blocks'
+    too) weighs."""
+    specs, profiles = shipped()
+    rng = np.random.default_rng(7)
+    models = []
+    for spec, hw in itertools.product(specs.values(), profiles.values()):
+        hw = dataclasses.replace(hw, pads_to_buckets=False)
+        ways = [(1, p, 1) for p in PRECISIONS]
+        ways += [(tp, PRECISIONS[0], 4) for tp in TPS[1:] if valid_tp(spec, tp)]
+        for tp, precision, split in ways:
+            coefficients = dict(zip(TERMS, rng.uniform(0, 3, len(TERMS)), strict=True))
+            coefficients["kv_blocks"] = rng.uniform(0, 50)
+            coefficients[OVERHEAD] = rng.uniform(0, 0.01)
+            models.append(CostModel(spec, hw, tp, coefficients, precision, split))
+    return models
+
+
+def valid_tp(spec: ModelSpec, tp: int) -> bool:
+    try:
+        spec.check_tp(tp)
+    except ValueError:
+        return False
+    return True
+
+
+def by_terms(cost: CostModel, lens: np.ndarray, block_size: int) -> float:
+    """The oracle: a decode-only step's terms one by one, each times its coefficient."""
+    shape = StepShape(block_size, None, (len(lens), 1), decode_lens=lens)
+    return sum(cost.breakdown(shape).values())
+
+
+def test_decode_rates_equal_the_terms_on_every_shipped_model_profile_precision_and_tp():
+    rng = np.random.default_rng(11)
+    models = models_to_check()
+    assert len(models) >= len(MODELS) * len(PROFILES) * len(PRECISIONS)
+    for cost in models:
+        block_size = int(rng.choice([16, 64, 128]))
+        # Steps of 0 to 40 rows, each row 1 to 20,000 tokens (a few far beyond any prompt).
+        steps = [rng.integers(1, 20_000, rng.integers(0, 41)) for _ in range(3)]
+        expected = np.array([by_terms(cost, lens, block_size) for lens in steps])
+        rows = np.array([len(lens) for lens in steps])
+        slots = np.array([lens.sum() for lens in steps])
+        blocks = np.array([(-(-lens // block_size)).sum() for lens in steps])
+        each = [
+            cost.step_time(StepShape(block_size, None, (len(lens), 1), decode_lens=lens))
+            for lens in steps
+        ]
+        np.testing.assert_allclose(each, expected, rtol=1e-12, atol=0)
+        np.testing.assert_allclose(
+            cost.decode_seconds(rows, slots, blocks), expected, rtol=1e-12, atol=0
+        )
+        # One row count for every step, as a run where no row leaves has it.
+        same = [steps[0] + j for j in range(3)]
+        ends = np.array([by_terms(cost, lens, block_size) for lens in same])
+        got = cost.decode_seconds(
+            len(steps[0]),
+            np.array([lens.sum() for lens in same]),
+            np.array([(-(-lens // block_size)).sum() for lens in same]),
+        )
+        np.testing.assert_allclose(got, ends, rtol=1e-12, atol=0)
+
+
+def test_a_miss_adds_the_recompile_penalty_to_a_decode_step():
+    cost = CostModel(spec_of(**TINY), dataclasses.replace(DEVICE, pads_to_buckets=False))
+    lens = np.array([5, 40, 17])
+    hit = StepShape(16, None, (4, 8), decode_lens=lens)
+    miss = dataclasses.replace(hit, miss=True)
+    assert cost.step_time(miss) - cost.step_time(hit) == pytest.approx(DEVICE.recompile_s)
+    assert cost.step_time(hit) == pytest.approx(by_terms(cost, lens, 16), rel=1e-12)
+
+
+def test_a_term_no_longer_affine_in_the_slots_is_refused(monkeypatch):
+    def quadratic_decode(*args, **kwargs):
+        terms = term_seconds(*args, **kwargs)
+        # Decode attention growing with the square of the slots it reads.
+        return terms | {"decode_attention": terms["decode_attention"] ** 2 * 1e3}
+
+    term_seconds = cost_model.term_seconds
+    monkeypatch.setattr(cost_model, "term_seconds", quadratic_decode)
+    cost = CostModel(spec_of(**TINY), dataclasses.replace(DEVICE, pads_to_buckets=False))
+    with pytest.raises(RuntimeError, match="no longer affine"):
+        cost.decode_seconds(3, np.array([100, 103]), np.array([9, 9]))
+    with pytest.raises(RuntimeError, match="no longer affine"):
+        cost.step_time(StepShape(16, None, (4, 8), decode_lens=np.array([5, 40, 17])))
+
+
+def test_a_run_of_decodes_equals_its_steps_one_by_one_when_widths_come_back():
+    # Rows 0 and 1 stay 3 steps, row 2 leaves after 2: the blocks go 2 + 3 + 2, 3 + 4 + 2,
+    # 3 + 4, their bucket widths 8, 16, 8. The 16-wide graph compiles in the middle.
+    lens, stays, bs = np.array([32, 48, 20]), np.array([3, 3, 2]), 16
+    blocks = np.array([7, 9, 7])
+    widths, padded_rows = np.array([8, 16, 8]), np.array([4, 4, 4])
+    hw = dataclasses.replace(DEVICE, pads_to_buckets=False)
+    run = DecodeRun([None] * 3, lens, stays, blocks, bs, padded_rows, widths)  # type: ignore[list-item]
+    leap = SimulatedDevice(spec_of(**TINY), hw, VirtualClock())
+    leap.clock.advance(3.0)
+    ends = leap.run_decodes(run, until=float("inf"))
+
+    alone = SimulatedDevice(spec_of(**TINY), hw, VirtualClock())
+    alone.clock.advance(3.0)
+    by_step = []
+    for j in range(3):
+        rows = lens[stays > j] + j
+        width = int(widths[j])
+        shape = StepShape(bs, None, (4, width), decode_lens=rows)
+        new = ("decode", (4, width)) not in alone.compiled
+        alone.compiled.add(("decode", (4, width)))
+        alone.clock.advance(alone.cost.step_time(shape) + new * hw.recompile_s)
+        by_step.append(alone.clock())
+        assert int((-(-rows // bs)).sum()) == blocks[j]
+    assert leap.recompiles == 2 and leap.compiled == alone.compiled
+    np.testing.assert_allclose(ends, by_step, rtol=1e-12)
+    assert leap.clock() == ends[-1]
