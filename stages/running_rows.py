@@ -184,7 +184,7 @@ class RunningRows:
 
 
 def recurring(
-    first: np.ndarray, steps: int, period: int, last: np.ndarray | None = None
+    first: np.ndarray, steps: int, period: int, last: np.ndarray | int | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """Events each row has at its `first` step (from 1) and every `period` steps after, up
     to `steps` (or to each row's `last` step, at most `steps`): their rows and steps, in step
