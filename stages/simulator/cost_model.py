@@ -245,7 +245,8 @@ class CostModel:
         self._weight_scale = precision.weight_bytes(dtype) / dtype
         self._kv_scale = precision.kv_bytes(dtype) / dtype
         self._kv_slot = spec.kv_bytes_per_token(tp) * self._kv_scale  # bytes of one KV slot
-        self._by_rows: dict[tuple, dict[str, Any]] = {}  # see _rows_amounts
+        self._by_tokens: dict[float, dict[str, Any]] = {}  # see _token_amounts
+        self._by_sampled: dict[float, dict[str, Any]] = {}  # see _sampled_amounts
         # decode_rates by row count, and as a [3, row counts] array (_decode_rate_table)
         self._decode_rates: list[tuple[float, float, float]] = []
         self._rate_table = np.zeros((3, 0))
@@ -337,10 +338,15 @@ class CostModel:
         )
 
     def _rows_amounts(self, tokens: Any, sampled: Any) -> dict[str, Any]:
-        """The amounts set by a step's rows alone (its GEMMs, lm head and all-reduces),
-        kept per row count for plain numbers: a run's steps repeat few of them."""
-        key = (tokens, sampled) if isinstance(tokens, int | float) else None
-        known = self._by_rows.get(key) if key is not None else None
+        """The amounts set by a step's rows alone: by its tokens (its GEMMs and
+        all-reduces) and by its sampled rows (its lm head)."""
+        return {**self._token_amounts(tokens), **self._sampled_amounts(sampled)}
+
+    def _token_amounts(self, tokens: Any) -> dict[str, Any]:
+        """The amounts a step's tokens set, kept per count for plain numbers: steps repeat
+        few of them (a mixed step's chunk and decode rows, a decode step's rows)."""
+        plain = isinstance(tokens, int | float)
+        known = self._by_tokens.get(tokens) if plain else None
         if known is not None:
             return known
         spec, tp = self.spec, self.tp
@@ -349,13 +355,25 @@ class CostModel:
             "linear_flops": spec.linear_flops(tokens, tp),
             "linear_bytes": spec.linear_bytes(tokens, tp) * self._weight_scale,
             "gemms": GEMMS_PER_LAYER * spec.num_layers if tokens > 0 else 0,
-            "lm_head_flops": spec.lm_head_flops(sampled, tp),
-            "lm_head_bytes": spec.lm_head_bytes(sampled, tp),
             "allreduce_bytes": spec.allreduce_bytes(tokens, tp),
             "allreduce_calls": ALLREDUCES_PER_LAYER * spec.num_layers if sharded else 0,
         }
-        if key is not None:
-            self._by_rows[key] = amounts
+        if plain:
+            self._by_tokens[tokens] = amounts
+        return amounts
+
+    def _sampled_amounts(self, sampled: Any) -> dict[str, Any]:
+        """The amounts a step's sampled rows set (its lm head), kept per count likewise."""
+        plain = isinstance(sampled, int | float)
+        known = self._by_sampled.get(sampled) if plain else None
+        if known is not None:
+            return known
+        amounts = {
+            "lm_head_flops": self.spec.lm_head_flops(sampled, self.tp),
+            "lm_head_bytes": self.spec.lm_head_bytes(sampled, self.tp),
+        }
+        if plain:
+            self._by_sampled[sampled] = amounts
         return amounts
 
     def rooflines(self, shape: StepShape) -> dict[str, float]:
