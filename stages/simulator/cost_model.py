@@ -57,6 +57,8 @@ RECOMPILE = "recompile"
 # KV slots and blocks of a decode step far beyond any real one, where decode_rates checks
 # that a step's time is still affine in them.
 AFFINE_PROBE = (1 << 24, 1 << 20)
+# Decode rows beyond which a step's sums are numpy's (each numpy call costs a few us).
+MANY_ROWS = 32
 
 
 # StepWork and StepAmounts are values nothing changes once made; not frozen, as a simulated
@@ -131,9 +133,12 @@ def decode_sums(shape: StepShape) -> tuple[int, int, int]:
     lens = shape.decode_lens
     if shape.decode is not None and shape.decode[0] and not len(lens):
         raise ValueError("the device computes real tokens: give StepShape.decode_lens")
-    if isinstance(lens, np.ndarray):  # the metadata builder's (a method: no np wrapper)
-        return len(lens), int(lens.sum()), int(ceil_div(lens, shape.block_size).sum())
-    return len(lens), sum(lens), sum(ceil_div(n, shape.block_size) for n in lens)
+    bs = shape.block_size
+    if isinstance(lens, np.ndarray):  # the metadata builder's
+        if len(lens) > MANY_ROWS:
+            return len(lens), int(lens.sum()), int(ceil_div(lens, bs).sum())
+        lens = lens.tolist()  # a few rows: Python's sums cost less than numpy's calls
+    return len(lens), sum(lens), sum([ceil_div(n, bs) for n in lens])
 
 
 @dataclass(slots=True)
@@ -278,8 +283,11 @@ class CostModel:
         or each step's), each step's KV slots and blocks, on a device that computes real
         tokens: step_time's, many steps at once (a run of steps a simulated device does in
         one go), by each row count's decode rates."""
-        most = int(rows.max()) if isinstance(rows, np.ndarray) else rows
-        fixed, per_slot, per_block = self._decode_rate_table(most)[:, rows]
+        try:
+            fixed, per_slot, per_block = self._rate_table[:, rows]
+        except IndexError:  # a row count beyond the table: grown to twice the most
+            most = int(rows.max()) if isinstance(rows, np.ndarray) else rows
+            fixed, per_slot, per_block = self._decode_rate_table(most)[:, rows]
         return fixed + per_slot * slots + per_block * blocks
 
     def _decode_rate_table(self, rows: int) -> np.ndarray:
