@@ -57,6 +57,8 @@ RECOMPILE = "recompile"
 # KV slots and blocks of a decode step far beyond any real one, where decode_rates checks
 # that a step's time is still affine in them.
 AFFINE_PROBE = (1 << 24, 1 << 20)
+# Row counts the table of decode rates grows by (each costs a few step evaluations).
+RATE_ROWS = 64
 # Decode rows beyond which a step's sums are numpy's (each numpy call costs a few us).
 MANY_ROWS = 32
 
@@ -291,10 +293,10 @@ class CostModel:
         return fixed + per_slot * slots + per_block * blocks
 
     def _decode_rate_table(self, rows: int) -> np.ndarray:
-        """[3, row counts] decode_rates of 0, 1, ... rows (at least `rows`): made once,
-        doubled when a larger count comes."""
+        """[3, row counts] decode_rates of 0, 1, ... rows (at least `rows`): made once, in
+        steps of RATE_ROWS row counts as larger ones come."""
         if len(self._decode_rates) <= rows:
-            more = range(len(self._decode_rates), max(2 * rows, 64))
+            more = range(len(self._decode_rates), (rows // RATE_ROWS + 1) * RATE_ROWS)
             self._decode_rates += [self.decode_rates(n) for n in more]
             self._rate_table = np.array(self._decode_rates).T
         return self._rate_table
