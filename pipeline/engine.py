@@ -207,11 +207,13 @@ class Engine:
         finished = self.scheduler.update(plan, samples, now())
         return StepResult(plan, meta, finished)
 
-    def leap(self, until: float, finishes: float = 0) -> tuple[DecodeRun, list[Request]] | None:
+    def leap(
+        self, until: Callable[[], float], finishes: float = 0
+    ) -> tuple[DecodeRun, list[Request]] | None:
         """Where the next steps can only decode the running requests, does as many at once
-        as start before `until` (up to MAX_LEAP_STEPS), letting up to `finishes` requests
+        as start before `until()` (up to MAX_LEAP_STEPS), letting up to `finishes` requests
         finish before the last: what they would do one by one. Returns the run and the
-        requests it finished; None where the next step runs alone."""
+        requests it finished; None where the next step runs alone (until is not asked)."""
         token = self.sampler.fixed_token
         if token is None:
             return None
@@ -219,7 +221,7 @@ class Engine:
         run = self.metadata.pad_decodes(run) if run else None
         if run is None:
             return None
-        ends = self.model.run_decodes(run, until)
+        ends = self.model.run_decodes(run, until())
         run = run.first(len(ends))
         return run, self.scheduler.advance_decodes(run, token, ends)
 
@@ -349,7 +351,7 @@ class Engine:
             self._admit(arrivals, on_finish)
             if not self.scheduler.has_work:
                 continue
-            if leaps and (leapt := self.leap(leaps.until(), leaps.finishes())):
+            if leaps and (leapt := self.leap(leaps.until, leaps.finishes())):
                 index += self._hand_on_leap(*leapt, leaps, on_tokens, on_finish)
                 continue
             index += self._step_once(index, on_step, on_tokens, on_finish)

@@ -63,7 +63,7 @@ class StepRecord:
             ],
             decode=list(map(_ID, plan.decode)),  # thousands a step: mapped in C
             preempted=[r.id for r in plan.preempted],
-            num_tokens=plan.num_tokens,
+            num_tokens=meta.num_tokens,
             padded_tokens=meta.padded_tokens,
             bucket=meta.bucket,
             duration_s=duration_s,

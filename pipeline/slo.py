@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,10 +78,11 @@ def _met(r: Request, name: str, bound_ms: float) -> bool:
     return value is not None and value * 1e3 <= bound_ms
 
 
-def is_good(r: Request, slo: Slo) -> bool:
-    """Served, and within every bound that is set."""
+def is_good(r: Request, slo: Slo, bounds: Mapping[str, float] | None = None) -> bool:
+    """Served, and within every bound that is set (`bounds`: slo.bounds, made already)."""
+    bounds = slo.bounds if bounds is None else bounds
     return r.finish_reason != FinishReason.ERROR and all(
-        _met(r, name, bound) for name, bound in slo.bounds.items()
+        _met(r, name, bound) for name, bound in bounds.items()
     )
 
 
@@ -139,13 +140,15 @@ class Deadlines:
             return math.inf
         return self.ordered[self.next].arrival_s + self.bound_s
 
-    def passed(self, now: float) -> Iterator[Request]:
+    def passed(self, now: float) -> list[Request]:
         """The requests whose bound ran out by `now` and that are late, each once."""
+        late = []
         while now > self.next_due():
             r = self.ordered[self.next]
             self.next += 1
             if self.late(r):
-                yield r
+                late.append(r)
+        return late
 
 
 class PaceWatch:
@@ -165,7 +168,7 @@ class PaceWatch:
         """The earliest deadline of a request that has joined (math.inf: none)."""
         return self.due[0][0] if self.due else math.inf
 
-    def passed(self, now: float) -> Iterator[Request]:
+    def passed(self, now: float) -> list[Request]:
         ordered, due = self.ordered, self.due
         while self.next < len(ordered) and (
             ordered[self.next].token_times or ordered[self.next].finished
@@ -175,10 +178,12 @@ class PaceWatch:
             if not r.finished and r.max_new_tokens > 1:
                 deadline = r.token_times[0] + self.bound_s * (r.max_new_tokens - 1)
                 heapq.heappush(due, (deadline, r.seq_id, r))
+        late = []
         while due and now > due[0][0]:
             r = heapq.heappop(due)[2]
             if not r.finished:
-                yield r
+                late.append(r)
+        return late
 
 
 class EarlyVerdict:
@@ -197,11 +202,15 @@ class EarlyVerdict:
         self.allowed = self.total - needed_good(self.total, slo.attainment)
         ordered = sorted(requests, key=lambda r: r.arrival_s)
         fixed = ordered if arrivals_fixed else []
-        self.watches: list[Deadlines | PaceWatch] = [
+        watches: list[Deadlines | PaceWatch] = [
             Deadlines(fixed, slo.ttft_ms, lambda r: not r.finished and not r.token_times),
             Deadlines(fixed, slo.e2e_ms, lambda r: not r.finished),
             PaceWatch(ordered, slo.tpot_ms),
         ]
+        # Only the bounds that are set have requests to watch: the others are never asked
+        # (the engine asks before every step).
+        self.watches = [watch for watch in watches if watch.ordered]
+        self.bounds = slo.bounds
         self.missed: set[int] = set()  # seq_ids of the requests counted as missed
         self.missed_in_flight = 0
         self.finished = 0
@@ -210,7 +219,7 @@ class EarlyVerdict:
 
     def on_finish(self, r: Request) -> None:
         self.finished += 1
-        if r.seq_id not in self.missed and not is_good(r, self.slo):
+        if r.seq_id not in self.missed and not is_good(r, self.slo, self.bounds):
             self.missed.add(r.seq_id)
 
     def __call__(self, now: float) -> bool:
@@ -230,7 +239,7 @@ class EarlyVerdict:
         may bring another (it ends a leap), and so may a finish that lets later requests
         join the TPOT watch; a leap runs past finishes only while none waits, when every
         request in flight has joined already."""
-        due = min(watch.next_due() for watch in self.watches)
+        due = min([watch.next_due() for watch in self.watches], default=math.inf)
         return due if due > self.now else math.nextafter(self.now, math.inf)
 
     def finishes_before_change(self) -> float:

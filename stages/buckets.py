@@ -71,6 +71,11 @@ class Buckets:
         # The same sizes as lists: a step fits each dimension by bisection, faster on a
         # list than numpy's on an array for one number.
         self._listed = {name: sizes.tolist() for name, sizes in self.sizes.items()}
+        # Again by kind, then dimension: "prefill_seq" is _by_kind["prefill"]["seq"].
+        self._by_kind: dict[str, dict[str, list[int]]] = {}
+        for axis, sizes in self._listed.items():
+            kind, _, dim = axis.partition("_")
+            self._by_kind.setdefault(kind, {})[dim] = sizes
         self.misses = 0
         self._missed_shapes: set[tuple] = set()
 
@@ -99,12 +104,28 @@ class Buckets:
 
     def shape(self, kind: str, **dims: int) -> tuple[int, ...]:
         """The bucket of a `kind` (prefill, decode) step; counts and logs a miss."""
-        shape, hit = self.pad(kind, dims)
-        if not hit:
-            self.misses += 1
-            if (kind, shape) not in self._missed_shapes:
-                self._missed_shapes.add((kind, shape))
-                log.warning("bucket_miss", kind=kind, needed=dims, fallback=shape)
+        return self.fitted(kind, dims)
+
+    def fitted(self, kind: str, dims: dict[str, int]) -> tuple[int, ...]:
+        """`shape` for `dims` given as a dict: once per step, so the common case (every
+        size prepared) fits each dimension inline."""
+        shape, listed = [], self._by_kind[kind]
+        for name, n in dims.items():
+            sizes = listed[name]
+            i = bisect.bisect_left(sizes, n)
+            if i == len(sizes):
+                return self._missed(kind, dims)
+            shape.append(sizes[i])
+        return tuple(shape)
+
+    def _missed(self, kind: str, dims: dict[str, int]) -> tuple[int, ...]:
+        """The fallback bucket of a step some dimension of which no prepared size holds;
+        counts the miss and logs each such bucket once."""
+        shape, _ = self.pad(kind, dims)
+        self.misses += 1
+        if (kind, shape) not in self._missed_shapes:
+            self._missed_shapes.add((kind, shape))
+            log.warning("bucket_miss", kind=kind, needed=dims, fallback=shape)
         return shape
 
 

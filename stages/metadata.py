@@ -12,6 +12,7 @@ assumed left alignment, so prefills of different context lengths attended to wro
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -92,7 +93,6 @@ class ForwardMeta:
     logits_rows: paddle.Tensor | None  # last real token of each chunk, then every decode row
     num_tokens: int
     padded_tokens: int
-    bucket: str
     shape: StepShape  # the buckets and real lengths: what a cost model reads
     # Each part's dims before padding to its bucket (what a bucket plan is chosen from):
     # prefill [batch, seq, blocks per row], decode [batch, blocks listed or spanned].
@@ -100,6 +100,11 @@ class ForwardMeta:
     # The step's real tokens only, laid out for a backend that attends packed rows (the
     # CPU's): input_ids, positions and logits_rows then skip the padding rows.
     packed: bool = False
+
+    @property
+    def bucket(self) -> str:
+        """steps.jsonl's `bucket` (bucket_label): made when read, as a probe never does."""
+        return bucket_label(self.shape.prefill, self.shape.decode)
 
     @property
     def prefill_tokens(self) -> int:
@@ -294,14 +299,16 @@ class HPUMetadataBuilder:
         prefill = self._prefill_shape(plan.prefill, needed)
         decode: tuple[int, int] | None = None
         lens = decode_lens(plan)  # the scheduler's array where it has one; read once
-        if len(lens):
+        rows = len(lens)
+        if rows:
             # Each row lists the blocks its tokens fill: sum(ceil(len / block_size)).
             blocks = int(blocks_for(lens, self.block_size).sum())
-            needed["decode"] = [len(lens), blocks]
-            rows, width = self.buckets.shape("decode", batch=len(lens), blocks=blocks)
-            decode = rows, width
+            needed["decode"] = [rows, blocks]
+            padded_rows, width = self.buckets.fitted("decode", {"batch": rows, "blocks": blocks})
+            decode = padded_rows, width
         padded = (prefill[0] * prefill[1] if prefill else 0) + (decode[0] if decode else 0)
         shape = step_shape(self.block_size, plan, prefill, decode, lens)
+        tokens = rows + sum(shape.chunk_lens)  # plan.num_tokens, from what is at hand
         return ForwardMeta(
             mode=plan.mode,
             prefill=None,
@@ -309,9 +316,8 @@ class HPUMetadataBuilder:
             input_ids=None,
             positions=None,
             logits_rows=None,
-            num_tokens=plan.num_tokens,
+            num_tokens=tokens,
             padded_tokens=padded,
-            bucket=bucket_label(prefill, decode),
             shape=shape,
             needed=needed,
         )
@@ -349,14 +355,16 @@ class HPUMetadataBuilder:
         if not chunks:
             return None
         bs = self.block_size
-        dims = {
-            "batch": len(chunks),
-            "seq": blocks_for(max(c.length for c in chunks), bs) * bs,
-            "blocks": max(blocks_for(c.end, bs) for c in chunks),
-        }
+        if len(chunks) == 1:  # the common step's one chunk, without the generators
+            (chunk,) = chunks
+            longest, last = chunk.end - chunk.start, chunk.end
+        else:
+            longest, last = max(c.end - c.start for c in chunks), max(c.end for c in chunks)
+        seq, blocks = blocks_for(longest, bs) * bs, blocks_for(last, bs)
+        dims = {"batch": len(chunks), "seq": seq, "blocks": blocks}
         if needed is not None:
             needed["prefill"] = list(dims.values())
-        batch, seq, blocks = self.buckets.shape("prefill", **dims)
+        batch, seq, blocks = self.buckets.fitted("prefill", dims)
         return batch, seq, blocks
 
     def _prefill(
@@ -684,12 +692,12 @@ class HPUMetadataBuilder:
             logits_rows=host_tensor(logits_rows),
             num_tokens=num_tokens,
             padded_tokens=padded,
-            bucket=bucket_label(shape.prefill, shape.decode),
             shape=shape,
             packed=packed,
         )
 
 
+@functools.lru_cache(maxsize=4096)  # a run's steps pad to few buckets: each label made once
 def bucket_label(prefill: tuple | None, decode: tuple | None) -> str:
     """steps.jsonl's `bucket`: e.g. "prefill 2x256x4 + decode 8x24"."""
     parts = [f"prefill {'x'.join(map(str, prefill))}"] if prefill else []
@@ -726,11 +734,12 @@ def step_shape(
     lens: np.ndarray,
 ) -> StepShape:
     """The step's buckets and each row's real lengths (lens: decode_lens(plan))."""
+    chunks = plan.prefill  # list comprehensions: a step's one or few chunks, read fast
     return StepShape(
         block_size,
         prefill,
         decode,
-        chunk_lens=tuple(c.length for c in plan.prefill),
-        context_lens=tuple(c.start for c in plan.prefill),
+        chunk_lens=tuple([c.end - c.start for c in chunks]),
+        context_lens=tuple([c.start for c in chunks]),
         decode_lens=lens,
     )

@@ -50,6 +50,12 @@ class RunningRows:
         self.limit[row] = self.stop.length_limit(request)
         self.checked[row] = self.stop.checks_each_token(request)
 
+    def read_progress(self, row: int, request: Request) -> None:
+        """Row `row`'s computed and output tokens, after its prefill chunk ran (nothing else
+        of the row changes in a step's update)."""
+        self.computed[row] = request.num_computed
+        self.outputs[row] = len(request.output_ids)
+
     def read_held(self, row: int, request: Request) -> None:
         """Row `row`'s blocks, after a decode took room for its token (nothing else of
         the row changes before the step's update)."""
@@ -75,10 +81,15 @@ class RunningRows:
         more than one token to compute), or a decode whose token needs a new block; and
         how many of them, from the first, are such decodes."""
         n = self.size
-        computed = self.computed[:n]
-        decoding = (self.outputs[:n] > 0) & (computed + 1 == self.prompt[:n] + self.outputs[:n])
-        others = np.flatnonzero(~(decoding & (computed < self.held[:n])))
-        prefills = np.flatnonzero(~decoding[others])
+        computed, outputs = self.computed[:n], self.outputs[:n]
+        todo = self.prompt[:n] - computed  # tokens left to compute
+        todo += outputs
+        # Few numpy calls: a step's rows are often a handful, and each call costs the same.
+        # (.nonzero() on the 1-d mask: np.flatnonzero's wrapper costs more than the search)
+        others = ((todo != 1) | (outputs == 0) | (computed >= self.held[:n])).nonzero()[0]
+        if not len(others):
+            return [], 0
+        prefills = ((todo[others] != 1) | (outputs[others] == 0)).nonzero()[0]
         return others.tolist(), int(prefills[0]) if len(prefills) else len(others)
 
     def took_block(self, rows: list[int]) -> None:
@@ -91,20 +102,21 @@ class RunningRows:
         final = ceil_div(self.limit[:n], bs) * bs  # tokens the blocks at the end hold
         return int(np.maximum(final - self.held[:n], 0).sum()) // bs
 
-    def advance(self, rows: np.ndarray) -> None:
+    def advance(self, rows: slice | np.ndarray) -> None:
         """The rows each computed one more token and got it as output (a decode)."""
         self.computed[rows] += 1
         self.outputs[rows] += 1
 
-    def may_stop(self, rows: np.ndarray) -> np.ndarray:
-        """Which of the rows StopRule.reason could end now: those it checks at every token,
-        and those whose length reached their limit."""
-        tokens = self.prompt[rows] + self.outputs[rows]
-        return self.checked[rows] | (tokens >= self.limit[rows])
-
-    def filled_a_block(self, rows: np.ndarray) -> np.ndarray:
-        """Which of the rows' computed tokens just filled a block (end on its boundary)."""
-        return self.computed[rows] % self.kv_cache.block_size == 0
+    def to_look_at(self, rows: slice | np.ndarray, filled: bool) -> list[int]:
+        """Which of the rows (their places among `rows`) StopRule.reason could end now:
+        those it checks at every token, and those whose length reached their limit; with
+        `filled`, also those whose computed tokens just filled a block (end on its
+        boundary). One array expression: a step's rows are often a handful."""
+        look = self.prompt[rows] + self.outputs[rows] >= self.limit[rows]
+        look |= self.checked[rows]
+        if filled:
+            look |= self.computed[rows] % self.kv_cache.block_size == 0
+        return look.nonzero()[0].tolist()
 
     # -- runs of decode steps (a simulated device's leaps) ---------------------------------
     def all_decoding(self) -> bool:

@@ -26,7 +26,7 @@ import itertools
 import operator
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -92,6 +92,11 @@ class Rectangle:
         self.rounded += self._rounded(n)
 
 
+# A step's decode rows in `running`: a slice where they are one run of rows (the common
+# step; numpy reads a slice as a view, without gathering), else their indices.
+DecodeRows = slice | np.ndarray
+
+
 @dataclass
 class StepRows:
     """Where a plan's requests are in `running`: one row per prefill chunk, and the spans
@@ -100,14 +105,18 @@ class StepRows:
     plan: StepPlan
     prefill: list[int]
     decode_spans: list[tuple[int, int]]
-    decode_rows: np.ndarray | None = None  # decode() once the walk is done
+    decode_rows: DecodeRows = field(default_factory=lambda: slice(0, 0))  # decode(), once walked
 
-    def decode(self) -> np.ndarray:
+    def decode(self) -> DecodeRows:
         spans = self.decode_spans
-        if len(spans) == 1:  # the common step: its decodes are one run of rows
-            return np.arange(*spans[0])
-        parts = [np.arange(start, end) for start, end in spans]
-        return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+        if len(spans) <= 1:  # the common step: its decodes are one run of rows
+            return slice(*spans[0]) if spans else slice(0, 0)
+        return np.concatenate([np.arange(start, end) for start, end in spans])
+
+
+def row_at(rows: DecodeRows, k: int) -> int:
+    """The running row of a step's k-th decode."""
+    return rows.start + k if isinstance(rows, slice) else int(rows[k])
 
 
 @dataclass
@@ -407,7 +416,7 @@ class ChunkedScheduler:
                 reason = self.stop.reason(request)
                 if reason:
                     ending.append((request, reason, running_row))
-            self.rows.read(running_row, request)
+            self.rows.read_progress(running_row, request)
         first = len(plan.prefill)
         decode_logprobs = logprobs[first:] if logprobs is not None else None
         self._update_decodes(plan, rows.decode_rows, tokens[first:], decode_logprobs, now, ending)
@@ -417,7 +426,7 @@ class ChunkedScheduler:
     def _update_decodes(
         self,
         plan: StepPlan,
-        running_rows: np.ndarray,
+        running_rows: DecodeRows,
         tokens: list[int],
         logprobs: list[dict[int, float]] | None,
         now: float,
@@ -440,13 +449,17 @@ class ChunkedScheduler:
                 if entry is not None:
                     request.logprobs.append(entry)
         self.rows.advance(running_rows)
-        if self.kv_cache.prefix is not None:
-            filled = np.flatnonzero(self.rows.filled_a_block(running_rows)).tolist()
-            self.kv_cache.cache_computed_blocks_of([decode[k] for k in filled])
-        for k in np.flatnonzero(self.rows.may_stop(running_rows)).tolist():
-            reason = self.stop.reason(decode[k])
+        prefix, bs = self.kv_cache.prefix is not None, self.block_size
+        # The rows whose token filled a block or that may stop; StopRule.reason ends none
+        # of the others.
+        looked_at = [(k, decode[k]) for k in self.rows.to_look_at(running_rows, prefix)]
+        if prefix:
+            filled = [request for _, request in looked_at if request.num_computed % bs == 0]
+            self.kv_cache.cache_computed_blocks_of(filled)
+        for k, request in looked_at:
+            reason = self.stop.reason(request)
             if reason:
-                ending.append((decode[k], reason, int(running_rows[k])))
+                ending.append((request, reason, row_at(running_rows, k)))
 
     def _finish_all(
         self, ending: list[tuple[Request, FinishReason, int]], times: list[float]

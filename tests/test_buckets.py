@@ -38,6 +38,25 @@ def test_lookup_takes_the_smallest_size_that_fits_and_counts_misses():
     assert buckets.misses == 1
 
 
+def test_a_step_fits_each_dimension_as_fit_does():
+    """shape (a step's fitting, inline) against fit, one dimension at a time: the same
+    bucket, and a miss counted exactly where some dimension has no prepared size."""
+    axes = {"prefill_batch": Axis(1, 2, 6), "prefill_seq": Axis(16, 16, 64),
+            "prefill_blocks": Axis(1, 1, 4, (1, 3, 4))}  # fmt: skip
+    buckets = Buckets("exponential", axes)
+    misses = 0
+    for batch in range(1, 9):
+        for seq in range(16, 97, 16):
+            for blocks in range(1, 6):
+                fitted = [buckets.fit(f"prefill_{name}", n) for name, n in
+                          (("batch", batch), ("seq", seq), ("blocks", blocks))]  # fmt: skip
+                want = tuple(size for size, _ in fitted)
+                assert buckets.shape("prefill", batch=batch, seq=seq, blocks=blocks) == want
+                misses += not all(hit for _, hit in fitted)
+                assert buckets.misses == misses
+    assert misses > 0 and misses < 8 * 6 * 5  # both sides were taken
+
+
 def test_misses_are_counted_and_outputs_unchanged(reference_run):
     ref, _ = reference_run
     steps = []
