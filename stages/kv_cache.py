@@ -210,12 +210,14 @@ class KVCacheManager:
         kept on the request (a prompt's when admission first looks it up). A drawn prompt
         that names its prefixes (stages.trace) gives its blocks' identities by name, never
         drawing its ids; the blocks after it are hashed from it by content."""
-        chain = request.block_hashes
-        if len(chain) < num_blocks:
+        chain, bs = request.block_hashes, self.block_size
+        if len(chain) >= num_blocks:
+            return chain[:num_blocks]
+        # The blocks the prompt lies in, once (a decode's blocks come after them).
+        if len(chain) < blocks_for(request.num_prompt_tokens, bs):
             if isinstance(request.prompt_ids, PromptIds):
                 self._named_blocks(request, request.prompt_ids.prefix_keys, num_blocks)
         if len(chain) < num_blocks:
-            bs = self.block_size
             data = token_array(request, len(chain) * bs, num_blocks * bs).tobytes()
             width = bs * 4  # bytes of a block's int32 ids
             parent = chain[-1] if chain else ROOT_HASH
@@ -247,11 +249,13 @@ class KVCacheManager:
             data = name + np.asarray(outputs, dtype=np.int32).tobytes()
             chain.append(hashlib.blake2b(data, digest_size=16, person=NAMED_PROMPT).digest())
 
-    def cache_computed_blocks(self, request: Request) -> None:
-        """Registers the content of the request's blocks that its computed tokens fill."""
+    def cache_computed_blocks(self, request: Request, num_computed: int | None = None) -> None:
+        """Registers the content of the request's blocks that its computed tokens fill (or
+        its first `num_computed` tokens: a run of decode steps registers step by step)."""
         if self.prefix is None:
             return
-        full = request.num_computed // self.block_size
+        computed = request.num_computed if num_computed is None else num_computed
+        full = computed // self.block_size
         done = self._registered.get(request.seq_id, 0)
         if full > done:  # the common case, a decode within a block, returns here
             table = self.block_table(request)

@@ -329,13 +329,7 @@ class HPUMetadataBuilder:
         rows = self.buckets.fit_prepared("decode_batch", run.batch)
         widths = self.buckets.fit_prepared("decode_blocks", run.blocks)
         steps = min(len(rows), len(widths))
-        if not steps:
-            return None
-        run = run.first(steps) if steps < run.steps else run
-        return DecodeRun(
-            run.requests, run.lens, run.stays, run.blocks, run.block_size, rows[:steps],
-            widths[:steps],
-        )  # fmt: skip
+        return run.padded(rows[:steps], widths[:steps]) if steps else None
 
     def dummy(
         self, prefill: tuple[int, int, int] | None, decode: tuple[int, int] | None

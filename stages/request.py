@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import abc
 import enum
-import functools
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -192,7 +191,7 @@ class StepPlan:
         return [c.request for c in self.prefill] + self.decode
 
 
-@dataclass
+@dataclass(eq=False)
 class DecodeRun:
     """Decode-only steps of the running requests one after another, with nothing else the
     scheduler could do between them (no arrival, admission or preemption; no stop but
@@ -208,6 +207,8 @@ class DecodeRun:
     # [steps] each step's decode bucket, rows and blocks, once the metadata builder padded it
     padded_rows: np.ndarray | None = None
     widths: np.ndarray | None = None
+    # [steps] the rows each step decodes, once asked (a part of a run takes its share)
+    _batch: np.ndarray | None = field(default=None, init=False, repr=False)
 
     @property
     def steps(self) -> int:
@@ -222,22 +223,21 @@ class DecodeRun:
         """Tokens decoded over the run: one per row and step it stays."""
         return int(self.stays.sum())
 
-    @functools.cached_property
+    @property
     def leaving(self) -> bool:
         """Whether a row leaves before the last step."""
-        return bool(self.stays.min() < self.steps)
+        return self.steps > 0 and bool(self.batch[-1] < self.rows)
+
+    @property
+    def batch(self) -> np.ndarray:
+        """[steps] the rows each step decodes."""
+        if self._batch is None:
+            self._batch = self.rows - self._left_by()
+        return self._batch
 
     def _left_by(self, weights: np.ndarray | None = None) -> np.ndarray:
         """[steps] how many rows (or how much of `weights`) left before each step."""
-        gone = np.bincount(self.stays, weights, minlength=self.steps + 1)[: self.steps]
-        return np.cumsum(gone)
-
-    @functools.cached_property
-    def batch(self) -> np.ndarray:
-        """[steps] the rows each step decodes."""
-        if not self.leaving:
-            return np.full(self.steps, self.rows)
-        return self.rows - self._left_by()
+        return np.bincount(self.stays, weights, minlength=self.steps + 1)[: self.steps].cumsum()
 
     def slots(self) -> np.ndarray:
         """[steps] the KV slots each step's decode attention reads: its rows' tokens."""
@@ -245,7 +245,7 @@ class DecodeRun:
         total = int(self.lens.sum())
         if not self.leaving:  # the common run
             return total + self.rows * steps
-        left = np.rint(self._left_by(self.lens.astype(float))).astype(np.int64)
+        left = self._left_by(self.lens).astype(np.int64)  # sums of whole numbers: exact
         return total - left + self.batch * steps
 
     def last(self) -> DecodeRun:
@@ -255,12 +255,28 @@ class DecodeRun:
 
     def first(self, steps: int) -> DecodeRun:
         """The run's first `steps` steps."""
+        if steps == self.steps:
+            return self
         return self._part(self.lens, np.minimum(self.stays, steps), slice(steps))
+
+    def padded(self, rows: np.ndarray, widths: np.ndarray) -> DecodeRun:
+        """The run's first len(rows) steps, each padded to a bucket of `rows` rows and
+        `widths` blocks (the metadata builder's)."""
+        steps = len(rows)
+        stays = self.stays if steps == self.steps else np.minimum(self.stays, steps)
+        run = DecodeRun(self.requests, self.lens, stays, self.blocks[:steps], self.block_size,
+                        rows, widths)  # fmt: skip
+        if self._batch is not None:
+            run._batch = self._batch[:steps]
+        return run
 
     def _part(self, lens: np.ndarray, stays: np.ndarray, steps: slice) -> DecodeRun:
         padded, widths = self.padded_rows, self.widths
-        return DecodeRun(
+        run = DecodeRun(
             self.requests, lens, stays, self.blocks[steps], self.block_size,
             padded[steps] if padded is not None else None,
             widths[steps] if widths is not None else None,
         )  # fmt: skip
+        if self._batch is not None:
+            run._batch = self._batch[steps]
+        return run

@@ -121,15 +121,13 @@ class RunningRows:
         return look.nonzero()[0].tolist()
 
     # -- runs of decode steps (a simulated device's leaps) ---------------------------------
-    def all_decoding(self) -> bool:
-        """Whether every row is a decode: it has output and one token left to compute."""
+    def only_decoding_to_length(self) -> bool:
+        """Whether every row is a decode (it has output and one token left to compute) that
+        only its length limit may end (StopRule.reason need not see its every token)."""
         n = self.size
         outputs = self.outputs[:n]
-        return bool(((outputs > 0) & (self.computed[:n] + 1 == self.prompt[:n] + outputs)).all())
-
-    def any_checked(self) -> bool:
-        """Whether StopRule.reason must look at some row's every token (EOS, stop strings)."""
-        return bool(self.checked[: self.size].any())
+        others = (self.computed[:n] + 1 != self.prompt[:n] + outputs) | (outputs == 0)
+        return not (others | self.checked[:n]).any()
 
     def steps_to_length(self) -> np.ndarray:
         """[rows] decode steps until each row reaches its length limit (that step ends it)."""
@@ -144,18 +142,18 @@ class RunningRows:
 
     def first_full_block(self) -> np.ndarray:
         """Each row's next decode step (from 1) after which its computed tokens fill a block."""
-        n, bs = self.size, self.kv_cache.block_size
-        first = -self.computed[:n] % bs
-        first[first == 0] = bs
-        return first
+        return (-1 - self.computed[: self.size]) % self.kv_cache.block_size + 1
 
     def steps_with_blocks(self, free: int, limit: int, stays: np.ndarray | None = None) -> int:
         """How many of the next `limit` decode steps `free` blocks cover: a row takes a
         block at its first_new_block step and every block_size steps after, up to its
         `stays` steps (the step it leaves the batch at; by default it stays to `limit`)."""
-        first, bs = self.first_new_block(), self.kv_cache.block_size
+        n, bs = self.size, self.kv_cache.block_size
+        if n * (1 + (limit - 1) // bs) <= free:  # the common run: room for any row's blocks
+            return limit
+        first = self.first_new_block()
         last = limit if stays is None else np.minimum(stays, limit)
-        if int(np.maximum((last - first) // bs + 1, 0).sum()) <= free:  # the common run
+        if int(np.maximum((last - first) // bs + 1, 0).sum()) <= free:
             return limit
         rows, at = recurring(first, limit, bs)
         if stays is not None:
@@ -165,7 +163,7 @@ class RunningRows:
     def at_length(self) -> np.ndarray:
         """The rows whose tokens reached their length limit."""
         n = self.size
-        return np.flatnonzero(self.prompt[:n] + self.outputs[:n] >= self.limit[:n])
+        return (self.prompt[:n] + self.outputs[:n] >= self.limit[:n]).nonzero()[0]
 
     def advance_by(self, steps: np.ndarray, new_blocks: np.ndarray) -> None:
         """Each row decoded `steps` tokens and took `new_blocks` blocks (one per row)."""
@@ -187,17 +185,21 @@ class RunningRows:
         )
 
 
-def recurring(first: np.ndarray, steps: int, period: int) -> tuple[np.ndarray, np.ndarray]:
+def recurring(
+    first: np.ndarray, steps: int, period: int, last: np.ndarray | int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """Events each row has at its `first` step (from 1) and every `period` steps after, up
-    to `steps`: their rows and steps, in step order and row order within a step (the order
-    a step-by-step run meets them)."""
+    to `steps` (or to each row's `last` step, at most `steps`): their rows and steps, in step
+    order and row order within a step (the order a step-by-step run meets them)."""
+    end = steps if last is None else last
     if steps <= period:  # the common run: a row has at most one event
-        rows = np.flatnonzero(first <= steps)
-        order = np.argsort(first[rows], kind="stable")
-        return rows[order], first[rows[order]]
-    counts = np.maximum(0, (steps - first) // period + 1)
-    rows = np.repeat(np.arange(len(first)), counts)
-    starts = np.repeat(np.cumsum(counts) - counts, counts)
+        rows = (first <= end).nonzero()[0]
+        at = first[rows]
+        order = at.argsort(kind="stable")
+        return rows[order], at[order]
+    counts = np.maximum(0, (end - first) // period + 1)
+    rows = np.arange(len(first)).repeat(counts)
+    starts = (counts.cumsum() - counts).repeat(counts)
     at = first[rows] + period * (np.arange(len(rows)) - starts)
     order = np.lexsort((rows, at))
     return rows[order], at[order]
@@ -209,13 +211,19 @@ def listed_blocks(
     """[steps] the blocks decode rows of `lens` tokens fill in each of `steps` steps, every
     row one token longer each step: a row fills one more at each step its length passes a
     multiple of block_size. A row leaves after its `stays` steps (by default it stays)."""
-    start = int(blocks_for(lens, block_size).sum())
-    passing = np.bincount((1 - lens) % block_size, minlength=block_size)
-    grown = passing[np.arange(steps) % block_size]
-    grown[0] = 0
-    blocks = start + np.cumsum(grown)
-    if stays is not None and stays.min() < steps:  # the blocks of the rows gone, taken off
-        for row in np.flatnonzero(stays < steps).tolist():
-            gone = int(stays[row])
-            blocks[gone:] -= blocks_for(lens[row] + np.arange(gone, steps), block_size)
-    return blocks
+    bs = block_size
+    # Counted as changes from step to step: each row's blocks at step 0, one more at each
+    # step (from 0) whose token starts a block while the row stays, and all of the row's
+    # taken off at the step it has left by.
+    first = (-lens) % bs + 1  # each row's first step whose token starts a block
+    last = steps - 1 if stays is None else stays - 1  # each row's last step
+    if steps <= bs:  # the common run: a row starts at most one block
+        starts = first[first <= last]
+    else:
+        starts = recurring(first, steps - 1, bs, last)[1]
+    change = np.bincount(starts, minlength=steps)
+    if stays is not None:  # rows leave with the blocks their last step filled
+        held = (lens + stays + (bs - 2)) // bs
+        change = change - np.bincount(stays, held, minlength=steps + 1)[:steps].astype(np.int64)
+    change[0] = blocks_for(lens, bs).sum()
+    return change.cumsum()

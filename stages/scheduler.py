@@ -47,6 +47,8 @@ from stages.stopping import StopRule
 _consume: Callable[[Iterable[object]], None] = deque[object](maxlen=0).extend
 _OUTPUT_IDS = operator.attrgetter("output_ids")
 _TOKEN_TIMES = operator.attrgetter("token_times")
+# What a run of decode steps does to the KV cache within a step, in this order.
+_TAKE, _FILL, _GO = 0, 1, 2
 
 
 class Budget(enum.StrEnum):
@@ -490,7 +492,7 @@ class ChunkedScheduler:
         rows, n = self.rows, len(self.running)
         if not n or n > self.max_tokens or self._may_admit(self.max_tokens - n):
             return None
-        if rows.any_checked() or not rows.all_decoding():
+        if not rows.only_decoding_to_length():
             return None
         left = rows.steps_to_length()
         leaving = 0 if self.waiting else int(min(finishes, n - 1))
@@ -523,29 +525,24 @@ class ChunkedScheduler:
         its full blocks registered in that order; the rows that reached their length end
         at their last step's end. Returns those, in the order the steps finish them."""
         steps, bs = run.steps, self.block_size
-        running, rows = self.running, self.rows
+        running, rows, kv = self.running, self.rows, self.kv_cache
         if run.requests != running:
             raise ValueError("advance_decodes takes the run steady_decodes just returned")
         stays = run.stays.tolist()
         self._append_tokens(token, ends, stays)
-        takers, taken_at = recurring(rows.first_new_block(), steps, bs)
-        if min(stays) < steps:
-            kept = taken_at <= run.stays[takers]
-            takers, taken_at = takers[kept], taken_at[kept]
-        if self.kv_cache.prefix is None or len(takers) <= self.kv_cache.pool.num_free:
+        takers, taken_at = recurring(rows.first_new_block(), steps, bs, run.stays)
+        if kv.prefix is None or len(takers) <= kv.pool.num_free:
             # No eviction: taking blocks changes nothing any registration reads.
-            self.kv_cache.take_blocks([running[i] for i in takers.tolist()])
-            takers_left = takers[:0]
+            kv.take_blocks([running[i] for i in takers.tolist()])
+            if kv.prefix is not None:
+                self._take_and_register(takers[:0], taken_at[:0], run.stays, steps)
         else:
-            takers_left = takers
-        if self.kv_cache.prefix is not None:
-            self._take_and_register(takers_left, taken_at[: len(takers_left)], run.stays, steps)
+            self._take_and_register(takers, taken_at, run.stays, steps)
         for request, stayed in zip(running, stays, strict=True):
             request.num_computed += stayed
         rows.advance_by(run.stays, np.bincount(takers, minlength=run.rows))
         ending: list[tuple[Request, FinishReason, int]] = []
-        done = rows.at_length()
-        for i in done[np.argsort(run.stays[done], kind="stable")].tolist():
+        for i in sorted(rows.at_length().tolist(), key=stays.__getitem__):
             reason = self.stop.reason(running[i])
             if reason:
                 ending.append((running[i], reason, i))
@@ -573,35 +570,29 @@ class ChunkedScheduler:
         those it filled, then ends its finished rows. (Only an eviction, taking a cached
         block and forgetting its content, makes the order between them matter.)"""
         running, kv = self.running, self.kv_cache
-        fillers, filled_at = recurring(self.rows.first_full_block(), steps, self.block_size)
-        gone = np.flatnonzero(stays < steps)
-        if len(gone):  # a row fills no block after it left
-            kept = filled_at <= stays[fillers]
-            fillers, filled_at = fillers[kept], filled_at[kept]
-        if not len(takers):  # no eviction: the leaving rows' blocks may go after the rest
-            gone = gone[:0]
-        if not len(fillers) and not len(takers):
-            return
-        rows = np.concatenate([takers, fillers, gone])
-        at = np.concatenate([taken_at, filled_at, stays[gone]])
-        kinds = np.repeat([0, 1, 2], [len(takers), len(fillers), len(gone)])  # take, fill, go
-        if len(takers) or len(gone):  # fillers come in the steps' order already
-            order = np.lexsort((rows, kinds, at))
-            rows, at, kinds = rows[order], at[order], kinds[order]
-        before = self.rows.computed[rows].tolist()
-        for i, computed, step, kind in zip(
-            rows.tolist(), before, at.tolist(), kinds.tolist(), strict=True
-        ):
-            request = running[i]
-            if kind == 1:
-                request.num_computed = computed + step
-                kv.cache_computed_blocks(request)
-            elif kind == 0:
-                kv.take_blocks([request])
+        fillers, filled_at = recurring(self.rows.first_full_block(), steps, self.block_size, stays)
+        # (step, kind, row): a step's takes, then its registrations, then its rows leaving.
+        events = list(zip(filled_at.tolist(), itertools.repeat(_FILL), fillers.tolist()))
+        if len(takers):  # else the leaving rows' blocks may go after the rest (no eviction)
+            gone = (stays < steps).nonzero()[0]
+            events += zip(taken_at.tolist(), itertools.repeat(_TAKE), takers.tolist())
+            events += zip(stays[gone].tolist(), itertools.repeat(_GO), gone.tolist())
+            events.sort()
+        computed = self.rows.computed[: len(running)].tolist()  # before the run
+        taking: list[Request] = []  # takes in a row, taken at once
+        for step, kind, row in events:
+            if kind == _TAKE:
+                taking.append(running[row])
+                continue
+            if taking:
+                kv.take_blocks(taking)
+                taking = []
+            if kind == _FILL:
+                kv.cache_computed_blocks(running[row], computed[row] + step)
             else:
-                kv.free(request)  # finishing it later frees nothing more
-        for i, computed in zip(rows.tolist(), before, strict=True):
-            running[i].num_computed = computed
+                kv.free(running[row])  # finishing it later frees nothing more
+        if taking:
+            kv.take_blocks(taking)
 
     def abort(self, request: Request, message: str, now: float) -> None:
         """Ends a request before its stop (its client left): its blocks go back at once."""

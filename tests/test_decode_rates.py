@@ -110,6 +110,20 @@ def test_decode_rates_equal_the_terms_on_every_shipped_model_profile_precision_a
         np.testing.assert_allclose(got, ends, rtol=1e-12, atol=0)
 
 
+def test_the_rates_grow_to_the_most_rows_a_run_has():
+    cost = CostModel(spec_of(**TINY), dataclasses.replace(DEVICE, pads_to_buckets=False))
+    steps = [np.full(rows, 40) + j for j, rows in enumerate([3, 64, 300, 129])]
+    got = cost.decode_seconds(
+        np.array([len(lens) for lens in steps]),
+        np.array([lens.sum() for lens in steps]),
+        np.array([(-(-lens // 16)).sum() for lens in steps]),
+    )
+    np.testing.assert_allclose(got, [by_terms(cost, lens, 16) for lens in steps], rtol=1e-12)
+    many = np.full(700, 33)  # a single step beyond the table: it grows
+    shape = StepShape(16, None, (1024, 1), decode_lens=many)
+    assert cost.step_time(shape) == pytest.approx(by_terms(cost, many, 16), rel=1e-12)
+
+
 def test_a_miss_adds_the_recompile_penalty_to_a_decode_step():
     cost = CostModel(spec_of(**TINY), dataclasses.replace(DEVICE, pads_to_buckets=False))
     lens = np.array([5, 40, 17])

@@ -20,6 +20,7 @@ from pipeline.slo import EarlyVerdict, Slo
 from stages.kv_cache import KVCacheManager
 from stages.request import DecodeRun
 from stages.running_rows import RunningRows, listed_blocks, recurring
+from stages.scheduler import ChunkedScheduler
 from stages.stopping import StopRule
 from tests.helpers import make_config
 
@@ -101,7 +102,16 @@ def assert_leaps_change_nothing(overrides: list[str]) -> tuple[dict, Leapt]:
     books = [(e.scheduler.kv_cache.num_free_blocks, e.model.recompiles, e.model.clock()) for e in
              (alone_engine, engine)]  # fmt: skip
     assert books[0][:2] == books[1][:2] and math.isclose(books[0][2], books[1][2])
+    assert kv_books(alone_engine.scheduler.kv_cache) == kv_books(engine.scheduler.kv_cache)
     return leapt, steps
+
+
+def kv_books(kv: KVCacheManager) -> tuple[int, list[bytes]]:
+    """The free blocks, and the cached blocks' contents, least recently used first: what
+    the order of a run's takes, registrations and frees decides. (Which block holds what
+    may differ: the blocks a run takes at once are numbered otherwise.)"""
+    cached = [] if kv.prefix is None else [kv.prefix.hash_of[b] for b in kv.prefix.unheld]
+    return kv.pool.num_free, cached
 
 
 SLOW = pytest.mark.slow  # each case serves twice; two stay in the quick suite
@@ -316,13 +326,14 @@ def test_recurring_events_come_in_the_order_steps_meet_them(steps):
 
 
 @pytest.mark.parametrize("stays", [None, [40, 40, 40, 40, 40], [3, 40, 17, 1, 40]])
-def test_listed_blocks_count_each_steps_blocks_row_by_row(stays):
+@pytest.mark.parametrize("block_size", [16, 64, 1])  # several blocks a row, one at most, each step
+def test_listed_blocks_count_each_steps_blocks_row_by_row(stays, block_size):
     lens = np.array([1, 15, 16, 17, 40])
     left = np.array(stays) if stays else None
-    blocks = listed_blocks(lens, 40, 16, left)
+    blocks = listed_blocks(lens, 40, block_size, left)
     staying = [[j < (stays[i] if stays else 40) for i in range(5)] for j in range(40)]
-    by_hand = [sum(int(np.ceil((n + j) / 16)) for n, on in zip(lens, staying[j], strict=True) if on)
-               for j in range(40)]  # fmt: skip
+    by_hand = [sum(math.ceil((n + j) / block_size) for n, on in zip(lens, staying[j], strict=True)
+                   if on) for j in range(40)]  # fmt: skip
     assert blocks.tolist() == by_hand
 
 
@@ -356,3 +367,26 @@ def test_the_blocks_free_bound_a_run_where_a_step_would_run_short(limit, free, s
     expected = next((j for j in range(limit) if sum(taken[: j + 1]) > free), limit)
     left = np.array(stays) if stays else None
     assert rows.steps_with_blocks(free, limit, left) == expected
+
+
+def test_leaps_register_full_blocks_with_and_without_evictions(monkeypatch):
+    """A leap keeps two orders with prefix caching: where the free blocks cover its takes,
+    every take first and then each full block registered; where a take evicts, the takes,
+    registrations and leaving rows step by step. Both give what steps one by one give."""
+    evicting, registered = [], []
+    take_and_register = ChunkedScheduler._take_and_register
+    cache_blocks = KVCacheManager.cache_computed_blocks
+
+    def spy_orders(self, takers, *args):
+        evicting.append(len(takers) > 0)
+        take_and_register(self, takers, *args)
+
+    def spy_registrations(self, request, num_computed=None):
+        if num_computed is not None:  # a leap's, at the step that filled the block
+            registered.append(evicting[-1])
+        cache_blocks(self, request, num_computed)
+
+    monkeypatch.setattr(ChunkedScheduler, "_take_and_register", spy_orders)
+    monkeypatch.setattr(KVCacheManager, "cache_computed_blocks", spy_registrations)
+    assert_leaps_change_nothing(["hardware=h100", "prefix_caching=true", "num_blocks=48", *SPREAD])
+    assert set(registered) == {True, False}, "a leap registering blocks in each order"

@@ -25,7 +25,14 @@ from omegaconf import OmegaConf
 
 from pipeline.build import build
 from pipeline.calibrate.published import REPO, PublishedRow, row_config, simulate_row
-from stages.simulator.cost_model import CostModel, StepAmounts, StepWork, padded_work, real_work
+from stages.simulator.cost_model import (
+    CostModel,
+    StepAmounts,
+    StepWork,
+    decode_sums,
+    padded_work,
+    real_work,
+)
 from stages.simulator.hardware import HardwareProfile
 from stages.simulator.precision import Precision
 
@@ -51,10 +58,13 @@ AMOUNT_CODE = (
     StepWork,
     padded_work,
     real_work,
+    decode_sums,
     StepAmounts,
     CostModel.amounts,
     CostModel.amounts_of,
     CostModel._rows_amounts,
+    CostModel._token_amounts,
+    CostModel._sampled_amounts,
 )
 # Profile figures that decide the KV pool, and so the schedule; the speeds do not.
 SCHEDULE_FIELDS = ("hbm_capacity_gib", "graph_memory_gib", "kv_headroom", "pads_to_buckets")

@@ -57,6 +57,10 @@ RECOMPILE = "recompile"
 # KV slots and blocks of a decode step far beyond any real one, where decode_rates checks
 # that a step's time is still affine in them.
 AFFINE_PROBE = (1 << 24, 1 << 20)
+# Row counts the table of decode rates grows by (each costs a few step evaluations).
+RATE_ROWS = 64
+# Decode rows beyond which a step's sums are numpy's (each numpy call costs a few us).
+MANY_ROWS = 32
 
 
 # StepWork and StepAmounts are values nothing changes once made; not frozen, as a simulated
@@ -131,9 +135,12 @@ def decode_sums(shape: StepShape) -> tuple[int, int, int]:
     lens = shape.decode_lens
     if shape.decode is not None and shape.decode[0] and not len(lens):
         raise ValueError("the device computes real tokens: give StepShape.decode_lens")
-    if isinstance(lens, np.ndarray):  # the metadata builder's (a method: no np wrapper)
-        return len(lens), int(lens.sum()), int(ceil_div(lens, shape.block_size).sum())
-    return len(lens), sum(lens), sum(ceil_div(n, shape.block_size) for n in lens)
+    bs = shape.block_size
+    if isinstance(lens, np.ndarray):  # the metadata builder's
+        if len(lens) > MANY_ROWS:
+            return len(lens), int(lens.sum()), int(ceil_div(lens, bs).sum())
+        lens = lens.tolist()  # a few rows: Python's sums cost less than numpy's calls
+    return len(lens), sum(lens), sum([ceil_div(n, bs) for n in lens])
 
 
 @dataclass(slots=True)
@@ -245,7 +252,8 @@ class CostModel:
         self._weight_scale = precision.weight_bytes(dtype) / dtype
         self._kv_scale = precision.kv_bytes(dtype) / dtype
         self._kv_slot = spec.kv_bytes_per_token(tp) * self._kv_scale  # bytes of one KV slot
-        self._by_rows: dict[tuple, dict[str, Any]] = {}  # see _rows_amounts
+        self._by_tokens: dict[float, dict[str, Any]] = {}  # see _token_amounts
+        self._by_sampled: dict[float, dict[str, Any]] = {}  # see _sampled_amounts
         # decode_rates by row count, and as a [3, row counts] array (_decode_rate_table)
         self._decode_rates: list[tuple[float, float, float]] = []
         self._rate_table = np.zeros((3, 0))
@@ -277,15 +285,18 @@ class CostModel:
         or each step's), each step's KV slots and blocks, on a device that computes real
         tokens: step_time's, many steps at once (a run of steps a simulated device does in
         one go), by each row count's decode rates."""
-        most = int(rows.max()) if isinstance(rows, np.ndarray) else rows
-        fixed, per_slot, per_block = self._decode_rate_table(most)[:, rows]
+        try:
+            fixed, per_slot, per_block = self._rate_table[:, rows]
+        except IndexError:  # a row count beyond the table: grown to twice the most
+            most = int(rows.max()) if isinstance(rows, np.ndarray) else rows
+            fixed, per_slot, per_block = self._decode_rate_table(most)[:, rows]
         return fixed + per_slot * slots + per_block * blocks
 
     def _decode_rate_table(self, rows: int) -> np.ndarray:
-        """[3, row counts] decode_rates of 0, 1, ... rows (at least `rows`): made once,
-        doubled when a larger count comes."""
+        """[3, row counts] decode_rates of 0, 1, ... rows (at least `rows`): made once, in
+        steps of RATE_ROWS row counts as larger ones come."""
         if len(self._decode_rates) <= rows:
-            more = range(len(self._decode_rates), max(2 * rows, 64))
+            more = range(len(self._decode_rates), (rows // RATE_ROWS + 1) * RATE_ROWS)
             self._decode_rates += [self.decode_rates(n) for n in more]
             self._rate_table = np.array(self._decode_rates).T
         return self._rate_table
@@ -337,10 +348,15 @@ class CostModel:
         )
 
     def _rows_amounts(self, tokens: Any, sampled: Any) -> dict[str, Any]:
-        """The amounts set by a step's rows alone (its GEMMs, lm head and all-reduces),
-        kept per row count for plain numbers: a run's steps repeat few of them."""
-        key = (tokens, sampled) if isinstance(tokens, int | float) else None
-        known = self._by_rows.get(key) if key is not None else None
+        """The amounts set by a step's rows alone: by its tokens (its GEMMs and
+        all-reduces) and by its sampled rows (its lm head)."""
+        return {**self._token_amounts(tokens), **self._sampled_amounts(sampled)}
+
+    def _token_amounts(self, tokens: Any) -> dict[str, Any]:
+        """The amounts a step's tokens set, kept per count for plain numbers: steps repeat
+        few of them (a mixed step's chunk and decode rows, a decode step's rows)."""
+        plain = isinstance(tokens, int | float)
+        known = self._by_tokens.get(tokens) if plain else None
         if known is not None:
             return known
         spec, tp = self.spec, self.tp
@@ -349,13 +365,25 @@ class CostModel:
             "linear_flops": spec.linear_flops(tokens, tp),
             "linear_bytes": spec.linear_bytes(tokens, tp) * self._weight_scale,
             "gemms": GEMMS_PER_LAYER * spec.num_layers if tokens > 0 else 0,
-            "lm_head_flops": spec.lm_head_flops(sampled, tp),
-            "lm_head_bytes": spec.lm_head_bytes(sampled, tp),
             "allreduce_bytes": spec.allreduce_bytes(tokens, tp),
             "allreduce_calls": ALLREDUCES_PER_LAYER * spec.num_layers if sharded else 0,
         }
-        if key is not None:
-            self._by_rows[key] = amounts
+        if plain:
+            self._by_tokens[tokens] = amounts
+        return amounts
+
+    def _sampled_amounts(self, sampled: Any) -> dict[str, Any]:
+        """The amounts a step's sampled rows set (its lm head), kept per count likewise."""
+        plain = isinstance(sampled, int | float)
+        known = self._by_sampled.get(sampled) if plain else None
+        if known is not None:
+            return known
+        amounts = {
+            "lm_head_flops": self.spec.lm_head_flops(sampled, self.tp),
+            "lm_head_bytes": self.spec.lm_head_bytes(sampled, self.tp),
+        }
+        if plain:
+            self._by_sampled[sampled] = amounts
         return amounts
 
     def rooflines(self, shape: StepShape) -> dict[str, float]:

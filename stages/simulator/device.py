@@ -121,7 +121,8 @@ class SimulatedDevice:
         rows, widths = run.padded_rows, run.widths
         changes = (rows[1:] != rows[:-1]) | (widths[1:] != widths[:-1])
         starts = [0, *(changes.nonzero()[0] + 1).tolist()]
-        shapes = list(zip(rows[starts].tolist(), widths[starts].tolist(), strict=True))
+        each_rows, each_width = rows.tolist(), widths.tolist()
+        shapes = [(each_rows[i], each_width[i]) for i in starts]
         times = self._decode_times(run, shapes, starts)
         new: dict[tuple[int, int], int] = {}  # each graph not compiled yet: its first step
         for shape, i in zip(shapes, starts, strict=True):
