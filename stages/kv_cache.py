@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import heapq
+import itertools
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -126,11 +127,19 @@ class PrefixCache:
                 block_of[content] = block
                 hash_of[block] = content
 
+    def hold_fresh(self, blocks: Iterable[int]) -> None:
+        """One holder for each block, blocks nobody held and whose content is unknown (just
+        taken from the pool or evicted): `hold` without its look into the LRU."""
+        refs = self.refs
+        for block in blocks:
+            refs[block] = 1
+
     def evict(self, count: int) -> list[int]:
         """The count least recently used cached blocks, their content forgotten."""
-        popitem, block_of, forget = self.unheld.popitem, self.block_of, self.hash_of.pop
-        blocks = [popitem(last=False)[0] for _ in range(count)]
+        unheld, block_of, forget = self.unheld, self.block_of, self.hash_of.pop
+        blocks = list(itertools.islice(unheld, count))  # least recently used first
         for block in blocks:
+            del unheld[block]
             del block_of[forget(block)]
         return blocks
 
@@ -283,6 +292,8 @@ class KVCacheManager:
         table = self._tables.setdefault(request.seq_id, [])
         if cached:
             self.prefix.hold(cached)
+            # A cached block's content is registered already (that is how it was found).
+            self._registered[request.seq_id] = len(cached)
         table.extend(cached)
         table.extend(self._take(max(0, new)))
         return True
@@ -303,7 +314,7 @@ class KVCacheManager:
         if count > from_pool:
             blocks += self.prefix.evict(count - from_pool)
         if self.prefix is not None:
-            self.prefix.hold(blocks)
+            self.prefix.hold_fresh(blocks)
         return blocks
 
     def free(self, request: Request) -> None:

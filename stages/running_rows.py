@@ -52,7 +52,7 @@ class RunningRows:
         self.computed[row] = request.num_computed
         self.outputs[row] = len(request.output_ids)
         self.prompt[row] = request.num_prompt_tokens
-        self.held[row] = self.kv_cache.slots_held([request])[0]
+        self.held[row] = len(self.kv_cache.block_table(request)) * self.kv_cache.block_size
         self.limit[row] = self.stop.length_limit(request)
         self.checked[row] = self.stop.checks_each_token(request)
 
@@ -112,14 +112,16 @@ class RunningRows:
         self.outputs[rows] += 1
 
     def to_look_at(self, rows: slice | np.ndarray, filled: bool) -> list[int]:
-        """Which of the rows (their places among `rows`) StopRule.reason could end now:
-        those it checks at every token, and those whose length reached their limit; with
-        `filled`, also those whose computed tokens just filled a block (end on its
-        boundary). One array expression: a step's rows are often a handful."""
-        look = self.prompt[rows] + self.outputs[rows] >= self.limit[rows]
+        """Which of the decode rows just advanced (their places among `rows`) StopRule.reason
+        could end now: those it checks at every token, and those whose length reached their
+        limit; with `filled`, also those whose computed tokens just filled a block (end on
+        its boundary). One array expression: a step's rows are often a handful."""
+        computed = self.computed[rows]
+        # A decode row's tokens are its computed ones and the one it just sampled.
+        look = computed >= self.limit[rows] - 1
         look |= self.checked[rows]
         if filled:
-            look |= self.computed[rows] % self.kv_cache.block_size == 0
+            look |= computed % self.kv_cache.block_size == 0
         return look.nonzero()[0].tolist()
 
     # -- runs of decode steps (a simulated device's leaps) ---------------------------------

@@ -28,26 +28,24 @@ class StepShape:
     miss: bool = False  # the bucket is outside the prepared (warmed) set
 
     def __post_init__(self) -> None:
+        # Checked at every step, so in few calls: min() on the tuples, the array's own min
+        # (np.min costs more).
+        prefill, decode, lens = self.prefill, self.decode, self.decode_lens
+        chunks, contexts = self.chunk_lens, self.context_lens
         if self.block_size < 1:
             raise ValueError(f"StepShape: block_size={self.block_size} must be >= 1")
-        for name, dims, size in (("prefill", self.prefill, 3), ("decode", self.decode, 2)):
-            if dims is not None and (len(dims) != size or min(dims) < 0):
-                raise ValueError(
-                    f"StepShape: {name}={dims} must be {size} dimensions, none negative"
-                )
-        if len(self.context_lens) not in (0, len(self.chunk_lens)):
+        if prefill is not None and (len(prefill) != 3 or min(prefill) < 0):
+            raise ValueError(f"StepShape: prefill={prefill} must be 3 dimensions, none negative")
+        if decode is not None and (len(decode) != 2 or min(decode) < 0):
+            raise ValueError(f"StepShape: decode={decode} must be 2 dimensions, none negative")
+        if contexts and len(contexts) != len(chunks):
             raise ValueError(
-                f"StepShape: {len(self.context_lens)} context_lens for "
-                f"{len(self.chunk_lens)} chunk_lens; give one per prefill row"
+                f"StepShape: {len(contexts)} context_lens for {len(chunks)} chunk_lens; "
+                "give one per prefill row"
             )
-        # Checked at every step: min() on the tuples, the array's own min (np.min costs more).
-        decode = self.decode_lens
         if (
-            (self.chunk_lens and min(self.chunk_lens) < 0)
-            or (self.context_lens and min(self.context_lens) < 0)
-            or (
-                len(decode)
-                and (decode.min() if isinstance(decode, np.ndarray) else min(decode)) < 0
-            )
+            (chunks and min(chunks) < 0)
+            or (contexts and min(contexts) < 0)
+            or (len(lens) and (lens.min() if isinstance(lens, np.ndarray) else min(lens)) < 0)
         ):
             raise ValueError("StepShape: chunk, context and decode lengths must be >= 0")
