@@ -169,11 +169,13 @@ class RunningRows:
         n = self.size
         return (self.prompt[:n] + self.outputs[:n] >= self.limit[:n]).nonzero()[0]
 
-    def advance_by(self, steps: np.ndarray, new_blocks: np.ndarray) -> None:
-        """Each row decoded `steps` tokens and took `new_blocks` blocks (one per row)."""
+    def advance_by(self, steps: np.ndarray, takers: np.ndarray) -> None:
+        """Each row decoded `steps` tokens, and each of `takers` took a block (a row as
+        often as it is listed)."""
         n = self.size
         self._numbers[:2, :n] += steps  # computed and outputs
-        self.held[:n] += new_blocks * self.kv_cache.block_size
+        if len(takers):
+            self.held[:n] += np.bincount(takers, minlength=n) * self.kv_cache.block_size
 
     def mirrors(self, running: Sequence[Request]) -> bool:
         """Whether every row equals its request (what the tests check after each step)."""
