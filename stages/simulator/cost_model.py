@@ -22,7 +22,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -58,7 +58,7 @@ RECOMPILE = "recompile"
 # that a step's time is still affine in them.
 AFFINE_PROBE = (1 << 24, 1 << 20)
 # Row counts the table of decode rates grows by (each costs a few step evaluations).
-RATE_ROWS = 64
+RATE_ROWS = 32
 # Decode rows beyond which a step's sums are numpy's (each numpy call costs a few us).
 MANY_ROWS = 32
 
@@ -174,6 +174,16 @@ class StepAmounts:
         )
 
 
+class SeparableRates(NamedTuple):
+    """Seconds of one unit of the parts of a step that each set one term alone."""
+
+    per_pair: float  # a query-key pair of prefill attention, bound by its FLOPs
+    per_key: float  # a key prefill attention reads, bound by its bytes
+    per_slot: float  # a KV slot decode attention reads
+    per_block: float  # a KV block gathered
+    overhead: float
+
+
 def _roof(a: Any, b: Any) -> Any:
     """The larger of two times, each a number or an array (numpy's maximum is slow on
     plain numbers, and a simulated device asks for one step's terms at every step)."""
@@ -254,6 +264,11 @@ class CostModel:
         self._kv_slot = spec.kv_bytes_per_token(tp) * self._kv_scale  # bytes of one KV slot
         self._by_tokens: dict[float, dict[str, Any]] = {}  # see _token_amounts
         self._by_sampled: dict[float, dict[str, Any]] = {}  # see _sampled_amounts
+        # _mixed_seconds' parts: the seconds a step's tokens and its sampled rows set, by
+        # count, and separable_rates (None until asked)
+        self._token_seconds: dict[float, float] = {}
+        self._sampled_seconds: dict[float, float] = {}
+        self._separable: SeparableRates | None = None
         # decode_rates by row count, and as a [3, row counts] array (_decode_rate_table)
         self._decode_rates: list[tuple[float, float, float]] = []
         self._rate_table = np.zeros((3, 0))
@@ -404,13 +419,71 @@ class CostModel:
         step); a decode-only step on a device that computes real tokens by its row count's
         decode_rates, as decode_seconds prices a run of them."""
         recompile = self.hardware.recompile_s if shape.miss else 0.0
-        if shape.prefill is None and not self.hardware.pads_to_buckets:
+        if self.hardware.pads_to_buckets:
+            return float(self.seconds_of(self.amounts(shape))) + recompile
+        if shape.prefill is None:
             rows, slots, blocks = decode_sums(shape)
             if rows >= len(self._decode_rates):
                 self._decode_rate_table(rows)
             fixed, per_slot, per_block = self._decode_rates[rows]
             return fixed + per_slot * slots + per_block * blocks + recompile
-        return float(self.seconds_of(self.amounts(shape))) + recompile
+        if self.prefill_batch_split > 1:  # its all-reduce hides under its compute
+            return float(self.seconds_of(self.amounts(shape))) + recompile
+        return self._mixed_seconds(real_work(shape)) + recompile
+
+    def _mixed_seconds(self, w: StepWork) -> float:
+        """A step with a prefill on a device that computes real tokens, its batch not split:
+        what its tokens set (GEMMs, KV writes, all-reduces) and what its sampled rows set
+        (the lm head), each kept per count, its prefill attention (a roofline of its
+        query-key pairs and its keys), its KV slots and blocks at their rates, the overhead
+        (separable_rates)."""
+        rates = self._separable or self.separable_rates()
+        token = self._token_seconds.get(w.linear_tokens)
+        if token is None:
+            token = self._token_seconds[w.linear_tokens] = self._part_seconds(
+                StepWork(w.linear_tokens, kv_writes=w.linear_tokens)
+            )
+        sampled = self._sampled_seconds.get(w.sampled_rows)
+        if sampled is None:
+            sampled = self._sampled_seconds[w.sampled_rows] = self._part_seconds(
+                StepWork(sampled_rows=w.sampled_rows)
+            )
+        prefill = max(w.prefill_pairs * rates.per_pair, w.prefill_keys * rates.per_key)
+        decode = w.decode_slots * rates.per_slot + w.blocks * rates.per_block
+        return token + sampled + prefill + decode + rates.overhead
+
+    def separable_rates(self) -> SeparableRates:
+        """The seconds of one query-key pair, one key, one KV slot and one block, each from
+        the terms themselves, and the overhead: with what a step's tokens and its sampled
+        rows set, the parts _mixed_seconds sums. Steps far out check that the terms still
+        fall apart so (no term reads two parts, the prefill attention is a roofline)."""
+        pair, key, slot, block = (
+            self._part_seconds(StepWork(*one))
+            for one in ((0, 1, 0, 0, 0, 0, 0), (0, 0, 1, 0, 0, 0, 0))
+            + ((0, 0, 0, 1, 0, 0, 0), (0, 0, 0, 0, 0, 0, 1))
+        )
+        overhead = self.coefficients[OVERHEAD]
+        self._separable = rates = SeparableRates(pair, key, slot, block, overhead)
+        # Prefill attention bound by its FLOPs, by its keys, and at about the ridge.
+        keys = 1 << 20
+        pairs = max(1, round(keys * rates.per_key / rates.per_pair)) if rates.per_pair else 1
+        for ways in ((pairs, keys), (4 * pairs, keys), (pairs, 4 * keys)):
+            far = StepWork(5000, *ways, 1 << 24, 5000, 300, 1 << 20)
+            exact = float(self.seconds_of(self.amounts_of(far)))
+            by_parts = self._mixed_seconds(far)
+            if not math.isclose(by_parts, exact, rel_tol=1e-9):
+                self._separable = None
+                raise RuntimeError(
+                    f"a mixed step of {far} takes {exact} s, not the {by_parts} s its parts "
+                    "give: the terms no longer fall apart into what tokens, sampled rows, "
+                    "prefill attention, KV slots and blocks set, and _mixed_seconds needs "
+                    "another form"
+                )
+        return rates
+
+    def _part_seconds(self, work: StepWork) -> float:
+        """The terms' seconds of a part of a step's work, without the overhead."""
+        return sum(self._weighted_terms(work).values())
 
     def seconds_of(self, amounts: StepAmounts) -> Any:
         """Seconds of steps given by their amounts (stacked: an array, one per step): the

@@ -1,8 +1,8 @@
-"""A decode-only step's time by its row count's rates (fixed + per KV slot + per block), the
-fast form every decode step of a simulated run is priced by, against the cost model's terms
-summed one by one (breakdown) on every shipped model, hardware profile, precision and tp;
-its guard against a term that is no longer affine; a run of decode steps against the same
-steps one at a time."""
+"""The fast forms a simulated run prices its steps by, against the cost model's terms summed
+one by one (breakdown) on every shipped model, hardware profile, precision and tp: a
+decode-only step by its row count's rates (fixed + per KV slot + per block), a step with a
+prefill by its separable parts; their guards against terms that no longer take those
+forms; a run of decode steps against the same steps one at a time."""
 
 from __future__ import annotations
 
@@ -32,6 +32,7 @@ MODELS = sorted(p.stem for p in (CONF / "model" / "spec").glob("*.yaml"))
 PROFILES = sorted(p.stem for p in (CONF / "hardware").glob("*.yaml") if p.stem != "measured")
 PRECISIONS = [Precision(q, kv) for q, kv in itertools.product(Quantization, KvCacheDtype)]
 TPS = (1, 2, 4, 8)
+FP8 = Precision(Quantization.fp8, KvCacheDtype.fp8)
 
 
 @cache
@@ -48,15 +49,16 @@ def shipped() -> tuple[dict[str, ModelSpec], dict[str, HardwareProfile]]:
 def models_to_check() -> list[CostModel]:
     """Every shipped model on every profile (a padding one made to compute real tokens, to
     price its figures the same way): every precision at tp 1, every tp the model splits to
-    in bf16 with a batch split of 4; random coefficients, so that every term (the blocks'
-    too) weighs."""
+    in bf16, the largest in FP8 with a prefill batch split of 4; random coefficients, so
+    that every term (the blocks' too) weighs."""
     specs, profiles = shipped()
     rng = np.random.default_rng(7)
     models = []
     for spec, hw in itertools.product(specs.values(), profiles.values()):
         hw = dataclasses.replace(hw, pads_to_buckets=False)
         ways = [(1, p, 1) for p in PRECISIONS]
-        ways += [(tp, PRECISIONS[0], 4) for tp in TPS[1:] if valid_tp(spec, tp)]
+        tps = [tp for tp in TPS[1:] if valid_tp(spec, tp)]
+        ways += [(tp, PRECISIONS[0], 1) for tp in tps] + [(tps[-1], FP8, 4)]
         for tp, precision, split in ways:
             coefficients = dict(zip(TERMS, rng.uniform(0, 3, len(TERMS)), strict=True))
             coefficients["kv_blocks"] = rng.uniform(0, 50)
@@ -110,6 +112,24 @@ def test_decode_rates_equal_the_terms_on_every_shipped_model_profile_precision_a
         np.testing.assert_allclose(got, ends, rtol=1e-12, atol=0)
 
 
+def mixed_shape(rng: np.random.Generator, block_size: int) -> StepShape:
+    """A step of 1 to 3 prefill chunks (1 to 8192 tokens, after 0 to 20,000 cached) and 0
+    to 40 decode rows."""
+    chunks = tuple(int(n) for n in rng.integers(1, 8193, rng.integers(1, 4)))
+    contexts = tuple(int(n) for n in rng.integers(0, 20_001, len(chunks)) * rng.integers(0, 2))
+    lens = rng.integers(1, 20_000, rng.integers(0, 41))
+    return StepShape(block_size, (len(chunks), 1, 1), (len(lens), 1), chunks, contexts, lens)
+
+
+def test_mixed_steps_equal_the_terms_on_every_shipped_model_profile_precision_and_tp():
+    rng = np.random.default_rng(13)
+    for cost in models_to_check():
+        block_size = int(rng.choice([16, 64, 128]))
+        for shape in [mixed_shape(rng, block_size) for _ in range(3)]:
+            expected = sum(cost.breakdown(shape).values())
+            assert cost.step_time(shape) == pytest.approx(expected, rel=1e-12, abs=0)
+
+
 def test_the_rates_grow_to_the_most_rows_a_run_has():
     cost = CostModel(spec_of(**TINY), dataclasses.replace(DEVICE, pads_to_buckets=False))
     steps = [np.full(rows, 40) + j for j, rows in enumerate([3, 64, 300, 129])]
@@ -146,6 +166,25 @@ def test_a_term_no_longer_affine_in_the_slots_is_refused(monkeypatch):
         cost.decode_seconds(3, np.array([100, 103]), np.array([9, 9]))
     with pytest.raises(RuntimeError, match="no longer affine"):
         cost.step_time(StepShape(16, None, (4, 8), decode_lens=np.array([5, 40, 17])))
+
+
+@pytest.mark.parametrize("change", ["lm head by tokens", "prefill attention summed"])
+def test_terms_that_no_longer_fall_apart_are_refused(monkeypatch, change):
+    def coupled(a, *args, **kwargs):
+        terms = term_seconds(a, *args, **kwargs)
+        if change == "lm head by tokens":  # the lm head slowed by the step's tokens
+            return terms | {"lm_head": terms["lm_head"] * (1 + a.linear_flops * 1e-9)}
+        # prefill attention's FLOPs and bytes added, not a roofline
+        hw = args[0]
+        both = a.prefill_attention_flops / hw.attention_flops_per_s
+        return terms | {"prefill_attention": both + a.prefill_kv_bytes / hw.memory_bytes_per_s}
+
+    term_seconds = cost_model.term_seconds
+    monkeypatch.setattr(cost_model, "term_seconds", coupled)
+    cost = CostModel(spec_of(**TINY), dataclasses.replace(DEVICE, pads_to_buckets=False))
+    shape = StepShape(16, (1, 32, 2), (2, 4), (20,), (5,), np.array([17, 40]))
+    with pytest.raises(RuntimeError, match="no longer fall apart"):
+        cost.step_time(shape)
 
 
 def test_a_run_of_decodes_equals_its_steps_one_by_one_when_widths_come_back():
