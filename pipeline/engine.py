@@ -378,6 +378,9 @@ class Engine:
     ) -> int:
         """Hands on a leap's tokens, its ended requests and its run; returns its steps."""
         on_tokens(run.requests)
+        if not finished:  # nothing comes between its steps
+            leaps.done(run)
+            return run.steps
         # As step by step, the last step counts once its ended requests are handed on
         # (which may stop the run).
         leaps.done(run.first(run.steps - 1))

@@ -92,10 +92,10 @@ class Buckets:
         """The prepared size each value pads to, as `fit` finds it, for the leading values
         that have one: the result stops at the first beyond the largest size."""
         sizes = self.sizes[name]
-        at = np.searchsorted(sizes, values)
+        at = sizes.searchsorted(values)  # (np.searchsorted's wrapper costs more than it)
         if at.max() < len(sizes):  # the common case: every value has one
             return sizes[at]
-        return sizes[at[: np.flatnonzero(at == len(sizes))[0]]]
+        return sizes[at[: (at == len(sizes)).nonzero()[0][0]]]
 
     def pad(self, kind: str, dims: Mapping[str, int]) -> tuple[tuple[int, ...], bool]:
         """(the bucket of a `kind` step needing `dims`, whether every size is prepared)."""

@@ -210,9 +210,13 @@ class KVCacheManager:
         kept on the request (a prompt's when admission first looks it up). A drawn prompt
         that names its prefixes (stages.trace) gives its blocks' identities by name, never
         drawing its ids; the blocks after it are hashed from it by content."""
+        return self._hashes_to(request, num_blocks)[:num_blocks]
+
+    def _hashes_to(self, request: Request, num_blocks: int) -> list[bytes]:
+        """The request's kept hashes, made up to at least its first num_blocks blocks."""
         chain, bs = request.block_hashes, self.block_size
         if len(chain) >= num_blocks:
-            return chain[:num_blocks]
+            return chain
         # The blocks the prompt lies in, once (a decode's blocks come after them).
         if len(chain) < blocks_for(request.num_prompt_tokens, bs):
             if isinstance(request.prompt_ids, PromptIds):
@@ -224,7 +228,7 @@ class KVCacheManager:
             for j in range(num_blocks - len(chain)):
                 parent = chain_hash(parent, data[j * width : (j + 1) * width])
                 chain.append(parent)
-        return chain[:num_blocks]
+        return chain
 
     def _named_blocks(
         self,
@@ -239,14 +243,17 @@ class KVCacheManager:
         chain, bs = request.block_hashes, self.block_size
         num_prompt = request.num_prompt_tokens
         whole = min(num_blocks, num_prompt // bs)
-        names = prefix_keys(range((len(chain) + 1) * bs, (whole + 1) * bs, bs))
-        if names is None:
-            return
-        chain.extend(names)
+        if len(chain) < whole:
+            names = prefix_keys(range((len(chain) + 1) * bs, (whole + 1) * bs, bs))
+            if names is None:
+                return
+            chain.extend(names)
         if len(chain) == whole < num_blocks and num_prompt % bs:
-            (name,) = prefix_keys([num_prompt])
+            names = prefix_keys([num_prompt])
+            if names is None:
+                return
             outputs = request.output_ids[: (whole + 1) * bs - num_prompt]
-            data = name + np.asarray(outputs, dtype=np.int32).tobytes()
+            data = names[0] + np.asarray(outputs, dtype=np.int32).tobytes()
             chain.append(hashlib.blake2b(data, digest_size=16, person=NAMED_PROMPT).digest())
 
     def cache_computed_blocks(self, request: Request, num_computed: int | None = None) -> None:
@@ -258,10 +265,10 @@ class KVCacheManager:
         full = computed // self.block_size
         done = self._registered.get(request.seq_id, 0)
         if full > done:  # the common case, a decode within a block, returns here
-            table = self.block_table(request)
+            table = self._tables.get(request.seq_id, [])
             full = min(full, len(table))
-            chain = self.block_hashes(request, full)
-            self.prefix.register(table[done:full], chain[done:])
+            chain = self._hashes_to(request, full)
+            self.prefix.register(table[done:full], chain[done:full])
             self._registered[request.seq_id] = full
 
     def cache_computed_blocks_of(self, requests: Sequence[Request]) -> None:

@@ -19,6 +19,7 @@ from stages.request import Request
 from stages.stopping import StopRule
 
 FIELDS = ("computed", "outputs", "prompt", "held", "limit", "checked")
+NUMBERS = FIELDS[:-1]  # the whole numbers, kept as the rows of one array
 
 
 class RunningRows:
@@ -26,18 +27,23 @@ class RunningRows:
         self.kv_cache = kv_cache
         self.stop = stop
         self.size = 0
-        capacity = max(1, capacity)
-        self.computed = np.zeros(capacity, np.int64)  # num_computed
-        self.outputs = np.zeros(capacity, np.int64)  # output tokens
-        self.prompt = np.zeros(capacity, np.int64)  # prompt tokens
-        self.held = np.zeros(capacity, np.int64)  # tokens its blocks have room for
-        self.limit = np.zeros(capacity, np.int64)  # num_tokens at which `length` ends it
-        self.checked = np.zeros(capacity, bool)  # StopRule.reason asked at every token
+        # computed: num_computed; outputs: output tokens; prompt: prompt tokens; held: tokens
+        # its blocks have room for; limit: num_tokens at which `length` ends it. One array,
+        # so that taking rows out moves them all at once.
+        self._numbers = np.zeros((len(NUMBERS), max(1, capacity)), np.int64)
+        self.checked = np.zeros(max(1, capacity), bool)  # StopRule.reason asked at every token
+        self._name_numbers()
+
+    def _name_numbers(self) -> None:
+        self.computed, self.outputs, self.prompt, self.held, self.limit = self._numbers
 
     def append(self, request: Request) -> None:
-        if self.size == len(self.computed):
-            for name in FIELDS:
-                setattr(self, name, np.resize(getattr(self, name), 2 * self.size))
+        if self.size == len(self.checked):
+            grown = np.zeros((len(NUMBERS), 2 * self.size), np.int64)
+            grown[:, : self.size] = self._numbers
+            self._numbers = grown
+            self.checked = np.resize(self.checked, 2 * self.size)
+            self._name_numbers()
         self.size += 1
         self.read(self.size - 1, request)
 
@@ -63,17 +69,15 @@ class RunningRows:
 
     def remove(self, row: int) -> None:
         end = self.size
-        for name in FIELDS:
-            values = getattr(self, name)
-            values[row : end - 1] = values[row + 1 : end]
+        self._numbers[:, row : end - 1] = self._numbers[:, row + 1 : end]
+        self.checked[row : end - 1] = self.checked[row + 1 : end]
         self.size -= 1
 
     def keep(self, rows: np.ndarray) -> None:
         """Only these rows stay, in this (increasing) order: the others are gone."""
         n = len(rows)
-        for name in FIELDS:
-            values = getattr(self, name)
-            values[:n] = values[rows]
+        self._numbers[:, :n] = self._numbers[:, rows]
+        self.checked[:n] = self.checked[rows]
         self.size = n
 
     def not_plain_decodes(self) -> tuple[list[int], int]:
@@ -165,12 +169,13 @@ class RunningRows:
         n = self.size
         return (self.prompt[:n] + self.outputs[:n] >= self.limit[:n]).nonzero()[0]
 
-    def advance_by(self, steps: np.ndarray, new_blocks: np.ndarray) -> None:
-        """Each row decoded `steps` tokens and took `new_blocks` blocks (one per row)."""
+    def advance_by(self, steps: np.ndarray, takers: np.ndarray) -> None:
+        """Each row decoded `steps` tokens, and each of `takers` took a block (a row as
+        often as it is listed)."""
         n = self.size
-        self.computed[:n] += steps
-        self.outputs[:n] += steps
-        self.held[:n] += new_blocks * self.kv_cache.block_size
+        self._numbers[:2, :n] += steps  # computed and outputs
+        if len(takers):
+            self.held[:n] += np.bincount(takers, minlength=n) * self.kv_cache.block_size
 
     def mirrors(self, running: Sequence[Request]) -> bool:
         """Whether every row equals its request (what the tests check after each step)."""

@@ -475,7 +475,7 @@ class ChunkedScheduler:
         kept = np.ones(len(self.running), dtype=bool)
         kept[[row for _, _, row in ending]] = False
         self.running[:] = itertools.compress(self.running, kept.tolist())
-        self.rows.keep(np.flatnonzero(kept))
+        self.rows.keep(kept.nonzero()[0])
         for (request, reason, _), now in zip(ending, times, strict=True):
             self.kv_cache.free(request)
             request.block_hashes = []
@@ -540,7 +540,7 @@ class ChunkedScheduler:
             self._take_and_register(takers, taken_at, run.stays, steps)
         for request, stayed in zip(running, stays, strict=True):
             request.num_computed += stayed
-        rows.advance_by(run.stays, np.bincount(takers, minlength=run.rows))
+        rows.advance_by(run.stays, takers)
         ending: list[tuple[Request, FinishReason, int]] = []
         for i in sorted(rows.at_length().tolist(), key=stays.__getitem__):
             reason = self.stop.reason(running[i])
