@@ -269,9 +269,9 @@ class CostModel:
         self._token_seconds: dict[float, float] = {}
         self._sampled_seconds: dict[float, float] = {}
         self._separable: SeparableRates | None = None
-        # decode_rates by row count, and as a [3, row counts] array (_decode_rate_table)
+        # decode_rates by row count, and as three arrays by row count (_decode_rate_table)
         self._decode_rates: list[tuple[float, float, float]] = []
-        self._rate_table = np.zeros((3, 0))
+        self._rate_table: tuple[np.ndarray, ...] = (np.zeros(0),) * 3
 
     def with_coefficients(self, coefficients: Mapping[str, float]) -> CostModel:
         merged = {**self.coefficients, **coefficients}
@@ -301,19 +301,19 @@ class CostModel:
         tokens: step_time's, many steps at once (a run of steps a simulated device does in
         one go), by each row count's decode rates."""
         try:
-            fixed, per_slot, per_block = self._rate_table[:, rows]
-        except IndexError:  # a row count beyond the table: grown to twice the most
-            most = int(rows.max()) if isinstance(rows, np.ndarray) else rows
-            fixed, per_slot, per_block = self._decode_rate_table(most)[:, rows]
+            fixed, per_slot, per_block = [column[rows] for column in self._rate_table]
+        except IndexError:  # a row count beyond the table
+            fixed, per_slot, per_block = [column[rows] for column in self._decode_rate_table(rows)]
         return fixed + per_slot * slots + per_block * blocks
 
-    def _decode_rate_table(self, rows: int) -> np.ndarray:
-        """[3, row counts] decode_rates of 0, 1, ... rows (at least `rows`): made once, in
-        steps of RATE_ROWS row counts as larger ones come."""
-        if len(self._decode_rates) <= rows:
-            more = range(len(self._decode_rates), (rows // RATE_ROWS + 1) * RATE_ROWS)
+    def _decode_rate_table(self, rows: int | np.ndarray) -> tuple[np.ndarray, ...]:
+        """decode_rates of 0, 1, ... rows (at least the most of `rows`) as three arrays by
+        row count: made once, in steps of RATE_ROWS row counts as larger ones come."""
+        most = int(rows.max()) if isinstance(rows, np.ndarray) else rows
+        if len(self._decode_rates) <= most:
+            more = range(len(self._decode_rates), (most // RATE_ROWS + 1) * RATE_ROWS)
             self._decode_rates += [self.decode_rates(n) for n in more]
-            self._rate_table = np.array(self._decode_rates).T
+            self._rate_table = tuple(np.array(self._decode_rates).T)
         return self._rate_table
 
     def decode_rates(self, rows: int) -> tuple[float, float, float]:
