@@ -74,8 +74,12 @@ class StepRecord:
 
 
 def padded_dims(shape: StepShape) -> dict[str, list[int]]:
-    parts = (("prefill", shape.prefill), ("decode", shape.decode))
-    return {name: list(dims) for name, dims in parts if dims is not None}
+    padded = {}
+    if shape.prefill is not None:
+        padded["prefill"] = list(shape.prefill)
+    if shape.decode is not None:
+        padded["decode"] = list(shape.decode)
+    return padded
 
 
 @dataclass

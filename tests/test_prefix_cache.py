@@ -159,6 +159,46 @@ def test_block_states_hold_for_any_workload_with_shared_prefixes(
     check_blocks(sched)
 
 
+class RegistersEveryBlock(KVCacheManager):
+    """The plain rule: a request registers all its full blocks from its first, those its
+    cached prefix gave it included (registering a known content changes nothing)."""
+
+    def allocate_slots(self, request, num_new_tokens, cached=()):
+        taken = super().allocate_slots(request, num_new_tokens, cached)
+        self._registered.pop(request.seq_id, None)
+        return taken
+
+
+@settings(max_examples=30, deadline=None)
+@given(tails=st.lists(st.integers(1, 12), min_size=2, max_size=8), seed=st.integers(0, 1000))
+def test_a_cached_prefix_is_not_registered_again_and_the_cache_is_the_same(tails, seed):
+    """Admission counts a cached prefix's blocks as registered; the cache (contents, LRU
+    order, holders) equals the plain rule's after every step."""
+    caches = []
+    for kv_class in (KVCacheManager, RegistersEveryBlock):
+        rng = np.random.default_rng(seed)
+        prefix = rng.integers(0, 50, 3 * BS).tolist()
+        reqs = [
+            request(i, prefix + rng.integers(0, 50, t).tolist(), 3) for i, t in enumerate(tails)
+        ]
+        kv = kv_class(-(-(3 * BS + 12 + 3) // BS) + 6, BS, prefix_caching=True)
+        limits = {"max_tokens": 2 * BS, "max_num_seqs": 2, "max_model_len": 10_000}
+        given = schema_kwargs(ChunkedSchedulerConf, **limits)
+        sched = ChunkedScheduler(kv_cache=kv, stop=StopRule((), 10_000), **given)
+        states = []
+        for r in reqs:
+            sched.add(r)
+        while sched.has_work:
+            plan = sched.schedule()
+            sched.update(plan, Samples(np.zeros(len(plan.sampled_requests), np.int64)), 0.0)
+            p = kv.prefix
+            states.append((dict(p.block_of), dict(p.hash_of), list(p.unheld), list(p.refs)))
+            assert len(states) < 2_000, "the scheduler did not finish"
+        caches.append(states)
+    assert caches[0] == caches[1]
+    assert any(r.cached_tokens for r in reqs), "some request found a cached prefix"
+
+
 # ---------------------------------------------------------------------------------------------
 # Tokens: caching on equals caching off equals the dense oracle.
 
