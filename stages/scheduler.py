@@ -497,8 +497,12 @@ class ChunkedScheduler:
         left = rows.steps_to_length()
         leaving = 0 if self.waiting else int(min(finishes, n - 1))
         # The step the leaving-th row (from 0, in the order they leave) reaches its length.
-        last = left.max() if leaving == n - 1 else np.partition(left, leaving)[leaving]
-        steps = min(limit, int(last if leaving else left.min()))
+        if leaving == n - 1 or not leaving:  # the common runs: the last or the first
+            ahead = left.tolist()
+            last = max(ahead) if leaving else min(ahead)
+        else:
+            last = int(np.partition(left, leaving)[leaving])
+        steps = min(limit, last)
         steps = rows.steps_with_blocks(self.kv_cache.num_free_blocks, steps, left)
         if steps < 1:
             return None
