@@ -173,7 +173,8 @@ class RunningRows:
         """Each row decoded `steps` tokens, and each of `takers` took a block (a row as
         often as it is listed)."""
         n = self.size
-        self._numbers[:2, :n] += steps  # computed and outputs
+        self.computed[:n] += steps
+        self.outputs[:n] += steps
         if len(takers):
             self.held[:n] += np.bincount(takers, minlength=n) * self.kv_cache.block_size
 

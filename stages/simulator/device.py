@@ -151,7 +151,8 @@ class SimulatedDevice:
             return self.cost.decode_seconds(rows, run.slots(), run.blocks)
         bs = run.block_size
         per_shape = [self._step_time(StepShape(bs, None, shape)) for shape in shapes]
-        return np.repeat(per_shape, np.diff([*starts, run.steps]))
+        counts = [end - start for start, end in zip(starts, [*starts[1:], run.steps], strict=True)]
+        return np.repeat(per_shape, counts)
 
     def _step_time(self, shape: Any) -> float:
         if not self.hardware.pads_to_buckets:
