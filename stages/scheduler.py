@@ -440,11 +440,11 @@ class ChunkedScheduler:
         decode = plan.decode
         if len(tokens) != len(decode):
             raise ValueError(f"{len(tokens)} decode samples for {len(decode)} decode rows")
-        # The appends run in C (map over bound list.append), a token each: a trace has
-        # tens of millions.
-        _consume(map(list.append, map(_OUTPUT_IDS, decode), tokens))
-        _consume(map(list.append, map(_TOKEN_TIMES, decode), itertools.repeat(now)))
-        for request in decode:
+        # One pass over the requests (a step's rows are often a handful; each request is
+        # visited once, with its token, its time and its count).
+        for request, token in zip(decode, tokens, strict=True):
+            request.output_ids.append(token)
+            request.token_times.append(now)
             request.num_computed += 1
         if logprobs is not None:
             for request, entry in zip(decode, logprobs, strict=True):
@@ -455,7 +455,7 @@ class ChunkedScheduler:
         # The rows whose token filled a block or that may stop; StopRule.reason ends none
         # of the others.
         looked_at = [(k, decode[k]) for k in self.rows.to_look_at(running_rows, prefix)]
-        if prefix:
+        if prefix and looked_at:
             filled = [request for _, request in looked_at if request.num_computed % bs == 0]
             self.kv_cache.cache_computed_blocks_of(filled)
         for k, request in looked_at:

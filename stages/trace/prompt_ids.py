@@ -124,8 +124,12 @@ class SeededPromptIds(PromptIds):
         whose blocks are shared through hash ids and so are known by their content."""
         if not isinstance(self._key, int):
             return None
-        if ends and not 0 < min(ends) <= max(ends) <= self._length:
-            raise ValueError(f"prefix_keys from {min(ends)} to {max(ends)} of {self._length} ids")
+        if ends:
+            # A range (what admission asks for) gives its ends without a pass over it.
+            rising = isinstance(ends, range) and ends.step > 0
+            low, high = (ends[0], ends[-1]) if rising else (min(ends), max(ends))
+            if not 0 < low <= high <= self._length:
+                raise ValueError(f"prefix_keys from {low} to {high} of {self._length} ids")
         pack, tag, line = PREFIX_KEY.pack, self._source.tag, self._key
         return [pack(tag, line, end) for end in ends]
 
