@@ -10,7 +10,7 @@ import pytest
 from pipeline.calibrate.fit import fit, pattern_search
 from pipeline.calibrate.published import DATA, PublishedRow, offline_limits, read_rows, simulate_row
 from pipeline.calibrate.recorded import Recorded, record
-from stages.simulator.cost_model import StepAmounts
+from stages.simulator.step_work import StepAmounts
 
 # The figures a fit changes, fixed here so that a test does not follow the shipped profiles.
 TEST_FIGURES = {

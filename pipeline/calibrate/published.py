@@ -42,10 +42,11 @@ from pipeline.compose import compose_config
 from pipeline.metrics import StepTotals
 from stages.arithmetic import ceil_div
 from stages.request import FinishReason, Request
-from stages.simulator.cost_model import CostModel, StepAmounts
+from stages.simulator.cost_model import CostModel
 from stages.simulator.device import SimulatedDevice, VirtualClock
 from stages.simulator.hardware import HardwareProfile, kv_pool_blocks
 from stages.simulator.precision import KvCacheDtype, Precision, Quantization
+from stages.simulator.step_work import StepAmounts
 
 # The source checkout: the published figures, shipped profiles and fit start live beside the code.
 REPO = Path(__file__).resolve().parents[2]

@@ -25,16 +25,10 @@ from omegaconf import OmegaConf
 
 from pipeline.build import build
 from pipeline.calibrate.published import REPO, PublishedRow, row_config, simulate_row
-from stages.simulator.cost_model import (
-    CostModel,
-    StepAmounts,
-    StepWork,
-    decode_sums,
-    padded_work,
-    real_work,
-)
+from stages.simulator.cost_model import CostModel
 from stages.simulator.hardware import HardwareProfile
 from stages.simulator.precision import Precision
+from stages.simulator.step_work import StepAmounts
 
 # The code a recorded schedule and its amounts come from: any change records afresh. The
 # cost model's file counts by what sets a step's amounts, not by how they are timed (a
@@ -55,11 +49,6 @@ SOURCES = (
 )
 TIMING = REPO / "stages" / "simulator" / "cost_model.py"
 AMOUNT_CODE = (
-    StepWork,
-    padded_work,
-    real_work,
-    decode_sums,
-    StepAmounts,
     CostModel.amounts,
     CostModel.amounts_of,
     CostModel._rows_amounts,

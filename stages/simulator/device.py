@@ -18,9 +18,10 @@ import numpy as np
 from stages.metadata import ForwardMeta
 from stages.model_spec import ModelSpec
 from stages.request import DecodeRun, Request, Samples
-from stages.simulator.cost_model import CostModel, StepAmounts
+from stages.simulator.cost_model import CostModel
 from stages.simulator.hardware import HardwareProfile
 from stages.simulator.precision import BF16, Precision
+from stages.simulator.step_work import StepAmounts
 from stages.step_shape import StepShape
 
 
