@@ -163,7 +163,6 @@ class StepResult:
     plan: StepPlan
     meta: ForwardMeta | None  # None when the plan had nothing to run
     finished: list[Request]  # requests that stopped after this step's samples
-    sampled: list[Request] = field(default_factory=list)  # the plan's sampled_requests
 
 
 class Engine:
@@ -204,10 +203,9 @@ class Engine:
             return StepResult(plan, None, [])
         meta = self.metadata.build(plan)
         logits = self.model.forward(meta, self.attention)
-        sampled = plan.sampled_requests
-        samples = self.sampler.sample(logits, sampled)
+        samples = self.sampler.sample(logits, plan.sampled_requests)
         finished = self.scheduler.update(plan, samples, now())
-        return StepResult(plan, meta, finished, sampled)
+        return StepResult(plan, meta, finished)
 
     def leap(
         self, until: Callable[[], float], finishes: float = 0
@@ -399,7 +397,7 @@ class Engine:
         `index`); returns the steps recorded: 0 where the plan only failed requests."""
         t = self.clock()
         result = self.step(self.clock)
-        on_tokens(result.sampled)
+        on_tokens(result.plan.sampled_requests)
         self._release(result.plan.failed + result.finished, on_finish)
         if result.meta is None:
             if result.plan.failed:

@@ -11,6 +11,7 @@ met that bound.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -62,7 +63,7 @@ class Slo:
     def of(cls, node: Mapping[str, Any] | None) -> Slo:
         return cls(**dict(node or {}))
 
-    @property
+    @functools.cached_property  # asked at every finish of a probe: made once
     def bounds(self) -> dict[str, float]:
         """The bounds that are set, by key."""
         return {name: getattr(self, name) for name in MEASURES if getattr(self, name) > 0}
@@ -78,11 +79,10 @@ def _met(r: Request, name: str, bound_ms: float) -> bool:
     return value is not None and value * 1e3 <= bound_ms
 
 
-def is_good(r: Request, slo: Slo, bounds: Mapping[str, float] | None = None) -> bool:
-    """Served, and within every bound that is set (`bounds`: slo.bounds, made already)."""
-    bounds = slo.bounds if bounds is None else bounds
+def is_good(r: Request, slo: Slo) -> bool:
+    """Served, and within every bound that is set."""
     return r.finish_reason != FinishReason.ERROR and all(
-        _met(r, name, bound) for name, bound in bounds.items()
+        _met(r, name, bound) for name, bound in slo.bounds.items()
     )
 
 
@@ -210,7 +210,6 @@ class EarlyVerdict:
         # Only the bounds that are set have requests to watch: the others are never asked
         # (the engine asks before every step).
         self.watches = [watch for watch in watches if watch.ordered]
-        self.bounds = slo.bounds
         self.missed: set[int] = set()  # seq_ids of the requests counted as missed
         self.missed_in_flight = 0
         self.finished = 0
@@ -219,7 +218,7 @@ class EarlyVerdict:
 
     def on_finish(self, r: Request) -> None:
         self.finished += 1
-        if r.seq_id not in self.missed and not is_good(r, self.slo, self.bounds):
+        if r.seq_id not in self.missed and not is_good(r, self.slo):
             self.missed.add(r.seq_id)
 
     def __call__(self, now: float) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import abc
 import enum
+import functools
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -185,7 +186,7 @@ class StepPlan:
             return _MIXED if self.decode else _EXTEND
         return _DECODE
 
-    @property
+    @functools.cached_property  # the sampler and the engine both read it, once planned
     def sampled_requests(self) -> list[Request]:
         """One row of logits per entry, in the order the model returns them."""
         return [c.request for c in self.prefill] + self.decode

@@ -52,7 +52,7 @@ class RunningRows:
         self.computed[row] = request.num_computed
         self.outputs[row] = len(request.output_ids)
         self.prompt[row] = request.num_prompt_tokens
-        self.held[row] = len(self.kv_cache.block_table(request)) * self.kv_cache.block_size
+        self.held[row] = self.kv_cache.slots_held([request])[0]
         self.limit[row] = self.stop.length_limit(request)
         self.checked[row] = self.stop.checks_each_token(request)
 
