@@ -201,24 +201,36 @@ class Engine:
         plan = self.scheduler.schedule(now())
         if plan.empty:
             return StepResult(plan, None, [])
-        meta = self.metadata.build(plan)
+        return self._run(plan, self.metadata.build(plan), now)
+
+    def _run(self, plan: StepPlan, meta: ForwardMeta, now: Callable[[], float]) -> StepResult:
+        """The scheduled step, laid out in `meta`, through the model, sampler and update."""
         logits = self.model.forward(meta, self.attention)
         samples = self.sampler.sample(logits, plan.sampled_requests)
         finished = self.scheduler.update(plan, samples, now())
         return StepResult(plan, meta, finished)
 
     def leap(
-        self, until: Callable[[], float], finishes: float = 0
+        self,
+        until: Callable[[], float],
+        finishes: float = 0,
+        head: tuple[StepPlan, ForwardMeta] | None = None,
     ) -> tuple[DecodeRun, list[Request]] | None:
         """Where the next steps can only decode the running requests, does as many at once
         as start before `until()` (up to MAX_LEAP_STEPS), letting up to `finishes` requests
-        finish before the last: what they would do one by one. Returns the run and the
-        requests it finished; None where the next step runs alone (until is not asked)."""
+        finish before the last: what they would do one by one. `head`: a step scheduled and
+        built, not run, that the run starts with (it admits requests; see the scheduler's
+        decodes_after). Returns the run and the requests it finished; None where the next
+        step runs alone (until is not asked)."""
         token = self.sampler.fixed_token
         if token is None:
             return None
-        run = self.scheduler.steady_decodes(MAX_LEAP_STEPS, finishes)
-        run = self.metadata.pad_decodes(run) if run else None
+        if head is None:
+            run = self.scheduler.steady_decodes(MAX_LEAP_STEPS, finishes)
+            run = self.metadata.pad_decodes(run) if run else None
+        else:
+            run = self.scheduler.decodes_after(head[0], MAX_LEAP_STEPS, finishes)
+            run = self.metadata.pad_decodes(run, head[1]) if run else None
         if run is None:
             return None
         ends = self.model.run_decodes(run, until())
@@ -354,7 +366,7 @@ class Engine:
             if leaps and (leapt := self.leap(leaps.until, leaps.finishes())):
                 index += self._hand_on_leap(*leapt, leaps, on_tokens, on_finish)
                 continue
-            index += self._step_once(index, on_step, on_tokens, on_finish)
+            index += self._step_once(index, on_step, on_tokens, on_finish, leaps)
         return clock()
 
     def _admit(self, arrivals: Arrivals, on_finish: Callable[[Request], None]) -> None:
@@ -374,16 +386,10 @@ class Engine:
         on_tokens: Callable[[list[Request]], None],
         on_finish: Callable[[Request], None],
     ) -> int:
-        """Hands on a leap's tokens, its ended requests and its run; returns its steps."""
+        """Hands on a leap's tokens, its run and its ended requests; returns its steps."""
         on_tokens(run.requests)
-        if not finished:  # nothing comes between its steps
-            leaps.done(run)
-            return run.steps
-        # As step by step, the last step counts once its ended requests are handed on
-        # (which may stop the run).
-        leaps.done(run.first(run.steps - 1))
+        leaps.done(run)
         self._release(finished, on_finish)
-        leaps.done(run.last())
         return run.steps
 
     def _step_once(
@@ -392,19 +398,27 @@ class Engine:
         on_step: Callable[[StepRecord], None],
         on_tokens: Callable[[list[Request]], None],
         on_finish: Callable[[Request], None],
+        leaps: Leaps | None = None,
     ) -> int:
         """Runs one step and hands on its tokens, its ended requests and its record (step
-        `index`); returns the steps recorded: 0 where the plan only failed requests."""
+        `index`); returns the steps recorded: 0 where the plan only failed requests. With
+        `leaps`, a step that admits requests may start a leap (returns its steps)."""
         t = self.clock()
-        result = self.step(self.clock)
-        on_tokens(result.plan.sampled_requests)
-        self._release(result.plan.failed + result.finished, on_finish)
-        if result.meta is None:
-            if result.plan.failed:
+        plan = self.scheduler.schedule(t)
+        if plan.empty:
+            on_tokens([])
+            self._release(plan.failed, on_finish)
+            if plan.failed:
                 return 0
             raise RuntimeError("the scheduler found nothing to run while requests wait")
+        meta = self.metadata.build(plan)
+        if leaps and (leapt := self.leap(leaps.until, leaps.finishes(), (plan, meta))):
+            return self._hand_on_leap(*leapt, leaps, on_tokens, on_finish)
+        result = self._run(plan, meta, self.clock)
+        on_tokens(plan.sampled_requests)
+        self._release(plan.failed + result.finished, on_finish)
         duration = self.clock() - t
-        on_step(StepRecord.of(index, result.plan, result.meta, duration, self.record_lengths))
+        on_step(StepRecord.of(index, plan, meta, duration, self.record_lengths))
         return 1
 
     def _release(self, requests: list[Request], on_finish: Callable[[Request], None]) -> None:

@@ -100,7 +100,7 @@ class StepTotals:
         """A run of decode steps done at once (a simulated device's leap)."""
         self.num_steps += run.steps
         self.num_tokens += run.num_tokens
-        self.padded_tokens += int(run.padded_rows.sum()) if run.padded_rows is not None else 0
+        self.padded_tokens += run.padded_tokens
 
     @classmethod
     def of(cls, steps: Sequence[StepRecord]) -> StepTotals:

@@ -98,6 +98,11 @@ class Scheduler(Protocol):
         (up to `finishes` of them before the last step); None where the next step may
         differ. What lets a simulated device run many steps at once (a leap)."""
 
+    def decodes_after(self, plan: StepPlan, limit: int, finishes: float = 0) -> DecodeRun | None:
+        """Where the plan just scheduled admits requests whose whole prompts it prefills
+        beside every running request's decode: its step and the steady ones after it, as
+        one run that starts with it (its head); None where it does not."""
+
     def advance_decodes(self, run: DecodeRun, token: int, ends: list[float]) -> list[Request]:
         """Does what the run's steps' updates do, each row getting `token` at each step's
         end time while it stays; returns the requests the run finished, in order."""
@@ -125,9 +130,9 @@ class MetadataBuilder(Protocol):
     def warmup_counts(self, mixed: bool, padded_budget: bool = True) -> dict[str, int]:
         """The graphs each phase of warmup_shapes compiles, counted without listing them."""
 
-    def pad_decodes(self, run: DecodeRun) -> DecodeRun | None:
+    def pad_decodes(self, run: DecodeRun, head: ForwardMeta | None = None) -> DecodeRun | None:
         """The run with each step's decode bucket, as many steps as stay within prepared
-        buckets; None where the first does not."""
+        buckets; None where the first does not. `head`: the built first step, kept."""
 
 
 class Attention(Protocol):

@@ -322,14 +322,25 @@ class HPUMetadataBuilder:
             needed=needed,
         )
 
-    def pad_decodes(self, run: DecodeRun) -> DecodeRun | None:
+    def pad_decodes(self, run: DecodeRun, head: ForwardMeta | None = None) -> DecodeRun | None:
         """The run's decode buckets, step by step, as build() pads each step: as many
         steps as stay within the prepared buckets (a miss is counted by build(), one step
-        at a time); None where the first step misses."""
-        rows = self.buckets.fit_prepared("decode_batch", run.batch)
+        at a time); None where the first step misses. `head`: the run's first step, built
+        by build() (its buckets, misses counted, are the first step's)."""
         widths = self.buckets.fit_prepared("decode_blocks", run.blocks)
+        if run.leaving:
+            rows = self.buckets.fit_prepared("decode_batch", run.batch)
+        else:  # the common run: as many rows at every step
+            size, prepared = self.buckets.fit("decode_batch", run.rows)
+            rows = np.full(len(widths) if prepared else 0, size)
         steps = min(len(rows), len(widths))
-        return run.padded(rows[:steps], widths[:steps]) if steps else None
+        if head is None:
+            return run.padded(rows[:steps], widths[:steps]) if steps else None
+        if not steps:  # the head alone: the steps after it grow from its rows, so miss too
+            rows, widths, steps = np.zeros(1, np.int64), np.zeros(1, np.int64), 1
+        rows, widths = rows[:steps], widths[:steps]  # new arrays: written in place
+        rows[0], widths[0] = head.shape.decode or (0, 0)
+        return run.padded(rows, widths, head)
 
     def dummy(
         self, prefill: tuple[int, int, int] | None, decode: tuple[int, int] | None

@@ -8,8 +8,12 @@ import functools
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:  # the metadata builds on requests and plans
+    from stages.metadata import ForwardMeta
 
 # Every request gets its own sequence number: stages key their state by it, never by the
 # user's id, which two lines of a file may share.
@@ -194,11 +198,17 @@ class StepPlan:
 
 @dataclass(eq=False)
 class DecodeRun:
-    """Decode-only steps of the running requests one after another, with nothing else the
+    """Decode steps of the running requests one after another, with nothing else the
     scheduler could do between them (no arrival, admission or preemption; no stop but
     the length limits): what a simulated device runs at once, a leap, giving exactly what
     as many steps one by one give. Row i decodes in the first stays[i] steps, the last of
-    which ends it, and leaves the batch; in step j (from 0) it attends lens[i] + j tokens."""
+    which ends it, and leaves the batch; in step j (from 0) it attends lens[i] + j tokens.
+
+    A run may start with the step that admitted requests (its `head`, built as any step):
+    its last `joining` rows prefill their whole prompts in it and decode from the next step
+    on. Each counts as a decode of its last prompt token there (lens: its prompt's tokens;
+    its first output is that step's sample), in every array; what the first step runs,
+    its time and its totals are the head's own."""
 
     requests: list[Request]  # the rows, in the scheduler's order
     lens: np.ndarray  # [rows] each row's tokens in the first step, its new one included
@@ -208,6 +218,8 @@ class DecodeRun:
     # [steps] each step's decode bucket, rows and blocks, once the metadata builder padded it
     padded_rows: np.ndarray | None = None
     widths: np.ndarray | None = None
+    joining: int = 0  # the last rows, which prefill in the first step (the head's)
+    head: ForwardMeta | None = None  # the first step, where joining rows prefill in it
     # [steps] the rows each step decodes, once asked (a part of a run takes its share)
     _batch: np.ndarray | None = field(default=None, init=False, repr=False)
 
@@ -221,13 +233,23 @@ class DecodeRun:
 
     @property
     def num_tokens(self) -> int:
-        """Tokens decoded over the run: one per row and step it stays."""
-        return int(self.stays.sum())
+        """Tokens computed over the run: one per row and step it stays, the head's own."""
+        decoded = int(self.stays.sum())
+        return decoded if self.head is None else decoded - self.rows + self.head.num_tokens
 
     @property
+    def padded_tokens(self) -> int:
+        """Tokens computed with their padding, once the metadata builder padded the run."""
+        assert self.padded_rows is not None, "pad the run first"
+        padded = int(self.padded_rows.sum())
+        if self.head is None:
+            return padded
+        return padded - int(self.padded_rows[0]) + self.head.padded_tokens
+
+    @functools.cached_property
     def leaving(self) -> bool:
         """Whether a row leaves before the last step."""
-        return self.steps > 0 and bool(self.batch[-1] < self.rows)
+        return self.steps > 0 and bool(self.stays.min() < self.steps)
 
     @property
     def batch(self) -> np.ndarray:
@@ -260,23 +282,27 @@ class DecodeRun:
             return self
         return self._part(self.lens, np.minimum(self.stays, steps), slice(steps))
 
-    def padded(self, rows: np.ndarray, widths: np.ndarray) -> DecodeRun:
+    def padded(
+        self, rows: np.ndarray, widths: np.ndarray, head: ForwardMeta | None = None
+    ) -> DecodeRun:
         """The run's first len(rows) steps, each padded to a bucket of `rows` rows and
-        `widths` blocks (the metadata builder's)."""
+        `widths` blocks (the metadata builder's), with its head step where it has one."""
         steps = len(rows)
         stays = self.stays if steps == self.steps else np.minimum(self.stays, steps)
         run = DecodeRun(self.requests, self.lens, stays, self.blocks[:steps], self.block_size,
-                        rows, widths)  # fmt: skip
+                        rows, widths, self.joining, head)  # fmt: skip
         if self._batch is not None:
             run._batch = self._batch[:steps]
         return run
 
     def _part(self, lens: np.ndarray, stays: np.ndarray, steps: slice) -> DecodeRun:
-        padded, widths = self.padded_rows, self.widths
+        padded, widths, blocks = self.padded_rows, self.widths, self.blocks[steps]
+        first = len(blocks) > 0 and steps.indices(self.steps)[0] == 0  # it has the head step
         run = DecodeRun(
-            self.requests, lens, stays, self.blocks[steps], self.block_size,
+            self.requests, lens, stays, blocks, self.block_size,
             padded[steps] if padded is not None else None,
             widths[steps] if widths is not None else None,
+            self.joining if first else 0, self.head if first else None,
         )  # fmt: skip
         if self._batch is not None:
             run._batch = self._batch[steps]

@@ -125,10 +125,10 @@ class RunningRows:
         return look.nonzero()[0].tolist()
 
     # -- runs of decode steps (a simulated device's leaps) ---------------------------------
-    def only_decoding_to_length(self) -> bool:
-        """Whether every row is a decode (it has output and one token left to compute) that
-        only its length limit may end (StopRule.reason need not see its every token)."""
-        n = self.size
+    def only_decoding_to_length(self, n: int) -> bool:
+        """Whether each of the first n rows is a decode (it has output and one token left to
+        compute) that only its length limit may end (StopRule.reason need not see its
+        every token)."""
         outputs = self.outputs[:n]
         others = (self.computed[:n] + 1 != self.prompt[:n] + outputs) | (outputs == 0)
         return not (others | self.checked[:n]).any()

@@ -489,16 +489,54 @@ class ChunkedScheduler:
         row (StopRule checks no row's every token); a row that reaches it leaves the run
         there, and at most `finishes` rows leave before its last step (none while a
         request waits: their blocks may let it in)."""
-        rows, n = self.rows, len(self.running)
+        n = len(self.running)
         if not n or n > self.max_tokens or self._may_admit(self.max_tokens - n):
             return None
-        if not rows.only_decoding_to_length():
+        if not self.rows.only_decoding_to_length(n):
             return None
+        return self._decode_run(limit, finishes)
+
+    def decodes_after(self, plan: StepPlan, limit: int, finishes: float = 0) -> DecodeRun | None:
+        """The step of `plan` (the last schedule() gave, not run yet) and those after it, up
+        to `limit` in all, as steady_decodes gives them, where the plan's step admits
+        requests that each prefill their whole prompt beside every running request's
+        decode, and each produces two tokens at least (its head step then ends none of
+        them); None where it does not, or a later step may do anything else. Each
+        admitted row counts as a decode of its last prompt token (DecodeRun's joining)."""
+        step, running, rows = self._step, self.running, self.rows
+        if step is None or step.plan is not plan or plan.preempted or plan.failed:
+            return None
+        n, joining = len(running), len(plan.prefill)
+        old = n - joining
+        if not joining or len(plan.decode) != old or step.prefill != list(range(old, n)):
+            return None
+        if n > self.max_tokens or self._may_admit(self.max_tokens - n):
+            return None
+        # Few rows join at once: they are looked at one by one.
+        for row, chunk in enumerate(plan.prefill, old):
+            request = chunk.request
+            if chunk.end != request.num_prompt_tokens or request.output_ids:
+                return None
+            if rows.limit[row] - request.num_prompt_tokens < 2 or rows.checked[row]:
+                return None
+        if rows.checked[:old].any():  # (the plan decodes every other row)
+            return None
+        for row, chunk in enumerate(plan.prefill, old):
+            rows.computed[row] = chunk.end - 1  # its last prompt token's "decode"
+        run = self._decode_run(limit, finishes, joining)
+        if run is None:  # the rows mirror their requests again
+            rows.computed[old:n] = [chunk.start for chunk in plan.prefill]
+        return run
+
+    def _decode_run(self, limit: int, finishes: float, joining: int = 0) -> DecodeRun | None:
+        """steady_decodes' run from the rows as they stand (their last `joining` prefilling
+        in the first step)."""
+        rows, n = self.rows, len(self.running)
         left = rows.steps_to_length()
         leaving = 0 if self.waiting else int(min(finishes, n - 1))
         # The step the leaving-th row (from 0, in the order they leave) reaches its length.
+        ahead = left.tolist()
         if leaving == n - 1 or not leaving:  # the common runs: the last or the first
-            ahead = left.tolist()
             last = max(ahead) if leaving else min(ahead)
         else:
             last = int(np.partition(left, leaving)[leaving])
@@ -507,8 +545,9 @@ class ChunkedScheduler:
         if steps < 1:
             return None
         lens, stays = rows.computed[:n] + 1, np.minimum(left, steps)
-        blocks = listed_blocks(lens, steps, self.block_size, stays)
-        return DecodeRun(list(self.running), lens, stays, blocks, self.block_size)
+        leaves = min(ahead) < steps  # a row leaves before the last step
+        blocks = listed_blocks(lens, steps, self.block_size, stays if leaves else None)
+        return DecodeRun(list(self.running), lens, stays, blocks, self.block_size, joining=joining)
 
     def _may_admit(self, left: int) -> bool:
         """Whether a step whose decodes leave `left` of the budget could admit the first
@@ -532,6 +571,13 @@ class ChunkedScheduler:
         running, rows, kv = self.running, self.rows, self.kv_cache
         if run.requests != running:
             raise ValueError("advance_decodes takes the run steady_decodes just returned")
+        if run.joining:  # the head step: its plan is done here, not by update
+            self._step = None
+            for request in running[len(running) - run.joining :]:
+                request.num_computed = request.num_prompt_tokens - 1  # as rows count it
+                # Its prompt's blocks register first: its blocks were taken when it was
+                # scheduled, and the decodes take and fill theirs after.
+                kv.cache_computed_blocks(request, request.num_prompt_tokens)
         stays = run.stays.tolist()
         self._append_tokens(token, ends, stays)
         takers, taken_at = recurring(rows.first_new_block(), steps, bs, run.stays)

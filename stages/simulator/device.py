@@ -102,13 +102,18 @@ class SimulatedDevice:
         return self.cost.warmup_time(len(self.compiled))
 
     def forward(self, meta: ForwardMeta, attention: Any = None) -> None:
-        shape = meta.shape
+        seconds, compiles = self._compile_and_time(meta.shape)
+        self.clock.advance(seconds)
+        if self.recorded is not None:
+            self.recorded.append((self.cost.amounts(meta.shape), compiles))
+
+    def _compile_and_time(self, shape: StepShape) -> tuple[float, int]:
+        """A step's seconds, the graphs it is the first to use compiled in them, and how
+        many those are (compiled from now on)."""
         new = [g for g in graphs(shape.prefill, shape.decode) if g not in self.compiled]
         self.compiled.update(new)
         self.recompiles += len(new)
-        self.clock.advance(self._step_time(shape) + len(new) * self.hardware.recompile_s)
-        if self.recorded is not None:
-            self.recorded.append((self.cost.amounts(shape), len(new)))
+        return self._step_time(shape) + len(new) * self.hardware.recompile_s, len(new)
 
     def run_decodes(self, run: DecodeRun, until: float) -> list[float]:
         """Runs the run's first steps on the clock, as forward would one by one: those that
@@ -117,14 +122,24 @@ class SimulatedDevice:
         if self.recorded is not None:
             raise RuntimeError("a recording device runs every step through forward")
         assert run.widths is not None and run.padded_rows is not None, "pad the run first"
-        # Each stretch of steps with one bucket runs one graph. (The widths may grow and
-        # shrink back as rows leave: every step is compared with the one before.)
+        # A head step runs first in any case, as forward would run it.
+        first = 0 if run.head is None else 1
+        head_s = 0.0 if run.head is None else self._compile_and_time(run.head.shape)[0]
+        # Each stretch of decode-only steps with one bucket runs one graph. (The widths may
+        # grow and shrink back as rows leave: every step is compared with the one before.)
         rows, widths = run.padded_rows, run.widths
-        changes = (rows[1:] != rows[:-1]) | (widths[1:] != widths[:-1])
-        starts = [0, *(changes.nonzero()[0] + 1).tolist()]
-        each_rows, each_width = rows.tolist(), widths.tolist()
-        shapes = [(each_rows[i], each_width[i]) for i in starts]
+        if run.steps == first:
+            starts = []
+        elif not run.leaving and rows[first] == rows[-1] and widths[first] == widths[-1]:
+            starts = [first]  # the common run: its widths only grow, so they are one
+        else:
+            rows, widths = rows[first:], widths[first:]
+            changes = (rows[1:] != rows[:-1]) | (widths[1:] != widths[:-1])
+            starts = [first, *(changes.nonzero()[0] + 1 + first).tolist()]
+        shapes = [(int(run.padded_rows[i]), int(run.widths[i])) for i in starts]
         times = self._decode_times(run, shapes, starts)
+        if first:
+            times[0] = head_s
         new: dict[tuple[int, int], int] = {}  # each graph not compiled yet: its first step
         for shape, i in zip(shapes, starts, strict=True):
             if ("decode", shape) not in self.compiled and shape not in new:
@@ -152,7 +167,9 @@ class SimulatedDevice:
             return self.cost.decode_seconds(rows, run.slots(), run.blocks)
         bs = run.block_size
         per_shape = [self._step_time(StepShape(bs, None, shape)) for shape in shapes]
-        counts = [end - start for start, end in zip(starts, [*starts[1:], run.steps], strict=True)]
+        counts = np.diff([*starts, run.steps]).tolist()
+        if run.head is not None:  # the head step's time is its own (run_decodes')
+            per_shape, counts = [0.0, *per_shape], [1, *counts]
         return np.repeat(per_shape, counts)
 
     def _step_time(self, shape: Any) -> float:
