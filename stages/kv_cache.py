@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import heapq
-import itertools
 import struct
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
@@ -58,13 +57,14 @@ def token_bytes(request: Request, start: int, end: int) -> bytes:
     data = b""
     if start < num_prompt:
         # A trace's drawn prompt gives an array slice; making its list first costs more.
-        stop = min(end, num_prompt)
+        stop = end if end < num_prompt else num_prompt
         if isinstance(prompt, PromptIds):
             data = np.asarray(prompt.array(start, stop), dtype=np.int32).tobytes()
         else:
             data = int32_bytes(prompt[start:stop])
     if end > num_prompt:
-        data += int32_bytes(request.output_ids[max(0, start - num_prompt) : end - num_prompt])
+        first = start - num_prompt if start > num_prompt else 0
+        data += int32_bytes(request.output_ids[first : end - num_prompt])
     return data
 
 
@@ -84,7 +84,7 @@ class BlockPool:
     def allocate(self, count: int) -> list[int]:
         if count > len(self._free):
             raise RuntimeError(f"asked for {count} blocks, {len(self._free)} free")
-        return list(map(heapq.heappop, itertools.repeat(self._free, count)))
+        return [heapq.heappop(self._free) for _ in range(count)]
 
     def release(self, blocks: Sequence[int]) -> None:
         free = self._free
@@ -144,7 +144,7 @@ class PrefixCache:
         oldest, block_of, forget = self.unheld.popitem, self.block_of, self.hash_of.pop
         blocks = []
         for _ in range(count):
-            block = oldest(last=False)[0]
+            block = oldest(False)[0]  # (by position: keyword parsing costs more)
             del block_of[forget(block)]
             blocks.append(block)
         return blocks
@@ -205,7 +205,7 @@ class KVCacheManager:
         num_blocks = (request.num_tokens - 1) // self.block_size
         chain, block_of = self._hashes_to(request, num_blocks), self.prefix.block_of
         blocks = []
-        for content in itertools.islice(chain, num_blocks):
+        for content in chain[:num_blocks]:
             block = block_of.get(content)
             if block is None:
                 break
@@ -251,7 +251,8 @@ class KVCacheManager:
         tokens, apart from content hashes (another personalisation)."""
         chain, bs = request.block_hashes, self.block_size
         num_prompt = request.num_prompt_tokens
-        whole = min(num_blocks, num_prompt // bs)
+        whole = num_prompt // bs
+        whole = whole if whole < num_blocks else num_blocks
         have = len(chain)
         if have < whole:
             names = prefix_keys(range((have + 1) * bs, (whole + 1) * bs, bs))
@@ -271,15 +272,16 @@ class KVCacheManager:
         its first `num_computed` tokens: a run of decode steps registers step by step)."""
         if self.prefix is None:
             return
+        seq_id = request.seq_id
         computed = request.num_computed if num_computed is None else num_computed
         full = computed // self.block_size
-        done = self._registered.get(request.seq_id, 0)
+        done = self._registered.get(seq_id, 0)
         if full > done:  # the common case, a decode within a block, returns here
-            table = self._tables.get(request.seq_id, [])
-            full = min(full, len(table))
+            table = self._tables.get(seq_id, [])
+            full = full if full < len(table) else len(table)
             chain = self._hashes_to(request, full)
             self.prefix.register(table[done:full], chain[done:full])
-            self._registered[request.seq_id] = full
+            self._registered[seq_id] = full
 
     def cache_computed_blocks_of(self, requests: Sequence[Request]) -> None:
         """cache_computed_blocks for each request, skipping those whose computed tokens
@@ -304,7 +306,8 @@ class KVCacheManager:
         if new <= 0 and not cached:  # the common case: a decode within its last block
             return True
         unheld = sum(map(self.prefix.unheld.__contains__, cached)) if cached else 0
-        if max(0, new) > self.num_free_blocks - unheld:
+        new = new if new > 0 else 0
+        if new > self.num_free_blocks - unheld:
             return False
         table = self._tables.setdefault(request.seq_id, [])
         if cached:
@@ -312,22 +315,24 @@ class KVCacheManager:
             # A cached block's content is registered already (that is how it was found).
             self._registered[request.seq_id] = len(cached)
         table.extend(cached)
-        table.extend(self._take(max(0, new)))
+        table.extend(self._take(new))
         return True
 
     def take_blocks(self, requests: Sequence[Request]) -> None:
         """One fresh block more for each of `requests`, in their order (one may come again):
         what their decodes' allocate_slots take one after another, evicting alike."""
-        if len(requests) > self.num_free_blocks:
-            raise RuntimeError(f"asked for {len(requests)} blocks, {self.num_free_blocks} free")
+        count = len(requests)
+        if count > self.num_free_blocks:
+            raise RuntimeError(f"asked for {count} blocks, {self.num_free_blocks} free")
         tables = self._tables
-        for request, block in zip(requests, self._take(len(requests)), strict=True):
+        for request, block in zip(requests, self._take(count), strict=True):
             tables[request.seq_id].append(block)
 
     def _take(self, count: int) -> list[int]:
         """count fresh blocks: free ones first, then cached ones nobody holds, oldest first."""
         pool, prefix = self.pool, self.prefix
-        from_pool = min(count, pool.num_free)
+        free = pool.num_free
+        from_pool = count if count < free else free
         # Once the cache fills, the pool is empty and every fresh block is an eviction.
         blocks = pool.allocate(from_pool) if from_pool else []
         if count > from_pool:
