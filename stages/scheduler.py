@@ -602,14 +602,18 @@ class ChunkedScheduler:
     def _append_tokens(self, token: int, ends: list[float], stays: list[int]) -> None:
         """Each running row's tokens and their times over the steps it stays."""
         running, steps = self.running, len(ends)
+        tokens = [token] * steps
         if min(stays) == steps:  # no row leaves: the same lists for every row
-            tokens = [token] * steps
             _consume(map(list.extend, map(_OUTPUT_IDS, running), itertools.repeat(tokens)))
             _consume(map(list.extend, map(_TOKEN_TIMES, running), itertools.repeat(ends)))
             return
         for request, stayed in zip(running, stays, strict=True):
-            request.output_ids.extend([token] * stayed)
-            request.token_times.extend(ends[:stayed])
+            if stayed == steps:  # most rows: the run's lists as they are
+                request.output_ids.extend(tokens)
+                request.token_times.extend(ends)
+            else:
+                request.output_ids.extend(tokens[:stayed])
+                request.token_times.extend(ends[:stayed])
 
     def _take_and_register(
         self,
