@@ -222,10 +222,11 @@ class DecodeRun:
     head: ForwardMeta | None = None  # the first step, where joining rows prefill in it
     # [steps] the rows each step decodes, once asked (a part of a run takes its share)
     _batch: np.ndarray | None = field(default=None, init=False, repr=False)
+    _leaving: bool | None = field(default=None, init=False, repr=False)  # once asked
+    steps: int = field(init=False)
 
-    @property
-    def steps(self) -> int:
-        return len(self.blocks)
+    def __post_init__(self) -> None:
+        self.steps = len(self.blocks)
 
     @property
     def rows(self) -> int:
@@ -246,10 +247,12 @@ class DecodeRun:
             return padded
         return padded - int(self.padded_rows[0]) + self.head.padded_tokens
 
-    @functools.cached_property
+    @property
     def leaving(self) -> bool:
         """Whether a row leaves before the last step."""
-        return self.steps > 0 and bool(self.stays.min() < self.steps)
+        if self._leaving is None:
+            self._leaving = self.steps > 0 and bool(self.stays.min() < self.steps)
+        return self._leaving
 
     @property
     def batch(self) -> np.ndarray:

@@ -21,6 +21,7 @@ from stages.stopping import StopRule
 
 FIELDS = ("computed", "outputs", "prompt", "held", "limit", "checked")
 NUMBERS = FIELDS[:-1]  # the whole numbers, kept as the rows of one array
+_PROGRESS = slice(0, 2)  # computed and outputs: what a decode advances, together
 
 
 class RunningRows:
@@ -127,8 +128,7 @@ class RunningRows:
 
     def advance(self, rows: slice | np.ndarray) -> None:
         """The rows each computed one more token and got it as output (a decode)."""
-        self.computed[rows] += 1
-        self.outputs[rows] += 1
+        self._numbers[_PROGRESS, rows] += 1
 
     def to_look_at(self, rows: slice | np.ndarray, filled: bool) -> list[int]:
         """Which of the decode rows just advanced (their places among `rows`) StopRule.reason
@@ -192,8 +192,7 @@ class RunningRows:
         """Each row decoded `steps` tokens, and each of `takers` took a block (a row as
         often as it is listed)."""
         n = self.size
-        self.computed[:n] += steps
-        self.outputs[:n] += steps
+        self._numbers[_PROGRESS, :n] += steps
         if len(takers):
             self.held[:n] += np.bincount(takers, minlength=n) * self.kv_cache.block_size
 
