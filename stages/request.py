@@ -291,7 +291,10 @@ class DecodeRun:
         """The run's first len(rows) steps, each padded to a bucket of `rows` rows and
         `widths` blocks (the metadata builder's), with its head step where it has one."""
         steps = len(rows)
-        stays = self.stays if steps == self.steps else np.minimum(self.stays, steps)
+        if steps == self.steps:  # the common run: all of it, padded where it is
+            self.padded_rows, self.widths, self.head = rows, widths, head
+            return self
+        stays = np.minimum(self.stays, steps)
         run = DecodeRun(self.requests, self.lens, stays, self.blocks[:steps], self.block_size,
                         rows, widths, self.joining, head)  # fmt: skip
         if self._batch is not None:

@@ -219,6 +219,8 @@ def recurring(
     if steps <= period:  # the common run: a row has at most one event
         rows = (first <= end).nonzero()[0]
         at = first[rows]
+        if len(rows) < 2:  # (most runs: one or none)
+            return rows, at
         order = at.argsort(kind="stable")
         return rows[order], at[order]
     counts = np.maximum(0, (end - first) // period + 1)

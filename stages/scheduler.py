@@ -586,9 +586,9 @@ class ChunkedScheduler:
             # No eviction: taking blocks changes nothing any registration reads.
             kv.take_blocks([running[i] for i in takers.tolist()])
             if kv.prefix is not None:
-                self._take_and_register(takers[:0], taken_at[:0], run.stays, steps)
+                self._take_and_register(takers[:0], taken_at[:0], run.stays, steps, run.leaving)
         else:
-            self._take_and_register(takers, taken_at, run.stays, steps)
+            self._take_and_register(takers, taken_at, run.stays, steps, run.leaving)
         for request, stayed in zip(running, stays, strict=True):
             request.num_computed += stayed
         rows.advance_by(run.stays, takers)
@@ -603,17 +603,26 @@ class ChunkedScheduler:
     def _append_tokens(self, token: int, ends: list[float], stays: list[int]) -> None:
         """Each running row's tokens and their times over the steps it stays."""
         running, steps = self.running, len(ends)
+        tokens = [token] * steps
         if min(stays) == steps:  # no row leaves: the same lists for every row
-            tokens = [token] * steps
             _consume(map(list.extend, map(_OUTPUT_IDS, running), itertools.repeat(tokens)))
             _consume(map(list.extend, map(_TOKEN_TIMES, running), itertools.repeat(ends)))
             return
         for request, stayed in zip(running, stays, strict=True):
-            request.output_ids.extend([token] * stayed)
-            request.token_times.extend(ends[:stayed])
+            if stayed == steps:  # most rows: the run's lists as they are
+                request.output_ids.extend(tokens)
+                request.token_times.extend(ends)
+            else:
+                request.output_ids.extend(tokens[:stayed])
+                request.token_times.extend(ends[:stayed])
 
     def _take_and_register(
-        self, takers: np.ndarray, taken_at: np.ndarray, stays: np.ndarray, steps: int
+        self,
+        takers: np.ndarray,
+        taken_at: np.ndarray,
+        stays: np.ndarray,
+        steps: int,
+        leaving: bool,
     ) -> None:
         """With prefix caching, the blocks the run's tokens fill registered by content, the
         `takers`' new blocks taken and the blocks of rows that leave before the last step
@@ -625,10 +634,13 @@ class ChunkedScheduler:
         # (step, kind, row): a step's takes, then its registrations, then its rows leaving.
         events = list(zip(filled_at.tolist(), itertools.repeat(_FILL), fillers.tolist()))
         if len(takers):  # else the leaving rows' blocks may go after the rest (no eviction)
-            gone = (stays < steps).nonzero()[0]
             events += zip(taken_at.tolist(), itertools.repeat(_TAKE), takers.tolist())
-            events += zip(stays[gone].tolist(), itertools.repeat(_GO), gone.tolist())
+            if leaving:
+                gone = (stays < steps).nonzero()[0]
+                events += zip(stays[gone].tolist(), itertools.repeat(_GO), gone.tolist())
             events.sort()
+        if not events:
+            return
         computed = self.rows.computed[: len(running)].tolist()  # before the run
         taking: list[Request] = []  # takes in a row, taken at once
         for step, kind, row in events:

@@ -5,6 +5,7 @@ every metric (floats within 1e-9 relative), every token's time, the KV books at 
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -52,12 +53,13 @@ class Leapt:
     """What a run's leaps did: their steps, and how many had a row leave before its end."""
 
     def __init__(self, totals: StepTotals) -> None:
-        self.totals, self.steps, self.leaving = totals, StepTotals(), 0
+        self.totals, self.steps, self.leaving, self.heads = totals, StepTotals(), 0, 0
 
     def __call__(self, run: DecodeRun) -> None:
         self.totals.add_run(run)
         self.steps.add_run(run)
         self.leaving += run.leaving
+        self.heads += run.head is not None
 
 
 def served(overrides: list[str], leaps: bool):
@@ -162,6 +164,7 @@ CASES = [
 @pytest.mark.parametrize("overrides", CASES)
 def test_leaps_give_what_steps_one_by_one_give(overrides):
     metrics, steps = assert_leaps_change_nothing(overrides)
+    assert steps.heads > 0, "no leap started with the step that admitted its requests"
     if overrides[-1] == SPREAD[-1]:
         assert steps.leaving > 0, "no row left a leap before its end"
     if "num_blocks=24" in overrides:  # preemptions interrupt most runs of decodes
@@ -348,6 +351,22 @@ def test_a_run_counts_the_rows_and_slots_of_each_step_as_rows_leave():
     first, last = run.first(3), run.last()
     assert first.batch.tolist() == [4, 4, 3] and first.slots().tolist() == run.slots()[:3].tolist()
     assert last.batch.tolist() == [2] and last.slots().tolist() == run.slots()[-1:].tolist()
+
+
+def test_a_run_with_a_head_step_counts_that_step_as_the_head_ran_it():
+    """Two decoding rows and one that prefills 40 tokens in the head step: the run's
+    totals take the head's own for its first step, and only its parts that hold the
+    first step keep the head."""
+    lens, stays = np.array([10, 20, 40]), np.array([3, 3, 2])
+    head = SimpleNamespace(num_tokens=42, padded_tokens=64)  # 40 prefilled + 2 decodes
+    run = DecodeRun([None] * 3, lens, stays, np.zeros(3, np.int64), 16, joining=1)  # type: ignore[list-item]
+    run = run.padded(np.array([2, 4, 4]), np.array([2, 5, 6]), head)  # type: ignore[arg-type]
+    assert run.num_tokens == 42 + 3 + 2  # the head's, then a token per row each step
+    assert run.padded_tokens == 64 + 4 + 4
+    first, last, rest = run.first(1), run.last(), run.first(0)
+    assert (first.head, first.joining, first.num_tokens, first.padded_tokens) == (head, 1, 42, 64)
+    assert (last.head, last.joining, last.num_tokens, last.padded_tokens) == (None, 0, 2, 4)
+    assert rest.head is None and rest.num_tokens == 0
 
 
 @pytest.mark.parametrize("stays", [None, [2, 40, 5, 40, 1, 20]])
