@@ -196,7 +196,8 @@ class Model(Protocol):
 
     def run_decodes(self, run: DecodeRun, until: float) -> list[float]:
         """Where predicts_steps: the end times of the run's first steps, those starting
-        before `until` (the first in any case), now on the clock."""
+        before `until` (the first in any case, priced by its head's shape where it has
+        one, as forward would), now on the clock."""
 
 
 class Sampler(Protocol):
