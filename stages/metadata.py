@@ -25,7 +25,7 @@ from stages.buckets import Axis, Bucketing, Buckets, warmup_counts, warmup_graph
 from stages.host_tensor import host_tensor
 from stages.kv_cache import KVCacheManager, blocks_for
 from stages.request import DecodeRun, PrefillChunk, Request, StepMode, StepPlan
-from stages.step_shape import StepShape
+from stages.step_shape import StepShape, decode_totals
 
 if TYPE_CHECKING:
     import paddle
@@ -301,8 +301,7 @@ class HPUMetadataBuilder:
         lens = decode_lens(plan)  # the scheduler's array where it has one; read once
         rows = len(lens)
         if rows:
-            # Each row lists the blocks its tokens fill: sum(ceil(len / block_size)).
-            blocks = int(blocks_for(lens, self.block_size).sum())
+            _, blocks = decode_totals(lens, self.block_size)  # each row lists the blocks it fills
             needed["decode"] = [rows, blocks]
             padded_rows, width = self.buckets.fitted("decode", {"batch": rows, "blocks": blocks})
             decode = padded_rows, width

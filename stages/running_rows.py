@@ -16,6 +16,7 @@ import numpy as np
 from stages.arithmetic import ceil_div
 from stages.kv_cache import KVCacheManager, blocks_for
 from stages.request import Request
+from stages.step_shape import MANY_ROWS
 from stages.stopping import StopRule
 
 FIELDS = ("computed", "outputs", "prompt", "held", "limit", "checked")
@@ -86,6 +87,8 @@ class RunningRows:
         more than one token to compute), or a decode whose token needs a new block; and
         how many of them, from the first, are such decodes."""
         n = self.size
+        if n <= MANY_ROWS:
+            return self._not_plain_few(n)
         computed, outputs = self.computed[:n], self.outputs[:n]
         todo = self.prompt[:n] - computed  # tokens left to compute
         todo += outputs
@@ -96,6 +99,22 @@ class RunningRows:
             return [], 0
         prefills = ((todo[others] != 1) | (outputs[others] == 0)).nonzero()[0]
         return others.tolist(), int(prefills[0]) if len(prefills) else len(others)
+
+    def _not_plain_few(self, n: int) -> tuple[list[int], int]:
+        """not_plain_decodes over a few rows, read once into Python: fewer steps than
+        numpy's calls, each of which costs as much as a handful of rows here."""
+        computed, outputs, prompt, held, _ = self._numbers[:, :n].tolist()
+        others: list[int] = []
+        decodes = -1  # others' first prefill, once met
+        for i, (done, out, prompt_len, room) in enumerate(
+            zip(computed, outputs, prompt, held, strict=True)
+        ):
+            prefill = prompt_len + out - done != 1 or not out
+            if prefill or done >= room:
+                if prefill and decodes < 0:
+                    decodes = len(others)
+                others.append(i)
+        return others, len(others) if decodes < 0 else decodes
 
     def took_block(self, rows: list[int]) -> None:
         """The rows' requests each took one more block."""

@@ -67,7 +67,7 @@ class RowFate(enum.Enum):
     PREEMPTED = "preempted"  # it was preempted itself, which ends the walk
 
 
-@dataclass
+@dataclass(slots=True)
 class Rectangle:
     """A step's prefill rows padded to one width of whole blocks, as the HPU runs them."""
 
@@ -89,9 +89,10 @@ class Rectangle:
         return 1.0 - (self.rounded + self._rounded(n)) / ((self.rows + 1) * width)
 
     def add(self, n: int) -> None:
+        rounded = self._rounded(n)
         self.rows += 1
-        self.width = max(self.width, self._rounded(n))
-        self.rounded += self._rounded(n)
+        self.width = max(self.width, rounded)
+        self.rounded += rounded
 
 
 # A step's decode rows in `running`: a slice where they are one run of rows (the common
@@ -99,7 +100,7 @@ class Rectangle:
 DecodeRows = slice | np.ndarray
 
 
-@dataclass
+@dataclass(slots=True)
 class StepRows:
     """Where a plan's requests are in `running`: one row per prefill chunk, and the spans
     of rows its decodes are."""
@@ -121,7 +122,7 @@ def row_at(rows: DecodeRows, k: int) -> int:
     return rows.start + k if isinstance(rows, slice) else int(rows[k])
 
 
-@dataclass
+@dataclass(slots=True)
 class StepBudget:
     """The tokens a step has left, and the prefill rectangle it has built so far."""
 
@@ -468,14 +469,17 @@ class ChunkedScheduler:
     ) -> None:
         """Finishes ending requests, given with their running rows, at their times, in
         order, at once: taking thousands of rows out one by one would shift the rest."""
-        if len(ending) < 2:
-            for (request, reason, _), now in zip(ending, times, strict=True):
-                self.finish(request, reason, now)
+        if not ending:
             return
-        kept = np.ones(len(self.running), dtype=bool)
-        kept[[row for _, _, row in ending]] = False
-        self.running[:] = itertools.compress(self.running, kept.tolist())
-        self.rows.keep(kept.nonzero()[0])
+        if len(ending) == 1:  # the common case: one row out
+            row = ending[0][2]
+            del self.running[row]
+            self.rows.remove(row)
+        else:
+            kept = np.ones(len(self.running), dtype=bool)
+            kept[[row for _, _, row in ending]] = False
+            self.running[:] = itertools.compress(self.running, kept.tolist())
+            self.rows.keep(kept.nonzero()[0])
         for (request, reason, _), now in zip(ending, times, strict=True):
             self.kv_cache.free(request)
             request.block_hashes = []

@@ -7,8 +7,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from stages.arithmetic import ceil_div
 
-@dataclass(frozen=True)
+# Decode rows beyond which sums over a step's rows are numpy's: each numpy call costs a
+# few us, more than Python's sums over a handful of rows read once with tolist().
+MANY_ROWS = 32
+
+
+# Not frozen, though nothing changes one once made: a simulated device makes one a step,
+# and a frozen dataclass's __init__ costs several times a plain one's.
+@dataclass(slots=True)
 class StepShape:
     """One step's padded buckets and, for devices that compute real tokens, its real lengths.
 
@@ -28,8 +36,7 @@ class StepShape:
     miss: bool = False  # the bucket is outside the prepared (warmed) set
 
     def __post_init__(self) -> None:
-        # Checked at every step, so in few calls: min() on the tuples, the array's own min
-        # (np.min costs more).
+        # Checked at every step, so in few calls: min() on the tuples, on a few rows' list.
         prefill, decode, lens = self.prefill, self.decode, self.decode_lens
         chunks, contexts = self.chunk_lens, self.context_lens
         if self.block_size < 1:
@@ -46,6 +53,24 @@ class StepShape:
         if (
             (chunks and min(chunks) < 0)
             or (contexts and min(contexts) < 0)
-            or (len(lens) and (lens.min() if isinstance(lens, np.ndarray) else min(lens)) < 0)
+            or (len(lens) and _least(lens) < 0)
         ):
             raise ValueError("StepShape: chunk, context and decode lengths must be >= 0")
+
+
+def _least(lens: tuple[int, ...] | np.ndarray) -> int:
+    """The smallest of some lengths (at least one)."""
+    if not isinstance(lens, np.ndarray):
+        return min(lens)
+    return int(lens.min()) if len(lens) > MANY_ROWS else min(lens.tolist())
+
+
+def decode_totals(lens: tuple[int, ...] | np.ndarray, block_size: int) -> tuple[int, int]:
+    """The tokens decode rows of these lengths attend to, and the KV blocks they fill:
+    (sum(lens), sum(ceil(len / block_size)))."""
+    if isinstance(lens, np.ndarray):
+        if len(lens) > MANY_ROWS:
+            return int(lens.sum()), int(ceil_div(lens, block_size).sum())
+        lens = lens.tolist()
+    # ceil_div's rounding, inline: a call per row would cost more than the sum itself
+    return sum(lens), sum([(n + block_size - 1) // block_size for n in lens])

@@ -17,6 +17,7 @@ from stages.kv_cache import KVCacheManager
 from stages.request import Request, Samples
 from stages.running_rows import RunningRows
 from stages.scheduler import ChunkedScheduler, WholeScheduler
+from stages.step_shape import MANY_ROWS
 from stages.stopping import StopRule
 from tests.helpers import schema_kwargs
 
@@ -201,6 +202,27 @@ def test_array_path_equals_row_by_row_for_any_workload(
     if whole and max_tokens < 32:
         max_tokens = 32  # scheduler=whole needs a budget for a whole prompt
     serve_both(seed, count, num_blocks, prefix_caching, max_tokens, whole)
+
+
+@pytest.mark.parametrize("n", [7, MANY_ROWS + 9])  # Python's few rows, numpy's many
+def test_not_plain_decodes_follow_the_rule_row_by_row(n):
+    rng = np.random.default_rng(n)
+    rows = RunningRows(KVCacheManager(64, BS, False), StopRule([], 100), n)
+    rows.size = n
+    prompt, outputs = rng.integers(1, 20, n), rng.integers(0, 3, n)
+    todo = rng.choice([1, 1, 1, 2, 5], n)  # tokens left to compute: mostly decodes
+    room = rng.integers(0, 3, n)  # slots left in the blocks; 0: the token needs a block
+    # The first row is a decode that needs a block, the last a prefill.
+    outputs[0], todo[0], room[0], todo[-1] = 1, 1, 0, 5
+    rows.prompt[:], rows.outputs[:] = prompt, outputs
+    rows.computed[:] = prompt + outputs - todo
+    rows.held[:] = rows.computed + room
+    # The rule, one row at a time: a plain decode has one token left, an output before
+    # it, and room for it in its blocks.
+    rule = list(zip(todo.tolist(), outputs.tolist(), room.tolist(), strict=True))
+    others = [i for i, (t, o, r) in enumerate(rule) if not (t == 1 and o > 0 and r > 0)]
+    leading = next(k for k, i in enumerate(others) if rule[i][0] != 1 or rule[i][1] == 0)
+    assert rows.not_plain_decodes() == (others, leading)
 
 
 def test_update_refuses_a_plan_it_did_not_schedule():

@@ -51,8 +51,8 @@ class VirtualClock:
 
 def graphs(prefill: tuple | None, decode: tuple | None) -> list[tuple]:
     """The compiled graphs a step runs: its prefill part's and its decode part's shape."""
-    parts = [("prefill", prefill), ("decode", decode)]
-    return [(kind, dims) for kind, dims in parts if dims is not None]
+    parts = [("prefill", prefill)] if prefill is not None else []
+    return [*parts, ("decode", decode)] if decode is not None else parts
 
 
 class SimulatedDevice:
@@ -110,8 +110,11 @@ class SimulatedDevice:
     def _compile_and_time(self, shape: StepShape) -> tuple[float, int]:
         """A step's seconds, the graphs it is the first to use compiled in them, and how
         many those are (compiled from now on)."""
-        new = [g for g in graphs(shape.prefill, shape.decode) if g not in self.compiled]
-        self.compiled.update(new)
+        compiled = self.compiled
+        new = [g for g in graphs(shape.prefill, shape.decode) if g not in compiled]
+        if not new:  # the common step: its graphs were compiled before
+            return self._step_time(shape), 0
+        compiled.update(new)
         self.recompiles += len(new)
         return self._step_time(shape) + len(new) * self.hardware.recompile_s, len(new)
 

@@ -12,10 +12,7 @@ from typing import Any
 import numpy as np
 
 from stages.arithmetic import ceil_div
-from stages.step_shape import StepShape
-
-# Decode rows beyond which a step's sums are numpy's (each numpy call costs a few us).
-MANY_ROWS = 32
+from stages.step_shape import StepShape, decode_totals
 
 
 # StepWork and StepAmounts are values nothing changes once made; not frozen, as a simulated
@@ -90,12 +87,7 @@ def decode_sums(shape: StepShape) -> tuple[int, int, int]:
     lens = shape.decode_lens
     if shape.decode is not None and shape.decode[0] and not len(lens):
         raise ValueError("the device computes real tokens: give StepShape.decode_lens")
-    bs = shape.block_size
-    if isinstance(lens, np.ndarray):  # the metadata builder's
-        if len(lens) > MANY_ROWS:
-            return len(lens), int(lens.sum()), int(ceil_div(lens, bs).sum())
-        lens = lens.tolist()  # a few rows: Python's sums cost less than numpy's calls
-    return len(lens), sum(lens), sum([ceil_div(n, bs) for n in lens])
+    return len(lens), *decode_totals(lens, shape.block_size)
 
 
 @dataclass(slots=True)
