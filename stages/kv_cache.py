@@ -99,7 +99,7 @@ class PrefixCache:
     def __init__(self, num_blocks: int) -> None:
         self.refs = [0] * num_blocks
         self.block_of: dict[bytes, int] = {}  # content hash -> block
-        self.hash_of: dict[int, bytes] = {}  # block -> content hash
+        self.hash_of: list[bytes | None] = [None] * num_blocks  # block -> content hash
         self.unheld: OrderedDict[int, None] = OrderedDict()  # cached, held by nobody: LRU first
 
     def hold(self, blocks: Iterable[int]) -> None:
@@ -115,10 +115,11 @@ class PrefixCache:
         refs, hash_of, unheld = self.refs, self.hash_of, self.unheld
         free = []
         for block in blocks:
-            refs[block] -= 1
-            if refs[block]:
+            held = refs[block] - 1
+            refs[block] = held
+            if held:
                 continue
-            if block in hash_of:
+            if hash_of[block] is not None:
                 unheld[block] = None
             else:
                 free.append(block)
@@ -128,7 +129,7 @@ class PrefixCache:
         """Each block's content is now its content, unless another block already holds it."""
         block_of, hash_of = self.block_of, self.hash_of
         for block, content in zip(blocks, contents, strict=True):
-            if content not in block_of and block not in hash_of:
+            if content not in block_of and hash_of[block] is None:
                 block_of[content] = block
                 hash_of[block] = content
 
@@ -140,12 +141,16 @@ class PrefixCache:
             refs[block] = 1
 
     def evict(self, count: int) -> list[int]:
-        """The count least recently used cached blocks, their content forgotten."""
-        oldest, block_of, forget = self.unheld.popitem, self.block_of, self.hash_of.pop
+        """The count least recently used cached blocks, their content forgotten, each now
+        held by one (who takes them)."""
+        oldest = self.unheld.popitem
+        block_of, hash_of, refs = self.block_of, self.hash_of, self.refs
         blocks = []
         for _ in range(count):
             block = oldest(False)[0]  # (by position: keyword parsing costs more)
-            del block_of[forget(block)]
+            del block_of[hash_of[block]]
+            hash_of[block] = None
+            refs[block] = 1
             blocks.append(block)
         return blocks
 
@@ -329,16 +334,18 @@ class KVCacheManager:
             tables[request.seq_id].append(block)
 
     def _take(self, count: int) -> list[int]:
-        """count fresh blocks: free ones first, then cached ones nobody holds, oldest first."""
+        """count fresh blocks, each now held by one (the caller made sure there are): free
+        ones first, then cached ones nobody holds, oldest first."""
         pool, prefix = self.pool, self.prefix
         free = pool.num_free
         from_pool = count if count < free else free
-        # Once the cache fills, the pool is empty and every fresh block is an eviction.
-        blocks = pool.allocate(from_pool) if from_pool else []
-        if count > from_pool:
+        blocks = []
+        if from_pool:
+            blocks = pool.allocate(from_pool)
+            if prefix is not None:
+                prefix.hold_fresh(blocks)
+        if count > from_pool:  # once the cache fills, the pool is empty: evictions
             blocks += prefix.evict(count - from_pool)
-        if prefix is not None:
-            prefix.hold_fresh(blocks)
         return blocks
 
     def free(self, request: Request) -> None:
