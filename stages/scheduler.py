@@ -469,14 +469,17 @@ class ChunkedScheduler:
     ) -> None:
         """Finishes ending requests, given with their running rows, at their times, in
         order, at once: taking thousands of rows out one by one would shift the rest."""
-        if len(ending) < 2:
-            for (request, reason, _), now in zip(ending, times, strict=True):
-                self.finish(request, reason, now)
+        if not ending:
             return
-        kept = np.ones(len(self.running), dtype=bool)
-        kept[[row for _, _, row in ending]] = False
-        self.running[:] = itertools.compress(self.running, kept.tolist())
-        self.rows.keep(kept.nonzero()[0])
+        if len(ending) == 1:  # the common case: one row out
+            row = ending[0][2]
+            del self.running[row]
+            self.rows.remove(row)
+        else:
+            kept = np.ones(len(self.running), dtype=bool)
+            kept[[row for _, _, row in ending]] = False
+            self.running[:] = itertools.compress(self.running, kept.tolist())
+            self.rows.keep(kept.nonzero()[0])
         for (request, reason, _), now in zip(ending, times, strict=True):
             self.kv_cache.free(request)
             request.block_hashes = []
