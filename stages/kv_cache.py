@@ -18,10 +18,9 @@ from __future__ import annotations
 
 import hashlib
 import heapq
-import itertools
+import struct
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
 
 import numpy as np
 
@@ -44,24 +43,29 @@ ROOT_HASH = b""  # the parent of a sequence's first block
 NAMED_PROMPT = b"named prompt"  # blake2b's personalisation for a block a prompt's name starts
 
 
-def token_array(request: Request, start: int, end: int) -> np.ndarray:
-    """The request's token ids start..end-1 (int32), prompt then output, without joining the
-    whole sequence first (a long prompt's ids may be made on demand)."""
+def int32_bytes(ids: Sequence[int]) -> bytes:
+    """Token ids' bytes as int32 in the machine's order, as an int32 array's: packing a
+    list costs a fraction of making an array of it first."""
+    return struct.pack(f"={len(ids)}i", *ids)
+
+
+def token_bytes(request: Request, start: int, end: int) -> bytes:
+    """The request's token ids start..end-1 as int32 bytes, prompt then output, without
+    joining the whole sequence first (a long prompt's ids may be made on demand)."""
     prompt = request.prompt_ids
     num_prompt = request.num_prompt_tokens
-    parts: list[Any] = []
+    data = b""
     if start < num_prompt:
         # A trace's drawn prompt gives an array slice; making its list first costs more.
-        stop = min(end, num_prompt)
+        stop = end if end < num_prompt else num_prompt
         if isinstance(prompt, PromptIds):
-            parts.append(prompt.array(start, stop))
+            data = np.asarray(prompt.array(start, stop), dtype=np.int32).tobytes()
         else:
-            parts.append(prompt[start:stop])
+            data = int32_bytes(prompt[start:stop])
     if end > num_prompt:
-        parts.append(request.output_ids[max(0, start - num_prompt) : end - num_prompt])
-    if len(parts) == 1:
-        return np.asarray(parts[0], dtype=np.int32)
-    return np.concatenate([np.asarray(p, dtype=np.int32) for p in parts])
+        first = start - num_prompt if start > num_prompt else 0
+        data += int32_bytes(request.output_ids[first : end - num_prompt])
+    return data
 
 
 class BlockPool:
@@ -83,8 +87,9 @@ class BlockPool:
         return [heapq.heappop(self._free) for _ in range(count)]
 
     def release(self, blocks: Sequence[int]) -> None:
+        free = self._free
         for block in blocks:
-            heapq.heappush(self._free, block)
+            heapq.heappush(free, block)
 
 
 class PrefixCache:
@@ -136,11 +141,12 @@ class PrefixCache:
 
     def evict(self, count: int) -> list[int]:
         """The count least recently used cached blocks, their content forgotten."""
-        unheld, block_of, forget = self.unheld, self.block_of, self.hash_of.pop
-        blocks = list(itertools.islice(unheld, count))  # least recently used first
-        for block in blocks:
-            del unheld[block]
+        oldest, block_of, forget = self.unheld.popitem, self.block_of, self.hash_of.pop
+        blocks = []
+        for _ in range(count):
+            block = oldest(False)[0]  # (by position: keyword parsing costs more)
             del block_of[forget(block)]
+            blocks.append(block)
         return blocks
 
 
@@ -196,10 +202,11 @@ class KVCacheManager:
         sample); touches nothing. Empty without prefix caching."""
         if self.prefix is None:
             return []
-        chain = self.block_hashes(request, (request.num_tokens - 1) // self.block_size)
+        num_blocks = (request.num_tokens - 1) // self.block_size
+        chain, block_of = self._hashes_to(request, num_blocks), self.prefix.block_of
         blocks = []
-        for content in chain:
-            block = self.prefix.block_of.get(content)
+        for content in chain[:num_blocks]:
+            block = block_of.get(content)
             if block is None:
                 break
             blocks.append(block)
@@ -215,17 +222,19 @@ class KVCacheManager:
     def _hashes_to(self, request: Request, num_blocks: int) -> list[bytes]:
         """The request's kept hashes, made up to at least its first num_blocks blocks."""
         chain, bs = request.block_hashes, self.block_size
-        if len(chain) >= num_blocks:
+        have = len(chain)
+        if have >= num_blocks:
             return chain
-        # The blocks the prompt lies in, once (a decode's blocks come after them).
-        if len(chain) < blocks_for(request.num_prompt_tokens, bs):
-            if isinstance(request.prompt_ids, PromptIds):
-                self._named_blocks(request, request.prompt_ids.prefix_keys, num_blocks)
-        if len(chain) < num_blocks:
-            data = token_array(request, len(chain) * bs, num_blocks * bs).tobytes()
+        prompt = request.prompt_ids
+        # The blocks the prompt lies in by name, once (a decode's blocks come after them).
+        if have * bs < request.num_prompt_tokens and isinstance(prompt, PromptIds):
+            self._named_blocks(request, prompt.prefix_keys, num_blocks)
+            have = len(chain)
+        if have < num_blocks:
+            data = token_bytes(request, have * bs, num_blocks * bs)
             width = bs * 4  # bytes of a block's int32 ids
             parent = chain[-1] if chain else ROOT_HASH
-            for j in range(num_blocks - len(chain)):
+            for j in range(num_blocks - have):
                 parent = chain_hash(parent, data[j * width : (j + 1) * width])
                 chain.append(parent)
         return chain
@@ -242,18 +251,20 @@ class KVCacheManager:
         tokens, apart from content hashes (another personalisation)."""
         chain, bs = request.block_hashes, self.block_size
         num_prompt = request.num_prompt_tokens
-        whole = min(num_blocks, num_prompt // bs)
-        if len(chain) < whole:
-            names = prefix_keys(range((len(chain) + 1) * bs, (whole + 1) * bs, bs))
+        whole = num_prompt // bs
+        whole = whole if whole < num_blocks else num_blocks
+        have = len(chain)
+        if have < whole:
+            names = prefix_keys(range((have + 1) * bs, (whole + 1) * bs, bs))
             if names is None:
                 return
             chain.extend(names)
-        if len(chain) == whole < num_blocks and num_prompt % bs:
+            have = whole
+        if have == whole < num_blocks and num_prompt % bs:
             names = prefix_keys([num_prompt])
             if names is None:
                 return
-            outputs = request.output_ids[: (whole + 1) * bs - num_prompt]
-            data = names[0] + np.asarray(outputs, dtype=np.int32).tobytes()
+            data = names[0] + int32_bytes(request.output_ids[: (whole + 1) * bs - num_prompt])
             chain.append(hashlib.blake2b(data, digest_size=16, person=NAMED_PROMPT).digest())
 
     def cache_computed_blocks(self, request: Request, num_computed: int | None = None) -> None:
@@ -261,15 +272,16 @@ class KVCacheManager:
         its first `num_computed` tokens: a run of decode steps registers step by step)."""
         if self.prefix is None:
             return
+        seq_id = request.seq_id
         computed = request.num_computed if num_computed is None else num_computed
         full = computed // self.block_size
-        done = self._registered.get(request.seq_id, 0)
+        done = self._registered.get(seq_id, 0)
         if full > done:  # the common case, a decode within a block, returns here
-            table = self._tables.get(request.seq_id, [])
-            full = min(full, len(table))
+            table = self._tables.get(seq_id, [])
+            full = full if full < len(table) else len(table)
             chain = self._hashes_to(request, full)
             self.prefix.register(table[done:full], chain[done:full])
-            self._registered[request.seq_id] = full
+            self._registered[seq_id] = full
 
     def cache_computed_blocks_of(self, requests: Sequence[Request]) -> None:
         """cache_computed_blocks for each request, skipping those whose computed tokens
@@ -293,8 +305,9 @@ class KVCacheManager:
         new = ceil_div(request.num_computed + num_new_tokens, self.block_size) - held - len(cached)
         if new <= 0 and not cached:  # the common case: a decode within its last block
             return True
-        unheld = sum(1 for b in cached if b in self.prefix.unheld) if cached else 0
-        if max(0, new) > self.num_free_blocks - unheld:
+        unheld = sum(map(self.prefix.unheld.__contains__, cached)) if cached else 0
+        new = new if new > 0 else 0
+        if new > self.num_free_blocks - unheld:
             return False
         table = self._tables.setdefault(request.seq_id, [])
         if cached:
@@ -302,26 +315,30 @@ class KVCacheManager:
             # A cached block's content is registered already (that is how it was found).
             self._registered[request.seq_id] = len(cached)
         table.extend(cached)
-        table.extend(self._take(max(0, new)))
+        table.extend(self._take(new))
         return True
 
     def take_blocks(self, requests: Sequence[Request]) -> None:
         """One fresh block more for each of `requests`, in their order (one may come again):
         what their decodes' allocate_slots take one after another, evicting alike."""
-        if len(requests) > self.num_free_blocks:
-            raise RuntimeError(f"asked for {len(requests)} blocks, {self.num_free_blocks} free")
+        count = len(requests)
+        if count > self.num_free_blocks:
+            raise RuntimeError(f"asked for {count} blocks, {self.num_free_blocks} free")
         tables = self._tables
-        for request, block in zip(requests, self._take(len(requests)), strict=True):
+        for request, block in zip(requests, self._take(count), strict=True):
             tables[request.seq_id].append(block)
 
     def _take(self, count: int) -> list[int]:
         """count fresh blocks: free ones first, then cached ones nobody holds, oldest first."""
-        from_pool = min(count, self.pool.num_free)
-        blocks = self.pool.allocate(from_pool)
+        pool, prefix = self.pool, self.prefix
+        free = pool.num_free
+        from_pool = count if count < free else free
+        # Once the cache fills, the pool is empty and every fresh block is an eviction.
+        blocks = pool.allocate(from_pool) if from_pool else []
         if count > from_pool:
-            blocks += self.prefix.evict(count - from_pool)
-        if self.prefix is not None:
-            self.prefix.hold_fresh(blocks)
+            blocks += prefix.evict(count - from_pool)
+        if prefix is not None:
+            prefix.hold_fresh(blocks)
         return blocks
 
     def free(self, request: Request) -> None:
@@ -329,7 +346,6 @@ class KVCacheManager:
         the pool, or stays cached when its content is known."""
         table = self._tables.pop(request.seq_id, [])
         self._registered.pop(request.seq_id, None)
-        if self.prefix is None:
-            self.pool.release(table)
-        else:
-            self.pool.release(self.prefix.drop(table))
+        free = table if self.prefix is None else self.prefix.drop(table)
+        if free:
+            self.pool.release(free)

@@ -5,6 +5,7 @@ prompt tokens."""
 from __future__ import annotations
 
 import hashlib
+import itertools
 import struct
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
@@ -130,8 +131,8 @@ class SeededPromptIds(PromptIds):
             low, high = (ends[0], ends[-1]) if rising else (min(ends), max(ends))
             if not 0 < low <= high <= self._length:
                 raise ValueError(f"prefix_keys from {low} to {high} of {self._length} ids")
-        pack, tag, line = PREFIX_KEY.pack, self._source.tag, self._key
-        return [pack(tag, line, end) for end in ends]
+        tag, line = itertools.repeat(self._source.tag), itertools.repeat(self._key)
+        return list(map(PREFIX_KEY.pack, tag, line, ends))
 
     def __repr__(self) -> str:
         return f"SeededPromptIds(length={self._length}, key={self._key!r})"
