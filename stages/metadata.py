@@ -101,6 +101,19 @@ class ForwardMeta:
     # CPU's): input_ids, positions and logits_rows then skip the padding rows.
     packed: bool = False
 
+    @classmethod
+    def of_shapes(
+        cls,
+        mode: StepMode,
+        num_tokens: int,
+        padded_tokens: int,
+        shape: StepShape,
+        needed: dict[str, list[int]],
+    ) -> ForwardMeta:
+        """A step laid out as its shapes alone, without parts or tensors (a simulated
+        device's every step: positional, as keywords cost several times more here)."""
+        return cls(mode, None, None, None, None, None, num_tokens, padded_tokens, shape, needed)
+
     @property
     def bucket(self) -> str:
         """steps.jsonl's `bucket` (bucket_label): made when read, as a probe never does."""
@@ -308,18 +321,7 @@ class HPUMetadataBuilder:
         padded = (prefill[0] * prefill[1] if prefill else 0) + (decode[0] if decode else 0)
         shape = step_shape(self.block_size, plan, prefill, decode, lens)
         tokens = rows + sum(shape.chunk_lens)  # plan.num_tokens, from what is at hand
-        return ForwardMeta(
-            mode=plan.mode,
-            prefill=None,
-            decode=None,
-            input_ids=None,
-            positions=None,
-            logits_rows=None,
-            num_tokens=tokens,
-            padded_tokens=padded,
-            shape=shape,
-            needed=needed,
-        )
+        return ForwardMeta.of_shapes(plan.mode, tokens, padded, shape, needed)
 
     def pad_decodes(self, run: DecodeRun, head: ForwardMeta | None = None) -> DecodeRun | None:
         """The run's decode buckets, step by step, as build() pads each step: as many
@@ -739,11 +741,6 @@ def step_shape(
 ) -> StepShape:
     """The step's buckets and each row's real lengths (lens: decode_lens(plan))."""
     chunks = plan.prefill  # list comprehensions: a step's one or few chunks, read fast
-    return StepShape(
-        block_size,
-        prefill,
-        decode,
-        chunk_lens=tuple([c.end - c.start for c in chunks]),
-        context_lens=tuple([c.start for c in chunks]),
-        decode_lens=lens,
-    )
+    chunk_lens = tuple([c.end - c.start for c in chunks])
+    context_lens = tuple([c.start for c in chunks])
+    return StepShape(block_size, prefill, decode, chunk_lens, context_lens, lens)

@@ -13,7 +13,7 @@ there are fewer of them than devices.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from stages.arithmetic import ceil_div
@@ -76,6 +76,10 @@ class ModelSpec:
     moe: MoeLayout | None = None
     # The context the model was trained for, as config.json names it (0: not stated).
     max_position_embeddings: int = 0
+    # _linear_params by (tp, experts): not a field of the model, only what it computed
+    _linear_memo: dict[tuple[int, float], float] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         for key in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads"):
@@ -211,10 +215,7 @@ class ModelSpec:
         """Projections, MLPs and experts over `tokens` rows: 2 FLOPs a multiply-add, each
         token through its top-k routed experts, the shared experts and the router."""
         k = self.moe.experts_per_token if self.moe else 0
-        per_token: float = self.num_layers * self.attention_params(tp)
-        per_token += self.num_dense_layers * self.dense_mlp_params(tp)
-        per_token += self.num_moe_layers * self._moe_layer_params(tp, k)
-        return 2.0 * tokens * per_token
+        return 2.0 * tokens * self._linear_params(tp, k)
 
     def linear_bytes(self, tokens: float, tp: int = 1) -> float:
         """Weights the GEMMs read once: every dense matrix, and of the routed experts only
@@ -223,10 +224,20 @@ class ModelSpec:
         if tokens <= 0:
             return 0.0
         touched = self.moe.experts_touched(tokens) if self.moe else 0.0
-        params: float = self.num_layers * self.attention_params(tp)
-        params += self.num_dense_layers * self.dense_mlp_params(tp)
-        params += self.num_moe_layers * self._moe_layer_params(tp, touched)
-        return params * self.dtype_bytes
+        return self._linear_params(tp, touched) * self.dtype_bytes
+
+    def _linear_params(self, tp: int, experts: float) -> float:
+        """The weights per device a token's GEMMs run through: every layer's attention, the
+        dense MLPs, and in MoE layers the router, the shared experts and `experts` routed
+        ones. Kept per (tp, experts): a cost model asks at every step size it meets."""
+        key = (tp, float(experts))  # (as a float: 0 and 0.0 are one key)
+        params = self._linear_memo.get(key)
+        if params is None:
+            params = self.num_layers * self.attention_params(tp)
+            params += self.num_dense_layers * self.dense_mlp_params(tp)
+            params += self.num_moe_layers * self._moe_layer_params(tp, key[1])
+            self._linear_memo[key] = params
+        return params
 
     def attention_flops(self, query_key_pairs: float, tp: int = 1) -> float:
         """QK and PV: 2 x head_dim FLOPs each, per query-key pair, head and layer."""

@@ -103,18 +103,19 @@ class RunningRows:
     def _not_plain_few(self, n: int) -> tuple[list[int], int]:
         """not_plain_decodes over a few rows, read once into Python: fewer steps than
         numpy's calls, each of which costs as much as a handful of rows here."""
-        computed, outputs, prompt, held, _ = self._numbers[:, :n].tolist()
-        others: list[int] = []
-        decodes = -1  # others' first prefill, once met
-        for i, (done, out, prompt_len, room) in enumerate(
-            zip(computed, outputs, prompt, held, strict=True)
-        ):
-            prefill = prompt_len + out - done != 1 or not out
-            if prefill or done >= room:
-                if prefill and decodes < 0:
-                    decodes = len(others)
-                others.append(i)
-        return others, len(others) if decodes < 0 else decodes
+        computed, outputs, prompt, held = self._numbers[:4, :n].tolist()  # as _name_numbers
+        rows = zip(computed, outputs, prompt, held, strict=False)  # (strict: a cost per row)
+        others = [
+            i
+            for i, (done, out, prompt_len, room) in enumerate(rows)
+            if prompt_len + out - done != 1 or not out or done >= room
+        ]
+        prefills = (
+            k
+            for k, i in enumerate(others)
+            if prompt[i] + outputs[i] - computed[i] != 1 or not outputs[i]
+        )
+        return others, next(prefills, len(others))
 
     def took_block(self, rows: list[int]) -> None:
         """The rows' requests each took one more block."""

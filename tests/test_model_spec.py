@@ -3,6 +3,7 @@ against the presets, and per-device counts under tensor parallelism, written out
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -151,8 +152,8 @@ def test_config_json_gives_the_presets_spec(tmp_path):
         tie_word_embeddings=False,
         max_position_embeddings=131072,
     )
-    assert spec_of(config=str(qwen / "config.json")) == ModelSpec(
-        **{**preset("qwen25_7b").__dict__, "name": "qwen"}
+    assert spec_of(config=str(qwen / "config.json")) == dataclasses.replace(
+        preset("qwen25_7b"), name="qwen"
     )
 
 
