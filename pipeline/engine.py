@@ -158,13 +158,6 @@ class Leaps(NamedTuple):
     done: Callable[[DecodeRun], None]
 
 
-@dataclass
-class StepResult:
-    plan: StepPlan
-    meta: ForwardMeta | None  # None when the plan had nothing to run
-    finished: list[Request]  # requests that stopped after this step's samples
-
-
 class Engine:
     def __init__(
         self,
@@ -197,18 +190,12 @@ class Engine:
         self.concurrency = concurrency
         self.warmed_shapes = 0  # shapes the last warmup prepared
 
-    def step(self, now: Callable[[], float]) -> StepResult:
-        plan = self.scheduler.schedule(now())
-        if plan.empty:
-            return StepResult(plan, None, [])
-        return self._run(plan, self.metadata.build(plan), now)
-
-    def _run(self, plan: StepPlan, meta: ForwardMeta, now: Callable[[], float]) -> StepResult:
-        """The scheduled step, laid out in `meta`, through the model, sampler and update."""
+    def _run(self, plan: StepPlan, meta: ForwardMeta) -> list[Request]:
+        """The scheduled step, laid out in `meta`, through the model, sampler and update;
+        returns the requests that stopped after its samples."""
         logits = self.model.forward(meta, self.attention)
         samples = self.sampler.sample(logits, plan.sampled_requests)
-        finished = self.scheduler.update(plan, samples, now())
-        return StepResult(plan, meta, finished)
+        return self.scheduler.update(plan, samples, self.clock())
 
     def leap(
         self,
@@ -414,9 +401,9 @@ class Engine:
         meta = self.metadata.build(plan)
         if leaps and (leapt := self.leap(leaps.until, leaps.finishes(), (plan, meta))):
             return self._hand_on_leap(*leapt, leaps, on_tokens, on_finish)
-        result = self._run(plan, meta, self.clock)
+        finished = self._run(plan, meta)
         on_tokens(plan.sampled_requests)
-        self._release(plan.failed + result.finished, on_finish)
+        self._release(plan.failed + finished, on_finish)
         duration = self.clock() - t
         on_step(StepRecord.of(index, plan, meta, duration, self.record_lengths))
         return 1

@@ -274,11 +274,6 @@ class DecodeRun:
         left = self._left_by(self.lens).astype(np.int64)  # sums of whole numbers: exact
         return total - left + self.batch * steps
 
-    def last(self) -> DecodeRun:
-        """The run's last step alone (the rows that stay to it)."""
-        lens, stays = self.lens + self.steps - 1, (self.stays >= self.steps).astype(np.int64)
-        return self._part(lens, stays, slice(-1, None))
-
     def first(self, steps: int) -> DecodeRun:
         """The run's first `steps` steps."""
         if steps == self.steps:

@@ -348,24 +348,22 @@ def test_a_run_counts_the_rows_and_slots_of_each_step_as_rows_leave():
     assert run.slots().tolist() == [sum(int(n) + j for n, o in zip(lens, on[j], strict=True) if o)
                                     for j in range(5)]  # fmt: skip
     assert run.num_tokens == int(stays.sum())
-    first, last = run.first(3), run.last()
+    first = run.first(3)
     assert first.batch.tolist() == [4, 4, 3] and first.slots().tolist() == run.slots()[:3].tolist()
-    assert last.batch.tolist() == [2] and last.slots().tolist() == run.slots()[-1:].tolist()
 
 
 def test_a_run_with_a_head_step_counts_that_step_as_the_head_ran_it():
     """Two decoding rows and one that prefills 40 tokens in the head step: the run's
-    totals take the head's own for its first step, and only its parts that hold the
-    first step keep the head."""
+    totals take the head's own for its first step, and only a part that holds the first
+    step keeps the head."""
     lens, stays = np.array([10, 20, 40]), np.array([3, 3, 2])
     head = SimpleNamespace(num_tokens=42, padded_tokens=64)  # 40 prefilled + 2 decodes
     run = DecodeRun([None] * 3, lens, stays, np.zeros(3, np.int64), 16, joining=1)  # type: ignore[list-item]
     run = run.padded(np.array([2, 4, 4]), np.array([2, 5, 6]), head)  # type: ignore[arg-type]
     assert run.num_tokens == 42 + 3 + 2  # the head's, then a token per row each step
     assert run.padded_tokens == 64 + 4 + 4
-    first, last, rest = run.first(1), run.last(), run.first(0)
+    first, rest = run.first(1), run.first(0)
     assert (first.head, first.joining, first.num_tokens, first.padded_tokens) == (head, 1, 42, 64)
-    assert (last.head, last.joining, last.num_tokens, last.padded_tokens) == (None, 0, 2, 4)
     assert rest.head is None and rest.num_tokens == 0
 
 
