@@ -24,7 +24,7 @@ log = structlog.get_logger(__name__)
 
 # The most decode steps a leap does at once: long runs gain little more, and a cap keeps
 # each leap's arrays small.
-MAX_LEAP_STEPS = 64
+MAX_LEAP_STEPS = 128
 
 
 class Clock(Protocol):

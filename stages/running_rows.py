@@ -64,6 +64,12 @@ class RunningRows:
         self.computed[row] = request.num_computed
         self.outputs[row] = len(request.output_ids)
 
+    def as_last_prompt_decode(self, row: int) -> None:
+        """Row `row`, a request that prefills its whole prompt in this step, counted as a
+        decode of its last prompt token (a leap's joining row; DecodeRun): its first output
+        is then that step's sample, as any decode's."""
+        self.computed[row] = self.prompt[row] - 1
+
     def read_held(self, row: int, request: Request) -> None:
         """Row `row`'s blocks, after a decode took room for its token (nothing else of
         the row changes before the step's update)."""

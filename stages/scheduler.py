@@ -525,11 +525,12 @@ class ChunkedScheduler:
                 return None
         if rows.checked[:old].any():  # (the plan decodes every other row)
             return None
-        for row, chunk in enumerate(plan.prefill, old):
-            rows.computed[row] = chunk.end - 1  # its last prompt token's "decode"
+        for row in range(old, n):
+            rows.as_last_prompt_decode(row)
         run = self._decode_run(limit, finishes, joining)
         if run is None:  # the rows mirror their requests again
-            rows.computed[old:n] = [chunk.start for chunk in plan.prefill]
+            for row, chunk in enumerate(plan.prefill, old):
+                rows.read_progress(row, chunk.request)
         return run
 
     def _decode_run(self, limit: int, finishes: float, joining: int = 0) -> DecodeRun | None:
@@ -574,7 +575,7 @@ class ChunkedScheduler:
         steps, bs = run.steps, self.block_size
         running, rows, kv = self.running, self.rows, self.kv_cache
         if run.requests != running:
-            raise ValueError("advance_decodes takes the run steady_decodes just returned")
+            raise ValueError("advance_decodes takes the run the scheduler just returned")
         if run.joining:  # the head step: its plan is done here, not by update
             self._step = None
             for request in running[len(running) - run.joining :]:
