@@ -134,7 +134,7 @@ class SimulatedDevice:
         if run.steps == first:
             starts = []
         elif not run.leaving and rows[first] == rows[-1] and widths[first] == widths[-1]:
-            starts = [first]  # the common run: its widths only grow, so they are one
+            starts = [first]  # the common run: no row leaves, widths never shrink: one bucket
         else:
             rows, widths = rows[first:], widths[first:]
             changes = (rows[1:] != rows[:-1]) | (widths[1:] != widths[:-1])
