@@ -93,7 +93,7 @@ class Buckets:
         that have one: the result stops at the first beyond the largest size."""
         sizes = self.sizes[name]
         at = sizes.searchsorted(values)  # (np.searchsorted's wrapper costs more than it)
-        if not len(at) or at.max() < len(sizes):  # the common case: every value has one
+        if at.max() < len(sizes):  # the common case: every value has one
             return sizes[at]
         return sizes[at[: (at == len(sizes)).nonzero()[0][0]]]
 

@@ -114,8 +114,9 @@ class DecodeRuns:
         leaving = 0 if self.waiting else int(min(finishes, n - 1))
         # The step the leaving-th row (from 0, in the order they leave) reaches its length.
         ahead = left.tolist()
+        first_to_leave = min(ahead)
         if leaving == n - 1 or not leaving:  # the common runs: the last or the first
-            last = max(ahead) if leaving else min(ahead)
+            last = max(ahead) if leaving else first_to_leave
         else:
             last = int(np.partition(left, leaving)[leaving])
         steps = min(limit, last)
@@ -123,7 +124,7 @@ class DecodeRuns:
         if steps < 1:
             return None
         lens, stays = rows.computed[:n] + 1, np.minimum(left, steps)
-        leaves = min(ahead) < steps  # a row leaves before the last step
+        leaves = first_to_leave < steps  # a row leaves before the last step
         blocks = listed_blocks(lens, steps, self.block_size, stays if leaves else None)
         return DecodeRun(list(self.running), lens, stays, blocks, self.block_size, joining=joining)
 
