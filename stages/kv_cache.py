@@ -167,8 +167,8 @@ class KVCacheManager:
         self.prefix = PrefixCache(num_blocks) if prefix_caching else None
         self._tables: dict[int, list[int]] = {}
         self._registered: dict[int, int] = {}  # how many of its blocks have been registered
-        # A whole block's int32 ids as bytes (a decode's block; one format made once).
-        self._pack_block = struct.Struct(f"={block_size}i").pack
+        # The bytes of a block of one token over and over, and the token (see _ids_bytes).
+        self._repeated: tuple[int | None, bytes] = (None, b"")
 
     @property
     def num_blocks(self) -> int:
@@ -246,14 +246,26 @@ class KVCacheManager:
                 self._content_blocks(request, num_blocks)
                 return chain
         # The common case, a decode's block: whole blocks of output ids.
-        output, pack = request.output_ids, self._pack_block
+        output = request.output_ids
         parent = chain[-1] if chain else ROOT_HASH
         start = have * bs - num_prompt
         for _ in range(num_blocks - have):
-            parent = blake2b(parent + pack(*output[start : start + bs]), digest_size=16).digest()
+            data = self._ids_bytes(output[start : start + bs])
+            parent = blake2b(parent + data, digest_size=16).digest()
             chain.append(parent)
             start += bs
         return chain
+
+    def _ids_bytes(self, ids: list[int]) -> bytes:
+        """int32_bytes of up to a block's ids. A simulated device samples one token over
+        and over: a block of it is packed once, and each block of it cut from that (packing
+        a block costs as much as hashing it)."""
+        token = ids[0]
+        if ids.count(token) != len(ids):
+            return int32_bytes(ids)
+        if self._repeated[0] != token:
+            self._repeated = (token, int32_bytes([token] * self.block_size))
+        return self._repeated[1][: 4 * len(ids)]
 
     def _content_blocks(self, request: Request, num_blocks: int) -> None:
         """Appends the content hashes of the request's blocks up to num_blocks, each from its
@@ -287,7 +299,7 @@ class KVCacheManager:
             names = prompt.prefix_keys((num_prompt,))
             if names is None:
                 return
-            data = names[0] + int32_bytes(request.output_ids[: (whole + 1) * bs - num_prompt])
+            data = names[0] + self._ids_bytes(request.output_ids[: (whole + 1) * bs - num_prompt])
             chain.append(blake2b(data, digest_size=16, person=NAMED_PROMPT).digest())
 
     def cache_computed_blocks(self, request: Request, num_computed: int | None = None) -> None:
