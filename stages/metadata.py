@@ -743,7 +743,12 @@ def step_shape(
 ) -> StepShape:
     """The step's buckets and each row's real lengths (lens: decode_lens(plan); kv: their
     decode_totals, where the caller summed them)."""
-    chunks = plan.prefill  # list comprehensions: a step's one or few chunks, read fast
-    chunk_lens = tuple([c.end - c.start for c in chunks])
-    context_lens = tuple([c.start for c in chunks])
+    chunks = plan.prefill
+    chunk_lens: tuple[int, ...]
+    context_lens: tuple[int, ...]
+    if len(chunks) == 1:  # the common step's one chunk, without the comprehensions
+        chunk_lens, context_lens = (chunks[0].end - chunks[0].start,), (chunks[0].start,)
+    else:  # list comprehensions: a step's few chunks, read fast
+        chunk_lens = tuple([c.end - c.start for c in chunks])
+        context_lens = tuple([c.start for c in chunks])
     return StepShape(block_size, prefill, decode, chunk_lens, context_lens, lens, False, kv)
