@@ -93,7 +93,9 @@ class Buckets:
         that have one: the result stops at the first beyond the largest size."""
         sizes = self.sizes[name]
         at = sizes.searchsorted(values)  # (np.searchsorted's wrapper costs more than it)
-        if at.max() < len(sizes):  # the common case: every value has one
+        # The common case: every value has one. (argmax: the largest without the wrapper
+        # of numpy's max, which costs 1 us more at each leap.)
+        if at[at.argmax()] < len(sizes):
             return sizes[at]
         return sizes[at[: (at == len(sizes)).nonzero()[0][0]]]
 
