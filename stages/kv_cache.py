@@ -11,7 +11,9 @@ a name of each prefix instead (its stream's key and length: equal names, equal i
 run of a trace hashes no prompt ids and draws none. A block is free (no content),
 held (by one or more requests: its reference count), or cached (content kept, held by
 nobody): cached blocks are reused by a later request with the same prefix, and evicted
-least recently used, only when a fresh block is needed and none is free.
+least recently used, only when a fresh block is needed and none is free. A request's blocks
+are named only once another request could find them (stages.prefix_cache): a workload
+whose prompts are each their own names one block a request.
 """
 
 from __future__ import annotations
@@ -149,7 +151,7 @@ class KVCacheManager:
         if self.prefix is None:
             return []
         num_blocks = (request.num_tokens - 1) // self.block_size
-        if num_blocks < 1 or not self._names_under_root(request):
+        if num_blocks < 1 or not self._names_under_root(self.prefix, request):
             return []  # (a workload without hits: one name made and looked up)
         chain, block_of = self._hashes_to(request, num_blocks), self.prefix.block_of
         blocks = []
@@ -160,29 +162,24 @@ class KVCacheManager:
             blocks.append(block)
         return blocks
 
-    def _names_under_root(self, request: Request) -> bool:
+    def _names_under_root(self, prefix: PrefixCache, request: Request) -> bool:
         """Whether blocks under the request's root (its first block's name) may be known
-        by name, those another request registered unnamed named first."""
-        prefix = self.prefix
-        assert prefix is not None
+        by name, those another request registered unnamed named first (stages.
+        prefix_cache): where not, no block holds any of its prefixes."""
         root = self._hashes_to(request, 1)[0]
         unnamed = prefix.unnamed.get(root)
         if unnamed is not None:
-            self._name(unnamed)
+            self._name(prefix, unnamed)
             return True
         return root in prefix.named_roots
 
-    def _name(self, unnamed: UnnamedBlocks) -> None:
+    def _name(self, prefix: PrefixCache, unnamed: UnnamedBlocks) -> None:
         """Names the unnamed blocks, their request's names by place."""
-        assert self.prefix is not None
-        names = self._hashes_to(unnamed.request, max(unnamed.place.values()) + 1)
-        self.prefix.name(unnamed, names)
+        prefix.name(unnamed, self._hashes_to(unnamed.request, max(unnamed.place.values()) + 1))
 
-    def _unnamed_of(self, request: Request) -> UnnamedBlocks | None:
+    def _unnamed_of(self, prefix: PrefixCache, request: Request) -> UnnamedBlocks | None:
         """The unnamed blocks the request registers under, where no other request has
         reached its root; None where it registers by name."""
-        prefix = self.prefix
-        assert prefix is not None
         unnamed = self._unnamed.get(request.seq_id)
         if unnamed is not None:
             if prefix.unnamed.get(unnamed.root) is unnamed:
@@ -194,7 +191,7 @@ class KVCacheManager:
             return None
         other = prefix.unnamed.get(root)
         if other is not None:  # another request's: named first, as registering reads names
-            self._name(other)
+            self._name(prefix, other)
             return None
         unnamed = prefix.unnamed[root] = UnnamedBlocks(request, root)
         self._unnamed[request.seq_id] = unnamed
@@ -203,13 +200,16 @@ class KVCacheManager:
     def content_of(self, block: int) -> bytes | None:
         """The block's content name (None: no content), its unnamed ones named first (a
         check's view: it changes no later step)."""
-        assert self.prefix is not None
-        content = self.prefix.hash_of[block]
-        if isinstance(content, UnnamedBlocks):
-            self._name(content)
-            content = self.prefix.hash_of[block]
-        assert not isinstance(content, UnnamedBlocks)
-        return content
+        prefix = self.prefix
+        if prefix is None:
+            return None
+        content = prefix.hash_of[block]
+        if not isinstance(content, UnnamedBlocks):
+            return content
+        self._name(prefix, content)
+        named = prefix.hash_of[block]
+        assert isinstance(named, bytes)
+        return named
 
     def block_hashes(self, request: Request, num_blocks: int) -> list[bytes]:
         """Content hashes of the request's first num_blocks full blocks, each made once and
@@ -305,7 +305,7 @@ class KVCacheManager:
         if full > done:  # the common case, a decode within a block, returns here
             table = self._tables.get(seq_id, [])
             full = full if full < len(table) else len(table)
-            unnamed = self._unnamed_of(request)
+            unnamed = self._unnamed_of(self.prefix, request)
             if unnamed is None:
                 chain = self._hashes_to(request, full)
                 self.prefix.register(table[done:full], chain[done:full])
