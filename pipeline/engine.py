@@ -212,15 +212,17 @@ class Engine:
         token = self.sampler.fixed_token
         if token is None:
             return None
+        end = until()
+        limit = self.model.steps_before(end, MAX_LEAP_STEPS)  # plans no step past `end`
         if head is None:
-            run = self.scheduler.steady_decodes(MAX_LEAP_STEPS, finishes)
+            run = self.scheduler.steady_decodes(limit, finishes)
             run = self.metadata.pad_decodes(run) if run else None
         else:
-            run = self.scheduler.decodes_after(head[0], MAX_LEAP_STEPS, finishes)
+            run = self.scheduler.decodes_after(head[0], limit, finishes)
             run = self.metadata.pad_decodes(run, head[1]) if run else None
         if run is None:
             return None
-        ends = self.model.run_decodes(run, until())
+        ends = self.model.run_decodes(run, end)
         run = run.first(len(ends))
         return run, self.scheduler.advance_decodes(run, token, ends)
 
