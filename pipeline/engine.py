@@ -352,7 +352,8 @@ class Engine:
             self._admit(arrivals, on_finish)
             if not self.scheduler.has_work:
                 continue
-            if leaps and (leapt := self.leap(leaps.until, leaps.finishes())):
+            # (Requests just handed in are what the next step admits: it may head a leap.)
+            if leaps and not arrivals.new and (leapt := self.leap(leaps.until, leaps.finishes())):
                 index += self._hand_on_leap(*leapt, leaps, on_tokens, on_finish)
                 continue
             index += self._step_once(index, on_step, on_tokens, on_finish, leaps)

@@ -126,7 +126,10 @@ class DecodeRuns:
         lens, stays = rows.computed[:n] + 1, np.minimum(left, steps)
         leaves = first_to_leave < steps  # a row leaves before the last step
         blocks = listed_blocks(lens, steps, self.block_size, stays if leaves else None)
-        return DecodeRun(list(self.running), lens, stays, blocks, self.block_size, joining=joining)
+        return DecodeRun(
+            list(self.running), lens, stays, blocks, self.block_size, joining=joining,
+            first_leave=first_to_leave,
+        )  # fmt: skip
 
     def advance_decodes(self, run: DecodeRun, token: int, ends: list[float]) -> list[Request]:
         """The run's steps done: each row gets `token` at each step's end time while it

@@ -220,6 +220,8 @@ class DecodeRun:
     widths: np.ndarray | None = None
     joining: int = 0  # the last rows, which prefill in the first step (the head's)
     head: ForwardMeta | None = None  # the first step, where joining rows prefill in it
+    # the fewest steps a row could stay, the run's length aside (None: read from stays)
+    first_leave: int | None = None
     # [steps] the rows each step decodes, once asked (a part of a run takes its share)
     _batch: np.ndarray | None = field(default=None, init=False, repr=False)
     _leaving: bool | None = field(default=None, init=False, repr=False)  # once asked
@@ -235,7 +237,7 @@ class DecodeRun:
     @property
     def num_tokens(self) -> int:
         """Tokens computed over the run: one per row and step it stays, the head's own."""
-        decoded = int(self.stays.sum())
+        decoded = int(self.stays.sum()) if self.leaving else self.rows * self.steps
         return decoded if self.head is None else decoded - self.rows + self.head.num_tokens
 
     @property
@@ -251,7 +253,8 @@ class DecodeRun:
     def leaving(self) -> bool:
         """Whether a row leaves before the last step."""
         if self._leaving is None:
-            self._leaving = self.steps > 0 and bool(self.stays.min() < self.steps)
+            fewest = self.first_leave if self.first_leave is not None else self.stays.min()
+            self._leaving = self.steps > 0 and bool(fewest < self.steps)
         return self._leaving
 
     @property
@@ -278,33 +281,33 @@ class DecodeRun:
         """The run's first `steps` steps."""
         if steps == self.steps:
             return self
-        return self._part(self.lens, np.minimum(self.stays, steps), slice(steps))
+        padded, widths = self.padded_rows, self.widths
+        if padded is not None and widths is not None:
+            padded, widths = padded[:steps], widths[:steps]
+        return self._cut(steps, padded, widths, self.head if steps else None)
 
     def padded(
         self, rows: np.ndarray, widths: np.ndarray, head: ForwardMeta | None = None
     ) -> DecodeRun:
         """The run's first len(rows) steps, each padded to a bucket of `rows` rows and
         `widths` blocks (the metadata builder's), with its head step where it has one."""
-        steps = len(rows)
-        if steps == self.steps:  # the common run: all of it, padded where it is
+        if len(rows) == self.steps:  # the common run: all of it, padded where it is
             self.padded_rows, self.widths, self.head = rows, widths, head
             return self
-        stays = np.minimum(self.stays, steps)
-        run = DecodeRun(self.requests, self.lens, stays, self.blocks[:steps], self.block_size,
-                        rows, widths, self.joining, head)  # fmt: skip
-        if self._batch is not None:
-            run._batch = self._batch[:steps]
-        return run
+        return self._cut(len(rows), rows, widths, head)
 
-    def _part(self, lens: np.ndarray, stays: np.ndarray, steps: slice) -> DecodeRun:
-        padded, widths, blocks = self.padded_rows, self.widths, self.blocks[steps]
-        first = len(blocks) > 0 and steps.indices(self.steps)[0] == 0  # it has the head step
+    def _cut(
+        self,
+        steps: int,
+        padded: np.ndarray | None,
+        widths: np.ndarray | None,
+        head: ForwardMeta | None,
+    ) -> DecodeRun:
+        """The run's first `steps` steps (fewer than it has), padded so and with `head`."""
         run = DecodeRun(
-            self.requests, lens, stays, blocks, self.block_size,
-            padded[steps] if padded is not None else None,
-            widths[steps] if widths is not None else None,
-            self.joining if first else 0, self.head if first else None,
+            self.requests, self.lens, np.minimum(self.stays, steps), self.blocks[:steps],
+            self.block_size, padded, widths, self.joining if steps else 0, head, self.first_leave,
         )  # fmt: skip
         if self._batch is not None:
-            run._batch = self._batch[steps]
+            run._batch = self._batch[:steps]
         return run
