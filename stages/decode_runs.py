@@ -20,7 +20,8 @@ import numpy as np
 
 from stages.kv_cache import KVCacheManager
 from stages.request import DecodeRun, FinishReason, Request, StepPlan
-from stages.running_rows import RunningRows, listed_blocks, recurring
+from stages.running_rows import RunningRows, few_rows_columns, listed_blocks, recurring
+from stages.step_shape import MANY_ROWS
 from stages.stopping import StopRule
 
 if TYPE_CHECKING:  # the scheduler builds on this part
@@ -124,11 +125,15 @@ class DecodeRuns:
         if steps < 1:
             return None
         lens, stays = rows.computed[:n] + 1, np.minimum(left, steps)
-        leaves = first_to_leave < steps  # a row leaves before the last step
-        blocks = listed_blocks(lens, steps, self.block_size, stays if leaves else None)
+        bs, batch, slots = self.block_size, None, None
+        if n <= MANY_ROWS:
+            blocks, batch, slots = few_rows_columns(lens.tolist(), stays.tolist(), steps, bs)
+        else:
+            leaves = first_to_leave < steps  # a row leaves before the last step
+            blocks = listed_blocks(lens, steps, bs, stays if leaves else None)
         return DecodeRun(
-            list(self.running), lens, stays, blocks, self.block_size, joining=joining,
-            first_leave=first_to_leave,
+            list(self.running), lens, stays, blocks, bs, joining=joining,
+            first_leave=first_to_leave, batch_rows=batch, batch_slots=slots,
         )  # fmt: skip
 
     def advance_decodes(self, run: DecodeRun, token: int, ends: list[float]) -> list[Request]:

@@ -222,8 +222,10 @@ class DecodeRun:
     head: ForwardMeta | None = None  # the first step, where joining rows prefill in it
     # the fewest steps a row could stay, the run's length aside (None: read from stays)
     first_leave: int | None = None
-    # [steps] the rows each step decodes, once asked (a part of a run takes its share)
-    _batch: np.ndarray | None = field(default=None, init=False, repr=False)
+    # [steps] the rows each step decodes and the KV slots it reads, where counted with the
+    # blocks (None: from lens and stays when asked; a part of a run takes its share)
+    batch_rows: np.ndarray | None = field(default=None, repr=False)
+    batch_slots: np.ndarray | None = field(default=None, repr=False)
     _leaving: bool | None = field(default=None, init=False, repr=False)  # once asked
     steps: int = field(init=False)
 
@@ -260,9 +262,9 @@ class DecodeRun:
     @property
     def batch(self) -> np.ndarray:
         """[steps] the rows each step decodes."""
-        if self._batch is None:
-            self._batch = self.rows - self._left_by()
-        return self._batch
+        if self.batch_rows is None:
+            self.batch_rows = self.rows - self._left_by()
+        return self.batch_rows
 
     def _left_by(self, weights: np.ndarray | None = None) -> np.ndarray:
         """[steps] how many rows (or how much of `weights`) left before each step."""
@@ -270,6 +272,8 @@ class DecodeRun:
 
     def slots(self) -> np.ndarray:
         """[steps] the KV slots each step's decode attention reads: its rows' tokens."""
+        if self.batch_slots is not None:
+            return self.batch_slots
         steps = np.arange(self.steps, dtype=np.int64)
         total = int(self.lens.sum())
         if not self.leaving:  # the common run
@@ -304,10 +308,10 @@ class DecodeRun:
         head: ForwardMeta | None,
     ) -> DecodeRun:
         """The run's first `steps` steps (fewer than it has), padded so and with `head`."""
-        run = DecodeRun(
+        batch, slots = self.batch_rows, self.batch_slots
+        return DecodeRun(
             self.requests, self.lens, np.minimum(self.stays, steps), self.blocks[:steps],
             self.block_size, padded, widths, self.joining if steps else 0, head, self.first_leave,
+            batch[:steps] if batch is not None else None,
+            slots[:steps] if slots is not None else None,
         )  # fmt: skip
-        if self._batch is not None:
-            run._batch = self._batch[:steps]
-        return run
