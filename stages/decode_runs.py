@@ -133,7 +133,7 @@ class DecodeRuns:
             blocks = listed_blocks(lens, steps, bs, stays if leaves else None)
         return DecodeRun(
             list(self.running), lens, stays, blocks, bs, joining=joining,
-            first_leave=first_to_leave, batch_rows=batch, batch_slots=slots,
+            to_length=ahead, batch_rows=batch, batch_slots=slots,
         )  # fmt: skip
 
     def advance_decodes(self, run: DecodeRun, token: int, ends: list[float]) -> list[Request]:
@@ -152,7 +152,9 @@ class DecodeRuns:
                 # Its prompt's blocks register first: its blocks were taken when it was
                 # scheduled, and the decodes take and fill theirs after.
                 kv.cache_computed_blocks(request, request.num_prompt_tokens)
-        stays = run.stays.tolist()
+        if run.to_length is None:
+            raise ValueError("advance_decodes takes a run that knows its rows' lengths")
+        stays = [left if left < steps else steps for left in run.to_length]
         self._append_tokens(token, ends, stays)
         takers, taken_at = recurring(rows.first_new_block(), steps, bs, run.stays)
         if kv.prefix is None or len(takers) <= kv.pool.num_free:
@@ -166,7 +168,9 @@ class DecodeRuns:
             request.num_computed += stayed
         rows.advance_by(run.stays, takers)
         ending: list[tuple[Request, FinishReason, int]] = []
-        for i in sorted(rows.at_length().tolist(), key=stays.__getitem__):
+        # The rows that reached their length limit, in the order they did.
+        at_length = [i for i, left in enumerate(run.to_length) if left <= steps]
+        for i in sorted(at_length, key=stays.__getitem__):
             reason = self.stop.reason(running[i])
             if reason:
                 ending.append((running[i], reason, i))

@@ -220,8 +220,9 @@ class DecodeRun:
     widths: np.ndarray | None = None
     joining: int = 0  # the last rows, which prefill in the first step (the head's)
     head: ForwardMeta | None = None  # the first step, where joining rows prefill in it
-    # the fewest steps a row could stay, the run's length aside (None: read from stays)
-    first_leave: int | None = None
+    # each row's decode steps until its length limit ends it, the run's length aside (None:
+    # unknown; stays tell whether a row leaves)
+    to_length: list[int] | None = None
     # [steps] the rows each step decodes and the KV slots it reads, where counted with the
     # blocks (None: from lens and stays when asked; a part of a run takes its share)
     batch_rows: np.ndarray | None = field(default=None, repr=False)
@@ -255,7 +256,7 @@ class DecodeRun:
     def leaving(self) -> bool:
         """Whether a row leaves before the last step."""
         if self._leaving is None:
-            fewest = self.first_leave if self.first_leave is not None else self.stays.min()
+            fewest = min(self.to_length) if self.to_length is not None else self.stays.min()
             self._leaving = self.steps > 0 and bool(fewest < self.steps)
         return self._leaving
 
@@ -311,7 +312,7 @@ class DecodeRun:
         batch, slots = self.batch_rows, self.batch_slots
         return DecodeRun(
             self.requests, self.lens, np.minimum(self.stays, steps), self.blocks[:steps],
-            self.block_size, padded, widths, self.joining if steps else 0, head, self.first_leave,
+            self.block_size, padded, widths, self.joining if steps else 0, head, self.to_length,
             batch[:steps] if batch is not None else None,
             slots[:steps] if slots is not None else None,
         )  # fmt: skip

@@ -190,11 +190,6 @@ class RunningRows:
             at = at[at <= stays[rows]]
         return limit if len(at) <= free else int(at[free]) - 1
 
-    def at_length(self) -> np.ndarray:
-        """The rows whose tokens reached their length limit."""
-        n = self.size
-        return (self.prompt[:n] + self.outputs[:n] >= self.limit[:n]).nonzero()[0]
-
     def advance_by(self, steps: np.ndarray, takers: np.ndarray) -> None:
         """Each row decoded `steps` tokens, and each of `takers` took a block (a row as
         often as it is listed)."""
@@ -283,5 +278,5 @@ def few_rows_columns(
             tokens[stayed] -= n
     blocks[0] += sum((n + bs - 1) // bs for n in lens)
     rows[0], tokens[0] = len(lens), sum(lens)
-    listed, batch, held = np.array(change).cumsum(axis=1)
+    listed, batch, held = np.array(change, np.int64).cumsum(axis=1)
     return listed, batch, held + batch * np.arange(steps)
