@@ -97,7 +97,7 @@ class DecodeRuns:
                 return None
             if rows.limit[row] - request.num_prompt_tokens < 2 or rows.checked[row]:
                 return None
-        if rows.checked[:old].any():  # (the plan decodes every other row)
+        if np.count_nonzero(rows.checked[:old]):  # (the plan decodes every other row)
             return None
         for row in range(old, n):
             rows.as_last_prompt_decode(row)

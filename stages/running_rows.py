@@ -157,7 +157,7 @@ class RunningRows:
         every token)."""
         outputs = self.outputs[:n]
         others = (self.computed[:n] + 1 != self.prompt[:n] + outputs) | (outputs == 0)
-        return not (others | self.checked[:n]).any()
+        return not np.count_nonzero(others | self.checked[:n])  # (.any()'s wrapper costs more)
 
     def steps_to_length(self) -> np.ndarray:
         """[rows] decode steps until each row reaches its length limit (that step ends it)."""
