@@ -8,7 +8,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
 import structlog
@@ -97,8 +97,9 @@ class Arrivals:
     """What a request source hands the engine between two steps."""
 
     new: list[Request]
-    # Requests to end now, each with its reason (its client left, the server stops).
-    aborted: list[tuple[Request, str]] = field(default_factory=list)
+    # Requests to end now, each with its reason (its client left, the server stops): none
+    # from a workload (no new list before every step).
+    aborted: Sequence[tuple[Request, str]] = ()
 
 
 class RequestSource(Protocol):
@@ -352,11 +353,12 @@ class Engine:
             self._admit(arrivals, on_finish)
             if not self.scheduler.has_work:
                 continue
+            finishes = leaps.finishes() if leaps else 0
             # (Requests just handed in are what the next step admits: it may head a leap.)
-            if leaps and not arrivals.new and (leapt := self.leap(leaps.until, leaps.finishes())):
+            if leaps and not arrivals.new and (leapt := self.leap(leaps.until, finishes)):
                 index += self._hand_on_leap(*leapt, leaps, on_tokens, on_finish)
                 continue
-            index += self._step_once(index, on_step, on_tokens, on_finish, leaps)
+            index += self._step_once(index, on_step, on_tokens, on_finish, leaps, finishes)
         return clock()
 
     def _admit(self, arrivals: Arrivals, on_finish: Callable[[Request], None]) -> None:
@@ -389,10 +391,13 @@ class Engine:
         on_tokens: Callable[[list[Request]], None],
         on_finish: Callable[[Request], None],
         leaps: Leaps | None = None,
+        finishes: float = 0,
     ) -> int:
         """Runs one step and hands on its tokens, its ended requests and its record (step
         `index`); returns the steps recorded: 0 where the plan only failed requests. With
-        `leaps`, a step that admits requests may start a leap (returns its steps)."""
+        `leaps`, a step that admits requests may start a leap (returns its steps) letting
+        `finishes` requests finish: leaps.finishes() as asked before the step (scheduling
+        changes neither source's answer: the requests it fails are handed on after)."""
         t = self.clock()
         plan = self.scheduler.schedule(t)
         if plan.empty:
@@ -402,7 +407,7 @@ class Engine:
                 return 0
             raise RuntimeError("the scheduler found nothing to run while requests wait")
         meta = self.metadata.build(plan)
-        if leaps and (leapt := self.leap(leaps.until, leaps.finishes(), (plan, meta))):
+        if leaps and (leapt := self.leap(leaps.until, finishes, (plan, meta))):
             return self._hand_on_leap(*leapt, leaps, on_tokens, on_finish)
         finished = self._run(plan, meta)
         on_tokens(plan.sampled_requests)

@@ -80,9 +80,11 @@ def _met(r: Request, name: str, bound_ms: float) -> bool:
 
 
 def is_good(r: Request, slo: Slo) -> bool:
-    """Served, and within every bound that is set."""
-    return r.finish_reason != FinishReason.ERROR and all(
-        _met(r, name, bound) for name, bound in slo.bounds.items()
+    """Served, and within every bound that is set (asked at every finish of a probe: with
+    no bound set, without looking for one)."""
+    bounds = slo.bounds
+    return r.finish_reason != FinishReason.ERROR and (
+        not bounds or all(_met(r, name, bound) for name, bound in bounds.items())
     )
 
 
@@ -238,7 +240,9 @@ class EarlyVerdict:
         may bring another (it ends a leap), and so may a finish that lets later requests
         join the TPOT watch; a leap runs past finishes only while none waits, when every
         request in flight has joined already."""
-        due = min([watch.next_due() for watch in self.watches], default=math.inf)
+        if not self.watches:  # no bound set: asked at every leap, the answer never changes
+            return math.inf
+        due = min([watch.next_due() for watch in self.watches])
         return due if due > self.now else math.nextafter(self.now, math.inf)
 
     def finishes_before_change(self) -> float:

@@ -90,15 +90,16 @@ class DecodeRuns:
             return None
         if n > self.max_tokens or self._may_admit(self.max_tokens - n):
             return None
+        # No row's every token is checked (count_nonzero: numpy's any() costs 1 us more).
+        if np.count_nonzero(rows.checked[:n]):
+            return None
         # Few rows join at once: they are looked at one by one.
         for row, chunk in enumerate(plan.prefill, old):
             request = chunk.request
             if chunk.end != request.num_prompt_tokens or request.output_ids:
                 return None
-            if rows.limit[row] - request.num_prompt_tokens < 2 or rows.checked[row]:
+            if rows.limit[row] - request.num_prompt_tokens < 2:
                 return None
-        if np.count_nonzero(rows.checked[:old]):  # (the plan decodes every other row)
-            return None
         for row in range(old, n):
             rows.as_last_prompt_decode(row)
         run = self._decode_run(limit, finishes, joining)

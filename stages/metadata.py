@@ -311,15 +311,16 @@ class HPUMetadataBuilder:
         needed: dict[str, list[int]] = {}
         prefill = self._prefill_shape(plan.prefill, needed)
         decode: tuple[int, int] | None = None
+        kv: tuple[int, int] | None = None
         lens = decode_lens(plan)  # the scheduler's array where it has one; read once
         rows = len(lens)
         if rows:
-            _, blocks = decode_totals(lens, self.block_size)  # each row lists the blocks it fills
-            needed["decode"] = [rows, blocks]
-            padded_rows, width = self.buckets.fitted("decode", {"batch": rows, "blocks": blocks})
+            kv = decode_totals(lens, self.block_size)  # each row lists the blocks it fills
+            needed["decode"] = [rows, kv[1]]
+            padded_rows, width = self.buckets.fitted("decode", {"batch": rows, "blocks": kv[1]})
             decode = padded_rows, width
         padded = (prefill[0] * prefill[1] if prefill else 0) + (decode[0] if decode else 0)
-        shape = step_shape(self.block_size, plan, prefill, decode, lens)
+        shape = step_shape(self.block_size, plan, prefill, decode, lens, kv)
         tokens = rows + sum(shape.chunk_lens)  # plan.num_tokens, from what is at hand
         return ForwardMeta.of_shapes(plan.mode, tokens, padded, shape, needed)
 
@@ -738,9 +739,16 @@ def step_shape(
     prefill: tuple[int, int, int] | None,
     decode: tuple[int, int] | None,
     lens: np.ndarray,
+    kv: tuple[int, int] | None = None,
 ) -> StepShape:
-    """The step's buckets and each row's real lengths (lens: decode_lens(plan))."""
-    chunks = plan.prefill  # list comprehensions: a step's one or few chunks, read fast
-    chunk_lens = tuple([c.end - c.start for c in chunks])
-    context_lens = tuple([c.start for c in chunks])
-    return StepShape(block_size, prefill, decode, chunk_lens, context_lens, lens)
+    """The step's buckets and each row's real lengths (lens: decode_lens(plan); kv: their
+    decode_totals, where the caller summed them)."""
+    chunks = plan.prefill
+    chunk_lens: tuple[int, ...]
+    context_lens: tuple[int, ...]
+    if len(chunks) == 1:  # the common step's one chunk, without the comprehensions
+        chunk_lens, context_lens = (chunks[0].end - chunks[0].start,), (chunks[0].start,)
+    else:  # list comprehensions: a step's few chunks, read fast
+        chunk_lens = tuple([c.end - c.start for c in chunks])
+        context_lens = tuple([c.start for c in chunks])
+    return StepShape(block_size, prefill, decode, chunk_lens, context_lens, lens, False, kv)

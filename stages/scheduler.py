@@ -260,7 +260,9 @@ class ChunkedScheduler(DecodeRuns):
         rows go one by one. Preempting takes rows from the end and scheduling a row
         changes no other, so the rows found at the start hold for the whole walk."""
         running = self.running
-        others = self._take_decode_blocks(*self.rows.not_plain_decodes(), budget.left)
+        others, decodes = self.rows.not_plain_decodes()
+        if decodes:  # (most steps have none: every row's token fits its last block)
+            others = self._take_decode_blocks(others, decodes, budget.left)
         others.append(len(running))  # a sentinel: the end of the last run
         next_other = 0
         i = 0

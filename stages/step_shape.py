@@ -34,6 +34,9 @@ class StepShape:
     # builder's int array as it is (thousands of rows a step, read once as an array)
     decode_lens: tuple[int, ...] | np.ndarray = ()
     miss: bool = False  # the bucket is outside the prepared (warmed) set
+    # decode_totals(decode_lens, block_size) where the shape's maker summed them already
+    # (the metadata builder, for the decode bucket): a device reads them instead of the rows
+    decode_kv: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         # Checked at every step, so in few calls: min() on the tuples, on a few rows' list.

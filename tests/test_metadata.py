@@ -24,7 +24,9 @@ class GivenTables(KVCacheManager):
 KV = GivenTables(POOL, BS)
 
 
-def builder(decode_span: float, blocks_step: int = 1) -> HPUMetadataBuilder:
+def builder(
+    decode_span: float, blocks_step: int = 1, shapes_only: bool = False
+) -> HPUMetadataBuilder:
     axis = {"min": 0, "step": 0, "max": 0}
     given = schema_kwargs(
         HPUMetadataConf,
@@ -38,7 +40,7 @@ def builder(decode_span: float, blocks_step: int = 1) -> HPUMetadataBuilder:
         decode_blocks={"min": 1, "step": blocks_step, "max": 0},
         decode_span=decode_span,
     )
-    return HPUMetadataBuilder(kv_cache=KV, **given)
+    return HPUMetadataBuilder(kv_cache=KV, shapes_only=shapes_only, **given)
 
 
 def decoding(tables: list[list[int]], lengths: list[int]) -> list[Request]:
@@ -107,3 +109,11 @@ def test_a_span_near_the_pool_end_shifts_down_to_stay_inside():
     first, end = meta.decode.block_range
     assert meta.decode.shape[1] == end - first == 9  # 3 blocks padded to the bucket of 9
     assert end == POOL + 1 and first == POOL + 1 - 9  # shifted down, the scratch block last
+
+
+def test_a_shapes_only_step_carries_its_decode_rows_kv_slots_and_blocks():
+    """What a device reads instead of the rows: their tokens (each with its new one) and
+    the blocks those fill, by hand."""
+    meta = builder(0.0, shapes_only=True).build(StepPlan(decode=decoding(TABLES, LENGTHS)))
+    assert meta.shape.decode_lens.tolist() == LENGTHS
+    assert meta.shape.decode_kv == (20 + 3 + 40, 2 + 1 + 3)

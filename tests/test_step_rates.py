@@ -130,6 +130,21 @@ def test_mixed_steps_equal_the_terms_on_every_shipped_model_profile_precision_an
             assert cost.step_time(shape) == pytest.approx(expected, rel=1e-12, abs=0)
 
 
+def test_a_step_whose_decode_sums_are_given_is_priced_as_its_rows_give():
+    """A builder's shape carries its decode rows' KV slots and blocks (decode_kv); a device
+    prices it by those, to the same float as by the rows."""
+    rng = np.random.default_rng(17)
+    for cost in models_to_check()[::7]:
+        block_size = int(rng.choice([16, 64, 128]))
+        for shape in [mixed_shape(rng, block_size) for _ in range(3)]:
+            decodes = dataclasses.replace(shape, prefill=None, chunk_lens=(), context_lens=())
+            for step in (shape, decodes):
+                lens = step.decode_lens
+                kv = (int(lens.sum()), int((-(-lens // block_size)).sum()))
+                given = dataclasses.replace(step, decode_kv=kv)
+                assert cost.step_time(given) == cost.step_time(step)
+
+
 def test_the_rates_grow_to_the_most_rows_a_run_has():
     cost = CostModel(spec_of(**TINY), dataclasses.replace(DEVICE, pads_to_buckets=False))
     steps = [np.full(rows, 40) + j for j, rows in enumerate([3, 64, 300, 129])]

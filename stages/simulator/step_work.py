@@ -84,7 +84,9 @@ def real_work(shape: StepShape) -> StepWork:
 def decode_sums(shape: StepShape) -> tuple[int, int, int]:
     """The decode rows of a step on a device that computes real tokens, the KV slots they
     read and the blocks they fill: sum(ceil(len / block_size))."""
-    lens = shape.decode_lens
+    lens, known = shape.decode_lens, shape.decode_kv
+    if known is not None:
+        return len(lens), *known
     if shape.decode is not None and shape.decode[0] and not len(lens):
         raise ValueError("the device computes real tokens: give StepShape.decode_lens")
     return len(lens), *decode_totals(lens, shape.block_size)
