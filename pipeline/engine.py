@@ -345,8 +345,8 @@ class Engine:
         stop = stop or NeverStop()
         index = 0
         while (
-            not stop(clock())
-            and (arrivals := source.take(clock(), idle=not self.scheduler.has_work)) is not None
+            not stop(now := clock())
+            and (arrivals := source.take(now, idle=not self.scheduler.has_work)) is not None
         ):
             self._admit(arrivals, on_finish)
             if not self.scheduler.has_work:
