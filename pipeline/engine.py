@@ -312,6 +312,8 @@ class Engine:
             arrivals.finished(request)
             on_finish(request)
 
+        # Open loop: a finish frees no slot, and each of thousands goes straight on.
+        handed_on = finished if self.concurrency else on_finish
         stop = stop or NeverStop()
         leaps = None
         if on_leap is not None and self.model.predicts_steps:
@@ -325,7 +327,7 @@ class Engine:
 
             leaps = Leaps(until, finishes, on_leap)
         with long_lived_frozen():
-            return self.serve(arrivals, on_step, finished, leaps=leaps, stop=stop)
+            return self.serve(arrivals, on_step, handed_on, leaps=leaps, stop=stop)
 
     def serve(
         self,
