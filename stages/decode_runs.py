@@ -152,9 +152,9 @@ class DecodeRuns:
             # No eviction: taking blocks changes nothing any registration reads.
             kv.take_blocks([running[i] for i in takers.tolist()])
             if kv.prefix is not None:
-                self._take_and_register(takers[:0], taken_at[:0], run.stays, steps, run.leaving)
+                self._take_and_register([], [], stays, steps)
         else:
-            self._take_and_register(takers, taken_at, run.stays, steps, run.leaving)
+            self._take_and_register(takers.tolist(), taken_at.tolist(), stays, steps)
         for request, stayed in zip(running, stays, strict=True):
             request.num_computed += stayed
         rows.advance_by(run.stays, takers)
@@ -183,31 +183,29 @@ class DecodeRuns:
                 request.token_times.extend(ends[:stayed])
 
     def _take_and_register(
-        self,
-        takers: np.ndarray,
-        taken_at: np.ndarray,
-        stays: np.ndarray,
-        steps: int,
-        leaving: bool,
+        self, takers: list[int], taken_at: list[int], stays: list[int], steps: int
     ) -> None:
         """With prefix caching, the blocks the run's tokens fill registered by content, the
-        `takers`' new blocks taken and the blocks of rows that leave before the last step
-        let go, in the order the steps meet them: each step takes its blocks, registers
-        those it filled, then ends its finished rows. (Only an eviction, taking a cached
-        block and forgetting its content, makes the order between them matter.)"""
-        running, kv = self.running, self.kv_cache
-        fillers, filled_at = recurring(self.rows.first_full_block(), steps, self.block_size, stays)
+        `takers`' new blocks taken (at their `taken_at` steps) and the blocks of rows that
+        leave before the last step let go, in the order the steps meet them: each step
+        takes its blocks, registers those it filled, then ends its finished rows. (Only an
+        eviction, taking a cached block and forgetting its content, makes the order between
+        them matter.) A run has a few rows and events: lists cost less than arrays here."""
+        running, kv, bs = self.running, self.kv_cache, self.block_size
+        computed = self.rows.computed[: len(running)].tolist()  # before the run
         # (step, kind, row): a step's takes, then its registrations, then its rows leaving.
-        events = list(zip(filled_at.tolist(), itertools.repeat(_FILL), fillers.tolist()))
-        if len(takers):  # else the leaving rows' blocks may go after the rest (no eviction)
-            events += zip(taken_at.tolist(), itertools.repeat(_TAKE), takers.tolist())
-            if leaving:
-                gone = (stays < steps).nonzero()[0]
-                events += zip(stays[gone].tolist(), itertools.repeat(_GO), gone.tolist())
-            events.sort()
+        # A row fills a block at each step its computed tokens reach a multiple of bs.
+        events = [
+            (step, _FILL, row)
+            for row, (done, stay) in enumerate(zip(computed, stays, strict=True))
+            for step in range(bs - done % bs, stay + 1, bs)
+        ]
+        if takers:  # else the leaving rows' blocks may go after the rest (no eviction)
+            events += zip(taken_at, itertools.repeat(_TAKE), takers)
+            events += ((stay, _GO, row) for row, stay in enumerate(stays) if stay < steps)
         if not events:
             return
-        computed = self.rows.computed[: len(running)].tolist()  # before the run
+        events.sort()
         taking: list[Request] = []  # takes in a row, taken at once
         for step, kind, row in events:
             if kind == _TAKE:

@@ -20,7 +20,8 @@ import hashlib
 import heapq
 import struct
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from hashlib import blake2b
 
 import numpy as np
 
@@ -166,6 +167,8 @@ class KVCacheManager:
         self.prefix = PrefixCache(num_blocks) if prefix_caching else None
         self._tables: dict[int, list[int]] = {}
         self._registered: dict[int, int] = {}  # how many of its blocks have been registered
+        # The bytes of a block of one token over and over, and the token (see _ids_bytes).
+        self._repeated: tuple[int | None, bytes] = (None, b"")
 
     @property
     def num_blocks(self) -> int:
@@ -226,30 +229,57 @@ class KVCacheManager:
 
     def _hashes_to(self, request: Request, num_blocks: int) -> list[bytes]:
         """The request's kept hashes, made up to at least its first num_blocks blocks."""
-        chain, bs = request.block_hashes, self.block_size
+        chain = request.block_hashes
         have = len(chain)
-        if have >= num_blocks:
+        if have >= num_blocks:  # (admission asks again while a request waits)
             return chain
-        prompt = request.prompt_ids
-        # The blocks the prompt lies in by name, once (a decode's blocks come after them).
-        if have * bs < request.num_prompt_tokens and isinstance(prompt, PromptIds):
-            self._named_blocks(request, prompt.prefix_keys, num_blocks)
-            have = len(chain)
-        if have < num_blocks:
-            data = token_bytes(request, have * bs, num_blocks * bs)
-            width = bs * 4  # bytes of a block's int32 ids
-            parent = chain[-1] if chain else ROOT_HASH
-            for j in range(num_blocks - have):
-                parent = chain_hash(parent, data[j * width : (j + 1) * width])
-                chain.append(parent)
+        bs, num_prompt = self.block_size, request.num_prompt_tokens
+        if have * bs < num_prompt:
+            prompt = request.prompt_ids
+            # (A list is no PromptIds: asking the abstract class costs a call.)
+            if type(prompt) is not list and isinstance(prompt, PromptIds):
+                self._named_blocks(request, prompt, num_blocks)
+                have = len(chain)
+                if have >= num_blocks:  # (admission: the prompt's whole blocks)
+                    return chain
+            if have * bs < num_prompt:  # a list, or a prompt known by its content only
+                self._content_blocks(request, num_blocks)
+                return chain
+        # The common case, a decode's block: whole blocks of output ids.
+        output = request.output_ids
+        parent = chain[-1] if chain else ROOT_HASH
+        start = have * bs - num_prompt
+        for _ in range(num_blocks - have):
+            data = self._ids_bytes(output[start : start + bs])
+            parent = blake2b(parent + data, digest_size=16).digest()
+            chain.append(parent)
+            start += bs
         return chain
 
-    def _named_blocks(
-        self,
-        request: Request,
-        prefix_keys: Callable[[Sequence[int]], list[bytes] | None],
-        num_blocks: int,
-    ) -> None:
+    def _ids_bytes(self, ids: list[int]) -> bytes:
+        """int32_bytes of up to a block's ids. A simulated device samples one token over
+        and over: a block of it is packed once, and each block of it cut from that (packing
+        a block costs as much as hashing it)."""
+        token = ids[0]
+        if ids.count(token) != len(ids):
+            return int32_bytes(ids)
+        if self._repeated[0] != token:
+            self._repeated = (token, int32_bytes([token] * self.block_size))
+        return self._repeated[1][: 4 * len(ids)]
+
+    def _content_blocks(self, request: Request, num_blocks: int) -> None:
+        """Appends the content hashes of the request's blocks up to num_blocks, each from its
+        parent's and its token ids."""
+        chain, bs = request.block_hashes, self.block_size
+        have = len(chain)
+        data = token_bytes(request, have * bs, num_blocks * bs)
+        width = bs * 4  # bytes of a block's int32 ids
+        parent = chain[-1] if chain else ROOT_HASH
+        for j in range(num_blocks - have):
+            parent = chain_hash(parent, data[j * width : (j + 1) * width])
+            chain.append(parent)
+
+    def _named_blocks(self, request: Request, prompt: PromptIds, num_blocks: int) -> None:
         """Appends the identities of the request's first num_blocks blocks that lie in its
         prompt: a whole block's is the name of the prefix it ends, and the block the prompt
         ends in (its output tokens after it) is hashed from the prompt's name and those
@@ -260,17 +290,17 @@ class KVCacheManager:
         whole = whole if whole < num_blocks else num_blocks
         have = len(chain)
         if have < whole:
-            names = prefix_keys(range((have + 1) * bs, (whole + 1) * bs, bs))
+            names = prompt.prefix_keys(range((have + 1) * bs, (whole + 1) * bs, bs))
             if names is None:
                 return
-            chain.extend(names)
+            chain += names
             have = whole
         if have == whole < num_blocks and num_prompt % bs:
-            names = prefix_keys([num_prompt])
+            names = prompt.prefix_keys((num_prompt,))
             if names is None:
                 return
-            data = names[0] + int32_bytes(request.output_ids[: (whole + 1) * bs - num_prompt])
-            chain.append(hashlib.blake2b(data, digest_size=16, person=NAMED_PROMPT).digest())
+            data = names[0] + self._ids_bytes(request.output_ids[: (whole + 1) * bs - num_prompt])
+            chain.append(blake2b(data, digest_size=16, person=NAMED_PROMPT).digest())
 
     def cache_computed_blocks(self, request: Request, num_computed: int | None = None) -> None:
         """Registers the content of the request's blocks that its computed tokens fill (or
@@ -326,27 +356,28 @@ class KVCacheManager:
     def take_blocks(self, requests: Sequence[Request]) -> None:
         """One fresh block more for each of `requests`, in their order (one may come again):
         what their decodes' allocate_slots take one after another, evicting alike."""
-        count = len(requests)
-        if count > self.num_free_blocks:
-            raise RuntimeError(f"asked for {count} blocks, {self.num_free_blocks} free")
         tables = self._tables
-        for request, block in zip(requests, self._take(count), strict=True):
+        for request, block in zip(requests, self._take(len(requests)), strict=True):
             tables[request.seq_id].append(block)
 
     def _take(self, count: int) -> list[int]:
-        """count fresh blocks, each now held by one (the caller made sure there are): free
-        ones first, then cached ones nobody holds, oldest first."""
+        """count fresh blocks, each now held by one: free ones first, then cached ones nobody
+        holds, oldest first. Raises where there are fewer."""
         pool, prefix = self.pool, self.prefix
         free = pool.num_free
-        from_pool = count if count < free else free
-        blocks = []
-        if from_pool:
-            blocks = pool.allocate(from_pool)
+        if count <= free:
+            blocks = pool.allocate(count)
             if prefix is not None:
                 prefix.hold_fresh(blocks)
-        if count > from_pool:  # once the cache fills, the pool is empty: evictions
-            blocks += prefix.evict(count - from_pool)
-        return blocks
+            return blocks
+        # Once the cache fills, the pool is empty: evictions.
+        if prefix is None or count > free + len(prefix.unheld):
+            raise RuntimeError(f"asked for {count} blocks, {self.num_free_blocks} free")
+        if not free:
+            return prefix.evict(count)
+        blocks = pool.allocate(free)
+        prefix.hold_fresh(blocks)
+        return blocks + prefix.evict(count - free)
 
     def free(self, request: Request) -> None:
         """The request lets go of every block it holds: a block nobody holds goes back to

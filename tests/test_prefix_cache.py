@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import hashlib
 
 import numpy as np
 import pytest
@@ -16,6 +17,7 @@ from stages.request import Request, Samples
 from stages.scheduler import ChunkedScheduler
 from stages.stopping import StopRule
 from stages.trace import PromptIdSource, SeededPromptIds
+from stages.trace.prompt_ids import PREFIX_KEY
 from tests.helpers import make_config, schema_kwargs, serve
 
 BS = 4
@@ -289,6 +291,35 @@ def test_named_blocks_are_equal_exactly_when_their_prefixes_are():
                         s.all_ids[: (k + 1) * BS]
                     )
                     assert (name == name_other) == same_ids, (r.id, j, s.id, k)
+
+
+def test_output_blocks_are_hashed_by_their_ids_however_often_a_token_repeats():
+    """A decode's block (one token repeated, as a simulated device samples, or not) and the
+    block a drawn prompt ends in get the hash an independent blake2b of the int32 ids
+    gives: blocks of one token packed once are cut, never reused for another token."""
+
+    def content(parent: bytes, ids: list[int], person: bytes = b"") -> bytes:
+        data = parent + np.asarray(ids, dtype=np.int32).tobytes()
+        return hashlib.blake2b(data, digest_size=16, person=person).digest()
+
+    outputs = [7] * 9 + [8] * 8 + [7, 8, 7, 8] + [7] * 5  # a list prompt of 6: 8 blocks
+    source = PromptIdSource(np.arange(1000), seed=1, block_size=BS, capacity=8)
+    for prompt in ([1, 2, 3, 4, 5, 6], SeededPromptIds(6, 3, source)):
+        r = Request(id="r", index=0, prompt="x", prompt_ids=prompt, max_new_tokens=50)
+        r.output_ids = list(outputs)
+        kv = KVCacheManager(64, BS, prefix_caching=True)
+        ids = [*prompt, *outputs]
+        if isinstance(prompt, list):
+            expected = [content(b"", ids[:BS])]
+        else:  # whole blocks by name; the one the prompt ends in from its name and outputs
+            named = [PREFIX_KEY.pack(source.tag, 3, n) for n in (4, 6)]
+            expected = [named[0], content(named[1], outputs[:2], b"named prompt")]
+        for j in range(len(expected), len(ids) // BS):
+            expected.append(content(expected[-1], ids[j * BS : (j + 1) * BS]))
+        # Asked a block at a time, as decodes fill them, and all at once.
+        assert [kv.block_hashes(r, j)[-1] for j in range(1, 9)] == expected
+        r.block_hashes = []
+        assert kv.block_hashes(r, 8) == expected
 
 
 def test_a_drawn_prompt_finds_its_cached_prefix_and_mooncake_hash_ids_still_hit():

@@ -5,6 +5,7 @@ prompt tokens."""
 from __future__ import annotations
 
 import hashlib
+import itertools
 import struct
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
@@ -122,16 +123,18 @@ class SeededPromptIds(PromptIds):
         stream is fixed by its source's seed and vocabulary and its line, and a shorter draw
         is a longer one's start, so equal names mean equal ids. None for a Mooncake row,
         whose blocks are shared through hash ids and so are known by their content."""
-        if not isinstance(self._key, int):
+        line = self._key
+        if not isinstance(line, int):
             return None
         if ends:
-            # A range (what admission asks for) gives its ends without a pass over it.
-            rising = isinstance(ends, range) and ends.step > 0
+            # A range (what admission asks for) or one end (a decode's block) gives its
+            # ends without a pass over it.
+            rising = len(ends) == 1 or type(ends) is range and ends.step > 0
             low, high = (ends[0], ends[-1]) if rising else (min(ends), max(ends))
             if not 0 < low <= high <= self._length:
                 raise ValueError(f"prefix_keys from {low} to {high} of {self._length} ids")
-        pack, tag, line = PREFIX_KEY.pack, self._source.tag, self._key
-        return [pack(tag, line, end) for end in ends]
+        tag = self._source.tag
+        return list(map(PREFIX_KEY.pack, itertools.repeat(tag), itertools.repeat(line), ends))
 
     def __repr__(self) -> str:
         return f"SeededPromptIds(length={self._length}, key={self._key!r})"
