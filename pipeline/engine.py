@@ -314,6 +314,8 @@ class Engine:
             arrivals.finished(request)
             on_finish(request)
 
+        # Open loop: a finish frees no slot, and each of thousands goes straight on.
+        handed_on = finished if self.concurrency else on_finish
         stop = stop or NeverStop()
         leaps = None
         if on_leap is not None and self.model.predicts_steps:
@@ -327,7 +329,7 @@ class Engine:
 
             leaps = Leaps(until, finishes, on_leap)
         with long_lived_frozen():
-            return self.serve(arrivals, on_step, finished, leaps=leaps, stop=stop)
+            return self.serve(arrivals, on_step, handed_on, leaps=leaps, stop=stop)
 
     def serve(
         self,
@@ -347,8 +349,8 @@ class Engine:
         stop = stop or NeverStop()
         index = 0
         while (
-            not stop(clock())
-            and (arrivals := source.take(clock(), idle=not self.scheduler.has_work)) is not None
+            not stop(now := clock())
+            and (arrivals := source.take(now, idle=not self.scheduler.has_work)) is not None
         ):
             self._admit(arrivals, on_finish)
             if not self.scheduler.has_work:
