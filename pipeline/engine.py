@@ -213,15 +213,17 @@ class Engine:
         token = self.sampler.fixed_token
         if token is None:
             return None
+        end = until()
+        limit = self.model.steps_before(end, MAX_LEAP_STEPS)  # plans no step past `end`
         if head is None:
-            run = self.scheduler.steady_decodes(MAX_LEAP_STEPS, finishes)
+            run = self.scheduler.steady_decodes(limit, finishes)
             run = self.metadata.pad_decodes(run) if run else None
         else:
-            run = self.scheduler.decodes_after(head[0], MAX_LEAP_STEPS, finishes)
+            run = self.scheduler.decodes_after(head[0], limit, finishes)
             run = self.metadata.pad_decodes(run, head[1]) if run else None
         if run is None:
             return None
-        ends = self.model.run_decodes(run, until())
+        ends = self.model.run_decodes(run, end)
         run = run.first(len(ends))
         return run, self.scheduler.advance_decodes(run, token, ends)
 
@@ -312,6 +314,8 @@ class Engine:
             arrivals.finished(request)
             on_finish(request)
 
+        # Open loop: a finish frees no slot, and each of thousands goes straight on.
+        handed_on = finished if self.concurrency else on_finish
         stop = stop or NeverStop()
         leaps = None
         if on_leap is not None and self.model.predicts_steps:
@@ -325,7 +329,7 @@ class Engine:
 
             leaps = Leaps(until, finishes, on_leap)
         with long_lived_frozen():
-            return self.serve(arrivals, on_step, finished, leaps=leaps, stop=stop)
+            return self.serve(arrivals, on_step, handed_on, leaps=leaps, stop=stop)
 
     def serve(
         self,
@@ -345,14 +349,15 @@ class Engine:
         stop = stop or NeverStop()
         index = 0
         while (
-            not stop(clock())
-            and (arrivals := source.take(clock(), idle=not self.scheduler.has_work)) is not None
+            not stop(now := clock())
+            and (arrivals := source.take(now, idle=not self.scheduler.has_work)) is not None
         ):
             self._admit(arrivals, on_finish)
             if not self.scheduler.has_work:
                 continue
             finishes = leaps.finishes() if leaps else 0
-            if leaps and (leapt := self.leap(leaps.until, finishes)):
+            # (Requests just handed in are what the next step admits: it may head a leap.)
+            if leaps and not arrivals.new and (leapt := self.leap(leaps.until, finishes)):
                 index += self._hand_on_leap(*leapt, leaps, on_tokens, on_finish)
                 continue
             index += self._step_once(index, on_step, on_tokens, on_finish, leaps, finishes)

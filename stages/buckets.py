@@ -93,11 +93,10 @@ class Buckets:
         that have one: the result stops at the first beyond the largest size."""
         sizes = self.sizes[name]
         at = sizes.searchsorted(values)  # (np.searchsorted's wrapper costs more than it)
-        # The common case: every value has one. (argmax: the largest without the wrapper
-        # of numpy's max, which costs 1 us more at each leap.)
-        if at[at.argmax()] < len(sizes):
-            return sizes[at]
-        return sizes[at[: (at == len(sizes)).nonzero()[0][0]]]
+        try:
+            return sizes[at]  # the common case: every value has one
+        except IndexError:  # one is past the largest size
+            return sizes[at[: (at == len(sizes)).nonzero()[0][0]]]
 
     def pad(self, kind: str, dims: Mapping[str, int]) -> tuple[tuple[int, ...], bool]:
         """(the bucket of a `kind` step needing `dims`, whether every size is prepared)."""

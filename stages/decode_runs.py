@@ -20,7 +20,8 @@ import numpy as np
 
 from stages.kv_cache import KVCacheManager
 from stages.request import DecodeRun, FinishReason, Request, StepPlan
-from stages.running_rows import RunningRows, listed_blocks, recurring
+from stages.running_rows import RunningRows, few_rows_columns, listed_blocks, recurring
+from stages.step_shape import MANY_ROWS
 from stages.stopping import StopRule
 
 if TYPE_CHECKING:  # the scheduler builds on this part
@@ -125,9 +126,16 @@ class DecodeRuns:
         if steps < 1:
             return None
         lens, stays = rows.computed[:n] + 1, np.minimum(left, steps)
-        leaves = first_to_leave < steps  # a row leaves before the last step
-        blocks = listed_blocks(lens, steps, self.block_size, stays if leaves else None)
-        return DecodeRun(list(self.running), lens, stays, blocks, self.block_size, joining=joining)
+        bs, batch, slots = self.block_size, None, None
+        if n <= MANY_ROWS:
+            blocks, batch, slots = few_rows_columns(lens.tolist(), stays.tolist(), steps, bs)
+        else:
+            leaves = first_to_leave < steps  # a row leaves before the last step
+            blocks = listed_blocks(lens, steps, bs, stays if leaves else None)
+        return DecodeRun(
+            list(self.running), lens, stays, blocks, bs, joining=joining,
+            to_length=ahead, batch_rows=batch, batch_slots=slots,
+        )  # fmt: skip
 
     def advance_decodes(self, run: DecodeRun, token: int, ends: list[float]) -> list[Request]:
         """The run's steps done: each row gets `token` at each step's end time while it
@@ -145,7 +153,9 @@ class DecodeRuns:
                 # Its prompt's blocks register first: its blocks were taken when it was
                 # scheduled, and the decodes take and fill theirs after.
                 kv.cache_computed_blocks(request, request.num_prompt_tokens)
-        stays = run.stays.tolist()
+        if run.to_length is None:
+            raise ValueError("advance_decodes takes a run that knows its rows' lengths")
+        stays = [left if left < steps else steps for left in run.to_length]
         self._append_tokens(token, ends, stays)
         takers, taken_at = recurring(rows.first_new_block(), steps, bs, run.stays)
         if kv.prefix is None or len(takers) <= kv.pool.num_free:
@@ -159,7 +169,9 @@ class DecodeRuns:
             request.num_computed += stayed
         rows.advance_by(run.stays, takers)
         ending: list[tuple[Request, FinishReason, int]] = []
-        for i in sorted(rows.at_length().tolist(), key=stays.__getitem__):
+        # The rows that reached their length limit, in the order they did.
+        at_length = [i for i, left in enumerate(run.to_length) if left <= steps]
+        for i in sorted(at_length, key=stays.__getitem__):
             reason = self.stop.reason(running[i])
             if reason:
                 ending.append((running[i], reason, i))

@@ -194,6 +194,11 @@ class Model(Protocol):
     def compile_shapes(self, phases: Mapping[str, Sequence[tuple]]) -> float:
         """Where predicts_warmup: warmup's predicted seconds for these shapes."""
 
+    def steps_before(self, until: float, most: int) -> int:
+        """Where predicts_steps: at most how many steps of a run starting now (its first in
+        any case, then decode steps), up to `most`, start before `until`: how long a run
+        the scheduler need plan."""
+
     def run_decodes(self, run: DecodeRun, until: float) -> list[float]:
         """Where predicts_steps: the end times of the run's first steps, those starting
         before `until` (the first in any case, priced by its head's shape where it has

@@ -249,6 +249,9 @@ class TransformerLM:
     def compile_shapes(self, phases: Mapping[str, Sequence[tuple]]) -> float:
         raise NotImplementedError("a Paddle model's warmup runs each shape through forward")
 
+    def steps_before(self, until: float, most: int) -> int:
+        raise NotImplementedError("a Paddle model computes each step's tokens in forward")
+
     def run_decodes(self, run: DecodeRun, until: float) -> list[float]:
         raise NotImplementedError("a Paddle model computes each step's tokens in forward")
 

@@ -220,8 +220,13 @@ class DecodeRun:
     widths: np.ndarray | None = None
     joining: int = 0  # the last rows, which prefill in the first step (the head's)
     head: ForwardMeta | None = None  # the first step, where joining rows prefill in it
-    # [steps] the rows each step decodes, once asked (a part of a run takes its share)
-    _batch: np.ndarray | None = field(default=None, init=False, repr=False)
+    # each row's decode steps until its length limit ends it, the run's length aside (None:
+    # unknown; stays tell whether a row leaves)
+    to_length: list[int] | None = None
+    # [steps] the rows each step decodes and the KV slots it reads, where counted with the
+    # blocks (None: from lens and stays when asked; a part of a run takes its share)
+    batch_rows: np.ndarray | None = field(default=None, repr=False)
+    batch_slots: np.ndarray | None = field(default=None, repr=False)
     _leaving: bool | None = field(default=None, init=False, repr=False)  # once asked
     steps: int = field(init=False)
 
@@ -235,7 +240,7 @@ class DecodeRun:
     @property
     def num_tokens(self) -> int:
         """Tokens computed over the run: one per row and step it stays, the head's own."""
-        decoded = int(self.stays.sum())
+        decoded = int(self.stays.sum()) if self.leaving else self.rows * self.steps
         return decoded if self.head is None else decoded - self.rows + self.head.num_tokens
 
     @property
@@ -251,15 +256,16 @@ class DecodeRun:
     def leaving(self) -> bool:
         """Whether a row leaves before the last step."""
         if self._leaving is None:
-            self._leaving = self.steps > 0 and bool(self.stays.min() < self.steps)
+            fewest = min(self.to_length) if self.to_length is not None else self.stays.min()
+            self._leaving = self.steps > 0 and bool(fewest < self.steps)
         return self._leaving
 
     @property
     def batch(self) -> np.ndarray:
         """[steps] the rows each step decodes."""
-        if self._batch is None:
-            self._batch = self.rows - self._left_by()
-        return self._batch
+        if self.batch_rows is None:
+            self.batch_rows = self.rows - self._left_by()
+        return self.batch_rows
 
     def _left_by(self, weights: np.ndarray | None = None) -> np.ndarray:
         """[steps] how many rows (or how much of `weights`) left before each step."""
@@ -267,6 +273,8 @@ class DecodeRun:
 
     def slots(self) -> np.ndarray:
         """[steps] the KV slots each step's decode attention reads: its rows' tokens."""
+        if self.batch_slots is not None:
+            return self.batch_slots
         steps = np.arange(self.steps, dtype=np.int64)
         total = int(self.lens.sum())
         if not self.leaving:  # the common run
@@ -278,33 +286,33 @@ class DecodeRun:
         """The run's first `steps` steps."""
         if steps == self.steps:
             return self
-        return self._part(self.lens, np.minimum(self.stays, steps), slice(steps))
+        padded, widths = self.padded_rows, self.widths
+        if padded is not None and widths is not None:
+            padded, widths = padded[:steps], widths[:steps]
+        return self._cut(steps, padded, widths, self.head if steps else None)
 
     def padded(
         self, rows: np.ndarray, widths: np.ndarray, head: ForwardMeta | None = None
     ) -> DecodeRun:
         """The run's first len(rows) steps, each padded to a bucket of `rows` rows and
         `widths` blocks (the metadata builder's), with its head step where it has one."""
-        steps = len(rows)
-        if steps == self.steps:  # the common run: all of it, padded where it is
+        if len(rows) == self.steps:  # the common run: all of it, padded where it is
             self.padded_rows, self.widths, self.head = rows, widths, head
             return self
-        stays = np.minimum(self.stays, steps)
-        run = DecodeRun(self.requests, self.lens, stays, self.blocks[:steps], self.block_size,
-                        rows, widths, self.joining, head)  # fmt: skip
-        if self._batch is not None:
-            run._batch = self._batch[:steps]
-        return run
+        return self._cut(len(rows), rows, widths, head)
 
-    def _part(self, lens: np.ndarray, stays: np.ndarray, steps: slice) -> DecodeRun:
-        padded, widths, blocks = self.padded_rows, self.widths, self.blocks[steps]
-        first = len(blocks) > 0 and steps.indices(self.steps)[0] == 0  # it has the head step
-        run = DecodeRun(
-            self.requests, lens, stays, blocks, self.block_size,
-            padded[steps] if padded is not None else None,
-            widths[steps] if widths is not None else None,
-            self.joining if first else 0, self.head if first else None,
+    def _cut(
+        self,
+        steps: int,
+        padded: np.ndarray | None,
+        widths: np.ndarray | None,
+        head: ForwardMeta | None,
+    ) -> DecodeRun:
+        """The run's first `steps` steps (fewer than it has), padded so and with `head`."""
+        batch, slots = self.batch_rows, self.batch_slots
+        return DecodeRun(
+            self.requests, self.lens, np.minimum(self.stays, steps), self.blocks[:steps],
+            self.block_size, padded, widths, self.joining if steps else 0, head, self.to_length,
+            batch[:steps] if batch is not None else None,
+            slots[:steps] if slots is not None else None,
         )  # fmt: skip
-        if self._batch is not None:
-            run._batch = self._batch[steps]
-        return run

@@ -157,7 +157,7 @@ class RunningRows:
         every token)."""
         outputs = self.outputs[:n]
         others = (self.computed[:n] + 1 != self.prompt[:n] + outputs) | (outputs == 0)
-        return not (others | self.checked[:n]).any()
+        return not np.count_nonzero(others | self.checked[:n])  # (.any()'s wrapper costs more)
 
     def steps_to_length(self) -> np.ndarray:
         """[rows] decode steps until each row reaches its length limit (that step ends it)."""
@@ -189,11 +189,6 @@ class RunningRows:
         if stays is not None:
             at = at[at <= stays[rows]]
         return limit if len(at) <= free else int(at[free]) - 1
-
-    def at_length(self) -> np.ndarray:
-        """The rows whose tokens reached their length limit."""
-        n = self.size
-        return (self.prompt[:n] + self.outputs[:n] >= self.limit[:n]).nonzero()[0]
 
     def advance_by(self, steps: np.ndarray, takers: np.ndarray) -> None:
         """Each row decoded `steps` tokens, and each of `takers` took a block (a row as
@@ -260,3 +255,28 @@ def listed_blocks(
         change = change - np.bincount(stays, held, minlength=steps + 1)[:steps].astype(np.int64)
     change[0] = blocks_for(lens, bs).sum()
     return change.cumsum()
+
+
+def few_rows_columns(
+    lens: list[int], stays: list[int], steps: int, block_size: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """[steps] each step's blocks (listed_blocks'), rows and KV slots (DecodeRun's batch and
+    slots) for a few decode rows of `lens` tokens that stay `stays` steps, counted row by
+    row in Python: fewer steps than the numpy calls that count them, each of which costs as
+    much as a few rows' work."""
+    bs = block_size
+    # Changes from step to step, as listed_blocks counts them: a row's blocks, and its
+    # tokens and itself, all taken off at the step it has left by.
+    change = [[0] * steps for _ in range(3)]
+    blocks, rows, tokens = change
+    for n, stayed in zip(lens, stays, strict=True):
+        for start in range((-n) % bs + 1, stayed, bs):  # each step whose token starts a block
+            blocks[start] += 1
+        if stayed < steps:
+            blocks[stayed] -= (n + stayed + bs - 2) // bs
+            rows[stayed] -= 1
+            tokens[stayed] -= n
+    blocks[0] += sum((n + bs - 1) // bs for n in lens)
+    rows[0], tokens[0] = len(lens), sum(lens)
+    listed, batch, held = np.array(change, np.int64).cumsum(axis=1)
+    return listed, batch, held + batch * np.arange(steps)

@@ -25,7 +25,7 @@ import bisect
 import enum
 import itertools
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -80,16 +80,19 @@ class Rectangle:
         width = max(self.width, self._rounded(n))
         return 1.0 - (self.rounded + self._rounded(n)) / ((self.rows + 1) * width)
 
-    def add(self, n: int) -> None:
-        rounded = self._rounded(n)
+    def add(self, n: int) -> int:
+        """Adds a row of n tokens; returns how much the area grew."""
+        before, rounded = self.rows * self.width, self._rounded(n)
         self.rows += 1
         self.width = max(self.width, rounded)
         self.rounded += rounded
+        return self.rows * self.width - before
 
 
 # A step's decode rows in `running`: a slice where they are one run of rows (the common
 # step; numpy reads a slice as a view, without gathering), else their indices.
 DecodeRows = slice | np.ndarray
+_NO_ROWS = slice(0, 0)
 
 
 @dataclass(slots=True)
@@ -100,12 +103,12 @@ class StepRows:
     plan: StepPlan
     prefill: list[int]
     decode_spans: list[tuple[int, int]]
-    decode_rows: DecodeRows = field(default_factory=lambda: slice(0, 0))  # decode(), once walked
+    decode_rows: DecodeRows  # decode(), once walked
 
     def decode(self) -> DecodeRows:
         spans = self.decode_spans
         if len(spans) <= 1:  # the common step: its decodes are one run of rows
-            return slice(*spans[0]) if spans else slice(0, 0)
+            return slice(*spans[0]) if spans else _NO_ROWS
         return np.concatenate([np.arange(start, end) for start, end in spans])
 
 
@@ -234,14 +237,13 @@ class ChunkedScheduler(DecodeRuns):
 
     def _charge(self, n: int, budget: StepBudget) -> None:
         """Takes a prefill chunk of n tokens out of the budget; grows its rectangle."""
-        before = budget.rect.area
-        budget.rect.add(n)
-        budget.left -= budget.rect.area - before if self.padded_budget else n
+        grown = budget.rect.add(n)
+        budget.left -= grown if self.padded_budget else n
 
     # -- one step ----------------------------------------------------------------------------
     def schedule(self, now: float = 0.0) -> StepPlan:
         plan = StepPlan()
-        rows = self._step = StepRows(plan, [], [])
+        rows = self._step = StepRows(plan, [], [], _NO_ROWS)
         budget = StepBudget(self.max_tokens, Rectangle(self.block_size))
         self._continue_running(plan, budget, rows)
         # Like FastDeploy, nothing new is admitted in a step that had to preempt.

@@ -35,7 +35,8 @@ class StepShape:
     decode_lens: tuple[int, ...] | np.ndarray = ()
     miss: bool = False  # the bucket is outside the prepared (warmed) set
     # decode_totals(decode_lens, block_size) where the shape's maker summed them already
-    # (the metadata builder, for the decode bucket): a device reads them instead of the rows
+    # (the metadata builder, for the decode bucket): a device reads them instead of the rows.
+    # Its maker made the lengths too (each row's tokens): they are not checked again.
     decode_kv: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
@@ -56,7 +57,7 @@ class StepShape:
         if (
             (chunks and min(chunks) < 0)
             or (contexts and min(contexts) < 0)
-            or (len(lens) and _least(lens) < 0)
+            or (self.decode_kv is None and len(lens) and _least(lens) < 0)
         ):
             raise ValueError("StepShape: chunk, context and decode lengths must be >= 0")
 

@@ -281,3 +281,25 @@ def test_profile_round_trip_and_measured_option(tmp_path):
         measured_profile(tmp_path / "bad.yaml")
     with pytest.raises(ValueError, match="no such file"):
         measured_profile(tmp_path / "none.yaml")
+
+
+@pytest.mark.parametrize("hardware", ["gaudi2", "gaudi3", "h100", "h200"])
+@pytest.mark.parametrize("model", ["llama31_8b", "ernie45_21b_a3b"])
+def test_no_decode_step_takes_less_than_the_least_decode_seconds(hardware, model):
+    # What bounds the steps a simulated device's run of decode steps plans before the next
+    # arrival: a step of any rows, slots and blocks, padded or real, takes at least this.
+    with initialize_config_module(config_module="pipeline.conf", version_base="1.3"):
+        spec = instantiate(compose(config_name="config", overrides=[f"model=spec/{model}"]).model)
+        device = instantiate(compose(config_name=f"hardware/{hardware}").hardware)
+    cost = CostModel(spec, device, 1)
+    least = cost.least_decode_seconds()
+    rng = np.random.default_rng(0)
+    bs = 128
+    for rows in [1, 2, 3, 7, 16, 33, 64, 100, 256]:
+        lens = rng.integers(1, 10_000, rows)
+        blocks = int(sum(-(-lens // bs)))
+        real = StepShape(bs, None, (rows, blocks), decode_lens=tuple(lens.tolist()))
+        assert cost.step_time(real) >= least
+    # ...and no less: one row of one token takes it and a few microseconds more.
+    one = StepShape(bs, None, (1, 1), decode_lens=(1,))
+    assert least <= cost.step_time(one) < least + 1e-4

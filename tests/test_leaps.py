@@ -20,7 +20,7 @@ from pipeline.run import run_metrics
 from pipeline.slo import EarlyVerdict, Slo
 from stages.kv_cache import KVCacheManager
 from stages.request import DecodeRun
-from stages.running_rows import RunningRows, listed_blocks, recurring
+from stages.running_rows import RunningRows, few_rows_columns, listed_blocks, recurring
 from stages.scheduler import ChunkedScheduler
 from stages.stopping import StopRule
 from tests.helpers import make_config
@@ -338,6 +338,27 @@ def test_listed_blocks_count_each_steps_blocks_row_by_row(stays, block_size):
     by_hand = [sum(math.ceil((n + j) / block_size) for n, on in zip(lens, staying[j], strict=True)
                    if on) for j in range(40)]  # fmt: skip
     assert blocks.tolist() == by_hand
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(1, 300), st.integers(1, 40)), min_size=1, max_size=12),
+    st.integers(1, 40),
+    st.sampled_from([1, 4, 16, 128]),
+)
+def test_a_few_rows_columns_count_what_the_array_rules_count(rows, steps, block_size):
+    """The per-step blocks, rows and slots of a few rows, counted row by row in Python,
+    against listed_blocks and DecodeRun's own counts from lens and stays (numpy)."""
+    lens = np.array([n for n, _ in rows])
+    stays = np.minimum([s for _, s in rows], steps)
+    blocks, batch, slots = few_rows_columns(lens.tolist(), stays.tolist(), steps, block_size)
+    leaves = bool(stays.min() < steps)
+    assert (
+        blocks.tolist()
+        == listed_blocks(lens, steps, block_size, stays if leaves else None).tolist()
+    )
+    run = DecodeRun([None] * len(rows), lens, stays, blocks, block_size)  # type: ignore[list-item]
+    assert batch.tolist() == run.batch.tolist() and slots.tolist() == run.slots().tolist()
 
 
 def test_a_run_counts_the_rows_and_slots_of_each_step_as_rows_leave():

@@ -197,6 +197,13 @@ class CostModel:
             fixed, per_slot, per_block = [column[rows] for column in self._decode_rate_table(rows)]
         return fixed + per_slot * slots + per_block * blocks
 
+    def least_decode_seconds(self) -> float:
+        """The least seconds a decode-only step takes: one row's with no KV slot or block,
+        compiles left out (more rows, slots or blocks never take less)."""
+        if len(self._decode_rates) < 2:
+            self._decode_rate_table(1)
+        return self._decode_rates[1][0]
+
     def _decode_rate_table(self, rows: int | np.ndarray) -> tuple[np.ndarray, ...]:
         """decode_rates of 0, 1, ... rows (at least the most of `rows`) as three arrays by
         row count: made once, in steps of RATE_ROWS row counts as larger ones come."""

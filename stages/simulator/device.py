@@ -121,6 +121,17 @@ class SimulatedDevice:
         self.recompiles += len(new)
         return self._step_time(shape) + len(new) * self.hardware.recompile_s, len(new)
 
+    def steps_before(self, until: float, most: int) -> int:
+        """At most how many steps of a run, up to `most`, start before `until`: the first
+        now in any case (a head step's time may be anything), then decode steps, none of
+        which takes less than the least a decode step can (CostModel.least_decode_seconds):
+        so none after the first 2 + window / least."""
+        window = until - self.clock()
+        least = self.cost.least_decode_seconds()
+        if window >= most * least:  # (and a window without end)
+            return most
+        return min(most, 2 + int(window / least))
+
     def run_decodes(self, run: DecodeRun, until: float) -> list[float]:
         """Runs the run's first steps on the clock, as forward would one by one: those that
         start before `until` (the next arrival; the first starts now in any case). Returns
