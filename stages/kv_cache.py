@@ -11,7 +11,9 @@ a name of each prefix instead (its stream's key and length: equal names, equal i
 run of a trace hashes no prompt ids and draws none. A block is free (no content),
 held (by one or more requests: its reference count), or cached (content kept, held by
 nobody): cached blocks are reused by a later request with the same prefix, and evicted
-least recently used, only when a fresh block is needed and none is free.
+least recently used, only when a fresh block is needed and none is free. A request's blocks
+are named only once another request could find them (stages.prefix_cache): a workload
+whose prompts are each their own names one block a request.
 """
 
 from __future__ import annotations
@@ -19,13 +21,13 @@ from __future__ import annotations
 import hashlib
 import heapq
 import struct
-from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from hashlib import blake2b
 
 import numpy as np
 
 from stages.arithmetic import IntOrArray, ceil_div
+from stages.prefix_cache import PrefixCache, UnnamedBlocks
 from stages.request import PromptIds, Request
 
 
@@ -93,69 +95,6 @@ class BlockPool:
             heapq.heappush(free, block)
 
 
-class PrefixCache:
-    """Content hashes of full blocks, reference counts, and the cached blocks nobody holds
-    in least-recently-used order."""
-
-    def __init__(self, num_blocks: int) -> None:
-        self.refs = [0] * num_blocks
-        self.block_of: dict[bytes, int] = {}  # content hash -> block
-        self.hash_of: list[bytes | None] = [None] * num_blocks  # block -> content hash
-        self.unheld: OrderedDict[int, None] = OrderedDict()  # cached, held by nobody: LRU first
-
-    def hold(self, blocks: Iterable[int]) -> None:
-        """One holder more for each block (a cached one nobody held leaves the LRU)."""
-        refs, unheld = self.refs, self.unheld
-        for block in blocks:
-            refs[block] += 1
-            unheld.pop(block, None)
-
-    def drop(self, blocks: Iterable[int]) -> list[int]:
-        """One holder fewer for each block; returns those now free (held by nobody, no
-        content). One nobody holds whose content is known stays cached, most recent last."""
-        refs, hash_of, unheld = self.refs, self.hash_of, self.unheld
-        free = []
-        for block in blocks:
-            held = refs[block] - 1
-            refs[block] = held
-            if held:
-                continue
-            if hash_of[block] is not None:
-                unheld[block] = None
-            else:
-                free.append(block)
-        return free
-
-    def register(self, blocks: Iterable[int], contents: Iterable[bytes]) -> None:
-        """Each block's content is now its content, unless another block already holds it."""
-        block_of, hash_of = self.block_of, self.hash_of
-        for block, content in zip(blocks, contents, strict=True):
-            if content not in block_of and hash_of[block] is None:
-                block_of[content] = block
-                hash_of[block] = content
-
-    def hold_fresh(self, blocks: Iterable[int]) -> None:
-        """One holder for each block, blocks nobody held and whose content is unknown (just
-        taken from the pool or evicted): `hold` without its look into the LRU."""
-        refs = self.refs
-        for block in blocks:
-            refs[block] = 1
-
-    def evict(self, count: int) -> list[int]:
-        """The count least recently used cached blocks, their content forgotten, each now
-        held by one (who takes them)."""
-        oldest = self.unheld.popitem
-        block_of, hash_of, refs = self.block_of, self.hash_of, self.refs
-        blocks = []
-        for _ in range(count):
-            block = oldest(False)[0]  # (by position: keyword parsing costs more)
-            del block_of[hash_of[block]]
-            hash_of[block] = None
-            refs[block] = 1
-            blocks.append(block)
-        return blocks
-
-
 class KVCacheManager:
     """Which blocks each request holds, keyed by the request's internal sequence number."""
 
@@ -167,6 +106,7 @@ class KVCacheManager:
         self.prefix = PrefixCache(num_blocks) if prefix_caching else None
         self._tables: dict[int, list[int]] = {}
         self._registered: dict[int, int] = {}  # how many of its blocks have been registered
+        self._unnamed: dict[int, UnnamedBlocks] = {}  # a request's, while it registers so
         # The bytes of a block of one token over and over, and the token (see _ids_bytes).
         self._repeated: tuple[int | None, bytes] = (None, b"")
 
@@ -211,6 +151,8 @@ class KVCacheManager:
         if self.prefix is None:
             return []
         num_blocks = (request.num_tokens - 1) // self.block_size
+        if num_blocks < 1 or not self._names_under_root(self.prefix, request):
+            return []  # (a workload without hits: one name made and looked up)
         chain, block_of = self._hashes_to(request, num_blocks), self.prefix.block_of
         blocks = []
         for content in chain[:num_blocks]:
@@ -219,6 +161,55 @@ class KVCacheManager:
                 break
             blocks.append(block)
         return blocks
+
+    def _names_under_root(self, prefix: PrefixCache, request: Request) -> bool:
+        """Whether blocks under the request's root (its first block's name) may be known
+        by name, those another request registered unnamed named first (stages.
+        prefix_cache): where not, no block holds any of its prefixes."""
+        root = self._hashes_to(request, 1)[0]
+        unnamed = prefix.unnamed.get(root)
+        if unnamed is not None:
+            self._name(prefix, unnamed)
+            return True
+        return root in prefix.named_roots
+
+    def _name(self, prefix: PrefixCache, unnamed: UnnamedBlocks) -> None:
+        """Names the unnamed blocks, their request's names by place."""
+        prefix.name(unnamed, self._hashes_to(unnamed.request, max(unnamed.place.values()) + 1))
+
+    def _unnamed_of(self, prefix: PrefixCache, request: Request) -> UnnamedBlocks | None:
+        """The unnamed blocks the request registers under, where no other request has
+        reached its root; None where it registers by name."""
+        unnamed = self._unnamed.get(request.seq_id)
+        if unnamed is not None:
+            if prefix.unnamed.get(unnamed.root) is unnamed:
+                return unnamed
+            del self._unnamed[request.seq_id]  # another request reached them: named
+            return None
+        root = self._hashes_to(request, 1)[0]
+        if root in prefix.named_roots:
+            return None
+        other = prefix.unnamed.get(root)
+        if other is not None:  # another request's: named first, as registering reads names
+            self._name(prefix, other)
+            return None
+        unnamed = prefix.unnamed[root] = UnnamedBlocks(request, root)
+        self._unnamed[request.seq_id] = unnamed
+        return unnamed
+
+    def content_of(self, block: int) -> bytes | None:
+        """The block's content name (None: no content), its unnamed ones named first (a
+        check's view: it changes no later step)."""
+        prefix = self.prefix
+        if prefix is None:
+            return None
+        content = prefix.hash_of[block]
+        if not isinstance(content, UnnamedBlocks):
+            return content
+        self._name(prefix, content)
+        named = prefix.hash_of[block]
+        assert isinstance(named, bytes)
+        return named
 
     def block_hashes(self, request: Request, num_blocks: int) -> list[bytes]:
         """Content hashes of the request's first num_blocks full blocks, each made once and
@@ -314,8 +305,12 @@ class KVCacheManager:
         if full > done:  # the common case, a decode within a block, returns here
             table = self._tables.get(seq_id, [])
             full = full if full < len(table) else len(table)
-            chain = self._hashes_to(request, full)
-            self.prefix.register(table[done:full], chain[done:full])
+            unnamed = self._unnamed_of(self.prefix, request)
+            if unnamed is None:
+                chain = self._hashes_to(request, full)
+                self.prefix.register(table[done:full], chain[done:full])
+            else:
+                self.prefix.register_unnamed(table[done:full], done, unnamed)
             self._registered[seq_id] = full
 
     def cache_computed_blocks_of(self, requests: Sequence[Request]) -> None:
@@ -384,6 +379,7 @@ class KVCacheManager:
         the pool, or stays cached when its content is known."""
         table = self._tables.pop(request.seq_id, [])
         self._registered.pop(request.seq_id, None)
+        self._unnamed.pop(request.seq_id, None)
         free = table if self.prefix is None else self.prefix.drop(table)
         if free:
             self.pool.release(free)

@@ -112,7 +112,7 @@ def kv_books(kv: KVCacheManager) -> tuple[int, list[bytes]]:
     """The free blocks, and the cached blocks' contents, least recently used first: what
     the order of a run's takes, registrations and frees decides. (Which block holds what
     may differ: the blocks a run takes at once are numbered otherwise.)"""
-    cached = [] if kv.prefix is None else [kv.prefix.hash_of[b] for b in kv.prefix.unheld]
+    cached = [] if kv.prefix is None else [kv.content_of(b) for b in kv.prefix.unheld]
     return kv.pool.num_free, cached
 
 
