@@ -327,7 +327,9 @@ class Engine:
             def finishes() -> float:
                 return min(arrivals.finishes_before_change(), hook.finishes_before_change())
 
-            leaps = Leaps(until, finishes, on_leap)
+            # Open loop: no finish lets an arrival in sooner, so the hook's answer alone.
+            held = finishes if self.concurrency else hook.finishes_before_change
+            leaps = Leaps(until, held, on_leap)
         with long_lived_frozen():
             return self.serve(arrivals, on_step, handed_on, leaps=leaps, stop=stop)
 

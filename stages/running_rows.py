@@ -259,24 +259,32 @@ def listed_blocks(
 
 def few_rows_columns(
     lens: list[int], stays: list[int], steps: int, block_size: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
     """[steps] each step's blocks (listed_blocks'), rows and KV slots (DecodeRun's batch and
-    slots) for a few decode rows of `lens` tokens that stay `stays` steps, counted row by
-    row in Python: fewer steps than the numpy calls that count them, each of which costs as
-    much as a few rows' work."""
+    slots; None where no row leaves: DecodeRun's own then cost less) for a few decode rows
+    of `lens` tokens that stay `stays` steps, counted row by row in Python: fewer steps than
+    the numpy calls that count them, each of which costs as much as a few rows' work."""
     bs = block_size
-    # Changes from step to step, as listed_blocks counts them: a row's blocks, and its
-    # tokens and itself, all taken off at the step it has left by.
-    change = [[0] * steps for _ in range(3)]
-    blocks, rows, tokens = change
+    # Changes from step to step, as listed_blocks counts them: a row's blocks at the start,
+    # one more at each step whose token starts a block, all taken off (with its tokens and
+    # itself) at the step it has left by.
+    blocks, held, leaving = [0] * steps, 0, []
     for n, stayed in zip(lens, stays, strict=True):
-        for start in range((-n) % bs + 1, stayed, bs):  # each step whose token starts a block
+        held += (n + bs - 1) // bs
+        start = (-n) % bs + 1  # its first step whose token starts a block
+        while start < stayed:
             blocks[start] += 1
+            start += bs
         if stayed < steps:
-            blocks[stayed] -= (n + stayed + bs - 2) // bs
-            rows[stayed] -= 1
-            tokens[stayed] -= n
-    blocks[0] += sum((n + bs - 1) // bs for n in lens)
+            leaving.append((n, stayed))
+    blocks[0] += held
+    if not leaving:
+        return np.array(blocks, np.int64).cumsum(), None, None
+    rows, tokens = [0] * steps, [0] * steps
+    for n, stayed in leaving:
+        blocks[stayed] -= (n + stayed + bs - 2) // bs
+        rows[stayed] -= 1
+        tokens[stayed] -= n
     rows[0], tokens[0] = len(lens), sum(lens)
-    listed, batch, held = np.array(change, np.int64).cumsum(axis=1)
-    return listed, batch, held + batch * np.arange(steps)
+    listed, batch, kept = np.array([blocks, rows, tokens], np.int64).cumsum(axis=1)
+    return listed, batch, kept + batch * np.arange(steps)

@@ -358,7 +358,9 @@ def test_a_few_rows_columns_count_what_the_array_rules_count(rows, steps, block_
         == listed_blocks(lens, steps, block_size, stays if leaves else None).tolist()
     )
     run = DecodeRun([None] * len(rows), lens, stays, blocks, block_size)  # type: ignore[list-item]
-    assert batch.tolist() == run.batch.tolist() and slots.tolist() == run.slots().tolist()
+    assert (batch is None) == (slots is None) == (not leaves)
+    if batch is not None and slots is not None:
+        assert batch.tolist() == run.batch.tolist() and slots.tolist() == run.slots().tolist()
 
 
 def test_a_run_counts_the_rows_and_slots_of_each_step_as_rows_leave():
