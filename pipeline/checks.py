@@ -11,9 +11,9 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from pipeline.schema import Executor, ModelOption, model_kind, model_option
+from stages.bucket_axes import derived_axes
 from stages.buckets import Bucketing
 from stages.device import Device
-from stages.metadata import derived_axes
 from stages.model_spec import ModelSpec
 from stages.simulator.precision import KvCacheDtype, Quantization
 from stages.workload import MAX_ARRIVAL_S  # one bound for every workload's arrivals

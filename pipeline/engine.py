@@ -16,8 +16,8 @@ import structlog
 from pipeline.checks import ConfigError
 from pipeline.metrics import StepRecord
 from pipeline.stop_hook import NeverStop, StopHook
+from stages.forward_meta import ForwardMeta
 from stages.interfaces import Attention, MetadataBuilder, Model, Sampler, Scheduler, Tokenizer
-from stages.metadata import ForwardMeta
 from stages.request import DecodeRun, Request, StepPlan
 
 log = structlog.get_logger(__name__)

@@ -21,7 +21,7 @@ import numpy as np
 from stages.request import DecodeRun, FinishReason, Request, StepMode, StepPlan
 
 if TYPE_CHECKING:  # the review and summary commands read runs without importing Paddle
-    from stages.metadata import ForwardMeta
+    from stages.forward_meta import ForwardMeta
     from stages.step_shape import StepShape
 
 

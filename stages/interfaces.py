@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
+from stages.forward_meta import ForwardMeta
 from stages.kv_cache import KVCacheManager
-from stages.metadata import ForwardMeta
 from stages.model_spec import ModelSpec
 from stages.request import DecodeRun, Request, Samples, StepPlan
 

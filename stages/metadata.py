@@ -1,4 +1,6 @@
-"""Forward metadata: a step plan laid out in the static, padded shapes an HPU executes.
+"""The metadata builder: a step plan laid out in the static, padded shapes an HPU executes
+(the value types it fills are in stages/forward_meta.py, the bucket axes it pads to are
+resolved in stages/bucket_axes.py).
 
 The prefill part (FastDeploy's "encoder" part) holds the step's prefill chunks as a
 rectangle [batch, seq] with `seq` a multiple of the block size; the decode part
@@ -12,222 +14,28 @@ assumed left alignment, so prefills of different context lengths attended to wro
 
 from __future__ import annotations
 
-import functools
 import itertools
-from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from stages.arithmetic import ceil_div
-from stages.buckets import Axis, Bucketing, Buckets, warmup_counts, warmup_graphs
+from stages.bucket_axes import AXES, resolve_axes
+from stages.buckets import Bucketing, Buckets, warmup_counts, warmup_graphs
+from stages.forward_meta import MASKED_SCORE, DecodeMeta, ForwardMeta, PrefillMeta
 from stages.host_tensor import host_tensor
 from stages.kv_cache import KVCacheManager, blocks_for
 from stages.request import DecodeRun, PrefillChunk, Request, StepMode, StepPlan
-from stages.step_shape import StepShape, decode_totals
+from stages.step_shape import StepShape, decode_lens, decode_totals, step_shape
 
 if TYPE_CHECKING:
     import paddle
-
-
-@dataclass
-class PrefillMeta:
-    batch: int  # real rows
-    shape: tuple[int, int, int]  # (batch, seq, blocks) after padding
-    seq_ids: list[int]  # each real row's request (its internal sequence number)
-    # [batch, seq]; packed: [num_tokens], the rows' real tokens one row after another
-    input_ids: np.ndarray
-    positions: np.ndarray  # as input_ids
-    context_lens: np.ndarray  # [batch] tokens already cached before this chunk
-    chunk_lens: np.ndarray  # [batch] real tokens of this chunk
-    num_tokens: int  # real tokens, chunk_lens' sum
-    # Every chunk starts on a block boundary: the cache is written in whole blocks,
-    # block_indices [batch * seq / block_size] naming each block's destination. Otherwise
-    # token by token, at (slot_blocks, slot_offsets) [batch * seq]. Packed: the blocks that
-    # hold tokens only, filled from the packed rows block_rows [blocks * block_size] (a
-    # last block's tail repeats its row's last token, masked until later tokens overwrite
-    # it), and the real tokens' slots only.
-    block_indices: paddle.Tensor | None
-    slot_blocks: paddle.Tensor | None
-    slot_offsets: paddle.Tensor | None
-    has_context: bool
-    block_list: paddle.Tensor | None  # [batch, blocks] context then chunk blocks, left-aligned
-    # [batch, 1, seq, blocks * block_size] additive, with context; None where packed (the
-    # packed ops read each row's context and length instead)
-    mask: paddle.Tensor | None
-    block_rows: paddle.Tensor | None = None
-
-
-@dataclass
-class DecodeMeta:
-    batch: int
-    shape: tuple[int, int]  # (batch, blocks): rows and flattened block list after padding
-    rows: int  # rows laid out: the bucket's, or the real ones where packed
-    seq_ids: list[int]
-    input_ids: np.ndarray  # [rows]
-    positions: np.ndarray  # [rows]
-    block_indices: paddle.Tensor  # [rows] block of the slot each row writes
-    block_offsets: paddle.Tensor  # [rows] offset of that slot in its block
-    block_list: paddle.Tensor  # [blocks] every row's blocks, one row after another
-    block_groups: paddle.Tensor  # [blocks] the row owning each block (padding: the last)
-    block_mapping: paddle.Tensor  # [blocks, rows] one-hot block -> row, zero for padding
-    block_bias: paddle.Tensor  # [blocks, block_size] additive: 0 for a filled slot
-    # [blocks] each block's place with rows side by side, row_width blocks a row:
-    # row * row_width + its index in the row; padding blocks batch * row_width, a spare row.
-    row_slots: paddle.Tensor
-    row_width: int  # the most blocks any row has
-    # (first, end) when block_list is the pool's blocks first..end-1 in order (a span,
-    # other requests' and free blocks masked as padding) rather than listed row by row.
-    block_range: tuple[int, int] | None = None
-
-
-@dataclass
-class ForwardMeta:
-    mode: StepMode
-    prefill: PrefillMeta | None
-    decode: DecodeMeta | None
-    # None when the builder lays out shapes only (a simulated device needs no tensors).
-    input_ids: paddle.Tensor | None  # [tokens] prefill rows flattened, then decode rows
-    positions: paddle.Tensor | None  # [tokens]
-    logits_rows: paddle.Tensor | None  # last real token of each chunk, then every decode row
-    num_tokens: int
-    padded_tokens: int
-    shape: StepShape  # the buckets and real lengths: what a cost model reads
-    # Each part's dims before padding to its bucket (what a bucket plan is chosen from):
-    # prefill [batch, seq, blocks per row], decode [batch, blocks listed or spanned].
-    needed: dict[str, list[int]] = field(default_factory=dict)
-    # The step's real tokens only, laid out for a backend that attends packed rows (the
-    # CPU's): input_ids, positions and logits_rows then skip the padding rows.
-    packed: bool = False
-
-    @classmethod
-    def of_shapes(
-        cls,
-        mode: StepMode,
-        num_tokens: int,
-        padded_tokens: int,
-        shape: StepShape,
-        needed: dict[str, list[int]],
-    ) -> ForwardMeta:
-        """A step laid out as its shapes alone, without parts or tensors (a simulated
-        device's every step: positional, as keywords cost several times more here)."""
-        return cls(mode, None, None, None, None, None, num_tokens, padded_tokens, shape, needed)
-
-    @property
-    def bucket(self) -> str:
-        """steps.jsonl's `bucket` (bucket_label): made when read, as a probe never does."""
-        return bucket_label(self.shape.prefill, self.shape.decode)
-
-    @property
-    def prefill_tokens(self) -> int:
-        """Rows of the prefill part: the first this many of input_ids."""
-        if self.prefill is None:
-            return 0
-        if self.packed:
-            return self.prefill.num_tokens
-        return self.prefill.shape[0] * self.prefill.shape[1]
-
 
 # Where a prefill's keys and values go: (block_indices, slot_blocks, slot_offsets,
 # block_rows) as PrefillMeta holds them.
 PrefillWrites = tuple[
     "paddle.Tensor | None", "paddle.Tensor | None", "paddle.Tensor | None", "paddle.Tensor | None"
 ]
-
-# The additive mask's score for a key a query must not see. Finite, not -inf: a row that
-# sees no key (padding) then softmaxes to finite weights, which its zero output discards.
-MASKED_SCORE = -1e30
-
-AXES = ("prefill_batch", "prefill_seq", "prefill_blocks", "decode_batch", "decode_blocks")
-
-
-def decode_blocks_limit(
-    max_num_seqs: int, blocks_per_seq: int, num_blocks: int, prefix_caching: bool
-) -> int:
-    """The most blocks a decode step lists, all rows together. Each row lists its own
-    blocks, at most a full row's and at most the pool. Without prefix caching the rows'
-    blocks are distinct, so the pool bounds their sum too; with it, rows sharing a cached
-    prefix list its blocks once each, and the sum can exceed the pool."""
-    per_row = min(blocks_per_seq, num_blocks)
-    if prefix_caching:
-        return max_num_seqs * per_row
-    return min(num_blocks, max_num_seqs * per_row)
-
-
-def derived_axes(
-    block_size: int,
-    max_tokens: int,
-    max_num_seqs: int,
-    max_model_len: int,
-    num_blocks: int,
-    prefix_caching: bool = False,
-) -> dict[str, dict[str, int]]:
-    """Each bucket axis's min, step and max as derived from the limits the scheduler
-    enforces: what a 0 in the config stands for."""
-    blocks_per_seq = blocks_for(max_model_len, block_size)
-    decode_blocks = decode_blocks_limit(max_num_seqs, blocks_per_seq, num_blocks, prefix_caching)
-    distinct = decode_blocks_limit(max_num_seqs, blocks_per_seq, num_blocks, False)
-    return {
-        "prefill_batch": {"min": 1, "step": 1, "max": max_num_seqs},
-        "prefill_seq": {"min": block_size, "step": block_size, "max": max_tokens},
-        "prefill_blocks": {"min": 1, "step": 1, "max": blocks_per_seq},
-        "decode_batch": {"min": 1, "step": 1, "max": max_num_seqs},
-        # past the pool only rows sharing a prefix go: linear steps end there
-        "decode_blocks": {"min": 1, "step": 1, "max": decode_blocks, "dense_max": distinct},
-    }
-
-
-def resolve_axes(
-    given: Mapping[str, Mapping[str, Any]],
-    block_size: int,
-    max_tokens: int,
-    max_num_seqs: int,
-    max_model_len: int,
-    num_blocks: int,
-    prefix_caching: bool = False,
-) -> dict[str, Axis]:
-    """Each bucket axis from its config (`sizes`, or min/step/max with 0 derived from the
-    limits); a ValueError names the key to change."""
-    derived = derived_axes(
-        block_size, max_tokens, max_num_seqs, max_model_len, num_blocks, prefix_caching
-    )
-    axes = {}
-    for name in AXES:
-        conf = given[name]
-        bounds: dict[str, Any] = {
-            key: conf[key] or derived[name][key] for key in ("min", "step", "max")
-        }
-        if not conf["max"]:  # a derived max keeps the derived dense range
-            bounds["dense_max"] = derived[name].get("dense_max", 0)
-        axis = Axis(**bounds)
-        sizes = [int(v) for v in (conf.get("sizes") or ())]
-        if sizes:
-            _check_sizes(name, sizes, block_size)
-            axis = Axis(min=sizes[0], step=axis.step, max=sizes[-1], explicit=tuple(sizes))
-        if not 1 <= axis.min <= axis.max or axis.step < 1:
-            raise ValueError(
-                f"metadata.{name}: need 1 <= min <= max and step >= 1 (0 derives a value)"
-            )
-        axes[name] = axis
-    if axes["prefill_seq"].step % block_size or axes["prefill_seq"].min % block_size:
-        raise ValueError(
-            "metadata.prefill_seq.min and .step must be multiples of block_size: a chunk "
-            "is padded to whole blocks"
-        )
-    return axes
-
-
-def _check_sizes(name: str, sizes: list[int], block_size: int) -> None:
-    if sizes[0] < 1 or any(a >= b for a, b in zip(sizes, sizes[1:], strict=False)):
-        raise ValueError(
-            f"metadata.{name}.sizes={sizes}: give increasing positive sizes, e.g. [1, 4, 16]"
-        )
-    if name == "prefill_seq" and any(size % block_size for size in sizes):
-        raise ValueError(
-            f"metadata.prefill_seq.sizes={sizes}: each must be a multiple of "
-            f"block_size={block_size}, as a chunk is padded to whole blocks"
-        )
 
 
 class HPUMetadataBuilder:
@@ -702,53 +510,3 @@ class HPUMetadataBuilder:
             shape=shape,
             packed=packed,
         )
-
-
-@functools.lru_cache(maxsize=4096)  # a run's steps pad to few buckets: each label made once
-def bucket_label(prefill: tuple | None, decode: tuple | None) -> str:
-    """steps.jsonl's `bucket`: e.g. "prefill 2x256x4 + decode 8x24"."""
-    parts = [f"prefill {'x'.join(map(str, prefill))}"] if prefill else []
-    parts += [f"decode {'x'.join(map(str, decode))}"] if decode else []
-    return " + ".join(parts)
-
-
-def bucket_dims(label: str) -> tuple[tuple | None, tuple | None]:
-    """The padded (prefill, decode) dims of steps.jsonl's `bucket`, e.g.
-    "prefill 2x256x4 + decode 8x24", as bucket_label writes it."""
-    parts: dict[str, tuple] = {}
-    for part in label.split(" + "):
-        kind, _, dims = part.partition(" ")
-        size = {"prefill": 3, "decode": 2}.get(kind)
-        numbers = dims.split("x")
-        if size != len(numbers) or kind in parts or not all(n.isdigit() for n in numbers):
-            raise ValueError(f"bucket {label!r} is not 'prefill AxBxC + decode DxE'")
-        parts[kind] = tuple(int(n) for n in numbers)
-    return parts.get("prefill"), parts.get("decode")
-
-
-def decode_lens(plan: StepPlan) -> np.ndarray:
-    """Each decode row's tokens with its new one: the scheduler's array when it made one."""
-    if plan.decode_lens is not None:
-        return plan.decode_lens
-    return np.array([r.num_computed + 1 for r in plan.decode], dtype=np.int64)
-
-
-def step_shape(
-    block_size: int,
-    plan: StepPlan,
-    prefill: tuple[int, int, int] | None,
-    decode: tuple[int, int] | None,
-    lens: np.ndarray,
-    kv: tuple[int, int] | None = None,
-) -> StepShape:
-    """The step's buckets and each row's real lengths (lens: decode_lens(plan); kv: their
-    decode_totals, where the caller summed them)."""
-    chunks = plan.prefill
-    chunk_lens: tuple[int, ...]
-    context_lens: tuple[int, ...]
-    if len(chunks) == 1:  # the common step's one chunk, without the comprehensions
-        chunk_lens, context_lens = (chunks[0].end - chunks[0].start,), (chunks[0].start,)
-    else:  # list comprehensions: a step's few chunks, read fast
-        chunk_lens = tuple([c.end - c.start for c in chunks])
-        context_lens = tuple([c.start for c in chunks])
-    return StepShape(block_size, prefill, decode, chunk_lens, context_lens, lens, False, kv)

@@ -21,7 +21,7 @@ import numpy as np
 import paddle
 import paddle.nn.functional as F
 
-from stages.metadata import ForwardMeta
+from stages.forward_meta import ForwardMeta
 from stages.model_spec import DTYPE_BYTES, ModelSpec, built_in_spec
 from stages.request import DecodeRun
 from stages.rope import rope_inv_freq

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:  # the metadata builds on requests and plans
-    from stages.metadata import ForwardMeta
+    from stages.forward_meta import ForwardMeta
 
 # Every request gets its own sequence number: stages key their state by it, never by the
 # user's id, which two lines of a file may share.

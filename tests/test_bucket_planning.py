@@ -37,8 +37,8 @@ from stages.buckets import (
     prefill_shapes,
     warmup_counts,
 )
+from stages.forward_meta import bucket_dims
 from stages.kv_cache import blocks_for
-from stages.metadata import bucket_dims
 from stages.simulator.device import graphs
 from tests.helpers import LIMITS, SMALL, make_config, run_cli, serve
 

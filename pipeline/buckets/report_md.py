@@ -9,9 +9,9 @@ from typing import Any
 from pipeline.buckets.serving import Served
 from pipeline.buckets.sources import RunLimits
 from pipeline.run_folder import read_metrics
+from stages.bucket_axes import AXES
 from stages.bucket_planner import Evaluation
 from stages.buckets import Buckets
-from stages.metadata import AXES
 
 
 def _row(label: str, e: Evaluation, served: list[Served]) -> str:

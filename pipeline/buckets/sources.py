@@ -12,10 +12,10 @@ from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 
 from pipeline.run_folder import read_mapping, read_step_lines
+from stages.bucket_axes import AXES, decode_blocks_limit, resolve_axes
 from stages.buckets import Axis, Bucketing, Buckets, StepRule
 from stages.interfaces import Scheduler
 from stages.kv_cache import blocks_for
-from stages.metadata import AXES, decode_blocks_limit, resolve_axes
 from stages.scheduler import Budget
 
 

@@ -39,7 +39,7 @@ from pipeline.engine import Engine
 from pipeline.run import run
 from pipeline.run_folder import RunFileError, read_step_lines
 from pipeline.schema import Executor, HardwareConf, schema_defaults
-from stages.metadata import bucket_dims
+from stages.forward_meta import bucket_dims
 from stages.simulator.cost_model import CostModel
 from stages.simulator.hardware import HardwareProfile, write_profile
 from stages.step_shape import StepShape

@@ -39,6 +39,8 @@ SOURCES = (
     "stages/running_rows.py",
     "stages/kv_cache.py",
     "stages/metadata.py",
+    "stages/forward_meta.py",
+    "stages/bucket_axes.py",
     "stages/buckets.py",
     "stages/step_shape.py",
     "stages/model_spec.py",

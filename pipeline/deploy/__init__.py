@@ -58,7 +58,7 @@ class Deployment:
 def deployment(config: Mapping[str, Any], num_blocks: int, model: str = "") -> Deployment:
     """The deployment a resolved config describes; num_blocks is the KV pool the run had
     (decode buckets are bounded by it)."""
-    from stages.metadata import resolve_axes  # the bucket sets exactly as the run built them
+    from stages.bucket_axes import resolve_axes  # the bucket sets exactly as the run built them
 
     scheduler = str(config["scheduler"]["_target_"]).rsplit(".", 1)[-1]
     meta = config["metadata"]

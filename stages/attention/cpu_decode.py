@@ -9,7 +9,7 @@ from typing import NamedTuple
 import paddle
 import paddle.nn.functional as F
 
-from stages.metadata import MASKED_SCORE
+from stages.forward_meta import MASKED_SCORE
 
 # Decode listed row by row gathers keys and values a tile of blocks at a time, sized so
 # that a tile is still in cache when its matmul reads it: the gather then costs one pass

@@ -12,8 +12,8 @@ import paddle.nn.functional as F
 
 from stages.arithmetic import ceil_div
 from stages.attention.cpu_tensors import dense_copies
+from stages.forward_meta import MASKED_SCORE
 from stages.host_tensor import host_tensor
-from stages.metadata import MASKED_SCORE
 
 # A chunk's queries are attended this many at a time, each tile over only the keys its
 # queries can see (the context, then the chunk up to the tile's last query): a causal

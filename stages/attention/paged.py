@@ -16,8 +16,8 @@ from stages.attention.interface import (
     SlotIndex,
 )
 from stages.device import Device
+from stages.forward_meta import ForwardMeta
 from stages.kv_cache import KVCacheManager
-from stages.metadata import ForwardMeta
 from stages.request import Request
 
 

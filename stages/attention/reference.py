@@ -12,7 +12,7 @@ import paddle
 import paddle.nn.functional as F
 
 from stages.attention.interface import Heads
-from stages.metadata import ForwardMeta
+from stages.forward_meta import ForwardMeta
 from stages.request import Request
 
 

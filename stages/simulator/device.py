@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from stages.metadata import ForwardMeta
+from stages.forward_meta import ForwardMeta
 from stages.model_spec import ModelSpec
 from stages.request import DecodeRun, Request, Samples
 from stages.simulator.cost_model import CostModel
