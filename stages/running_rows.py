@@ -170,10 +170,6 @@ class RunningRows:
         n = self.size
         return self.held[:n] - self.computed[:n] + 1
 
-    def first_full_block(self) -> np.ndarray:
-        """Each row's next decode step (from 1) after which its computed tokens fill a block."""
-        return (-1 - self.computed[: self.size]) % self.kv_cache.block_size + 1
-
     def steps_with_blocks(self, free: int, limit: int, stays: np.ndarray | None = None) -> int:
         """How many of the next `limit` decode steps `free` blocks cover: a row takes a
         block at its first_new_block step and every block_size steps after, up to its
