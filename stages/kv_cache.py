@@ -18,7 +18,6 @@ whose prompts are each their own names one block a request.
 
 from __future__ import annotations
 
-import hashlib
 import heapq
 import struct
 from collections.abc import Sequence
@@ -39,7 +38,7 @@ def blocks_for(num_tokens: IntOrArray, block_size: int) -> IntOrArray:
 def chain_hash(parent: bytes, token_bytes: bytes) -> bytes:
     """A block's content hash: its parent's hash and its token ids' bytes (int32), by
     blake2b."""
-    return hashlib.blake2b(parent + token_bytes, digest_size=16).digest()
+    return blake2b(parent + token_bytes, digest_size=16).digest()
 
 
 ROOT_HASH = b""  # the parent of a sequence's first block
@@ -242,7 +241,7 @@ class KVCacheManager:
         start = have * bs - num_prompt
         for _ in range(num_blocks - have):
             data = self._ids_bytes(output[start : start + bs])
-            parent = blake2b(parent + data, digest_size=16).digest()
+            parent = chain_hash(parent, data)
             chain.append(parent)
             start += bs
         return chain
