@@ -477,9 +477,7 @@ class ChunkedScheduler(DecodeRuns):
             self.running[:] = itertools.compress(self.running, kept.tolist())
             self.rows.keep(kept.nonzero()[0])
         for (request, reason, _), now in zip(ending, times, strict=True):
-            self.kv_cache.free(request)
-            request.block_hashes = []
-            request.finish(reason, now)
+            self._end(request, reason, now)
 
     def _may_admit(self, left: int) -> bool:
         """Whether a step whose decodes leave `left` of the budget could admit the first
@@ -506,6 +504,10 @@ class ChunkedScheduler(DecodeRuns):
             return
         if request in self.running:
             self._remove_running(request)
+        self._end(request, reason, now)
+
+    def _end(self, request: Request, reason: FinishReason, now: float) -> None:
+        """A request out of the running rows ends: its blocks go back, then it finishes."""
         self.kv_cache.free(request)
         request.block_hashes = []  # a finished request's hashes are never looked up again
         request.finish(reason, now)
