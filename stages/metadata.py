@@ -143,7 +143,7 @@ class HPUMetadataBuilder:
             return run.padded(rows[:steps], widths[:steps]) if steps else None
         if not steps:  # the head alone: the steps after it grow from its rows, so miss too
             rows, widths, steps = np.zeros(1, np.int64), np.zeros(1, np.int64), 1
-        rows, widths = rows[:steps], widths[:steps]  # new arrays: written in place
+        rows, widths = rows[:steps], widths[:steps]  # (of arrays made here: written in place)
         rows[0], widths[0] = head.shape.decode or (0, 0)
         return run.padded(rows, widths, head)
 
