@@ -314,8 +314,6 @@ class Engine:
             arrivals.finished(request)
             on_finish(request)
 
-        # Open loop: a finish frees no slot, and each of thousands goes straight on.
-        handed_on = finished if self.concurrency else on_finish
         stop = stop or NeverStop()
         leaps = None
         if on_leap is not None and self.model.predicts_steps:
@@ -327,11 +325,9 @@ class Engine:
             def finishes() -> float:
                 return min(arrivals.finishes_before_change(), hook.finishes_before_change())
 
-            # Open loop: no finish lets an arrival in sooner, so the hook's answer alone.
-            held = finishes if self.concurrency else hook.finishes_before_change
-            leaps = Leaps(until, held, on_leap)
+            leaps = Leaps(until, finishes, on_leap)
         with long_lived_frozen():
-            return self.serve(arrivals, on_step, handed_on, leaps=leaps, stop=stop)
+            return self.serve(arrivals, on_step, finished, leaps=leaps, stop=stop)
 
     def serve(
         self,
