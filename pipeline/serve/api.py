@@ -22,6 +22,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from omegaconf import DictConfig
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from pipeline.serve.logprobs import Shown, output_logprobs
 from pipeline.serve.protocol import (
     ChatBody,
     CompletionBody,
@@ -62,8 +63,8 @@ class Serving:
     max_model_len: int
     numbers: Iterator[int] = field(default_factory=itertools.count)
 
-    def reply(self, kind: ReplyKind) -> Reply:
-        return Reply(kind, next(self.numbers), self.settings.model_name)
+    def reply(self, kind: ReplyKind, shown: Shown) -> Reply:
+        return Reply(kind, next(self.numbers), self.settings.model_name, shown=shown)
 
 
 def create_app(
@@ -126,7 +127,10 @@ async def models(request: Request) -> Response:
 async def completions(request: Request) -> Response:
     worker, body = await accept(request, CompletionBody)
     tokenizer = worker.engine.tokenizer
-    prompt = body.prompt_text()
+    try:
+        prompt = body.prompt_text()
+    except RequestError as err:
+        raise Problem(400, str(err), err.param) from None
     if isinstance(prompt, list):
         bad = [i for i in prompt if not 0 <= i < tokenizer.vocab_size]
         if bad:
@@ -135,8 +139,8 @@ async def completions(request: Request) -> Response:
         ids, prompt = prompt, tokenizer.decode(prompt)
     else:
         ids = tokenizer.encode(prompt)
-    reply = request.app.state.serving.reply(ReplyKind.TEXT_COMPLETION)
-    return await generate(request, worker, body, reply, prompt, ids, body.max_tokens)
+    reply = request.app.state.serving.reply(ReplyKind.TEXT_COMPLETION, body.shown())
+    return await generate(request, worker, body, reply, prompt, ids, body.limit())
 
 
 @openai_routes.post("/chat/completions")
@@ -148,7 +152,7 @@ async def chat_completions(request: Request) -> Response:
         prompt, ids = tokenizer.encode_chat(messages)
     except ValueError as err:
         raise Problem(400, str(err), "messages") from None
-    reply = request.app.state.serving.reply(ReplyKind.CHAT_COMPLETION)
+    reply = request.app.state.serving.reply(ReplyKind.CHAT_COMPLETION, body.shown())
     return await generate(request, worker, body, reply, prompt, ids, body.limit())
 
 
@@ -251,8 +255,9 @@ async def stream_events(
     request: Request, worker: EngineWorker, stream: Stream, reply: Reply, include_usage: bool
 ) -> AsyncIterator[bytes]:
     """Server-sent events: a chunk of text per engine step, the finish, usage, [DONE]."""
-    text = TextStream(worker.engine.tokenizer, stream.request.stop)
-    ended = False
+    tokenizer = worker.engine.tokenizer
+    text = TextStream(tokenizer, stream.request.stop)
+    ended, delivered = False, 0
     try:
         first = reply.opening_chunk(include_usage)
         if first:
@@ -262,8 +267,14 @@ async def stream_events(
             ended = isinstance(event, Finished)
             ids = event.ids if ended else event
             delta = text.final(stream.request, ids) if ended else text.add(ids)
-            if delta:
-                yield reply.chunk(delta, None, include_usage)
+            logprobs = None  # those of this event's tokens, where asked
+            if reply.shown.logprobs is not None and ids:
+                end = delivered + len(ids)
+                logprobs = output_logprobs(stream.request, tokenizer, reply.shown, reply.chat,
+                                           delivered, end)  # fmt: skip
+            delivered += len(ids)
+            if delta or logprobs:
+                yield reply.chunk(delta, None, include_usage, logprobs)
         yield reply.closing_chunks(stream.request, include_usage)
         yield b"data: [DONE]\n\n"
     finally:

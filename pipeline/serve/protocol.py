@@ -12,19 +12,19 @@ from typing import Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from pipeline.serve.logprobs import Shown
 from stages.request import Request, SamplingParams
+
+MAX_LOGPROBS = 20  # alternatives per token, OpenAI's limit
 
 # Field -> the only values accepted (OpenAI's defaults, and what clients send by default).
 NEUTRAL: dict[str, tuple[Any, ...]] = {
     "n": (None, 1),
     "best_of": (None, 1),
     "logit_bias": (None, {}),
-    "logprobs": (None, 0, False),
-    "top_logprobs": (None, 0),
     "presence_penalty": (None, 0.0),
     "frequency_penalty": (None, 0.0),
     "repetition_penalty": (None, 1.0),
-    "echo": (None, False),
     "suffix": (None,),
     "tools": (None, []),
     "response_format": (None, {"type": "text"}),
@@ -110,17 +110,37 @@ class GenerationBody(Strict):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
+    def shown(self) -> Shown:
+        """Log-probabilities and echo, as the route's own fields ask."""
+        return Shown()
+
 
 class CompletionBody(GenerationBody):
-    prompt: str | list[int] | list[str]
+    # A list of one text or of one id list: lm-eval's batch of one.
+    prompt: str | list[int] | list[str] | list[list[int]]
+    max_tokens: int | None = Field(default=None, ge=0)  # 0: with echo, the prompt scored
     echo: bool | None = None
-    logprobs: int | None = None
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     suffix: str | None = None
+
+    def check_supported(self) -> None:
+        super().check_supported()
+        if self.echo and self.stream:
+            raise RequestError("echo is not supported with stream=true", "echo")
+        if self.max_tokens == 0 and not self.echo:
+            raise RequestError("max_tokens=0 needs echo=true (the prompt scored)", "max_tokens")
+
+    def shown(self) -> Shown:
+        return Shown(self.logprobs, bool(self.echo), self.max_tokens != 0)
+
+    def limit(self) -> int | None:
+        """max_tokens; 0 runs one token (the last prompt position's logits), not shown."""
+        return 1 if self.max_tokens == 0 else self.max_tokens
 
     def prompt_text(self) -> str | list[int]:
         """The prompt as text, or as token ids where the client sent ids."""
         prompt = self.prompt
-        if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
             if len(prompt) != 1:
                 raise RequestError("one prompt per request is supported (got a list)", "prompt")
             return prompt[0]
@@ -131,9 +151,17 @@ class ChatBody(GenerationBody):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool | None = None
-    top_logprobs: int | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     tools: list[dict[str, Any]] | None = None
     response_format: dict[str, Any] | None = None
+
+    def check_supported(self) -> None:
+        super().check_supported()
+        if self.top_logprobs is not None and not self.logprobs:
+            raise RequestError("top_logprobs needs logprobs=true", "top_logprobs")
+
+    def shown(self) -> Shown:
+        return Shown(self.top_logprobs or 0) if self.logprobs else Shown()
 
     def limit(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
@@ -170,6 +198,7 @@ def to_request(
     max_model_len."""
     rid, index = ident
     top_k = body.top_k if body.top_k not in (-1,) else 0
+    shown = body.shown()
     return Request(
         id=rid,
         index=index,
@@ -180,6 +209,11 @@ def to_request(
         ignore_eos=body.ignore_eos,
         stop=body.stop_strings,
         sampling=SamplingParams(
-            temperature=body.temperature, top_k=top_k, top_p=body.top_p, seed=body.seed
+            temperature=body.temperature,
+            top_k=top_k,
+            top_p=body.top_p,
+            seed=body.seed,
+            logprobs=shown.logprobs,
+            prompt_logprobs=shown.logprobs if shown.echo else None,
         ),
     )

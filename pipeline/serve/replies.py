@@ -10,6 +10,7 @@ from typing import Any
 import orjson
 
 from pipeline.artefacts import output_text
+from pipeline.serve.logprobs import Shown, whole_logprobs
 from stages.interfaces import Tokenizer
 from stages.request import Request
 
@@ -44,8 +45,9 @@ class TextStream:
         return delta
 
 
-def usage(request: Request) -> dict[str, Any]:
-    prompt, output = request.num_prompt_tokens, len(request.output_ids)
+def usage(request: Request, shown: Shown | None = None) -> dict[str, Any]:
+    prompt = request.num_prompt_tokens
+    output = len(request.output_ids) if shown is None or shown.output else 0
     return {
         "prompt_tokens": prompt,
         "completion_tokens": output,
@@ -69,6 +71,7 @@ class Reply:
     index: int
     model: str
     created: int = field(default_factory=lambda: int(time.time()))
+    shown: Shown = field(default_factory=Shown)  # logprobs, echo
 
     @property
     def chat(self) -> bool:
@@ -82,19 +85,25 @@ class Reply:
         kind = f"{self.kind}.chunk" if streaming and self.chat else self.kind
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
 
-    def _choice(self, text: str | None, finish: str | None, streaming: bool) -> dict[str, Any]:
+    def _choice(
+        self, text: str | None, finish: str | None, streaming: bool, logprobs: Any = None
+    ) -> dict[str, Any]:
         if not self.chat:
-            return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+            return {"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish}
         if streaming:
             delta = {} if text is None else {"content": text}
-            return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            return {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
         message = {"role": "assistant", "content": text}
-        return {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
+        return {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish}
 
     def whole(self, request: Request, tokenizer: Tokenizer) -> dict[str, Any]:
-        text = output_text(request, tokenizer)
-        choice = self._choice(text, request.finish_reason, streaming=False)
-        return {**self._head(False), "choices": [choice], "usage": usage(request)}
+        shown = self.shown
+        text = output_text(request, tokenizer) if shown.output else ""
+        if shown.echo:
+            text = request.prompt + text
+        logprobs = whole_logprobs(request, tokenizer, shown, self.chat)
+        choice = self._choice(text, request.finish_reason, False, logprobs)
+        return {**self._head(False), "choices": [choice], "usage": usage(request, shown)}
 
     def _event(self, body: dict[str, Any]) -> bytes:
         return b"data: " + orjson.dumps(body) + b"\n\n"
@@ -113,8 +122,10 @@ class Reply:
                   "logprobs": None, "finish_reason": None}  # fmt: skip
         return self._event(self._chunk_body([choice], include_usage))
 
-    def chunk(self, text: str, finish: str | None, include_usage: bool) -> bytes:
-        choice = self._choice(text, finish, streaming=True)
+    def chunk(
+        self, text: str, finish: str | None, include_usage: bool, logprobs: Any = None
+    ) -> bytes:
+        choice = self._choice(text, finish, True, logprobs)
         return self._event(self._chunk_body([choice], include_usage))
 
     def closing_chunks(self, request: Request, include_usage: bool) -> bytes:
