@@ -86,6 +86,9 @@ def create_app(
     app.add_exception_handler(Problem, lambda request, err: problem_response(err))
     app.include_router(probe_routes)
     app.include_router(openai_routes)
+    from pipeline.serve.tokenize import tokenizer_routes  # (it builds on this module)
+
+    app.include_router(tokenizer_routes)
     return app
 
 

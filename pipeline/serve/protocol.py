@@ -8,7 +8,7 @@ naming the field, never silently ignored.
 
 from __future__ import annotations
 
-from typing import Any, Literal, cast
+from typing import Any, Literal, TypeVar, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -41,6 +41,9 @@ class RequestError(ValueError):
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
+
+
+B = TypeVar("B", bound=Strict)
 
 
 class StreamOptions(Strict):
@@ -169,6 +172,14 @@ class ChatBody(GenerationBody):
 
 def parse(body_type: type[GenerationBody], raw: bytes) -> GenerationBody:
     """The body validated, or a RequestError naming the first bad field."""
+    body = parse_body(body_type, raw)
+    body.check_supported()
+    return body
+
+
+def parse_body(body_type: type[B], raw: bytes) -> B:
+    """Any strict body validated (the tokenizer routes' too), or a RequestError naming
+    the first bad field."""
     try:
         body = body_type.model_validate_json(raw)
     except ValidationError as err:
@@ -181,7 +192,6 @@ def parse(body_type: type[GenerationBody], raw: bytes) -> GenerationBody:
         if first["type"] == "model_type" and not where:
             raise RequestError("the body must be a JSON object") from None
         raise RequestError(f"{where or 'body'}: {first['msg']}", where or None) from None
-    body.check_supported()
     return body
 
 
