@@ -86,7 +86,7 @@ def lm_eval_command(args: argparse.Namespace, url: str, model: dict, out: Path) 
         "tokenizer_backend=remote",
         "tokenized_requests=True",
         f"max_length={model['max_model_len']}",
-        "num_concurrent=1",
+        f"num_concurrent={args.concurrency}",
         "max_retries=1",
         "timeout=600",
     ])  # fmt: skip
@@ -162,6 +162,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=Path("outputs/accuracy") / stamp,
                         help="the run folder (default: outputs/accuracy/<time>)")  # fmt: skip
     parser.add_argument("--port", type=int, default=0, help="the server's (0: a free one)")
+    parser.add_argument("--concurrency", type=int, default=1,
+                        help="requests lm-eval keeps in flight (the engine batches them)")  # fmt: skip
     parser.add_argument("--start-timeout-s", type=float, default=600.0)
     return parser.parse_args(argv)
 

@@ -4,6 +4,7 @@ taken from the reference run of the prompt cut after that position."""
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 
@@ -51,16 +52,25 @@ def check_entry(entry: dict[int, float], expected: np.ndarray, token: int, k: in
     assert set(entry) == {*top, token}
 
 
-@pytest.fixture(scope="module")
-def chunked_run():
-    engine, _ = build_engine(make_config(ENGINE))
+@pytest.fixture(scope="module", params=["packed", "padded"])
+def chunked_run(request):
+    """The prompt's rows packed (the CPU attention's layout) or padded to the prefill
+    bucket (the reference attention's, as the HPU's), chunked either way."""
+    padded = ["attention=reference"] if request.param == "padded" else []
+    engine, _ = build_engine(make_config([*ENGINE, *padded]))
+    assert engine.attention.packs_rows == (request.param == "packed")
     ids = engine.tokenizer.encode(PROMPT)
     asked = SamplingParams(logprobs=2, prompt_logprobs=3)
-    request = Request("a", 0, PROMPT, ids, 4, sampling=asked)
+    asking = Request("a", 0, PROMPT, ids, 4, sampling=asked)
     plain = Request("b", 1, PROMPT, ids, 4)
     steps: list = []
-    engine.run([request, plain], on_step=steps.append)
-    return request, plain, steps, reference_logprobs(ids, 4)
+    engine.run([asking, plain], on_step=steps.append)
+    return asking, plain, steps, oracle(tuple(ids))
+
+
+@functools.lru_cache(maxsize=2)
+def oracle(ids: tuple[int, ...]) -> list[np.ndarray]:
+    return reference_logprobs(ids, 4)
 
 
 def test_prompt_logprobs_under_chunked_prefill_equal_the_oracle(chunked_run):
