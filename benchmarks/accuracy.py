@@ -162,8 +162,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=Path("outputs/accuracy") / stamp,
                         help="the run folder (default: outputs/accuracy/<time>)")  # fmt: skip
     parser.add_argument("--port", type=int, default=0, help="the server's (0: a free one)")
-    parser.add_argument("--concurrency", type=int, default=1,
-                        help="requests lm-eval keeps in flight (the engine batches them)")  # fmt: skip
+    parser.add_argument(
+        "--concurrency", type=int, default=1, help="requests in flight (batched by the engine)"
+    )
     parser.add_argument("--start-timeout-s", type=float, default=600.0)
     return parser.parse_args(argv)
 

@@ -270,12 +270,10 @@ async def stream_events(
             ended = isinstance(event, Finished)
             ids = event.ids if ended else event
             delta = text.final(stream.request, ids) if ended else text.add(ids)
-            logprobs = None  # those of this event's tokens, where asked
-            if reply.shown.logprobs is not None and ids:
-                end = delivered + len(ids)
-                logprobs = output_logprobs(stream.request, tokenizer, reply.shown, reply.chat,
-                                           delivered, end)  # fmt: skip
-            delivered += len(ids)
+            # this event's tokens' log-probabilities, where asked
+            start, delivered = delivered, delivered + len(ids)
+            logprobs = output_logprobs(stream.request, tokenizer, reply.shown, reply.chat,
+                                       start, delivered)  # fmt: skip
             if delta or logprobs:
                 yield reply.chunk(delta, None, include_usage, logprobs)
         yield reply.closing_chunks(stream.request, include_usage)

@@ -90,8 +90,9 @@ def chat_part(
 def output_logprobs(
     request: Request, tokenizer: Tokenizer, shown: Shown, chat: bool, start: int, end: int
 ) -> dict[str, list] | None:
-    """The logprobs of output tokens start..end-1 (a stream's chunk; a whole reply: all)."""
-    if shown.logprobs is None or not shown.output:
+    """The logprobs of output tokens start..end-1 (a stream's chunk; a whole reply: all);
+    None where not asked or none."""
+    if shown.logprobs is None or not shown.output or start >= end:
         return None
     ids, entries = request.output_ids[start:end], request.logprobs[start:end]
     if chat:
