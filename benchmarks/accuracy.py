@@ -1,7 +1,8 @@
 """Accuracy through the server: lm-evaluation-harness against `python -m pipeline.serve`.
 
-    python -m benchmarks.accuracy model=gguf model.path=SmolLM2-135M-Instruct-Q4_1.gguf \\
-        tokenizer=gguf --limit 100
+    python -m benchmarks.accuracy model=gguf model.path=SmolLM2-135M-Instruct.Q4_1.gguf \\
+        --limit 100 --out runs/acc-a
+    python -m benchmarks.accuracy --compare runs/acc-a runs/acc-b   (item agreement)
 
 Starts the server on the given overrides (any of `python -m pipeline.serve`) on a free
 loopback port, runs lm-eval's `local-completions` model against it on the repository's
@@ -112,14 +113,47 @@ def report(results: dict, wall_s: float) -> list[str]:
     samples = results.get("n-samples", {})
     for task, metrics in sorted(results["results"].items()):
         for key, value in metrics.items():
-            name, _, filter_name = key.partition(",")
-            if name.endswith("_stderr") or not isinstance(value, int | float):
+            name, comma, filter_name = key.partition(",")  # "acc,none": metric, filter
+            if not comma or name.endswith("_stderr") or not isinstance(value, int | float):
                 continue
             stderr = metrics.get(f"{name}_stderr,{filter_name}")
             error = f" ± {stderr:.4f}" if isinstance(stderr, int | float) else ""
             items = samples.get(task, {}).get("effective", "?")
             lines.append(f"{task}  {name} ({filter_name})  {value:.4f}{error}  items={items}")
     lines.append(f"wall time {wall_s:.0f} s")
+    return lines
+
+
+def answers(run: Path) -> dict[str, dict[int, tuple[object, list[float]]]]:
+    """Per task and item: the answer lm-eval took (a multiple choice's most likely choice,
+    a generation's filtered text) and the choices' log-likelihoods (none for generation)."""
+    out: dict[str, dict[int, tuple[object, list[float]]]] = {}
+    for path in sorted((run / "lm_eval").rglob("samples_*.jsonl")):
+        task = path.name.removeprefix("samples_").rsplit("_", 1)[0]
+        items = out.setdefault(task, {})
+        for line in path.read_text().splitlines():
+            sample = json.loads(line)
+            resps = sample["filtered_resps"]
+            if sample["metrics"] == ["exact_match"]:
+                items[sample["doc_id"]] = (resps[0], [])
+            else:
+                scores = [float(r[0]) for r in resps]
+                items[sample["doc_id"]] = (scores.index(max(scores)), scores)
+    return out
+
+
+def agreement(first: Path, second: Path) -> list[str]:
+    """Per task, on the items both runs scored: how many got the same answer, and the
+    largest difference of a choice's log-likelihood."""
+    a, b = answers(first), answers(second)
+    lines = []
+    for task in sorted(a.keys() & b.keys()):
+        shared = sorted(a[task].keys() & b[task].keys())
+        same = sum(a[task][i][0] == b[task][i][0] for i in shared)
+        pairs = [zip(a[task][i][1], b[task][i][1], strict=True) for i in shared]
+        gaps = [abs(x - y) for pair in pairs for x, y in pair]
+        gap = f", log-likelihoods within {max(gaps):.2e}" if gaps else ""
+        lines.append(f"{task}  same answer on {same}/{len(shared)} items{gap}")
     return lines
 
 
@@ -166,11 +200,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--concurrency", type=int, default=1, help="requests in flight (batched by the engine)"
     )
     parser.add_argument("--start-timeout-s", type=float, default=600.0)
+    parser.add_argument("--compare", nargs=2, type=Path, metavar=("RUN", "OTHER"),
+                        help="no run: the item agreement of two run folders")  # fmt: skip
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.compare:
+        print("\n".join(agreement(*args.compare)))
+        return 0
     try:
         import lm_eval  # noqa: F401  (the `eval` extra)
     except ImportError:

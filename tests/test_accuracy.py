@@ -85,3 +85,28 @@ def test_the_accuracy_command_runs_lm_eval_on_the_server(tmp_path):
     assert {"hpu_arith_choice", "hpu_unit_conversion"} <= results.keys()
     assert "acc_stderr,none" in results["hpu_arith_choice"]
     assert Path(out / "server" / "metrics.json").is_file()
+
+
+def write_samples(run: Path, choice_scores: list[list[float]], texts: list[str]) -> None:
+    folder = run / "lm_eval" / "model"
+    folder.mkdir(parents=True)
+    choice = [{"doc_id": i, "metrics": ["acc"], "filtered_resps": [[str(x), "False"] for x in s]}
+              for i, s in enumerate(choice_scores)]  # fmt: skip
+    gen = [{"doc_id": i, "metrics": ["exact_match"], "filtered_resps": [t]}
+           for i, t in enumerate(texts)]  # fmt: skip
+    for task, rows in (("hpu_arith_choice", choice), ("hpu_unit_conversion", gen)):
+        path = folder / f"samples_{task}_2026-01-01T00-00-00.jsonl"
+        path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+
+def test_compare_counts_items_with_the_same_answer(tmp_path, capsys):
+    from benchmarks import accuracy
+
+    write_samples(tmp_path / "a", [[-1.0, -2.0], [-3.0, -1.0]], ["700", "12"])
+    write_samples(tmp_path / "b", [[-1.5, -2.0], [-0.5, -1.0], [-1.0, -1.0]], ["700", "13"])
+    assert accuracy.main(["--compare", str(tmp_path / "a"), str(tmp_path / "b")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == [
+        "hpu_arith_choice  same answer on 1/2 items, log-likelihoods within 2.50e+00",
+        "hpu_unit_conversion  same answer on 1/2 items",
+    ]
