@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from stages.sampler import GreedySampler, RandomSampler
     from stages.scheduler import ChunkedScheduler, WholeScheduler
     from stages.simulator.device import NoAttention, SimulatedDevice, WorkloadLengthSampler
+    from stages.simulator.simulation import DeviceSimulation
     from stages.tokenizer import ByteTokenizer, HfTokenizer
     from stages.trace import TraceWorkload
     from stages.workload import JsonlWorkload, MixedWorkload, MultiTurnWorkload, SyntheticWorkload
@@ -30,6 +31,10 @@ if TYPE_CHECKING:
     ops: list[AttentionOps] = [ops_cpu, IntelHPUOps(None)]
     models: list[type[contract.Model]] = [TransformerLM, SimulatedDevice]
     samplers: list[type[contract.Sampler]] = [GreedySampler, RandomSampler, WorkloadLengthSampler]
+    # Abilities only a simulated build asks for.
+    leaping: list[type[contract.PlansDecodeRuns]] = [ChunkedScheduler, WholeScheduler]
+    padding_runs: list[type[contract.PadsDecodeRuns]] = [HPUMetadataBuilder]
+    simulations: list[type[contract.Simulation]] = [DeviceSimulation]
     workloads: list[type[contract.Workload]] = [
         SyntheticWorkload,
         MixedWorkload,
