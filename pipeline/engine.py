@@ -14,6 +14,7 @@ from typing import Any, NamedTuple, Protocol
 import structlog
 
 from pipeline.checks import ConfigError
+from pipeline.clock import Clock, WallClock
 from pipeline.metrics import StepRecord
 from pipeline.stop_hook import NeverStop, StopHook
 from stages.forward_meta import ForwardMeta
@@ -29,31 +30,6 @@ from stages.interfaces import (
 from stages.request import DecodeRun, Request, StepPlan
 
 log = structlog.get_logger(__name__)
-
-
-class Clock(Protocol):
-    def __call__(self) -> float:
-        """Seconds since the run's start."""
-
-    def sleep_until(self, t: float) -> None: ...
-
-    def restart(self) -> None: ...
-
-
-class WallClock:
-    """Seconds since the run's start; idling sleeps."""
-
-    def __init__(self) -> None:
-        self._start = time.perf_counter()
-
-    def __call__(self) -> float:
-        return time.perf_counter() - self._start
-
-    def sleep_until(self, t: float) -> None:
-        time.sleep(max(0.0, t - self()))
-
-    def restart(self) -> None:
-        self._start = time.perf_counter()
 
 
 @contextmanager

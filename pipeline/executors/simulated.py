@@ -11,7 +11,8 @@ from omegaconf import DictConfig
 
 from pipeline.build import build, load_workload
 from pipeline.checks import ConfigError, check_model_context, describe_model
-from pipeline.engine import Clock, Engine, WallClock
+from pipeline.clock import Clock, WallClock
+from pipeline.engine import Engine
 from stages.kv_cache import KVCacheManager
 from stages.request import Request
 from stages.simulator.device import (
