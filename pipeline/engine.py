@@ -9,7 +9,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 import structlog
 
@@ -147,14 +147,18 @@ class Leaps(NamedTuple):
         return self.simulation.leap(self.until, finishes, head)
 
 
-class Engine:
+# The engine's attention stage: the one its model's forward takes.
+A = TypeVar("A", bound=Attention)
+
+
+class Engine(Generic[A]):
     def __init__(
         self,
         tokenizer: Tokenizer,
         scheduler: Scheduler,
         metadata: MetadataBuilder,
-        model: Model,
-        attention: Attention,
+        model: Model[A],
+        attention: A,
         sampler: Sampler,
         clock: Clock | None = None,
         workload_counts: Mapping[str, Any] | None = None,

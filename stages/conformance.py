@@ -28,8 +28,10 @@ if TYPE_CHECKING:
     schedulers: list[type[contract.Scheduler]] = [ChunkedScheduler, WholeScheduler]
     metadata: list[type[contract.MetadataBuilder]] = [HPUMetadataBuilder]
     attention: list[type[contract.Attention]] = [PagedAttention, ReferenceAttention, NoAttention]
+    layers: list[type[contract.LayerAttention]] = [PagedAttention, ReferenceAttention]
     ops: list[AttentionOps] = [ops_cpu, IntelHPUOps(None)]
-    models: list[type[contract.Model]] = [TransformerLM, SimulatedDevice]
+    model: type[contract.Model[contract.LayerAttention]] = TransformerLM
+    device: type[contract.Model[NoAttention]] = SimulatedDevice
     samplers: list[type[contract.Sampler]] = [GreedySampler, RandomSampler, WorkloadLengthSampler]
     # Abilities only a simulated build asks for.
     leaping: list[type[contract.PlansDecodeRuns]] = [ChunkedScheduler, WholeScheduler]

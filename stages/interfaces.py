@@ -12,7 +12,7 @@ made on demand, `stages.request.PromptIds`.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from stages.forward_meta import ForwardMeta
 from stages.kv_cache import KVCacheManager
@@ -118,13 +118,14 @@ class MetadataBuilder(Protocol):
 
 
 class Attention(Protocol):
-    """Owns the KV cache tensors and the per-step state every layer shares."""
+    """What the engine and the build ask of the attention stage: the KV cache's tensors
+    are its own, kept until a request ends. A model's layers ask more (LayerAttention)."""
 
     # Whether requests may share a cached prefix's blocks: a stage that keeps each
     # request's keys apart (the dense oracle) has nothing to share.
     supports_prefix_caching: bool
 
-    def load_weights(self, model: Model) -> None:
+    def load_weights(self, model: Model[Any]) -> None:
         """Puts each layer's QKV weight into the backend's layout, once."""
 
     @property
@@ -132,6 +133,14 @@ class Attention(Protocol):
         """Whether the backend attends a step's real tokens packed, without the padding
         rows: the metadata builder then lays out those alone (ForwardMeta.packed), and the
         model runs its dense layers on them."""
+
+    def release(self, request: Request) -> None:
+        """Drops whatever the stage holds for a finished request."""
+
+
+class LayerAttention(Attention, Protocol):
+    """What a model's layers ask of the attention stage: the per-step state they share,
+    each layer's QKV with rotary positions, and attention over the KV cache."""
 
     def prepare(self, meta: ForwardMeta, cos: paddle.Tensor, sin: paddle.Tensor) -> Any:
         """The state one forward's layers share (rotary table, write slots, decode layout)."""
@@ -152,18 +161,20 @@ class Attention(Protocol):
     ) -> paddle.Tensor:
         """Writes k, v to the cache and attends, through the output projection."""
 
-    def release(self, request: Request) -> None:
-        """Drops whatever the stage holds for a finished request."""
+
+# The attention a model's forward takes: a model that runs layers takes a LayerAttention;
+# a simulated device, which runs none, takes any.
+AttentionT = TypeVar("AttentionT", bound=Attention, contravariant=True)
 
 
-class Model(Protocol):
+class Model(Protocol[AttentionT]):
     spec: ModelSpec  # the one description of the model: sizes, parts, parameters
     dtype: str
 
     @property
     def num_parameters(self) -> int: ...
 
-    def forward(self, meta: ForwardMeta, attention: Attention) -> paddle.Tensor | None:
+    def forward(self, meta: ForwardMeta, attention: AttentionT) -> paddle.Tensor | None:
         """Logits [rows, vocab] for meta.logits_rows (None from a simulated device)."""
 
 

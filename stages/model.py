@@ -26,7 +26,7 @@ from stages.model_spec import DTYPE_BYTES, ModelSpec, built_in_spec
 from stages.rope import rope_inv_freq
 
 if TYPE_CHECKING:
-    from stages.interfaces import Attention
+    from stages.interfaces import LayerAttention
 
 SUPPORTED_DTYPES = tuple(DTYPE_BYTES)
 
@@ -285,7 +285,7 @@ class TransformerLM:
         return (x32 * inv_rms).astype(x.dtype) * weight
 
     @paddle.no_grad()
-    def forward(self, meta: ForwardMeta, attention: Attention) -> paddle.Tensor:
+    def forward(self, meta: ForwardMeta, attention: LayerAttention) -> paddle.Tensor:
         """Logits [rows, vocab] for meta.logits_rows: each chunk's last token, each decode."""
         # Where the attention packs rows, the step holds its real tokens alone (meta.packed)
         # and every layer runs on those.

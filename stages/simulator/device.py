@@ -211,22 +211,14 @@ class SimulatedDevice:
 
 class NoAttention:
     """A simulated run keeps no keys or values: the KV-cache manager's books are enough.
-    The simulated device runs no layer, so nothing asks it for a layer's attention."""
+    The simulated device runs no layer, so it is no LayerAttention: nothing asks it for a
+    layer's attention."""
 
     supports_prefix_caching = True
     packs_rows = False
 
     def load_weights(self, model: Any) -> None:
         """There are no weights."""
-
-    def prepare(self, meta: ForwardMeta, cos: Any, sin: Any) -> None:
-        raise NotImplementedError("a simulated device runs no layer")
-
-    def qkv_rope(self, layer: int, x: Any, state: Any) -> tuple[Any, Any, Any]:
-        raise NotImplementedError("a simulated device runs no layer")
-
-    def attend(self, layer: int, q: Any, k: Any, v: Any, state: Any, out_weight: Any) -> Any:
-        raise NotImplementedError("a simulated device runs no layer")
 
     def release(self, request: Request) -> None:
         """Nothing is held."""
