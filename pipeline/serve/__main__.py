@@ -26,14 +26,14 @@ from omegaconf import DictConfig
 
 from pipeline import artefacts, logs  # noqa: F401  (logs configures structlog)
 from pipeline.build import check_resolves, import_paddle
-from pipeline.checks import ConfigError, check_config
+from pipeline.checks import ConfigError
+from pipeline.executors import check_config, executor_of
 from pipeline.run import slo_of
 from pipeline.run_folder import RunStatus
-from pipeline.schema import Executor, register_schemas
+from pipeline.schema import register_schemas
 from pipeline.serve.api import create_app
 from pipeline.serve.telemetry import Telemetry
 from pipeline.serve.worker import EngineWorker
-from stages.kv_cache import blocks_for
 
 log = structlog.get_logger("pipeline.serve")
 register_schemas()
@@ -44,12 +44,12 @@ def prepare(cfg: DictConfig, model_choice: str) -> None:
     name, and (on the real executor) a KV pool that holds max_num_seqs full-length requests,
     since a server has no workload to size it by."""
     check_resolves(cfg)
-    check_config(cfg)
+    executor = check_config(cfg)
     slo_of(cfg)  # a bad bound stops the server before anything is built
     if not cfg.serve.model_name:
         cfg.serve.model_name = model_choice
-    if cfg.executor.name != Executor.simulated and not cfg.num_blocks:
-        cfg.num_blocks = cfg.max_num_seqs * blocks_for(cfg.max_model_len, cfg.block_size)
+    if not cfg.num_blocks:
+        cfg.num_blocks = executor.server_num_blocks(cfg)
     if not 0 < cfg.serve.port < 65536:
         raise ConfigError(f"serve.port={cfg.serve.port}: choose a port in 1..65535")
     if cfg.serve.max_waiting < 1 or cfg.serve.max_request_bytes < 1:
@@ -109,7 +109,7 @@ def serve(cfg: DictConfig, out_dir: Path) -> int:
         timeout_graceful_shutdown=round(settings.shutdown_timeout_s) + 5,
     )
     server = DrainingServer(config, lambda: app.state.worker.drain())
-    if cfg.executor.name != Executor.simulated:
+    if executor_of(cfg).needs_paddle:
         import_paddle()  # before uvicorn's handlers: Paddle's own would replace them
     print(f"serving on http://{settings.host}:{settings.port} (run folder {out_dir})", flush=True)
     with exit_quietly_on_signals():
