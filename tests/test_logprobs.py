@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
-from pipeline.build import build_engine
+from pipeline.executors import build_engine
 from stages.logprobs import asked_counts
 from stages.request import Request, SamplingParams
 from tests.helpers import RecordingSampler, make_config
