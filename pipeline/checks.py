@@ -59,6 +59,7 @@ def check_config(cfg: DictConfig) -> None:
     _check_dtype_bytes(cfg)
     if not simulated:
         _check_real_precision(cfg)
+        _check_real_parallel(cfg)
     _check_limits(cfg)
     _check_chunks(cfg, bs)
     _check_device(cfg)
@@ -86,6 +87,16 @@ def _check_real_precision(cfg: DictConfig) -> None:
             raise ConfigError(
                 f"{key}={value} is simulated only: the real path runs the model's own dtype; "
                 f"set {key}={plain} or executor=simulated (with hardware=...)"
+            )
+
+
+def _check_real_parallel(cfg: DictConfig) -> None:
+    """Expert parallelism and attention replicas exist only on the simulated device."""
+    for key in ("ep", "dp"):
+        if cfg.get(key, 1) != 1:
+            raise ConfigError(
+                f"{key}={cfg.get(key)} is simulated only: the real path runs one device; set "
+                f"{key}=1 or executor=simulated (with hardware=...)"
             )
 
 
