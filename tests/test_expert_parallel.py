@@ -8,12 +8,13 @@ import dataclasses
 
 import pytest
 
+from pipeline.run import device_metrics
 from stages.simulator.cost_model import CostModel
 from stages.simulator.expert_parallel import ExpertParallel, check_layout
 from stages.simulator.hardware import GIB, kv_pool_blocks
 from stages.simulator.step_work import StepWork
 from stages.step_shape import StepShape
-from tests.helpers import run_cli, spec_of
+from tests.helpers import run_cli, serve, spec_of
 from tests.test_cost_model import DEVICE, LINK, TINY, TINY_MOE
 
 # TINY_MOE by hand: two layers' attention, layer 0's dense MLP, layer 1's router, shared
@@ -150,3 +151,23 @@ def test_an_impossible_layout_exits_2_naming_the_keys(tmp_path):
     assert result.returncode == 2
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("Error: ep=4 must equal tp x dp = 1 x 2 = 2")
+
+
+def test_a_run_with_ep_and_dp_holds_its_share_and_says_so():
+    _, engine = serve(
+        [
+            "executor=simulated", "hardware=gaudi3", "model=spec/ernie45_300b_a47b",
+            "ep=8", "dp=8", "quantization=fp8", "workload.num_requests=4",
+            "workload.max_prompt_tokens=64", "workload.max_new_tokens=4",
+        ]
+    )  # fmt: skip
+    metrics = device_metrics(engine)
+    assert (metrics["tp"], metrics["ep"], metrics["dp"]) == (1, 8, 8)
+    spec, hardware = engine.model.spec, engine.model.hardware
+    layout, precision = engine.model.cost.parallel, engine.model.precision
+    bs = engine.scheduler.kv_cache.block_size
+    pool = kv_pool_blocks(spec, hardware, bs, 1, precision, layout)
+    assert engine.scheduler.kv_cache.num_blocks == pool
+    # ERNIE-4.5-300B on one Gaudi 3 holds no KV without expert parallelism.
+    with pytest.raises(ValueError, match="leaves no KV cache"):
+        kv_pool_blocks(spec, hardware, bs, 1, precision)
