@@ -8,6 +8,8 @@ import dataclasses
 
 import pytest
 
+from benchmarks import published_moe
+from pipeline.calibrate.published import read_rows
 from pipeline.run import device_metrics
 from stages.simulator.cost_model import CostModel
 from stages.simulator.expert_parallel import ExpertParallel, check_layout
@@ -26,6 +28,7 @@ EXPERT = 3 * 64 * 32
 NON_ROUTED = ATTENTION + DENSE_MLP + ROUTER + EXPERT  # the shared expert is one EXPERT wide
 LATENCY = 1e-5
 HW = dataclasses.replace(DEVICE, allreduce_latency_s=LATENCY)
+MOE_DATA = published_moe.DATA
 
 
 def model(tp: int = 1, ep: int = 1, dp: int = 1, imbalance: float = 1.0, **spec) -> CostModel:
@@ -171,3 +174,19 @@ def test_a_run_with_ep_and_dp_holds_its_share_and_says_so():
     # ERNIE-4.5-300B on one Gaudi 3 holds no KV without expert parallelism.
     with pytest.raises(ValueError, match="leaves no KV cache"):
         kv_pool_blocks(spec, hardware, bs, 1, precision)
+
+
+def test_the_published_moe_rows_read_with_their_layouts_and_simulate():
+    rows, layouts = read_rows(MOE_DATA), published_moe.layouts(str(MOE_DATA))
+    assert len(rows) == len(layouts) == 17
+    assert all(r.source and r.where and r.model_preset == "qwen3_235b_a22b" for r in rows)
+    assert {(lay.ep, lay.dp) for lay in layouts} == {(8, 8)}
+    short = next(
+        r
+        for r in rows
+        if r.hardware == "h200" and r.input_tokens == 2048 and r.output_tokens == 128
+    )
+    run = published_moe.simulate_replica(short, layouts[0])
+    # dp replicas, each its 1 / dp of the requests: dp x the replica's output rate.
+    assert run.output_tokens == 375 * 128
+    assert run.predicted == pytest.approx(8 * run.output_tokens / run.duration_s)
