@@ -45,11 +45,6 @@ def build_paddle_engine(cfg: DictConfig) -> tuple[Engine, list[Request]]:
     import_paddle()
     import paddle
 
-    if not paddle.in_dynamic_mode():
-        # Paddle's eager mode is per thread and set up in the thread that imported it and
-        # the main one: another thread that builds an engine (a second server's engine
-        # thread in one process) would otherwise get static-graph values.
-        paddle.disable_static()
     from pipeline.allocator import keep_freed_memory
 
     keep_freed_memory()
