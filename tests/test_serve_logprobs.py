@@ -135,3 +135,19 @@ def test_impossible_logprob_requests_are_400(server, route, body, param):
     reply = post(server[0], route, body)
     assert reply.status_code == 400
     assert reply.json()["error"]["param"] == param
+
+
+def test_streamed_chat_chunks_carry_content_items(server):
+    messages = [{"role": "user", "content": "Name a colour"}]
+    body = {"messages": messages, "logprobs": True, "top_logprobs": 1, "max_tokens": 3,
+            "ignore_eos": True}  # fmt: skip
+    whole = post(server[0], "/v1/chat/completions", body).json()["choices"][0]["logprobs"]
+    items: list[dict] = []
+    url, streamed = f"{server[0]}/v1/chat/completions", {**body, "stream": True}
+    with httpx.stream("POST", url, json=streamed, headers=AUTH, timeout=120) as reply:
+        for line in reply.iter_lines():
+            if line.startswith("data: {"):
+                logprobs = json.loads(line[6:])["choices"][0]["logprobs"]
+                if logprobs:
+                    items += logprobs["content"]
+    assert items == whole["content"] and len(items) == 3
