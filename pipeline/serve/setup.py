@@ -1,0 +1,121 @@
+"""What a server derives from its config before anything is built: the name /v1/models
+lists, and the KV pool's size from a memory budget (a server has no workload to size it by).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from pathlib import Path
+
+from omegaconf import DictConfig
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from pipeline.checks import ConfigError, describe_model, mem_available
+from pipeline.schema import Executor
+from stages.kv_cache import blocks_for
+
+
+def model_name(cfg: DictConfig, choice: str) -> str:
+    """serve.model_name, or a GGUF file's `general.name` (else its file name), or the model
+    group's choice."""
+    if cfg.serve.model_name:
+        return str(cfg.serve.model_name)
+    path = cfg.model.get("path") if choice == "gguf" else None
+    if not path:
+        return choice
+    from stages.gguf.reader import read_gguf_header
+
+    try:
+        name = read_gguf_header(path).metadata.get("general.name")
+    except ValueError:
+        name = None  # the build names the problem with the file
+    if isinstance(name, str) and name.strip():
+        return re.sub(r"\s+", "-", name.strip())
+    return Path(str(path)).stem
+
+
+def kv_budget_bytes(cfg: DictConfig) -> tuple[int, str]:
+    """The KV pool's memory, and where the figure comes from."""
+    settings = cfg.serve
+    if settings.kv_cache_memory_gb < 0 or not 0 < settings.kv_cache_memory_fraction <= 1:
+        raise ConfigError(
+            "serve.kv_cache_memory_gb must be >= 0 (0 = a fraction of the available memory) "
+            "and serve.kv_cache_memory_fraction in (0, 1]"
+        )
+    if settings.kv_cache_memory_gb:
+        gb = settings.kv_cache_memory_gb
+        return int(gb * 2**30), f"serve.kv_cache_memory_gb={gb:g}"
+    available = mem_available() or 8 * 2**30
+    fraction = settings.kv_cache_memory_fraction
+    return int(available * fraction), (
+        f"serve.kv_cache_memory_fraction={fraction:g} of {available / 2**30:.1f} GiB available"
+    )
+
+
+def kv_pool_blocks(cfg: DictConfig) -> tuple[int, str]:
+    """num_blocks for a server on the real executor: what the memory budget holds, at most
+    what max_num_seqs full-length requests take; and the line that says so at start."""
+    spec, _ = describe_model(cfg)
+    per_block = cfg.block_size * spec.kv_bytes_per_token()
+    per_seq = blocks_for(cfg.max_model_len, cfg.block_size)
+    budget, source = kv_budget_bytes(cfg)
+    blocks = min(cfg.max_num_seqs * per_seq, budget // per_block)
+    if blocks < per_seq:
+        raise ConfigError(
+            f"the KV budget ({source}: {budget / 2**30:.3g} GiB) holds {blocks} blocks of "
+            f"{cfg.block_size} tokens, and one request of max_model_len={cfg.max_model_len} "
+            f"needs {per_seq}: raise serve.kv_cache_memory_gb or lower max_model_len"
+        )
+    line = (
+        f"KV cache: {blocks} blocks of {cfg.block_size} tokens, "
+        f"{blocks * per_block / 2**30:.3g} GiB ({source}; "
+        f"{blocks // per_seq} requests of max_model_len={cfg.max_model_len} at once)"
+    )
+    return int(blocks), line
+
+
+def size_kv_pool(cfg: DictConfig) -> str | None:
+    """Fills in num_blocks where the config leaves it to be derived; the line to print.
+    With warmup=true the pool is the batch run's (derived from the configured workload), so
+    the server warms the same graphs as `python -m pipeline` with the same overrides."""
+    if cfg.executor.name == Executor.simulated or cfg.num_blocks or cfg.warmup:
+        return None
+    cfg.num_blocks, line = kv_pool_blocks(cfg)
+    return line
+
+
+def guarded_h11(header_timeout_s: float) -> type[H11Protocol]:
+    """uvicorn's h11 protocol that closes a connection whose request head has not come
+    within header_timeout_s of its opening or of its last response (a half-open client that
+    sends a byte at a time would otherwise hold it for ever; keep-alive's timer restarts on
+    every byte)."""
+
+    class GuardedH11(H11Protocol):
+        _head_timer: asyncio.TimerHandle | None = None
+        _armed_for: object = None
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._arm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+            super().connection_lost(exc)
+
+        def _arm(self) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+            self._armed_for = self.cycle
+            self._head_timer = self.loop.call_later(header_timeout_s, self._head_late)
+
+        def _head_late(self) -> None:
+            if self.cycle is self._armed_for and not self.transport.is_closing():
+                self.transport.close()  # no new request began since it was armed
+
+    return GuardedH11
