@@ -80,6 +80,13 @@ class DrainingServer(uvicorn.Server):
         await super().shutdown(sockets)
 
 
+def stopped_before_serving(signum: int, frame: object) -> None:
+    """A stop signal before the server runs (Paddle, imported with this module, installs
+    handlers that print a C++ stack): one line, and the signal's exit code."""
+    print(f"stopped by {signal.Signals(signum).name} before serving", file=sys.stderr)
+    raise SystemExit(128 + signum)
+
+
 @contextmanager
 def exit_quietly_on_signals() -> Iterator[None]:
     """uvicorn re-raises the stop signal it handled once it has shut down; with these
@@ -180,4 +187,6 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    for stop in (signal.SIGINT, signal.SIGTERM):  # in place of Paddle's, from the imports
+        signal.signal(stop, stopped_before_serving)
     main()
