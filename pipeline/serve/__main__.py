@@ -164,7 +164,7 @@ def exit_code(err: BaseException, out_dir: Path) -> int:
     try:
         if not (out_dir / artefacts.METRICS).exists():
             artefacts.write_metrics({"status": RunStatus.FAILED, "error": message}, out_dir)
-    except OSError as write_err:
+    except (OSError, artefacts.RunFolderError) as write_err:
         print(f"Error: metrics.json not written: {write_err}", file=sys.stderr)
     print(f"Error: {message}", file=sys.stderr)
     return 2 if isinstance(err, ConfigError) else 1
