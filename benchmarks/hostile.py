@@ -166,8 +166,8 @@ def number_cases() -> list[Case]:
     chat = {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 2**40}
     cases.append(body_case("numbers", "max_completion_tokens=2**40", chat,
                            param="max_completion_tokens", route="chat/completions"))  # fmt: skip
-    cases.append(body_case("numbers", "temperature=Infinity",
-                           b'{"prompt": "hi", "temperature": Infinity}', param="temperature"))  # fmt: skip
+    infinity = b'{"prompt": "hi", "temperature": Infinity}'
+    cases.append(body_case("numbers", "temperature=Infinity", infinity, param="temperature"))
     cases.append(body_case("numbers", "top_k=-2", {"prompt": "hi", "top_k": -2}, param="top_k"))
     cases.append(body_case("numbers", "n=2", {"prompt": "hi", "n": 2}, param="n"))
     return cases
