@@ -260,6 +260,8 @@ def protocol_cases() -> list[Case]:
 
 @contextmanager
 def server(overrides: list[str], folder: Path) -> Iterator[tuple[str, subprocess.Popen]]:
+    """The server, until the block ends; then SIGTERM, and a kill where it does not stop
+    within a minute (its exit code then says so)."""
     port = free_port()
     command = [sys.executable, "-m", "pipeline.serve", *overrides, f"serve.port={port}",
                f"hydra.run.dir={folder}"]  # fmt: skip
@@ -273,8 +275,13 @@ def server(overrides: list[str], folder: Path) -> Iterator[tuple[str, subprocess
             time.sleep(0.5)
         yield url, proc
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(120)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
 
 
 def healthy(url: str) -> bool:
@@ -354,9 +361,12 @@ def main() -> None:
     cases = number_cases() + stop_cases() + request_cases() + protocol_cases()
     with server(TINY, work / "tiny") as (url, proc):
         results = run_cases(cases, url, proc)
+    results.append((Case("ends", "SIGTERM: exit 0", bool), proc.returncode == 0))
     overrides, gguf_cases = template_cases(work)
     with server(overrides, work / "gguf") as (url, proc):
         results += run_cases(gguf_cases, url, proc)
+    results.append((Case("ends", "SIGTERM after a hostile template: exit 0", bool),
+                    proc.returncode == 0))  # fmt: skip
     text = report(results)
     print(text)
     if args.out:

@@ -223,3 +223,26 @@ def test_inspect_on_a_file_that_is_not_gguf_says_so_in_one_line(path, capsys):
     assert inspect.main([path]) == inspect.NOT_A_MODEL
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "is a file but not a GGUF file" in err
+
+
+def test_a_gguf_vocabulary_shorter_than_its_merges_is_one_config_error(tmp_path, monkeypatch):
+    import tests.gguf_files as files
+
+    def short_vocab(writer, tokenizer, pre="smollm", template=files.CHATML):
+        model = json.loads(tokenizer.to_str())["model"]
+        tokens = sorted(model["vocab"], key=model["vocab"].get)[:40]
+        writer.add_tokenizer_model("gpt2")
+        writer.add_token_list(tokens)
+        writer.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in model["merges"]])
+        writer.add_bos_token_id(1)
+        writer.add_eos_token_id(2)
+
+    monkeypatch.setattr(files, "add_gpt2_vocab", short_vocab)
+    vocab = train_vocab()
+    config = model_config("LlamaForCausalLM", vocab.get_vocab_size(), False)
+    rng = np.random.default_rng(0)
+    path = tmp_path / "short.gguf"
+    write_model(path, config, hf_weights(config, rng), {}, vocab, rng)
+    cfg = make_config(["model=gguf", f"model.path={path}", "max_model_len=256"])
+    with pytest.raises(ConfigError, match="its vocabulary cannot be built .* use another file"):
+        build_engine(cfg)
