@@ -24,8 +24,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -258,30 +257,42 @@ def protocol_cases() -> list[Case]:
     return cases
 
 
-@contextmanager
-def server(overrides: list[str], folder: Path) -> Iterator[tuple[str, subprocess.Popen]]:
-    """The server, until the block ends; then SIGTERM, and a kill where it does not stop
-    within a minute (its exit code then says so)."""
-    port = free_port()
-    command = [sys.executable, "-m", "pipeline.serve", *overrides, f"serve.port={port}",
-               f"hydra.run.dir={folder}"]  # fmt: skip
-    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
+class Server:
+    """`python -m pipeline.serve overrides` on a free loopback port; started again after a
+    case that ended it (that case is not handled), so every case meets a live server."""
+
+    def __init__(self, overrides: list[str], folder: Path) -> None:
+        self.overrides, self.folder, self.starts = overrides, folder, 0
+        self.proc: subprocess.Popen | None = None
+        self.url = ""
+
+    def start(self) -> None:
+        port = free_port()
+        self.starts += 1
+        command = [sys.executable, "-m", "pipeline.serve", *self.overrides,
+                   f"serve.port={port}", f"hydra.run.dir={self.folder}/{self.starts}"]  # fmt: skip
+        self.proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 300
-        while not healthy(url):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"the server did not start: see {folder}")
+        while not healthy(self.url):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"the server did not start: see {self.folder}")
             time.sleep(0.5)
-        yield url, proc
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None and healthy(self.url)
+
+    def stop(self) -> int | None:
+        """SIGTERM, and a kill where it has not stopped within a minute (then None)."""
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
         try:
-            proc.wait(60)
+            return self.proc.wait(60)
         except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+            self.proc.kill()
+            self.proc.wait(10)
+            return None
 
 
 def healthy(url: str) -> bool:
@@ -291,17 +302,22 @@ def healthy(url: str) -> bool:
         return False
 
 
-def run_cases(cases: list[Case], url: str, proc: subprocess.Popen) -> list[tuple[Case, bool]]:
+def run_cases(cases: list[Case], server: Server) -> list[tuple[Case, bool]]:
+    """Each case, then /health; a server a case ended (or left unhealthy) is started again."""
     results = []
+    server.start()
     for case in cases:
-        if proc.poll() is not None:
-            results.append((case, False))
-            continue
         try:
-            ok = case.check(url)
+            ok = case.check(server.url)
         except (httpx.HTTPError, OSError, ValueError, KeyError, IndexError):
             ok = False
-        results.append((case, ok and healthy(url) and proc.poll() is None))
+        alive = server.alive()
+        results.append((case, ok and alive))
+        if not alive:
+            server.stop()
+            server.start()
+    stopped = server.stop() == 0
+    results.append((Case("ends", f"SIGTERM: exit 0 ({server.overrides[0]})", bool), stopped))
     return results
 
 
@@ -359,15 +375,12 @@ def main() -> None:
     logging.getLogger("httpx").setLevel(logging.WARNING)
     work = Path(tempfile.mkdtemp(prefix="hostile_"))
     cases = number_cases() + stop_cases() + request_cases() + protocol_cases()
-    with server(TINY, work / "tiny") as (url, proc):
-        results = run_cases(cases, url, proc)
-    results.append((Case("ends", "SIGTERM: exit 0", bool), proc.returncode == 0))
+    tiny = Server(TINY, work / "tiny")
+    results = run_cases(cases, tiny)
     overrides, gguf_cases = template_cases(work)
-    with server(overrides, work / "gguf") as (url, proc):
-        results += run_cases(gguf_cases, url, proc)
-    results.append((Case("ends", "SIGTERM after a hostile template: exit 0", bool),
-                    proc.returncode == 0))  # fmt: skip
-    text = report(results)
+    gguf = Server(overrides, work / "gguf")
+    results += run_cases(gguf_cases, gguf)
+    text = report(results) + f"\n\nServer starts: {tiny.starts} (tiny), {gguf.starts} (gguf)"
     print(text)
     if args.out:
         args.out.write_text(text + "\n")
