@@ -1,9 +1,11 @@
 """The HTTP routes: OpenAI's completions, chat completions and models, /health, /metrics.
 
-Each generation request is checked in one order (key 401, size 413, body 400, model 404,
-readiness and queue 503, limits 400), handed to the engine worker, then answered whole or
-streamed as server-sent events, a chunk per engine step. A client that leaves mid-request
-has its request aborted, so its KV blocks are free by the next step.
+Each generation request is checked in one order (key 401, content type 415, size 413 and
+read time 408, body 400, model 404, readiness and queue 503, context and limits 400),
+handed to the engine worker, then answered whole or streamed as server-sent events, a
+chunk per engine step. Every error answer is OpenAI's shape with `param` naming what to
+change. A client that leaves mid-request has its request aborted, so its KV blocks are
+free by the next step.
 """
 
 from __future__ import annotations
@@ -253,7 +255,8 @@ def check_key(request: Request, api_key: str) -> None:
         return
     given = request.headers.get("authorization", "")
     if not secrets.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
-        raise Problem(401, "a valid API key is required: send 'Authorization: Bearer KEY'")
+        raise Problem(401, "a valid API key is required: send 'Authorization: Bearer KEY'",
+                      "authorization")  # fmt: skip
 
 
 async def read_body(request: Request, limit: int, timeout_s: float) -> bytes:
