@@ -149,8 +149,10 @@ TOP_K_MAX = 2**31 - 1
 def top_k_error(value: object, key: str) -> str | None:
     if not _is_int(value):
         return f"{key}={value!r} must be an integer >= 0 (0 = off)"
-    if not 0 <= value <= TOP_K_MAX:
-        return f"{key}={value} must be in 0..{TOP_K_MAX} (0 = off)"
+    if value < 0:
+        return f"{key}={value} must be >= 0 (0 = off)"
+    if value > TOP_K_MAX:
+        return f"{key}={value} must be at most {TOP_K_MAX} (0 = off)"
     return None
 
 

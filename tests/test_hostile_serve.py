@@ -70,7 +70,7 @@ def test_every_number_beyond_its_bound_is_a_400_naming_it(server, field):
 
 def test_the_sampler_refuses_a_top_k_beyond_int64_rows():
     assert top_k_error(TOP_K_MAX, "top_k") is None
-    assert "must be in 0..2147483647" in top_k_error(2**70, "top_k")
+    assert "must be at most 2147483647" in top_k_error(2**70, "top_k")
 
 
 def test_the_largest_accepted_top_k_is_served(server):
@@ -189,7 +189,9 @@ def test_a_body_that_never_comes_is_a_408(server):
         head = (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
                 "Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{")  # fmt: skip
         sock.sendall(head.encode())
-        reply = sock.recv(4096)
+        reply = b""
+        while chunk := sock.recv(4096):  # to the close the 408 asks for
+            reply += chunk
     assert reply.startswith(b"HTTP/1.1 408") and b"serve.body_timeout_s" in reply
 
 
