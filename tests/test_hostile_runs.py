@@ -246,3 +246,19 @@ def test_a_gguf_vocabulary_shorter_than_its_merges_is_one_config_error(tmp_path,
     cfg = make_config(["model=gguf", f"model.path={path}", "max_model_len=256"])
     with pytest.raises(ConfigError, match="its vocabulary cannot be built .* use another file"):
         build_engine(cfg)
+
+
+def test_a_gguf_block_count_of_a_billion_is_refused_at_once(tmp_path, capsys):
+    vocab = train_vocab()
+    config = model_config("LlamaForCausalLM", vocab.get_vocab_size(), False)
+    rng = np.random.default_rng(0)
+    path = tmp_path / "deep.gguf"
+    header = {**config, "num_hidden_layers": 10**9}  # two layers' tensors, a billion named
+    write_model(path, header, hf_weights(config, rng), {}, vocab, rng)
+    start = time.monotonic()
+    assert inspect.main([str(path), "--json"]) == 1
+    assert time.monotonic() - start < 5
+    assert (
+        "num_hidden_layers=1000000000 is out of range"
+        in json.loads(capsys.readouterr().out)["reason"]
+    )
