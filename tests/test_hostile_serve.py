@@ -223,3 +223,15 @@ def test_many_bad_requests_at_once_leave_the_server_serving(server):
         t.join(60)
     assert results == [400] * 20
     assert_healthy(server)
+
+
+def test_a_client_leaving_mid_body_logs_no_traceback(server, caplog):
+    host, port = server.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=5) as sock:
+        head = (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
+                "Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"pro")  # fmt: skip
+        sock.sendall(head.encode())
+        time.sleep(0.2)
+    time.sleep(0.5)
+    assert not [r for r in caplog.records if r.exc_info or "Exception in ASGI" in r.getMessage()]
+    assert_healthy(server)
