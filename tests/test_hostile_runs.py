@@ -262,3 +262,23 @@ def test_a_gguf_block_count_of_a_billion_is_refused_at_once(tmp_path, capsys):
         "num_hidden_layers=1000000000 is out of range"
         in json.loads(capsys.readouterr().out)["reason"]
     )
+
+
+@pytest.mark.slow  # starts the command several times
+@pytest.mark.parametrize("delay_s", [1.5, 3.0, 4.5])
+def test_sigterm_while_the_server_loads_ends_it_without_a_cpp_stack(tmp_path, delay_s):
+    import signal
+    import subprocess
+    import sys
+
+    free = listening_socket("127.0.0.1", 0)
+    port = free.getsockname()[1]
+    free.close()
+    command = [sys.executable, "-m", "pipeline.serve", "model=tiny", f"serve.port={port}",
+               f"hydra.run.dir={tmp_path}"]  # fmt: skip
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    time.sleep(delay_s)
+    proc.send_signal(signal.SIGTERM)
+    out = proc.communicate(timeout=120)[0].decode()
+    assert "C++ Traceback" not in out and "Traceback" not in out
+    assert proc.returncode in (0, 143, -signal.SIGTERM)

@@ -189,4 +189,5 @@ def main(cfg: DictConfig) -> None:
 if __name__ == "__main__":
     for stop in (signal.SIGINT, signal.SIGTERM):  # in place of Paddle's, from the imports
         signal.signal(stop, stopped_before_serving)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})  # see __init__
     main()
