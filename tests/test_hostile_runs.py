@@ -18,8 +18,8 @@ from pipeline.artefacts import GenerationWriter, RunFolderError, StepWriter
 from pipeline.build import build_engine
 from pipeline.checks import ConfigError, check_config
 from pipeline.serve.__main__ import exit_code, listening_socket, prepare
+from pipeline.serve.derived import kv_pool_blocks
 from pipeline.serve.folder import GenerationAppender
-from pipeline.serve.setup import kv_pool_blocks
 from stages.chat import render_chat
 from stages.checkpoint import read_spec
 from stages.tokenizer import ByteTokenizer

@@ -32,7 +32,8 @@ from pipeline.run import slo_of
 from pipeline.run_folder import RunStatus
 from pipeline.schema import Executor, register_schemas
 from pipeline.serve.api import create_app
-from pipeline.serve.setup import guarded_h11, model_name, size_kv_pool
+from pipeline.serve.connections import guarded_h11
+from pipeline.serve.derived import model_name, size_kv_pool
 from pipeline.serve.telemetry import Telemetry
 from pipeline.serve.worker import EngineWorker
 
