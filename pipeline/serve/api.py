@@ -60,6 +60,10 @@ def http_problem(request: Request, err: Exception) -> JSONResponse:
                                     dict(err.headers or {})))  # fmt: skip
 
 
+def server_problem(request: Request, err: Exception) -> JSONResponse:
+    return problem_response(Problem(500, f"internal error: {type(err).__name__}: {err}"))
+
+
 def problem_response(err: Problem) -> JSONResponse:
     kind = "invalid_request_error" if err.status < 500 else "server_error"
     body = {"error": {"message": str(err), "type": kind, "param": err.param, "code": err.status}}
@@ -100,6 +104,7 @@ def create_app(
     app.state.serving = Serving(cfg.serve, cfg.max_model_len)
     app.add_exception_handler(Problem, lambda request, err: problem_response(err))
     app.add_exception_handler(HTTPException, http_problem)
+    app.add_exception_handler(Exception, server_problem)  # a bug: still OpenAI's shape
     app.include_router(probe_routes)
     app.include_router(openai_routes)
     return app
