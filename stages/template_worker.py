@@ -14,6 +14,7 @@ import json
 import os
 import resource
 import select
+import signal
 import subprocess
 import sys
 import threading
@@ -71,8 +72,8 @@ class TemplateRenderer:
         line = child.stdout.readline()
         if not line:
             raise ValueError(
-                "the chat template used more than "
-                f"{MEMORY_LIMIT_BYTES >> 20} MiB to render: fix the model's chat template"
+                "the chat template's renderer ended (beyond its "
+                f"{MEMORY_LIMIT_BYTES >> 20} MiB or time limit): fix the model's chat template"
             )
         return line
 
@@ -106,12 +107,29 @@ def _render(template: str, variables: dict[str, Any]) -> dict[str, str]:
         return {"error": f"{type(err).__name__}: it needs more than the limit allows"}
 
 
+def _out_of_time(signum: int, frame: object) -> None:
+    raise TimeoutError
+
+
 def main() -> None:
+    """Renders each request line; a render also stops itself at twice the parent's limit,
+    and the child dies with its parent (Linux), so no orphan renders on for ever."""
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT_BYTES, MEMORY_LIMIT_BYTES))
+    if sys.platform == "linux":
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    signal.signal(signal.SIGALRM, _out_of_time)
     out = os.fdopen(sys.stdout.fileno(), "wb", buffering=0)
     for raw in sys.stdin.buffer:
         request = json.loads(raw)
-        reply = _render(request["template"], request["variables"])
+        signal.setitimer(signal.ITIMER_REAL, 2 * RENDER_TIMEOUT_S)
+        try:
+            reply = _render(request["template"], request["variables"])
+        except TimeoutError:
+            reply = {"error": f"it ran beyond {2 * RENDER_TIMEOUT_S:g} s"}
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
         out.write(json.dumps(reply).encode() + b"\n")
 
 
