@@ -282,3 +282,30 @@ def test_sigterm_while_the_server_loads_ends_it_without_a_cpp_stack(tmp_path, de
     out = proc.communicate(timeout=120)[0].decode()
     assert "C++ Traceback" not in out and "Traceback" not in out
     assert proc.returncode in (0, 143, -signal.SIGTERM)
+
+
+def test_a_servers_folder_is_not_resumed_as_a_batch_run(tmp_path):
+    import yaml
+    from omegaconf import OmegaConf
+
+    from pipeline.resume import load_previous
+
+    (tmp_path / ".hydra").mkdir()
+    OmegaConf.save(make_config(SMALL), tmp_path / ".hydra" / "config.yaml")
+    choices = {"model": "tiny", "hydra/help": "serve"}
+    hydra = {"hydra": {"runtime": {"choices": choices}}}
+    (tmp_path / ".hydra" / "hydra.yaml").write_text(yaml.safe_dump(hydra))
+    with pytest.raises(ConfigError, match="is a server's folder .* start the server again"):
+        load_previous(tmp_path)
+
+
+@pytest.mark.slow  # the plan command in a subprocess
+def test_a_plan_whose_every_job_failed_exits_1_and_says_so(tmp_path):
+    from tests.helpers import run_cli
+
+    result = run_cli(tmp_path, "pipeline.plan", "hardware=gaudi3", "model=spec/llama31_8b",
+                     "tp=0", "max_tokens=2048", "max_num_seqs=64", "slo.ttft_ms=500",
+                     f"hydra.sweep.dir={tmp_path / 'plan'}")  # fmt: skip
+    assert result.returncode == 1
+    assert "Error: every job of the plan failed (job 0: tp=0: the tensor-parallel" in result.stdout
+    assert "No configuration met the SLO" not in result.stdout
