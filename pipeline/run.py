@@ -11,10 +11,11 @@ from omegaconf import DictConfig
 
 from pipeline import artefacts
 from pipeline.artefacts import INTERRUPTED
-from pipeline.build import build_engine, check_resolves
+from pipeline.build import check_resolves
 from pipeline.checks import ConfigError, describe_model
 from pipeline.console import Progress, summary_table
 from pipeline.engine import Engine
+from pipeline.executors import build_engine
 from pipeline.folder_lock import FolderLock
 from pipeline.identity import write_identity
 from pipeline.metrics import StepRecord, StepTotals, summarise
@@ -23,7 +24,6 @@ from pipeline.run_folder import RunStatus
 from pipeline.signals import RunInterrupted, as_interrupted, stop_on_signals
 from pipeline.slo import Slo, slo_metrics
 from stages.request import Request
-from stages.simulator.device import SimulatedDevice
 
 log = structlog.get_logger(__name__)
 
@@ -202,19 +202,7 @@ def serve_pending(
 def device_metrics(engine: Engine) -> dict[str, Any]:
     """What a simulated run predicts beyond the serving metrics: the device, the graphs
     warmup would compile and how long that takes, and the compiles during serving."""
-    device = engine.model
-    if not isinstance(device, SimulatedDevice):
+    if engine.simulation is None:  # a device that computes its steps predicts nothing
         return {"simulated": False}
-    shapes = sum(engine.warmup_counts().values())  # graphs, as warmup_plan logs them
-    return {
-        "simulated": True,
-        "hardware": device.hardware.name,
-        "model": device.spec.name,
-        "tp": device.cost.tp,
-        "quantization": device.precision.quantization.value,
-        "kv_cache_dtype": device.precision.kv_cache_dtype.value,
-        "warmup_shapes": shapes,
-        "predicted_warmup_s": device.cost.warmup_time(shapes),
-        "serving_compiles": device.recompiles,
-        "serving_compile_s": device.recompiles * device.hardware.recompile_s,
-    }
+    # Graphs, as warmup_plan logs them.
+    return engine.simulation.metrics(sum(engine.warmup_counts().values()))

@@ -206,8 +206,6 @@ class GreedySampler:
     Per-request temperature, top_k, top_p and seed do not change its choice; they are still
     checked, so a bad line is an error under every sampler."""
 
-    fixed_token: int | None = None  # its tokens depend on the logits
-
     def __init__(self, logprobs: int) -> None:
         _raise_if(logprobs_error(logprobs, "sampler.logprobs"), "set sampler.logprobs=0 or a count")
         self.logprobs = int(logprobs)
@@ -240,7 +238,6 @@ class RandomSampler:
     # reached within them falls back to sorting its whole vocabulary. The choice is the same
     # either way, since the candidates are the head of the same total order.
     CANDIDATES = 1024
-    fixed_token: int | None = None  # its tokens depend on the logits
 
     def __init__(
         self,

@@ -15,8 +15,8 @@ import pytest
 
 from pipeline import artefacts, inspect
 from pipeline.artefacts import GenerationWriter, RunFolderError, StepWriter
-from pipeline.build import build_engine
-from pipeline.checks import ConfigError, check_config
+from pipeline.checks import ConfigError
+from pipeline.executors import build_engine, check_config
 from pipeline.serve.__main__ import exit_code, listening_socket, prepare
 from pipeline.serve.derived import kv_pool_blocks
 from pipeline.serve.folder import GenerationAppender

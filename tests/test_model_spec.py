@@ -11,7 +11,8 @@ from hydra import compose, initialize_config_module
 from hydra.utils import instantiate
 
 from pipeline.build import build
-from pipeline.checks import ConfigError, check_config, check_model_context
+from pipeline.checks import ConfigError, check_model_context
+from pipeline.executors import check_config
 from pipeline.run import model_context
 from pipeline.schema import register_schemas
 from stages.model_spec import ModelSpec, MoeLayout

@@ -15,7 +15,8 @@ import pytest
 
 from pipeline import artefacts
 from pipeline.build import build
-from pipeline.checks import ConfigError, check_config, check_memory, memory_estimate
+from pipeline.checks import ConfigError, check_memory, memory_estimate
+from pipeline.executors import check_config
 from pipeline.metrics import StepRecord
 from pipeline.run import run
 from pipeline.schema import JsonlWorkloadConf

@@ -21,7 +21,7 @@ import uvicorn
 from openai import OpenAI
 
 from pipeline.allocator import HeapTrimmer
-from pipeline.build import build_engine
+from pipeline.executors import build_engine
 from pipeline.serve.__main__ import prepare
 from pipeline.serve.api import create_app
 from pipeline.serve.telemetry import Telemetry

@@ -27,10 +27,11 @@ from omegaconf import DictConfig
 
 from pipeline import artefacts, logs  # noqa: F401  (logs configures structlog)
 from pipeline.build import check_resolves, import_paddle
-from pipeline.checks import ConfigError, check_config
+from pipeline.checks import ConfigError
+from pipeline.executors import check_config, executor_of
 from pipeline.run import slo_of
 from pipeline.run_folder import RunStatus
-from pipeline.schema import Executor, register_schemas
+from pipeline.schema import register_schemas
 from pipeline.serve.api import create_app
 from pipeline.serve.connections import guarded_h11
 from pipeline.serve.derived import model_name, size_kv_pool
@@ -46,11 +47,11 @@ def prepare(cfg: DictConfig, model_choice: str) -> str | None:
     name, and (on the real executor) a KV pool sized by its memory budget, since a server
     has no workload to size it by; returns the line that says the pool's size."""
     check_resolves(cfg)
-    check_config(cfg)
+    executor = check_config(cfg)
     slo_of(cfg)  # a bad bound stops the server before anything is built
     cfg.serve.model_name = model_name(cfg, model_choice)
     check_settings(cfg.serve)
-    return size_kv_pool(cfg)
+    return size_kv_pool(cfg, executor.server_num_blocks(cfg))
 
 
 def check_settings(settings: DictConfig) -> None:
@@ -116,7 +117,7 @@ def serve(cfg: DictConfig, out_dir: Path) -> int:
 
     app = create_app(cfg, make_worker)
     server = DrainingServer(uvicorn_config(app, settings), lambda: app.state.worker.drain())
-    if cfg.executor.name != Executor.simulated:
+    if executor_of(cfg).needs_paddle:
         import_paddle()  # before uvicorn's handlers: Paddle's own would replace them
     sock = listening_socket(settings.host, settings.port)  # a port in use: exit 2, no run
     print(f"serving on http://{settings.host}:{settings.port} (run folder {out_dir})", flush=True)

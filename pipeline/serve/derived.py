@@ -10,7 +10,6 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from pipeline.checks import ConfigError, describe_model, mem_available
-from pipeline.schema import Executor
 from stages.kv_cache import blocks_for
 
 
@@ -51,14 +50,14 @@ def kv_budget_bytes(cfg: DictConfig) -> tuple[int, str]:
     )
 
 
-def kv_pool_blocks(cfg: DictConfig) -> tuple[int, str]:
+def kv_pool_blocks(cfg: DictConfig, most: int = 0) -> tuple[int, str]:
     """num_blocks for a server on the real executor: what the memory budget holds, at most
-    what max_num_seqs full-length requests take; and the line that says so at start."""
+    `most` (0: what max_num_seqs full-length requests take); and the line that says so."""
     spec, _ = describe_model(cfg)
     per_block = cfg.block_size * spec.kv_bytes_per_token()
     per_seq = blocks_for(cfg.max_model_len, cfg.block_size)
     budget, source = kv_budget_bytes(cfg)
-    blocks = min(cfg.max_num_seqs * per_seq, budget // per_block)
+    blocks = min(most or cfg.max_num_seqs * per_seq, budget // per_block)
     if blocks < per_seq:
         raise ConfigError(
             f"the KV budget ({source}: {budget / 2**30:.3g} GiB) holds {blocks} blocks of "
@@ -73,11 +72,13 @@ def kv_pool_blocks(cfg: DictConfig) -> tuple[int, str]:
     return int(blocks), line
 
 
-def size_kv_pool(cfg: DictConfig) -> str | None:
-    """Fills in num_blocks where the config leaves it to be derived; the line to print.
-    With warmup=true the pool is the batch run's (derived from the configured workload), so
-    the server warms the same graphs as `python -m pipeline` with the same overrides."""
-    if cfg.executor.name == Executor.simulated or cfg.num_blocks or cfg.warmup:
+def size_kv_pool(cfg: DictConfig, most: int) -> str | None:
+    """Fills in num_blocks where the config leaves it to be derived, at most `most` (the
+    executor's server pool; 0: the build sizes it, as a simulated device does); the line to
+    print. With warmup=true the pool is the batch run's (derived from the configured
+    workload), so the server warms the same graphs as `python -m pipeline` with the same
+    overrides."""
+    if not most or cfg.num_blocks or cfg.warmup:
         return None
-    cfg.num_blocks, line = kv_pool_blocks(cfg)
+    cfg.num_blocks, line = kv_pool_blocks(cfg, most)
     return line

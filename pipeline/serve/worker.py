@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,40 +19,18 @@ from omegaconf import DictConfig
 
 from pipeline import artefacts
 from pipeline.allocator import HeapTrimmer
-from pipeline.build import build_engine
 from pipeline.engine import Arrivals, Engine
+from pipeline.executors import build_engine
 from pipeline.metrics import StepRecord
 from pipeline.run import warm_up
 from pipeline.run_folder import RunStatus
-from pipeline.schema import Executor
 from pipeline.serve.folder import GenerationAppender, write_folder_metrics
 from pipeline.serve.telemetry import Telemetry
 from stages.request import Request
-from stages.simulator.device import VirtualClock
 
 log = structlog.get_logger(__name__)
 
 STOPPED = "aborted: the server stopped before this request finished"
-
-
-class PacedClock(VirtualClock):
-    """A simulated device's clock in real time (the digital twin): each step's predicted
-    time passes on the wall before the step's tokens go out."""
-
-    def __init__(self) -> None:
-        self._start = time.perf_counter()
-
-    def __call__(self) -> float:
-        return time.perf_counter() - self._start
-
-    def advance(self, seconds: float) -> None:
-        time.sleep(seconds)
-
-    def sleep_until(self, t: float) -> None:
-        time.sleep(max(0.0, t - self()))
-
-    def restart(self) -> None:
-        self._start = time.perf_counter()
 
 
 class Inbox:
@@ -256,8 +233,8 @@ class EngineWorker:
                 self.on_fatal(err)
 
     def _load(self) -> Engine:
-        paced = PacedClock() if self.cfg.executor.name == Executor.simulated else None
-        engine, _ = build_engine(self.cfg, clock=paced)
+        # A simulated device's predicted step times pass on the wall (the digital twin).
+        engine, _ = build_engine(self.cfg, paced=True)
         return engine
 
     def _on_step(self, record: StepRecord, steps: artefacts.StepWriter) -> None:
