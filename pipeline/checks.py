@@ -90,6 +90,16 @@ def check_real_precision(cfg: DictConfig) -> None:
             )
 
 
+def check_real_parallel(cfg: DictConfig) -> None:
+    """Expert parallelism and attention replicas exist only on the simulated device."""
+    for key in ("ep", "dp"):
+        if cfg.get(key, 1) != 1:
+            raise ConfigError(
+                f"{key}={cfg.get(key)} is simulated only: the real path runs one device; set "
+                f"{key}=1 or executor=simulated (with hardware=...)"
+            )
+
+
 def _model_kind(cfg: DictConfig) -> type[ModelOption]:
     try:
         return model_kind(cfg.model)

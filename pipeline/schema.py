@@ -503,6 +503,11 @@ class PipelineConf:
     executor: Any = MISSING
     hardware: Any = None  # executor=simulated: the device profile (hardware=gaudi3, ...)
     tp: int = 1  # executor=simulated: tensor-parallel degree of the simulated deployment
+    # executor=simulated, MoE models: experts split over ep ranks (1, or tp x dp as vLLM's
+    # --enable-expert-parallel) and dp attention replicas; the device simulates one replica
+    ep: int = 1
+    dp: int = 1
+    ep_imbalance: float = 1.0  # busiest ep rank's routed tokens / the mean (>= 1)
     # executor=simulated: weights' format (none = the model's bf16, fp8, wint8, wint4) and
     # the KV cache's (auto = the model's dtype, fp8); the real CPU path runs `none`/`auto`
     quantization: Quantization = Quantization.none

@@ -6,7 +6,13 @@ from hydra.utils import get_class
 from omegaconf import DictConfig
 
 from pipeline.build import build, import_paddle, load_workload
-from pipeline.checks import ConfigError, check_has_weights, check_memory, check_real_precision
+from pipeline.checks import (
+    ConfigError,
+    check_has_weights,
+    check_memory,
+    check_real_parallel,
+    check_real_precision,
+)
 from pipeline.engine import Engine
 from stages.interfaces import Attention
 from stages.kv_cache import KVCacheManager, blocks_for
@@ -21,6 +27,7 @@ class PaddleExecutor:
     def check(self, cfg: DictConfig) -> None:
         check_has_weights(cfg)
         check_real_precision(cfg)
+        check_real_parallel(cfg)
         check_memory(cfg, cfg.num_blocks)  # a derived pool is checked again once it is known
 
     def server_num_blocks(self, cfg: DictConfig) -> int:

@@ -23,6 +23,7 @@ from stages.simulator.device import (
     WorkloadLengthSampler,
     pick_token,
 )
+from stages.simulator.expert_parallel import ExpertParallel, check_layout
 from stages.simulator.hardware import HardwareProfile, kv_pool_blocks
 from stages.simulator.precision import Precision
 from stages.simulator.simulation import DeviceSimulation
@@ -76,12 +77,14 @@ def build_simulated_engine(
     workload, requests = load_workload(cfg, tokenizer)
     try:
         precision = Precision(cfg.quantization, cfg.kv_cache_dtype)
+        parallel = ExpertParallel(cfg.ep, cfg.dp, cfg.ep_imbalance)
+        check_layout(spec, cfg.tp, parallel)
         # The pool is what the device's memory leaves for KV blocks.
         num_blocks = cfg.num_blocks or kv_pool_blocks(
-            spec, hardware, cfg.block_size, cfg.tp, precision
+            spec, hardware, cfg.block_size, cfg.tp, precision, parallel
         )
         split = cfg.executor.prefill_batch_split
-        device = SimulatedDevice(spec, hardware, clock, cfg.tp, precision, split)
+        device = SimulatedDevice(spec, hardware, clock, cfg.tp, precision, split, parallel)
     except ValueError as err:
         raise ConfigError(str(err)) from err
     kv_cache = KVCacheManager(num_blocks, cfg.block_size, cfg.prefix_caching)

@@ -19,6 +19,7 @@ from stages.forward_meta import ForwardMeta
 from stages.model_spec import ModelSpec
 from stages.request import DecodeRun, Request, Samples
 from stages.simulator.cost_model import CostModel
+from stages.simulator.expert_parallel import PLAIN, ExpertParallel
 from stages.simulator.hardware import HardwareProfile
 from stages.simulator.precision import BF16, Precision
 from stages.simulator.step_work import StepAmounts
@@ -81,12 +82,18 @@ class SimulatedDevice:
         tp: int = 1,
         precision: Precision = BF16,
         prefill_batch_split: int = 1,
+        parallel: ExpertParallel = PLAIN,
     ) -> None:
         self.spec = spec
         self.hardware = hardware
         self.precision = precision
         self.cost = CostModel(
-            spec, hardware, tp, precision=precision, prefill_batch_split=prefill_batch_split
+            spec,
+            hardware,
+            tp,
+            precision=precision,
+            prefill_batch_split=prefill_batch_split,
+            parallel=parallel,
         )
         self.clock = clock
         self.compiled: set[tuple] = set()

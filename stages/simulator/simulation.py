@@ -74,6 +74,8 @@ class DeviceSimulation:
             "hardware": device.hardware.name,
             "model": device.spec.name,
             "tp": device.cost.tp,
+            "ep": device.cost.parallel.ep,  # experts over ep ranks; one of dp replicas simulated
+            "dp": device.cost.parallel.dp,
             "quantization": device.precision.quantization.value,
             "kv_cache_dtype": device.precision.kv_cache_dtype.value,
             "warmup_shapes": warmup_shapes,
