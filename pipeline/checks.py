@@ -142,6 +142,8 @@ def _check_limits(cfg: DictConfig) -> None:
         raise ConfigError(f"num_blocks={cfg.num_blocks}: must be >= 0 (0 derives it)")
     if cfg.num_threads < 1:
         raise ConfigError(f"num_threads={cfg.num_threads}: must be >= 1")
+    if not 1 <= cfg.tp <= 1024:
+        raise ConfigError(f"tp={cfg.tp}: the tensor-parallel degree must be in 1..1024 (1 card)")
     if cfg.device not in set(Device):
         raise ConfigError(f"device={cfg.device}: choose device=cpu or device=intel_hpu")
 

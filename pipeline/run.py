@@ -82,7 +82,7 @@ def serve(
         prefix_caching=engine.scheduler.kv_cache.prefix is not None,
     )
     steps: list[StepRecord] = list(previous.steps) if previous else []
-    warmup_s = engine.warmup() if cfg.warmup else 0.0
+    warmup_s = warm_up(cfg, engine)
     duration, stopped = serve_pending(engine, pending, out_dir, previous, steps)
     status = RunStatus.INTERRUPTED if stopped else RunStatus.OK
     duration += previous.duration_s if previous else 0.0
@@ -103,6 +103,12 @@ def serve(
         stopped.recorded = True
         raise stopped
     return metrics
+
+
+def warm_up(cfg: DictConfig, engine: Engine) -> float:
+    """warmup=true: every bucket shape the engine's steps can pad to, compiled before the
+    first request (a batch run and a server alike); its seconds."""
+    return engine.warmup() if cfg.warmup else 0.0
 
 
 def run_metrics(

@@ -129,11 +129,18 @@ def temperature_error(value: object, key: str) -> str | None:
     return None
 
 
+# The largest top_k a row takes: its candidates are counted in int64 arrays, and no
+# vocabulary comes near 2**31 tokens (a larger k keeps the whole vocabulary, as k = vocab).
+TOP_K_MAX = 2**31 - 1
+
+
 def top_k_error(value: object, key: str) -> str | None:
     if not _is_int(value):
         return f"{key}={value!r} must be an integer >= 0 (0 = off)"
     if value < 0:
         return f"{key}={value} must be >= 0 (0 = off)"
+    if value > TOP_K_MAX:
+        return f"{key}={value} must be at most {TOP_K_MAX} (0 = off)"
     return None
 
 

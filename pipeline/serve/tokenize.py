@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from pipeline.serve.api import Problem, Serving, check_key, read_body
+from pipeline.serve.api import Problem, Serving, check_json, check_key, read_body
 from pipeline.serve.protocol import ChatMessage, RequestError, Strict, parse_body
 from stages.interfaces import Tokenizer
 
@@ -43,11 +43,13 @@ class DetokenizeBody(ModelBody):
 
 
 async def tokenizer_of(request: Request, body_type: type[M]) -> tuple[Tokenizer, M]:
-    """The checks of these routes (key, size, body, model) and the served tokenizer."""
+    """The checks of these routes (key, content type, size, body, model), as the
+    generation routes', and the served tokenizer."""
     serving: Serving = request.app.state.serving
     settings = serving.settings
     check_key(request, settings.api_key)
-    raw = await read_body(request, settings.max_request_bytes)
+    check_json(request)
+    raw = await read_body(request, settings.max_request_bytes, settings.body_timeout_s)
     try:
         body = parse_body(body_type, raw)
     except RequestError as err:
