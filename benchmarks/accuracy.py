@@ -3,6 +3,8 @@
     python -m benchmarks.accuracy model=gguf model.path=SmolLM2-135M-Instruct.Q4_1.gguf \\
         --limit 100 --out runs/acc-a
     python -m benchmarks.accuracy --compare runs/acc-a runs/acc-b   (item agreement)
+    python -m benchmarks.accuracy --reference SmolLM2-135M-Instruct.Q4_1.gguf \\
+        --limit 100 --out runs/acc-hf   (transformers, no server)
 
 Starts the server on the given overrides (any of `python -m pipeline.serve`) on a free
 loopback port, runs lm-eval's `local-completions` model against it on the repository's
@@ -13,6 +15,10 @@ downloaded (Hugging Face offline). Prints each task's accuracy with its standard
 and writes lm-eval's results JSON (lm_eval_results.json; per-item samples under lm_eval/)
 and the server's run folder (server/) into the run folder --out. Needs the `eval` extra
 (pip install -e '.[eval]'). Exit code 2 when the server or lm-eval fails.
+
+--reference GGUF runs no server: lm-eval's own `hf` model, transformers reading the GGUF
+(from_pretrained(gguf_file=...), dequantised to float32 on CPU, its tokenizer from the
+file), on the same tasks and items; --compare of the two run folders gives the agreement.
 """
 
 from __future__ import annotations
@@ -98,6 +104,27 @@ def lm_eval_command(args: argparse.Namespace, url: str, model: dict, out: Path) 
     return command + (["--limit", str(args.limit)] if args.limit else [])
 
 
+def reference_command(args: argparse.Namespace, out: Path) -> list[str]:
+    """lm-eval's `hf` model on the GGUF --reference names (the `peer` extra's transformers)."""
+    gguf = args.reference.resolve()
+    model_args = f"pretrained={gguf.parent},gguf_file={gguf.name},dtype=float32"
+    command = [sys.executable, "-m", "lm_eval", "--model", "hf", "--model_args", model_args,
+               "--device", "cpu", "--batch_size", "4", "--tasks", args.tasks,
+               "--include_path", str(TASKS), "--output_path", str(out / "lm_eval"),
+               "--log_samples"]  # fmt: skip
+    return command + (["--limit", str(args.limit)] if args.limit else [])
+
+
+def run_lm_eval(command: list[str], out: Path) -> None:
+    (out / "lm_eval_command.txt").write_text(" ".join(command) + "\n")
+    env = {**os.environ, **OFFLINE}
+    with (out / "lm_eval.log").open("w") as log:
+        done = subprocess.run(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    if done.returncode:
+        tail = (out / "lm_eval.log").read_text()[-3000:]
+        raise Failed(f"lm-eval exited with code {done.returncode}:\n{tail}")
+
+
 def results_of(out: Path) -> dict:
     """lm-eval's results JSON (the newest), copied into the run folder."""
     found = sorted((out / "lm_eval").rglob("results_*.json"), key=lambda p: p.stat().st_mtime)
@@ -160,22 +187,18 @@ def agreement(first: Path, second: Path) -> list[str]:
 def evaluate(args: argparse.Namespace) -> list[str]:
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
-    port = args.port or free_port()
-    url = f"http://127.0.0.1:{port}"
     start = time.monotonic()
-    server = start_server(args.overrides, out, port)
-    try:
-        model = wait_ready(server, url, out, args.start_timeout_s)
-        command = lm_eval_command(args, url, model, out)
-        (out / "lm_eval_command.txt").write_text(" ".join(command) + "\n")
-        env = {**os.environ, **OFFLINE}
-        with (out / "lm_eval.log").open("w") as log:
-            done = subprocess.run(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-        if done.returncode:
-            tail = (out / "lm_eval.log").read_text()[-3000:]
-            raise Failed(f"lm-eval exited with code {done.returncode}:\n{tail}")
-    finally:
-        stop_server(server)
+    if args.reference is not None:  # transformers in lm-eval's process, no server
+        run_lm_eval(reference_command(args, out), out)
+    else:
+        port = args.port or free_port()
+        url = f"http://127.0.0.1:{port}"
+        server = start_server(args.overrides, out, port)
+        try:
+            model = wait_ready(server, url, out, args.start_timeout_s)
+            run_lm_eval(lm_eval_command(args, url, model, out), out)
+        finally:
+            stop_server(server)
     lines = report(results_of(out), time.monotonic() - start)
     (out / "accuracy.txt").write_text("\n".join(lines) + "\n")
     return lines
@@ -202,6 +225,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--start-timeout-s", type=float, default=600.0)
     parser.add_argument("--compare", nargs=2, type=Path, metavar=("RUN", "OTHER"),
                         help="no run: the item agreement of two run folders")  # fmt: skip
+    parser.add_argument("--reference", type=Path, metavar="GGUF",
+                        help="no server: lm-eval's hf model on this GGUF")  # fmt: skip
     return parser.parse_args(argv)
 
 
