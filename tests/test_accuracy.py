@@ -8,6 +8,7 @@ import json
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -110,3 +111,32 @@ def test_compare_counts_items_with_the_same_answer(tmp_path, capsys):
         "hpu_arith_choice  same answer on 1/2 items, log-likelihoods within 2.50e+00",
         "hpu_unit_conversion  same answer on 1/2 items",
     ]
+
+
+@pytest.mark.slow
+def test_the_reference_scores_the_items_as_the_server(tmp_path, torch, transformers):
+    """--reference: lm-eval's hf model (transformers reading a tiny GGUF) gives the server's
+    answers and log-likelihoods on the same items."""
+    pytest.importorskip("lm_eval", reason="optional: the `eval` extra (lm-eval)")
+    pytest.importorskip("accelerate", reason="optional: the `peer` extra (accelerate)")
+    from benchmarks import accuracy
+    from tests.gguf_files import hf_weights, model_config, train_vocab, write_model
+
+    vocab = train_vocab()
+    config = model_config("LlamaForCausalLM", vocab.get_vocab_size(), tied=False)
+    rng = np.random.default_rng(0)
+    path = tmp_path / "tiny.gguf"
+    write_model(path, config, hf_weights(config, rng), {}, vocab, rng)
+    task = ["--tasks", "hpu_arith_choice", "--limit", "2"]
+    served, reference = tmp_path / "served", tmp_path / "reference"
+    code = accuracy.main(["model=gguf", f"model.path={path}", "max_model_len=512",
+                          *task, "--out", str(served)])  # fmt: skip
+    assert code == 0, (served / "lm_eval.log").read_text()[-2000:]
+    code = accuracy.main(["--reference", str(path), *task, "--out", str(reference)])
+    assert code == 0, (reference / "lm_eval.log").read_text()[-2000:]
+    a, b = accuracy.answers(served)["hpu_arith_choice"], accuracy.answers(reference)
+    b = b["hpu_arith_choice"]
+    assert a.keys() == b.keys() == {0, 1}
+    for item, (answer, scores) in a.items():
+        assert answer == b[item][0]
+        assert np.allclose(scores, b[item][1], atol=1e-3), item
