@@ -95,6 +95,24 @@ def _axis(min: int = 0, step: int = 0) -> Any:
 
 
 @dataclass
+class FastDeployWarmupConf:
+    """FastDeploy's HPU warmup environment (read with metadata.bucketing=fastdeploy),
+    under its names lower-cased; defaults are FastDeploy's own."""
+
+    max_prefill_num: int = 3  # MAX_PREFILL_NUM
+    batch_step_prefill: int = 1  # BATCH_STEP_PREFILL
+    sequence_step_prefill: int = 128  # SEQUENCE_STEP_PREFILL
+    context_block_step_prefill: int = 1  # CONTEXT_BLOCK_STEP_PREFILL
+    batch_step_decode: int = 4  # BATCH_STEP_DECODE
+    block_step_decode: int = 16  # BLOCK_STEP_DECODE
+    warmup_model_len: int = 4096  # HPU_WARMUP_MODEL_LEN (capped by max_model_len)
+    # FLAGS_intel_hpu_recipe_cache_num: compiled recipes kept (0: not set); a grid of
+    # more recipes than this is warned about at export
+    recipe_cache_num: int = 0
+    enc_dec_block_num: int = 2  # FD_ENC_DEC_BLOCK_NUM
+
+
+@dataclass
 class HPUMetadataConf:
     _target_: str = "stages.metadata.HPUMetadataBuilder"
     max_tokens: int = II("max_tokens")
@@ -112,6 +130,7 @@ class HPUMetadataConf:
     decode_span: float = 2.0
     # warmup=true stops at start when the set holds more shapes than this; 0 = no limit.
     max_warmup_shapes: int = 512
+    fastdeploy: FastDeployWarmupConf = field(default_factory=FastDeployWarmupConf)
 
 
 @dataclass

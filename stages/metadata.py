@@ -15,12 +15,21 @@ assumed left alignment, so prefills of different context lengths attended to wro
 from __future__ import annotations
 
 import itertools
+from collections.abc import Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from stages.bucket_axes import AXES, resolve_axes
-from stages.buckets import Bucketing, Buckets, warmup_counts, warmup_graphs
+from stages.buckets import Axis, Bucketing, Buckets, warmup_counts, warmup_graphs
+from stages.engine_grids import (
+    FastDeploySteps,
+    ServerLimits,
+    fastdeploy_sizes,
+    fastdeploy_warmup,
+    part_graphs,
+)
 from stages.forward_meta import MASKED_SCORE, DecodeMeta, ForwardMeta, PrefillMeta
 from stages.host_tensor import host_tensor
 from stages.kv_cache import KVCacheManager, blocks_for
@@ -47,6 +56,7 @@ class HPUMetadataBuilder:
         bucketing: Bucketing | str,
         decode_span: float,
         max_warmup_shapes: int,
+        fastdeploy: Mapping[str, int],
         pad_id: int = 0,
         shapes_only: bool = False,
         packed: bool = False,
@@ -54,14 +64,14 @@ class HPUMetadataBuilder:
         """shapes_only: build() gives the buckets and lengths but no tensors, and lists
         decode blocks row by row as the HPU's fused op takes them (a simulated device).
         packed: a step's real tokens only are laid out, for an attention stage that packs
-        rows (its declared `packs_rows`); the buckets are chosen and counted as ever."""
+        rows (its declared `packs_rows`); the buckets are chosen and counted as ever.
+        fastdeploy: FastDeploy's warmup steps (FastDeploySteps' fields), read when
+        bucketing=fastdeploy: the sizes and warmup grid are then FastDeploy's own."""
         bs = kv_cache.block_size
         given = dict(zip(AXES, (prefill_batch, prefill_seq, prefill_blocks, decode_batch,
                                 decode_blocks), strict=True))  # fmt: skip
-        prefix = kv_cache.prefix is not None
-        axes = resolve_axes(
-            given, bs, max_tokens, max_num_seqs, max_model_len, kv_cache.num_blocks, prefix
-        )
+        axes = resolve_axes(given, bs, max_tokens, max_num_seqs, max_model_len,
+                            kv_cache.num_blocks, kv_cache.prefix is not None)  # fmt: skip
         if max_warmup_shapes < 0:
             raise ValueError(
                 f"metadata.max_warmup_shapes={max_warmup_shapes}: needs 0 (no limit) or more"
@@ -76,8 +86,29 @@ class HPUMetadataBuilder:
         self.decode_span = 0.0 if shapes_only else decode_span
         self.shapes_only = shapes_only
         self.packed = packed
+        self.fastdeploy: tuple[FastDeploySteps, ServerLimits] | None = None
+        if Bucketing(bucketing) is Bucketing.fastdeploy:
+            axes = self._fastdeploy_axes(axes, fastdeploy, max_num_seqs, max_model_len)
         self.buckets = Buckets(bucketing, axes)
         self.prefill_part = PrefillPartBuilder(kv_cache, pad_id)
+
+    def _fastdeploy_axes(
+        self, axes: dict[str, Axis], given: Mapping[str, int], max_num_seqs: int, model_len: int
+    ) -> dict[str, Axis]:
+        """FastDeploy's own sizes for each axis (its steps kept for its warmup grid)."""
+        steps = FastDeploySteps(**dict(given))
+        steps.check()
+        kv = self.kv_cache
+        limits = ServerLimits(
+            kv.block_size, self.max_tokens, max_num_seqs, model_len, kv.num_blocks,
+            kv.prefix is not None, False,
+        )  # fmt: skip
+        self.fastdeploy = steps, limits
+        sizes = fastdeploy_sizes(steps, limits, axes["decode_blocks"].max)
+        return {
+            name: Axis(min=v[0], step=axes[name].step, max=v[-1], explicit=tuple(v))
+            for name, v in sizes.items()
+        }
 
     @property
     def bucket_misses(self) -> int:
@@ -309,13 +340,20 @@ class HPUMetadataBuilder:
 
     # -- warmup ------------------------------------------------------------------------------
     def warmup_counts(self, mixed: bool, padded_budget: bool = True) -> dict[str, int]:
-        """The graphs each phase of warmup_shapes compiles, counted without listing them."""
+        """The graphs each phase of warmup_shapes compiles, counted without listing them
+        (FastDeploy's grid is listed: its loops are the count)."""
+        if self.fastdeploy:
+            return part_graphs(self.warmup_shapes(mixed, padded_budget))
         return warmup_counts(self._sizes(), self.block_size, self.max_tokens, mixed, padded_budget)
 
     def warmup_shapes(self, mixed: bool, padded_budget: bool = True) -> dict[str, list[tuple]]:
         """Every prefill and decode bucket some step can pad to (padded_budget: the
         scheduler's budget bounds rows x padded width); with chunking, a coarse mixed grid
-        too (one prefill row, the widest block tables), as FastDeploy warms it."""
+        too (one prefill row, the widest block tables), as FastDeploy warms it. With
+        bucketing=fastdeploy: FastDeploy's own warmup runs."""
+        if self.fastdeploy:
+            steps, limits = self.fastdeploy
+            return fastdeploy_warmup(steps, replace(limits, chunked_prefill=mixed))
         return warmup_graphs(self._sizes(), self.block_size, self.max_tokens, mixed, padded_budget)
 
     def _sizes(self) -> dict[str, list[int]]:
