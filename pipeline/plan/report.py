@@ -265,7 +265,9 @@ def build_plan_report(
     num_blocks = int(chosen.metric("num_blocks") or 1)
     model = str(settings.get("model_id") or "")
     overrides = tool_overrides(chosen.job.overrides, chosen.config)
-    write_deploy(deployment(chosen.config, num_blocks, model), overrides, plan_dir / "deploy")
+    origin = f"as planned by python -m pipeline.plan ({plan_dir}, job {chosen.job.num})"
+    d = deployment(chosen.config, num_blocks, model, origin=origin)
+    write_deploy(d, overrides, plan_dir / "deploy")
     document = {"job": chosen.job.num, "overrides": chosen.job.overrides,
                 "row": row(chosen, keys, usd), "objective": objective}  # fmt: skip
     (plan_dir / BEST_JSON).write_text(json.dumps(document, indent=2) + "\n")
