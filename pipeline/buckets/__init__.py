@@ -190,7 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--headroom",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help=f"one size per axis {HEADROOM:.0%} past the observed maximum (default on)",
+        help=f"one size per axis {HEADROOM:.0%}% past the observed maximum (default on)",
     )
     shown = commands.add_parser(
         "show",
