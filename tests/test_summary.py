@@ -226,3 +226,9 @@ def test_a_block_size_sweep_on_a_simulated_profile_gets_a_caveat(tmp_path):
     for num, bs in enumerate((64, 128)):
         make_job(tmp_path, num, [f"block_size={bs}"], metrics(100.0 * (num + 1), simulated=True))
     assert "no per-block cost" in build_summary(tmp_path).read_text()
+
+
+def test_a_swept_key_that_changes_outputs_is_said(tmp_path):
+    for num, theta in enumerate((10000, 500000)):
+        make_job(tmp_path, num, [f"model.rope_theta={theta}"], metrics(100.0 + num))
+    assert "model.rope_theta changes outputs" in build_summary(tmp_path).read_text()

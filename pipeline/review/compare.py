@@ -8,6 +8,8 @@ from typing import Any
 
 from deepdiff import DeepDiff
 
+from pipeline.output_keys import echoes, effect
+
 # ---------------------------------------------------------------------------- config
 
 
@@ -45,7 +47,20 @@ def config_diff(a: dict[str, Any], b: dict[str, Any]) -> dict[str, dict[str, Any
                 removed.update(_leaves(key, level.t1))
     changed, added, removed = _whole_lists(a, b, changed, added, removed)
     _mark_not_in_force(a, b, changed)
+    _fold_echoes(a, changed)
+    for key, entry in changed.items():
+        entry["effect"] = str(effect(key))
     return {"changed": dict(sorted(changed.items())), "added": added, "removed": removed}
+
+
+def _fold_echoes(a: dict[str, Any], changed: dict[str, Any]) -> None:
+    """A group's copy of a top-level key (`scheduler.max_tokens` for `max_tokens`) that
+    changed with it is said once, as the top-level key, naming its copies."""
+    for key in list(changed):
+        top = echoes(key, a)
+        if top in changed and changed[top]["a"] == changed[key]["a"] == a[top]:
+            changed[top].setdefault("copies", []).append(key)
+            del changed[key]
 
 
 def _at(config: dict[str, Any], dotted: str) -> Any:

@@ -9,6 +9,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from pipeline.output_keys import Effect, effect
+
 # A run whose device was busy less than this share of its time waited for arrivals: its
 # throughput is the offered load's, not the configuration's.
 ARRIVAL_BOUND_BUSY = 0.9
@@ -157,6 +159,9 @@ def caveats(jobs: Sequence[AdviceJob], keys: Sequence[str]) -> list[str]:
             "block's gather and launch overhead is unknown): only padding and the pool's "
             "size change with it, so a real device may rank the block sizes otherwise."
         )
+    for key in keys:
+        if effect(key) is not Effect.timing:  # the jobs did not generate the same tokens
+            lines.append(f"{key} {effect(key)}: speed alone does not rank its values.")
     grids = {str(j.metrics.get("bucketing") or "") for j in jobs if j.metrics.get("simulated")}
     named = sorted(GRIDS[g] for g in grids if g in GRIDS)
     if named:
