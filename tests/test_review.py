@@ -342,3 +342,19 @@ def test_simulated_runs_tokens_are_not_compared(tmp_path):
     verdict = outputs_verdict(a, b)
     assert verdict["placeholders"] and "identical" not in verdict_line(verdict)
     assert "placeholders" in verdict_line(verdict)
+
+
+def test_no_slo_figures_without_an_slo_and_the_reference_graphs_explained():
+    from pipeline.review.compare import metrics_table
+    from pipeline.review.render import graph_note
+
+    no_slo = {"output_throughput": 1.0, "slo": {"attainment": 0.9}, "slo_met": True,
+              "slo_attainment": 1.0, "request_goodput": 2.0, "warmup_shapes": 182}  # fmt: skip
+    table = metrics_table(no_slo, {**no_slo, "warmup_shapes": 155})
+    assert not any(k.startswith(("slo", "request_goodput")) for k in table)
+    with_slo = {**no_slo, "slo": {"ttft_ms": 500, "attainment": 0.9}}
+    assert "slo_met" in metrics_table(with_slo, no_slo)
+    cfg = {"choices": {"a": {"attention": "hpu"}, "b": {"attention": "reference"}}}
+    note = graph_note(cfg, table)
+    assert note and "182 (A, attention=hpu) vs 155 (B, attention=reference)" in note[0]
+    assert "no prefix caching" in note[0]

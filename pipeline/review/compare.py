@@ -9,6 +9,7 @@ from typing import Any
 from deepdiff import DeepDiff
 
 from pipeline.output_keys import echoes, effect
+from pipeline.slo import slo_was_set
 
 # ---------------------------------------------------------------------------- config
 
@@ -139,9 +140,17 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+SLO_KEYS = ("request_goodput", "slo_attainment", "slo_met", "slo.", "slo_attainment_by_bound")
+
+
 def metrics_table(a: dict[str, Any], b: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Each metric of either run: A, B, B - A and B / A (None where it does not apply)."""
+    """Each metric of either run: A, B, B - A and B / A (None where it does not apply);
+    the SLO's figures only where either run had an SLO bound (without one they say
+    nothing: every request is good)."""
     flat_a, flat_b = _numbers(a), _numbers(b)
+    if not (slo_was_set(a) or slo_was_set(b)):
+        flat_a, flat_b = ({k: v for k, v in f.items() if not k.startswith(SLO_KEYS)}
+                          for f in (flat_a, flat_b))  # fmt: skip
     rows: dict[str, dict[str, Any]] = {}
     for key in [*flat_a, *(k for k in flat_b if k not in flat_a)]:
         va, vb = flat_a.get(key), flat_b.get(key)

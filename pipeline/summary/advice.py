@@ -10,6 +10,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from pipeline.output_keys import Effect, effect
+from pipeline.slo import slo_was_set
+
+__all__ = ["arrival_bound", "busy_fraction", "caveats", "recommend", "slo_was_set"]
 
 # A run whose device was busy less than this share of its time waited for arrivals: its
 # throughput is the offered load's, not the configuration's.
@@ -44,12 +47,6 @@ class AdviceJob(Protocol):
     def override_values(self) -> dict[str, str]: ...
 
     def value(self, column: str) -> float | None: ...
-
-
-def slo_was_set(metrics: Mapping[str, Any]) -> bool:
-    """Whether the run had an SLO bound (metrics' `slo` holds the target besides): without
-    one, attainment, slo_met and goodput say nothing."""
-    return len(metrics.get("slo") or {}) > 1
 
 
 def busy_fraction(job_dir: Path, metrics: Mapping[str, Any]) -> float | None:
