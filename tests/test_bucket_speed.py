@@ -43,3 +43,10 @@ def test_the_reference_is_the_fastest_built_in_within_the_budget():
     choice = choose([], [LIN, EXP], budget=5000)
     assert choice.chosen is LIN and "within 5000 graphs" in choice.reason
     assert not_slower(LIN, EXP) and not not_slower(EXP, LIN)
+
+
+def test_max_shapes_takes_a_count_or_the_exponential_sets():
+    from pipeline.buckets import EXPONENTIAL_BUDGET, _budget, main
+
+    assert _budget("exponential") == EXPONENTIAL_BUDGET and _budget("64") == 64
+    assert main(["plan", "--workload", "x=1", "--max-shapes", "0", "--out", "/tmp/x"]) == 2

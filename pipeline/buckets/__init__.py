@@ -43,7 +43,7 @@ from pipeline.buckets.serving import (
     with_seed,
 )
 from pipeline.buckets.sources import SourceError, load_source, run_limits
-from pipeline.buckets.speed import Choice, candidate_plans, choose
+from pipeline.buckets.speed import Choice, candidate_plans, choose, write_choice
 from pipeline.run_folder import read_metrics, read_step_lines
 from stages.bucket_planner import HEADROOM, Evaluation, Plan, Workload, evaluate
 from stages.buckets import Bucketing
@@ -54,6 +54,7 @@ __all__ = ["SourceError", "main", "plan_source", "run_limits", "show"]
 
 # -- plan ------------------------------------------------------------------------------------
 BUILTINS = (Bucketing.linear, Bucketing.exponential)
+EXPONENTIAL_BUDGET = 0  # --max-shapes exponential: the exponential set's graph count
 
 
 def plan_source(
@@ -71,6 +72,9 @@ def plan_source(
     set as the bucket file, serves it on every variant and writes the report."""
     runs, limits, steps = load_source(source)
     workload = Workload.of(steps)
+    if max_shapes == EXPONENTIAL_BUDGET:  # as many graphs as the exponential set has
+        exponential = limits.buckets(Bucketing.exponential)
+        max_shapes = evaluate(workload, exponential, limits.rule).num_shapes
     plans = candidate_plans(workload, max_shapes, limits.rule, block_weight, limits.tops,
                             HEADROOM if headroom else 0.0)  # fmt: skip
     sets = {label: limits.buckets(Bucketing.linear, p.sizes) for label, p in plans.items()}
@@ -97,6 +101,7 @@ def plan_source(
     served = serve_plan(variants, out, name) if variants else []
     text = report(source, runs, steps, limits, block_weight, usage, sets, results, served, label)
     (out / "report.md").write_text(text + speed_report(candidates, choice, label))
+    write_choice(out / "choice.json", candidates, choice, label, max_shapes)
     return chosen, {**results, "plan": results[label]}  # "plan": the recommended set
 
 
@@ -187,6 +192,13 @@ def workload_variants(overrides: list[str]) -> list[tuple[str, list[str]]]:
     return [("same", overrides), (f"seed{seed + 1}", with_seed(overrides, seed + 1))]
 
 
+def _budget(text: str) -> int:
+    if text == "exponential":
+        return EXPONENTIAL_BUDGET
+    value = int(text)  # argparse turns a ValueError into a one-line usage error
+    return value if value > 0 else -1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m pipeline.buckets",
@@ -209,7 +221,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="OVERRIDE",
         help="plan for a config (overrides of python -m pipeline) served on the simulated device",
     )
-    plan.add_argument("--max-shapes", type=int, default=64, help="warmup shapes at most (64)")
+    plan.add_argument(
+        "--max-shapes",
+        type=_budget,
+        default=64,
+        help="warmup graphs at most (64), or `exponential`: as many as the exponential set",
+    )
     plan.add_argument("--out", type=Path, required=True, help="the folder to write")
     plan.add_argument("--name", default="planned", help="the bucket file: +buckets=NAME")
     plan.add_argument(
@@ -240,8 +257,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "show":
             print(show(args.run))
             return 0
-        if args.max_shapes < 1 or not 0 <= args.block_weight < math.inf:  # NaN fails too
-            raise SourceError("--max-shapes needs 1 or more and --block-weight 0 or more")
+        if args.max_shapes < 0 or not 0 <= args.block_weight < math.inf:  # NaN fails too
+            raise SourceError(
+                "--max-shapes needs 1 or more (or `exponential`) and --block-weight 0 or more"
+            )
         source, variants = args.source, None
         if args.workload:
             source = simulated_run(args.workload, args.out / "simulated-run")

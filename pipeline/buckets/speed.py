@@ -9,8 +9,10 @@ utilization optimum is one candidate, not the answer. Each is served; the figure
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from functools import cmp_to_key
+from pathlib import Path
 
 from pipeline.buckets.serving import Served
 from stages.bucket_planner import Plan, Workload, plan_buckets
@@ -112,3 +114,35 @@ def candidate_plans(
         if all(plan.sizes != p.sizes for p in plans.values()):
             plans[f"b{blocks:g}" + (f"r{rows:g}" if rows != 1 else "")] = plan
     return plans
+
+
+def write_choice(
+    path: Path, served: list[Served], choice: Choice | None, label: str, budget: int
+) -> None:
+    """choice.json: every set served and the recommendation, for scripts and benchmarks."""
+    sets = [
+        {
+            "set": s.label,
+            "graphs": s.warmup_shapes,
+            "warmup_s": s.warmup_s,
+            "throughput": s.throughput,
+            "ttft_p50_ms": s.ttft_ms[0],
+            "ttft_p90_ms": s.ttft_ms[1],
+            "tpot_p50_ms": s.tpot_ms[0],
+            "tpot_p90_ms": s.tpot_ms[1],
+            "serve_s": s.duration_s,
+            "misses": s.bucket_misses,
+            "compiles": s.serving_compiles,
+            "utilization": s.token_utilization,
+        }  # fmt: skip
+        for s in sorted(served, key=rank)
+    ]
+    document = {
+        "budget": budget,
+        "recommended": label,
+        "planned": bool(choice and choice.planned),
+        "reference": choice.reference.label if choice else None,
+        "reason": choice.reason if choice else "not served",
+        "sets": sets,
+    }
+    path.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
