@@ -167,6 +167,8 @@ def test_fastdeploy_script_exports_its_warmup_grid(tmp_path, capsys):
     # the grid's recipes, as the run's warmup counted FastDeploy's runs
     runs = sum(len(v) for v in engine.warmup_shapes().values())
     assert f"warmup grid from these: {runs:,} recipes" in script
+    if engine.warmup_shapes()["mixed"]:  # the device's own count, the run's warmup_shapes
+        assert f"counts {sum(engine.warmup_counts().values()):,} graphs" in script
     assert runs > 20 and "WARNING" in script and "WARNING" in capsys.readouterr().err
     for name in (FASTDEPLOY, VLLM):
         text = (folder / name).read_text()

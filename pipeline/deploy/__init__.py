@@ -35,6 +35,8 @@ from stages.engine_grids import (
     ServerLimits,
     fastdeploy_grid,
     fastdeploy_sizes,
+    fastdeploy_warmup,
+    part_graphs,
 )
 from stages.simulator.precision import KvCacheDtype, Quantization
 
@@ -66,6 +68,7 @@ class Deployment:
     ranges: dict[str, tuple[int, int, int]]  # each axis's min, step, max
     fastdeploy: FastDeploySteps  # FastDeploy's warmup environment (metadata.fastdeploy)
     fastdeploy_grid: FastDeployGrid  # the grid FastDeploy's runner warms from it
+    fastdeploy_parts: int  # its graphs as the simulated device counts them (parts apart)
     compile_s: float  # the hardware profile's seconds to compile one graph
 
 
@@ -115,6 +118,7 @@ def deployment(
         ranges={name: (a.min, a.step, a.max) for name, a in axes.items()},
         fastdeploy=steps,
         fastdeploy_grid=fastdeploy_grid(steps, limits),
+        fastdeploy_parts=sum(part_graphs(fastdeploy_warmup(steps, limits)).values()),
         compile_s=float(config.get("hardware", {}).get("compile_s") or 0.0),
     )
 

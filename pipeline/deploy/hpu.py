@@ -74,6 +74,12 @@ def fastdeploy_grid_lines(d: Deployment) -> list[str]:
         f"# about {d.compile_s * grid.recipes / 3600:.1f} h to compile at {d.compile_s:g} s "
         "each (the hardware profile's compile_s).",
     ]
+    if grid.mixed:
+        lines.append(
+            f"# (The simulated device counts {d.fastdeploy_parts:,} graphs for this grid: it "
+            "compiles a step's prefill and decode parts apart, so the mixed runs add few; "
+            "FastDeploy compiles each mixed run as a recipe of its own.)"
+        )
     if d.bucketing is not Bucketing.fastdeploy:
         lines.append(
             f"# The run simulated metadata.bucketing={d.bucketing} (not this grid): "
