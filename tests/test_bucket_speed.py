@@ -50,3 +50,23 @@ def test_max_shapes_takes_a_count_or_the_exponential_sets():
 
     assert _budget("exponential") == EXPONENTIAL_BUDGET and _budget("64") == 64
     assert main(["plan", "--workload", "x=1", "--max-shapes", "0", "--out", "/tmp/x"]) == 2
+
+
+def test_the_report_counts_the_graphs_the_run_counted(tmp_path):
+    # no prefix caching and more rows x full rows (128 x 64 blocks) than the pool: the
+    # decode blocks axis ends at the pool, which a folder without pipeline.log must give
+    import json
+
+    from pipeline.buckets import run_limits, simulated_run
+    from pipeline.run_folder import read_step_lines
+    from stages.bucket_planner import Workload, evaluate
+    from stages.buckets import Bucketing
+
+    run = simulated_run(["hardware=gaudi2", "model=spec/ernie45_21b_a3b", "max_num_seqs=128",
+                         "max_model_len=8192", "prefix_caching=false",
+                         "workload.num_requests=4"], tmp_path / "run")  # fmt: skip
+    assert not (run / "pipeline.log").exists()
+    limits = run_limits(run)
+    workload = Workload.of(read_step_lines(run / "steps.jsonl"))
+    linear = evaluate(workload, limits.buckets(Bucketing.linear), limits.rule)
+    assert linear.num_shapes == json.loads((run / "metrics.json").read_text())["warmup_shapes"]
