@@ -106,6 +106,11 @@ def speed_report(candidates: list[Served], choice: Choice | None, chosen: str) -
         "",
         "## Each set served on the workload (fastest first)",
         "",
+        "Graphs and warmup here are this tool's grids (warmup compiles every bucket some step "
+        "can pad to), not an engine's own: FastDeploy warms its own grid from its environment "
+        "(simulate it with metadata.bucketing=fastdeploy; python -m pipeline.deploy states its "
+        "recipes), vllm-gaudi takes a set like these from VLLM_BUCKETING_FROM_FILE.",
+        "",
         "Candidates `bB` and `bBrR` are the least-padding sets at block weight B (and a "
         "padded decode row weighing R tokens); `linear` and `exponential` the config's "
         "built-in sets. Each is served warmed on the simulated device; the recommendation "
