@@ -55,6 +55,9 @@ class SchedulerConf:
     # admit a request only when the KV pool holds it to its end beside what the running
     # requests will still take: no preemption (TensorRT-LLM's GUARANTEED_NO_EVICT)
     no_evict: bool = False
+    # prompts prefilled in one step at most; 0 = no cap (FastDeploy caps them at its
+    # MAX_PREFILL_NUM, 3: set 3 to serve as it does)
+    max_prefill_rows: int = 0
 
 
 @dataclass

@@ -70,6 +70,7 @@ class Deployment:
     fastdeploy_grid: FastDeployGrid  # the grid FastDeploy's runner warms from it
     fastdeploy_parts: int  # its graphs as the simulated device counts them (parts apart)
     compile_s: float  # the hardware profile's seconds to compile one graph
+    max_prefill_rows: int  # scheduler.max_prefill_rows: prompts a step prefills (0: no cap)
 
 
 def deployment(
@@ -120,6 +121,7 @@ def deployment(
         fastdeploy_grid=fastdeploy_grid(steps, limits),
         fastdeploy_parts=sum(part_graphs(fastdeploy_warmup(steps, limits)).values()),
         compile_s=float(config.get("hardware", {}).get("compile_s") or 0.0),
+        max_prefill_rows=int(config["scheduler"].get("max_prefill_rows") or 0),
     )
 
 

@@ -85,6 +85,15 @@ def fastdeploy_grid_lines(d: Deployment) -> list[str]:
             f"# The run simulated metadata.bucketing={d.bucketing} (not this grid): "
             "simulate FastDeploy's with metadata.bucketing=fastdeploy."
         )
+    if d.max_prefill_rows != steps.max_prefill_num:
+        # FastDeploy schedules at most MAX_PREFILL_NUM prompts a step (its config's
+        # max_prefill_batch), besides warming that many
+        lines.append(
+            f"# The run prefilled up to {d.max_prefill_rows or d.max_num_seqs} prompts a step "
+            f"(scheduler.max_prefill_rows={d.max_prefill_rows}); FastDeploy schedules at most "
+            f"MAX_PREFILL_NUM={steps.max_prefill_num}: simulate it with "
+            f"scheduler.max_prefill_rows={steps.max_prefill_num}."
+        )
     lines += [f"export {name}={value}" for name, value in steps.env().items()]
     lines += [f"# {w}" for w in fastdeploy_warnings(d)]
     return lines
