@@ -232,3 +232,13 @@ def test_a_swept_key_that_changes_outputs_is_said(tmp_path):
     for num, theta in enumerate((10000, 500000)):
         make_job(tmp_path, num, [f"model.rope_theta={theta}"], metrics(100.0 + num))
     assert "model.rope_theta changes outputs" in build_summary(tmp_path).read_text()
+
+
+def test_a_latency_tie_goes_to_the_higher_throughput(tmp_path):
+    # TTFT p90 900 and 905 ms tie within 1%; 1024 serves 1620 tok/s against 512's 1200
+    for num, (tokens, rate, ttft) in enumerate(((512, 1200.0, 900.0), (1024, 1620.0, 905.0))):
+        make_job(tmp_path, num, [f"max_tokens={tokens}"],
+                 metrics(rate, ttft_ms=lat(ttft / 2, ttft)))  # fmt: skip
+    advice = build_summary(tmp_path).read_text().split("## Recommendation")[1]
+    assert "- max_tokens=1024: lowest TTFT p90 ties within 1% across 2 values" in advice
+    assert "of those, the highest throughput" in advice

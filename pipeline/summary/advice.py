@@ -110,11 +110,17 @@ def _line(ranked: list[AdviceJob], column: str, words: str, keys: Sequence[str])
     tied = [j for j in ranked if abs((j.value(column) or 0.0) - a) <= TIE * abs(a)]
     why = f"{words} ({_figure(column, a)})"
     if len(tied) > 1:
-        # a tie: the figure does not choose; the lowest TTFT p90 among the tied does
-        best = min(tied, key=lambda j: j.value("ttft_p90_ms") or float("inf"))
+        # a tie: the figure does not choose; throughput's ties go to the lowest TTFT p90,
+        # a latency's to the highest throughput
+        if column == "output_throughput":
+            best = min(tied, key=lambda j: j.value("ttft_p90_ms") or float("inf"))
+            then = "the lowest TTFT p90"
+        else:
+            best = max(tied, key=lambda j: j.value("output_throughput") or 0.0)
+            then = "the highest throughput"
         why = (f"{words} ties within {TIE:.0%} across {len(tied)} values "
-               f"({_figure(column, a)}); of those, the lowest TTFT p90")  # fmt: skip
-        if {j.num for j in tied} <= arrival_bound(ranked):
+               f"({_figure(column, a)}); of those, {then}")  # fmt: skip
+        if column == "output_throughput" and {j.num for j in tied} <= arrival_bound(ranked):
             why += " (arrival-bound: the offered load sets the throughput)"
     else:
         why += f", {_pct(a, b)} ahead of {_label(second, keys)}"
