@@ -21,21 +21,22 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from stages import engine_grids
 from stages.bucket_axes import AXES, resolve_axes
 from stages.buckets import Axis, Bucketing, Buckets, warmup_counts, warmup_graphs
-from stages.engine_grids import (
-    FastDeploySteps,
-    ServerLimits,
-    fastdeploy_sizes,
-    fastdeploy_warmup,
-    part_graphs,
+from stages.forward_meta import (
+    MASKED_SCORE,
+    DecodeMeta,
+    ForwardMeta,
+    PrefillMeta,
+    decode_lens,
+    step_shape,
 )
-from stages.forward_meta import MASKED_SCORE, DecodeMeta, ForwardMeta, PrefillMeta
 from stages.host_tensor import host_tensor
 from stages.kv_cache import KVCacheManager, blocks_for
 from stages.prefill_part import PrefillPartBuilder
 from stages.request import DecodeRun, PrefillChunk, Request, StepMode, StepPlan
-from stages.step_shape import StepShape, decode_lens, decode_totals, step_shape
+from stages.step_shape import StepShape, decode_totals
 
 if TYPE_CHECKING:
     import paddle
@@ -65,7 +66,7 @@ class HPUMetadataBuilder:
         decode blocks row by row as the HPU's fused op takes them (a simulated device).
         packed: a step's real tokens only are laid out, for an attention stage that packs
         rows (its declared `packs_rows`); the buckets are chosen and counted as ever.
-        fastdeploy: FastDeploy's warmup steps (FastDeploySteps' fields), read when
+        fastdeploy: FastDeploy's warmup steps (engine_grids.FastDeploySteps' fields), read when
         bucketing=fastdeploy: the sizes and warmup grid are then FastDeploy's own."""
         bs = kv_cache.block_size
         given = dict(zip(AXES, (prefill_batch, prefill_seq, prefill_blocks, decode_batch,
@@ -86,7 +87,7 @@ class HPUMetadataBuilder:
         self.decode_span = 0.0 if shapes_only else decode_span
         self.shapes_only = shapes_only
         self.packed = packed
-        self.fastdeploy: tuple[FastDeploySteps, ServerLimits] | None = None
+        self.fastdeploy: engine_grids.FastDeploySetup | None = None
         if Bucketing(bucketing) is Bucketing.fastdeploy:
             axes = self._fastdeploy_axes(axes, fastdeploy, max_num_seqs, max_model_len)
         self.buckets = Buckets(bucketing, axes)
@@ -96,19 +97,14 @@ class HPUMetadataBuilder:
         self, axes: dict[str, Axis], given: Mapping[str, int], max_num_seqs: int, model_len: int
     ) -> dict[str, Axis]:
         """FastDeploy's own sizes for each axis (its steps kept for its warmup grid)."""
-        steps = FastDeploySteps(**dict(given))
-        steps.check()
         kv = self.kv_cache
-        limits = ServerLimits(
+        limits = engine_grids.ServerLimits(
             kv.block_size, self.max_tokens, max_num_seqs, model_len, kv.num_blocks,
             kv.prefix is not None, False,
         )  # fmt: skip
+        steps, axes = engine_grids.fastdeploy_axes(axes, given, limits)
         self.fastdeploy = steps, limits
-        sizes = fastdeploy_sizes(steps, limits, axes["decode_blocks"].max)
-        return {
-            name: Axis(min=v[0], step=axes[name].step, max=v[-1], explicit=tuple(v))
-            for name, v in sizes.items()
-        }
+        return axes
 
     @property
     def bucket_misses(self) -> int:
@@ -343,7 +339,7 @@ class HPUMetadataBuilder:
         """The graphs each phase of warmup_shapes compiles, counted without listing them
         (FastDeploy's grid is listed: its loops are the count)."""
         if self.fastdeploy:
-            return part_graphs(self.warmup_shapes(mixed, padded_budget))
+            return engine_grids.part_graphs(self.warmup_shapes(mixed, padded_budget))
         return warmup_counts(self._sizes(), self.block_size, self.max_tokens, mixed, padded_budget)
 
     def warmup_shapes(self, mixed: bool, padded_budget: bool = True) -> dict[str, list[tuple]]:
@@ -353,7 +349,7 @@ class HPUMetadataBuilder:
         bucketing=fastdeploy: FastDeploy's own warmup runs."""
         if self.fastdeploy:
             steps, limits = self.fastdeploy
-            return fastdeploy_warmup(steps, replace(limits, chunked_prefill=mixed))
+            return engine_grids.fastdeploy_warmup(steps, replace(limits, chunked_prefill=mixed))
         return warmup_graphs(self._sizes(), self.block_size, self.max_tokens, mixed, padded_budget)
 
     def _sizes(self) -> dict[str, list[int]]:

@@ -233,6 +233,9 @@ def write_pareto(cands: Sequence[Candidate], chosen: Candidate | None, path: Pat
     plt.close(fig)
 
 
+ALL_FAILED = "Error: every job of the plan failed"
+
+
 def build_plan_report(
     plan_dir: Path, settings: DictConfig | dict[str, Any], tolerance: float = 0.0
 ) -> str:
@@ -260,6 +263,10 @@ def build_plan_report(
         )
     table = write_table(rows, header, plan_dir)
     write_pareto(cands, chosen, plan_dir / PARETO_PNG)
+    failed = [c for c in cands if c.job.status != RunStatus.OK]
+    if chosen is None and len(failed) == len(cands):
+        first = failed[0].job
+        return f"{table}\n\n{ALL_FAILED} (job {first.num}: {first.error}): fix it and plan again"
     if chosen is None:
         return f"{table}\n\nNo configuration met the SLO within the limits: see {PLAN_MD}"
     num_blocks = int(chosen.metric("num_blocks") or 1)
@@ -316,3 +323,5 @@ class PlanReport(Callback):
             log.error("Plan report failed (%s: %s)", type(err).__name__, err)
             return
         print(text, file=sys.stdout)
+        if ALL_FAILED in text:
+            sys.exit(1)
