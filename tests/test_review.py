@@ -358,3 +358,19 @@ def test_no_slo_figures_without_an_slo_and_the_reference_graphs_explained():
     note = graph_note(cfg, table)
     assert note and "182 (A, attention=hpu) vs 155 (B, attention=reference)" in note[0]
     assert "no prefix caching" in note[0]
+
+
+def test_review_of_two_simulated_runs_is_no_error(tmp_path):
+    import json as _json
+
+    from pipeline.review import main as review_main
+
+    for side in ("a", "b"):
+        folder = tmp_path / side
+        folder.mkdir()
+        (folder / "resolved_config.yaml").write_text("max_tokens: 512\n")
+        (folder / "metrics.json").write_text(_json.dumps({"status": "ok", "simulated": True}))
+        (folder / "generations.jsonl").write_text(
+            _json.dumps({"id": "r0", "prompt": "p", "output_ids": [0]}) + "\n"
+        )
+    assert review_main([str(tmp_path / "a"), str(tmp_path / "b")]) == 0
