@@ -27,6 +27,7 @@ from stages.interfaces import (
     Simulation,
     Tokenizer,
 )
+from stages.logprobs import score_prompts
 from stages.request import DecodeRun, Request, StepPlan
 
 log = structlog.get_logger(__name__)
@@ -190,6 +191,8 @@ class Engine(Generic[A]):
         """The scheduled step, laid out in `meta`, through the model, sampler and update;
         returns the requests that stopped after its samples."""
         logits = self.model.forward(meta, self.attention)
+        if meta.prompt_spans:  # prompt log-probabilities asked: their rows end the logits
+            logits = score_prompts(logits, meta.prompt_spans)
         samples = self.sampler.sample(logits, plan.sampled_requests)
         return self.scheduler.update(plan, samples, self.clock())
 

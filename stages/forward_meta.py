@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from stages.request import StepMode
+from stages.request import PromptSpan, StepMode
 from stages.step_shape import StepShape
 
 if TYPE_CHECKING:
@@ -97,6 +97,9 @@ class ForwardMeta:
     # The step's real tokens only, laid out for a backend that attends packed rows (the
     # CPU's): input_ids, positions and logits_rows then skip the padding rows.
     packed: bool = False
+    # Prompt positions whose logits are asked for (prompt log-probabilities): their rows
+    # follow the samples' in logits_rows, so the same forward computes them. Empty: none.
+    prompt_spans: list[PromptSpan] = field(default_factory=list)
 
     @classmethod
     def of_shapes(

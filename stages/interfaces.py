@@ -28,6 +28,10 @@ class Tokenizer(Protocol):
     pad_id: int
     bos_id: int | None  # None: the tokenizer has none
     chat_template: str | None  # a Jinja chat template, where the tokenizer's files carry one
+    # The BOS and EOS tokens' own text, as the files name them ("" where they name none):
+    # what the server's /tokenizer_info tells a client that tokenizes through it.
+    bos_text: str
+    eos_text: str
 
     @property
     def eos_ids(self) -> frozenset[int]: ...

@@ -105,8 +105,9 @@ class KVCacheManager:
     def match_prefix(self, request: Request) -> list[int]:
         """The cached blocks of the longest cached prefix of the request's tokens, whole
         blocks only, always leaving its last token to compute (so there are logits to
-        sample); touches nothing. Empty without prefix caching."""
-        if self.prefix is None:
+        sample); touches nothing. Empty without prefix caching, and for a request that asks
+        for prompt log-probabilities (they need every prompt position's logits, as vLLM)."""
+        if self.prefix is None or request.sampling.prompt_logprobs is not None:
             return []
         num_blocks = (request.num_tokens - 1) // self.block_size
         if num_blocks < 1 or not self._names_under_root(self.prefix, request):

@@ -35,7 +35,7 @@ from stages.forward_meta import (
 from stages.host_tensor import host_tensor
 from stages.kv_cache import KVCacheManager, blocks_for
 from stages.prefill_part import PrefillPartBuilder
-from stages.request import DecodeRun, PrefillChunk, Request, StepMode, StepPlan
+from stages.request import DecodeRun, PrefillChunk, PromptSpan, Request, StepMode, StepPlan
 from stages.step_shape import StepShape, decode_totals
 
 if TYPE_CHECKING:
@@ -132,7 +132,10 @@ class HPUMetadataBuilder:
             decode.shape if decode else None,
             lens,
         )
-        meta = self._assemble(plan.mode, prefill, decode, plan.num_tokens, shape, self.packed)
+        asked = [(i, c, span) for i, c in enumerate(plan.prefill) if (span := c.prompt_span())]
+        meta = self._assemble(
+            plan.mode, prefill, decode, plan.num_tokens, shape, self.packed, asked
+        )
         meta.needed = needed
         return meta
 
@@ -364,7 +367,10 @@ class HPUMetadataBuilder:
         num_tokens: int,
         shape: StepShape,
         packed: bool = False,
+        asked: list[tuple[int, PrefillChunk, PromptSpan]] | None = None,
     ) -> ForwardMeta:
+        """asked: the prefill chunks (by index) whose prompt positions' logits are asked
+        for; their rows follow the sampled ones."""
         ids, positions, rows = [], [], []
         offset = padded = 0
         if prefill:
@@ -380,6 +386,8 @@ class HPUMetadataBuilder:
             ids.append(decode.input_ids)
             positions.append(decode.positions)
             rows.append(offset + np.arange(decode.batch))
+        if asked and prefill:
+            rows.append(self._prompt_rows(asked, prefill, packed))
         input_ids = np.concatenate(ids)
         logits_rows = np.concatenate(rows).astype(np.int64)
         if not logits_rows.size:
@@ -395,4 +403,19 @@ class HPUMetadataBuilder:
             padded_tokens=padded,
             shape=shape,
             packed=packed,
+            prompt_spans=[span for _, _, span in asked or ()],
+        )
+
+    @staticmethod
+    def _prompt_rows(
+        asked: list[tuple[int, PrefillChunk, PromptSpan]], prefill: PrefillMeta, packed: bool
+    ) -> np.ndarray:
+        """The rows holding each asked span's positions, chunk by chunk."""
+        lens = prefill.chunk_lens[: prefill.batch]
+        firsts = np.cumsum(lens) - lens if packed else np.arange(prefill.batch) * prefill.shape[1]
+        return np.concatenate(
+            [
+                firsts[i] + np.arange(span.start - chunk.start, span.end - chunk.start)
+                for i, chunk, span in asked
+            ]
         )

@@ -61,6 +61,11 @@ class SamplingParams:
     top_k: int | None = None
     top_p: float | None = None
     seed: int | None = None
+    # Log-probabilities to report (the model's raw log-softmax): of each output token with
+    # its `logprobs` most likely alternatives, and of each prompt token after the first
+    # with its `prompt_logprobs` most likely (None: not asked, nothing computed).
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
 
 
 class PromptIds(Sequence[int]):
@@ -105,6 +110,9 @@ class Request:
     cached_tokens: int = 0  # prompt tokens found in the prefix cache at first admission
     block_hashes: list[bytes] = field(default_factory=list)  # content hashes of full blocks
     logprobs: list[dict[int, float]] = field(default_factory=list)  # per output token, if asked
+    # Where sampling.prompt_logprobs asks: entry i scores prompt token i + 1 (the logits of
+    # position i), filled as the prefill chunks run.
+    prompt_logprobs: list[dict[int, float]] | None = None
     # len(prompt_ids), read every step: a trace's ids are a sequence whose len() is a call.
     num_prompt_tokens: int = field(init=False)
 
@@ -148,6 +156,16 @@ class Samples:
 
 
 @dataclass
+class PromptSpan:
+    """Prompt positions start..end-1 of a request, whose logits score its prompt tokens
+    start+1..end (prompt log-probabilities), computed in this step's forward."""
+
+    request: Request
+    start: int
+    end: int
+
+
+@dataclass
 class PrefillChunk:
     request: Request
     start: int  # first position computed by this chunk
@@ -162,6 +180,16 @@ class PrefillChunk:
     def is_final(self) -> bool:
         """A final chunk reaches the sequence's last token, so its sample is a real output."""
         return self.end == self.request.num_tokens
+
+    def prompt_span(self) -> PromptSpan | None:
+        """Where the request asks for prompt log-probabilities: the chunk's positions whose
+        logits score a prompt token not yet scored (a recompute scores none twice)."""
+        request = self.request
+        if request.sampling.prompt_logprobs is None:
+            return None
+        scored = len(request.prompt_logprobs or ())
+        start, end = max(self.start, scored), min(self.end, request.num_prompt_tokens - 1)
+        return PromptSpan(request, start, end) if self.start <= scored and start < end else None
 
 
 @dataclass

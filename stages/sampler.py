@@ -21,6 +21,7 @@ from typing import TypeGuard
 import numpy as np
 import paddle
 
+from stages.logprobs import asked_counts, entries
 from stages.request import Request, Samples
 
 # ---------------------------------------------------------------------------------------------
@@ -108,19 +109,6 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
     return x - (peak + np.log(np.exp(x - peak).sum(axis=-1, keepdims=True)))
 
 
-def top_logprobs(logits: np.ndarray, token_ids: np.ndarray, k: int) -> list[dict[int, float]]:
-    """Per row, the k most likely tokens under the raw logits plus the sampled token."""
-    logp = log_softmax(logits)
-    top = top_indices(rank_keys(logits), min(k, logits.shape[-1]))
-    top_values = np.take_along_axis(logp, top, axis=-1)
-    out = []
-    for row, token in enumerate(token_ids.tolist()):
-        entry = dict(zip(top[row].tolist(), top_values[row].tolist(), strict=True))
-        entry.setdefault(token, float(logp[row, token]))
-        out.append(entry)
-    return out
-
-
 # ---------------------------------------------------------------------------------------------
 # Validation: one message naming the key and what to set
 
@@ -182,6 +170,8 @@ def request_error(request: Request) -> str | None:
         (s.top_k, top_k_error, "top_k"),
         (s.top_p, top_p_error, "top_p"),
         (s.seed, seed_error, "seed"),
+        (s.logprobs, logprobs_error, "logprobs"),
+        (s.prompt_logprobs, logprobs_error, "prompt_logprobs"),
     )
     for value, check, key in checks:
         if value is not None:
@@ -214,12 +204,13 @@ class GreedySampler:
         return request_error(request)
 
     def sample(self, logits: paddle.Tensor, requests: Sequence[Request]) -> Samples:
-        if not self.logprobs:
+        counts = asked_counts(requests, self.logprobs)
+        if counts is None:
             # Only the [rows] argmax leaves the device, not the whole [rows, vocab] logits.
             return Samples(paddle.argmax(logits, axis=-1).numpy().astype(np.int64))
         x = logits.numpy()
         tokens = argmax(x)
-        return Samples(tokens, top_logprobs(x, tokens, self.logprobs))
+        return Samples(tokens, entries(x, tokens, counts))
 
 
 GREEDY_BELOW = 1e-5  # temperatures below this take the argmax
@@ -305,7 +296,8 @@ class RandomSampler:
             tokens[rows] = filtered_draw(
                 x[rows], temperature[rows], top_k[rows], top_p[rows], u[rows], self.CANDIDATES
             )
-        return Samples(tokens, top_logprobs(x, tokens, self.logprobs) if self.logprobs else None)
+        counts = asked_counts(requests, self.logprobs)
+        return Samples(tokens, entries(x, tokens, counts) if counts is not None else None)
 
 
 def filtered_draw(

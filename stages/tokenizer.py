@@ -17,6 +17,7 @@ class ByteTokenizer:
     eos_id = 257
     pad_id = 258
     chat_template: str | None = None  # chats get the plain template (stages/chat.py)
+    bos_text = eos_text = ""  # ids 256 and 257 have no text
 
     def __init__(self, add_bos: bool) -> None:
         self.add_bos = add_bos
@@ -99,6 +100,7 @@ class LibraryTokenizer:
         self._eos_ids = special.eos_ids
         self._special = special.control_ids
         self._chat_tokens = (special.bos_text, special.eos_text)
+        self.bos_text, self.eos_text = special.bos_text, special.eos_text
         self.add_bos = add_bos
         self.add_special_tokens = add_special_tokens
         self.chat_template = chat_template

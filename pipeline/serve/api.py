@@ -26,6 +26,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
+from pipeline.serve.logprobs import Shown, output_logprobs
 from pipeline.serve.protocol import (
     ChatBody,
     CompletionBody,
@@ -79,8 +80,8 @@ class Serving:
     max_model_len: int
     numbers: Iterator[int] = field(default_factory=itertools.count)
 
-    def reply(self, kind: ReplyKind) -> Reply:
-        return Reply(kind, next(self.numbers), self.settings.model_name)
+    def reply(self, kind: ReplyKind, shown: Shown) -> Reply:
+        return Reply(kind, next(self.numbers), self.settings.model_name, shown=shown)
 
 
 def create_app(
@@ -107,6 +108,9 @@ def create_app(
     app.add_exception_handler(Exception, server_problem)  # a bug: still OpenAI's shape
     app.include_router(probe_routes)
     app.include_router(openai_routes)
+    from pipeline.serve.tokenize import tokenizer_routes  # (it builds on this module)
+
+    app.include_router(tokenizer_routes)
     return app
 
 
@@ -148,7 +152,10 @@ async def models(request: Request) -> Response:
 async def completions(request: Request) -> Response:
     worker, body = await accept(request, CompletionBody)
     tokenizer = worker.engine.tokenizer
-    prompt = body.prompt_text()
+    try:
+        prompt = body.prompt_text()
+    except RequestError as err:
+        raise Problem(400, str(err), err.param) from None
     if isinstance(prompt, list):
         bad = [i for i in prompt if not 0 <= i < tokenizer.vocab_size]
         if bad:
@@ -157,8 +164,8 @@ async def completions(request: Request) -> Response:
         ids, prompt = prompt, tokenizer.decode(prompt)
     else:
         ids = tokenizer.encode(prompt)
-    reply = request.app.state.serving.reply(ReplyKind.TEXT_COMPLETION)
-    return await generate(request, worker, body, reply, prompt, ids, body.max_tokens)
+    reply = request.app.state.serving.reply(ReplyKind.TEXT_COMPLETION, body.shown())
+    return await generate(request, worker, body, reply, prompt, ids, body.limit())
 
 
 @openai_routes.post("/chat/completions")
@@ -171,7 +178,7 @@ async def chat_completions(request: Request) -> Response:
         prompt, ids = await asyncio.to_thread(tokenizer.encode_chat, messages)
     except ValueError as err:
         raise Problem(400, str(err), "messages") from None
-    reply = request.app.state.serving.reply(ReplyKind.CHAT_COMPLETION)
+    reply = request.app.state.serving.reply(ReplyKind.CHAT_COMPLETION, body.shown())
     return await generate(request, worker, body, reply, prompt, ids, body.limit())
 
 
@@ -309,10 +316,11 @@ async def stream_events(
     request: Request, worker: EngineWorker, stream: Stream, reply: Reply, usage_mode: UsageMode
 ) -> AsyncIterator[bytes]:
     """Server-sent events: a chunk of text per engine step (with the usage so far, where
-    asked), the finish, usage, [DONE]."""
+    asked, and its tokens' logprobs, where asked), the finish, usage, [DONE]."""
     include_usage = usage_mode is not UsageMode.NONE
-    text = TextStream(worker.engine.tokenizer, stream.request.stop)
-    ended = False
+    tokenizer = worker.engine.tokenizer
+    text = TextStream(tokenizer, stream.request.stop)
+    ended, delivered = False, 0
     try:
         first = reply.opening_chunk(include_usage)
         if first:
@@ -322,11 +330,14 @@ async def stream_events(
             ended = isinstance(event, Finished)
             ids = event.ids if ended else event
             delta = text.final(stream.request, ids) if ended else text.add(ids)
-            if delta:
+            start, delivered = delivered, delivered + len(ids)
+            logprobs = output_logprobs(stream.request, tokenizer, reply.shown, reply.chat,
+                                       start, delivered)  # fmt: skip
+            if delta or logprobs:
                 counts = None
                 if usage_mode is UsageMode.CONTINUOUS:
                     counts = usage_counts(len(stream.request.prompt_ids), len(text.ids))
-                yield reply.chunk(delta, include_usage, counts)
+                yield reply.chunk(delta, include_usage, counts, logprobs)
         yield reply.closing_chunks(stream.request, include_usage)
         yield b"data: [DONE]\n\n"
     finally:

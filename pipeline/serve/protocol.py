@@ -11,10 +11,11 @@ penalties 0, ...): any other value is a 400 naming the field, never silently ign
 from __future__ import annotations
 
 import enum
-from typing import Any, Literal, cast
+from typing import Any, Literal, TypeVar, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from pipeline.serve.logprobs import Shown
 from stages.request import Request, SamplingParams
 from stages.sampler import TOP_K_MAX
 
@@ -31,17 +32,16 @@ BOUNDS: dict[str, tuple[float, float]] = {
 MAX_STOP_STRINGS = 16  # each is searched for at every step of the request
 MAX_STOP_CHARS = 1024  # their total length
 
+MAX_LOGPROBS = 20  # alternatives per token, OpenAI's limit
+
 # Field -> the only values accepted (OpenAI's defaults, and what clients send by default).
 NEUTRAL: dict[str, tuple[Any, ...]] = {
     "n": (None, 1),
     "best_of": (None, 1),
     "logit_bias": (None, {}),
-    "logprobs": (None, 0, False),
-    "top_logprobs": (None, 0),
     "presence_penalty": (None, 0.0),
     "frequency_penalty": (None, 0.0),
     "repetition_penalty": (None, 1.0),
-    "echo": (None, False),
     "suffix": (None,),
     "tools": (None, []),
     "response_format": (None, {"type": "text"}),
@@ -72,6 +72,9 @@ def bounded(name: str) -> Any:
     """The field `name` of BOUNDS: absent, or within its range."""
     low, high = BOUNDS[name]
     return Field(default=None, ge=low, le=high)
+
+
+B = TypeVar("B", bound=Strict)
 
 
 class StreamOptions(Strict):
@@ -148,27 +151,45 @@ class GenerationBody(Strict):
             return UsageMode.NONE
         return UsageMode.CONTINUOUS if options.continuous_usage_stats else UsageMode.FINAL
 
+    def shown(self) -> Shown:
+        """Log-probabilities and echo, as the route's own fields ask."""
+        return Shown()
+
 
 class CompletionBody(GenerationBody):
-    prompt: str | list[int] | list[str]
+    # A list of one text or of one id list: lm-eval's batch of one.
+    prompt: str | list[int] | list[str] | list[list[int]]
+    max_tokens: int | None = Field(default=None, ge=0, le=INT32_MAX)  # 0: echo, prompt scored
     echo: bool | None = None
-    logprobs: int | None = None
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     suffix: str | None = None
 
     def check_supported(self) -> None:
         super().check_supported()
         prompt = self.prompt
-        if isinstance(prompt, list) and prompt and isinstance(prompt[0], str) and len(prompt) > 1:
+        batch = isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list)
+        if batch and len(prompt) > 1:
             raise RequestError(
                 f"one prompt per request is supported (got a list of {len(prompt)}): "
                 "send each prompt in a request of its own",
                 "prompt",
             )
+        if self.echo and self.stream:
+            raise RequestError("echo is not supported with stream=true", "echo")
+        if self.max_tokens == 0 and not self.echo:
+            raise RequestError("max_tokens=0 needs echo=true (the prompt scored)", "max_tokens")
+
+    def shown(self) -> Shown:
+        return Shown(self.logprobs, bool(self.echo), self.max_tokens != 0)
+
+    def limit(self) -> int | None:
+        """max_tokens; 0 runs one token (the last prompt position's logits), not shown."""
+        return 1 if self.max_tokens == 0 else self.max_tokens
 
     def prompt_text(self) -> str | list[int]:
         """The prompt as text, or as token ids where the client sent ids."""
         prompt = self.prompt
-        if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
             return prompt[0]
         return cast("str | list[int]", prompt)  # a text, or the ids a client sent
 
@@ -177,9 +198,17 @@ class ChatBody(GenerationBody):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = bounded("max_completion_tokens")
     logprobs: bool | None = None
-    top_logprobs: int | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     tools: list[dict[str, Any]] | None = None
     response_format: dict[str, Any] | None = None
+
+    def check_supported(self) -> None:
+        super().check_supported()
+        if self.top_logprobs is not None and not self.logprobs:
+            raise RequestError("top_logprobs needs logprobs=true", "top_logprobs")
+
+    def shown(self) -> Shown:
+        return Shown(self.top_logprobs or 0) if self.logprobs else Shown()
 
     def limit(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
@@ -204,6 +233,14 @@ def check_stop(stop: list[str]) -> None:
 
 def parse(body_type: type[GenerationBody], raw: bytes) -> GenerationBody:
     """The body validated, or a RequestError naming the first bad field."""
+    body = parse_body(body_type, raw)
+    body.check_supported()
+    return body
+
+
+def parse_body(body_type: type[B], raw: bytes) -> B:
+    """Any strict body validated (the tokenizer routes' too), or a RequestError naming
+    the first bad field."""
     try:
         body = body_type.model_validate_json(raw)
     except ValidationError as err:
@@ -217,7 +254,6 @@ def parse(body_type: type[GenerationBody], raw: bytes) -> GenerationBody:
         if first["type"] == "model_type" and not where:
             raise RequestError("the body must be a JSON object", "body") from None
         raise RequestError(f"{where or 'body'}: {first['msg']}", param) from None
-    body.check_supported()
     return body
 
 
@@ -234,6 +270,7 @@ def to_request(
     max_model_len."""
     rid, index = ident
     top_k = body.top_k if body.top_k not in (-1,) else 0
+    shown = body.shown()
     return Request(
         id=rid,
         index=index,
@@ -244,6 +281,11 @@ def to_request(
         ignore_eos=body.ignore_eos,
         stop=body.stop_strings,
         sampling=SamplingParams(
-            temperature=body.temperature, top_k=top_k, top_p=body.top_p, seed=body.seed
+            temperature=body.temperature,
+            top_k=top_k,
+            top_p=body.top_p,
+            seed=body.seed,
+            logprobs=shown.logprobs,
+            prompt_logprobs=shown.logprobs if shown.echo else None,
         ),
     )

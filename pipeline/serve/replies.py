@@ -10,6 +10,7 @@ from typing import Any
 import orjson
 
 from pipeline.artefacts import output_text
+from pipeline.serve.logprobs import Shown, whole_logprobs
 from stages.interfaces import Tokenizer
 from stages.request import Request
 
@@ -60,8 +61,10 @@ def usage_counts(prompt: int, output: int) -> dict[str, int]:
     return {"prompt_tokens": prompt, "completion_tokens": output, "total_tokens": prompt + output}
 
 
-def usage(request: Request) -> dict[str, Any]:
-    counts = usage_counts(request.num_prompt_tokens, len(request.output_ids))
+def usage(request: Request, shown: Shown | None = None) -> dict[str, Any]:
+    """`shown`: with `max_tokens: 0` the token run to score the prompt is not an output."""
+    output = len(request.output_ids) if shown is None or shown.output else 0
+    counts = usage_counts(request.num_prompt_tokens, output)
     return {**counts, "prompt_tokens_details": {"cached_tokens": request.cached_tokens}}
 
 
@@ -80,6 +83,7 @@ class Reply:
     index: int
     model: str
     created: int = field(default_factory=lambda: int(time.time()))
+    shown: Shown = field(default_factory=Shown)  # logprobs, echo
 
     @property
     def chat(self) -> bool:
@@ -93,19 +97,25 @@ class Reply:
         kind = f"{self.kind}.chunk" if streaming and self.chat else self.kind
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
 
-    def _choice(self, text: str | None, finish: str | None, streaming: bool) -> dict[str, Any]:
+    def _choice(
+        self, text: str | None, finish: str | None, streaming: bool, logprobs: Any = None
+    ) -> dict[str, Any]:
         if not self.chat:
-            return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+            return {"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish}
         if streaming:
             delta = {} if text is None else {"content": text}
-            return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            return {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
         message = {"role": "assistant", "content": text}
-        return {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
+        return {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish}
 
     def whole(self, request: Request, tokenizer: Tokenizer) -> dict[str, Any]:
-        text = output_text(request, tokenizer)
-        choice = self._choice(text, request.finish_reason, streaming=False)
-        return {**self._head(False), "choices": [choice], "usage": usage(request)}
+        shown = self.shown
+        text = output_text(request, tokenizer) if shown.output else ""
+        if shown.echo:
+            text = request.prompt + text
+        logprobs = whole_logprobs(request, tokenizer, shown, self.chat)
+        choice = self._choice(text, request.finish_reason, False, logprobs)
+        return {**self._head(False), "choices": [choice], "usage": usage(request, shown)}
 
     def _event(self, body: dict[str, Any]) -> bytes:
         return b"data: " + orjson.dumps(body) + b"\n\n"
@@ -126,9 +136,16 @@ class Reply:
                   "logprobs": None, "finish_reason": None}  # fmt: skip
         return self._event(self._chunk_body([choice], include_usage))
 
-    def chunk(self, text: str, include_usage: bool, counts: dict[str, Any] | None = None) -> bytes:
-        """A delta of text; `counts`: the usage so far (continuous_usage_stats)."""
-        choice = self._choice(text, None, streaming=True)
+    def chunk(
+        self,
+        text: str,
+        include_usage: bool,
+        counts: dict[str, Any] | None = None,
+        logprobs: Any = None,
+    ) -> bytes:
+        """A delta of text; `counts`: the usage so far (continuous_usage_stats); `logprobs`:
+        those of the tokens the step produced, where asked."""
+        choice = self._choice(text, None, True, logprobs)
         return self._event(self._chunk_body([choice], include_usage, counts))
 
     def closing_chunks(self, request: Request, include_usage: bool) -> bytes:
