@@ -18,14 +18,9 @@ vllm_gaudi/extension/bucketing/{linear,exponential}.py.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from stages.arithmetic import ceil_div
-
-if TYPE_CHECKING:
-    from stages.buckets import Axis
 
 
 @dataclass(frozen=True)
@@ -171,22 +166,6 @@ def fastdeploy_sizes(
             steps.block_step_decode,
             ceil_div(blocks_top, steps.block_step_decode) * steps.block_step_decode,
         ),
-    }
-
-
-def fastdeploy_axes(
-    axes: Mapping[str, Axis], given: Mapping[str, int], limits: ServerLimits
-) -> tuple[FastDeploySteps, dict[str, Axis]]:
-    """FastDeploy's steps from `given` (FastDeploySteps' fields) and each bucket axis as
-    FastDeploy pads it (the axes' steps kept: they round a miss's fallback)."""
-    from stages.buckets import Axis  # stages.buckets takes vllm-gaudi's ranges from here
-
-    steps = FastDeploySteps(**dict(given))
-    steps.check()
-    sizes = fastdeploy_sizes(steps, limits, axes["decode_blocks"].max)
-    return steps, {
-        name: Axis(min=v[0], step=axes[name].step, max=v[-1], explicit=tuple(v))
-        for name, v in sizes.items()
     }
 
 

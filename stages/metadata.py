@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from stages import engine_grids
-from stages.bucket_axes import AXES, resolve_axes
+from stages.bucket_axes import AXES, fastdeploy_axes, resolve_axes
 from stages.buckets import Axis, Bucketing, Buckets, warmup_counts, warmup_graphs
 from stages.forward_meta import (
     MASKED_SCORE,
@@ -102,7 +102,7 @@ class HPUMetadataBuilder:
             kv.block_size, self.max_tokens, max_num_seqs, model_len, kv.num_blocks,
             kv.prefix is not None, False,
         )  # fmt: skip
-        steps, axes = engine_grids.fastdeploy_axes(axes, given, limits)
+        steps, axes = fastdeploy_axes(axes, given, limits)
         self.fastdeploy = steps, limits
         return axes
 
