@@ -22,7 +22,8 @@ from omegaconf import DictConfig
 
 from pipeline import artefacts, logs  # noqa: F401  (logs configures structlog)
 from pipeline.checks import ConfigError
-from pipeline.plan.capacity import capacity_search, print_result
+from pipeline.plan.capacity import capacity_search
+from pipeline.plan.capacity_report import print_result
 from pipeline.plan.report import check_plan
 from pipeline.run_folder import RunStatus
 from pipeline.schema import register_schemas
