@@ -480,6 +480,11 @@ class PlanConf:
     device_hour_usd: float = 0.0  # one card's hour; needed for objective=cost
     max_warmup_s: float = 0.0  # rule out longer predicted warmups (a readiness probe); 0 = none
     model_id: str = ""  # what the deploy commands load; "" = the model's name
+    # The load the deployment must serve (pipeline/plan/target.py): requests/s (open loop;
+    # a trace's own rate as workload.time_scale scales it) or requests in flight (closed
+    # loop); 0 = none (configurations ranked per card, not sized).
+    target_rps: float = 0.0
+    target_concurrency: int = 0
 
 
 @dataclass

@@ -25,6 +25,7 @@ from pipeline.checks import ConfigError
 from pipeline.plan.capacity import capacity_search
 from pipeline.plan.capacity_report import print_result
 from pipeline.plan.report import check_plan
+from pipeline.plan.target import check_target, target_of
 from pipeline.run_folder import RunStatus
 from pipeline.schema import register_schemas
 
@@ -42,6 +43,9 @@ def main(cfg: DictConfig) -> None:
     try:
         check_plan(cfg)
         result = capacity_search(cfg, out_dir, max_warmup_s=cfg.plan.max_warmup_s)
+        if target_of(cfg):
+            result = check_target(cfg, out_dir, result)
+            artefacts.write_metrics(result, out_dir)
         print_result(result, out_dir)
     except Exception as err:  # one failed job must not stop the plan; the table shows it
         known = isinstance(err, ConfigError | artefacts.RunFolderError)

@@ -28,6 +28,7 @@ from pipeline.artefacts import RESOLVED_CONFIG
 from pipeline.checks import ConfigError
 from pipeline.deploy import deployment, tool_overrides, write_deploy
 from pipeline.run_folder import RunStatus
+from pipeline.plan.target import target_of
 from pipeline.slo import Slo
 from pipeline.summary import Job, find_jobs, split_override, swept_keys
 
@@ -293,6 +294,7 @@ def check_plan(cfg: DictConfig) -> None:
         raise ConfigError(str(err)) from err
     if not bounds:
         raise ConfigError("a plan needs an SLO: give slo.ttft_ms, slo.tpot_ms or slo.e2e_ms")
+    target_of(cfg)
 
 
 class PlanReport(Callback):

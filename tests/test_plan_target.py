@@ -1,0 +1,85 @@
+"""A plan's target load: replicas, cards and headroom by hand, the loop each target needs,
+and the check (one replica served at its share of the target, in full) against a plain run."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from pipeline.build import build_engine
+from pipeline.checks import ConfigError
+from pipeline.plan.capacity import capacity_search
+from pipeline.plan.target import check_load, check_target, sizing, target_of
+from pipeline.slo import Slo, slo_metrics
+from tests.helpers import make_config
+from tests.test_capacity import SMALL_DEPLOYMENT
+
+
+@pytest.mark.parametrize(
+    "target, capacity, tp, replicas, cards, headroom",
+    [
+        (20.0, 6.1, 1, 4, 4, 4 * 6.1 / 20 - 1),  # 3.28 -> 4
+        (20.0, 5.0, 2, 4, 8, 0.0),  # exactly 4: no fifth replica by rounding
+        (20.0, 25.0, 4, 1, 4, 0.25),  # one replica is enough
+        (12.0, 2.9, 1, 5, 5, 5 * 2.9 / 12 - 1),
+    ],
+)
+def test_sizing_by_hand(target, capacity, tp, replicas, cards, headroom):
+    size = sizing(target, capacity, tp)
+    assert (size.replicas, size.cards) == (replicas, cards)
+    assert size.headroom == pytest.approx(headroom)
+    more = sizing(target, capacity, tp, extra=1)
+    assert (more.replicas, more.cards) == (replicas + 1, (replicas + 1) * tp)
+
+
+def test_the_check_load_is_the_replicas_share_in_the_axis_unit():
+    rate = {"capacity_key": "workload.rate", "capacity": 6.0, "capacity_rps": 5.8}
+    assert check_load(rate, 20 / 4) == 5.0
+    # a trace: capacity 3x its own rate at 6 req/s, so its own rate is 2 req/s; 5 req/s is 2.5x
+    trace = {"capacity_key": "workload.time_scale", "capacity": 3.0, "capacity_rps": 6.0}
+    assert check_load(trace, 5.0) == pytest.approx(2.5)
+    closed = {"capacity_key": "workload.concurrency", "capacity": 7, "capacity_rps": 3.0}
+    assert check_load(closed, 20 / 3) == 7.0
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["plan.target_concurrency=8"], "set workload.concurrency"),
+        (["workload.concurrency=4", "plan.target_rps=5"], "drop workload.concurrency"),
+        (["plan.target_rps=5", "plan.target_concurrency=8"], "not both"),
+    ],
+)
+def test_a_target_must_fit_the_loop(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        target_of(make_config([*SMALL_DEPLOYMENT, *overrides]))
+
+
+def attainment_when_served(cfg, rate: float) -> float:
+    """A plain, complete run of one replica at `rate`: the independent check."""
+    cfg = cfg.copy()
+    cfg.workload.rate = rate
+    engine, requests = build_engine(cfg)
+    engine.warmup()
+    duration = engine.run(requests)
+    return slo_metrics(requests, duration, Slo.of(cfg.slo))["slo_attainment"]
+
+
+def test_one_replica_at_its_share_meets_the_slo(tmp_path):
+    cfg = make_config([*SMALL_DEPLOYMENT, "workload.rate=2", "plan.target_rps=7"])
+    result = capacity_search(cfg, tmp_path)
+    assert result["capacity_found"]
+    result = check_target(cfg, tmp_path, result)
+    target = result["target"]
+    replicas = math.ceil(7 / result["capacity"])
+    assert target["replicas"] in (replicas, replicas + 1)
+    assert target["replica_added"] == (target["replicas"] == replicas + 1)
+    assert target["cards"] == target["replicas"] * cfg.tp
+    assert target["headroom"] == pytest.approx(target["replicas"] * result["capacity"] / 7 - 1)
+    share = 7 / target["replicas"]
+    assert target["checks"][-1]["load"] == pytest.approx(share)
+    served = attainment_when_served(cfg, share)
+    assert served == pytest.approx(target["check_attainment"])
+    assert target["check_met"] == (served >= cfg.slo.attainment)
+    assert (tmp_path / target["checks"][-1]["folder"] / "metrics.json").is_file()
