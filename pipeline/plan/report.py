@@ -27,8 +27,8 @@ from omegaconf import DictConfig
 from pipeline.artefacts import RESOLVED_CONFIG
 from pipeline.checks import ConfigError
 from pipeline.deploy import deployment, tool_overrides, write_deploy
-from pipeline.run_folder import RunStatus
 from pipeline.plan.target import target_of
+from pipeline.run_folder import RunStatus
 from pipeline.slo import Slo
 from pipeline.summary import Job, find_jobs, split_override, swept_keys
 
