@@ -361,6 +361,10 @@ class HardwareConf:
     gemm_fill_s: float = 0.0  # one GEMM kernel's fixed time (thin GEMMs lose efficiency)
     interconnect_peer_gbs: float = 0.0  # all-to-all links: to one peer; 0 = a switch
     coefficients: dict[str, float] = field(default_factory=dict)  # fitted; empty = defaults
+    software: str = ""  # the software release the fitted figures describe
+    # relative prediction errors by method (offline, static, online): fit_median, fit_worst,
+    # held_out_median, held_out_worst (a split-half fit's held-out rows); plan bands read them
+    errors: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 @dataclass
@@ -476,9 +480,15 @@ class CapacityConf:
 class PlanConf:
     """`python -m pipeline.plan`: how the configurations are ranked (pipeline/plan/report.py)."""
 
-    objective: str = "goodput_per_card"  # or cost: per million output tokens
-    device_hour_usd: float = 0.0  # one card's hour; needed for objective=cost
-    max_warmup_s: float = 0.0  # rule out longer predicted warmups (a readiness probe); 0 = none
+    objective: str = "goodput_per_card"  # without a target; or cost: per million output tokens
+    # USD per card-hour by device (hardware.name), 0 = no price; conf/plan.yaml ships cited
+    # on-demand prices, plan.prices.gaudi3=2.0 sets or overrides one (+plan.prices.NAME=X
+    # for another profile). A device without one is not ranked by cost (the plan says so).
+    prices: dict[str, float] = field(
+        default_factory=lambda: {"h100": 0.0, "h200": 0.0, "gaudi2": 0.0, "gaudi3": 0.0}
+    )
+    # rule out longer predicted warmups: a readiness budget (an hour); 0 = none
+    max_warmup_s: float = 3600.0
     model_id: str = ""  # what the deploy commands load; "" = the model's name
     # The load the deployment must serve (pipeline/plan/target.py): requests/s (open loop;
     # a trace's own rate as workload.time_scale scales it) or requests in flight (closed

@@ -53,9 +53,12 @@ class Deployment:
     # each bucket axis's prepared sizes (prefill: batch, seq, blocks; decode: batch, blocks)
     buckets: dict[str, list[int]]
     scheduler: str  # the scheduler's class name
+    replicas: int = 1  # copies to start behind a load balancer (a plan's target)
 
 
-def deployment(config: Mapping[str, Any], num_blocks: int, model: str = "") -> Deployment:
+def deployment(
+    config: Mapping[str, Any], num_blocks: int, model: str = "", replicas: int = 1
+) -> Deployment:
     """The deployment a resolved config describes; num_blocks is the KV pool the run had
     (decode buckets are bounded by it)."""
     from stages.bucket_axes import resolve_axes  # the bucket sets exactly as the run built them
@@ -87,6 +90,7 @@ def deployment(config: Mapping[str, Any], num_blocks: int, model: str = "") -> D
         bucketing=strategy,
         buckets={name: axis.sizes(strategy) for name, axis in axes.items()},
         scheduler=scheduler,
+        replicas=replicas,
     )
 
 

@@ -73,6 +73,12 @@ class HardwareProfile:
     # tp - 1 peers' links. 0: a switch (NVLink) gives interconnect_gbs whatever tp.
     interconnect_peer_gbs: float
     coefficients: Mapping[str, float]  # fitted; empty = 1.0
+    # The software release whose measurements the fitted figures describe (a device's
+    # figures move between releases), and the relative errors of the profile's predictions
+    # by measurement method (offline, static, online): fit_median, fit_worst on the rows
+    # fitted, held_out_median, held_out_worst on the rows a split-half fit held out.
+    software: str = ""
+    errors: Mapping[str, Mapping[str, float]] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         """Every field checked for its type and range, whichever file it came from: a NaN
@@ -168,6 +174,7 @@ def kv_pool_blocks(
 
 
 _FIELDS = {f.name for f in dataclasses.fields(HardwareProfile)}
+_DEFAULTED = {"software", "errors"}  # older profile files lack them
 
 
 def read_profile(path: str | Path, optional: Mapping[str, Any] | None = None) -> HardwareProfile:
@@ -188,7 +195,7 @@ def read_profile(path: str | Path, optional: Mapping[str, Any] | None = None) ->
     unknown = sorted(str(k) for k in set(data) - _FIELDS)
     if unknown:
         raise ValueError(f"{what}: unknown fields {', '.join(unknown)}")
-    missing = sorted(_FIELDS - set(data) - set(optional))
+    missing = sorted(_FIELDS - set(data) - set(optional) - _DEFAULTED)
     if missing:
         raise ValueError(
             f"{what}: no {', '.join(missing)}: add them (write_profile writes every field)"
