@@ -54,6 +54,8 @@ class Deployment:
     buckets: dict[str, list[int]]
     scheduler: str  # the scheduler's class name
     replicas: int = 1  # copies to start behind a load balancer (a plan's target)
+    gpu: bool = False  # a device that computes real tokens (no buckets): the GPU engines
+    memory_fraction: float = 0.9  # of a card's memory the server may take
 
 
 def deployment(
@@ -91,7 +93,19 @@ def deployment(
         buckets={name: axis.sizes(strategy) for name, axis in axes.items()},
         scheduler=scheduler,
         replicas=replicas,
+        **_device(config.get("hardware")),
     )
+
+
+def _device(hardware: Any) -> dict[str, Any]:
+    """A GPU (a profile that does not pad to buckets) and the memory its server may take:
+    what the simulated device keeps free (kv_headroom) is what the server leaves."""
+    if not isinstance(hardware, Mapping):
+        return {}
+    return {
+        "gpu": not bool(hardware.get("pads_to_buckets", True)),
+        "memory_fraction": round(1.0 - float(hardware.get("kv_headroom", 0.1)), 4),
+    }
 
 
 def _lines(parts: Sequence[str]) -> str:
@@ -236,19 +250,25 @@ def tool_overrides(overrides: Sequence[str], config: Mapping[str, Any]) -> list[
 
 
 def write_deploy(d: Deployment, overrides: Sequence[str], out: Path) -> list[Path]:
-    """Writes the three deploy files (and the bucket file the vLLM script reads)."""
+    """Writes the deploy files for the device: on a GPU the GPU engines' scripts
+    (pipeline/deploy/gpu.py), on Gaudi FastDeploy's and vllm-gaudi's (and the bucket file
+    the vLLM script reads); this tool's overrides in either case."""
     out.mkdir(parents=True, exist_ok=True)
+    (out / OVERRIDES).write_text("".join(f"{o}\n" for o in overrides), encoding="utf-8")
+    if d.gpu:
+        from pipeline.deploy.gpu import write_gpu_deploy
+
+        return [*write_gpu_deploy(d, out), out / OVERRIDES]
     files = {
         FASTDEPLOY: fastdeploy_script(d),
         VLLM: vllm_script(d),
         VLLM_BUCKETS: vllm_buckets_file(d),
-        OVERRIDES: "".join(f"{o}\n" for o in overrides),  # python -m pipeline $(cat ...)
     }
     for name, text in files.items():
         (out / name).write_text(text, encoding="utf-8")
         if name.endswith(".sh"):
             (out / name).chmod(0o755)
-    return [out / name for name in files]
+    return [out / name for name in files] + [out / OVERRIDES]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
