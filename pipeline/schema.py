@@ -44,13 +44,34 @@ class GgufTokenizerConf:
     add_bos: Any = None  # null = the file's tokenizer.ggml.add_bos_token
 
 
+# The execution model a device implies, where the config does not say: a device that pads
+# to buckets (an HPU) warms a bucket grid and charges a prefill row its padded width; one that
+# computes the real tokens (a GPU, hardware.pads_to_buckets=false) captures CUDA graphs at
+# vLLM's sizes (stages/cudagraph.py) and charges real tokens. Without a device: the former.
+DEVICE_DEFAULTS = {
+    "bucketing": (Bucketing.linear.value, Bucketing.cudagraph.value),
+    "budget": (Budget.padded.value, Budget.real.value),
+}
+
+
+def device_default(key: str, pads: Any) -> str:
+    """The default of `key` (bucketing, budget) for a device that pads or does not."""
+    padding, real = DEVICE_DEFAULTS[key]
+    return real if pads is False or str(pads).lower() == "false" else padding
+
+
+def _by_device(key: str) -> Any:
+    return II(f"device_default:{key},${{oc.select:hardware.pads_to_buckets,true}}")
+
+
 @dataclass
 class SchedulerConf:
     _target_: str = MISSING
     max_tokens: int = II("max_tokens")
     max_num_seqs: int = II("max_num_seqs")
     max_model_len: int = II("max_model_len")
-    budget: Budget = Budget.padded  # padded: a prefill row costs its padded width; real: tokens
+    # padded: a prefill row costs its padded width; real: tokens; default: the device's
+    budget: Budget = _by_device("budget")
     max_padding: float = 0.25  # a row joins a step's prefill rectangle only below this padding
     # admit a request only when the KV pool holds it to its end beside what the running
     # requests will still take: no preemption (TensorRT-LLM's GUARANTEED_NO_EVICT)
@@ -100,7 +121,8 @@ class HPUMetadataConf:
     max_tokens: int = II("max_tokens")
     max_num_seqs: int = II("max_num_seqs")
     max_model_len: int = II("max_model_len")
-    bucketing: Bucketing = Bucketing.linear
+    # linear, exponential, or cudagraph (a GPU's); default: the device's (DEVICE_DEFAULTS)
+    bucketing: Bucketing = _by_device("bucketing")
     prefill_batch: BucketAxisConf = _axis(min=1, step=1)
     prefill_seq: BucketAxisConf = _axis()  # tokens, multiples of block_size
     prefill_blocks: BucketAxisConf = _axis(min=1, step=2)  # context + chunk blocks per row
@@ -584,6 +606,8 @@ def model_option(node: DictConfig) -> ModelOption:
 
 
 def register_schemas() -> None:
+    if not OmegaConf.has_resolver("device_default"):
+        OmegaConf.register_new_resolver("device_default", device_default)
     store = ConfigStore.instance()
     store.store(name="pipeline_schema", node=PipelineConf)
     for (group, name), node in SCHEMAS.items():

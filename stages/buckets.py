@@ -20,6 +20,7 @@ class Bucketing(enum.StrEnum):
 
     linear = "linear"  # min, then every step up to max
     exponential = "exponential"  # min, doubling, then max
+    cudagraph = "cudagraph"  # a GPU's: decode batches at CUDA-graph sizes (stages/cudagraph.py)
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ import numpy as np
 
 from stages.bucket_axes import AXES, resolve_axes
 from stages.buckets import Bucketing, Buckets, warmup_counts, warmup_graphs
+from stages.cudagraph import cudagraph_axes, cudagraph_warmup
 from stages.forward_meta import MASKED_SCORE, DecodeMeta, ForwardMeta, PrefillMeta
 from stages.host_tensor import host_tensor
 from stages.kv_cache import KVCacheManager, blocks_for
@@ -76,6 +77,8 @@ class HPUMetadataBuilder:
         self.decode_span = 0.0 if shapes_only else decode_span
         self.shapes_only = shapes_only
         self.packed = packed
+        if Bucketing(bucketing) is Bucketing.cudagraph:
+            axes = cudagraph_axes(axes, max_num_seqs)
         self.buckets = Buckets(bucketing, axes)
         self.prefill_part = PrefillPartBuilder(kv_cache, pad_id)
 
@@ -310,12 +313,17 @@ class HPUMetadataBuilder:
     # -- warmup ------------------------------------------------------------------------------
     def warmup_counts(self, mixed: bool, padded_budget: bool = True) -> dict[str, int]:
         """The graphs each phase of warmup_shapes compiles, counted without listing them."""
+        if self.buckets.strategy is Bucketing.cudagraph:
+            return {phase: len(s) for phase, s in cudagraph_warmup(self._sizes()).items()}
         return warmup_counts(self._sizes(), self.block_size, self.max_tokens, mixed, padded_budget)
 
     def warmup_shapes(self, mixed: bool, padded_budget: bool = True) -> dict[str, list[tuple]]:
         """Every prefill and decode bucket some step can pad to (padded_budget: the
         scheduler's budget bounds rows x padded width); with chunking, a coarse mixed grid
-        too (one prefill row, the widest block tables), as FastDeploy warms it."""
+        too (one prefill row, the widest block tables), as FastDeploy warms it. Under the
+        GPU model (cudagraph): one profiling prefill and the decode capture sizes."""
+        if self.buckets.strategy is Bucketing.cudagraph:
+            return cudagraph_warmup(self._sizes())
         return warmup_graphs(self._sizes(), self.block_size, self.max_tokens, mixed, padded_budget)
 
     def _sizes(self) -> dict[str, list[int]]:
