@@ -54,14 +54,18 @@ DEVICE_DEFAULTS = {
 }
 
 
-def device_default(key: str, pads: Any) -> str:
-    """The default of `key` (bucketing, budget) for a device that pads or does not."""
+def device_default(key: str, pads: Any, padding_choice: str = "") -> str:
+    """The default of `key` (bucketing, budget) for a device that pads or does not; a
+    padding device takes `padding_choice` where one is given (plan.hpu_bucketing)."""
     padding, real = DEVICE_DEFAULTS[key]
-    return real if pads is False or str(pads).lower() == "false" else padding
+    if pads is False or str(pads).lower() == "false":
+        return real
+    return padding_choice or padding
 
 
-def _by_device(key: str) -> Any:
-    return II(f"device_default:{key},${{oc.select:hardware.pads_to_buckets,true}}")
+def _by_device(key: str, padding_choice: str = "") -> Any:
+    pads = "${oc.select:hardware.pads_to_buckets,true}"
+    return II(f"device_default:{key},{pads}" + (f",{padding_choice}" if padding_choice else ""))
 
 
 @dataclass
@@ -122,7 +126,7 @@ class HPUMetadataConf:
     max_num_seqs: int = II("max_num_seqs")
     max_model_len: int = II("max_model_len")
     # linear, exponential, or cudagraph (a GPU's); default: the device's (DEVICE_DEFAULTS)
-    bucketing: Bucketing = _by_device("bucketing")
+    bucketing: Bucketing = _by_device("bucketing", "${oc.select:plan.hpu_bucketing,linear}")
     prefill_batch: BucketAxisConf = _axis(min=1, step=1)
     prefill_seq: BucketAxisConf = _axis()  # tokens, multiples of block_size
     prefill_blocks: BucketAxisConf = _axis(min=1, step=2)  # context + chunk blocks per row
@@ -512,6 +516,9 @@ class PlanConf:
     # rule out longer predicted warmups: a readiness budget (an hour); 0 = none
     max_warmup_s: float = 3600.0
     model_id: str = ""  # what the deploy commands load; "" = the model's name
+    # metadata.bucketing on a device that pads to buckets (Gaudi), where not given; a GPU
+    # takes cudagraph. conf/plan.yaml: exponential, whose warmups fit plan.max_warmup_s.
+    hpu_bucketing: str = "linear"
     # The load the deployment must serve (pipeline/plan/target.py): requests/s (open loop;
     # a trace's own rate as workload.time_scale scales it) or requests in flight (closed
     # loop); 0 = none (configurations ranked per card, not sized).

@@ -54,3 +54,29 @@ def test_gaudi_keeps_its_bucket_grid():
     engine, _ = build_engine(make_config([*DEVICE, "hardware=gaudi3"]))
     counts = engine.warmup_counts()
     assert set(counts) >= {"prefill", "decode"} and sum(counts.values()) > 1000
+
+
+def plan_config(overrides: list[str]):
+    """The plan's composed config (conf/plan.yaml), as a plan job has it."""
+    from hydra import compose, initialize_config_module
+
+    from pipeline.compose import schemas_registered
+
+    schemas_registered()
+    with initialize_config_module(config_module="pipeline.conf", version_base="1.3"):
+        return compose(config_name="plan", overrides=overrides)
+
+
+def test_a_plan_keeps_gaudi_warmups_within_the_readiness_budget():
+    gaudi = plan_config(["model=spec/llama31_8b", "hardware=gaudi3", "max_num_seqs=64",
+                         "max_tokens=2048", "max_model_len=4096"])  # fmt: skip
+    assert gaudi.plan.max_warmup_s == 3600
+    assert gaudi.metadata.bucketing == "exponential"
+    engine, _ = build_engine(gaudi)
+    graphs = sum(engine.warmup_counts().values())
+    assert graphs * engine.model.hardware.compile_s <= 3600
+    gpu = plan_config(["model=spec/llama31_8b", "hardware=h100"])
+    assert gpu.metadata.bucketing == "cudagraph"
+    assert plan_config(["hardware=gaudi3", "plan.hpu_bucketing=linear"]).metadata.bucketing == (
+        "linear"
+    )

@@ -95,5 +95,8 @@ def test_the_table_carries_bands_and_a_deploy_folder_per_device(devices):
     assert "10 (8-12)" in text and "+-8%" in text
     best = json.loads((devices / "best.json").read_text())
     assert set(best["per_device"]) == {"h100", "gaudi3"}
+    gaudi = best["per_device"]["gaudi3"]
+    assert gaudi["bands"]["usd_per_hour"] == [8.0, 12.0]
+    assert gaudi["bands"]["capacity_rps"] == pytest.approx([4.2 * 0.8, 4.2 * 1.2])
     assert (devices / "deploy" / "gaudi3" / "vllm-gaudi.sh").is_file()
     assert (devices / "deploy" / "h100").is_dir()

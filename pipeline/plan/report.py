@@ -22,7 +22,7 @@ from omegaconf import DictConfig
 from pipeline.checks import ConfigError
 from pipeline.deploy import deployment, tool_overrides, write_deploy
 from pipeline.plan.candidates import Candidate, Objective, Ranking, rank, read_candidates
-from pipeline.plan.table import PARETO_PNG, PLAN_MD, row, write_pareto, write_table
+from pipeline.plan.table import PARETO_PNG, PLAN_MD, band_ends, row, write_pareto, write_table
 from pipeline.plan.target import target_of
 from pipeline.slo import Slo
 from pipeline.summary import find_jobs, swept_keys
@@ -73,8 +73,15 @@ def _deploy(
     overrides = tool_overrides(c.job.overrides, c.config)
     d = deployment(c.config, num_blocks, model, replicas=c.replicas)
     written = write_deploy(d, overrides, out)
-    return {"job": c.job.num, "overrides": c.job.overrides, "row": row(c, keys, prices),
-            "deploy": [str(p) for p in written]}  # fmt: skip
+    return {**_best(c, keys, prices), "deploy": [str(p) for p in written]}
+
+
+def _best(c: Candidate, keys: Sequence[str], prices: Mapping[str, float]) -> dict[str, Any]:
+    """best.json's account of one configuration: its row and each predicted figure's band."""
+    figures = row(c, keys, prices)
+    bands = {k: list(ends) for k, ends in band_ends(c, figures, prices).items()}
+    return {"job": c.job.num, "device": c.device, "overrides": c.job.overrides, "row": figures,
+            "bands": bands, "band": c.band.describe(), "software": c.band.software}  # fmt: skip
 
 
 def build_plan_report(
@@ -106,10 +113,8 @@ def build_plan_report(
         best = mine.order[0]
         per_device[device] = _deploy(best, keys, prices, model, plan_dir / "deploy" / device)
         per_device[device]["tie"] = mine.note
-    document = {"job": chosen.job.num, "device": chosen.device, "overrides": chosen.job.overrides,
-                "row": row(chosen, keys, prices, 1), "by": ranking.by, "note": ranking.note,
+    document = {**_best(chosen, keys, prices), "by": ranking.by, "note": ranking.note,
                 "tied": [c.job.num for c in ranking.tied], "objective": objective,
-                "bands": {c.device: c.band.relative for c in cands},
                 "per_device": per_device}  # fmt: skip
     (plan_dir / BEST_JSON).write_text(json.dumps(document, indent=2) + "\n")
     return _printed(table, ranking, chosen, per_device, plan_dir)
