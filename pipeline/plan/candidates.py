@@ -197,16 +197,33 @@ def rank(
     order = sorted(eligible, key=lambda c: _sort_key(c, by, prices))
     tied = _tied(order, by, prices, tolerance)
     if len(tied) > 1:
-        chosen = min(tied, key=lambda c: (c.cards, c.warmup_s, c.metric("num_blocks") or 0))
+        chosen = min(tied, key=_tie_key)
         order.remove(chosen)
         order.insert(0, chosen)
         jobs = ", ".join(str(c.job.num) for c in tied)
         note += (
-            f"jobs {jobs} are tied on {by} (within each other's band or the search tolerance): "
-            f"job {chosen.job.num} chosen by fewer cards, then shorter warmup, then fewer KV "
-            "blocks."
+            f"jobs {jobs} are tied on {by} (within each other's band or the search tolerance); "
+            "a tie goes to fewer cards, then shorter warmup, then fewer KV blocks: "
+            f"job {chosen.job.num} chosen ({_decided_by(chosen, tied)})."
         )
     return Ranking(order, by, tied, note.strip())
+
+
+def _tie_key(c: Candidate) -> tuple[float, float, float]:
+    return (c.cards, c.warmup_s, c.metric("num_blocks") or 0)
+
+
+def _decided_by(chosen: Candidate, tied: Sequence[Candidate]) -> str:
+    """Which of the tie's criteria put `chosen` first, against the runner-up."""
+    others = sorted((c for c in tied if c is not chosen), key=_tie_key)
+    if not others:
+        return "alone"
+    other = others[0]
+    names = ("cards", "warmup s", "KV blocks")
+    for name, mine, theirs in zip(names, _tie_key(chosen), _tie_key(other), strict=True):
+        if mine != theirs:
+            return f"{name} {mine:,.0f} against job {other.job.num}'s {theirs:,.0f}"
+    return f"equal to job {other.job.num} on all three: the first ranked kept"
 
 
 def _sort_key(c: Candidate, by: str, prices: Mapping[str, float]) -> tuple[float, ...]:
