@@ -107,6 +107,9 @@ def test_no_hpu_variable_and_the_replicas_said(tmp_path, name):
 def test_a_gaudi_plan_keeps_its_own_scripts(tmp_path):
     cfg = make_config([*BASE[:1], "hardware=gaudi3", *BASE[2:]])
     config = yaml.safe_load(OmegaConf.to_yaml(cfg, resolve=True))
-    written = write_deploy(deployment(config, 1000, "org/m"), [], tmp_path)
+    written = write_deploy(deployment(config, 1000, "org/m", replicas=5), [], tmp_path)
     assert sorted(p.name for p in written) == [
         "fastdeploy-hpu.sh", "overrides.txt", "vllm-buckets.txt", "vllm-gaudi.sh"]  # fmt: skip
+    for name in ("fastdeploy-hpu.sh", "vllm-gaudi.sh"):
+        lines = (tmp_path / name).read_text().splitlines()
+        assert lines[0] == "#!/usr/bin/env bash" and "replicas: 5. Start 5 copies" in lines[1]

@@ -265,10 +265,21 @@ def write_deploy(d: Deployment, overrides: Sequence[str], out: Path) -> list[Pat
         VLLM_BUCKETS: vllm_buckets_file(d),
     }
     for name, text in files.items():
+        if name.endswith(".sh"):  # after the shebang: how many copies to start
+            head, _, rest = text.partition("\n")
+            text = f"{head}\n{replicas_line(d, 'HPU_VISIBLE_DEVICES')}\n{rest}"
         (out / name).write_text(text, encoding="utf-8")
         if name.endswith(".sh"):
             (out / name).chmod(0o755)
     return [out / name for name in files] + [out / OVERRIDES]
+
+
+def replicas_line(d: Deployment, devices_variable: str) -> str:
+    """The comment that says how many copies of a script to start (a plan's target)."""
+    return (
+        f"# replicas: {d.replicas}. Start {d.replicas} copies of this server, each on its own "
+        f"{d.tp} card(s) ({devices_variable}) and port, behind a round-robin balancer."
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

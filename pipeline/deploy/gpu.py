@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from pipeline.deploy import replicas_line
 from pipeline.deploy.flags import GPU_ENGINES, Engine, Flag, Kind
 
 if TYPE_CHECKING:
@@ -92,8 +93,7 @@ def _script(engine: Engine, d: Deployment, comments: Sequence[str], args: Sequen
     lines = [
         "#!/usr/bin/env bash",
         f"# {engine.name}: {d.model}, as planned by python -m pipeline.plan.",
-        f"# replicas: {d.replicas}. Start {d.replicas} copies of this server, each on its own "
-        f"{d.tp} card(s) (CUDA_VISIBLE_DEVICES) and port, behind a round-robin balancer.",
+        replicas_line(d, "CUDA_VISIBLE_DEVICES"),
         "# Flag names as read from: " + "; ".join(docs) + ".",
         "set -euo pipefail",
     ]
