@@ -4,7 +4,7 @@ its error, and the median and worst absolute error.
 
     python -m benchmarks.published [--file CSV] [--hardware h100,gaudi3] [--model llama31_8b]
 
-The default file is benchmarks/data/published-measurements.csv (56 rows: TensorRT-LLM's
+The default file is pipeline/calibrate/data/published-measurements.csv (56 rows: TensorRT-LLM's
 v1.0 performance overview on H100 and H200, Optimum Habana's SW 1.21 reference numbers on
 Gaudi 2 and 3; each row names its source). Offline rows queue every request at once with
 trtllm-bench's batch limits; static rows run `scheduler=static` at the row's batch

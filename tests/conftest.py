@@ -25,9 +25,9 @@ def reference_run():
 # tests that use them import them, so a worker that runs none of those never pays for them.
 @pytest.fixture(scope="session")
 def torch():
-    return pytest.importorskip("torch")
+    return pytest.importorskip("torch", reason="optional: the `peer` extra (PyTorch)")
 
 
 @pytest.fixture(scope="session")
 def transformers(torch):
-    return pytest.importorskip("transformers")
+    return pytest.importorskip("transformers", reason="optional: the `peer` extra (transformers)")

@@ -11,7 +11,7 @@ from benchmarks.peer import first_difference, sorted_batches
 from benchmarks.profile_steps import PhaseProfile, _module_timers, kind_of, report
 
 
-def test_sorted_batches_pad_each_batch_to_its_own_longest_prompt() -> None:
+def test_sorted_batches_pad_each_batch_to_its_own_longest_prompt(torch) -> None:
     prompts = [[1, 2, 3, 4], [5], [6, 7], [8, 9, 10]]
     batches = list(sorted_batches(prompts, 2, pad_id=0))
     # Length order: [5] (1), [6, 7] (2), then [8, 9, 10] (3), [1, 2, 3, 4] (4).
@@ -24,7 +24,7 @@ def test_sorted_batches_pad_each_batch_to_its_own_longest_prompt() -> None:
     assert mask.tolist() == [[0, 1, 1, 1], [1, 1, 1, 1]]
 
 
-def test_sorted_batches_cover_every_prompt_once() -> None:
+def test_sorted_batches_cover_every_prompt_once(torch) -> None:
     prompts = [[i] * (1 + (7 * i) % 5) for i in range(11)]
     groups = [group for _, _, group in sorted_batches(prompts, 4, pad_id=0)]
     assert sorted(i for group in groups for i in group) == list(range(11))

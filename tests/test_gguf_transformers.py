@@ -19,7 +19,7 @@ from tests.gguf_files import T, hf_weights, model_config, train_vocab, write_mod
 
 @pytest.mark.slow
 def test_greedy_tokens_equal_transformers_gguf_loading(tmp_path, torch, transformers):
-    pytest.importorskip("accelerate")
+    pytest.importorskip("accelerate", reason="optional: the `peer` extra (accelerate)")
     vocab = train_vocab()
     config = model_config("LlamaForCausalLM", vocab.get_vocab_size(), tied=False)
     rng = np.random.default_rng(0)

@@ -26,13 +26,14 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from importlib import resources
 from pathlib import Path
 
 import numpy as np
 import yaml
 
 from pipeline.build import build
-from pipeline.calibrate.published import REPO, PublishedRow, median, read_rows
+from pipeline.calibrate.published import DATA_DIR, PublishedRow, median, read_rows
 from pipeline.calibrate.recorded import Recorded, record
 from pipeline.compose import compose_config
 from stages.simulator.hardware import HardwareProfile
@@ -52,8 +53,8 @@ LINK_KEYS = ("allreduce_latency_s", "interconnect_efficiency")  # told only by t
 # are both GH100) behind each its own memory.
 OWN_KEYS = ("memory_efficiency",)
 PULL = 1e-3  # weight of the squared log distance from the starting values
-CONF = REPO / "conf" / "hardware"
-START = REPO / "benchmarks" / "data" / "published-fit-start.yaml"
+CONF = Path(str(resources.files("pipeline.conf") / "hardware"))  # installed or a checkout
+START = DATA_DIR / "published-fit-start.yaml"
 Profiles = dict[str, HardwareProfile]
 
 
@@ -291,7 +292,7 @@ def devices_and_overrides(overrides: Sequence[str]) -> tuple[list[str], list[str
 
 
 def starting_figures(path: str | Path) -> dict[str, dict[str, float]]:
-    """The start file's figures per device (benchmarks/data/published-fit-start.yaml)."""
+    """The start file's figures per device (pipeline/calibrate/data/published-fit-start.yaml)."""
     data = yaml.safe_load(Path(path).read_text()) if Path(path).is_file() else None
     if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
         raise ValueError(f"--start {path}: not a mapping of devices to fitted figures")

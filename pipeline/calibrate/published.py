@@ -1,6 +1,6 @@
 """Published throughput figures, each simulated the way it was measured.
 
-A row of a published-measurements CSV (benchmarks/data/published-measurements.csv holds
+A row of a published-measurements CSV (pipeline/calibrate/data/published-measurements.csv holds
 56, with their sources) names a device, a model preset, tensor parallelism, precision,
 fixed prompt and output lengths and a method:
 
@@ -48,9 +48,11 @@ from stages.simulator.hardware import HardwareProfile, kv_pool_blocks
 from stages.simulator.precision import KvCacheDtype, Precision, Quantization
 from stages.simulator.step_work import StepAmounts
 
-# The source checkout: the published figures, shipped profiles and fit start live beside the code.
+# The source checkout (or the installed packages): the recorded-fit digest reads the code.
 REPO = Path(__file__).resolve().parents[2]
-DATA = REPO / "benchmarks" / "data" / "published-measurements.csv"
+# The published figures and the fit's start ship inside the package (package data).
+DATA_DIR = Path(__file__).resolve().parent / "data"
+DATA = DATA_DIR / "published-measurements.csv"
 INT_FIELDS = ("tp", "input_tokens", "output_tokens", "num_requests")
 # trtllm-bench's caps on the batch and on a step's tokens.
 MAX_BATCH, MAX_STEP_TOKENS = 4096, 32768
