@@ -285,8 +285,9 @@ def replicas_line(d: Deployment, devices_variable: str) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m pipeline.deploy",
-        description="Write deploy/{fastdeploy-hpu.sh,vllm-gaudi.sh,overrides.txt} for one run "
-        "or plan job folder. Example: python -m pipeline.deploy outputs/plan/X/3",
+        description="Write the launch scripts for one run or plan job folder: on a GPU "
+        "vllm-cuda.sh, sglang.sh, trtllm.sh, fastdeploy-gpu.sh; on Gaudi fastdeploy-hpu.sh, "
+        "vllm-gaudi.sh; overrides.txt. Example: python -m pipeline.deploy outputs/plan/X/3",
     )
     parser.add_argument("run_dir", type=Path, help="a run or plan job folder")
     parser.add_argument("--out", type=Path, help="where to write (default RUN_DIR/deploy)")

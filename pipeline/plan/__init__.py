@@ -1,12 +1,14 @@
-"""`python -m pipeline.plan`: which settings meet the SLO at the highest load per card.
+"""`python -m pipeline.plan`: devices, replicas, cards, $/hour and launch commands for a load.
 
 Every job of the sweep (Hydra's grammar and launchers: `hydra/launcher=joblib` runs them in
-parallel) runs a capacity search (pipeline/plan/capacity.py) on the simulated device; once all
-have finished, the plan folder gets plan.md / plan.csv, pareto.png, best.json and
-deploy/{fastdeploy-hpu.sh,vllm-gaudi.sh,overrides.txt} (pipeline/plan/report.py).
+parallel) runs a capacity search (pipeline/plan/capacity.py) on the simulated device and, with
+`plan.target_rps` or `plan.target_concurrency`, sizes and checks the configuration for it
+(pipeline/plan/target.py); once all have finished, the plan folder gets plan.md / plan.csv,
+pareto.png, best.json and deploy/DEVICE/ for each device's best (pipeline/plan/report.py).
+The user's guide: docs/planner.md.
 
-    python -m pipeline.plan model=spec/ernie45_21b_a3b hardware=gaudi2 workload=trace \\
-        workload.path=FILE slo.ttft_ms=2000 slo.tpot_ms=50 max_tokens=2048,4096 \\
+    python -m pipeline.plan model=spec/llama31_8b hardware=h100,gaudi3 plan.target_rps=20 \\
+        plan.prices.gaudi3=2.0 slo.ttft_ms=1000 slo.tpot_ms=50 max_tokens=2048,4096 \\
         hydra/launcher=joblib
 """
 
