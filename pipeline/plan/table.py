@@ -167,7 +167,7 @@ def write_pareto(cands: Sequence[Candidate], chosen: Candidate | None, path: Pat
             ax.annotate(str(c.job.num), (c.tokens_per_user, c.tokens_per_card), fontsize=7)
     front = pareto_front(cands)
     ax.plot([c.tokens_per_user for c in front], [c.tokens_per_card for c in front], "-",
-            color="tab:blue", label="Pareto front")  # fmt: skip
+            color="black", label="Pareto front")  # fmt: skip
     if chosen is not None and chosen.tokens_per_user is not None:
         ax.scatter([chosen.tokens_per_user], [chosen.tokens_per_card], s=160, marker="*",
                    color="tab:red", label=f"best (job {chosen.job.num})", zorder=3)  # fmt: skip
