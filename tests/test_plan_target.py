@@ -83,3 +83,36 @@ def test_one_replica_at_its_share_meets_the_slo(tmp_path):
     assert served == pytest.approx(target["check_attainment"])
     assert target["check_met"] == (served >= cfg.slo.attainment)
     assert (tmp_path / target["checks"][-1]["folder"] / "metrics.json").is_file()
+
+
+@pytest.mark.slow
+def test_a_plan_across_devices_sizes_each_and_writes_each_devices_commands(tmp_path):
+    import csv
+    import json
+
+    from tests.helpers import run_cli
+
+    sweep = tmp_path / "plan"
+    done = run_cli(
+        tmp_path, "pipeline.plan", "model=spec/llama31_8b", "hardware=h100,gaudi3",
+        "plan.target_rps=6", "plan.prices.h100=3.0", "plan.prices.gaudi3=2.0",
+        "max_model_len=1024", "max_num_seqs=16", "max_tokens=512",
+        "workload.num_requests=40", "workload.max_prompt_tokens=600", "workload.rate=2",
+        "workload.max_new_tokens=40", "slo.ttft_ms=1000", "slo.tpot_ms=50",
+        "capacity.max_probes=6", "capacity.tolerance=0.2",
+        f"hydra.sweep.dir={sweep}", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = {r["device"]: r for r in csv.DictReader(open(sweep / "plan.csv"))}
+    assert set(rows) == {"h100", "gaudi3"}
+    for device, price in (("h100", 3.0), ("gaudi3", 2.0)):
+        r = rows[device]
+        capacity, replicas = float(r["capacity"]), int(r["replicas"])
+        assert replicas in (math.ceil(6 / capacity), math.ceil(6 / capacity) + 1)
+        assert float(r["usd_per_hour"]) == replicas * int(r["tp"]) * price
+        assert float(r["check_attainment"]) >= 0.9
+    assert float(rows["gaudi3"]["warmup_s"]) <= 3600
+    assert sorted(p.name for p in (sweep / "deploy" / "h100").glob("*.sh")) == [
+        "fastdeploy-gpu.sh", "sglang.sh", "trtllm.sh", "vllm-cuda.sh"]  # fmt: skip
+    assert (sweep / "deploy" / "gaudi3" / "vllm-gaudi.sh").is_file()
+    assert set(json.loads((sweep / "best.json").read_text())["per_device"]) == {"h100", "gaudi3"}
