@@ -116,3 +116,15 @@ def test_a_plan_across_devices_sizes_each_and_writes_each_devices_commands(tmp_p
         "fastdeploy-gpu.sh", "sglang.sh", "trtllm.sh", "vllm-cuda.sh"]  # fmt: skip
     assert (sweep / "deploy" / "gaudi3" / "vllm-gaudi.sh").is_file()
     assert set(json.loads((sweep / "best.json").read_text())["per_device"]) == {"h100", "gaudi3"}
+
+
+def test_a_closed_loop_target_is_sized_in_requests_in_flight(tmp_path):
+    cfg = make_config([*SMALL_DEPLOYMENT, "workload.concurrency=2", "plan.target_concurrency=9"])
+    result = capacity_search(cfg, tmp_path)
+    assert result["capacity_found"]
+    target = check_target(cfg, tmp_path, result)["target"]
+    capacity = result["capacity"]  # requests in flight one replica holds within the SLO
+    assert target["unit"] == "concurrency"
+    assert target["replicas"] in (math.ceil(9 / capacity), math.ceil(9 / capacity) + 1)
+    # one replica holds its share of the 9 in flight, rounded up
+    assert target["checks"][-1]["load"] == math.ceil(9 / target["replicas"])
