@@ -128,3 +128,13 @@ def test_a_closed_loop_target_is_sized_in_requests_in_flight(tmp_path):
     assert target["replicas"] in (math.ceil(9 / capacity), math.ceil(9 / capacity) + 1)
     # one replica holds its share of the 9 in flight, rounded up
     assert target["checks"][-1]["load"] == math.ceil(9 / target["replicas"])
+
+
+@pytest.mark.slow
+def test_the_plan_help_names_the_target_and_the_prices(tmp_path):
+    from tests.helpers import run_cli
+
+    done = run_cli(tmp_path, "pipeline.plan", "--help")
+    assert done.returncode == 0, done.stderr[-1000:]
+    for key in ("plan.target_rps", "plan.target_concurrency", "plan.prices.DEVICE", "$/hour"):
+        assert key in done.stdout
