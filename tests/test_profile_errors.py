@@ -59,3 +59,28 @@ def test_the_profile_file_carries_its_errors_and_release():
     assert data["software"] == "SW 1.21, 'quoted'"
     band = profile_band(data)
     assert (band.relative, band.method) == (pytest.approx(0.2), "static")
+
+
+@pytest.mark.parametrize(
+    "errors, message",
+    [
+        ({"static": 0.2}, "hardware.errors.static must map"),
+        ({"static": {"held_out_median": "x"}}, "hardware.errors.static.held_out_median"),
+        ({"static": {"held_out_median": 40.0}}, "must be a fraction in"),
+        ("0.2", "must map methods"),
+    ],
+)
+def test_a_profile_with_bad_errors_is_refused_with_the_field_named(errors, message):
+    profile = instantiate(make_config(["executor=simulated", "hardware=gaudi3"]).hardware)
+    with pytest.raises(ValueError, match=message):
+        dataclasses.replace(profile, errors=errors)
+
+
+def test_an_older_profile_file_without_release_or_errors_still_reads(tmp_path):
+    from stages.simulator.hardware import read_profile
+
+    profile = instantiate(make_config(["executor=simulated", "hardware=h100"]).hardware)
+    data = {k: v for k, v in dataclasses.asdict(profile).items() if k not in ("software", "errors")}
+    (tmp_path / "old.yaml").write_text(yaml.safe_dump(data))
+    read = read_profile(tmp_path / "old.yaml")
+    assert (read.software, read.errors) == ("", {})
