@@ -33,9 +33,9 @@ import numpy as np
 import paddle
 
 from benchmarks.floor import attention_flops, head_flops, matmul_rate, token_flops
-from pipeline.build import build_engine
 from pipeline.calibrate import timed_calls
 from pipeline.compose import compose_config
+from pipeline.executors import build_engine
 from stages.model_spec import ModelSpec
 from stages.request import Request, StepPlan
 

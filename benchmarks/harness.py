@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from benchmarks.floor import matmul_rate, run_flops
-from pipeline.build import build_engine
 from pipeline.compose import compose_config
+from pipeline.executors import build_engine
 from pipeline.metrics import StepRecord, summarise
 from stages.request import Request
 

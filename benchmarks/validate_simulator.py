@@ -27,9 +27,9 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.build import build_engine
 from pipeline.calibrate import calibrate, error_summary
 from pipeline.compose import compose_config
+from pipeline.executors import build_engine
 from pipeline.metrics import StepRecord, summarise
 from pipeline.run import run
 from stages.simulator.hardware import write_profile

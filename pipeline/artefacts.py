@@ -9,6 +9,7 @@ final generations.jsonl) are replaced atomically, never left half written.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import sys
@@ -17,7 +18,7 @@ import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, cast
 
 import orjson
 from hydra.experimental.callback import Callback
@@ -55,6 +56,28 @@ def writing(path: Path) -> Iterator[None]:
         yield
     except OSError as err:
         raise RunFolderError(f"cannot write {path}: {err.strerror or err}") from err
+
+
+_FLAGS = {
+    "wb": os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
+    "ab": os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+    "rb+": os.O_RDWR,
+}
+
+
+def open_no_link(path: Path, mode: str) -> BinaryIO:
+    """`path` opened as open(path, mode) would, except through a symbolic link (O_NOFOLLOW):
+    a link in a run folder would have its target truncated and overwritten."""
+    try:
+        fd = os.open(path, _FLAGS[mode] | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise RunFolderError(
+                f"{path} is a symbolic link: a run writes no file through a link; remove it "
+                "or choose another run folder"
+            ) from None
+        raise
+    return cast(BinaryIO, os.fdopen(fd, mode))
 
 
 def _umask() -> int:
@@ -157,7 +180,7 @@ class GenerationWriter:
         self.tokenizer = tokenizer
         self.lines: dict[int, bytes] = {}  # workload index -> its encoded line, made once
         with writing(self.path):
-            self._file = open(self.path, "wb")  # noqa: SIM115
+            self._file = open_no_link(self.path, "wb")
         for line in kept:
             self._append(line)
 
@@ -190,7 +213,7 @@ class StepWriter:
     def __init__(self, out_dir: Path, append: bool = False) -> None:
         self.path = out_dir / STEPS
         with writing(self.path):
-            self._file = open(self.path, "ab" if append else "wb")  # noqa: SIM115
+            self._file = open_no_link(self.path, "ab" if append else "wb")
         self._flushed = 0.0
 
     def __call__(self, record: StepRecord) -> None:

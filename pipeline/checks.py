@@ -10,7 +10,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline.schema import Executor, ModelOption, model_kind, model_option
+from pipeline.schema import ModelOption, model_kind, model_option
 from stages.bucket_axes import derived_axes
 from stages.buckets import Bucketing
 from stages.device import Device
@@ -45,25 +45,26 @@ def _hpu_ops_present() -> bool:
         return "paddlenlp_ops" in sys.modules
 
 
-def check_config(cfg: DictConfig) -> None:
+def check_common(cfg: DictConfig) -> None:
+    """The checks every executor's config passes (pipeline.executors.check_config adds the
+    executor's own)."""
     check_bounds(cfg)
     bs = cfg.block_size
     if bs < 1 or bs & (bs - 1):
         raise ConfigError(f"block_size={bs} is not a power of two: set block_size=16, 64 or 128")
-    simulated = cfg.executor.name == Executor.simulated
-    if not _model_kind(cfg).has_weights and not simulated:
+    _check_dtype_bytes(cfg)
+    _check_limits(cfg)
+    _check_chunks(cfg, bs)
+    _check_device(cfg)
+
+
+def check_has_weights(cfg: DictConfig) -> None:
+    """An executor that runs the model's layers needs its weights."""
+    if not _model_kind(cfg).has_weights:
         raise ConfigError(
             "model=spec is a model without weights, for the simulated device: add "
             "executor=simulated (and a hardware=...), or serve model=tiny, small or hf"
         )
-    _check_dtype_bytes(cfg)
-    if not simulated:
-        _check_real_precision(cfg)
-    _check_limits(cfg)
-    _check_chunks(cfg, bs)
-    _check_device(cfg)
-    if not simulated:  # a simulated device allocates no tensors
-        check_memory(cfg, cfg.num_blocks)  # a derived pool is checked again once it is known
 
 
 def _check_dtype_bytes(cfg: DictConfig) -> None:
@@ -78,7 +79,7 @@ def _check_dtype_bytes(cfg: DictConfig) -> None:
         )
 
 
-def _check_real_precision(cfg: DictConfig) -> None:
+def check_real_precision(cfg: DictConfig) -> None:
     """Quantised weights and an FP8 KV cache exist only on the simulated device."""
     for key, plain in (("quantization", Quantization.none), ("kv_cache_dtype", KvCacheDtype.auto)):
         value = str(cfg.get(key, plain))
@@ -86,6 +87,16 @@ def _check_real_precision(cfg: DictConfig) -> None:
             raise ConfigError(
                 f"{key}={value} is simulated only: the real path runs the model's own dtype; "
                 f"set {key}={plain} or executor=simulated (with hardware=...)"
+            )
+
+
+def check_real_parallel(cfg: DictConfig) -> None:
+    """Expert parallelism and attention replicas exist only on the simulated device."""
+    for key in ("ep", "dp"):
+        if cfg.get(key, 1) != 1:
+            raise ConfigError(
+                f"{key}={cfg.get(key)} is simulated only: the real path runs one device; set "
+                f"{key}=1 or executor=simulated (with hardware=...)"
             )
 
 
@@ -131,6 +142,8 @@ def _check_limits(cfg: DictConfig) -> None:
         raise ConfigError(f"num_blocks={cfg.num_blocks}: must be >= 0 (0 derives it)")
     if cfg.num_threads < 1:
         raise ConfigError(f"num_threads={cfg.num_threads}: must be >= 1")
+    if not 1 <= cfg.tp <= 1024:
+        raise ConfigError(f"tp={cfg.tp}: the tensor-parallel degree must be in 1..1024 (1 card)")
     if cfg.device not in set(Device):
         raise ConfigError(f"device={cfg.device}: choose device=cpu or device=intel_hpu")
 

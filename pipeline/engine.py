@@ -9,47 +9,27 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 import structlog
 
 from pipeline.checks import ConfigError
+from pipeline.clock import Clock, WallClock
 from pipeline.metrics import StepRecord
 from pipeline.stop_hook import NeverStop, StopHook
 from stages.forward_meta import ForwardMeta
-from stages.interfaces import Attention, MetadataBuilder, Model, Sampler, Scheduler, Tokenizer
+from stages.interfaces import (
+    Attention,
+    MetadataBuilder,
+    Model,
+    Sampler,
+    Scheduler,
+    Simulation,
+    Tokenizer,
+)
 from stages.request import DecodeRun, Request, StepPlan
 
 log = structlog.get_logger(__name__)
-
-# The most decode steps a leap does at once: long runs gain little more, and a cap keeps
-# each leap's arrays small.
-MAX_LEAP_STEPS = 128
-
-
-class Clock(Protocol):
-    def __call__(self) -> float:
-        """Seconds since the run's start."""
-
-    def sleep_until(self, t: float) -> None: ...
-
-    def restart(self) -> None: ...
-
-
-class WallClock:
-    """Seconds since the run's start; idling sleeps."""
-
-    def __init__(self) -> None:
-        self._start = time.perf_counter()
-
-    def __call__(self) -> float:
-        return time.perf_counter() - self._start
-
-    def sleep_until(self, t: float) -> None:
-        time.sleep(max(0.0, t - self()))
-
-    def restart(self) -> None:
-        self._start = time.perf_counter()
 
 
 @contextmanager
@@ -154,31 +134,45 @@ class Leaps(NamedTuple):
     or the stop hook's answer change, `finishes` how many requests may finish before
     either changes, and `done` takes each run in place of its steps' records."""
 
+    simulation: Simulation
     until: Callable[[], float]
     finishes: Callable[[], float]
     done: Callable[[DecodeRun], None]
 
+    def leap(
+        self, finishes: float, head: tuple[StepPlan, ForwardMeta] | None = None
+    ) -> tuple[DecodeRun, list[Request]] | None:
+        """The next run of decode steps, done (see Simulation.leap); None: the next step
+        runs alone."""
+        return self.simulation.leap(self.until, finishes, head)
 
-class Engine:
+
+# The engine's attention stage: the one its model's forward takes.
+A = TypeVar("A", bound=Attention)
+
+
+class Engine(Generic[A]):
     def __init__(
         self,
         tokenizer: Tokenizer,
         scheduler: Scheduler,
         metadata: MetadataBuilder,
-        model: Model,
-        attention: Attention,
+        model: Model[A],
+        attention: A,
         sampler: Sampler,
         clock: Clock | None = None,
         workload_counts: Mapping[str, Any] | None = None,
         record_lengths: bool = True,
         concurrency: int = 0,
+        simulation: Simulation | None = None,
     ) -> None:
         """clock: the run's time, by default the wall's; a simulated device's is virtual.
         workload_counts: what the workload counted as it loaded (a trace's skipped,
         clipped and rejected rows), for the run's metrics. record_lengths: whether step
         records list each decode row's length (what calibration fits real steps by).
         concurrency: closed-loop load, at most this many requests in flight (0 = open
-        loop, every request enters at its arrival)."""
+        loop, every request enters at its arrival). simulation: where the model is a simulated
+        device, what it adds (predicted warmup, leaps, its metrics)."""
         self.tokenizer = tokenizer
         self.scheduler = scheduler
         self.metadata = metadata
@@ -189,6 +183,7 @@ class Engine:
         self.workload_counts = workload_counts or {}
         self.record_lengths = record_lengths
         self.concurrency = concurrency
+        self.simulation = simulation
         self.warmed_shapes = 0  # shapes the last warmup prepared
 
     def _run(self, plan: StepPlan, meta: ForwardMeta) -> list[Request]:
@@ -198,45 +193,16 @@ class Engine:
         samples = self.sampler.sample(logits, plan.sampled_requests)
         return self.scheduler.update(plan, samples, self.clock())
 
-    def leap(
-        self,
-        until: Callable[[], float],
-        finishes: float = 0,
-        head: tuple[StepPlan, ForwardMeta] | None = None,
-    ) -> tuple[DecodeRun, list[Request]] | None:
-        """Where the next steps can only decode the running requests, does as many at once
-        as start before `until()` (up to MAX_LEAP_STEPS), letting up to `finishes` requests
-        finish before the last: what they would do one by one. `head`: a step scheduled and
-        built, not run, that the run starts with (it admits requests; see the scheduler's
-        decodes_after). Returns the run and the requests it finished; None where the next
-        step runs alone (until is not asked)."""
-        token = self.sampler.fixed_token
-        if token is None:
-            return None
-        end = until()
-        limit = self.model.steps_before(end, MAX_LEAP_STEPS)  # plans no step past `end`
-        if head is None:
-            run = self.scheduler.steady_decodes(limit, finishes)
-            run = self.metadata.pad_decodes(run) if run else None
-        else:
-            run = self.scheduler.decodes_after(head[0], limit, finishes)
-            run = self.metadata.pad_decodes(run, head[1]) if run else None
-        if run is None:
-            return None
-        ends = self.model.run_decodes(run, end)
-        run = run.first(len(ends))
-        return run, self.scheduler.advance_decodes(run, token, ends)
-
     def warmup(self) -> float:
         """Runs every prepared bucket shape once, as the HPU compiles them before serving."""
         start = time.perf_counter()
-        predicts = self.model.predicts_warmup
+        simulation = self.simulation
         # A simulated device predicts the compile time of any set, however large.
-        self.check_warmup_budget(enforce=not predicts)
+        self.check_warmup_budget(enforce=simulation is None)
         phases = self.warmup_shapes()
         self.warmed_shapes = sum(len(shapes) for shapes in phases.values())
-        if predicts:
-            return self.model.compile_shapes(phases)
+        if simulation is not None:
+            return simulation.predict_warmup(phases)
         for phase, shapes in phases.items():
             t = time.perf_counter()
             for prefill, decode in shapes:
@@ -315,8 +281,8 @@ class Engine:
             on_finish(request)
 
         stop = stop or NeverStop()
-        leaps = None
-        if on_leap is not None and self.model.predicts_steps:
+        leaps, simulation = None, self.simulation
+        if on_leap is not None and simulation is not None:
             hook = stop  # leaps end where the stop hook's answer may change, as arrivals do
 
             def until() -> float:
@@ -325,7 +291,7 @@ class Engine:
             def finishes() -> float:
                 return min(arrivals.finishes_before_change(), hook.finishes_before_change())
 
-            leaps = Leaps(until, finishes, on_leap)
+            leaps = Leaps(simulation, until, finishes, on_leap)
         with long_lived_frozen():
             return self.serve(arrivals, on_step, finished, leaps=leaps, stop=stop)
 
@@ -342,7 +308,7 @@ class Engine:
         returns the clock's time. Each request the source gives must have passed
         `rejection`. on_tokens gets each step's sampled requests (their new tokens) before
         on_finish gets those that ended. leaps: runs of decode steps are done at once where
-        they can be (see `leap`); `stop` is asked between them as between steps."""
+        they can be (see `Leaps`); `stop` is asked between them as between steps."""
         clock = self.clock
         stop = stop or NeverStop()
         index = 0
@@ -355,7 +321,7 @@ class Engine:
                 continue
             finishes = leaps.finishes() if leaps else 0
             # (Requests just handed in are what the next step admits: it may head a leap.)
-            if leaps and not arrivals.new and (leapt := self.leap(leaps.until, finishes)):
+            if leaps and not arrivals.new and (leapt := leaps.leap(finishes)):
                 index += self._hand_on_leap(*leapt, leaps, on_tokens, on_finish)
                 continue
             index += self._step_once(index, on_step, on_tokens, on_finish, leaps, finishes)
@@ -407,7 +373,7 @@ class Engine:
                 return 0
             raise RuntimeError("the scheduler found nothing to run while requests wait")
         meta = self.metadata.build(plan)
-        if leaps and (leapt := self.leap(leaps.until, finishes, (plan, meta))):
+        if leaps and (leapt := leaps.leap(finishes, (plan, meta))):
             return self._hand_on_leap(*leapt, leaps, on_tokens, on_finish)
         finished = self._run(plan, meta)
         on_tokens(plan.sampled_requests)

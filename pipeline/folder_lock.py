@@ -43,7 +43,7 @@ class FolderLock:
         path = self.folder / LOCK_FILE
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
         except OSError as err:
             raise ConfigError(
                 f"cannot lock the run folder {self.folder} ({path}: {err.strerror or err}): "

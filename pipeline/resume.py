@@ -42,7 +42,14 @@ def _config(folder: Path) -> tuple[DictConfig, dict[str, str]]:
     cfg = artefacts.read_run_config(folder)
     if cfg is None:
         raise ConfigError(f"resume={folder} is not a run folder: it has no .hydra/config.yaml")
-    return cfg, run_folder.read_choices(folder)
+    choices = run_folder.read_choices(folder)
+    if choices.get("hydra/help") == "serve":  # conf/serve.yaml's own help
+        raise ConfigError(
+            f"resume={folder} is a server's folder (python -m pipeline.serve): its requests "
+            "came over HTTP, not from a workload, so none can be served again; start the "
+            "server again instead"
+        )
+    return cfg, choices
 
 
 def apply_overrides(cfg: DictConfig, choices: dict[str, str], overrides: Sequence[str]) -> None:

@@ -11,10 +11,11 @@ from omegaconf import DictConfig
 
 from pipeline import artefacts
 from pipeline.artefacts import INTERRUPTED
-from pipeline.build import build_engine, check_resolves
+from pipeline.build import check_resolves
 from pipeline.checks import ConfigError, describe_model
 from pipeline.console import Progress, summary_table
 from pipeline.engine import Engine
+from pipeline.executors import build_engine
 from pipeline.folder_lock import FolderLock
 from pipeline.identity import write_identity
 from pipeline.metrics import StepRecord, StepTotals, summarise
@@ -23,7 +24,6 @@ from pipeline.run_folder import RunStatus
 from pipeline.signals import RunInterrupted, as_interrupted, stop_on_signals
 from pipeline.slo import Slo, slo_metrics
 from stages.request import Request
-from stages.simulator.device import SimulatedDevice
 
 log = structlog.get_logger(__name__)
 
@@ -82,7 +82,7 @@ def serve(
         prefix_caching=engine.scheduler.kv_cache.prefix is not None,
     )
     steps: list[StepRecord] = list(previous.steps) if previous else []
-    warmup_s = engine.warmup() if cfg.warmup else 0.0
+    warmup_s = warm_up(cfg, engine)
     duration, stopped = serve_pending(engine, pending, out_dir, previous, steps)
     status = RunStatus.INTERRUPTED if stopped else RunStatus.OK
     duration += previous.duration_s if previous else 0.0
@@ -103,6 +103,12 @@ def serve(
         stopped.recorded = True
         raise stopped
     return metrics
+
+
+def warm_up(cfg: DictConfig, engine: Engine) -> float:
+    """warmup=true: every bucket shape the engine's steps can pad to, compiled before the
+    first request (a batch run and a server alike); its seconds."""
+    return engine.warmup() if cfg.warmup else 0.0
 
 
 def run_metrics(
@@ -196,19 +202,7 @@ def serve_pending(
 def device_metrics(engine: Engine) -> dict[str, Any]:
     """What a simulated run predicts beyond the serving metrics: the device, the graphs
     warmup would compile and how long that takes, and the compiles during serving."""
-    device = engine.model
-    if not isinstance(device, SimulatedDevice):
+    if engine.simulation is None:  # a device that computes its steps predicts nothing
         return {"simulated": False}
-    shapes = sum(engine.warmup_counts().values())  # graphs, as warmup_plan logs them
-    return {
-        "simulated": True,
-        "hardware": device.hardware.name,
-        "model": device.spec.name,
-        "tp": device.cost.tp,
-        "quantization": device.precision.quantization.value,
-        "kv_cache_dtype": device.precision.kv_cache_dtype.value,
-        "warmup_shapes": shapes,
-        "predicted_warmup_s": device.cost.warmup_time(shapes),
-        "serving_compiles": device.recompiles,
-        "serving_compile_s": device.recompiles * device.hardware.recompile_s,
-    }
+    # Graphs, as warmup_plan logs them.
+    return engine.simulation.metrics(sum(engine.warmup_counts().values()))

@@ -296,7 +296,9 @@ def cut_torn_tail(path: Path) -> int:
     so that what is appended next starts a line of its own; returns the bytes removed."""
     if not path.is_file():
         return 0
-    with open(path, "rb+") as f:
+    from pipeline.artefacts import open_no_link
+
+    with open_no_link(path, "rb+") as f:
         size = f.seek(0, os.SEEK_END)
         if size == 0:
             return 0

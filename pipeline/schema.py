@@ -476,6 +476,15 @@ class ServeConf:
     max_waiting: int = 256  # requests queued (not yet running) at most; beyond: 503
     max_request_bytes: int = 1_000_000  # larger request bodies get 413
     shutdown_timeout_s: float = 30.0  # SIGTERM: in-flight requests finish or abort by then
+    header_timeout_s: float = 10.0  # a connection whose request head is not in by then closes
+    body_timeout_s: float = 30.0  # a body not all in by then gets 408
+    max_connections: int = 1000  # open connections at most; beyond: 503 (uvicorn's limit)
+    # The KV pool's memory (executor=paddle): serve.kv_cache_memory_gb (vLLM's CPU backend
+    # takes a fixed budget too), or with 0 this fraction of the memory available at start
+    # (vLLM's gpu_memory_utilization); never more blocks than max_num_seqs full-length
+    # requests take. num_blocks, where given, wins.
+    kv_cache_memory_gb: float = 1.0
+    kv_cache_memory_fraction: float = 0.1
     # Free C heap handed back to the system at most this often (glibc's malloc_trim), so
     # the resident size stays flat over days; 0 = never.
     trim_memory_s: float = 60.0
@@ -538,6 +547,11 @@ class PipelineConf:
     executor: Any = MISSING
     hardware: Any = None  # executor=simulated: the device profile (hardware=gaudi3, ...)
     tp: int = 1  # executor=simulated: tensor-parallel degree of the simulated deployment
+    # executor=simulated, MoE models: experts split over ep ranks (1, or tp x dp as vLLM's
+    # --enable-expert-parallel) and dp attention replicas; the device simulates one replica
+    ep: int = 1
+    dp: int = 1
+    ep_imbalance: float = 1.0  # busiest ep rank's routed tokens / the mean (>= 1)
     # executor=simulated: weights' format (none = the model's bf16, fp8, wint8, wint4) and
     # the KV cache's (auto = the model's dtype, fp8); the real CPU path runs `none`/`auto`
     quantization: Quantization = Quantization.none

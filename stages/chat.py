@@ -4,7 +4,10 @@ template for tokenizers that carry none (the byte tokenizer): each message as
 `<|role|>` and a newline, its content and a newline, then `<|assistant|>` and a newline.
 
 The template is rendered in jinja2's immutable sandbox: it comes with the model file, so it
-may read the values it is given but not call into Python or change them. The variables are
+may read the values it is given but not call into Python or change them; and in a child
+process with a time, memory and output limit (stages/template_worker.py), so it cannot hang
+or exhaust the caller either. In the plain template a message's content may not hold a role
+marker (`<|user|>`, ...): it would forge a turn. The variables are
 the ones transformers' apply_chat_template gives (messages, add_generation_prompt,
 bos_token, eos_token) and its `raise_exception`; whitespace control is transformers' too
 (trim_blocks, lstrip_blocks).
@@ -19,7 +22,11 @@ from typing import Any
 from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from stages.template_worker import TemplateRenderer
+
 ROLES = ("system", "developer", "user", "assistant", "tool")  # developer: OpenAI's system
+MARKERS = tuple(f"<|{role}|>" for role in ROLES)
+RENDERER = TemplateRenderer()  # the process's one child for model templates
 
 
 def _raise(message: str) -> None:
@@ -27,7 +34,7 @@ def _raise(message: str) -> None:
 
 
 @lru_cache(maxsize=8)
-def _compiled(template: str):
+def compiled(template: str) -> Any:
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     env.globals["raise_exception"] = _raise
     return env.from_string(template)
@@ -74,14 +81,20 @@ def render_chat(
     a template that fails."""
     checked = check_messages(list(messages))
     if template is None:
-        turns = "".join(f"<|{m['role']}|>\n{m['content']}\n" for m in checked)
-        return turns + ("<|assistant|>\n" if add_generation_prompt else "")
-    try:
-        return _compiled(template).render(
-            messages=checked,
-            add_generation_prompt=add_generation_prompt,
-            bos_token=bos_token,
-            eos_token=eos_token,
-        )
-    except TemplateError as err:  # the sandbox's SecurityError is one too
-        raise ValueError(f"the chat template failed: {err}") from err
+        return plain_chat(checked, add_generation_prompt)
+    variables = {"messages": checked, "add_generation_prompt": add_generation_prompt,
+                 "bos_token": bos_token, "eos_token": eos_token}  # fmt: skip
+    return RENDERER.render(template, variables)
+
+
+def plain_chat(messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
+    """The plain template; ValueError where a content holds a role marker."""
+    for i, m in enumerate(messages):
+        forged = next((marker for marker in MARKERS if marker in m["content"]), None)
+        if forged:
+            raise ValueError(
+                f"messages[{i}].content holds '{forged}', a role marker of the plain chat "
+                "template: remove it (each message is one turn)"
+            )
+    turns = "".join(f"<|{m['role']}|>\n{m['content']}\n" for m in messages)
+    return turns + ("<|assistant|>\n" if add_generation_prompt else "")

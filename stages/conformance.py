@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from stages.sampler import GreedySampler, RandomSampler
     from stages.scheduler import ChunkedScheduler, WholeScheduler
     from stages.simulator.device import NoAttention, SimulatedDevice, WorkloadLengthSampler
+    from stages.simulator.simulation import DeviceSimulation
     from stages.tokenizer import ByteTokenizer, HfTokenizer
     from stages.trace import TraceWorkload
     from stages.workload import JsonlWorkload, MixedWorkload, MultiTurnWorkload, SyntheticWorkload
@@ -27,9 +28,15 @@ if TYPE_CHECKING:
     schedulers: list[type[contract.Scheduler]] = [ChunkedScheduler, WholeScheduler]
     metadata: list[type[contract.MetadataBuilder]] = [HPUMetadataBuilder]
     attention: list[type[contract.Attention]] = [PagedAttention, ReferenceAttention, NoAttention]
+    layers: list[type[contract.LayerAttention]] = [PagedAttention, ReferenceAttention]
     ops: list[AttentionOps] = [ops_cpu, IntelHPUOps(None)]
-    models: list[type[contract.Model]] = [TransformerLM, SimulatedDevice]
+    model: type[contract.Model[contract.LayerAttention]] = TransformerLM
+    device: type[contract.Model[NoAttention]] = SimulatedDevice
     samplers: list[type[contract.Sampler]] = [GreedySampler, RandomSampler, WorkloadLengthSampler]
+    # Abilities only a simulated build asks for.
+    leaping: list[type[contract.PlansDecodeRuns]] = [ChunkedScheduler, WholeScheduler]
+    padding_runs: list[type[contract.PadsDecodeRuns]] = [HPUMetadataBuilder]
+    simulations: list[type[contract.Simulation]] = [DeviceSimulation]
     workloads: list[type[contract.Workload]] = [
         SyntheticWorkload,
         MixedWorkload,

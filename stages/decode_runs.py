@@ -14,18 +14,15 @@ import itertools
 import operator
 from collections import deque
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from stages.kv_cache import KVCacheManager
 from stages.request import DecodeRun, FinishReason, Request, StepPlan
 from stages.running_rows import RunningRows, few_rows_columns, listed_blocks, recurring
+from stages.step_rows import StepRows
 from stages.step_shape import MANY_ROWS
 from stages.stopping import StopRule
-
-if TYPE_CHECKING:  # the scheduler builds on this part
-    from stages.scheduler import StepRows
 
 # Runs an iterator to its end, keeping nothing.
 _consume: Callable[[Iterable[object]], None] = deque[object](maxlen=0).extend
@@ -36,8 +33,7 @@ _TAKE, _FILL, _GO = 0, 1, 2
 
 
 class DecodeRuns:
-    """The scheduler's runs of decode steps (see Scheduler.steady_decodes, decodes_after and
-    advance_decodes in stages.interfaces)."""
+    """The scheduler's runs of decode steps (stages.interfaces.PlansDecodeRuns)."""
 
     # The scheduler's, read here.
     running: list[Request]
@@ -48,17 +44,11 @@ class DecodeRuns:
     max_tokens: int
     block_size: int
     _step: StepRows | None
-
-    def _may_admit(self, left: int) -> bool:
-        """The scheduler's: whether a step whose decodes leave `left` of the budget could
-        admit the first waiting request."""
-        raise NotImplementedError
-
-    def _finish_all(
-        self, ending: list[tuple[Request, FinishReason, int]], times: list[float]
-    ) -> None:
-        """The scheduler's: ends these requests, given with their rows, at their times."""
-        raise NotImplementedError
+    # Whether a step whose decodes leave `left` of the budget could admit the first
+    # waiting request.
+    _may_admit: Callable[[int], bool]
+    # Ends these requests, given with their rows, at their times.
+    _finish_all: Callable[[list[tuple[Request, FinishReason, int]], list[float]], None]
 
     def steady_decodes(self, limit: int, finishes: float = 0) -> DecodeRun | None:
         """The next steps, up to `limit`, while each can only decode the running requests,

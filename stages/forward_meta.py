@@ -21,6 +21,8 @@ from stages.step_shape import StepShape
 if TYPE_CHECKING:
     import paddle
 
+    from stages.request import StepPlan
+
 # The additive mask's score for a key a query must not see. Finite, not -inf: a row that
 # sees no key (padding) then softmaxes to finite weights, which its zero output discards.
 MASKED_SCORE = -1e30
@@ -144,3 +146,31 @@ def bucket_dims(label: str) -> tuple[tuple | None, tuple | None]:
             raise ValueError(f"bucket {label!r} is not 'prefill AxBxC + decode DxE'")
         parts[kind] = tuple(int(n) for n in numbers)
     return parts.get("prefill"), parts.get("decode")
+
+
+def decode_lens(plan: StepPlan) -> np.ndarray:
+    """Each decode row's tokens with its new one: the scheduler's array when it made one."""
+    if plan.decode_lens is not None:
+        return plan.decode_lens
+    return np.array([r.num_computed + 1 for r in plan.decode], dtype=np.int64)
+
+
+def step_shape(
+    block_size: int,
+    plan: StepPlan,
+    prefill: tuple[int, int, int] | None,
+    decode: tuple[int, int] | None,
+    lens: np.ndarray,
+    kv: tuple[int, int] | None = None,
+) -> StepShape:
+    """The step's buckets and each row's real lengths (lens: decode_lens(plan); kv: their
+    decode_totals, where the caller summed them)."""
+    chunks = plan.prefill
+    chunk_lens: tuple[int, ...]
+    context_lens: tuple[int, ...]
+    if len(chunks) == 1:  # the common step's one chunk, without the comprehensions
+        chunk_lens, context_lens = (chunks[0].end - chunks[0].start,), (chunks[0].start,)
+    else:  # list comprehensions: a step's few chunks, read fast
+        chunk_lens = tuple([c.end - c.start for c in chunks])
+        context_lens = tuple([c.start for c in chunks])
+    return StepShape(block_size, prefill, decode, chunk_lens, context_lens, lens, False, kv)

@@ -1,17 +1,18 @@
 """What each stage offers the engine: the contracts `pipeline.engine.Engine` is typed against.
 
 A stage is any object with these methods and attributes; Hydra builds it from its group's
-config. Every ability the engine may ask of a stage is declared here, optional ones with
-the value a stage without it gives (a model that cannot predict its warmup says so with
-`predicts_warmup = False`), so nothing is probed with getattr. The attention backends'
-kernels have their own contract, `stages.attention.interface.AttentionOps`; a prompt's ids
+config. Every ability the engine may ask of a stage is declared here, so nothing is probed
+with getattr. Abilities only a simulated build asks for (leaps over decode runs, predicted
+warmup) are protocols of their own at the end, which the stages that have them implement
+and no other stage need answer (as vLLM's `SupportsX` model interfaces). The attention
+backends' kernels have their own contract, `stages.attention.interface.AttentionOps`; a prompt's ids
 made on demand, `stages.request.PromptIds`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from stages.forward_meta import ForwardMeta
 from stages.kv_cache import KVCacheManager
@@ -92,21 +93,6 @@ class Scheduler(Protocol):
     def abort(self, request: Request, message: str, now: float) -> None:
         """Ends a waiting or running request with an error; its KV blocks are freed now."""
 
-    def steady_decodes(self, limit: int, finishes: float = 0) -> DecodeRun | None:
-        """The next steps (up to `limit`) while each can only decode the running requests,
-        nothing else happening between them but the clock and rows reaching their length
-        (up to `finishes` of them before the last step); None where the next step may
-        differ. What lets a simulated device run many steps at once (a leap)."""
-
-    def decodes_after(self, plan: StepPlan, limit: int, finishes: float = 0) -> DecodeRun | None:
-        """Where the plan just scheduled admits requests whose whole prompts it prefills
-        beside every running request's decode: its step and the steady ones after it, as
-        one run that starts with it (its head); None where it does not."""
-
-    def advance_decodes(self, run: DecodeRun, token: int, ends: list[float]) -> list[Request]:
-        """Does what the run's steps' updates do, each row getting `token` at each step's
-        end time while it stays; returns the requests the run finished, in order."""
-
 
 class MetadataBuilder(Protocol):
     """Lays a step plan out in the padded, bucketed shapes the device runs."""
@@ -130,19 +116,16 @@ class MetadataBuilder(Protocol):
     def warmup_counts(self, mixed: bool, padded_budget: bool = True) -> dict[str, int]:
         """The graphs each phase of warmup_shapes compiles, counted without listing them."""
 
-    def pad_decodes(self, run: DecodeRun, head: ForwardMeta | None = None) -> DecodeRun | None:
-        """The run with each step's decode bucket, as many steps as stay within prepared
-        buckets; None where the first does not. `head`: the built first step, kept."""
-
 
 class Attention(Protocol):
-    """Owns the KV cache tensors and the per-step state every layer shares."""
+    """What the engine and the build ask of the attention stage: the KV cache's tensors
+    are its own, kept until a request ends. A model's layers ask more (LayerAttention)."""
 
     # Whether requests may share a cached prefix's blocks: a stage that keeps each
     # request's keys apart (the dense oracle) has nothing to share.
     supports_prefix_caching: bool
 
-    def load_weights(self, model: Model) -> None:
+    def load_weights(self, model: Model[Any]) -> None:
         """Puts each layer's QKV weight into the backend's layout, once."""
 
     @property
@@ -150,6 +133,14 @@ class Attention(Protocol):
         """Whether the backend attends a step's real tokens packed, without the padding
         rows: the metadata builder then lays out those alone (ForwardMeta.packed), and the
         model runs its dense layers on them."""
+
+    def release(self, request: Request) -> None:
+        """Drops whatever the stage holds for a finished request."""
+
+
+class LayerAttention(Attention, Protocol):
+    """What a model's layers ask of the attention stage: the per-step state they share,
+    each layer's QKV with rotary positions, and attention over the KV cache."""
 
     def prepare(self, meta: ForwardMeta, cos: paddle.Tensor, sin: paddle.Tensor) -> Any:
         """The state one forward's layers share (rotary table, write slots, decode layout)."""
@@ -170,47 +161,88 @@ class Attention(Protocol):
     ) -> paddle.Tensor:
         """Writes k, v to the cache and attends, through the output projection."""
 
-    def release(self, request: Request) -> None:
-        """Drops whatever the stage holds for a finished request."""
+
+# The attention a model's forward takes: a model that runs layers takes a LayerAttention;
+# a simulated device, which runs none, takes any.
+AttentionT = TypeVar("AttentionT", bound=Attention, contravariant=True)
 
 
-class Model(Protocol):
+class Model(Protocol[AttentionT]):
     spec: ModelSpec  # the one description of the model: sizes, parts, parameters
     dtype: str
-    # True: compile_shapes predicts warmup's seconds (a simulated device), so warmup runs no
-    # shape and has no budget; False: warmup runs every shape through forward.
-    predicts_warmup: bool
 
     @property
     def num_parameters(self) -> int: ...
 
-    def forward(self, meta: ForwardMeta, attention: Attention) -> paddle.Tensor | None:
+    def forward(self, meta: ForwardMeta, attention: AttentionT) -> paddle.Tensor | None:
         """Logits [rows, vocab] for meta.logits_rows (None from a simulated device)."""
-
-    # True: run_decodes puts a run of decode steps on the clock at once (a simulated
-    # device); False: each step's tokens are computed by forward.
-    predicts_steps: bool
-
-    def compile_shapes(self, phases: Mapping[str, Sequence[tuple]]) -> float:
-        """Where predicts_warmup: warmup's predicted seconds for these shapes."""
-
-    def steps_before(self, until: float, most: int) -> int:
-        """Where predicts_steps: at most how many steps of a run starting now (its first in
-        any case, then decode steps), up to `most`, start before `until`: how long a run
-        the scheduler need plan."""
-
-    def run_decodes(self, run: DecodeRun, until: float) -> list[float]:
-        """Where predicts_steps: the end times of the run's first steps, those starting
-        before `until` (the first in any case, priced by its head's shape where it has
-        one, as forward would), now on the clock."""
 
 
 class Sampler(Protocol):
-    # The token every row gets whatever the logits (a simulated run's placeholder, which
-    # ends nothing): a run of steps can then be done at once. None: sampled from the logits.
-    fixed_token: int | None
-
     def validate_request(self, request: Request) -> str | None:
         """Why the request's own sampling values are invalid, or None."""
 
     def sample(self, logits: paddle.Tensor | None, requests: Sequence[Request]) -> Samples: ...
+
+
+# ---------------------------------------------- abilities only a simulated build asks for
+# A device that predicts its steps' times (stages.simulator) lets runs of decode steps be
+# done at once; the stages that plan and lay out such runs declare it here, apart from the
+# contracts every build holds them to.
+
+
+class PlansDecodeRuns(Protocol):
+    """A scheduler that says where its next steps can only decode the running requests,
+    and does what such a run's steps one by one would do (stages.decode_runs)."""
+
+    def steady_decodes(self, limit: int, finishes: float = 0) -> DecodeRun | None:
+        """The next steps (up to `limit`) while each can only decode the running requests,
+        nothing else happening between them but the clock and rows reaching their length
+        (up to `finishes` of them before the last step); None where the next step may
+        differ. What lets a simulated device run many steps at once (a leap)."""
+
+    def decodes_after(self, plan: StepPlan, limit: int, finishes: float = 0) -> DecodeRun | None:
+        """Where the plan just scheduled admits requests whose whole prompts it prefills
+        beside every running request's decode: its step and the steady ones after it, as
+        one run that starts with it (its head); None where it does not."""
+
+    def advance_decodes(self, run: DecodeRun, token: int, ends: list[float]) -> list[Request]:
+        """Does what the run's steps' updates do, each row getting `token` at each step's
+        end time while it stays; returns the requests the run finished, in order."""
+
+
+class PadsDecodeRuns(Protocol):
+    """A metadata builder that lays a run of decode steps out in its buckets."""
+
+    def pad_decodes(self, run: DecodeRun, head: ForwardMeta | None = None) -> DecodeRun | None:
+        """The run with each step's decode bucket, as many steps as stay within prepared
+        buckets; None where the first does not. `head`: the built first step, kept."""
+
+
+class Simulation(Protocol):
+    """What a simulated build adds to the engine (stages.simulator.simulation): its device
+    predicts each step's time on a virtual clock, so warmup is predicted rather than run,
+    and runs of decode steps are done at once (leaps)."""
+
+    @property
+    def serving_compiles(self) -> int:
+        """Graphs compiled while serving so far (predicted)."""
+
+    def predict_warmup(self, phases: Mapping[str, Sequence[tuple]]) -> float:
+        """Warmup's predicted seconds for these shapes, each compiled from now on."""
+
+    def leap(
+        self,
+        until: Callable[[], float],
+        finishes: float = 0,
+        head: tuple[StepPlan, ForwardMeta] | None = None,
+    ) -> tuple[DecodeRun, list[Request]] | None:
+        """Where the next steps can only decode the running requests, does as many at once
+        as start before `until()`, letting up to `finishes` requests finish before the
+        last: what they would do one by one. `head`: a step scheduled and built, not run,
+        that the run starts with. Returns the run and the requests it finished; None where
+        the next step runs alone."""
+
+    def metrics(self, warmup_shapes: int) -> dict[str, Any]:
+        """What the run's metrics add: the device, warmup's predicted seconds for
+        `warmup_shapes` graphs, and the compiles while serving."""

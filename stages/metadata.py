@@ -22,12 +22,19 @@ import numpy as np
 from stages.bucket_axes import AXES, resolve_axes
 from stages.buckets import Bucketing, Buckets, warmup_counts, warmup_graphs
 from stages.cudagraph import cudagraph_axes, cudagraph_warmup
-from stages.forward_meta import MASKED_SCORE, DecodeMeta, ForwardMeta, PrefillMeta
+from stages.forward_meta import (
+    MASKED_SCORE,
+    DecodeMeta,
+    ForwardMeta,
+    PrefillMeta,
+    decode_lens,
+    step_shape,
+)
 from stages.host_tensor import host_tensor
 from stages.kv_cache import KVCacheManager, blocks_for
 from stages.prefill_part import PrefillPartBuilder
 from stages.request import DecodeRun, PrefillChunk, Request, StepMode, StepPlan
-from stages.step_shape import StepShape, decode_lens, decode_totals, step_shape
+from stages.step_shape import StepShape, decode_totals
 
 if TYPE_CHECKING:
     import paddle

@@ -13,7 +13,7 @@ folder.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
@@ -23,11 +23,10 @@ import paddle.nn.functional as F
 
 from stages.forward_meta import ForwardMeta
 from stages.model_spec import DTYPE_BYTES, ModelSpec, built_in_spec
-from stages.request import DecodeRun
 from stages.rope import rope_inv_freq
 
 if TYPE_CHECKING:
-    from stages.interfaces import Attention
+    from stages.interfaces import LayerAttention
 
 SUPPORTED_DTYPES = tuple(DTYPE_BYTES)
 
@@ -203,9 +202,6 @@ def draw_weights(spec: ModelSpec, dtype: str, rng: np.random.Generator) -> Model
 
 
 class TransformerLM:
-    predicts_warmup = False  # warmup runs each shape through forward
-    predicts_steps = False  # every step runs through forward: its tokens are computed
-
     def __init__(
         self,
         spec: ModelSpec,
@@ -245,15 +241,6 @@ class TransformerLM:
     @property
     def num_parameters(self) -> int:
         return self.spec.num_parameters()
-
-    def compile_shapes(self, phases: Mapping[str, Sequence[tuple]]) -> float:
-        raise NotImplementedError("a Paddle model's warmup runs each shape through forward")
-
-    def steps_before(self, until: float, most: int) -> int:
-        raise NotImplementedError("a Paddle model computes each step's tokens in forward")
-
-    def run_decodes(self, run: DecodeRun, until: float) -> list[float]:
-        raise NotImplementedError("a Paddle model computes each step's tokens in forward")
 
     @property
     def num_bytes(self) -> int:
@@ -298,7 +285,7 @@ class TransformerLM:
         return (x32 * inv_rms).astype(x.dtype) * weight
 
     @paddle.no_grad()
-    def forward(self, meta: ForwardMeta, attention: Attention) -> paddle.Tensor:
+    def forward(self, meta: ForwardMeta, attention: LayerAttention) -> paddle.Tensor:
         """Logits [rows, vocab] for meta.logits_rows: each chunk's last token, each decode."""
         # Where the attention packs rows, the step holds its real tokens alone (meta.packed)
         # and every layer runs on those.

@@ -226,6 +226,11 @@ class ModelSpec:
         touched = self.moe.experts_touched(tokens) if self.moe else 0.0
         return self._linear_params(tp, touched) * self.dtype_bytes
 
+    def non_routed_params(self, tp: int = 1) -> float:
+        """The weights per device a token's GEMMs run through outside the routed experts:
+        attention, dense MLPs, routers and shared experts."""
+        return self._linear_params(tp, 0.0)
+
     def _linear_params(self, tp: int, experts: float) -> float:
         """The weights per device a token's GEMMs run through: every layer's attention, the
         dense MLPs, and in MoE layers the router, the shared experts and `experts` routed

@@ -8,12 +8,12 @@ import functools
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-if TYPE_CHECKING:  # the metadata builds on requests and plans
-    from stages.forward_meta import ForwardMeta
+if TYPE_CHECKING:
+    from stages.step_shape import StepShape
 
 # Every request gets its own sequence number: stages key their state by it, never by the
 # user's id, which two lines of a file may share.
@@ -196,6 +196,20 @@ class StepPlan:
         return [c.request for c in self.prefill] + self.decode
 
 
+class HeadStep(Protocol):
+    """What a run keeps of the step it starts with, as the metadata builder built it (a
+    stages.forward_meta.ForwardMeta): its real and padded tokens and its shape."""
+
+    @property
+    def num_tokens(self) -> int: ...
+
+    @property
+    def padded_tokens(self) -> int: ...
+
+    @property
+    def shape(self) -> StepShape: ...
+
+
 @dataclass(eq=False)
 class DecodeRun:
     """Decode steps of the running requests one after another, with nothing else the
@@ -219,7 +233,7 @@ class DecodeRun:
     padded_rows: np.ndarray | None = None
     widths: np.ndarray | None = None
     joining: int = 0  # the last rows, which prefill in the first step (the head's)
-    head: ForwardMeta | None = None  # the first step, where joining rows prefill in it
+    head: HeadStep | None = None  # the first step, where joining rows prefill in it
     # each row's decode steps until its length limit ends it, the run's length aside (None:
     # unknown; stays tell whether a row leaves)
     to_length: list[int] | None = None
@@ -292,7 +306,7 @@ class DecodeRun:
         return self._cut(steps, padded, widths, self.head if steps else None)
 
     def padded(
-        self, rows: np.ndarray, widths: np.ndarray, head: ForwardMeta | None = None
+        self, rows: np.ndarray, widths: np.ndarray, head: HeadStep | None = None
     ) -> DecodeRun:
         """The run's first len(rows) steps, each padded to a bucket of `rows` rows and
         `widths` blocks (the metadata builder's), with its head step where it has one."""
@@ -306,7 +320,7 @@ class DecodeRun:
         steps: int,
         padded: np.ndarray | None,
         widths: np.ndarray | None,
-        head: ForwardMeta | None,
+        head: HeadStep | None,
     ) -> DecodeRun:
         """The run's first `steps` steps (fewer than it has), padded so and with `head`."""
         batch, slots = self.batch_rows, self.batch_slots

@@ -141,11 +141,18 @@ def temperature_error(value: object, key: str) -> str | None:
     return None
 
 
+# The largest top_k a row takes: its candidates are counted in int64 arrays, and no
+# vocabulary comes near 2**31 tokens (a larger k keeps the whole vocabulary, as k = vocab).
+TOP_K_MAX = 2**31 - 1
+
+
 def top_k_error(value: object, key: str) -> str | None:
     if not _is_int(value):
         return f"{key}={value!r} must be an integer >= 0 (0 = off)"
     if value < 0:
         return f"{key}={value} must be >= 0 (0 = off)"
+    if value > TOP_K_MAX:
+        return f"{key}={value} must be at most {TOP_K_MAX} (0 = off)"
     return None
 
 
@@ -199,8 +206,6 @@ class GreedySampler:
     Per-request temperature, top_k, top_p and seed do not change its choice; they are still
     checked, so a bad line is an error under every sampler."""
 
-    fixed_token: int | None = None  # its tokens depend on the logits
-
     def __init__(self, logprobs: int) -> None:
         _raise_if(logprobs_error(logprobs, "sampler.logprobs"), "set sampler.logprobs=0 or a count")
         self.logprobs = int(logprobs)
@@ -233,7 +238,6 @@ class RandomSampler:
     # reached within them falls back to sorting its whole vocabulary. The choice is the same
     # either way, since the candidates are the head of the same total order.
     CANDIDATES = 1024
-    fixed_token: int | None = None  # its tokens depend on the logits
 
     def __init__(
         self,

@@ -40,6 +40,7 @@ from stages.request import (
     StepPlan,
 )
 from stages.running_rows import RunningRows
+from stages.step_rows import NO_ROWS, DecodeRows, StepRows, row_at
 from stages.stopping import StopRule
 
 
@@ -87,34 +88,6 @@ class Rectangle:
         self.width = max(self.width, rounded)
         self.rounded += rounded
         return self.rows * self.width - before
-
-
-# A step's decode rows in `running`: a slice where they are one run of rows (the common
-# step; numpy reads a slice as a view, without gathering), else their indices.
-DecodeRows = slice | np.ndarray
-_NO_ROWS = slice(0, 0)
-
-
-@dataclass(slots=True)
-class StepRows:
-    """Where a plan's requests are in `running`: one row per prefill chunk, and the spans
-    of rows its decodes are."""
-
-    plan: StepPlan
-    prefill: list[int]
-    decode_spans: list[tuple[int, int]]
-    decode_rows: DecodeRows  # decode(), once walked
-
-    def decode(self) -> DecodeRows:
-        spans = self.decode_spans
-        if len(spans) <= 1:  # the common step: its decodes are one run of rows
-            return slice(*spans[0]) if spans else _NO_ROWS
-        return np.concatenate([np.arange(start, end) for start, end in spans])
-
-
-def row_at(rows: DecodeRows, k: int) -> int:
-    """The running row of a step's k-th decode."""
-    return rows.start + k if isinstance(rows, slice) else int(rows[k])
 
 
 @dataclass(slots=True)
@@ -243,7 +216,7 @@ class ChunkedScheduler(DecodeRuns):
     # -- one step ----------------------------------------------------------------------------
     def schedule(self, now: float = 0.0) -> StepPlan:
         plan = StepPlan()
-        rows = self._step = StepRows(plan, [], [], _NO_ROWS)
+        rows = self._step = StepRows(plan, [], [], NO_ROWS)
         budget = StepBudget(self.max_tokens, Rectangle(self.block_size))
         self._continue_running(plan, budget, rows)
         # Like FastDeploy, nothing new is admitted in a step that had to preempt.

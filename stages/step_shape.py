@@ -4,14 +4,10 @@ builder lays out and a device (simulated, or calibrated on steps.jsonl) prices."
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from stages.arithmetic import ceil_div
-
-if TYPE_CHECKING:
-    from stages.request import StepPlan
 
 # Decode rows beyond which sums over a step's rows are numpy's: each numpy call costs a
 # few us, more than Python's sums over a handful of rows read once with tolist().
@@ -82,31 +78,3 @@ def decode_totals(lens: tuple[int, ...] | np.ndarray, block_size: int) -> tuple[
         lens = lens.tolist()
     # ceil_div's rounding, inline: a call per row would cost more than the sum itself
     return sum(lens), sum([(n + block_size - 1) // block_size for n in lens])
-
-
-def decode_lens(plan: StepPlan) -> np.ndarray:
-    """Each decode row's tokens with its new one: the scheduler's array when it made one."""
-    if plan.decode_lens is not None:
-        return plan.decode_lens
-    return np.array([r.num_computed + 1 for r in plan.decode], dtype=np.int64)
-
-
-def step_shape(
-    block_size: int,
-    plan: StepPlan,
-    prefill: tuple[int, int, int] | None,
-    decode: tuple[int, int] | None,
-    lens: np.ndarray,
-    kv: tuple[int, int] | None = None,
-) -> StepShape:
-    """The step's buckets and each row's real lengths (lens: decode_lens(plan); kv: their
-    decode_totals, where the caller summed them)."""
-    chunks = plan.prefill
-    chunk_lens: tuple[int, ...]
-    context_lens: tuple[int, ...]
-    if len(chunks) == 1:  # the common step's one chunk, without the comprehensions
-        chunk_lens, context_lens = (chunks[0].end - chunks[0].start,), (chunks[0].start,)
-    else:  # list comprehensions: a step's few chunks, read fast
-        chunk_lens = tuple([c.end - c.start for c in chunks])
-        context_lens = tuple([c.start for c in chunks])
-    return StepShape(block_size, prefill, decode, chunk_lens, context_lens, lens, False, kv)

@@ -153,7 +153,9 @@ CHATML = (
 )
 
 
-def add_gpt2_vocab(writer: gguf.GGUFWriter, tokenizer: Tokenizer, pre: str = "smollm") -> None:
+def add_gpt2_vocab(
+    writer: gguf.GGUFWriter, tokenizer: Tokenizer, pre: str = "smollm", template: str = CHATML
+) -> None:
     """The trained tokenizer's vocabulary and merges as tokenizer.ggml.* (gpt2 style)."""
     import json
 
@@ -170,7 +172,7 @@ def add_gpt2_vocab(writer: gguf.GGUFWriter, tokenizer: Tokenizer, pre: str = "sm
     writer.add_eos_token_id(2)
     writer.add_pad_token_id(0)
     writer.add_add_bos_token(False)
-    writer.add_chat_template(CHATML)
+    writer.add_chat_template(template)
 
 
 def write_model(
@@ -180,14 +182,19 @@ def write_model(
     types: Mapping[str, T],
     tokenizer: Tokenizer,
     rng: np.random.Generator,
+    template: str = CHATML,
+    name: str | None = None,
 ) -> dict[str, np.ndarray]:
     """Writes the model as GGUF; `types` maps a GGUF name's last part ("attn_q.weight") to
-    its type (F32 otherwise). Returns the weights the file holds, HF-named, float64."""
+    its type (F32 otherwise); `template` is its chat template, `name` its general.name.
+    Returns the weights the file holds, HF-named, float64."""
     arch = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}[
         config["architectures"][0]
     ]
     heads, kv = config["num_attention_heads"], config["num_key_value_heads"]
     writer = gguf.GGUFWriter(str(path), arch)
+    if name:
+        writer.add_name(name)
     writer.add_block_count(config["num_hidden_layers"])
     writer.add_context_length(config["max_position_embeddings"])
     writer.add_embedding_length(config["hidden_size"])
@@ -197,7 +204,7 @@ def write_model(
     writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
     writer.add_rope_freq_base(config["rope_theta"])
     writer.add_vocab_size(config["vocab_size"])
-    add_gpt2_vocab(writer, tokenizer)
+    add_gpt2_vocab(writer, tokenizer, template=template)
     expected = {}
     for hf, array in weights.items():
         name = gguf_name(hf)

@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 from omegaconf import DictConfig
 
-from pipeline.build import build_engine
 from pipeline.compose import compose_config
+from pipeline.executors import build_engine
 from pipeline.schema import (
     PipelineConf,
     SpecModelConf,

@@ -70,7 +70,7 @@ def test_misses_are_counted_and_outputs_unchanged(reference_run):
 
 def test_warmup_covers_the_workload(reference_run):
     ref, _ = reference_run
-    from pipeline.build import build_engine
+    from pipeline.executors import build_engine
     from tests.helpers import make_config
 
     engine, requests = build_engine(make_config(["max_tokens=64", "warmup=true"]))
@@ -81,7 +81,7 @@ def test_warmup_covers_the_workload(reference_run):
 
 
 def test_warmup_shapes_respect_the_budget():
-    from pipeline.build import build_engine
+    from pipeline.executors import build_engine
     from tests.helpers import make_config
 
     engine, _ = build_engine(make_config(["max_tokens=64"]))
@@ -92,8 +92,8 @@ def test_warmup_shapes_respect_the_budget():
 
 
 def test_a_negative_bucket_step_is_one_line_at_start():
-    from pipeline.build import build_engine
     from pipeline.checks import ConfigError
+    from pipeline.executors import build_engine
     from tests.helpers import make_config
 
     with pytest.raises(ConfigError, match=r"^metadata.prefill_batch: need 1 <= min <= max"):

@@ -124,7 +124,7 @@ def test_bad_run_folders_are_one_line_errors(served_run, tmp_path):
 
 
 def test_the_grid_spreads_over_every_phase():
-    from pipeline.build import build_engine
+    from pipeline.executors import build_engine
 
     engine, _ = build_engine(compose_config(TINY_GRID))
     shapes = grid(engine, max_shapes=9)

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from pipeline.build import build_engine
 from pipeline.checks import ConfigError
+from pipeline.executors import build_engine
 from pipeline.plan.capacity import capacity_search, load_axis
 from pipeline.plan.capacity_estimate import rate_ceiling
 from pipeline.slo import EarlyVerdict, Slo, is_good, needed_good, slo_metrics

@@ -17,8 +17,8 @@ from safetensors.numpy import save_file
 from safetensors.paddle import save_file as save_paddle
 from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
 
-from pipeline.build import build_engine
 from pipeline.checks import ConfigError
+from pipeline.executors import build_engine
 from stages.checkpoint import SUPPORTED_ARCHITECTURES, load_hf_model, read_spec
 from stages.checkpoint.export import export_hf_llama
 from stages.model import check_dtype

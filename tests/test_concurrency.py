@@ -10,8 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from omegaconf import DictConfig
 
-from pipeline.build import build_engine
 from pipeline.checks import ConfigError
+from pipeline.executors import build_engine
 from tests.helpers import make_config
 
 SIMULATED = ["executor=simulated", "hardware=gaudi3"]

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from pipeline.build import build_engine
 from pipeline.deploy import FASTDEPLOY, OVERRIDES, VLLM, VLLM_BUCKETS, deployment, write_deploy
+from pipeline.executors import build_engine
 from tests.helpers import make_config
 
 STAND_IN = """#!/usr/bin/env bash

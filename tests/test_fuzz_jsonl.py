@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipeline.artefacts import GenerationWriter, read_generations
-from pipeline.build import build_engine
+from pipeline.executors import build_engine
 from pipeline.schema import JsonlWorkloadConf
 from stages.workload import JsonlWorkload
 from tests.helpers import make_config, schema_kwargs

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.build import build_engine
+from pipeline.executors import build_engine
 from stages.cudagraph import capture_sizes
 from tests.helpers import make_config
 

@@ -142,7 +142,7 @@ def test_a_written_profile_reads_back():
 
 def test_a_composed_profile_with_a_nan_is_refused():
     with pytest.raises(ConfigError):
-        from pipeline.build import build_engine
+        from pipeline.executors import build_engine
 
         build_engine(make_config(["executor=simulated", "hardware.step_overhead_s=nan"]))
 

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from benchmarks.azure_conversation import write_conversation_trace
-from pipeline.build import build_engine
+from pipeline.executors import build_engine
 from pipeline.metrics import StepTotals
 from pipeline.plan.capacity import run_probe
 from pipeline.run import run_metrics

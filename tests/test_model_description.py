@@ -7,7 +7,8 @@ import math
 
 import pytest
 
-from pipeline.checks import ConfigError, check_config, describe_model
+from pipeline.checks import ConfigError, describe_model
+from pipeline.executors import check_config
 from pipeline.schema import HfModelConf, SpecModelConf, TransformerConf, model_kind
 from stages.checkpoint import read_spec
 from stages.model import transformer_lm

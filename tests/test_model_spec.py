@@ -11,7 +11,8 @@ from hydra import compose, initialize_config_module
 from hydra.utils import instantiate
 
 from pipeline.build import build
-from pipeline.checks import ConfigError, check_config, check_model_context
+from pipeline.checks import ConfigError, check_model_context
+from pipeline.executors import check_config
 from pipeline.run import model_context
 from pipeline.schema import register_schemas
 from stages.model_spec import ModelSpec, MoeLayout
@@ -34,6 +35,9 @@ PUBLISHED = {
     "qwen25_7b": 7.61e9,
     "ernie45_0p3b": 0.36e9,
     "ernie45_21b_a3b": 21.8e9,
+    "ernie45_300b_a47b": 300e9,
+    "qwen3_30b_a3b": 30.5e9,
+    "qwen3_235b_a22b": 235e9,
 }
 
 
@@ -53,6 +57,21 @@ def test_published_splits_of_qwen_and_ernie_moe():
     assert ernie.active_parameters(embeddings=False) == pytest.approx(3e9, rel=0.05)
     assert ernie.num_parameters() == pytest.approx(21e9, rel=0.05)
     assert ernie.num_moe_layers == 27 and ernie.num_dense_layers == 1
+
+
+def test_published_active_parameters_of_the_larger_moe_presets():
+    # Active per token, embeddings included, as the cards count them: ERNIE-4.5-300B-A47B
+    # "47B", Qwen3-30B-A3B "3.3B activated", Qwen3-235B-A22B "22B activated". The cards
+    # round to 2 significant figures, so within 2%.
+    for name, active in (
+        ("ernie45_300b_a47b", 47e9),
+        ("qwen3_30b_a3b", 3.3e9),
+        ("qwen3_235b_a22b", 22e9),
+    ):
+        assert preset(name).active_parameters() == pytest.approx(active, rel=0.02), name
+    ernie = preset("ernie45_300b_a47b")
+    assert ernie.num_moe_layers == 51 and ernie.num_dense_layers == 3
+    assert preset("qwen3_235b_a22b").num_dense_layers == 0
 
 
 def test_tiny_parameter_count_by_hand():
@@ -197,6 +216,9 @@ CONTEXT = {
     "qwen25_7b": 131072,
     "ernie45_0p3b": 131072,
     "ernie45_21b_a3b": 131072,
+    "ernie45_300b_a47b": 131072,
+    "qwen3_30b_a3b": 40960,
+    "qwen3_235b_a22b": 40960,
 }
 
 

@@ -16,8 +16,8 @@ import paddle
 import pytest
 
 from pipeline import checks
-from pipeline.build import build_engine
 from pipeline.checks import ConfigError
+from pipeline.executors import build_engine
 from stages.attention import ops_cpu, ops_intel_hpu, reference
 from stages.attention.interface import Heads
 from stages.attention.ops_intel_hpu import IntelHPUOps

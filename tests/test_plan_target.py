@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from pipeline.build import build_engine
 from pipeline.checks import ConfigError
+from pipeline.executors import build_engine
 from pipeline.plan.capacity import capacity_search
 from pipeline.plan.target import check_load, check_target, sizing, target_of
 from pipeline.slo import Slo, slo_metrics

@@ -8,8 +8,9 @@ import dataclasses
 
 import pytest
 
-from pipeline.checks import ConfigError, check_config
+from pipeline.checks import ConfigError
 from pipeline.compose import compose_config
+from pipeline.executors import check_config
 from pipeline.run import device_metrics
 from stages.simulator.cost_model import CostModel
 from stages.simulator.hardware import GIB, kv_pool_blocks

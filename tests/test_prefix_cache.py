@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.build import build_engine
+from pipeline.executors import build_engine
 from pipeline.schema import ChunkedSchedulerConf
 from stages.kv_cache import KVCacheManager
 from stages.prefix_cache import UnnamedBlocks

@@ -15,7 +15,8 @@ import pytest
 
 from pipeline import artefacts
 from pipeline.build import build
-from pipeline.checks import ConfigError, check_config, check_memory, memory_estimate
+from pipeline.checks import ConfigError, check_memory, memory_estimate
+from pipeline.executors import check_config
 from pipeline.metrics import StepRecord
 from pipeline.run import run
 from pipeline.schema import JsonlWorkloadConf
@@ -173,7 +174,10 @@ def test_a_checkpoint_claiming_huge_layers_is_refused_before_loading(tmp_path):
     folder, _ = good_folder(tmp_path)
     config = json.loads((folder / "config.json").read_text())
     cfg = make_config(["model=hf", f"model.path={folder}", "max_model_len=256"])
-    for layers, message in [(10**5, "100000 layers, above the limit of 4096"), (4000, "weights")]:
+    for layers, message in [
+        (10**5, r"num_hidden_layers=100000 is out of range \(at most 4,096"),
+        (4000, "weights"),
+    ]:
         config["num_hidden_layers"] = layers
         config["hidden_size"] = config["intermediate_size"] = 8192  # 4000 x 0.9 GB
         (folder / "config.json").write_text(json.dumps(config))

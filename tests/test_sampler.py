@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.build import build_engine
 from pipeline.checks import ConfigError
+from pipeline.executors import build_engine
 from pipeline.run import run
 from pipeline.schema import GreedySamplerConf, RandomSamplerConf
 from stages.request import Request, SamplingParams

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.build import build_engine
 from pipeline.console import summary_table
+from pipeline.executors import build_engine
 from pipeline.review import metrics_table, trap_notes
 from pipeline.run import serve as serve_run
 from pipeline.slo import Slo, slo_metrics

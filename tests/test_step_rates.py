@@ -21,6 +21,7 @@ from stages.model_spec import ModelSpec
 from stages.request import DecodeRun
 from stages.simulator.cost_model import OVERHEAD, TERMS, CostModel
 from stages.simulator.device import SimulatedDevice, VirtualClock
+from stages.simulator.expert_parallel import PLAIN, ExpertParallel
 from stages.simulator.hardware import HardwareProfile
 from stages.simulator.precision import KvCacheDtype, Precision, Quantization
 from stages.step_shape import StepShape
@@ -49,8 +50,8 @@ def shipped() -> tuple[dict[str, ModelSpec], dict[str, HardwareProfile]]:
 def models_to_check() -> list[CostModel]:
     """Every shipped model on every profile (a padding one made to compute real tokens, to
     price its figures the same way): every precision at tp 1, every tp the model splits to
-    in bf16, the largest in FP8 with a prefill batch split of 4; random coefficients, so
-    that every term (the blocks' too) weighs."""
+    in bf16, the largest in FP8 with a prefill batch split of 4, a MoE model also expert
+    parallel over 8; random coefficients, so that every term (the blocks' too) weighs."""
     specs, profiles = shipped()
     rng = np.random.default_rng(7)
     models = []
@@ -59,11 +60,15 @@ def models_to_check() -> list[CostModel]:
         ways = [(1, p, 1) for p in PRECISIONS]
         tps = [tp for tp in TPS[1:] if valid_tp(spec, tp)]
         ways += [(tp, PRECISIONS[0], 1) for tp in tps] + [(tps[-1], FP8, 4)]
-        for tp, precision, split in ways:
+        layouts = [PLAIN] * len(ways)
+        if spec.moe is not None:  # expert parallel over 8: attention dp 8, or tp 2 x dp 4
+            ways += [(1, FP8, 1), (2, PRECISIONS[0], 1)]
+            layouts += [ExpertParallel(8, 8), ExpertParallel(8, 4, 1.2)]
+        for (tp, precision, split), layout in zip(ways, layouts, strict=True):
             coefficients = dict(zip(TERMS, rng.uniform(0, 3, len(TERMS)), strict=True))
             coefficients["kv_blocks"] = rng.uniform(0, 50)
             coefficients[OVERHEAD] = rng.uniform(0, 0.01)
-            models.append(CostModel(spec, hw, tp, coefficients, precision, split))
+            models.append(CostModel(spec, hw, tp, coefficients, precision, split, layout))
     return models
 
 

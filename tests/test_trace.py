@@ -10,8 +10,8 @@ from datetime import datetime, timedelta
 import numpy as np
 import pytest
 
-from pipeline.build import build_engine
 from pipeline.checks import ConfigError
+from pipeline.executors import build_engine
 from stages.request import Request
 from stages.tokenizer import ByteTokenizer
 from stages.trace import (

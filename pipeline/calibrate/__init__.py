@@ -33,12 +33,13 @@ from omegaconf import DictConfig, OmegaConf
 
 from pipeline import logs  # noqa: F401  (logs configures structlog)
 from pipeline.artefacts import STEPS, read_run_config
-from pipeline.build import build_engine, check_resolves, import_paddle
-from pipeline.checks import ConfigError, check_config, describe_model
+from pipeline.build import check_resolves, import_paddle
+from pipeline.checks import ConfigError, describe_model
 from pipeline.engine import Engine
+from pipeline.executors import build_engine, check_config, executor_of
 from pipeline.run import run
 from pipeline.run_folder import RunFileError, read_step_lines
-from pipeline.schema import Executor, HardwareConf, schema_defaults
+from pipeline.schema import HardwareConf, schema_defaults
 from stages.forward_meta import bucket_dims
 from stages.simulator.cost_model import CostModel
 from stages.simulator.hardware import HardwareProfile, write_profile
@@ -154,7 +155,7 @@ def run_samples(folder: str | Path, pads_to_buckets: bool) -> list[tuple[StepSha
     cfg = read_run_config(folder)
     if cfg is None or not (folder / STEPS).is_file():
         raise ConfigError(f"calibrate.runs: {folder} is not a run folder (no config or {STEPS})")
-    if OmegaConf.select(cfg, "executor.name") == Executor.simulated:
+    if executor_of(cfg).predicts:
         raise ConfigError(f"calibrate.runs: {folder} is a simulated run; give real runs")
     try:  # every field checked (a NaN duration would fit NaN coefficients)
         steps = read_step_lines(folder / STEPS)

@@ -37,13 +37,14 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from pipeline.build import build, build_simulated_engine
+from pipeline.build import build
 from pipeline.compose import compose_config
+from pipeline.executors.simulated import build_simulated_engine, simulated_device
 from pipeline.metrics import StepTotals
 from stages.arithmetic import ceil_div
 from stages.request import FinishReason, Request
 from stages.simulator.cost_model import CostModel
-from stages.simulator.device import SimulatedDevice, VirtualClock
+from stages.simulator.device import VirtualClock
 from stages.simulator.hardware import HardwareProfile, kv_pool_blocks
 from stages.simulator.precision import KvCacheDtype, Precision, Quantization
 from stages.simulator.step_work import StepAmounts
@@ -248,8 +249,7 @@ def simulate_row(
     start, cpu = time.perf_counter(), time.process_time()
     cfg = row_config(row, hardware)
     engine, _ = build_simulated_engine(cfg, VirtualClock(), hardware)
-    device = engine.model
-    assert isinstance(device, SimulatedDevice)  # a simulated engine's model is its device
+    device = simulated_device(engine)
     if record:
         device.record()
     if cfg.warmup:

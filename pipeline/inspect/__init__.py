@@ -263,6 +263,17 @@ def render(report: Mapping[str, Any]) -> str:
     return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
 
 
+def check_readable(path: str) -> None:
+    """NotAModel for a path that is neither a folder nor a regular GGUF file, said as such."""
+    target = Path(path).expanduser()
+    if target.exists() and not target.is_dir():
+        if not target.is_file() or target.stat().st_size == 0 or not is_gguf(target):
+            raise NotAModel(
+                f"MODEL_DIR={target} is a file but not a GGUF file (no GGUF magic): give a "
+                "model folder (config.json, *.safetensors) or a .gguf file"
+            )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m pipeline.inspect",
@@ -280,6 +291,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     try:
+        check_readable(args.model_dir)
         if is_gguf(args.model_dir):
             report = describe_gguf(args.model_dir, args.max_model_len)
             text = render_gguf(report)
@@ -288,6 +300,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             text = render(report)
     except ValueError as err:  # NotAModel, or a GGUF header that cannot be read
         print(f"Error: {err}", file=sys.stderr)
+        return NOT_A_MODEL
+    except OSError as err:  # a device or a file that cannot be read (/proc/self/mem)
+        print(f"Error: {args.model_dir} cannot be read ({err.strerror or err})", file=sys.stderr)
         return NOT_A_MODEL
     print(json.dumps(report, indent=2) if args.json else text)
     return SERVABLE if report["servable"] else NOT_SERVABLE

@@ -27,18 +27,17 @@ import structlog
 from omegaconf import DictConfig, OmegaConf
 
 from pipeline import artefacts
-from pipeline.build import build_engine
 from pipeline.checks import ConfigError
 from pipeline.engine import Engine
+from pipeline.executors import build_engine, executor_of
+from pipeline.executors.simulated import simulated_device
 from pipeline.metrics import StepTotals
 from pipeline.plan.capacity_estimate import rate_ceiling
 from pipeline.plan.capacity_report import write_reports
 from pipeline.run import device_metrics, run_metrics, serve, slo_of
 from pipeline.run_folder import RunStatus
-from pipeline.schema import Executor
 from pipeline.slo import EarlyVerdict, Slo, needed_good
 from stages.request import FinishReason, Request
-from stages.simulator.device import SimulatedDevice
 
 log = structlog.get_logger(__name__)
 
@@ -248,7 +247,7 @@ def capacity_search(cfg: DictConfig, out_dir: Path, max_warmup_s: float = 0.0) -
         raise ConfigError(
             "a capacity search needs an SLO: give slo.ttft_ms, slo.tpot_ms or slo.e2e_ms"
         )
-    if cfg.executor.name != Executor.simulated:
+    if not executor_of(cfg).predicts:
         raise ConfigError("the capacity search runs on the simulated device: executor=simulated")
     check_settings(cfg.capacity)
     artefacts.write_resolved_config(cfg, out_dir)
@@ -281,11 +280,8 @@ def estimated_start(
     """The first load to probe: the cost model's steady-state ceiling in the axis's unit
     (pipeline/plan/capacity_estimate.py). Starting near capacity spares the search its costliest
     probes, those far below it (many small steps each), whichever side it lands on."""
-    device = engine.model
-    if not isinstance(device, SimulatedDevice):
-        return None
     ceiling = rate_ceiling(
-        device.cost, requests, cfg.block_size, cfg.max_num_seqs,
+        simulated_device(engine).cost, requests, cfg.block_size, cfg.max_num_seqs,
         engine.scheduler.kv_cache.num_blocks, slo.tpot_ms,
     )  # fmt: skip
     if ceiling is None:

@@ -24,6 +24,7 @@ from pipeline.deploy import deployment, tool_overrides, write_deploy
 from pipeline.plan.candidates import Candidate, Objective, Ranking, rank, read_candidates
 from pipeline.plan.table import PARETO_PNG, PLAN_MD, band_ends, row, write_pareto, write_table
 from pipeline.plan.target import target_of
+from pipeline.run_folder import RunStatus
 from pipeline.slo import Slo
 from pipeline.summary import find_jobs, swept_keys
 
@@ -84,6 +85,9 @@ def _best(c: Candidate, keys: Sequence[str], prices: Mapping[str, float]) -> dic
             "bands": bands, "band": c.band.describe(), "software": c.band.software}  # fmt: skip
 
 
+ALL_FAILED = "Error: every job of the plan failed"
+
+
 def build_plan_report(
     plan_dir: Path, settings: DictConfig | Mapping[str, Any], tolerance: float = 0.0
 ) -> str:
@@ -104,6 +108,10 @@ def build_plan_report(
     table = write_table(ordered, rows, prices, header, plan_dir)
     chosen = ranking.order[0] if ranking.order else None
     write_pareto(cands, chosen, plan_dir / PARETO_PNG)
+    failed = [c for c in cands if c.job.status != RunStatus.OK]
+    if chosen is None and len(failed) == len(cands):
+        first = failed[0].job
+        return f"{table}\n\n{ALL_FAILED} (job {first.num}: {first.error}): fix it and plan again"
     if chosen is None:
         return f"{table}\n\nNo configuration met the SLO within the limits: see {PLAN_MD}"
     model = str(settings.get("model_id") or "")
@@ -180,3 +188,5 @@ class PlanReport(Callback):
             log.error("Plan report failed (%s: %s)", type(err).__name__, err)
             return
         print(text, file=sys.stdout)
+        if ALL_FAILED in text:
+            sys.exit(1)

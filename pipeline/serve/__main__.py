@@ -21,41 +21,52 @@ from pathlib import Path
 import hydra
 import structlog
 import uvicorn
+from fastapi import FastAPI
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from pipeline import artefacts, logs  # noqa: F401  (logs configures structlog)
 from pipeline.build import check_resolves, import_paddle
-from pipeline.checks import ConfigError, check_config
+from pipeline.checks import ConfigError
+from pipeline.executors import check_config, executor_of
 from pipeline.run import slo_of
 from pipeline.run_folder import RunStatus
-from pipeline.schema import Executor, register_schemas
+from pipeline.schema import register_schemas
 from pipeline.serve.api import create_app
+from pipeline.serve.connections import guarded_h11
+from pipeline.serve.derived import model_name, size_kv_pool
 from pipeline.serve.telemetry import Telemetry
 from pipeline.serve.worker import EngineWorker
-from stages.kv_cache import blocks_for
 
 log = structlog.get_logger("pipeline.serve")
 register_schemas()
 
 
-def prepare(cfg: DictConfig, model_choice: str) -> None:
+def prepare(cfg: DictConfig, model_choice: str) -> str | None:
     """Checks the config as a run would, and fills in what a server derives: the model's
-    name, and (on the real executor) a KV pool that holds max_num_seqs full-length requests,
-    since a server has no workload to size it by."""
+    name, and (on the real executor) a KV pool sized by its memory budget, since a server
+    has no workload to size it by; returns the line that says the pool's size."""
     check_resolves(cfg)
-    check_config(cfg)
+    executor = check_config(cfg)
     slo_of(cfg)  # a bad bound stops the server before anything is built
-    if not cfg.serve.model_name:
-        cfg.serve.model_name = model_choice
-    if cfg.executor.name != Executor.simulated and not cfg.num_blocks:
-        cfg.num_blocks = cfg.max_num_seqs * blocks_for(cfg.max_model_len, cfg.block_size)
-    if not 0 < cfg.serve.port < 65536:
-        raise ConfigError(f"serve.port={cfg.serve.port}: choose a port in 1..65535")
-    if cfg.serve.max_waiting < 1 or cfg.serve.max_request_bytes < 1:
-        raise ConfigError("serve.max_waiting and serve.max_request_bytes must be >= 1")
-    if cfg.serve.trim_memory_s < 0:
-        raise ConfigError(f"serve.trim_memory_s={cfg.serve.trim_memory_s}: use 0 (never) or more")
+    cfg.serve.model_name = model_name(cfg, model_choice)
+    check_settings(cfg.serve)
+    return size_kv_pool(cfg, executor.server_num_blocks(cfg))
+
+
+def check_settings(settings: DictConfig) -> None:
+    """The server's own bounds, each a one-line error."""
+    if not 0 < settings.port < 65536:
+        raise ConfigError(f"serve.port={settings.port}: choose a port in 1..65535")
+    if min(settings.max_waiting, settings.max_request_bytes, settings.max_connections) < 1:
+        raise ConfigError(
+            "serve.max_waiting, serve.max_request_bytes and serve.max_connections must be >= 1"
+        )
+    if settings.trim_memory_s < 0:
+        raise ConfigError(f"serve.trim_memory_s={settings.trim_memory_s}: use 0 (never) or more")
+    for key in ("header_timeout_s", "body_timeout_s", "shutdown_timeout_s"):
+        if not 0 < settings[key] <= 86400:
+            raise ConfigError(f"serve.{key}={settings[key]}: give seconds in (0, 86400]")
 
 
 class DrainingServer(uvicorn.Server):
@@ -69,6 +80,13 @@ class DrainingServer(uvicorn.Server):
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         self.on_stop()
         await super().shutdown(sockets)
+
+
+def stopped_before_serving(signum: int, frame: object) -> None:
+    """A stop signal before the server runs (Paddle, imported with this module, installs
+    handlers that print a C++ stack): one line, and the signal's exit code."""
+    print(f"stopped by {signal.Signals(signum).name} before serving", file=sys.stderr)
+    raise SystemExit(128 + signum)
 
 
 @contextmanager
@@ -98,31 +116,60 @@ def serve(cfg: DictConfig, out_dir: Path) -> int:
         return EngineWorker(cfg, out_dir, loop, telemetry, on_fatal)
 
     app = create_app(cfg, make_worker)
-    config = uvicorn.Config(
+    server = DrainingServer(uvicorn_config(app, settings), lambda: app.state.worker.drain())
+    if executor_of(cfg).needs_paddle:
+        import_paddle()  # before uvicorn's handlers: Paddle's own would replace them
+    sock = listening_socket(settings.host, settings.port)  # a port in use: exit 2, no run
+    print(f"serving on http://{settings.host}:{settings.port} (run folder {out_dir})", flush=True)
+    with exit_quietly_on_signals():
+        server.run(sockets=[sock])
+    return exit_code(fatal[0], out_dir) if fatal else 0
+
+
+def uvicorn_config(app: FastAPI, settings: DictConfig) -> uvicorn.Config:
+    """uvicorn with the server's connection limits: request heads within
+    serve.header_timeout_s, serve.max_connections open at most."""
+    return uvicorn.Config(
         app,
-        host=settings.host,
-        port=settings.port,
         log_level="warning",
         access_log=False,
+        http=guarded_h11(settings.header_timeout_s),
+        limit_concurrency=settings.max_connections,
         # A backstop: the worker aborts what is left at shutdown_timeout_s, so the
         # responses end on their own before uvicorn would cancel them.
         timeout_graceful_shutdown=round(settings.shutdown_timeout_s) + 5,
     )
-    server = DrainingServer(config, lambda: app.state.worker.drain())
-    if cfg.executor.name != Executor.simulated:
-        import_paddle()  # before uvicorn's handlers: Paddle's own would replace them
-    print(f"serving on http://{settings.host}:{settings.port} (run folder {out_dir})", flush=True)
-    with exit_quietly_on_signals():
-        server.run()
-    if fatal:
-        err = fatal[0]
-        known = isinstance(err, ConfigError | artefacts.RunFolderError)
-        message = str(err) if known else f"{type(err).__name__}: {err}"
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """The server's socket, bound before anything says it serves."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as err:
+        sock.close()
+        raise ConfigError(
+            f"serve.host={host} serve.port={port} cannot be bound ({err.strerror}): "
+            "choose another serve.port, or stop what listens there"
+        ) from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def exit_code(err: BaseException, out_dir: Path) -> int:
+    """The engine's fatal error as one line on stderr and in metrics.json (where the disk
+    allows); 2 for a config error, 1 otherwise."""
+    known = isinstance(err, ConfigError | artefacts.RunFolderError)
+    message = str(err) if known else f"{type(err).__name__}: {err}"
+    try:
         if not (out_dir / artefacts.METRICS).exists():
             artefacts.write_metrics({"status": RunStatus.FAILED, "error": message}, out_dir)
-        print(f"Error: {message}", file=sys.stderr)
-        return 2 if isinstance(err, ConfigError) else 1
-    return 0
+    except (OSError, artefacts.RunFolderError) as write_err:
+        print(f"Error: metrics.json not written: {write_err}", file=sys.stderr)
+    print(f"Error: {message}", file=sys.stderr)
+    return 2 if isinstance(err, ConfigError) else 1
 
 
 @hydra.main(version_base="1.3", config_path="pkg://pipeline.conf", config_name="serve")
@@ -130,13 +177,19 @@ def main(cfg: DictConfig) -> None:
     hydra_cfg = HydraConfig.get()
     out_dir = Path(hydra_cfg.runtime.output_dir)
     try:
-        prepare(cfg, hydra_cfg.runtime.choices.get("model", "model"))
+        pool = prepare(cfg, hydra_cfg.runtime.choices.get("model", "model"))
         artefacts.write_resolved_config(cfg, out_dir)
+        if pool:
+            print(pool, flush=True)
+        code = serve(cfg, out_dir)
     except (ConfigError, artefacts.RunFolderError) as err:
         print(f"Error: {err}", file=sys.stderr)
         sys.exit(2)
-    sys.exit(serve(cfg, out_dir))
+    sys.exit(code)
 
 
 if __name__ == "__main__":
+    for stop in (signal.SIGINT, signal.SIGTERM):  # in place of Paddle's, from the imports
+        signal.signal(stop, stopped_before_serving)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})  # see __init__
     main()

@@ -1,9 +1,11 @@
 """The HTTP routes: OpenAI's completions, chat completions and models, /health, /metrics.
 
-Each generation request is checked in one order (key 401, size 413, body 400, model 404,
-readiness and queue 503, limits 400), handed to the engine worker, then answered whole or
-streamed as server-sent events, a chunk per engine step. A client that leaves mid-request
-has its request aborted, so its KV blocks are free by the next step.
+Each generation request is checked in one order (key 401, content type 415, size 413 and
+read time 408, body 400, model 404, readiness and queue 503, context and limits 400),
+handed to the engine worker, then answered whole or streamed as server-sent events, a
+chunk per engine step. Every error answer is OpenAI's shape with `param` naming what to
+change. A client that leaves mid-request has its request aborted, so its KV blocks are
+free by the next step.
 """
 
 from __future__ import annotations
@@ -21,16 +23,19 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from omegaconf import DictConfig
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from pipeline.serve.protocol import (
     ChatBody,
     CompletionBody,
     GenerationBody,
     RequestError,
+    UsageMode,
     parse,
     to_request,
 )
-from pipeline.serve.replies import Reply, ReplyKind, TextStream
+from pipeline.serve.replies import Reply, ReplyKind, TextStream, usage_counts
 from pipeline.serve.telemetry import Telemetry
 from pipeline.serve.worker import EngineWorker, Finished, Stream
 
@@ -45,6 +50,18 @@ class Problem(Exception):
     ) -> None:
         super().__init__(message)
         self.status, self.param, self.headers = status, param, headers
+
+
+def http_problem(request: Request, err: Exception) -> JSONResponse:
+    """Starlette's own answers (404 no such route, 405 wrong method) in OpenAI's shape."""
+    assert isinstance(err, HTTPException)
+    where = f"{request.method} {request.url.path}"
+    return problem_response(Problem(err.status_code, f"{where}: {err.detail}", "path",
+                                    dict(err.headers or {})))  # fmt: skip
+
+
+def server_problem(request: Request, err: Exception) -> JSONResponse:
+    return problem_response(Problem(500, f"internal error: {type(err).__name__}: {err}"))
 
 
 def problem_response(err: Problem) -> JSONResponse:
@@ -80,9 +97,14 @@ def create_app(
         yield
         await asyncio.to_thread(worker.stop, shutdown_timeout_s)
 
-    app = FastAPI(title="hpu-pipeline", lifespan=lifespan)
+    # With a key, the API's description is closed too (it would list the routes to anyone).
+    docs = {} if not cfg.serve.api_key else {"docs_url": None, "redoc_url": None,
+                                                 "openapi_url": None}  # fmt: skip
+    app = FastAPI(title="hpu-pipeline", lifespan=lifespan, **docs)
     app.state.serving = Serving(cfg.serve, cfg.max_model_len)
     app.add_exception_handler(Problem, lambda request, err: problem_response(err))
+    app.add_exception_handler(HTTPException, http_problem)
+    app.add_exception_handler(Exception, server_problem)  # a bug: still OpenAI's shape
     app.include_router(probe_routes)
     app.include_router(openai_routes)
     return app
@@ -144,8 +166,9 @@ async def chat_completions(request: Request) -> Response:
     worker, body = await accept(request, ChatBody)
     tokenizer = worker.engine.tokenizer
     messages = [{"role": m.role, "content": m.text()} for m in body.messages]
-    try:  # the model's chat template, as for jsonl `messages` (stages/chat.py)
-        prompt, ids = tokenizer.encode_chat(messages)
+    try:  # the model's chat template, as for jsonl `messages` (stages/chat.py), rendered
+        # off the event loop in a child with a time limit: /health answers meanwhile
+        prompt, ids = await asyncio.to_thread(tokenizer.encode_chat, messages)
     except ValueError as err:
         raise Problem(400, str(err), "messages") from None
     reply = request.app.state.serving.reply(ReplyKind.CHAT_COMPLETION)
@@ -156,7 +179,8 @@ async def accept(request: Request, body_type: type[GenerationBody]) -> tuple[Eng
     """The checks every generation request passes, in the order the module names."""
     settings = request.app.state.serving.settings
     check_key(request, settings.api_key)
-    raw = await read_body(request, settings.max_request_bytes)
+    check_json(request)
+    raw = await read_body(request, settings.max_request_bytes, settings.body_timeout_s)
     try:
         body = parse(body_type, raw)
     except RequestError as err:
@@ -187,16 +211,18 @@ async def generate(
     engine = worker.engine
     ident = (reply.id, reply.index)
     max_model_len = request.app.state.serving.max_model_len
+    source = "prompt" if isinstance(body, CompletionBody) else "messages"
+    check_context(len(ids), limit, max_model_len, source)
     job = to_request(body, prompt, ids, limit, max_model_len, ident, engine.clock())
     reason = engine.rejection(job)
     if reason:
-        raise Problem(400, reason)
+        raise Problem(400, reason, source)
     try:
         stream = worker.submit(job, streamed=body.stream)
     except RuntimeError as err:
         raise Problem(503, str(err), headers={"Retry-After": "5"}) from None
     if body.stream:
-        events = stream_events(request, worker, stream, reply, body.include_usage)
+        events = stream_events(request, worker, stream, reply, body.usage_mode)
         return StreamingResponse(events, media_type="text/event-stream")
     await wait_for_end(request, worker, stream)
     if stream.request.error:
@@ -206,26 +232,58 @@ async def generate(
                     media_type="application/json")  # fmt: skip
 
 
+def check_context(prompt: int, limit: int | None, max_model_len: int, source: str) -> None:
+    """400 where the prompt and the output asked for do not fit the context (as vLLM)."""
+    if prompt >= max_model_len:
+        message = (f"the {source} has {prompt} tokens, this model's context is "
+                   f"{max_model_len} tokens and leaves no room for output: shorten it")  # fmt: skip
+        raise Problem(400, message, source)
+    if limit is not None and prompt + limit > max_model_len:
+        raise Problem(400, f"this model's maximum context length is {max_model_len} tokens, "
+                      f"you requested {prompt + limit} ({prompt} in the {source}, {limit} in "
+                      "the completion): reduce max_tokens or the prompt", "max_tokens")  # fmt: skip
+
+
+def check_json(request: Request) -> None:
+    """415 for a body not declared JSON: a web page's form or text/plain POST (sent without
+    a CORS preflight) cannot drive a local server."""
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if not (
+        kind == "application/json" or (kind.startswith("application/") and kind.endswith("+json"))
+    ):
+        raise Problem(415, f"Content-Type {kind or '(none)'!r} is not accepted: send the body "
+                      "as application/json", "content-type")  # fmt: skip
+
+
 def check_key(request: Request, api_key: str) -> None:
     if not api_key:
         return
     given = request.headers.get("authorization", "")
     if not secrets.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
-        raise Problem(401, "a valid API key is required: send 'Authorization: Bearer KEY'")
+        raise Problem(401, "a valid API key is required: send 'Authorization: Bearer KEY'",
+                      "authorization")  # fmt: skip
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The body, or 413 as soon as it is known to exceed `limit` bytes."""
-    too_large = Problem(413, f"the request body exceeds serve.max_request_bytes={limit}")
+async def read_body(request: Request, limit: int, timeout_s: float) -> bytes:
+    """The body, or 413 as soon as it is known to exceed `limit` bytes, or 408 when it has
+    not all come within `timeout_s` (a client holding the connection open)."""
+    too_large = Problem(413, f"the request body exceeds serve.max_request_bytes={limit}", "body")
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
         raise too_large
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise too_large
-        chunks.append(chunk)
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise too_large
+                chunks.append(chunk)
+    except TimeoutError:
+        raise Problem(408, f"the body did not arrive within serve.body_timeout_s={timeout_s:g}",
+                      "body", {"Connection": "close"}) from None  # fmt: skip
+    except ClientDisconnect:
+        raise Problem(400, "the client left before sending the whole body", "body") from None
     return b"".join(chunks)
 
 
@@ -248,9 +306,11 @@ async def disconnected(request: Request) -> None:
 
 
 async def stream_events(
-    request: Request, worker: EngineWorker, stream: Stream, reply: Reply, include_usage: bool
+    request: Request, worker: EngineWorker, stream: Stream, reply: Reply, usage_mode: UsageMode
 ) -> AsyncIterator[bytes]:
-    """Server-sent events: a chunk of text per engine step, the finish, usage, [DONE]."""
+    """Server-sent events: a chunk of text per engine step (with the usage so far, where
+    asked), the finish, usage, [DONE]."""
+    include_usage = usage_mode is not UsageMode.NONE
     text = TextStream(worker.engine.tokenizer, stream.request.stop)
     ended = False
     try:
@@ -263,7 +323,10 @@ async def stream_events(
             ids = event.ids if ended else event
             delta = text.final(stream.request, ids) if ended else text.add(ids)
             if delta:
-                yield reply.chunk(delta, None, include_usage)
+                counts = None
+                if usage_mode is UsageMode.CONTINUOUS:
+                    counts = usage_counts(len(stream.request.prompt_ids), len(text.ids))
+                yield reply.chunk(delta, include_usage, counts)
         yield reply.closing_chunks(stream.request, include_usage)
         yield b"data: [DONE]\n\n"
     finally:

@@ -32,7 +32,7 @@ class GenerationAppender:
         self.path = out_dir / GENERATIONS
         self.tokenizer = tokenizer
         with artefacts.writing(self.path):
-            self._file = open(self.path, "wb")  # noqa: SIM115
+            self._file = artefacts.open_no_link(self.path, "wb")
 
     def __call__(self, request: Request) -> None:
         line = artefacts.json_line(artefacts.generation_line(request, self.tokenizer))

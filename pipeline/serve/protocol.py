@@ -1,18 +1,35 @@
 """The OpenAI request bodies this server takes (pydantic), and how one becomes a Request.
 
 Bodies are validated strictly: a wrong type or an unknown field is a 400 naming the field.
-Fields OpenAI defines but this engine does not implement are accepted only at their
-neutral value (`n=1`, `logit_bias` absent, penalties 0, ...): any other value is a 400
-naming the field, never silently ignored.
+Every number is bounded by BOUNDS, the range its consumer takes (the sampler's int64 top_k,
+the engine's int32 token counts), and stop strings by their count and total length, so no
+value that passes here can fail in the engine. Fields OpenAI defines but this engine does
+not implement are accepted only at their neutral value (`n=1`, `logit_bias` absent,
+penalties 0, ...): any other value is a 400 naming the field, never silently ignored.
 """
 
 from __future__ import annotations
 
+import enum
 from typing import Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from stages.request import Request, SamplingParams
+from stages.sampler import TOP_K_MAX
+
+INT32_MAX = 2**31 - 1
+# Field -> (lowest, highest) value accepted, each the range of the stage that consumes it.
+BOUNDS: dict[str, tuple[float, float]] = {
+    "max_tokens": (1, INT32_MAX),  # then checked against the context (400 beyond it)
+    "max_completion_tokens": (1, INT32_MAX),
+    "temperature": (0.0, 1e6),  # finite: the logits are divided by it
+    "top_p": (1e-9, 1.0),  # (0, 1]
+    "top_k": (-1, TOP_K_MAX),  # -1 or 0: off (vLLM's convention); the sampler's int64 rows
+    "seed": (-(2**63), 2**63 - 1),  # a 64-bit stream key
+}
+MAX_STOP_STRINGS = 16  # each is searched for at every step of the request
+MAX_STOP_CHARS = 1024  # their total length
 
 # Field -> the only values accepted (OpenAI's defaults, and what clients send by default).
 NEUTRAL: dict[str, tuple[Any, ...]] = {
@@ -39,8 +56,22 @@ class RequestError(ValueError):
         self.param = param
 
 
+class UsageMode(enum.Enum):
+    """What usage a stream sends: none, once at the end, or with every chunk too."""
+
+    NONE = "none"
+    FINAL = "final"
+    CONTINUOUS = "continuous"
+
+
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+
+def bounded(name: str) -> Any:
+    """The field `name` of BOUNDS: absent, or within its range."""
+    low, high = BOUNDS[name]
+    return Field(default=None, ge=low, le=high)
 
 
 class StreamOptions(Strict):
@@ -68,11 +99,11 @@ class GenerationBody(Strict):
     """What both routes share: sampling, stopping and streaming."""
 
     model: str | None = None
-    max_tokens: int | None = Field(default=None, ge=1)
-    temperature: float | None = Field(default=None, ge=0)
-    top_p: float | None = Field(default=None, gt=0, le=1)
-    top_k: int | None = Field(default=None, ge=-1)  # -1 or 0: off (vLLM's convention)
-    seed: int | None = Field(default=None, ge=-(2**63), lt=2**63)
+    max_tokens: int | None = bounded("max_tokens")
+    temperature: float | None = bounded("temperature")
+    top_p: float | None = bounded("top_p")
+    top_k: int | None = bounded("top_k")
+    seed: int | None = bounded("seed")
     stop: str | list[str] | None = None
     ignore_eos: bool = False
     stream: bool = False
@@ -98,17 +129,24 @@ class GenerationBody(Strict):
                     )
         if self.stream_options is not None and not self.stream:
             raise RequestError("stream_options is only allowed with stream=true", "stream_options")
+        options = self.stream_options
+        if options and options.continuous_usage_stats and not options.include_usage:
+            raise RequestError(
+                "stream_options.continuous_usage_stats=true needs include_usage=true too",
+                "stream_options",
+            )
+        check_stop(self.stop_strings)
 
     @property
     def stop_strings(self) -> list[str]:
-        stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
-        if not all(stop):
-            raise RequestError("stop strings must not be empty", "stop")
-        return stop
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
 
     @property
-    def include_usage(self) -> bool:
-        return bool(self.stream_options and self.stream_options.include_usage)
+    def usage_mode(self) -> UsageMode:
+        options = self.stream_options
+        if not (options and options.include_usage):
+            return UsageMode.NONE
+        return UsageMode.CONTINUOUS if options.continuous_usage_stats else UsageMode.FINAL
 
 
 class CompletionBody(GenerationBody):
@@ -117,19 +155,27 @@ class CompletionBody(GenerationBody):
     logprobs: int | None = None
     suffix: str | None = None
 
+    def check_supported(self) -> None:
+        super().check_supported()
+        prompt = self.prompt
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], str) and len(prompt) > 1:
+            raise RequestError(
+                f"one prompt per request is supported (got a list of {len(prompt)}): "
+                "send each prompt in a request of its own",
+                "prompt",
+            )
+
     def prompt_text(self) -> str | list[int]:
         """The prompt as text, or as token ids where the client sent ids."""
         prompt = self.prompt
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
-            if len(prompt) != 1:
-                raise RequestError("one prompt per request is supported (got a list)", "prompt")
             return prompt[0]
         return cast("str | list[int]", prompt)  # a text, or the ids a client sent
 
 
 class ChatBody(GenerationBody):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = bounded("max_completion_tokens")
     logprobs: bool | None = None
     top_logprobs: int | None = None
     tools: list[dict[str, Any]] | None = None
@@ -139,6 +185,23 @@ class ChatBody(GenerationBody):
         return self.max_completion_tokens or self.max_tokens
 
 
+def check_stop(stop: list[str]) -> None:
+    """Stop strings: not empty, at most MAX_STOP_STRINGS of at most MAX_STOP_CHARS in all."""
+    if not all(stop):
+        raise RequestError("stop strings must not be empty: remove the empty one", "stop")
+    if len(stop) > MAX_STOP_STRINGS:
+        raise RequestError(
+            f"{len(stop)} stop strings, at most {MAX_STOP_STRINGS} are accepted", "stop"
+        )
+    total = sum(map(len, stop))
+    if total > MAX_STOP_CHARS:
+        raise RequestError(
+            f"the stop strings have {total} characters in all, at most {MAX_STOP_CHARS} "
+            "are accepted",
+            "stop",
+        )
+
+
 def parse(body_type: type[GenerationBody], raw: bytes) -> GenerationBody:
     """The body validated, or a RequestError naming the first bad field."""
     try:
@@ -146,13 +209,14 @@ def parse(body_type: type[GenerationBody], raw: bytes) -> GenerationBody:
     except ValidationError as err:
         first = err.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
+        param = str(first["loc"][0]) if first["loc"] else "body"
         if first["type"] == "json_invalid":
-            raise RequestError(f"the body is not valid JSON: {first['msg']}") from None
+            raise RequestError(f"the body is not valid JSON: {first['msg']}", "body") from None
         if first["type"] == "extra_forbidden":
-            raise RequestError(f"unknown field '{where}'", where) from None
+            raise RequestError(f"unknown field '{where}'", param) from None
         if first["type"] == "model_type" and not where:
-            raise RequestError("the body must be a JSON object") from None
-        raise RequestError(f"{where or 'body'}: {first['msg']}", where or None) from None
+            raise RequestError("the body must be a JSON object", "body") from None
+        raise RequestError(f"{where or 'body'}: {first['msg']}", param) from None
     body.check_supported()
     return body
 

@@ -17,25 +17,37 @@ from stages.request import Request
 class TextStream:
     """A request's text as its tokens come: each step sends what can no longer change.
 
-    Held back are a cut-off character at the end (its next bytes are still to come) and, with
-    stop strings, as many characters as the longest one less one: the stop string that ends
-    the request is never sent in part. The last delta makes the sent text the request's
-    final text (artefacts.output_text, as generations.jsonl holds it)."""
+    Held back are a cut-off character at the end (its next bytes are still to come) and,
+    with stop strings, the text from the first stop string found, and any end of the text
+    that a stop string begins with: the stop string that ends the request is never sent, not
+    even in part (its tokens reach the stream before the request is seen to stop). The last
+    delta makes the sent text the request's final text (artefacts.output_text, as
+    generations.jsonl holds it)."""
 
     def __init__(self, tokenizer: Tokenizer, stop: list[str]) -> None:
         self.tokenizer = tokenizer
-        self.holdback = max(map(len, stop), default=1) - 1
+        self.stop = stop
         self.ids: list[int] = []
         self.sent = 0  # characters sent
 
     def add(self, ids: list[int]) -> str:
         self.ids += ids
         text = self.tokenizer.decode(self.ids).rstrip("\ufffd")
-        safe = len(text) - self.holdback
+        safe = self._safe_end(text)
         if safe <= self.sent:
             return ""
         delta, self.sent = text[self.sent : safe], safe
         return delta
+
+    def _safe_end(self, text: str) -> int:
+        """Where the text that can no longer change ends."""
+        cuts = [i for i in (text.find(s) for s in self.stop) if i >= 0]
+        if cuts:
+            return min(cuts)
+        for start in range(max(0, len(text) - max(map(len, self.stop), default=0)), len(text)):
+            if any(s.startswith(text[start:]) for s in self.stop):
+                return start
+        return len(text)
 
     def final(self, request: Request, ids: list[int]) -> str:
         self.ids += ids
@@ -44,14 +56,13 @@ class TextStream:
         return delta
 
 
+def usage_counts(prompt: int, output: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt, "completion_tokens": output, "total_tokens": prompt + output}
+
+
 def usage(request: Request) -> dict[str, Any]:
-    prompt, output = request.num_prompt_tokens, len(request.output_ids)
-    return {
-        "prompt_tokens": prompt,
-        "completion_tokens": output,
-        "total_tokens": prompt + output,
-        "prompt_tokens_details": {"cached_tokens": request.cached_tokens},
-    }
+    counts = usage_counts(request.num_prompt_tokens, len(request.output_ids))
+    return {**counts, "prompt_tokens_details": {"cached_tokens": request.cached_tokens}}
 
 
 class ReplyKind(enum.StrEnum):
@@ -99,10 +110,12 @@ class Reply:
     def _event(self, body: dict[str, Any]) -> bytes:
         return b"data: " + orjson.dumps(body) + b"\n\n"
 
-    def _chunk_body(self, choices: list, include_usage: bool) -> dict[str, Any]:
+    def _chunk_body(
+        self, choices: list, include_usage: bool, counts: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
         body = {**self._head(True), "choices": choices}
         if include_usage:
-            body["usage"] = None
+            body["usage"] = counts  # None but with continuous_usage_stats
         return body
 
     def opening_chunk(self, include_usage: bool) -> bytes | None:
@@ -113,9 +126,10 @@ class Reply:
                   "logprobs": None, "finish_reason": None}  # fmt: skip
         return self._event(self._chunk_body([choice], include_usage))
 
-    def chunk(self, text: str, finish: str | None, include_usage: bool) -> bytes:
-        choice = self._choice(text, finish, streaming=True)
-        return self._event(self._chunk_body([choice], include_usage))
+    def chunk(self, text: str, include_usage: bool, counts: dict[str, Any] | None = None) -> bytes:
+        """A delta of text; `counts`: the usage so far (continuous_usage_stats)."""
+        choice = self._choice(text, None, streaming=True)
+        return self._event(self._chunk_body([choice], include_usage, counts))
 
     def closing_chunks(self, request: Request, include_usage: bool) -> bytes:
         """The finish reason (or the error), then usage when asked for."""

@@ -17,7 +17,6 @@ from prometheus_client.registry import Collector
 from pipeline.engine import Engine
 from pipeline.metrics import StepRecord, e2e_s, itl_s, ttft_s
 from stages.request import FinishReason, Request
-from stages.simulator.device import SimulatedDevice
 
 # Bucket edges in seconds, as wide as vLLM's (first token of a long prompt to minutes).
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
@@ -130,10 +129,10 @@ class EngineCollector(Collector):
                 engine.metadata.bucket_misses,
             ),
         }
-        if isinstance(engine.model, SimulatedDevice):
+        if engine.simulation is not None:
             counters["hpu_pipeline:serving_compiles"] = (
                 "Graphs compiled while serving (predicted).",
-                engine.model.recompiles,
+                engine.simulation.serving_compiles,
             )
         for metric, (text, value) in counters.items():
             counter = CounterMetricFamily(metric, text, labels=["model_name"])

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,39 +19,18 @@ from omegaconf import DictConfig
 
 from pipeline import artefacts
 from pipeline.allocator import HeapTrimmer
-from pipeline.build import build_engine
 from pipeline.engine import Arrivals, Engine
+from pipeline.executors import build_engine
 from pipeline.metrics import StepRecord
+from pipeline.run import warm_up
 from pipeline.run_folder import RunStatus
-from pipeline.schema import Executor
 from pipeline.serve.folder import GenerationAppender, write_folder_metrics
 from pipeline.serve.telemetry import Telemetry
 from stages.request import Request
-from stages.simulator.device import VirtualClock
 
 log = structlog.get_logger(__name__)
 
 STOPPED = "aborted: the server stopped before this request finished"
-
-
-class PacedClock(VirtualClock):
-    """A simulated device's clock in real time (the digital twin): each step's predicted
-    time passes on the wall before the step's tokens go out."""
-
-    def __init__(self) -> None:
-        self._start = time.perf_counter()
-
-    def __call__(self) -> float:
-        return time.perf_counter() - self._start
-
-    def advance(self, seconds: float) -> None:
-        time.sleep(seconds)
-
-    def sleep_until(self, t: float) -> None:
-        time.sleep(max(0.0, t - self()))
-
-    def restart(self) -> None:
-        self._start = time.perf_counter()
 
 
 class Inbox:
@@ -181,45 +159,82 @@ class EngineWorker:
 
     # -- the engine thread -------------------------------------------------------------------
     def _main(self) -> None:
+        """Loads, warms up and serves; any error on the way ends the server (on_fatal),
+        after every open request has had its answer and the folder its metrics.json where
+        the disk allows."""
         try:
             engine = self._load()
         except BaseException as err:
             self.failed = str(err)
             self.on_fatal(err)
             return
-        steps = artefacts.StepWriter(self.out_dir)
-        generations = GenerationAppender(self.out_dir, engine.tokenizer)
-        warmup_s = engine.warmup() if self.cfg.warmup else 0.0
-        self.engine = engine
-        self.telemetry.watch(engine)
-        engine.clock.restart()
-        self.ready.set()
-        log.info("server_ready", warmup_s=round(warmup_s, 3))
-        duration, status = 0.0, RunStatus.OK
+        duration, warmup_s, status = 0.0, 0.0, RunStatus.OK
+        steps = generations = None
         try:
-            duration = engine.serve(
-                self.inbox,
-                on_step=lambda record: self._on_step(record, steps),
-                on_finish=lambda request: self._on_finish(request, generations),
-                on_tokens=self._on_tokens,
-            )
+            steps = artefacts.StepWriter(self.out_dir)
+            generations = GenerationAppender(self.out_dir, engine.tokenizer)
+            warmup_s = warm_up(self.cfg, engine)
+            self.engine = engine
+            self.telemetry.watch(engine)
+            engine.clock.restart()
+            self.ready.set()
+            log.info("server_ready", warmup_s=round(warmup_s, 3))
+            duration = self._serve(engine, steps, generations)
         except BaseException as err:  # the engine broke: every open request gets the error
             status, self.failed = RunStatus.FAILED, f"{type(err).__name__}: {err}"
-            log.exception("engine_failed")
-            for stream in list(self.streams.values()):
-                stream.request.fail(f"the engine failed: {self.failed}", engine.clock())
-                self._on_finish(stream.request, generations)
+            log.error("engine_failed", error=self.failed)
+            self.ready.clear()
+            self.inbox.close()
+            self._fail_open(engine, generations)
             self.on_fatal(err)
         finally:
-            steps.close()
-            generations.close()
+            self._close(engine, (steps, generations), duration, warmup_s, status)
+
+    def _serve(
+        self, engine: Engine, steps: artefacts.StepWriter, generations: GenerationAppender
+    ) -> float:
+        return engine.serve(
+            self.inbox,
+            on_step=lambda record: self._on_step(record, steps),
+            on_finish=lambda request: self._on_finish(request, generations),
+            on_tokens=self._on_tokens,
+        )
+
+    def _fail_open(self, engine: Engine, generations: GenerationAppender | None) -> None:
+        """Every open request ends with the engine's error; its client hears of it even
+        where its generations.jsonl line cannot be written (a full disk)."""
+        for stream in list(self.streams.values()):
+            stream.request.fail(f"the engine failed: {self.failed}", engine.clock())
+            try:
+                if generations is not None:
+                    generations(stream.request)
+            except Exception as err:  # noqa: BLE001 - the client's answer comes first
+                log.warning("generation_not_written", id=stream.request.id, error=str(err))
+            self.streams.pop(stream.request.seq_id, None)
+            self._deliver(
+                stream.queue.put_nowait, Finished(stream.request.output_ids[stream.sent :])
+            )
+
+    def _close(
+        self, engine: Engine, files: tuple, duration: float, warmup_s: float, status: RunStatus
+    ) -> None:
+        """The folder's files closed and its metrics.json written, each where it can be."""
+        try:
+            for file in files:
+                if file is not None:
+                    file.close()
             write_folder_metrics(
                 self.cfg, engine, self.out_dir, duration, warmup_s, status, self.failed
             )
+        except Exception as err:  # noqa: BLE001 - a full disk: the exit code says it failed
+            log.error("metrics_not_written", error=f"{type(err).__name__}: {err}")
+            if status is RunStatus.OK:
+                self.failed = f"{type(err).__name__}: {err}"
+                self.on_fatal(err)
 
     def _load(self) -> Engine:
-        paced = PacedClock() if self.cfg.executor.name == Executor.simulated else None
-        engine, _ = build_engine(self.cfg, clock=paced)
+        # A simulated device's predicted step times pass on the wall (the digital twin).
+        engine, _ = build_engine(self.cfg, paced=True)
         return engine
 
     def _on_step(self, record: StepRecord, steps: artefacts.StepWriter) -> None:

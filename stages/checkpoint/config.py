@@ -52,6 +52,22 @@ class CheckpointSpec:
         return self.model.max_position_embeddings
 
 
+# The largest size each field may give, checked before anything scales with it (a weight
+# plan per layer, a rotary table per position): well beyond every published model.
+MAX_SIZES = {
+    "num_hidden_layers": 4096,
+    "hidden_size": 1 << 17,
+    "intermediate_size": 1 << 20,
+    "moe_intermediate_size": 1 << 20,
+    "num_attention_heads": 1 << 12,
+    "num_key_value_heads": 1 << 12,
+    "head_dim": 1 << 12,
+    "vocab_size": 1 << 24,
+    "max_position_embeddings": 1 << 27,
+    "moe_num_experts": 1 << 12,
+}
+
+
 class _Fields:
     """Typed reads of config.json fields, each failing with the field's name and value."""
 
@@ -65,6 +81,11 @@ class _Fields:
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
             raise ValueError(
                 f"config.json: {key}={value!r} is out of range (an integer >= {minimum})"
+            )
+        if value > MAX_SIZES.get(key, value):
+            raise ValueError(
+                f"config.json: {key}={value} is out of range (at most {MAX_SIZES[key]:,}, "
+                "beyond any published model): check the file"
             )
         return value
 

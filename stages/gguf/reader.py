@@ -247,5 +247,8 @@ def is_gguf(path: str | Path) -> bool:
     path = Path(path).expanduser()
     if not path.is_file():
         return False
-    with path.open("rb") as file:
-        return file.read(4) == MAGIC
+    try:
+        with path.open("rb") as file:
+            return file.read(4) == MAGIC
+    except OSError:  # a file that cannot be read (/proc/self/mem) is no GGUF file
+        return False

@@ -150,10 +150,18 @@ def build_tokenizer(metadata: dict[str, Any], path: Any) -> Tokenizer:
         style = vocab_style(metadata)
     except ValueError as err:
         raise ValueError(f"{path}: {err}") from err
-    if style is VocabStyle.GPT2:
-        tokenizer = _gpt2_model(tokens, metadata, path)
-    else:
-        tokenizer = _spm_model(tokens, metadata, path)
+    try:
+        if style is VocabStyle.GPT2:
+            tokenizer = _gpt2_model(tokens, metadata, path)
+        else:
+            tokenizer = _spm_model(tokens, metadata, path)
+    except ValueError:
+        raise
+    except Exception as err:  # the `tokenizers` library's own (a merge of unknown tokens)
+        raise ValueError(
+            f"{path}: its vocabulary cannot be built ({err}): the tokenizer.ggml.tokens "
+            "and merges do not agree; use another file"
+        ) from err
     types = metadata.get("tokenizer.ggml.token_type")
     if types is not None and len(types) == len(tokens):
         kinds = [int(t) for t in types]

@@ -25,6 +25,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from stages.model_spec import ModelSpec
+from stages.simulator.expert_parallel import PLAIN, ExpertParallel, check_layout, token_amounts
 from stages.simulator.hardware import HardwareProfile, write_profile
 from stages.simulator.nnls import nnls
 from stages.simulator.precision import BF16, Precision
@@ -46,6 +47,8 @@ TERMS = (
     "allreduce",
     "allreduce_latency",
     "kv_blocks",
+    "alltoall",
+    "alltoall_latency",
 )
 OVERHEAD = "overhead"
 # The cost of handling one KV block in one layer (its index, gather and mask rows) beyond
@@ -93,7 +96,7 @@ def _hidden(transfer: Any, compute: Any, split: Any) -> Any:
 
 
 def term_seconds(
-    a: StepAmounts, hw: HardwareProfile, fp8: bool = False, tp: int = 1
+    a: StepAmounts, hw: HardwareProfile, fp8: bool = False, tp: int = 1, ep: int = 1
 ) -> dict[str, Any]:
     """Each term's roofline seconds on `hw` (numbers, or arrays for stacked amounts). A GEMM
     of F FLOPs takes F / rate + the fixed fill time: summed over a step's GEMMs, the FLOPs
@@ -113,6 +116,9 @@ def term_seconds(
         "allreduce": transfer - _hidden(transfer, linear + prefill, a.batch_split),
         "allreduce_latency": a.allreduce_calls * hw.allreduce_latency_s,
         "kv_blocks": a.kv_blocks_s,
+        # Expert parallelism's dispatches and combines over the links to ep - 1 peers.
+        "alltoall": a.alltoall_bytes / hw.interconnect_bytes_per_s(ep),
+        "alltoall_latency": a.alltoall_calls * hw.allreduce_latency_s,
     }
 
 
@@ -127,8 +133,11 @@ class CostModel:
         coefficients: Mapping[str, float] | None = None,
         precision: Precision = BF16,
         prefill_batch_split: int = 1,
+        parallel: ExpertParallel = PLAIN,
     ) -> None:
         spec.check_tp(tp)
+        check_layout(spec, tp, parallel)
+        self.parallel = parallel
         if isinstance(prefill_batch_split, bool) or not 1 <= prefill_batch_split <= 64:
             raise ValueError(
                 f"executor.prefill_batch_split={prefill_batch_split} must be an integer "
@@ -166,9 +175,8 @@ class CostModel:
 
     def with_coefficients(self, coefficients: Mapping[str, float]) -> CostModel:
         merged = {**self.coefficients, **coefficients}
-        return CostModel(
-            self.spec, self.hardware, self.tp, merged, self.precision, self.prefill_batch_split
-        )
+        rest = (self.precision, self.prefill_batch_split, self.parallel)
+        return CostModel(self.spec, self.hardware, self.tp, merged, *rest)
 
     def work(self, shape: StepShape) -> StepWork:
         return padded_work(shape) if self.hardware.pads_to_buckets else real_work(shape)
@@ -241,8 +249,13 @@ class CostModel:
     def _weighted_terms(self, work: StepWork) -> dict[str, float]:
         """Each term's seconds for one step's work, times its coefficient."""
         c = self.coefficients
-        parts = term_seconds(self.amounts_of(work), self.hardware, self.precision.fp8_gemm, self.tp)
-        return {term: c[term] * t for term, t in parts.items()}
+        return {term: c[term] * t for term, t in self._terms(self.amounts_of(work)).items()}
+
+    def _terms(self, amounts: StepAmounts) -> dict[str, Any]:
+        """term_seconds of `amounts` on this model's hardware, precision and layout."""
+        return term_seconds(
+            amounts, self.hardware, self.precision.fp8_gemm, self.tp, self.parallel.ep
+        )
 
     def amounts_of(self, w: StepWork) -> StepAmounts:
         """FLOPs and bytes of a step's work (fields of arrays: many steps')."""
@@ -281,6 +294,8 @@ class CostModel:
             "allreduce_bytes": spec.allreduce_bytes(tokens, tp),
             "allreduce_calls": ALLREDUCES_PER_LAYER * spec.num_layers if sharded else 0,
         }
+        if not self.parallel.plain:  # the routed experts by what each ep rank gets
+            amounts |= token_amounts(spec, tp, tokens, self.parallel, self._weight_scale)
         if plain:
             self._by_tokens[tokens] = amounts
         return amounts
@@ -301,8 +316,7 @@ class CostModel:
 
     def rooflines(self, shape: StepShape) -> dict[str, float]:
         """Each term's roofline time in seconds, before its coefficient."""
-        seconds = term_seconds(self.amounts(shape), self.hardware, self.precision.fp8_gemm, self.tp)
-        return {term: float(t) for term, t in seconds.items()}
+        return {term: float(t) for term, t in self._terms(self.amounts(shape)).items()}
 
     def breakdown(self, shape: StepShape) -> dict[str, float]:
         """Seconds of each term, the overhead and the recompile penalty; they sum to the step."""
@@ -388,8 +402,7 @@ class CostModel:
         terms times their coefficients plus the overhead, compiles left out. What a fit
         re-times recorded steps with for other hardware figures."""
         c = self.coefficients
-        parts = term_seconds(amounts, self.hardware, self.precision.fp8_gemm, self.tp)
-        return sum(c[term] * t for term, t in parts.items()) + c[OVERHEAD]
+        return sum(c[term] * t for term, t in self._terms(amounts).items()) + c[OVERHEAD]
 
     def on(self, hardware: HardwareProfile) -> CostModel:
         """The same model, tp, precision and batch split on other hardware figures."""
@@ -399,6 +412,7 @@ class CostModel:
             self.tp,
             precision=self.precision,
             prefill_batch_split=self.prefill_batch_split,
+            parallel=self.parallel,
         )
 
     def warmup_time(self, num_shapes: int) -> float:

@@ -11,7 +11,7 @@ first and pays `recompile_s` once. Without warmup, every shape compiles at its f
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -19,10 +19,24 @@ from stages.forward_meta import ForwardMeta
 from stages.model_spec import ModelSpec
 from stages.request import DecodeRun, Request, Samples
 from stages.simulator.cost_model import CostModel
+from stages.simulator.expert_parallel import PLAIN, ExpertParallel
 from stages.simulator.hardware import HardwareProfile
 from stages.simulator.precision import BF16, Precision
 from stages.simulator.step_work import StepAmounts
 from stages.step_shape import StepShape
+
+
+class DeviceClock(Protocol):
+    """The clock a simulated device puts its steps on: a virtual one, or the wall's where
+    a server paces the predicted times in real time."""
+
+    def __call__(self) -> float: ...
+
+    def advance(self, seconds: float) -> None:
+        """A step of `seconds` ran."""
+
+    def advance_to(self, t: float) -> None:
+        """Steps whose end times were summed up from the clock's own time ran until `t`."""
 
 
 class VirtualClock:
@@ -59,23 +73,27 @@ class SimulatedDevice:
     """The Model stage of a simulated run: forward predicts the step's time."""
 
     dtype = "bfloat16"
-    predicts_warmup = True  # compile_shapes predicts warmup; no shape runs
-    predicts_steps = True  # run_decodes runs many decode steps at once
 
     def __init__(
         self,
         spec: ModelSpec,
         hardware: HardwareProfile,
-        clock: VirtualClock,
+        clock: DeviceClock,
         tp: int = 1,
         precision: Precision = BF16,
         prefill_batch_split: int = 1,
+        parallel: ExpertParallel = PLAIN,
     ) -> None:
         self.spec = spec
         self.hardware = hardware
         self.precision = precision
         self.cost = CostModel(
-            spec, hardware, tp, precision=precision, prefill_batch_split=prefill_batch_split
+            spec,
+            hardware,
+            tp,
+            precision=precision,
+            prefill_batch_split=prefill_batch_split,
+            parallel=parallel,
         )
         self.clock = clock
         self.compiled: set[tuple] = set()
@@ -200,22 +218,14 @@ class SimulatedDevice:
 
 class NoAttention:
     """A simulated run keeps no keys or values: the KV-cache manager's books are enough.
-    The simulated device runs no layer, so nothing asks it for a layer's attention."""
+    The simulated device runs no layer, so it is no LayerAttention: nothing asks it for a
+    layer's attention."""
 
     supports_prefix_caching = True
     packs_rows = False
 
     def load_weights(self, model: Any) -> None:
         """There are no weights."""
-
-    def prepare(self, meta: ForwardMeta, cos: Any, sin: Any) -> None:
-        raise NotImplementedError("a simulated device runs no layer")
-
-    def qkv_rope(self, layer: int, x: Any, state: Any) -> tuple[Any, Any, Any]:
-        raise NotImplementedError("a simulated device runs no layer")
-
-    def attend(self, layer: int, q: Any, k: Any, v: Any, state: Any, out_weight: Any) -> Any:
-        raise NotImplementedError("a simulated device runs no layer")
 
     def release(self, request: Request) -> None:
         """Nothing is held."""
@@ -226,7 +236,6 @@ class WorkloadLengthSampler:
 
     def __init__(self, token: int = 0) -> None:
         self.token = token
-        self.fixed_token: int | None = token  # whatever the step: what lets a run leap
 
     def validate_request(self, request: Request) -> str | None:
         return None

@@ -20,6 +20,7 @@ import yaml
 
 from stages.checked_yaml import YamlFileError, boolean, finite_number, read_yaml
 from stages.model_spec import ModelSpec
+from stages.simulator.expert_parallel import PLAIN, ExpertParallel, routed_params_moved
 from stages.simulator.precision import BF16, Precision
 
 GIB = 1024**3
@@ -164,13 +165,19 @@ def kv_pool_blocks(
     block_size: int,
     tp: int,
     precision: Precision = BF16,
+    parallel: ExpertParallel = PLAIN,
 ) -> int:
     """KV blocks that fit one device: capacity less weights, graph memory and headroom,
-    weights and KV slots in `precision`."""
+    weights and KV slots in `precision`. Under expert parallelism a device holds E / ep
+    whole experts of each MoE layer; its KV pool is its dp replica's share."""
     if block_size < 1:
         raise ValueError(f"block_size={block_size} must be >= 1")
     capacity = hardware.hbm_capacity_gib * GIB
     weights = precision.model_weight_bytes(spec, tp)
+    if not parallel.plain:
+        weights += routed_params_moved(spec, tp, parallel) * precision.weight_bytes(
+            spec.dtype_bytes
+        )
     free = capacity * (1 - hardware.kv_headroom) - weights - hardware.graph_memory_gib * GIB
     if free <= 0:
         raise ValueError(

@@ -113,6 +113,9 @@ class StepAmounts:
     kv_blocks_s: Any  # the blocks' fixed handling time, before its coefficient
     # Parts the step's batch is split into so that all-reduces overlap compute (1: none).
     batch_split: Any = 1
+    # Expert parallelism's all-to-all dispatches and combines (stages.simulator.expert_parallel).
+    alltoall_bytes: Any = 0.0  # sent by each device over its links to the ep - 1 others
+    alltoall_calls: Any = 0
 
     @staticmethod
     def stack(steps: Sequence[StepAmounts]) -> StepAmounts:

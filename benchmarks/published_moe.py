@@ -1,0 +1,108 @@
+"""Published MoE figures measured with expert parallelism and data-parallel attention,
+simulated in their method, against what was published.
+
+    python -m benchmarks.published_moe [--hardware h100] [--layout TP,EP,DP]
+
+The file is pipeline/calibrate/data/published-moe.csv: TensorRT-LLM's v1.0 performance
+overview for Qwen3-235B-A22B in FP8 on 8 H200 or 8 H100 (trtllm-bench offline, `--tp 8
+--ep $ep_size` with `enable_attention_dp`; each row names its source), the columns of
+published-measurements.csv plus `ep` and `dp`. None of these rows was used to fit a
+profile. One dp replica is simulated (docs/simulator.md, "Expert parallelism"): it gets
+1 / dp of the requests, all queued at once with trtllm-bench's batch limits taken from its
+own KV pool, as published.py does for a whole deployment; the deployment's throughput is
+dp times the replica's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import sys
+import time
+
+from pipeline.build import build
+from pipeline.calibrate.published import (
+    DATA_DIR,
+    GPU_BLOCK,
+    PublishedRow,
+    RowRun,
+    error_lines,
+    fixed_requests,
+    median,
+    offline_limits,
+    read_rows,
+    row_overrides,
+)
+from pipeline.compose import compose_config
+from pipeline.executors.simulated import build_simulated_engine
+from pipeline.metrics import StepTotals
+from stages.arithmetic import ceil_div
+from stages.simulator.device import VirtualClock
+from stages.simulator.expert_parallel import ExpertParallel
+from stages.simulator.hardware import kv_pool_blocks
+from stages.simulator.precision import Precision
+
+DATA = DATA_DIR / "published-moe.csv"
+
+
+def layouts(path: str) -> list[ExpertParallel]:
+    """Each row's ep and dp, in the file's order."""
+    with open(path, newline="", encoding="utf-8") as f:
+        return [ExpertParallel(int(line["ep"]), int(line["dp"])) for line in csv.DictReader(f)]
+
+
+def simulate_replica(row: PublishedRow, layout: ExpertParallel) -> RowRun:
+    """One dp replica serves its 1 / dp of the row's requests; the deployment's output
+    throughput is dp times the replica's."""
+    start, cpu = time.perf_counter(), time.process_time()
+    share = dataclasses.replace(row, num_requests=ceil_div(row.num_requests, layout.dp))
+    cfg = compose_config([*row_overrides(share), f"ep={layout.ep}", f"dp={layout.dp}"])
+    spec, profile = build(cfg.model), build(cfg.hardware)
+    precision = Precision(cfg.quantization, cfg.kv_cache_dtype)
+    pool = kv_pool_blocks(spec, profile, GPU_BLOCK, row.tp, precision, layout) * GPU_BLOCK
+    batch, tokens = offline_limits(share, pool)
+    cfg.max_num_seqs, cfg.max_tokens = batch, max(tokens, batch)
+    engine, _ = build_simulated_engine(cfg, VirtualClock())
+    requests = fixed_requests(share)
+    totals = StepTotals()
+    duration = engine.run(requests, totals.add, on_leap=totals.add_run)  # leaps: no records
+    tokens_out = sum(len(r.output_ids) for r in requests)
+    return RowRun(
+        row=row,
+        predicted=layout.dp * tokens_out / duration,
+        duration_s=duration,
+        output_tokens=tokens_out,
+        num_steps=totals.num_steps,
+        wall_s=time.perf_counter() - start,
+        cpu_s=time.process_time() - cpu,
+        cost=engine.model.cost,  # type: ignore[attr-defined]
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--file", default=str(DATA), help="a published MoE CSV (ep, dp columns)")
+    parser.add_argument("--hardware", default="", help="only these devices, comma-separated")
+    parser.add_argument(
+        "--layout", default="", help="TP,EP,DP: every row read as this deployment instead"
+    )
+    args = parser.parse_args(argv)
+    try:
+        rows = list(zip(read_rows(args.file), layouts(args.file), strict=True))
+    except (ValueError, KeyError) as err:
+        print(f"Error: {err}", file=sys.stderr)
+        return 2
+    if args.layout:  # e.g. 8,8,1: attention tensor-parallel over the 8 GPUs, experts EP 8
+        tp, ep, dp = map(int, args.layout.split(","))
+        rows = [(dataclasses.replace(r, tp=tp), ExpertParallel(ep, dp)) for r, _ in rows]
+    devices = set(filter(None, args.hardware.split(",")))
+    runs = [simulate_replica(r, lay) for r, lay in rows if not devices or r.hardware in devices]
+    print("\n".join(error_lines(runs)))
+    errors = [abs(r.error) for r in runs]
+    print(f"\nall {len(runs)} rows: median error {median(errors):.1%}, worst {max(errors):.1%}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,117 @@
+"""The simulated executor: the real scheduler, KV-cache manager and metadata builder (shapes
+only) with a simulated device in place of the forward pass, which predicts each step's
+time with the cost model of `hardware` and never imports Paddle."""
+
+from __future__ import annotations
+
+import time
+from typing import Protocol
+
+from omegaconf import DictConfig
+
+from pipeline.build import build, load_workload
+from pipeline.checks import ConfigError, check_model_context, describe_model
+from pipeline.clock import Clock, WallClock
+from pipeline.engine import Engine
+from stages.kv_cache import KVCacheManager
+from stages.request import Request
+from stages.simulator.device import (
+    DeviceClock,
+    NoAttention,
+    SimulatedDevice,
+    VirtualClock,
+    WorkloadLengthSampler,
+    pick_token,
+)
+from stages.simulator.expert_parallel import ExpertParallel, check_layout
+from stages.simulator.hardware import HardwareProfile, kv_pool_blocks
+from stages.simulator.precision import Precision
+from stages.simulator.simulation import DeviceSimulation
+from stages.stopping import StopRule
+
+
+class SimulatedClock(Clock, DeviceClock, Protocol):
+    """The run's clock, which the device also advances by each step's predicted time."""
+
+
+class PacedClock(WallClock):
+    """A simulated device's clock in real time (the digital twin): each step's predicted
+    time passes on the wall before the step's tokens go out."""
+
+    def advance(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+    def advance_to(self, t: float) -> None:
+        self.sleep_until(t)
+
+
+class SimulatedExecutor:
+    needs_paddle = False
+    predicts = True  # each step's time is the cost model's, on the device's clock
+
+    def check(self, cfg: DictConfig) -> None:
+        """Nothing beyond the shared checks: a simulated device allocates no tensors and
+        serves any precision; its hardware profile is checked as it is built."""
+
+    def server_num_blocks(self, cfg: DictConfig) -> int:
+        """0: the pool is what the device's memory holds, known once it is built."""
+        return 0
+
+    def build(self, cfg: DictConfig, paced: bool = False) -> tuple[Engine, list[Request]]:
+        clock: SimulatedClock = PacedClock() if paced else VirtualClock()
+        return build_simulated_engine(cfg, clock)
+
+
+def build_simulated_engine(
+    cfg: DictConfig, clock: SimulatedClock, hardware: HardwareProfile | None = None
+) -> tuple[Engine, list[Request]]:
+    """The real scheduler, KV-cache manager and metadata builder (shapes only) with a
+    simulated device in place of the forward pass, on `clock`. `hardware`, when given,
+    replaces the config's profile (a fit trying other figures)."""
+    tokenizer = build(cfg.tokenizer)
+    spec, _ = describe_model(cfg)
+    check_model_context(cfg, spec)
+    if cfg.hardware is None and hardware is None:
+        raise ConfigError("executor=simulated needs a device: give hardware=gaudi3 (or ...)")
+    hardware = hardware or build(cfg.hardware)
+    workload, requests = load_workload(cfg, tokenizer)
+    try:
+        precision = Precision(cfg.quantization, cfg.kv_cache_dtype)
+        parallel = ExpertParallel(cfg.ep, cfg.dp, cfg.ep_imbalance)
+        check_layout(spec, cfg.tp, parallel)
+        # The pool is what the device's memory leaves for KV blocks.
+        num_blocks = cfg.num_blocks or kv_pool_blocks(
+            spec, hardware, cfg.block_size, cfg.tp, precision, parallel
+        )
+        split = cfg.executor.prefill_batch_split
+        device = SimulatedDevice(spec, hardware, clock, cfg.tp, precision, split, parallel)
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
+    kv_cache = KVCacheManager(num_blocks, cfg.block_size, cfg.prefix_caching)
+    stop = StopRule((), cfg.max_model_len)  # output lengths come from the workload
+    scheduler = build(cfg.scheduler, kv_cache=kv_cache, stop=stop)
+    metadata = build(cfg.metadata, kv_cache=kv_cache, pad_id=tokenizer.pad_id, shapes_only=True)
+    # One token that ends nothing, whatever the step: what lets runs of steps leap.
+    token = pick_token(tokenizer.eos_ids, tokenizer.vocab_size)
+    engine = Engine(
+        tokenizer=tokenizer,
+        scheduler=scheduler,
+        metadata=metadata,
+        model=device,
+        attention=NoAttention(),
+        sampler=WorkloadLengthSampler(token),
+        clock=clock,
+        workload_counts=workload.counts,
+        record_lengths=False,
+        concurrency=workload.concurrency,
+        simulation=DeviceSimulation(device, scheduler, metadata, token),
+    )
+    return engine, requests
+
+
+def simulated_device(engine: Engine) -> SimulatedDevice:
+    """The device of an engine this executor built (its model stage)."""
+    simulation = engine.simulation
+    if not isinstance(simulation, DeviceSimulation):
+        raise ValueError("the engine was not built by the simulated executor")
+    return simulation.device

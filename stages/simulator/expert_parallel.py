@@ -1,0 +1,140 @@
+"""Expert parallelism (`ep`) and data-parallel attention (`dp`) on a simulated device.
+
+The layout is vLLM's with `--enable-expert-parallel`: `dp` attention replicas, each
+tensor-parallel over `tp` devices, and the MoE layers' routed experts split whole over
+ep = tp x dp ranks ("The EP size is automatically calculated" as TP x DP:
+docs.vllm.ai/en/latest/serving/expert_parallel_deployment/; FastDeploy's DP=8, TP=1, EP=8
+for ERNIE-4.5-300B: paddlepaddle.github.io/FastDeploy/features/data_parallel_service).
+
+The simulated device is ONE dp replica: its scheduler, its batch, its KV pool. Its
+attention, dense layers and shared experts run as today under tp on its own tokens; the
+MoE layers see the tokens of every replica (dp x this replica's, the replicas assumed
+balanced) split over the ep ranks:
+
+- routed pairs a rank computes, per MoE layer: dp x tokens x k / ep x `imbalance`
+  (the busiest rank's load over the mean: every rank waits for it);
+- expert weights a rank reads: of the E / ep experts it holds, those the dp x tokens
+  touch (uniform routing, as stages.model_spec.MoeLayout.experts_touched);
+- all-to-all dispatch and combine, per MoE layer: each of the replica's tp ranks sends
+  its 1 / tp of the tokens' k copies of hidden activations, of which (ep - 1) / ep leave
+  the rank, over the links to its ep - 1 peers, each collective paying the profile's
+  per-call link latency (`allreduce_latency_s`: the same links, the same call cost).
+
+With ep = 1 and dp = 1 nothing here is asked: the cost model is the one before.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from stages.model_spec import ModelSpec
+
+# The busiest EP rank's routed tokens over the mean. 1.0: balanced, what expert placement
+# by load (DeepSeek's EPLB, vLLM's --enable-eplb) aims for. No published max/mean figure
+# for these models was verified; DeepEP's PR #393 (github.com/deepseek-ai/DeepEP/pull/393)
+# shows per-rank counts varying substantially without it: set `ep_imbalance` from a
+# measurement.
+DEFAULT_IMBALANCE = 1.0
+COLLECTIVES_PER_MOE_LAYER = 2  # dispatch, combine
+
+
+@dataclass(frozen=True)
+class ExpertParallel:
+    """How the MoE layers are spread beyond tensor parallelism."""
+
+    ep: int = 1
+    dp: int = 1
+    imbalance: float = DEFAULT_IMBALANCE
+
+    @property
+    def plain(self) -> bool:
+        """No expert parallelism: the MoE layers run under tp like every other layer."""
+        return self.ep == 1
+
+
+PLAIN = ExpertParallel()
+
+
+def check_layout(spec: ModelSpec, tp: int, layout: ExpertParallel) -> None:
+    """The engines' constraint, one line naming the keys: ep is 1 or tp x dp, experts
+    split evenly, expert parallelism only where there are experts."""
+    ep, dp = layout.ep, layout.dp
+    if ep < 1 or dp < 1:
+        raise ValueError(f"ep={ep} and dp={dp} must each be >= 1")
+    if not layout.imbalance >= 1.0:
+        raise ValueError(f"ep_imbalance={layout.imbalance} must be >= 1 (busiest rank / mean)")
+    moe = spec.moe
+    if moe is None:
+        if ep > 1:
+            raise ValueError(f"ep={ep}: {spec.name} is dense (no experts to split): set ep=1")
+        return
+    if ep == 1 and dp > 1:
+        raise ValueError(
+            f"dp={dp} with ep=1 on {spec.name}: experts tensor-parallel over dp x tp ranks "
+            f"is not modelled; set ep=tp x dp={tp * dp} (vLLM's --enable-expert-parallel)"
+        )
+    if ep > 1 and ep != tp * dp:
+        raise ValueError(
+            f"ep={ep} must equal tp x dp = {tp} x {dp} = {tp * dp} (vLLM and FastDeploy "
+            "split the experts over every device of the deployment)"
+        )
+    if moe.num_experts % ep:
+        raise ValueError(f"ep={ep} does not divide {spec.name}'s {moe.num_experts} experts")
+
+
+def routed_pairs(spec: ModelSpec, tokens: Any, layout: ExpertParallel) -> Any:
+    """Token-expert pairs the busiest rank computes in one MoE layer."""
+    assert spec.moe is not None
+    k = spec.moe.experts_per_token
+    return layout.dp * tokens * k / layout.ep * layout.imbalance
+
+
+def experts_read(spec: ModelSpec, tokens: float, layout: ExpertParallel) -> float:
+    """Experts of its E / ep a rank reads in one MoE layer: those every replica's tokens
+    touch, expected under uniform routing."""
+    assert spec.moe is not None
+    return spec.moe.experts_touched(layout.dp * tokens) / layout.ep
+
+
+def alltoall_bytes(spec: ModelSpec, tokens: Any, tp: int, layout: ExpertParallel) -> Any:
+    """What one rank sends in a step's dispatches and combines: per MoE layer, twice, its
+    1 / tp of the tokens x hidden x k values, less the 1 / ep that stay on the rank."""
+    assert spec.moe is not None
+    k, ep = spec.moe.experts_per_token, layout.ep
+    one = tokens / tp * spec.hidden_size * k * spec.dtype_bytes * (ep - 1) / ep
+    return COLLECTIVES_PER_MOE_LAYER * spec.num_moe_layers * one
+
+
+def token_amounts(
+    spec: ModelSpec, tp: int, tokens: Any, layout: ExpertParallel, weight_scale: float
+) -> dict[str, Any]:
+    """The GEMM and all-to-all amounts of a step's `tokens` on one rank: the layers outside
+    the routed experts under tp, the routed experts by the pairs and weights the rank gets."""
+    expert = spec.expert_params(1)
+    moe_layers = spec.num_moe_layers
+    flops = 2.0 * tokens * spec.non_routed_params(tp)
+    flops = flops + 2.0 * routed_pairs(spec, tokens, layout) * expert * moe_layers
+    if tokens > 0:
+        params = (
+            spec.non_routed_params(tp) + experts_read(spec, tokens, layout) * expert * moe_layers
+        )
+    else:
+        params = 0.0
+    return {
+        "linear_flops": flops,
+        "linear_bytes": params * spec.dtype_bytes * weight_scale,
+        "alltoall_bytes": alltoall_bytes(spec, tokens, tp, layout),
+        "alltoall_calls": COLLECTIVES_PER_MOE_LAYER * moe_layers if tokens > 0 else 0,
+    }
+
+
+def routed_params_moved(spec: ModelSpec, tp: int, layout: ExpertParallel) -> float:
+    """Weights per device that expert parallelism changes: the routed experts at tp are
+    replaced by E / ep whole experts (negative: fewer)."""
+    if layout.plain or spec.moe is None:
+        return 0.0
+    per_layer = spec.moe.num_experts
+    at_tp = per_layer * spec.expert_params(tp)
+    held = per_layer / layout.ep * spec.expert_params(1)
+    return spec.num_moe_layers * (held - at_tp)

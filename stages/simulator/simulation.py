@@ -1,0 +1,85 @@
+"""What a simulated build adds to the engine (stages.interfaces.Simulation): warmup
+predicted instead of run, runs of decode steps done at once (leaps), and the device's
+figures for the run's metrics.
+
+A leap gives exactly what its steps one by one give (tests/test_leaps.py): the scheduler
+plans the run (stages.decode_runs), the metadata builder pads it to its buckets, the device
+puts its steps on the clock, and the scheduler does what their updates would.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from stages.forward_meta import ForwardMeta
+from stages.interfaces import PadsDecodeRuns, PlansDecodeRuns
+from stages.request import DecodeRun, Request, StepPlan
+from stages.simulator.device import SimulatedDevice
+
+# The most decode steps a leap does at once: long runs gain little more, and a cap keeps
+# each leap's arrays small.
+MAX_LEAP_STEPS = 128
+
+
+class DeviceSimulation:
+    """The simulated device with the scheduler and metadata builder it leaps with; `token`
+    is what every row gets at every step (the sampler's, whatever the logits)."""
+
+    def __init__(
+        self,
+        device: SimulatedDevice,
+        scheduler: PlansDecodeRuns,
+        metadata: PadsDecodeRuns,
+        token: int,
+    ) -> None:
+        self.device = device
+        self.scheduler = scheduler
+        self.metadata = metadata
+        self.token = token
+
+    @property
+    def serving_compiles(self) -> int:
+        return self.device.recompiles
+
+    def predict_warmup(self, phases: Mapping[str, Sequence[tuple]]) -> float:
+        return self.device.compile_shapes(phases)
+
+    def leap(
+        self,
+        until: Callable[[], float],
+        finishes: float = 0,
+        head: tuple[StepPlan, ForwardMeta] | None = None,
+    ) -> tuple[DecodeRun, list[Request]] | None:
+        """As many steps as start before `until()` (up to MAX_LEAP_STEPS); see the
+        scheduler's decodes_after for a run with a `head`."""
+        end = until()
+        limit = self.device.steps_before(end, MAX_LEAP_STEPS)  # plans no step past `end`
+        if head is None:
+            run = self.scheduler.steady_decodes(limit, finishes)
+            run = self.metadata.pad_decodes(run) if run else None
+        else:
+            run = self.scheduler.decodes_after(head[0], limit, finishes)
+            run = self.metadata.pad_decodes(run, head[1]) if run else None
+        if run is None:
+            return None
+        ends = self.device.run_decodes(run, end)
+        run = run.first(len(ends))
+        return run, self.scheduler.advance_decodes(run, self.token, ends)
+
+    def metrics(self, warmup_shapes: int) -> dict[str, Any]:
+        device = self.device
+        return {
+            "simulated": True,
+            "hardware": device.hardware.name,
+            "model": device.spec.name,
+            "tp": device.cost.tp,
+            "ep": device.cost.parallel.ep,  # experts over ep ranks; one of dp replicas simulated
+            "dp": device.cost.parallel.dp,
+            "quantization": device.precision.quantization.value,
+            "kv_cache_dtype": device.precision.kv_cache_dtype.value,
+            "warmup_shapes": warmup_shapes,
+            "predicted_warmup_s": device.cost.warmup_time(warmup_shapes),
+            "serving_compiles": device.recompiles,
+            "serving_compile_s": device.recompiles * device.hardware.recompile_s,
+        }

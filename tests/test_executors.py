@@ -1,0 +1,64 @@
+"""The executor seam: every executor option has one, chosen by the config alone, and what
+each owns (its checks, its clock, its server pool) comes from it."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from omegaconf import OmegaConf
+
+from pipeline.checks import ConfigError
+from pipeline.compose import compose_config
+from pipeline.executors import EXECUTORS, build_engine, check_config, executor_of
+from pipeline.executors.simulated import PacedClock, simulated_device
+from pipeline.schema import Executor
+from stages.kv_cache import blocks_for
+
+SIMULATED = ["executor=simulated", "hardware=gaudi3", "model=spec/llama31_8b"]
+
+
+def test_every_executor_option_has_an_executor():
+    assert set(EXECUTORS) == set(Executor)
+    assert not executor_of(compose_config([])).predicts  # the real one by default
+    assert executor_of(compose_config(SIMULATED)).predicts
+    # A run folder's config written before executors were named ran the real one.
+    assert executor_of(OmegaConf.create({"model": {}})) is EXECUTORS[Executor.paddle]
+
+
+def test_only_the_real_executor_needs_paddle_and_sizes_a_server_pool_itself():
+    real, simulated = compose_config([]), compose_config(SIMULATED)
+    per_seq = blocks_for(real.max_model_len, real.block_size)
+    assert executor_of(real).needs_paddle
+    assert executor_of(real).server_num_blocks(real) == real.max_num_seqs * per_seq
+    assert not executor_of(simulated).needs_paddle
+    assert executor_of(simulated).server_num_blocks(simulated) == 0  # the device's memory
+
+
+def test_the_executors_own_checks_follow_the_shared_ones():
+    with pytest.raises(ConfigError, match="model=spec is a model without weights"):
+        check_config(compose_config(["model=spec/llama31_8b"]))
+    assert check_config(compose_config(SIMULATED)) is EXECUTORS[Executor.simulated]
+    with pytest.raises(ConfigError, match="block_size=3 is not a power of two"):
+        check_config(compose_config([*SIMULATED, "block_size=3"]))
+
+
+def test_a_simulated_engine_has_its_simulation_and_a_real_one_none():
+    overrides = [*SIMULATED, "workload.num_requests=2", "workload.max_prompt_tokens=16"]
+    engine, _ = build_engine(compose_config(overrides))
+    assert engine.simulation is not None
+    assert simulated_device(engine) is engine.model
+    real, _ = build_engine(compose_config(["workload.num_requests=2"]))
+    assert real.simulation is None
+    with pytest.raises(ValueError, match="not built by the simulated executor"):
+        simulated_device(real)
+
+
+def test_a_paced_clock_lets_the_predicted_times_pass_on_the_wall():
+    clock = PacedClock()
+    start = time.perf_counter()
+    clock.advance(0.02)
+    clock.advance_to(clock() + 0.02)  # a run of steps' end, from the clock's own time
+    assert time.perf_counter() - start >= 0.04
+    clock.restart()
+    assert clock() < 0.02

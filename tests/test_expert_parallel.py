@@ -1,0 +1,192 @@
+"""Expert parallelism and data-parallel attention on the simulated device: each cost term
+worked out by hand on the tiny MoE spec, what ep must leave alone, the memory a device
+holds, and the engines' constraint between tp, dp and ep as one-line errors."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from benchmarks import published_moe
+from pipeline.calibrate.published import read_rows
+from pipeline.run import device_metrics
+from stages.simulator.cost_model import CostModel
+from stages.simulator.expert_parallel import ExpertParallel, check_layout
+from stages.simulator.hardware import GIB, kv_pool_blocks
+from stages.simulator.step_work import StepWork
+from stages.step_shape import StepShape
+from tests.helpers import run_cli, serve, spec_of
+from tests.test_cost_model import DEVICE, LINK, TINY, TINY_MOE
+
+# TINY_MOE by hand: two layers' attention, layer 0's dense MLP, layer 1's router, shared
+# expert and 8 routed experts of width 32 (2 a token).
+ATTENTION = 2 * (64 * 64 + 2 * 64 * 32 + 64 * 64)
+DENSE_MLP = 3 * 64 * 128
+ROUTER = 64 * 8 + 8
+EXPERT = 3 * 64 * 32
+NON_ROUTED = ATTENTION + DENSE_MLP + ROUTER + EXPERT  # the shared expert is one EXPERT wide
+LATENCY = 1e-5
+HW = dataclasses.replace(DEVICE, allreduce_latency_s=LATENCY)
+MOE_DATA = published_moe.DATA
+
+
+def model(tp: int = 1, ep: int = 1, dp: int = 1, imbalance: float = 1.0, **spec) -> CostModel:
+    layout = ExpertParallel(ep, dp, imbalance)
+    return CostModel(spec_of(**{**TINY_MOE, **spec}), HW, tp, parallel=layout)
+
+
+def tokens_amounts(cost: CostModel, tokens: int):
+    return cost.amounts_of(StepWork(linear_tokens=tokens, kv_writes=tokens, sampled_rows=tokens))
+
+
+def test_expert_gemms_take_the_routed_tokens_a_rank_receives():
+    # dp=2 replicas of 4 tokens each, top-2 routing, over ep=2 ranks: 2 x 4 x 2 / 2 = 8 pairs.
+    a = tokens_amounts(model(ep=2, dp=2), 4)
+    assert a.linear_flops == pytest.approx(2 * 4 * NON_ROUTED + 2 * 8 * EXPERT)
+    # The rank holds 4 of the 8 experts; the 8 tokens of both replicas touch, expected,
+    # 8 (1 - (6/8)^8) of the 8, half of them its own.
+    touched = 8 * (1 - (6 / 8) ** 8) / 2
+    assert a.linear_bytes == pytest.approx((NON_ROUTED + touched * EXPERT) * 2)
+
+
+def test_imbalance_scales_only_the_routed_gemms():
+    even, skewed = (
+        tokens_amounts(model(ep=2, dp=2), 4),
+        tokens_amounts(model(ep=2, dp=2, imbalance=1.5), 4),
+    )
+    assert skewed.linear_flops - even.linear_flops == pytest.approx(2 * 8 * EXPERT * 0.5)
+    assert skewed.alltoall_bytes == even.alltoall_bytes
+
+
+def test_alltoall_dispatch_and_combine_over_the_link_with_a_latency_each():
+    cost = model(ep=2, dp=2)
+    # Per MoE layer (one), twice: 4 tokens x 64 hidden x k=2 x bf16, half of it leaving.
+    sent = 2 * 4 * 64 * 2 * 2 * (2 - 1) / 2
+    a = tokens_amounts(cost, 4)
+    assert a.alltoall_bytes == pytest.approx(sent) and a.alltoall_calls == 2
+    parts = cost.breakdown(StepShape(16, None, (4, 8)))
+    assert parts["alltoall"] == pytest.approx(sent / LINK)
+    assert parts["alltoall_latency"] == pytest.approx(2 * LATENCY)
+
+
+def test_alltoall_bytes_scale_with_k_and_each_tp_rank_sends_its_share():
+    two, four = (
+        tokens_amounts(model(ep=2, dp=2), 4),
+        tokens_amounts(model(ep=2, dp=2, experts_per_token=4), 4),
+    )
+    assert four.alltoall_bytes == pytest.approx(2 * two.alltoall_bytes)
+    # tp=2 x dp=2 = ep=4: each of the replica's two ranks sends half its tokens, 3/4 leaving.
+    tp2 = tokens_amounts(model(tp=2, ep=4, dp=2), 4)
+    assert tp2.alltoall_bytes == pytest.approx(2 * 2 * 64 * 2 * 2 * 3 / 4)
+
+
+def test_all_to_all_links_give_a_rank_its_peers_links():
+    cost = CostModel(
+        spec_of(**TINY_MOE),
+        dataclasses.replace(HW, interconnect_peer_gbs=10.0),
+        1,
+        parallel=ExpertParallel(4, 4),
+    )
+    parts = cost.breakdown(StepShape(16, None, (4, 8)))
+    sent = 2 * 4 * 64 * 2 * 2 * 3 / 4
+    assert parts["alltoall"] == pytest.approx(sent / (3 * 10e9))  # 3 peers' links, < 50 GB/s
+
+
+def test_ep_leaves_attention_kv_and_the_lm_head_alone():
+    shape = StepShape(16, (2, 64, 4), (4, 8))
+    plain, ep = model().breakdown(shape), model(ep=8, dp=8).breakdown(shape)
+    for term in ("prefill_attention", "decode_attention", "kv_write", "lm_head", "kv_blocks"):
+        assert ep[term] == plain[term], term
+    assert ep["allreduce"] == plain["allreduce"] == 0  # tp=1: no all-reduce either way
+    assert plain["alltoall"] == plain["alltoall_latency"] == 0
+
+
+def test_ep_1_dp_1_is_the_cost_model_without_a_layout():
+    shape = StepShape(16, (2, 64, 4), (4, 8))
+    for spec in (TINY, TINY_MOE):
+        without = CostModel(spec_of(**spec), HW, 2)
+        with_plain = CostModel(spec_of(**spec), HW, 2, parallel=ExpertParallel(1, 1))
+        assert with_plain.breakdown(shape) == without.breakdown(shape)
+        assert with_plain.step_time(shape) == without.step_time(shape)
+
+
+def test_dense_models_run_dp_replicas_unchanged():
+    shape = StepShape(16, (2, 64, 4), (4, 8))
+    one = CostModel(spec_of(**TINY), HW, 1)
+    replicas = CostModel(spec_of(**TINY), HW, 1, parallel=ExpertParallel(1, 4))
+    assert replicas.step_time(shape) == one.step_time(shape)
+
+
+def test_a_device_holds_its_share_of_the_experts_and_its_replicas_kv():
+    spec = spec_of(**TINY_MOE)
+    total = spec.num_parameters()
+    routed = 8 * EXPERT  # one MoE layer
+    for ep in (2, 4, 8):
+        weights = (total - routed + routed / ep) * 2
+        free = 1 * GIB * (1 - 0.25) - weights - 0.25 * GIB
+        kv_per_token = 2 * 2 * 2 * 16 * 2  # the replica's KV at tp=1, whatever dp
+        got = kv_pool_blocks(spec, HW, 16, 1, parallel=ExpertParallel(ep, ep))
+        assert got == int(free // (16 * kv_per_token))
+
+
+@pytest.mark.parametrize(
+    ("spec", "tp", "ep", "dp", "message"),
+    [
+        (TINY, 1, 2, 2, "ep=2: tiny is dense"),
+        (TINY_MOE, 1, 4, 2, r"ep=4 must equal tp x dp = 1 x 2 = 2"),
+        (TINY_MOE, 1, 1, 2, "dp=2 with ep=1 on tiny"),
+        (dict(TINY_MOE, num_experts=6), 1, 4, 4, "ep=4 does not divide tiny's 6 experts"),
+        (TINY_MOE, 1, 0, 1, "ep=0 and dp=1 must each be >= 1"),
+    ],
+)
+def test_impossible_layouts_are_one_line_errors(spec, tp, ep, dp, message):
+    with pytest.raises(ValueError, match=message):
+        check_layout(spec_of(**spec), tp, ExpertParallel(ep, dp))
+
+
+def test_an_impossible_layout_exits_2_naming_the_keys(tmp_path):
+    result = run_cli(
+        tmp_path, "pipeline", "executor=simulated", "hardware=gaudi3",
+        "model=spec/qwen3_30b_a3b", "ep=4", "dp=2", "workload.num_requests=2",
+        f"hydra.run.dir={tmp_path}",
+    )  # fmt: skip
+    assert result.returncode == 2
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("Error: ep=4 must equal tp x dp = 1 x 2 = 2")
+
+
+def test_a_run_with_ep_and_dp_holds_its_share_and_says_so():
+    _, engine = serve(
+        [
+            "executor=simulated", "hardware=gaudi3", "model=spec/ernie45_300b_a47b",
+            "ep=8", "dp=8", "quantization=fp8", "workload.num_requests=4",
+            "workload.max_prompt_tokens=64", "workload.max_new_tokens=4",
+        ]
+    )  # fmt: skip
+    metrics = device_metrics(engine)
+    assert (metrics["tp"], metrics["ep"], metrics["dp"]) == (1, 8, 8)
+    spec, hardware = engine.model.spec, engine.model.hardware
+    layout, precision = engine.model.cost.parallel, engine.model.precision
+    bs = engine.scheduler.kv_cache.block_size
+    pool = kv_pool_blocks(spec, hardware, bs, 1, precision, layout)
+    assert engine.scheduler.kv_cache.num_blocks == pool
+    # ERNIE-4.5-300B on one Gaudi 3 holds no KV without expert parallelism.
+    with pytest.raises(ValueError, match="leaves no KV cache"):
+        kv_pool_blocks(spec, hardware, bs, 1, precision)
+
+
+def test_the_published_moe_rows_read_with_their_layouts_and_simulate():
+    rows, layouts = read_rows(MOE_DATA), published_moe.layouts(str(MOE_DATA))
+    assert len(rows) == len(layouts) == 17
+    assert all(r.source and r.where and r.model_preset == "qwen3_235b_a22b" for r in rows)
+    assert {(lay.ep, lay.dp) for lay in layouts} == {(8, 8)}
+    short = next(
+        r
+        for r in rows
+        if r.hardware == "h200" and r.input_tokens == 2048 and r.output_tokens == 128
+    )
+    run = published_moe.simulate_replica(short, layouts[0])
+    # dp replicas, each its 1 / dp of the requests: dp x the replica's output rate.
+    assert run.output_tokens == 375 * 128
+    assert run.predicted == pytest.approx(8 * run.output_tokens / run.duration_s)
