@@ -31,6 +31,7 @@ class Bucketing(enum.StrEnum):
     vllm_lin = "vllm_lin"  # min doubling up to step, then every step
     vllm_exp = "vllm_exp"  # ceil(log2 max) + 1 sizes spaced geometrically
     vllm_pad = "vllm_pad"  # padding-aware: at most 25% or max/4 padding
+    cudagraph = "cudagraph"  # a GPU's: decode batches at CUDA-graph sizes (stages/cudagraph.py)
 
 
 @dataclass(frozen=True)

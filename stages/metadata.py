@@ -24,6 +24,7 @@ import numpy as np
 from stages import engine_grids
 from stages.bucket_axes import AXES, fastdeploy_axes, resolve_axes
 from stages.buckets import Axis, Bucketing, Buckets, warmup_counts, warmup_graphs
+from stages.cudagraph import cudagraph_axes, cudagraph_warmup
 from stages.forward_meta import (
     MASKED_SCORE,
     DecodeMeta,
@@ -88,10 +89,27 @@ class HPUMetadataBuilder:
         self.shapes_only = shapes_only
         self.packed = packed
         self.fastdeploy: engine_grids.FastDeploySetup | None = None
-        if Bucketing(bucketing) is Bucketing.fastdeploy:
-            axes = self._fastdeploy_axes(axes, fastdeploy, max_num_seqs, max_model_len)
+        axes = self._engine_axes(
+            Bucketing(bucketing), axes, fastdeploy, max_num_seqs, max_model_len
+        )
         self.buckets = Buckets(bucketing, axes)
         self.prefill_part = PrefillPartBuilder(kv_cache, pad_id)
+
+    def _engine_axes(
+        self,
+        strategy: Bucketing,
+        axes: dict[str, Axis],
+        fastdeploy: Mapping[str, int],
+        max_num_seqs: int,
+        model_len: int,
+    ) -> dict[str, Axis]:
+        """The axes as an engine's own strategy sizes them (FastDeploy's, a GPU's capture
+        sizes); the resolved axes for the others."""
+        if strategy is Bucketing.fastdeploy:
+            return self._fastdeploy_axes(axes, fastdeploy, max_num_seqs, model_len)
+        if strategy is Bucketing.cudagraph:
+            return cudagraph_axes(axes, max_num_seqs)
+        return axes
 
     def _fastdeploy_axes(
         self, axes: dict[str, Axis], given: Mapping[str, int], max_num_seqs: int, model_len: int
@@ -343,16 +361,21 @@ class HPUMetadataBuilder:
         (FastDeploy's grid is listed: its loops are the count)."""
         if self.fastdeploy:
             return engine_grids.part_graphs(self.warmup_shapes(mixed, padded_budget))
+        if self.buckets.strategy is Bucketing.cudagraph:
+            return {phase: len(s) for phase, s in cudagraph_warmup(self._sizes()).items()}
         return warmup_counts(self._sizes(), self.block_size, self.max_tokens, mixed, padded_budget)
 
     def warmup_shapes(self, mixed: bool, padded_budget: bool = True) -> dict[str, list[tuple]]:
         """Every prefill and decode bucket some step can pad to (padded_budget: the
         scheduler's budget bounds rows x padded width); with chunking, a coarse mixed grid
         too (one prefill row, the widest block tables), as FastDeploy warms it. With
-        bucketing=fastdeploy: FastDeploy's own warmup runs."""
+        bucketing=fastdeploy: FastDeploy's own warmup runs; under the GPU model (cudagraph):
+        one profiling prefill and the decode capture sizes."""
         if self.fastdeploy:
             steps, limits = self.fastdeploy
             return engine_grids.fastdeploy_warmup(steps, replace(limits, chunked_prefill=mixed))
+        if self.buckets.strategy is Bucketing.cudagraph:
+            return cudagraph_warmup(self._sizes())
         return warmup_graphs(self._sizes(), self.block_size, self.max_tokens, mixed, padded_budget)
 
     def _sizes(self) -> dict[str, list[int]]:

@@ -15,7 +15,6 @@ import argparse
 import json
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,110 +27,9 @@ from pipeline.deploy.hpu import (
     vllm_buckets_file,
     vllm_script,
 )
-from stages.buckets import Bucketing
-from stages.engine_grids import (
-    FastDeployGrid,
-    FastDeploySteps,
-    ServerLimits,
-    fastdeploy_grid,
-    fastdeploy_sizes,
-    fastdeploy_warmup,
-    part_graphs,
-)
-from stages.simulator.precision import KvCacheDtype, Quantization
+from pipeline.deploy.settings import Deployment, deployment, replicas_line
 
 FASTDEPLOY, VLLM, OVERRIDES = "fastdeploy-hpu.sh", "vllm-gaudi.sh", "overrides.txt"
-AXES = ("prefill_batch", "prefill_seq", "prefill_blocks", "decode_batch", "decode_blocks")
-
-
-@dataclass(frozen=True)
-class Deployment:
-    """The settings both servers take, as this tool's config names them."""
-
-    model: str
-    tp: int
-    max_tokens: int  # --max-num-batched-tokens
-    max_num_seqs: int
-    max_model_len: int
-    block_size: int
-    chunked_prefill: bool  # scheduler=chunked
-    prefix_caching: bool
-    quantization: Quantization
-    kv_cache_dtype: KvCacheDtype
-    warmup: bool
-    bucketing: Bucketing
-    # each bucket axis's prepared sizes (prefill: batch, seq, blocks; decode: batch, blocks)
-    buckets: dict[str, list[int]]
-    scheduler: str  # the scheduler's class name
-    origin: str  # where the configuration came from, as the scripts' first line says it
-    align_chunks: bool  # scheduler.align_chunks: non-final chunks cut at whole blocks
-    ranges: dict[str, tuple[int, int, int]]  # each axis's min, step, max
-    fastdeploy: FastDeploySteps  # FastDeploy's warmup environment (metadata.fastdeploy)
-    fastdeploy_grid: FastDeployGrid  # the grid FastDeploy's runner warms from it
-    fastdeploy_parts: int  # its graphs as the simulated device counts them (parts apart)
-    compile_s: float  # the hardware profile's seconds to compile one graph
-    max_prefill_rows: int  # scheduler.max_prefill_rows: prompts a step prefills (0: no cap)
-
-
-def deployment(
-    config: Mapping[str, Any], num_blocks: int, model: str = "", *, origin: str
-) -> Deployment:
-    """The deployment a resolved config describes; num_blocks is the KV pool the run had
-    (decode buckets are bounded by it); origin: where the config came from (a run folder,
-    a plan), said on the scripts' first line."""
-    from stages.bucket_axes import resolve_axes  # the bucket sets exactly as the run built them
-
-    scheduler = str(config["scheduler"]["_target_"]).rsplit(".", 1)[-1]
-    meta = config["metadata"]
-    axes = resolve_axes(
-        {name: meta[name] for name in AXES},
-        config["block_size"],
-        config["max_tokens"],
-        config["max_num_seqs"],
-        config["max_model_len"],
-        num_blocks,
-        bool(config.get("prefix_caching", False)),
-    )
-    strategy = Bucketing(meta.get("bucketing", Bucketing.linear))
-    steps = FastDeploySteps(**dict(meta.get("fastdeploy") or {}))
-    limits = ServerLimits(
-        int(config["block_size"]), int(config["max_tokens"]), int(config["max_num_seqs"]),
-        int(config["max_model_len"]), num_blocks, bool(config.get("prefix_caching", True)),
-        scheduler == "ChunkedScheduler",
-    )  # fmt: skip
-    return Deployment(
-        model=model or str(config["model"].get("name") or "MODEL"),
-        tp=int(config.get("tp", 1)),
-        max_tokens=int(config["max_tokens"]),
-        max_num_seqs=int(config["max_num_seqs"]),
-        max_model_len=int(config["max_model_len"]),
-        block_size=int(config["block_size"]),
-        chunked_prefill=scheduler == "ChunkedScheduler",
-        prefix_caching=bool(config.get("prefix_caching", True)),
-        quantization=Quantization(config.get("quantization", Quantization.none)),
-        kv_cache_dtype=KvCacheDtype(config.get("kv_cache_dtype", KvCacheDtype.auto)),
-        warmup=bool(config.get("warmup", False)),
-        bucketing=strategy,
-        buckets=_sizes(strategy, axes, steps, limits),
-        scheduler=scheduler,
-        origin=origin,
-        align_chunks=bool(config["scheduler"].get("align_chunks", True)),
-        ranges={name: (a.min, a.step, a.max) for name, a in axes.items()},
-        fastdeploy=steps,
-        fastdeploy_grid=fastdeploy_grid(steps, limits),
-        fastdeploy_parts=sum(part_graphs(fastdeploy_warmup(steps, limits)).values()),
-        compile_s=float(config.get("hardware", {}).get("compile_s") or 0.0),
-        max_prefill_rows=int(config["scheduler"].get("max_prefill_rows") or 0),
-    )
-
-
-def _sizes(
-    strategy: Bucketing, axes: Mapping[str, Any], steps: FastDeploySteps, limits: ServerLimits
-) -> dict[str, list[int]]:
-    """Each axis's prepared sizes exactly as the run's metadata builder made them."""
-    if strategy is Bucketing.fastdeploy:
-        return fastdeploy_sizes(steps, limits, axes["decode_blocks"].max)
-    return {name: axis.sizes(strategy) for name, axis in axes.items()}
 
 
 def tool_overrides(overrides: Sequence[str], config: Mapping[str, Any]) -> list[str]:
@@ -143,28 +41,38 @@ def tool_overrides(overrides: Sequence[str], config: Mapping[str, Any]) -> list[
 
 
 def write_deploy(d: Deployment, overrides: Sequence[str], out: Path) -> list[Path]:
-    """Writes the three deploy files (and the bucket file the vLLM script reads)."""
+    """Writes the deploy files for the device: on a GPU the GPU engines' scripts
+    (pipeline/deploy/gpu.py), on Gaudi FastDeploy's and vllm-gaudi's (and the bucket file
+    the vLLM script reads); this tool's overrides in either case."""
     out.mkdir(parents=True, exist_ok=True)
+    (out / OVERRIDES).write_text("".join(f"{o}\n" for o in overrides), encoding="utf-8")
+    if d.gpu:
+        from pipeline.deploy.gpu import write_gpu_deploy
+
+        return [*write_gpu_deploy(d, out), out / OVERRIDES]
     files = {
         FASTDEPLOY: fastdeploy_script(d),
         VLLM: vllm_script(d),
         VLLM_BUCKETS: vllm_buckets_file(d),
-        OVERRIDES: "".join(f"{o}\n" for o in overrides),  # python -m pipeline $(cat ...)
     }
     for warning in fastdeploy_warnings(d):
         print(warning, file=sys.stderr)
     for name, text in files.items():
+        if name.endswith(".sh"):  # after the shebang: how many copies to start
+            head, _, rest = text.partition("\n")
+            text = f"{head}\n{replicas_line(d, 'HPU_VISIBLE_DEVICES')}\n{rest}"
         (out / name).write_text(text, encoding="utf-8")
         if name.endswith(".sh"):
             (out / name).chmod(0o755)
-    return [out / name for name in files]
+    return [out / name for name in files] + [out / OVERRIDES]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m pipeline.deploy",
-        description="Write deploy/{fastdeploy-hpu.sh,vllm-gaudi.sh,overrides.txt} for one run "
-        "or plan job folder. Example: python -m pipeline.deploy outputs/plan/X/3",
+        description="Write the launch scripts for one run or plan job folder: on a GPU "
+        "vllm-cuda.sh, sglang.sh, trtllm.sh, fastdeploy-gpu.sh; on Gaudi fastdeploy-hpu.sh, "
+        "vllm-gaudi.sh; overrides.txt. Example: python -m pipeline.deploy outputs/plan/X/3",
     )
     parser.add_argument("run_dir", type=Path, help="a run or plan job folder")
     parser.add_argument("--out", type=Path, help="where to write (default RUN_DIR/deploy)")

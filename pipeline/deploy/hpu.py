@@ -11,7 +11,7 @@ from stages.buckets import Bucketing
 from stages.simulator.precision import KvCacheDtype, Quantization
 
 if TYPE_CHECKING:
-    from pipeline.deploy import Deployment
+    from pipeline.deploy.settings import Deployment
 
 VLLM_BUCKETS = "vllm-buckets.txt"
 
