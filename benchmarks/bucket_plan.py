@@ -1,151 +1,102 @@
-"""Planned bucket sets against the linear and exponential ones, served for real.
+"""Bucket plans for speed on three workloads, ERNIE-4.5-21B-A3B on a simulated Gaudi 2.
 
-    python -m benchmarks.bucket_plan [--max-shapes 64] [--out benchmarks/bucket_plan.md]
+    python -m benchmarks.bucket_plan [--out benchmarks/bucket_plan.md] [--work DIR]
 
-On the workloads (the default synthetic one; `+experiment=long_prompts` with the tiny
-model and fewer decode tokens; a jsonl workload of varied lengths generated here, at
-block_size 128 and 16), each is
-served once with the config's linear set, planned from those steps with at most
-`--max-shapes` warmup shapes, then served with the planned set and with the exponential
-one. Token utilization and bucket misses are each run's own (metrics as the engine
-counts them); shape counts are what warmup would compile.
+Each workload is planned with `python -m pipeline.buckets plan --workload ...
+--max-shapes exponential` (no more graphs than the exponential set): candidate sets are
+served on the workload beside the linear and exponential ones, and the plan recommends a
+set only where it is no slower than the reference built-in with no more graphs. The
+table gives each workload's recommended set, the exponential and the linear one as
+served (choice.json of each plan). The workloads:
+
+- chat trace: an Azure-conversation-shaped trace (benchmarks/azure_conversation.py,
+  2,300 requests over an hour) at 10x speed, a little past what the device keeps up with;
+- long prompts: 300 prompts of 2,000-7,000 tokens, 32-256 new tokens, 1.5 requests/s;
+- prefix sharing: 400 prompts after one of 4 shared 1,536-token prefixes, 6 requests/s.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
-import random
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
-from omegaconf import OmegaConf
+from benchmarks.azure_conversation import write_conversation_trace
+from pipeline.buckets import plan_source, simulated_run, workload_variants
 
-from pipeline.buckets import plan_source
-from pipeline.compose import compose_config
-from pipeline.metrics import summarise
-from pipeline.run import build_engine
-
-WORDS = "the of and to in is for on with as by at from that this it be are was".split()
-
-
-def jsonl_workload(path: Path, num_requests: int = 48, seed: int = 0) -> Path:
-    """Prompts of 4 to 1400 bytes, most short, some long (a log-uniform spread), asking
-    for 4 to 96 tokens."""
-    rng = random.Random(seed)
-    with path.open("w", encoding="utf-8") as out:
-        for i in range(num_requests):
-            length = int(round(4 * (350 ** rng.random())))
-            text = ""
-            while len(text) < length:
-                text += rng.choice(WORDS) + " "
-            line = {"id": f"r{i}", "prompt": text[:length], "max_new_tokens": rng.randint(4, 96)}
-            out.write(json.dumps(line) + "\n")
-    return path
+MODEL = ["executor=simulated", "hardware=gaudi2", "model=spec/ernie45_21b_a3b", "max_tokens=2048"]
 
 
 def workloads(tmp: Path) -> dict[str, list[str]]:
-    prompts = jsonl_workload(tmp / "prompts.jsonl")
+    tmp.mkdir(parents=True, exist_ok=True)
+    trace = tmp / "conversation.csv"
+    write_conversation_trace(trace, requests=2300, seconds=3600.0)
+    synthetic = ["workload=synthetic", "workload.ignore_eos=true"]
     return {
-        "synthetic (default)": [],
-        "long_prompts": [
-            "+experiment=long_prompts",
-            "model=tiny",
-            "max_tokens=256",
-            "workload.parts.decode.min_new_tokens=96",
-            "workload.parts.decode.max_new_tokens=128",
-        ],
-        "jsonl": ["workload=jsonl", f"workload.path={prompts}", "max_tokens=1024"],
-        # the same at block_size 16: a finer seq axis, and a linear set of ~16,000 shapes
-        "jsonl, block_size 16": [
-            "workload=jsonl",
-            f"workload.path={prompts}",
-            "block_size=16",
-            "max_tokens=1024",
-        ],
-    }
+        "chat trace": ["workload=trace", f"workload.path={trace}", "workload.time_scale=0.1",
+                       "max_model_len=8192"],
+        "long prompts": [*synthetic, "workload.num_requests=300", "workload.rate=1.5",
+                         "workload.min_prompt_tokens=2000", "workload.max_prompt_tokens=7000",
+                         "workload.min_new_tokens=32", "workload.max_new_tokens=256",
+                         "max_model_len=8192"],
+        "prefix sharing": [*synthetic, "workload.num_requests=400", "workload.rate=6",
+                           "workload.shared_prefix_tokens=1536", "workload.num_prefixes=4",
+                           "workload.min_prompt_tokens=16", "workload.max_prompt_tokens=800",
+                           "workload.min_new_tokens=32", "workload.max_new_tokens=256",
+                           "max_model_len=4096"],
+    }  # fmt: skip
 
 
-def serve(overrides: list[str], folder: Path | None = None) -> dict:
-    """Serves in-process; with `folder`, leaves the files the planner reads there."""
-    cfg = compose_config(overrides)
-    engine, requests = build_engine(cfg)
-    steps: list = []
-    start = time.perf_counter()
-    duration = engine.run(requests, on_step=steps.append)
-    wall = time.perf_counter() - start
-    if folder is not None:
-        folder.mkdir(parents=True)
-        resolved = OmegaConf.to_container(cfg, resolve=True)
-        resolved["num_blocks"] = engine.scheduler.kv_cache.num_blocks
-        (folder / "resolved_config.yaml").write_text(OmegaConf.to_yaml(resolved))
-        lines = "".join(json.dumps(dataclasses.asdict(s)) + "\n" for s in steps)
-        (folder / "steps.jsonl").write_text(lines)
-    metrics = summarise(requests, steps, duration)
-    counts = engine.warmup_counts()
-    return {
-        "utilization": metrics["token_utilization"],
-        "misses": engine.metadata.bucket_misses,
-        "shapes": sum(counts.values()),
-        "steps": len(steps),
-        "errors": metrics["num_errors"],
-        "outputs": {r.id: r.output_ids for r in requests},
-        "wall_s": wall,
-    }
+def plan(overrides: list[str], out: Path) -> dict:
+    """Plans the workload within the exponential set's graphs; its choice.json."""
+    source = simulated_run([*MODEL, *overrides], out / "simulated-run")
+    plan_source(source, 0, out, "planned", 0.001, variants=workload_variants([*MODEL, *overrides]))
+    return json.loads((out / "choice.json").read_text())
 
 
-def compare(
-    index: int, name: str, overrides: list[str], tmp: Path, max_shapes: int, block_weight: float
-) -> list[str]:
-    run = tmp / str(index) / "run"
-    linear = serve(overrides, run)
-    plan, predicted = plan_source(run, max_shapes, run.parent / "plan", "planned", block_weight)
-    planned = serve(
-        [*overrides, f"hydra.searchpath=[file://{run.parent / 'plan'}]", "+buckets=planned"]
-    )
-    exponential = serve([*overrides, "metadata.bucketing=exponential"])
-    same = all(r["outputs"] == linear["outputs"] for r in (planned, exponential))
-    rows = []
-    for label, r in (("plan", planned), ("linear", linear), ("exponential", exponential)):
-        rows.append(
-            f"| {name} | {label} | {r['shapes']} | {r['utilization']:.3f} | {r['misses']} | "
-            f"{r['steps']} | {r['errors']} | {r['wall_s']:.1f} |"
+def rows(name: str, choice: dict) -> list[str]:
+    by_set = {s["set"]: s for s in choice["sets"]}
+    shown = [choice["recommended"], *(s for s in ("exponential", "linear") if s in by_set)]
+    lines = []
+    for label in dict.fromkeys(shown):
+        s = by_set[label]
+        role = "recommended" if label == choice["recommended"] else "built-in"
+        lines.append(
+            f"| {name} | {label} ({role}) | {s['graphs']:,} | {s['warmup_s'] / 3600:.2f} | "
+            f"{s['throughput']:,.1f} | {s['ttft_p50_ms']:,.0f} / {s['ttft_p90_ms']:,.0f} | "
+            f"{s['tpot_p50_ms']:.1f} / {s['tpot_p90_ms']:.1f} | {s['misses']} | "
+            f"{s['compiles']} |"
         )
-    sizes = "; ".join(f"{axis} {values}" for axis, values in plan.sizes.items())
-    rows.append(
-        f"| {name} | planned sizes | {sizes} (predicted utilization "
-        f"{predicted['plan'].utilization:.3f}); same tokens in all three: {same} | | | | | |"
-    )
-    return rows
+    return lines
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--max-shapes", type=int, default=64)
-    parser.add_argument("--block-weight", type=float, default=0.001)
-    parser.add_argument("--out", type=Path)
+    parser.add_argument("--out", type=Path, help="write the table here (else print it)")
+    parser.add_argument("--work", type=Path, help="keep the plans here (else a temp folder)")
     args = parser.parse_args()
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-    ).stdout.strip()
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip()  # fmt: skip
     lines = [
-        f"# Bucket plans (commit {commit}, at most {args.max_shapes} shapes, block weight "
-        f"{args.block_weight})",
+        f"# Bucket plans for speed (commit {commit}; ERNIE-4.5-21B-A3B, simulated Gaudi 2, "
+        "max_tokens 2048, at most the exponential set's graphs)",
         "",
-        "| workload | set | warmup shapes | token utilization | misses | steps | errors "
-        "| serve s |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| workload | set | graphs | warmup h | output tok/s | TTFT p50 / p90 ms | "
+        "TPOT p50 / p90 ms | misses | compiles while serving |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
+    reasons = []
     with tempfile.TemporaryDirectory() as tmp:
-        for i, (name, overrides) in enumerate(workloads(Path(tmp)).items()):
-            lines += compare(i, name, overrides, Path(tmp), args.max_shapes, args.block_weight)
-            print("\n".join(lines[-4:]), flush=True)
-    text = "\n".join(lines) + "\n"
+        work = args.work or Path(tmp)
+        for i, (name, overrides) in enumerate(workloads(work).items()):
+            choice = plan(overrides, work / str(i))
+            lines += rows(name, choice)
+            reasons.append(f"- {name}: {choice['reason']}.")
+    text = "\n".join([*lines, "", *reasons, ""])
     if args.out:
-        args.out.write_text(text)
+        args.out.write_text(text, encoding="utf-8")
     print(text)
 
 

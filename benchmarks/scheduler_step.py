@@ -27,6 +27,7 @@ SCHEDULER_DEFAULTS = {
     "budget": _CONF.budget,
     "max_padding": _CONF.max_padding,
     "no_evict": _CONF.no_evict,
+    "max_prefill_rows": _CONF.max_prefill_rows,
 }
 
 

@@ -9,16 +9,14 @@ final generations.jsonl) are replaced atomically, never left half written.
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, BinaryIO, cast
+from typing import Any
 
 import orjson
 from hydra.experimental.callback import Callback
@@ -29,6 +27,9 @@ from pipeline.checks import ConfigError
 from pipeline.expansion import bounded_record
 from pipeline.folder_lock import FolderLock
 from pipeline.metrics import StepRecord, e2e_s, itl_s, ttft_s
+
+# RunFolderError: what the commands catch of a folder's writing, named here as before.
+from pipeline.run_files import RunFolderError, open_no_link, writing  # noqa: F401
 from pipeline.run_folder import (  # noqa: F401  (read_generations: the folder's reader)
     GENERATIONS,
     METRICS,
@@ -43,41 +44,6 @@ from stages.request import FinishReason, Request
 
 # The error of a request a signal stopped; resuming the folder serves these again.
 INTERRUPTED = "interrupted: the run stopped before this request finished"
-
-
-class RunFolderError(Exception):
-    """A run-folder file that cannot be written; the message names the path and the reason."""
-
-
-@contextmanager
-def writing(path: Path) -> Iterator[None]:
-    """Turns an OSError (disk full, read-only, a directory in the way) into one line."""
-    try:
-        yield
-    except OSError as err:
-        raise RunFolderError(f"cannot write {path}: {err.strerror or err}") from err
-
-
-_FLAGS = {
-    "wb": os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
-    "ab": os.O_WRONLY | os.O_CREAT | os.O_APPEND,
-    "rb+": os.O_RDWR,
-}
-
-
-def open_no_link(path: Path, mode: str) -> BinaryIO:
-    """`path` opened as open(path, mode) would, except through a symbolic link (O_NOFOLLOW):
-    a link in a run folder would have its target truncated and overwritten."""
-    try:
-        fd = os.open(path, _FLAGS[mode] | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
-    except OSError as err:
-        if err.errno == errno.ELOOP:
-            raise RunFolderError(
-                f"{path} is a symbolic link: a run writes no file through a link; remove it "
-                "or choose another run folder"
-            ) from None
-        raise
-    return cast(BinaryIO, os.fdopen(fd, mode))
 
 
 def _umask() -> int:

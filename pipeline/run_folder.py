@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.checks import ConfigError
+from pipeline.run_files import open_no_link
 from stages.checked_yaml import YamlFileError, read_yaml
 from stages.request import FinishReason, StepMode
 
@@ -296,8 +297,6 @@ def cut_torn_tail(path: Path) -> int:
     so that what is appended next starts a line of its own; returns the bytes removed."""
     if not path.is_file():
         return 0
-    from pipeline.artefacts import open_no_link
-
     with open_no_link(path, "rb+") as f:
         size = f.seek(0, os.SEEK_END)
         if size == 0:

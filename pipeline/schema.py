@@ -44,17 +44,45 @@ class GgufTokenizerConf:
     add_bos: Any = None  # null = the file's tokenizer.ggml.add_bos_token
 
 
+# The execution model a device implies, where the config does not say: a device that pads
+# to buckets (an HPU) warms a bucket grid and charges a prefill row its padded width; one that
+# computes the real tokens (a GPU, hardware.pads_to_buckets=false) captures CUDA graphs at
+# vLLM's sizes (stages/cudagraph.py) and charges real tokens. Without a device: the former.
+DEVICE_DEFAULTS = {
+    "bucketing": (Bucketing.linear.value, Bucketing.cudagraph.value),
+    "budget": (Budget.padded.value, Budget.real.value),
+}
+
+
+def device_default(key: str, pads: Any, padding_choice: str = "") -> str:
+    """The default of `key` (bucketing, budget) for a device that pads or does not; a
+    padding device takes `padding_choice` where one is given (plan.hpu_bucketing)."""
+    padding, real = DEVICE_DEFAULTS[key]
+    if pads is False or str(pads).lower() == "false":
+        return real
+    return padding_choice or padding
+
+
+def _by_device(key: str, padding_choice: str = "") -> Any:
+    pads = "${oc.select:hardware.pads_to_buckets,true}"
+    return II(f"device_default:{key},{pads}" + (f",{padding_choice}" if padding_choice else ""))
+
+
 @dataclass
 class SchedulerConf:
     _target_: str = MISSING
     max_tokens: int = II("max_tokens")
     max_num_seqs: int = II("max_num_seqs")
     max_model_len: int = II("max_model_len")
-    budget: Budget = Budget.padded  # padded: a prefill row costs its padded width; real: tokens
+    # padded: a prefill row costs its padded width; real: tokens; default: the device's
+    budget: Budget = _by_device("budget")
     max_padding: float = 0.25  # a row joins a step's prefill rectangle only below this padding
     # admit a request only when the KV pool holds it to its end beside what the running
     # requests will still take: no preemption (TensorRT-LLM's GUARANTEED_NO_EVICT)
     no_evict: bool = False
+    # prompts prefilled in one step at most; 0 = no cap (FastDeploy caps them at its
+    # MAX_PREFILL_NUM, 3: set 3 to serve as it does)
+    max_prefill_rows: int = 0
 
 
 @dataclass
@@ -95,12 +123,31 @@ def _axis(min: int = 0, step: int = 0) -> Any:
 
 
 @dataclass
+class FastDeployWarmupConf:
+    """FastDeploy's HPU warmup environment (read with metadata.bucketing=fastdeploy),
+    under its names lower-cased; defaults are FastDeploy's own."""
+
+    max_prefill_num: int = 3  # MAX_PREFILL_NUM
+    batch_step_prefill: int = 1  # BATCH_STEP_PREFILL
+    sequence_step_prefill: int = 128  # SEQUENCE_STEP_PREFILL
+    context_block_step_prefill: int = 1  # CONTEXT_BLOCK_STEP_PREFILL
+    batch_step_decode: int = 4  # BATCH_STEP_DECODE
+    block_step_decode: int = 16  # BLOCK_STEP_DECODE
+    warmup_model_len: int = 4096  # HPU_WARMUP_MODEL_LEN (capped by max_model_len)
+    # FLAGS_intel_hpu_recipe_cache_num: compiled recipes kept (0: not set); a grid of
+    # more recipes than this is warned about at export
+    recipe_cache_num: int = 0
+    enc_dec_block_num: int = 2  # FD_ENC_DEC_BLOCK_NUM
+
+
+@dataclass
 class HPUMetadataConf:
     _target_: str = "stages.metadata.HPUMetadataBuilder"
     max_tokens: int = II("max_tokens")
     max_num_seqs: int = II("max_num_seqs")
     max_model_len: int = II("max_model_len")
-    bucketing: Bucketing = Bucketing.linear
+    # linear, exponential, or cudagraph (a GPU's); default: the device's (DEVICE_DEFAULTS)
+    bucketing: Bucketing = _by_device("bucketing", "${oc.select:plan.hpu_bucketing,linear}")
     prefill_batch: BucketAxisConf = _axis(min=1, step=1)
     prefill_seq: BucketAxisConf = _axis()  # tokens, multiples of block_size
     prefill_blocks: BucketAxisConf = _axis(min=1, step=2)  # context + chunk blocks per row
@@ -112,6 +159,7 @@ class HPUMetadataConf:
     decode_span: float = 2.0
     # warmup=true stops at start when the set holds more shapes than this; 0 = no limit.
     max_warmup_shapes: int = 512
+    fastdeploy: FastDeployWarmupConf = field(default_factory=FastDeployWarmupConf)
 
 
 @dataclass
@@ -361,6 +409,10 @@ class HardwareConf:
     gemm_fill_s: float = 0.0  # one GEMM kernel's fixed time (thin GEMMs lose efficiency)
     interconnect_peer_gbs: float = 0.0  # all-to-all links: to one peer; 0 = a switch
     coefficients: dict[str, float] = field(default_factory=dict)  # fitted; empty = defaults
+    software: str = ""  # the software release the fitted figures describe
+    # relative prediction errors by method (offline, static, online): fit_median, fit_worst,
+    # held_out_median, held_out_worst (a split-half fit's held-out rows); plan bands read them
+    errors: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 @dataclass
@@ -485,10 +537,24 @@ class CapacityConf:
 class PlanConf:
     """`python -m pipeline.plan`: how the configurations are ranked (pipeline/plan/report.py)."""
 
-    objective: str = "goodput_per_card"  # or cost: per million output tokens
-    device_hour_usd: float = 0.0  # one card's hour; needed for objective=cost
-    max_warmup_s: float = 0.0  # rule out longer predicted warmups (a readiness probe); 0 = none
+    objective: str = "goodput_per_card"  # without a target; or cost: per million output tokens
+    # USD per card-hour by device (hardware.name), 0 = no price; conf/plan.yaml ships cited
+    # on-demand prices, plan.prices.gaudi3=2.0 sets or overrides one (+plan.prices.NAME=X
+    # for another profile). A device without one is not ranked by cost (the plan says so).
+    prices: dict[str, float] = field(
+        default_factory=lambda: {"h100": 0.0, "h200": 0.0, "gaudi2": 0.0, "gaudi3": 0.0}
+    )
+    # rule out longer predicted warmups: a readiness budget (an hour); 0 = none
+    max_warmup_s: float = 3600.0
     model_id: str = ""  # what the deploy commands load; "" = the model's name
+    # metadata.bucketing on a device that pads to buckets (Gaudi), where not given; a GPU
+    # takes cudagraph. conf/plan.yaml: exponential, whose warmups fit plan.max_warmup_s.
+    hpu_bucketing: str = "linear"
+    # The load the deployment must serve (pipeline/plan/target.py): requests/s (open loop;
+    # a trace's own rate as workload.time_scale scales it) or requests in flight (closed
+    # loop); 0 = none (configurations ranked per card, not sized).
+    target_rps: float = 0.0
+    target_concurrency: int = 0
 
 
 @dataclass
@@ -583,6 +649,8 @@ def model_option(node: DictConfig) -> ModelOption:
 
 
 def register_schemas() -> None:
+    if not OmegaConf.has_resolver("device_default"):
+        OmegaConf.register_new_resolver("device_default", device_default)
     store = ConfigStore.instance()
     store.store(name="pipeline_schema", node=PipelineConf)
     for (group, name), node in SCHEMAS.items():

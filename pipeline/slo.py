@@ -88,6 +88,12 @@ def is_good(r: Request, slo: Slo) -> bool:
     )
 
 
+def slo_was_set(metrics: Mapping[str, Any]) -> bool:
+    """Whether a run had an SLO bound (metrics' `slo` holds the target besides): without
+    one, attainment, slo_met and goodput say nothing."""
+    return len(metrics.get("slo") or {}) > 1
+
+
 def slo_metrics(requests: Sequence[Request], duration_s: float, slo: Slo) -> dict[str, Any]:
     """metrics.json's SLO keys: `request_goodput` (good requests/s), `slo_attainment` (good
     fraction), `slo_attainment_by_bound` (fraction meeting each bound that is set), `slo`

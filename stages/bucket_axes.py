@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from stages import engine_grids
 from stages.buckets import Axis
 from stages.kv_cache import blocks_for
 
@@ -99,3 +100,17 @@ def _check_sizes(name: str, sizes: list[int], block_size: int) -> None:
             f"metadata.prefill_seq.sizes={sizes}: each must be a multiple of "
             f"block_size={block_size}, as a chunk is padded to whole blocks"
         )
+
+
+def fastdeploy_axes(
+    axes: Mapping[str, Axis], given: Mapping[str, int], limits: engine_grids.ServerLimits
+) -> tuple[engine_grids.FastDeploySteps, dict[str, Axis]]:
+    """FastDeploy's steps from `given` (FastDeploySteps' fields) and each bucket axis as
+    FastDeploy pads it (the axes' steps kept: they round a miss's fallback)."""
+    steps = engine_grids.FastDeploySteps(**dict(given))
+    steps.check()
+    sizes = engine_grids.fastdeploy_sizes(steps, limits, axes["decode_blocks"].max)
+    return steps, {
+        name: Axis(min=v[0], step=axes[name].step, max=v[-1], explicit=tuple(v))
+        for name, v in sizes.items()
+    }

@@ -11,6 +11,12 @@ import numpy as np
 import structlog
 
 from stages.arithmetic import ceil_div
+from stages.engine_grids import (
+    vllm_exponential_range,
+    vllm_limit,
+    vllm_linear_range,
+    vllm_padding_range,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -20,6 +26,12 @@ class Bucketing(enum.StrEnum):
 
     linear = "linear"  # min, then every step up to max
     exponential = "exponential"  # min, doubling, then max
+    fastdeploy = "fastdeploy"  # FastDeploy's HPU runner's own sizes and warmup grid
+    # vllm-gaudi's VLLM_BUCKETING_STRATEGY on each axis's min, step and max
+    vllm_lin = "vllm_lin"  # min doubling up to step, then every step
+    vllm_exp = "vllm_exp"  # ceil(log2 max) + 1 sizes spaced geometrically
+    vllm_pad = "vllm_pad"  # padding-aware: at most 25% or max/4 padding
+    cudagraph = "cudagraph"  # a GPU's: decode batches at CUDA-graph sizes (stages/cudagraph.py)
 
 
 @dataclass(frozen=True)
@@ -40,6 +52,8 @@ class Axis:
         if self.explicit:
             return list(self.explicit)
         top = self._rounded(self.max)
+        if Bucketing(strategy) in VLLM_RANGES:
+            return VLLM_RANGES[Bucketing(strategy)](self.min, self.step, top)
         if Bucketing(strategy) is Bucketing.exponential:
             return [*_doubling(self.min, top), top]
         dense = self._rounded(self.dense_max) if 0 < self.dense_max < self.max else top
@@ -50,6 +64,14 @@ class Axis:
 
     def _rounded(self, n: int) -> int:
         return ceil_div(n, self.step) * self.step
+
+
+VLLM_RANGES = {
+    Bucketing.vllm_lin: vllm_linear_range,
+    Bucketing.vllm_exp: lambda lo, step, hi: vllm_exponential_range(lo, step, hi, vllm_limit(hi)),
+    # vllm-gaudi's padding-aware defaults: pad_max a quarter of the range, 25%
+    Bucketing.vllm_pad: lambda lo, step, hi: vllm_padding_range(lo, step, hi, ceil_div(hi, 4), 25),
+}
 
 
 def _doubling(start: int, top: int) -> list[int]:

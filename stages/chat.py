@@ -16,28 +16,13 @@ bos_token, eos_token) and its `raise_exception`; whitespace control is transform
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from functools import lru_cache
 from typing import Any
-
-from jinja2 import TemplateError
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from stages.template_worker import TemplateRenderer
 
 ROLES = ("system", "developer", "user", "assistant", "tool")  # developer: OpenAI's system
 MARKERS = tuple(f"<|{role}|>" for role in ROLES)
 RENDERER = TemplateRenderer()  # the process's one child for model templates
-
-
-def _raise(message: str) -> None:
-    raise TemplateError(message)
-
-
-@lru_cache(maxsize=8)
-def compiled(template: str) -> Any:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    env.globals["raise_exception"] = _raise
-    return env.from_string(template)
 
 
 def _content(value: Any, index: int) -> str:

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from stages.request import PromptSpan, Request
+from stages.token_ranking import log_softmax, rank_keys, top_indices
 
 
 def asked_counts(requests: Sequence[Request], default: int) -> list[int | None] | None:
@@ -30,8 +31,6 @@ def asked_counts(requests: Sequence[Request], default: int) -> list[int | None] 
 def entries(logits: np.ndarray, tokens: np.ndarray, counts: Sequence[int | None]) -> list:
     """Per row, its `counts[row]` most likely tokens and the scored token `tokens[row]` with
     their log-probabilities; None for a row that asks none."""
-    from stages.sampler import log_softmax, rank_keys, top_indices  # (the sampler uses this)
-
     asking = [row for row, k in enumerate(counts) if k is not None]
     out: list[dict[int, float] | None] = [None] * len(counts)
     if not asking:

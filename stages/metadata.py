@@ -15,12 +15,16 @@ assumed left alignment, so prefills of different context lengths attended to wro
 from __future__ import annotations
 
 import itertools
+from collections.abc import Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from stages.bucket_axes import AXES, resolve_axes
-from stages.buckets import Bucketing, Buckets, warmup_counts, warmup_graphs
+from stages import engine_grids
+from stages.bucket_axes import AXES, fastdeploy_axes, resolve_axes
+from stages.buckets import Axis, Bucketing, Buckets, warmup_counts, warmup_graphs
+from stages.cudagraph import cudagraph_axes, cudagraph_warmup
 from stages.forward_meta import (
     MASKED_SCORE,
     DecodeMeta,
@@ -54,6 +58,7 @@ class HPUMetadataBuilder:
         bucketing: Bucketing | str,
         decode_span: float,
         max_warmup_shapes: int,
+        fastdeploy: Mapping[str, int],
         pad_id: int = 0,
         shapes_only: bool = False,
         packed: bool = False,
@@ -61,14 +66,14 @@ class HPUMetadataBuilder:
         """shapes_only: build() gives the buckets and lengths but no tensors, and lists
         decode blocks row by row as the HPU's fused op takes them (a simulated device).
         packed: a step's real tokens only are laid out, for an attention stage that packs
-        rows (its declared `packs_rows`); the buckets are chosen and counted as ever."""
+        rows (its declared `packs_rows`); the buckets are chosen and counted as ever.
+        fastdeploy: FastDeploy's warmup steps (engine_grids.FastDeploySteps' fields), read when
+        bucketing=fastdeploy: the sizes and warmup grid are then FastDeploy's own."""
         bs = kv_cache.block_size
         given = dict(zip(AXES, (prefill_batch, prefill_seq, prefill_blocks, decode_batch,
                                 decode_blocks), strict=True))  # fmt: skip
-        prefix = kv_cache.prefix is not None
-        axes = resolve_axes(
-            given, bs, max_tokens, max_num_seqs, max_model_len, kv_cache.num_blocks, prefix
-        )
+        axes = resolve_axes(given, bs, max_tokens, max_num_seqs, max_model_len,
+                            kv_cache.num_blocks, kv_cache.prefix is not None)  # fmt: skip
         if max_warmup_shapes < 0:
             raise ValueError(
                 f"metadata.max_warmup_shapes={max_warmup_shapes}: needs 0 (no limit) or more"
@@ -83,8 +88,41 @@ class HPUMetadataBuilder:
         self.decode_span = 0.0 if shapes_only else decode_span
         self.shapes_only = shapes_only
         self.packed = packed
+        self.fastdeploy: engine_grids.FastDeploySetup | None = None
+        axes = self._engine_axes(
+            Bucketing(bucketing), axes, fastdeploy, max_num_seqs, max_model_len
+        )
         self.buckets = Buckets(bucketing, axes)
         self.prefill_part = PrefillPartBuilder(kv_cache, pad_id)
+
+    def _engine_axes(
+        self,
+        strategy: Bucketing,
+        axes: dict[str, Axis],
+        fastdeploy: Mapping[str, int],
+        max_num_seqs: int,
+        model_len: int,
+    ) -> dict[str, Axis]:
+        """The axes as an engine's own strategy sizes them (FastDeploy's, a GPU's capture
+        sizes); the resolved axes for the others."""
+        if strategy is Bucketing.fastdeploy:
+            return self._fastdeploy_axes(axes, fastdeploy, max_num_seqs, model_len)
+        if strategy is Bucketing.cudagraph:
+            return cudagraph_axes(axes, max_num_seqs)
+        return axes
+
+    def _fastdeploy_axes(
+        self, axes: dict[str, Axis], given: Mapping[str, int], max_num_seqs: int, model_len: int
+    ) -> dict[str, Axis]:
+        """FastDeploy's own sizes for each axis (its steps kept for its warmup grid)."""
+        kv = self.kv_cache
+        limits = engine_grids.ServerLimits(
+            kv.block_size, self.max_tokens, max_num_seqs, model_len, kv.num_blocks,
+            kv.prefix is not None, False,
+        )  # fmt: skip
+        steps, axes = fastdeploy_axes(axes, given, limits)
+        self.fastdeploy = steps, limits
+        return axes
 
     @property
     def bucket_misses(self) -> int:
@@ -319,13 +357,25 @@ class HPUMetadataBuilder:
 
     # -- warmup ------------------------------------------------------------------------------
     def warmup_counts(self, mixed: bool, padded_budget: bool = True) -> dict[str, int]:
-        """The graphs each phase of warmup_shapes compiles, counted without listing them."""
+        """The graphs each phase of warmup_shapes compiles, counted without listing them
+        (FastDeploy's grid is listed: its loops are the count)."""
+        if self.fastdeploy:
+            return engine_grids.part_graphs(self.warmup_shapes(mixed, padded_budget))
+        if self.buckets.strategy is Bucketing.cudagraph:
+            return {phase: len(s) for phase, s in cudagraph_warmup(self._sizes()).items()}
         return warmup_counts(self._sizes(), self.block_size, self.max_tokens, mixed, padded_budget)
 
     def warmup_shapes(self, mixed: bool, padded_budget: bool = True) -> dict[str, list[tuple]]:
         """Every prefill and decode bucket some step can pad to (padded_budget: the
         scheduler's budget bounds rows x padded width); with chunking, a coarse mixed grid
-        too (one prefill row, the widest block tables), as FastDeploy warms it."""
+        too (one prefill row, the widest block tables), as FastDeploy warms it. With
+        bucketing=fastdeploy: FastDeploy's own warmup runs; under the GPU model (cudagraph):
+        one profiling prefill and the decode capture sizes."""
+        if self.fastdeploy:
+            steps, limits = self.fastdeploy
+            return engine_grids.fastdeploy_warmup(steps, replace(limits, chunked_prefill=mixed))
+        if self.buckets.strategy is Bucketing.cudagraph:
+            return cudagraph_warmup(self._sizes())
         return warmup_graphs(self._sizes(), self.block_size, self.max_tokens, mixed, padded_budget)
 
     def _sizes(self) -> dict[str, list[int]]:

@@ -53,6 +53,11 @@ class StepMode(enum.StrEnum):
 _EXTEND, _DECODE, _MIXED = StepMode.EXTEND, StepMode.DECODE, StepMode.MIXED
 
 
+# The largest top_k a row takes: the sampler counts candidates in int64 arrays, and no
+# vocabulary comes near 2**31 tokens (a larger k keeps the whole vocabulary, as k = vocab).
+TOP_K_MAX = 2**31 - 1
+
+
 @dataclass
 class SamplingParams:
     """Per-request sampling values; None means "use the sampler's own setting"."""

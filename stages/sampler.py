@@ -22,7 +22,8 @@ import numpy as np
 import paddle
 
 from stages.logprobs import asked_counts, entries
-from stages.request import Request, Samples
+from stages.request import TOP_K_MAX, Request, Samples
+from stages.token_ranking import rank_keys, top_indices
 
 # ---------------------------------------------------------------------------------------------
 # Counter-based uniforms
@@ -76,37 +77,9 @@ def uniforms(keys: np.ndarray, counters: np.ndarray) -> np.ndarray:
 # Ordering and log-probabilities shared by both samplers
 
 
-def rank_keys(logits: np.ndarray) -> np.ndarray:
-    """An int64 key per entry, all distinct in a row, ascending from the most likely token;
-    tied logits go lower token id first.
-
-    Distinct keys make every sort and partition pick the same tokens whatever else is in the
-    batch or however many candidates are taken, even among tied logits."""
-    bits = np.ascontiguousarray(logits, dtype=np.float32).view(np.int32)
-    # IEEE floats order like signed integers once a negative one's non-sign bits are flipped.
-    ordered = np.where(bits < 0, bits ^ np.int32(0x7FFFFFFF), bits)
-    # ~ordered reverses the order without overflow; the low half breaks ties by token id.
-    return ((~ordered).astype(np.int64) << 32) | np.arange(logits.shape[-1], dtype=np.int64)
-
-
-def top_indices(keys: np.ndarray, count: int) -> np.ndarray:
-    """The `count` most likely entries of each row by rank key, most likely first."""
-    if count < keys.shape[-1]:
-        part = np.argpartition(keys, count - 1, axis=-1)[:, :count]
-        order = np.argsort(np.take_along_axis(keys, part, axis=-1), axis=-1)
-        return np.take_along_axis(part, order, axis=-1)
-    return np.argsort(keys, axis=-1)
-
-
 def argmax(logits: np.ndarray) -> np.ndarray:
     """The most likely token of each row; the lowest id among ties, as in the sort order."""
     return np.argmax(logits, axis=-1).astype(np.int64)
-
-
-def log_softmax(logits: np.ndarray) -> np.ndarray:
-    x = logits.astype(np.float64)
-    peak = x.max(axis=-1, keepdims=True)
-    return x - (peak + np.log(np.exp(x - peak).sum(axis=-1, keepdims=True)))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -127,11 +100,6 @@ def temperature_error(value: object, key: str) -> str | None:
     if value < 0:
         return f"{key}={value} must be >= 0 (0 = greedy)"
     return None
-
-
-# The largest top_k a row takes: its candidates are counted in int64 arrays, and no
-# vocabulary comes near 2**31 tokens (a larger k keeps the whole vocabulary, as k = vocab).
-TOP_K_MAX = 2**31 - 1
 
 
 def top_k_error(value: object, key: str) -> str | None:

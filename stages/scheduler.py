@@ -113,6 +113,7 @@ class ChunkedScheduler(DecodeRuns):
         budget: Budget | str,
         max_padding: float,
         no_evict: bool,
+        max_prefill_rows: int,
     ) -> None:
         budget = Budget(budget)
         block_size = kv_cache.block_size
@@ -128,6 +129,9 @@ class ChunkedScheduler(DecodeRuns):
         self.padded_budget = budget is Budget.padded
         self.max_padding = max_padding
         self.no_evict = no_evict
+        if max_prefill_rows < 0:
+            raise ValueError(f"scheduler.max_prefill_rows={max_prefill_rows}: 0 (no cap) or more")
+        self.max_prefill_rows = max_prefill_rows
         self.max_tokens = max_tokens
         self.max_num_seqs = max_num_seqs
         self.max_model_len = max_model_len
@@ -185,6 +189,8 @@ class ChunkedScheduler(DecodeRuns):
         With the padded budget a chunk may only be as long as the rectangle it grows
         still fits, and it may not leave more than `max_padding` of the rectangle padding."""
         rect = budget.rect
+        if self.max_prefill_rows and rect.rows >= self.max_prefill_rows:
+            return 0  # as FastDeploy's MAX_PREFILL_NUM: no more prompts in this step
         n = min(remaining, budget.left)
         if self.padded_budget:
             # A row within the current width costs that width; a wider one regrows the

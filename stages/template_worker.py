@@ -18,11 +18,26 @@ import signal
 import subprocess
 import sys
 import threading
+from functools import lru_cache
 from typing import Any
+
+from jinja2 import TemplateError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 RENDER_TIMEOUT_S = 2.0  # a real template renders in milliseconds
 MAX_OUTPUT_CHARS = 4_000_000  # a prompt longer than any context window
 MEMORY_LIMIT_BYTES = 1 << 30  # the child's address space
+
+
+def _raise(message: str) -> None:
+    raise TemplateError(message)
+
+
+@lru_cache(maxsize=8)
+def compiled(template: str) -> Any:
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = _raise
+    return env.from_string(template)
 
 
 class TemplateRenderer:
@@ -89,10 +104,6 @@ class TemplateRenderer:
 
 
 def _render(template: str, variables: dict[str, Any]) -> dict[str, str]:
-    from jinja2 import TemplateError
-
-    from stages.chat import compiled
-
     try:
         parts, size = [], 0
         for part in compiled(template).generate(**variables):

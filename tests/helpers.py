@@ -18,9 +18,17 @@ from omegaconf import DictConfig
 
 from pipeline.compose import compose_config
 from pipeline.executors import build_engine
-from pipeline.schema import PipelineConf, SpecModelConf, TraceWorkloadConf, schema_defaults
+from pipeline.schema import (
+    PipelineConf,
+    SpecModelConf,
+    TraceWorkloadConf,
+    device_default,
+    schema_defaults,
+)
+from stages.buckets import Bucketing
 from stages.model_spec import ModelSpec, model_spec
 from stages.request import Request
+from stages.scheduler import Budget
 from stages.trace import TraceWorkload
 
 # One Paddle math thread: `pytest -n auto` runs a test per core already, and threads of two
@@ -69,17 +77,24 @@ def run_cli(cwd: Path, module: str, *args: object) -> subprocess.CompletedProces
     )
 
 
+DEVICE_ENUMS = {"budget": Budget, "bucketing": Bucketing}
+
+
 def schema_kwargs(conf: type, **given: Any) -> dict[str, Any]:
     """A stage's keyword arguments with the values pipeline/schema.py gives them by default
     (a top-level key's interpolation, such as ${seed}, as the top level's default; its
     `_target_` and required fields left out), `given` on top: a stage built directly gets
     the same defaults as one the config builds."""
     top = {f.name: f.default for f in dataclasses.fields(PipelineConf)}
-    values = {
-        f.name: top[f.default[2:-1]]
-        for f in dataclasses.fields(conf)
-        if isinstance(f.default, str) and f.default.startswith("${")
-    }
+    values = {}
+    for f in dataclasses.fields(conf):
+        if isinstance(f.default, str) and f.default.startswith("${"):
+            inner = f.default[2:-1]
+            if inner.startswith("device_default:"):  # no device: a padding device's default
+                key = inner.split(":", 1)[1].split(",", 1)[0]
+                values[f.name] = DEVICE_ENUMS[key](device_default(key, True))
+            else:
+                values[f.name] = top[inner]
     for name, value in schema_defaults(conf).items():
         values[name] = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
     return {**values, **given}

@@ -24,6 +24,7 @@ from stages.bucket_planner import (
     pad_to,
     plan_buckets,
     plan_prefill_pair,
+    tail_sizes,
 )
 from stages.buckets import (
     Axis,
@@ -383,7 +384,7 @@ def test_cli_plans_from_a_sweep_and_shows_a_run(tmp_path, capsys):
     assert buckets_main(["plan", str(tmp_path / "sweep"), "--max-shapes", "50",
                          "--out", str(tmp_path / "out")]) == 0  # fmt: skip
     report = (tmp_path / "out" / "report.md").read_text()
-    assert "2 run(s)" in report and "| plan |" in report and "| exponential |" in report
+    assert "2 run(s)" in report and "| b0.001 |" in report and "| exponential |" in report
     assert (tmp_path / "out" / "buckets" / "planned.yaml").is_file()
     capsys.readouterr()
     assert buckets_main(["show", str(tmp_path / "sweep" / "0")]) == 0
@@ -429,3 +430,10 @@ def test_mixed_count_matches_the_listed_phases(seed):
     assert warmup_counts(sizes, 16, budget, mixed=True, padded_budget=padded)["mixed"] == len(
         listed
     )
+
+
+def test_a_tail_doubles_up_to_the_limit():
+    # by hand: 1851 observed, 20% headroom -> ceil(2221.2) = 2222, then 4444, 8888,
+    # then the limit 10240 (where a single jump padded 1852 blocks to 10240)
+    assert tail_sizes(np.array([5, 1851]), 10240, 1, 0.2) == [2222, 4444, 8888, 10240]
+    assert tail_sizes(np.array([5, 1851]), 2000, 1, 0.2) == [2000]

@@ -34,8 +34,10 @@ def test_a_plan_serves_its_workload_and_another_seed_without_a_miss_or_compile(t
     runs = [tmp_path / "served-same", tmp_path / "served-seed1"]
     prompts = [[json.loads(line)["prompt"] for line in open(r / "generations.jsonl")] for r in runs]
     assert prompts[0] != prompts[1]  # the second seed is another workload
-    plan_row = next(line for line in (tmp_path / "report.md").read_text().splitlines()
-                    if line.startswith("| plan |"))  # fmt: skip
+    report = (tmp_path / "report.md").read_text()
+    chosen = report.split("The recommended set is `")[1].split("`")[0]
+    plan_row = next(line for line in report.splitlines()
+                    if line.startswith(f"| {chosen} |"))  # fmt: skip
     assert [cell.strip() for cell in plan_row.split("|")[6:8]] == ["0", "0"]
 
 

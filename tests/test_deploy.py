@@ -82,7 +82,7 @@ def test_exported_commands_parse_back_into_the_same_settings(tmp_path, monkeypat
     )
     engine, _ = build_engine(cfg)
     config = OmegaConf.to_container(cfg, resolve=True)
-    d = deployment(config, engine.scheduler.kv_cache.num_blocks, "org/model")
+    d = deployment(config, engine.scheduler.kv_cache.num_blocks, "org/model", origin="a test")
     write_deploy(d, overrides, tmp_path / "deploy")
     chunked = not any(o in overrides for o in ("scheduler=whole", "scheduler=static"))
     monkeypatch.setenv("QUANT_CONFIG", str(tmp_path / "inc.json"))  # an FP8 vLLM deploy needs it
@@ -136,3 +136,53 @@ def test_exported_commands_parse_back_into_the_same_settings(tmp_path, monkeypat
     written = (tmp_path / "deploy" / OVERRIDES).read_text().splitlines()
     assert written == overrides
     assert (tmp_path / "deploy" / VLLM_BUCKETS).is_file()
+
+
+def export(tmp_path: Path, overrides: list[str]) -> tuple[Path, object]:
+    cfg = make_config(
+        ["executor=simulated", "hardware=gaudi2", "model=spec/ernie45_21b_a3b", *overrides]
+    )
+    engine, _ = build_engine(cfg)
+    config = OmegaConf.to_container(cfg, resolve=True)
+    d = deployment(config, engine.scheduler.kv_cache.num_blocks, "m", origin="the run R")
+    write_deploy(d, overrides, tmp_path / "deploy")
+    return tmp_path / "deploy", engine
+
+
+def test_fastdeploy_script_exports_its_warmup_grid(tmp_path, capsys):
+    steps = {"max_prefill_num": 2, "batch_step_decode": 8, "block_step_decode": 32,
+             "warmup_model_len": 2048, "recipe_cache_num": 20}  # fmt: skip
+    overrides = ["max_tokens=1024", "scheduler.align_chunks=false", "metadata.bucketing=fastdeploy"]
+    overrides += [f"metadata.fastdeploy.{k}={v}" for k, v in steps.items()]
+    folder, engine = export(tmp_path, overrides)
+    _, env = run_script(folder / FASTDEPLOY, tmp_path)
+    names = {"max_prefill_num": "MAX_PREFILL_NUM", "batch_step_decode": "BATCH_STEP_DECODE",
+             "block_step_decode": "BLOCK_STEP_DECODE", "warmup_model_len": "HPU_WARMUP_MODEL_LEN",
+             "recipe_cache_num": "FLAGS_intel_hpu_recipe_cache_num"}  # fmt: skip
+    assert {names[k]: int(env[names[k]]) for k in steps} == {names[k]: v for k, v in steps.items()}
+    # the untouched steps: FastDeploy's defaults
+    assert (env["BATCH_STEP_PREFILL"], env["SEQUENCE_STEP_PREFILL"]) == ("1", "128")
+    assert env["CONTEXT_BLOCK_STEP_PREFILL"] == "1"
+    script = (folder / FASTDEPLOY).read_text()
+    # the grid's recipes, as the run's warmup counted FastDeploy's runs
+    runs = sum(len(v) for v in engine.warmup_shapes().values())
+    assert f"warmup grid from these: {runs:,} recipes" in script
+    if engine.warmup_shapes()["mixed"]:  # the device's own count, the run's warmup_shapes
+        assert f"counts {sum(engine.warmup_counts().values()):,} graphs" in script
+    assert runs > 20 and "WARNING" in script and "WARNING" in capsys.readouterr().err
+    assert "simulate it with scheduler.max_prefill_rows=2" in script  # MAX_PREFILL_NUM 2
+    for name in (FASTDEPLOY, VLLM):
+        text = (folder / name).read_text()
+        assert "scheduler.align_chunks=false" in text
+        assert "the run R" in text and "pipeline.plan" not in text
+
+
+def test_vllm_script_exports_its_own_strategy(tmp_path):
+    folder, engine = export(tmp_path, ["max_tokens=1024", "metadata.bucketing=vllm_lin"])
+    _, env = run_script(folder / VLLM, tmp_path)
+    assert env["VLLM_BUCKETING_STRATEGY"] == "lin" and "VLLM_BUCKETING_FROM_FILE" not in env
+    axis = engine.metadata.buckets.axes["decode_batch"]
+    assert (env["VLLM_DECODE_BS_BUCKET_MIN"], env["VLLM_DECODE_BS_BUCKET_STEP"]) == (
+        str(axis.min), str(axis.step))  # fmt: skip
+    # the default recipe cache is unset: no flag, no warning
+    assert "FLAGS_intel_hpu_recipe_cache_num" not in (folder / FASTDEPLOY).read_text()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -65,6 +66,33 @@ def test_help_says_what_its_arguments_and_an_example(module):
     assert "xample" in text  # one example at least
     lines = [line for line in text.splitlines() if line.strip()]
     assert len(lines) >= 4 and not text.rstrip().endswith(("whether", "and", "the"))
+
+
+def subcommands(module: str) -> list[str]:
+    """The subcommands a command's usage line lists as {a,b,...} (none for most)."""
+    done = subprocess.run(
+        [sys.executable, "-m", module, "--help"], capture_output=True, text=True, cwd=ROOT,
+        timeout=120,
+    )  # fmt: skip
+    usage = done.stdout.split("\n\n", 1)[0]
+    found = re.search(r"\{([a-z_,-]+)\}", usage)
+    return found.group(1).split(",") if found else []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("module", commands())
+def test_every_subcommand_has_a_help(module):
+    for sub in subcommands(module):
+        done = subprocess.run(
+            [sys.executable, "-m", module, sub, "--help"], capture_output=True, text=True,
+            cwd=ROOT, timeout=120,
+        )  # fmt: skip
+        assert done.returncode == 0, f"{module} {sub} --help: {done.stderr[-400:]}"
+        assert f"python -m {module} {sub}" in done.stdout and "xample" in done.stdout
+
+
+def test_the_buckets_command_lists_its_subcommands():
+    assert subcommands("pipeline.buckets") == ["plan", "show"]
 
 
 @pytest.mark.slow

@@ -60,7 +60,9 @@ def test_config_diff_names_changed_added_and_removed_keys():
     del b["scheduler"]["align_chunks"]
     b["metadata"] = {"bucketing": "linear", "decode_batch": {"min": 1}}
     diff = config_diff(CONFIG, b)
-    assert diff["changed"] == {"scheduler.max_tokens": {"a": 512, "b": 1024}}
+    assert diff["changed"] == {
+        "scheduler.max_tokens": {"a": 512, "b": 1024, "effect": "outputs unchanged (timing only)"}
+    }
     assert diff["added"] == {
         "scheduler.long_prefill_threshold": 256,
         "metadata.bucketing": "linear",
@@ -81,10 +83,13 @@ def test_differing_outputs_name_the_request_and_position(tmp_path):
     b = load_run(make_run(tmp_path / "b", {"req-0": "hello there", "req-1": "abcdef"}))
     first, second = outputs_verdict(a, b)["differences"]
     assert first["id"] == "req-0" and first["position"] == 6
-    assert first["context"] == "'hello '"  # decoded with the run's own tokenizer
-    assert (first["a"], first["b"]) == ("'world'", "'there'")
+    # ids, then the text decoded with the run's own tokenizer
+    assert first["context"] == "[104, 101, 108, 108, 111, 32] 'hello '"
+    assert first["a"] == "[119, 111, 114, 108, 100] 'world'"
+    assert first["b"].endswith("'there'")
     # One output a prefix of the other: they part where the shorter one ends.
-    assert second["position"] == 3 and (second["a"], second["b"]) == ("''", "'def'")
+    assert second["position"] == 3 and second["a"] == "[] ''"
+    assert second["b"] == "[100, 101, 102] 'def'"
 
 
 def review(capsys, *argv: str) -> tuple[int, str, str]:
@@ -106,7 +111,9 @@ def test_text_report_and_gate(tmp_path, capsys):
     assert "scheduler  chunked  chunked" in out and "schema/" not in out and "hydra/" not in out
     assert "output_throughput  100.0  150.0  50.0   1.500x" in out
     assert "tokens differ for 1/2 requests" in out
-    assert "req-1: first differs at token 2" in out and "A: 'c'" in out and "B: 'X'" in out
+    assert (
+        "req-1: first differs at token 2" in out and "A: [99] 'c'" in out and "B: [88] 'X'" in out
+    )
 
     assert review(capsys, a, b, "--fail-on-output-diff")[0] == 1
     code, out, _ = review(capsys, a, a, "--fail-on-output-diff")
@@ -258,7 +265,9 @@ def test_review_of_real_runs(real_sweep):
 
     same = cli(real_sweep, "pipeline.review", base, budget, "--fail-on-output-diff")
     assert same.returncode == 0, same.stderr
-    assert "max_tokens: 32 -> 64" in same.stdout and "scheduler.max_tokens: 32 -> 64" in same.stdout
+    # the top-level key once, its group copies named beside it, and what it does
+    assert "  max_tokens: 32 -> 64  [outputs unchanged (timing only)] (also " in same.stdout
+    assert "scheduler.max_tokens: 32 -> 64" not in same.stdout
     assert "identical tokens for 3/3 requests" in same.stdout
 
     differ = cli(real_sweep, "pipeline.review", base, weights, "--fail-on-output-diff")
@@ -290,8 +299,16 @@ def test_bucket_lists_show_as_lists_and_what_was_in_force():
         b["metadata"][axis]["sizes"] = [1, 4, 16]
     a["metadata"]["decode_batch"]["sizes"] = [1, 2]
     diff = config_diff(a, b)
-    assert diff["changed"]["metadata.decode_batch.sizes"] == {"a": [1, 2], "b": [1, 4, 16]}
-    assert diff["changed"]["metadata.prefill_seq.sizes"] == {"a": None, "b": [1, 4, 16]}
+    assert diff["changed"]["metadata.decode_batch.sizes"] == {
+        "a": [1, 2],
+        "b": [1, 4, 16],
+        "effect": "outputs unchanged (timing only)",
+    }
+    assert diff["changed"]["metadata.prefill_seq.sizes"] == {
+        "a": None,
+        "b": [1, 4, 16],
+        "effect": "outputs unchanged (timing only)",
+    }
     assert not any("[" in key for part in diff.values() for key in part)
     # every axis of B has sizes: the strategy and prefill_batch.min were not in force there
     assert diff["changed"]["metadata.bucketing"]["note"].startswith("not in force in B")
@@ -300,3 +317,60 @@ def test_bucket_lists_show_as_lists_and_what_was_in_force():
                                       "overrides": {"a": [], "b": []}}))  # fmt: skip
     assert "metadata.decode_batch.sizes: [1, 2] -> [1, 4, 16]" in shown
     assert "(not in force in B" in shown
+
+
+def test_which_keys_change_outputs():
+    from pipeline.output_keys import Effect, echoes, effect
+
+    assert effect("model.rope_theta") is Effect.changes
+    assert effect("sampler.temperature") is Effect.changes and effect("seed") is Effect.changes
+    for key in ("max_tokens", "block_size", "scheduler.max_tokens", "metadata.bucketing",
+                "prefix_caching", "hardware.compile_s"):  # fmt: skip
+        assert effect(key) is Effect.timing, key
+    assert effect("attention._target_") is Effect.numerics
+    assert echoes("scheduler.max_tokens", {"max_tokens": 512}) == "max_tokens"
+    assert echoes("model.rope_theta", {"max_tokens": 512}) is None
+
+
+def test_simulated_runs_tokens_are_not_compared(tmp_path):
+    from pipeline.review.outputs import outputs_verdict, verdict_line
+    from pipeline.review.runs import Run
+
+    gens = [{"id": "r0", "prompt": "p", "output_ids": [0, 0]}]
+    a = Run(tmp_path, {}, {}, [], {"simulated": True}, gens)
+    b = Run(tmp_path, {}, {}, [], {"simulated": True}, gens)
+    verdict = outputs_verdict(a, b)
+    assert verdict["placeholders"] and "identical" not in verdict_line(verdict)
+    assert "placeholders" in verdict_line(verdict)
+
+
+def test_no_slo_figures_without_an_slo_and_the_reference_graphs_explained():
+    from pipeline.review.compare import metrics_table
+    from pipeline.review.render import graph_note
+
+    no_slo = {"output_throughput": 1.0, "slo": {"attainment": 0.9}, "slo_met": True,
+              "slo_attainment": 1.0, "request_goodput": 2.0, "warmup_shapes": 182}  # fmt: skip
+    table = metrics_table(no_slo, {**no_slo, "warmup_shapes": 155})
+    assert not any(k.startswith(("slo", "request_goodput")) for k in table)
+    with_slo = {**no_slo, "slo": {"ttft_ms": 500, "attainment": 0.9}}
+    assert "slo_met" in metrics_table(with_slo, no_slo)
+    cfg = {"choices": {"a": {"attention": "hpu"}, "b": {"attention": "reference"}}}
+    note = graph_note(cfg, table)
+    assert note and "182 (A, attention=hpu) vs 155 (B, attention=reference)" in note[0]
+    assert "no prefix caching" in note[0]
+
+
+def test_review_of_two_simulated_runs_is_no_error(tmp_path):
+    import json as _json
+
+    from pipeline.review import main as review_main
+
+    for side in ("a", "b"):
+        folder = tmp_path / side
+        folder.mkdir()
+        (folder / "resolved_config.yaml").write_text("max_tokens: 512\n")
+        (folder / "metrics.json").write_text(_json.dumps({"status": "ok", "simulated": True}))
+        (folder / "generations.jsonl").write_text(
+            _json.dumps({"id": "r0", "prompt": "p", "output_ids": [0]}) + "\n"
+        )
+    assert review_main([str(tmp_path / "a"), str(tmp_path / "b")]) == 0

@@ -233,3 +233,14 @@ def test_invariants_hold_for_any_workload(
         ),
     )
     drive(sched, reqs, max_steps=20_000)
+
+
+@pytest.mark.parametrize("cap", [1, 3])
+def test_max_prefill_rows_caps_the_prompts_of_a_step(cap):
+    # 8 prompts of one block each fit one step of 1024 tokens: 8 rows uncapped, `cap`
+    # with the cap (FastDeploy's MAX_PREFILL_NUM), and every prompt is still served
+    requests = [request(i, 16) for i in range(8)]
+    plans = drive(scheduler(max_prefill_rows=cap), requests)
+    assert max(len(p.prefill) for p in plans) == cap
+    assert all(r.finished and not r.error for r in requests)
+    assert max(len(p.prefill) for p in drive(scheduler(), [request(i, 16) for i in range(8)])) == 8

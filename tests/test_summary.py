@@ -174,6 +174,71 @@ def test_plot_takes_the_numeric_key_on_x_and_leaves_out_empty_panels(tmp_path):
     assert x_key(jobs, ["hardware", "max_tokens"]) == "max_tokens"
     titles = [title for _, title in shown_panels(jobs)]
     assert "Prefix cache hit rate" not in titles  # 0 in every job
-    assert "Warmup, predicted (s)" not in titles  # no job predicts warmup
+    assert "Warmup, predicted" not in titles  # no job predicts warmup
     assert "TTFT p50 (ms)" in titles
     assert log_scale([50.0, 200_000.0]) and not log_scale([50.0, 4000.0, None])
+
+
+def lat(p50: float, p90: float) -> dict[str, float]:
+    return {"mean": p50, "p50": p50, "p90": p90, "p99": p90}
+
+
+def test_the_summary_ends_with_one_recommendation_per_objective(tmp_path):
+    # by hand: 2048 has the most throughput (1710, 5.6% over 1024's 1620) but a TTFT p90
+    # of 1.5 s, 67% above 1024's 0.9 s, and a TPOT p90 of 50 ms, 43% above 512's 35 ms
+    figures = {512: (1200.0, 4000.0, 35.0), 1024: (1620.0, 900.0, 40.0),
+               2048: (1710.0, 1500.0, 50.0)}  # fmt: skip
+    for num, (tokens, (rate, ttft, tpot)) in enumerate(figures.items()):
+        extra = {"ttft_ms": lat(ttft / 2, ttft), "tpot_ms": lat(tpot, tpot)}
+        make_job(tmp_path, num, [f"max_tokens={tokens}"], metrics(rate, **extra))
+    text = build_summary(tmp_path).read_text()
+    advice = text.split("## Recommendation")[1].strip().splitlines()
+    assert advice[0].startswith("- max_tokens=2048: highest throughput (1,710.0 tok/s), 6% ahead")
+    assert advice[0].endswith("gives up ttft_p90 67% above the best, tpot_p90 43% above the best")
+    assert advice[1].startswith("- max_tokens=1024: lowest TTFT p90 (900.0 ms)")
+    assert advice[2].startswith("- max_tokens=512: lowest TPOT p90 (35.0 ms)")
+    assert len(advice) == 3  # no SLO: no goodput line
+    assert text.rstrip().splitlines()[-1] == advice[-1]  # it ends the summary
+
+
+def test_no_slo_figures_without_an_slo_and_arrival_bound_runs_said(tmp_path):
+    for num, rate in enumerate((514.0, 514.2)):
+        make_job(tmp_path, num, [f"max_tokens={256 * (num + 1)}"],
+                 metrics(rate, slo={"attainment": 0.9}, slo_met=True, slo_attainment=1.0,
+                         request_goodput=3.0))  # fmt: skip
+    text = build_summary(tmp_path).read_text()
+    assert "slo_attainment" not in text and "request_goodput" not in text
+    assert "slo_attainment" not in read_csv(tmp_path / "summary.csv")[0]
+    assert "arrival-bound jobs 0, 1" in text and "ties within 1%" in text
+
+
+def test_plot_units_and_spread():
+    from pipeline.summary.plot import spread, time_unit
+
+    assert time_unit([30.0, 90.0]) == ("s", 1.0)
+    assert time_unit([300.0]) == ("min", 60.0)
+    assert time_unit([348_650.0, None]) == ("h", 3600.0)
+    assert spread([513.8, 514.2]) == pytest.approx(0.4 / 514.2)
+    assert spread([None, 5.0]) is None
+
+
+def test_a_block_size_sweep_on_a_simulated_profile_gets_a_caveat(tmp_path):
+    for num, bs in enumerate((64, 128)):
+        make_job(tmp_path, num, [f"block_size={bs}"], metrics(100.0 * (num + 1), simulated=True))
+    assert "no per-block cost" in build_summary(tmp_path).read_text()
+
+
+def test_a_swept_key_that_changes_outputs_is_said(tmp_path):
+    for num, theta in enumerate((10000, 500000)):
+        make_job(tmp_path, num, [f"model.rope_theta={theta}"], metrics(100.0 + num))
+    assert "model.rope_theta changes outputs" in build_summary(tmp_path).read_text()
+
+
+def test_a_latency_tie_goes_to_the_higher_throughput(tmp_path):
+    # TTFT p90 900 and 905 ms tie within 1%; 1024 serves 1620 tok/s against 512's 1200
+    for num, (tokens, rate, ttft) in enumerate(((512, 1200.0, 900.0), (1024, 1620.0, 905.0))):
+        make_job(tmp_path, num, [f"max_tokens={tokens}"],
+                 metrics(rate, ttft_ms=lat(ttft / 2, ttft)))  # fmt: skip
+    advice = build_summary(tmp_path).read_text().split("## Recommendation")[1]
+    assert "- max_tokens=1024: lowest TTFT p90 ties within 1% across 2 values" in advice
+    assert "of those, the highest throughput" in advice

@@ -32,11 +32,20 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from pipeline.buckets.report_md import report
-from pipeline.buckets.serving import run_overrides, serve_plan, simulated, with_seed
+from pipeline.buckets.report_md import report, speed_report
+from pipeline.buckets.serving import (
+    Served,
+    planned_set,
+    run_overrides,
+    serve_plan,
+    serve_set,
+    simulated,
+    with_seed,
+)
 from pipeline.buckets.sources import SourceError, load_source, run_limits
+from pipeline.buckets.speed import Choice, candidate_plans, choose, write_choice
 from pipeline.run_folder import read_metrics, read_step_lines
-from stages.bucket_planner import HEADROOM, Evaluation, Plan, Workload, evaluate, plan_buckets
+from stages.bucket_planner import HEADROOM, Evaluation, Plan, Workload, evaluate
 from stages.buckets import Bucketing
 
 # The commands, and the parts other modules and tests use.
@@ -44,6 +53,10 @@ __all__ = ["SourceError", "main", "plan_source", "run_limits", "show"]
 
 
 # -- plan ------------------------------------------------------------------------------------
+BUILTINS = (Bucketing.linear, Bucketing.exponential)
+EXPONENTIAL_BUDGET = 0  # --max-shapes exponential: the exponential set's graph count
+
+
 def plan_source(
     source: Path,
     max_shapes: int,
@@ -53,43 +66,67 @@ def plan_source(
     headroom: bool = True,
     variants: list[tuple[str, list[str]]] | None = None,
 ) -> tuple[Plan, dict[str, Evaluation]]:
-    """Plans from the source's steps, writes the bucket file, serves it on `variants`
-    (label, overrides; by default each run's own overrides and the first run's at the next
-    seed, where the folders keep them) and writes the report."""
+    """Plans candidate sets from the source's steps, serves each and the built-in sets
+    on the first of `variants` (label, overrides; by default each run's own overrides and
+    the first run's at the next seed, where the folders keep them), writes the recommended
+    set as the bucket file, serves it on every variant and writes the report."""
     runs, limits, steps = load_source(source)
     workload = Workload.of(steps)
-    plan = plan_buckets(
-        workload,
-        max_shapes,
-        limits.rule,
-        block_weight,
-        limits=limits.tops,
-        headroom=HEADROOM if headroom else 0.0,
-    )
-    sets = {
-        "plan": limits.buckets(Bucketing.linear, plan.sizes),
-        "linear": limits.buckets(Bucketing.linear),
-        "exponential": limits.buckets(Bucketing.exponential),
-    }
+    if max_shapes == EXPONENTIAL_BUDGET:  # as many graphs as the exponential set has
+        exponential = limits.buckets(Bucketing.exponential)
+        max_shapes = evaluate(workload, exponential, limits.rule).num_shapes
+    plans = candidate_plans(workload, max_shapes, limits.rule, block_weight, limits.tops,
+                            HEADROOM if headroom else 0.0)  # fmt: skip
+    sets = {label: limits.buckets(Bucketing.linear, p.sizes) for label, p in plans.items()}
+    sets.update({str(b): limits.buckets(b) for b in BUILTINS})
     results = {label: evaluate(workload, buckets, limits.rule) for label, buckets in sets.items()}
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "buckets").mkdir(exist_ok=True)
+    (out / "buckets").mkdir(parents=True, exist_ok=True)
+    if variants is None:
+        variants = default_variants(runs)
+    candidates, choice = _serve_candidates(plans, variants, out, name, max_shapes)
+    # not served: the least padding at the given block weight (the first candidate)
+    label = choice.chosen.label if choice else next(iter(plans))
+    chosen = Plan({a: v.tolist() for a, v in sets[label].sizes.items()}, 0.0)
+    if label in plans:
+        chosen = plans[label]
     usage = (
         f"python -m pipeline hydra.searchpath=[file://{out.resolve()}] +buckets={name} warmup=true"
     )
     header = (
         f"Planned by python -m pipeline.buckets plan {source} --max-shapes {max_shapes}: "
-        f"{results['plan'].num_shapes} warmup shapes, token utilization "
-        f"{results['plan'].utilization:.3f} on {len(steps)} steps."
+        f"the set `{label}`, {results[label].num_shapes} warmup shapes, "
+        + (choice.reason if choice else "the least padding (not served: no overrides)")
     )
-    (out / "buckets" / f"{name}.yaml").write_text(bucket_file(plan.sizes, header, usage))
-    if variants is None:
-        variants = default_variants(runs)
+    (out / "buckets" / f"{name}.yaml").write_text(bucket_file(chosen.sizes, header, usage))
     served = serve_plan(variants, out, name) if variants else []
-    (out / "report.md").write_text(
-        report(source, runs, steps, limits, block_weight, usage, sets, results, served)
-    )
-    return plan, results
+    text = report(source, runs, steps, limits, block_weight, usage, sets, results, served, label)
+    (out / "report.md").write_text(text + speed_report(candidates, choice, label))
+    write_choice(out / "choice.json", candidates, choice, label, max_shapes)
+    return chosen, {**results, "plan": results[label]}  # "plan": the recommended set
+
+
+def _serve_candidates(
+    plans: dict[str, Plan],
+    variants: list[tuple[str, list[str]]],
+    out: Path,
+    name: str,
+    budget: int,
+) -> tuple[list[Served], Choice | None]:
+    """Each candidate and built-in set served on the first variant, and the choice."""
+    if not variants:
+        return [], None
+    first = variants[0][1]
+    served = []
+    for label, plan in plans.items():
+        file = f"{name}-{label}"
+        (out / "buckets" / f"{file}.yaml").write_text(
+            bucket_file(plan.sizes, f"candidate {label}", "")
+        )
+        served.append(serve_set(first, planned_set(out, file), out / f"set-{label}", label))
+    builtins = [
+        serve_set(first, [f"metadata.bucketing={b}"], out / f"set-{b}", str(b)) for b in BUILTINS
+    ]
+    return [*served, *builtins], choose(served, builtins, budget)
 
 
 def default_variants(runs: list[Path]) -> list[tuple[str, list[str]]]:
@@ -155,6 +192,13 @@ def workload_variants(overrides: list[str]) -> list[tuple[str, list[str]]]:
     return [("same", overrides), (f"seed{seed + 1}", with_seed(overrides, seed + 1))]
 
 
+def _budget(text: str) -> int:
+    if text == "exponential":
+        return EXPONENTIAL_BUDGET
+    value = int(text)  # argparse turns a ValueError into a one-line usage error
+    return value if value > 0 else -1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m pipeline.buckets",
@@ -177,7 +221,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="OVERRIDE",
         help="plan for a config (overrides of python -m pipeline) served on the simulated device",
     )
-    plan.add_argument("--max-shapes", type=int, default=64, help="warmup shapes at most (64)")
+    plan.add_argument(
+        "--max-shapes",
+        type=_budget,
+        default=64,
+        help="warmup graphs at most (64), or `exponential`: as many as the exponential set",
+    )
     plan.add_argument("--out", type=Path, required=True, help="the folder to write")
     plan.add_argument("--name", default="planned", help="the bucket file: +buckets=NAME")
     plan.add_argument(
@@ -190,7 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--headroom",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help=f"one size per axis {HEADROOM:.0%} past the observed maximum (default on)",
+        help=f"one size per axis {HEADROOM:.0%}% past the observed maximum (default on)",
     )
     shown = commands.add_parser(
         "show",
@@ -208,8 +257,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "show":
             print(show(args.run))
             return 0
-        if args.max_shapes < 1 or not 0 <= args.block_weight < math.inf:  # NaN fails too
-            raise SourceError("--max-shapes needs 1 or more and --block-weight 0 or more")
+        if args.max_shapes < 0 or not 0 <= args.block_weight < math.inf:  # NaN fails too
+            raise SourceError(
+                "--max-shapes needs 1 or more (or `exponential`) and --block-weight 0 or more"
+            )
         source, variants = args.source, None
         if args.workload:
             source = simulated_run(args.workload, args.out / "simulated-run")

@@ -16,7 +16,7 @@ _OWN_KEYS = ("executor=", "warmup=", "hydra.", "+buckets=", "buckets=", "resume=
 
 @dataclass
 class Served:
-    """One serving of a plan: which workload, and what the run measured."""
+    """One serving of a bucket set: which workload, and what the run measured."""
 
     label: str
     overrides: list[str]
@@ -25,6 +25,34 @@ class Served:
     serving_compiles: int
     token_utilization: float
     warmup_shapes: int
+    duration_s: float = 0.0
+    throughput: float = 0.0  # output tokens/s
+    ttft_ms: tuple[float, float] = (0.0, 0.0)  # p50, p90
+    tpot_ms: tuple[float, float] = (0.0, 0.0)
+    warmup_s: float = 0.0
+
+    @classmethod
+    def read(cls, label: str, overrides: list[str], folder: Path) -> Served:
+        m = read_metrics(folder) or {}
+
+        def pair(key: str) -> tuple[float, float]:
+            stats = m.get(key) or {}
+            return float(stats.get("p50") or 0.0), float(stats.get("p90") or 0.0)
+
+        return cls(
+            label=label,
+            overrides=overrides,
+            folder=folder,
+            bucket_misses=int(m.get("bucket_misses", 0)),
+            serving_compiles=int(m.get("serving_compiles", 0)),
+            token_utilization=float(m.get("token_utilization", 0.0)),
+            warmup_shapes=int(m.get("warmup_shapes", 0)),
+            duration_s=float(m.get("duration_s", 0.0)),
+            throughput=float(m.get("output_throughput", 0.0)),
+            ttft_ms=pair("ttft_ms"),
+            tpot_ms=pair("tpot_ms"),
+            warmup_s=float(m.get("predicted_warmup_s") or m.get("warmup_s") or 0.0),
+        )
 
 
 def run_overrides(run: Path) -> list[str] | None:
@@ -56,32 +84,27 @@ def simulated(overrides: list[str]) -> list[str]:
     return ["executor=simulated", *device, *workload_overrides(overrides), "warmup=true"]
 
 
-def serve_plan(variants: list[tuple[str, list[str]]], plan_dir: Path, name: str) -> list[Served]:
-    """Each (label, overrides) served on the simulated device with the planned set
-    `plan_dir/buckets/name.yaml`, warmed, into plan_dir/served-LABEL."""
+def serve_set(overrides: list[str], chosen: list[str], folder: Path, label: str) -> Served:
+    """The workload `overrides` served, warmed, on the simulated device with the bucket set
+    the `chosen` overrides select, into `folder`."""
     from pipeline.compose import compose_config
     from pipeline.run import run
 
-    results = []
-    for label, overrides in variants:
-        folder = plan_dir / f"served-{label}"
-        composed = [
-            *simulated(overrides),
-            f"hydra.searchpath=[file://{plan_dir.resolve()}]",
-            f"+buckets={name}",
-        ]
-        folder.mkdir(parents=True, exist_ok=True)
-        run(compose_config(composed), folder)
-        metrics = read_metrics(folder) or {}
-        results.append(
-            Served(
-                label=label,
-                overrides=simulated(overrides),
-                folder=folder,
-                bucket_misses=int(metrics.get("bucket_misses", 0)),
-                serving_compiles=int(metrics.get("serving_compiles", 0)),
-                token_utilization=float(metrics.get("token_utilization", 0.0)),
-                warmup_shapes=int(metrics.get("warmup_shapes", 0)),
-            )
-        )
-    return results
+    folder.mkdir(parents=True, exist_ok=True)
+    run(compose_config([*simulated(overrides), *chosen]), folder)
+    return Served.read(label, simulated(overrides), folder)
+
+
+def planned_set(plan_dir: Path, name: str) -> list[str]:
+    """The overrides that select the bucket file plan_dir/buckets/name.yaml."""
+    return [f"hydra.searchpath=[file://{plan_dir.resolve()}]", f"+buckets={name}"]
+
+
+def serve_plan(variants: list[tuple[str, list[str]]], plan_dir: Path, name: str) -> list[Served]:
+    """Each (label, overrides) served on the simulated device with the planned set
+    `plan_dir/buckets/name.yaml`, warmed, into plan_dir/served-LABEL."""
+    chosen = planned_set(plan_dir, name)
+    return [
+        serve_set(overrides, chosen, plan_dir / f"served-{label}", label)
+        for label, overrides in variants
+    ]

@@ -11,7 +11,7 @@ from typing import Any
 from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline.run_folder import read_mapping, read_step_lines
+from pipeline.run_folder import read_mapping, read_metrics, read_step_lines
 from stages.bucket_axes import AXES, decode_blocks_limit, resolve_axes
 from stages.buckets import Axis, Bucketing, Buckets, StepRule
 from stages.interfaces import Scheduler
@@ -76,9 +76,14 @@ def read_steps(run: Path) -> list[dict[str, Any]]:
 
 
 def _num_blocks(run: Path, cfg: DictConfig) -> int:
-    """The block pool the run had: configured, or as derived at start (pipeline.log)."""
+    """The block pool the run had: configured, or as derived at start (metrics.json, else
+    pipeline.log; a folder written by `run` directly keeps no log, and guessing the pool
+    from max_num_seqs full rows counted another decode blocks axis than the run's)."""
     if cfg.num_blocks:
         return int(cfg.num_blocks)
+    metrics = read_metrics(run) or {}
+    if metrics.get("num_blocks"):
+        return int(metrics["num_blocks"])
     log = run / "pipeline.log"
     for line in log.read_text(encoding="utf-8").splitlines() if log.is_file() else []:
         if '"pipeline_ready"' in line:

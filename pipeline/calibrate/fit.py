@@ -35,6 +35,7 @@ import yaml
 from pipeline.build import build
 from pipeline.calibrate.published import DATA_DIR, PublishedRow, median, read_rows
 from pipeline.calibrate.recorded import Recorded, record
+from pipeline.calibrate.residuals import Half, profile_errors, sources
 from pipeline.compose import compose_config
 from stages.simulator.hardware import HardwareProfile
 
@@ -170,21 +171,25 @@ def per_device(recorded: Sequence[Recorded], profiles: Mapping[str, HardwareProf
     return "; ".join(parts)
 
 
-def split_half(recorded: Sequence[Recorded], starts: Mapping[str, HardwareProfile]) -> list[str]:
-    """Fit on each model's rows, check on the other's."""
+def split_half(
+    recorded: Sequence[Recorded], starts: Mapping[str, HardwareProfile]
+) -> tuple[list[str], list[Half]]:
+    """Fit on each model's rows, check on the other's: a line for each half, and the halves
+    (their fits, for the profile's held-out errors)."""
     models = sorted({r.row.model_preset for r in recorded})
     if len(models) < 2:
-        return ["split-half: the rows hold one model only"]
-    lines = []
+        return ["split-half: the rows hold one model only"], []
+    lines, halves = [], []
     for model in models:
         inside = [r for r in recorded if r.row.model_preset == model]
         outside = [r for r in recorded if r.row.model_preset != model]
         fitted = fit(inside, starts)
+        halves.append(Half(model, outside, fitted))
         lines.append(
             f"fit on {model} ({per_device(inside, fitted)}); "
             f"held out: {per_device(outside, fitted)}"
         )
-    return lines
+    return lines, halves
 
 
 def spec_sheet_comments(name: str) -> list[str]:
@@ -205,13 +210,20 @@ def profile_text(
     recorded: Sequence[Recorded],
     command: str,
     checks: Sequence[str],
+    halves: Sequence[Half] = (),
 ) -> str:
     """The device's fitted profile as YAML, its comments naming the rows it was fitted to,
-    their errors and the split-half check."""
+    their errors and the split-half check; its `errors` field those errors by method, its
+    `software` the rows' sources where the starting profile names no release."""
     lines = spec_sheet_comments(name)
     lines += _fit_comments(name, fitted, recorded, command, checks)
     lines += ["defaults:", "  - /schema/hardware@_here_: device"]
-    lines += _profile_fields(fitted[name])
+    profile = dataclasses.replace(
+        fitted[name],
+        errors=profile_errors(name, fitted, recorded, halves),
+        software=fitted[name].software or sources(name, recorded),
+    )
+    lines += _profile_fields(profile)
     return "\n".join(lines) + "\n"
 
 
@@ -268,9 +280,20 @@ def _profile_fields(profile: HardwareProfile) -> list[str]:
                 lines.append("coefficients:")
                 lines += [f"  {k}: {v:.6g}" for k, v in value.items()]
             continue
+        if f.name in ("software", "errors"):  # a quoted string; a mapping by method
+            flow = yaml.safe_dump({f.name: _plain(value)}, default_flow_style=False, width=200)
+            lines += flow.rstrip("\n").splitlines()
+            continue
         shown = str(value).lower() if isinstance(value, bool) else _number(value)
         lines.append(f"{f.name}: {shown}")
     return lines
+
+
+def _plain(value: object) -> object:
+    """Mappings as dicts (a profile's fields may be read-only mappings) for YAML."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    return value
 
 
 def _number(value: object) -> str:
@@ -353,12 +376,12 @@ def main(argv: Sequence[str]) -> int:
     print(f"{len(rows)} rows; as given: {per_device(recorded, starts)}")
     fitted = fit(recorded, starts)
     print(f"fitted: {per_device(recorded, fitted)}")
-    checks = [] if args.no_split else split_half(recorded, starts)
+    checks, halves = ([], []) if args.no_split else split_half(recorded, starts)
     for line in checks:
         print(f"split-half: {line}")
     command = " ".join(["python -m pipeline.calibrate", *argv])
     for name in devices:
         out = Path(args.out.format(name=name))
-        out.write_text(profile_text(name, fitted, recorded, command, checks))
+        out.write_text(profile_text(name, fitted, recorded, command, checks, halves))
         print(f"wrote {out}: hardware=measured hardware.path={out}")
     return 0

@@ -1,12 +1,14 @@
-"""`python -m pipeline.plan`: which settings meet the SLO at the highest load per card.
+"""`python -m pipeline.plan`: devices, replicas, cards, $/hour and launch commands for a load.
 
 Every job of the sweep (Hydra's grammar and launchers: `hydra/launcher=joblib` runs them in
-parallel) runs a capacity search (pipeline/plan/capacity.py) on the simulated device; once all
-have finished, the plan folder gets plan.md / plan.csv, pareto.png, best.json and
-deploy/{fastdeploy-hpu.sh,vllm-gaudi.sh,overrides.txt} (pipeline/plan/report.py).
+parallel) runs a capacity search (pipeline/plan/capacity.py) on the simulated device and, with
+`plan.target_rps` or `plan.target_concurrency`, sizes and checks the configuration for it
+(pipeline/plan/target.py); once all have finished, the plan folder gets plan.md / plan.csv,
+pareto.png, best.json and deploy/DEVICE/ for each device's best (pipeline/plan/report.py).
+The user's guide: docs/planner.md.
 
-    python -m pipeline.plan model=spec/ernie45_21b_a3b hardware=gaudi2 workload=trace \\
-        workload.path=FILE slo.ttft_ms=2000 slo.tpot_ms=50 max_tokens=2048,4096 \\
+    python -m pipeline.plan model=spec/llama31_8b hardware=h100,gaudi3 plan.target_rps=20 \\
+        plan.prices.gaudi3=2.0 slo.ttft_ms=1000 slo.tpot_ms=50 max_tokens=2048,4096 \\
         hydra/launcher=joblib
 """
 
@@ -22,8 +24,10 @@ from omegaconf import DictConfig
 
 from pipeline import artefacts, logs  # noqa: F401  (logs configures structlog)
 from pipeline.checks import ConfigError
-from pipeline.plan.capacity import capacity_search, print_result
+from pipeline.plan.capacity import capacity_search
+from pipeline.plan.capacity_report import print_result
 from pipeline.plan.report import check_plan
+from pipeline.plan.target import check_target, target_of
 from pipeline.run_folder import RunStatus
 from pipeline.schema import register_schemas
 
@@ -41,6 +45,9 @@ def main(cfg: DictConfig) -> None:
     try:
         check_plan(cfg)
         result = capacity_search(cfg, out_dir, max_warmup_s=cfg.plan.max_warmup_s)
+        if target_of(cfg):
+            result = check_target(cfg, out_dir, result)
+            artefacts.write_metrics(result, out_dir)
         print_result(result, out_dir)
     except Exception as err:  # one failed job must not stop the plan; the table shows it
         known = isinstance(err, ConfigError | artefacts.RunFolderError)

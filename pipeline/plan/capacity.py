@@ -17,10 +17,9 @@ change after that.
 
 from __future__ import annotations
 
-import json
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, replace
+from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +33,8 @@ from pipeline.executors import build_engine, executor_of
 from pipeline.executors.simulated import simulated_device
 from pipeline.metrics import StepTotals
 from pipeline.plan.capacity_estimate import rate_ceiling
+from pipeline.plan.capacity_report import write_reports
+from pipeline.plan.probes import LoadAxis, Probe
 from pipeline.run import device_metrics, run_metrics, serve, slo_of
 from pipeline.run_folder import RunStatus
 from pipeline.slo import EarlyVerdict, Slo, needed_good
@@ -41,25 +42,7 @@ from stages.request import FinishReason, Request
 
 log = structlog.get_logger(__name__)
 
-CAPACITY_JSON, CAPACITY_MD = "capacity.json", "capacity.md"
 STOPPED = "stopped: the probe had already missed its SLO"
-
-
-@dataclass(frozen=True)
-class LoadAxis:
-    """What the search scales: `key` set to `value(load)`; loads are integers for
-    concurrency. `unit` names the load in the reports."""
-
-    key: str
-    start: float
-    integer: bool
-    unit: str
-    base: float = 1.0  # time_scale: the scale the user gave, divided by the speed-up
-
-    def value(self, load: float) -> float | int:
-        if self.key == "workload.time_scale":
-            return self.base / load
-        return int(load) if self.integer else load
 
 
 def load_axis(cfg: DictConfig) -> LoadAxis:
@@ -76,18 +59,6 @@ def load_axis(cfg: DictConfig) -> LoadAxis:
         "the capacity search scales workload.rate, a trace's workload.time_scale or "
         "workload.concurrency: this workload has none (use workload=synthetic, jsonl or trace)"
     )
-
-
-@dataclass
-class Probe:
-    load: float
-    met: bool
-    attainment: float | None
-    goodput: float
-    offered_rps: float | None
-    status: str
-    folder: str
-    refused: int = 0  # requests the configuration refuses at any load
 
 
 def offered_rps(requests: Sequence[Request]) -> float | None:
@@ -271,7 +242,8 @@ def capacity_search(cfg: DictConfig, out_dir: Path, max_warmup_s: float = 0.0) -
         if lo is not None and hi is not None:
             lo, hi = narrow(search, lo, hi)
         result = search_result(search, lo, hi)
-    write_reports(search, result, out_dir)
+    slo_text = f"SLO {Slo.of(cfg.slo).describe()}, attainment >= {cfg.slo.attainment}"
+    write_reports(search.axis, list(search.probes.values()), slo_text, result, out_dir)
     return result
 
 
@@ -356,71 +328,3 @@ def not_found_reason(search: Search, metrics: dict[str, Any]) -> str:
         )
     lowest = min(search.probes)
     return f"no probed load met the SLO (lowest {lowest:.4g} {search.axis.unit})"
-
-
-def write_reports(search: Search, result: dict[str, Any], out_dir: Path) -> None:
-    probes = sorted(search.probes.values(), key=lambda p: p.load)
-    document = {
-        "key": search.axis.key,
-        "unit": search.axis.unit,
-        "slo": result.get("slo"),
-        "capacity": result["capacity"],
-        "capacity_above": result["capacity_above"],
-        "found": result["capacity_found"],
-        "probes": [asdict(p) for p in probes],
-    }
-    artefacts.replace_text(out_dir / CAPACITY_JSON, json.dumps(document, indent=2) + "\n")
-    artefacts.replace_text(out_dir / CAPACITY_MD, capacity_markdown(search, result, probes))
-    artefacts.write_metrics(result, out_dir)
-
-
-def capacity_markdown(search: Search, result: dict[str, Any], probes: list[Probe]) -> str:
-    axis = search.axis
-    above = result["capacity_above"]
-    if not result["capacity_found"]:
-        verdict = result["capacity_reason"]
-    else:
-        verdict = (
-            f"capacity {result['capacity']:.4g} {axis.unit} ({result['capacity_rps']:.4g} req/s); "
-        )
-        verdict += (
-            f"{above:.4g} missed"
-            if above is not None
-            else "no load above it was probed within capacity.max_probes: a lower bound"
-        )
-    lines = [
-        f"# Capacity search: {axis.key}",
-        "",
-        f"SLO {Slo.of(search.cfg.slo).describe()}, attainment >= {search.cfg.slo.attainment}: "
-        f"{verdict}.",
-        "",
-        f"| load ({axis.unit}) | {axis.key} | offered req/s | attainment | goodput req/s | met "
-        "| status | folder |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
-    ]
-    for p in probes:
-        cells = [
-            f"{p.load:.4g}",
-            f"{axis.value(p.load):.4g}",
-            "-" if p.offered_rps is None else f"{p.offered_rps:.4g}",
-            "-" if p.attainment is None else f"{p.attainment:.3f}",
-            f"{p.goodput:.4g}",
-            "yes" if p.met else "no",
-            p.status,
-            p.folder,
-        ]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
-
-
-def print_result(
-    result: dict[str, Any], out_dir: Path, write: Callable[[str], Any] = print
-) -> None:
-    if result["capacity_found"]:
-        write(
-            f"capacity: {result['capacity']:.4g} {result['capacity_unit']} "
-            f"({result['capacity_key']}={result['capacity_value']:.4g}, "
-            f"{result['capacity_rps']:.4g} req/s) in {out_dir}"
-        )
-    else:
-        write(f"capacity: none: {result['capacity_reason']} ({out_dir}/{CAPACITY_MD})")

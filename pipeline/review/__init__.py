@@ -3,6 +3,7 @@ whether the generated tokens are still the same.
 
     python -m pipeline.review RUN_A RUN_B [--json] [--fail-on-output-diff]
     python -m pipeline.review SWEEP_DIR --baseline K
+    python -m pipeline.review PLAN_JOB_A PLAN_JOB_B   (or PLAN_A PLAN_B: pipeline/review/plans.py)
 
 Exit codes: 0 reviewed; 1 outputs differ (or are not comparable) with --fail-on-output-diff,
 the CI gate; 2 bad input (not a run, no generations, runs on different workloads). Workloads are
@@ -18,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from pipeline.review import plans
 from pipeline.review.compare import config_diff, metrics_table
 from pipeline.review.outputs import outputs_verdict, verdict_line
 from pipeline.review.render import render, trap_notes
@@ -57,6 +59,8 @@ def review(a: Run, b: Run) -> dict[str, Any]:
 
 def exit_code(doc: dict[str, Any], fail_on_output_diff: bool) -> int:
     outputs = doc["outputs"]
+    if outputs.get("placeholders"):  # simulated runs: nothing to compare, nothing wrong
+        return EXIT_OK
     if not outputs["comparable"]:
         return EXIT_OUTPUT_DIFF if fail_on_output_diff else EXIT_BAD_INPUT
     if fail_on_output_diff and outputs["differences"]:
@@ -109,11 +113,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     try:
+        if len(args.runs) == 2 and args.baseline is None and plans.handles(*args.runs):
+            doc = plans.review_plan_pair(*args.runs)
+            print(json.dumps(doc, indent=2, default=str) if args.json else plans.render_plans(doc))
+            return EXIT_OK
         if len(args.runs) == 2 and args.baseline is None:
             doc = _review_pair(*args.runs)
             print(json.dumps(doc, indent=2, default=str) if args.json else render(doc))
             code = exit_code(doc, args.fail_on_output_diff)
-            if not doc["outputs"]["comparable"]:
+            if code != EXIT_OK and not doc["outputs"]["comparable"]:
                 print(f"Error: {verdict_line(doc['outputs'])}", file=sys.stderr)
             return code
         if len(args.runs) == 1:
@@ -141,7 +149,7 @@ def _main_sweep(sweep_dir: Path, baseline: int, args: argparse.Namespace) -> int
             continue
         docs.append(doc)
         code = max(code, exit_code(doc, args.fail_on_output_diff))
-        if not doc["outputs"]["comparable"]:
+        if not doc["outputs"]["comparable"] and not doc["outputs"].get("placeholders"):
             print(f"Error: job {num}: {verdict_line(doc['outputs'])}", file=sys.stderr)
         if not args.json:
             print(f"##### job {num} against job {baseline}\n{render(doc)}\n")

@@ -8,6 +8,9 @@ from typing import Any
 
 from deepdiff import DeepDiff
 
+from pipeline.output_keys import echoes, effect
+from pipeline.slo import slo_was_set
+
 # ---------------------------------------------------------------------------- config
 
 
@@ -45,7 +48,20 @@ def config_diff(a: dict[str, Any], b: dict[str, Any]) -> dict[str, dict[str, Any
                 removed.update(_leaves(key, level.t1))
     changed, added, removed = _whole_lists(a, b, changed, added, removed)
     _mark_not_in_force(a, b, changed)
+    _fold_echoes(a, changed)
+    for key, entry in changed.items():
+        entry["effect"] = str(effect(key))
     return {"changed": dict(sorted(changed.items())), "added": added, "removed": removed}
+
+
+def _fold_echoes(a: dict[str, Any], changed: dict[str, Any]) -> None:
+    """A group's copy of a top-level key (`scheduler.max_tokens` for `max_tokens`) that
+    changed with it is said once, as the top-level key, naming its copies."""
+    for key in list(changed):
+        top = echoes(key, a)
+        if top in changed and changed[top]["a"] == changed[key]["a"] == a[top]:
+            changed[top].setdefault("copies", []).append(key)
+            del changed[key]
 
 
 def _at(config: dict[str, Any], dotted: str) -> Any:
@@ -124,9 +140,17 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+SLO_KEYS = ("request_goodput", "slo_attainment", "slo_met", "slo.", "slo_attainment_by_bound")
+
+
 def metrics_table(a: dict[str, Any], b: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Each metric of either run: A, B, B - A and B / A (None where it does not apply)."""
+    """Each metric of either run: A, B, B - A and B / A (None where it does not apply);
+    the SLO's figures only where either run had an SLO bound (without one they say
+    nothing: every request is good)."""
     flat_a, flat_b = _numbers(a), _numbers(b)
+    if not (slo_was_set(a) or slo_was_set(b)):
+        flat_a, flat_b = ({k: v for k, v in f.items() if not k.startswith(SLO_KEYS)}
+                          for f in (flat_a, flat_b))  # fmt: skip
     rows: dict[str, dict[str, Any]] = {}
     for key in [*flat_a, *(k for k in flat_b if k not in flat_a)]:
         va, vb = flat_a.get(key), flat_b.get(key)

@@ -26,9 +26,11 @@ def _decoder(run: Run):
 
 
 def _show(decode, ids: Sequence[int]) -> str:
+    """The token ids, and their text where the tokenizer is at hand: a byte-level
+    tokenizer's text alone can be unreadable bytes."""
     if decode is None:
         return str(list(ids))
-    return repr(decode(list(ids)))  # repr: control bytes and trailing spaces stay visible
+    return f"{list(ids)} {decode(list(ids))!r}"  # repr: control bytes, trailing spaces seen
 
 
 def _workload_difference(a: Run, b: Run) -> str | None:
@@ -53,7 +55,14 @@ def _workload_difference(a: Run, b: Run) -> str | None:
 
 
 def outputs_verdict(a: Run, b: Run) -> dict[str, Any]:
-    """Compares the generated tokens request by request, matched by id."""
+    """Compares the generated tokens request by request, matched by id; a simulated
+    run's tokens are placeholders (no forward pass), so they are not compared."""
+    simulated = [side for side, run in (("A", a), ("B", b)) if run.metrics.get("simulated")]
+    if simulated:
+        return {"comparable": False, "placeholders": True, "reason": (
+            f"{' and '.join(simulated)} ran on the simulated device, whose tokens are "
+            "placeholders (no forward pass): equal tokens would mean nothing"
+        )}  # fmt: skip
     reason = _workload_difference(a, b)
     gen_a = {g["id"]: g for g in a.generations}
     gen_b = {g["id"]: g for g in b.generations}
@@ -94,6 +103,8 @@ def outputs_verdict(a: Run, b: Run) -> dict[str, Any]:
 
 
 def verdict_line(verdict: dict[str, Any]) -> str:
+    if verdict.get("placeholders"):
+        return f"outputs not compared: {verdict['reason']}"
     if not verdict["comparable"]:
         return f"outputs not comparable: {verdict['reason']}"
     n, total = verdict["identical"], verdict["total"]

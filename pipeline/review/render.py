@@ -39,6 +39,7 @@ def render(doc: dict[str, Any]) -> str:
     ]
     out += _table(["metric", "A", "B", "B - A", "B / A"], rows) if rows else ["  no metrics"]
     out += trap_notes(doc["metrics"])
+    out += graph_note(doc["config"], doc["metrics"])
     out += ["", "== Outputs (generations.jsonl) ==", verdict_line(doc["outputs"])]
     for d in doc["outputs"].get("differences", []):
         out += _render_difference(d)
@@ -57,7 +58,8 @@ def trap_notes(metrics: dict[str, dict[str, Any]]) -> list[str]:
                 f"  note: {side.upper()} compiled {compiles[side]} graphs while serving "
                 f"({_cell(seconds.get(side))} s predicted): its latencies include them"
             )
-        if metrics.get("slo_met", {}).get(side) is False:
+        bounds = [k for k in metrics if k.startswith("slo.") and k != "slo.attainment"]
+        if bounds and metrics.get("slo_met", {}).get(side) is False:
             attained = metrics.get("slo_attainment", {}).get(side)
             target = metrics.get("slo.attainment", {}).get(side)
             out.append(f"  note: {side.upper()} missed its SLO ({_cell(attained)} < {target})")
@@ -70,10 +72,7 @@ def render_config(cfg: dict[str, Any]) -> list[str]:
         out.append("  no differences")
     if cfg["changed"]:
         out.append("changed:")
-        out += [
-            f"  {k}: {v['a']!r} -> {v['b']!r}" + (f"  ({v['note']})" if v.get("note") else "")
-            for k, v in cfg["changed"].items()
-        ]
+        out += [_changed_line(k, v) for k, v in cfg["changed"].items()]
     if cfg["added"]:
         out.append("added (only in B):")
         out += [f"  {k}: {v!r}" for k, v in cfg["added"].items()]
@@ -95,6 +94,35 @@ def render_config(cfg: dict[str, Any]) -> list[str]:
         shown = "(unknown: no .hydra/overrides.yaml)" if given is None else " ".join(given)
         out.append(f"  {side.upper()}: {shown or '(none)'}")
     return out
+
+
+def _changed_line(key: str, v: dict[str, Any]) -> str:
+    """One changed key, what it does to outputs, and the group copies that follow it."""
+    line = f"  {key}: {v['a']!r} -> {v['b']!r}  [{v.get('effect', '')}]"
+    if v.get("copies"):
+        line += f" (also {', '.join(v['copies'])})"
+    return line + (f"  ({v['note']})" if v.get("note") else "")
+
+
+def graph_note(cfg: dict[str, Any], metrics: dict[str, dict[str, Any]]) -> list[str]:
+    """Why warmup graph counts differ when only the attention stage does: the reference
+    attention reads no paged cache, so it serves without prefix caching and its decode
+    block axis ends at the pool (no rows sharing cached blocks)."""
+    choices = cfg["choices"]
+    shapes = metrics.get("warmup_shapes", {})
+    differs = choices["a"].get("attention") != choices["b"].get("attention")
+    if (
+        not differs
+        or shapes.get("a") == shapes.get("b")
+        or None in (shapes.get("a"), shapes.get("b"))
+    ):
+        return []
+    return [
+        f"  note: warmup graphs {shapes['a']} (A, attention={choices['a'].get('attention')}) "
+        f"vs {shapes['b']} (B, attention={choices['b'].get('attention')}): the reference "
+        "attention has no prefix caching (it recomputes every token), so its decode block "
+        "axis ends at the pool instead of rows x a full row"
+    ]
 
 
 def _render_difference(d: dict[str, Any]) -> list[str]:

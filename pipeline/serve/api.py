@@ -11,11 +11,8 @@ free by the next step.
 from __future__ import annotations
 
 import asyncio
-import itertools
-import secrets
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -24,9 +21,17 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from omegaconf import DictConfig
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
-from starlette.requests import ClientDisconnect
 
-from pipeline.serve.logprobs import Shown, output_logprobs
+from pipeline.serve.guards import (
+    Problem,
+    check_json,
+    check_key,
+    http_problem,
+    problem_response,
+    read_body,
+    server_problem,
+)
+from pipeline.serve.logprobs import output_logprobs
 from pipeline.serve.protocol import (
     ChatBody,
     CompletionBody,
@@ -36,52 +41,12 @@ from pipeline.serve.protocol import (
     parse,
     to_request,
 )
-from pipeline.serve.replies import Reply, ReplyKind, TextStream, usage_counts
+from pipeline.serve.replies import Reply, ReplyKind, Serving, TextStream, usage_counts
 from pipeline.serve.telemetry import Telemetry
+from pipeline.serve.tokenize import tokenizer_routes
 from pipeline.serve.worker import EngineWorker, Finished, Stream
 
 DISCONNECTED = "aborted: the client disconnected"
-
-
-class Problem(Exception):
-    """An error answer: status, message, and the field it is about."""
-
-    def __init__(
-        self, status: int, message: str, param: str | None = None, headers: dict | None = None
-    ) -> None:
-        super().__init__(message)
-        self.status, self.param, self.headers = status, param, headers
-
-
-def http_problem(request: Request, err: Exception) -> JSONResponse:
-    """Starlette's own answers (404 no such route, 405 wrong method) in OpenAI's shape."""
-    assert isinstance(err, HTTPException)
-    where = f"{request.method} {request.url.path}"
-    return problem_response(Problem(err.status_code, f"{where}: {err.detail}", "path",
-                                    dict(err.headers or {})))  # fmt: skip
-
-
-def server_problem(request: Request, err: Exception) -> JSONResponse:
-    return problem_response(Problem(500, f"internal error: {type(err).__name__}: {err}"))
-
-
-def problem_response(err: Problem) -> JSONResponse:
-    kind = "invalid_request_error" if err.status < 500 else "server_error"
-    body = {"error": {"message": str(err), "type": kind, "param": err.param, "code": err.status}}
-    return JSONResponse(body, status_code=err.status, headers=err.headers)
-
-
-@dataclass
-class Serving:
-    """What the routes read besides the worker: the serve settings, the context limit,
-    and the count that numbers replies."""
-
-    settings: DictConfig  # cfg.serve
-    max_model_len: int
-    numbers: Iterator[int] = field(default_factory=itertools.count)
-
-    def reply(self, kind: ReplyKind, shown: Shown) -> Reply:
-        return Reply(kind, next(self.numbers), self.settings.model_name, shown=shown)
 
 
 def create_app(
@@ -108,8 +73,6 @@ def create_app(
     app.add_exception_handler(Exception, server_problem)  # a bug: still OpenAI's shape
     app.include_router(probe_routes)
     app.include_router(openai_routes)
-    from pipeline.serve.tokenize import tokenizer_routes  # (it builds on this module)
-
     app.include_router(tokenizer_routes)
     return app
 
@@ -249,49 +212,6 @@ def check_context(prompt: int, limit: int | None, max_model_len: int, source: st
         raise Problem(400, f"this model's maximum context length is {max_model_len} tokens, "
                       f"you requested {prompt + limit} ({prompt} in the {source}, {limit} in "
                       "the completion): reduce max_tokens or the prompt", "max_tokens")  # fmt: skip
-
-
-def check_json(request: Request) -> None:
-    """415 for a body not declared JSON: a web page's form or text/plain POST (sent without
-    a CORS preflight) cannot drive a local server."""
-    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if not (
-        kind == "application/json" or (kind.startswith("application/") and kind.endswith("+json"))
-    ):
-        raise Problem(415, f"Content-Type {kind or '(none)'!r} is not accepted: send the body "
-                      "as application/json", "content-type")  # fmt: skip
-
-
-def check_key(request: Request, api_key: str) -> None:
-    if not api_key:
-        return
-    given = request.headers.get("authorization", "")
-    if not secrets.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
-        raise Problem(401, "a valid API key is required: send 'Authorization: Bearer KEY'",
-                      "authorization")  # fmt: skip
-
-
-async def read_body(request: Request, limit: int, timeout_s: float) -> bytes:
-    """The body, or 413 as soon as it is known to exceed `limit` bytes, or 408 when it has
-    not all come within `timeout_s` (a client holding the connection open)."""
-    too_large = Problem(413, f"the request body exceeds serve.max_request_bytes={limit}", "body")
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise too_large
-    chunks, size = [], 0
-    try:
-        async with asyncio.timeout(timeout_s):
-            async for chunk in request.stream():
-                size += len(chunk)
-                if size > limit:
-                    raise too_large
-                chunks.append(chunk)
-    except TimeoutError:
-        raise Problem(408, f"the body did not arrive within serve.body_timeout_s={timeout_s:g}",
-                      "body", {"Connection": "close"}) from None  # fmt: skip
-    except ClientDisconnect:
-        raise Problem(400, "the client left before sending the whole body", "body") from None
-    return b"".join(chunks)
 
 
 async def wait_for_end(request: Request, worker: EngineWorker, stream: Stream) -> None:

@@ -16,8 +16,7 @@ from typing import Any, Literal, TypeVar, cast
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from pipeline.serve.logprobs import Shown
-from stages.request import Request, SamplingParams
-from stages.sampler import TOP_K_MAX
+from stages.request import TOP_K_MAX, Request, SamplingParams
 
 INT32_MAX = 2**31 - 1
 # Field -> (lowest, highest) value accepted, each the range of the stage that consumes it.

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import enum
+import itertools
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
+from omegaconf import DictConfig
 
 from pipeline.artefacts import output_text
 from pipeline.serve.logprobs import Shown, whole_logprobs
@@ -158,3 +161,16 @@ class Reply:
         if include_usage:
             out += self._event({**self._head(True), "choices": [], "usage": usage(request)})
         return out
+
+
+@dataclass
+class Serving:
+    """What the routes read besides the worker: the serve settings, the context limit,
+    and the count that numbers replies."""
+
+    settings: DictConfig  # cfg.serve
+    max_model_len: int
+    numbers: Iterator[int] = field(default_factory=itertools.count)
+
+    def reply(self, kind: ReplyKind, shown: Shown) -> Reply:
+        return Reply(kind, next(self.numbers), self.settings.model_name, shown=shown)

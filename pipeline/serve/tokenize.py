@@ -16,8 +16,9 @@ from typing import Any, TypeVar
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from pipeline.serve.api import Problem, Serving, check_json, check_key, read_body
+from pipeline.serve.guards import Problem, check_json, check_key, read_body
 from pipeline.serve.protocol import ChatMessage, RequestError, Strict, parse_body
+from pipeline.serve.replies import Serving
 from stages.interfaces import Tokenizer
 
 tokenizer_routes = APIRouter()

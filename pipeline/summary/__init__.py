@@ -23,6 +23,13 @@ from omegaconf import DictConfig
 from pipeline.console import raise_advice
 from pipeline.run_folder import RunFileError, RunStatus, read_mapping, read_metrics, read_overrides
 from pipeline.signals import stop_on_signals
+from pipeline.summary.advice import (
+    arrival_bound,
+    busy_fraction,
+    caveats,
+    recommend,
+    slo_was_set,
+)
 from pipeline.summary.plot import write_plot, x_key
 
 # Plain stdlib logging: after the jobs, Hydra's own logging (not the jobs' structlog) is live.
@@ -48,6 +55,7 @@ HEADLINE: list[tuple[str, tuple[str, ...]]] = [
     ("serving_compile_s", ("serving_compile_s",)),
     ("request_goodput", ("request_goodput",)),  # requests/s that met every SLO bound
     ("slo_attainment", ("slo_attainment",)),
+    ("busy_fraction", ("busy_fraction",)),  # the device's share of the run in steps
     ("clipped", ("workload_counts", "clipped")),  # trace prompts cut to max_model_len - 1
     ("rejected", ("workload_counts", "rejected")),  # trace prompts refused (too_long=error)
 ]
@@ -114,9 +122,21 @@ def read_job(job_dir: Path, fallback_num: int = 0) -> Job:
         metrics = read_metrics(job_dir) or {}
     except (OSError, RunFileError) as err:
         return Job(num, job_dir, overrides, "unreadable", error=str(err))
+    _derived(job_dir, metrics)
     status = str(metrics.get("status", "missing"))
     error = " ".join(str(metrics.get("error") or "").split())  # one line per job in the tables
     return Job(num, job_dir, overrides, status, metrics, error)
+
+
+def _derived(job_dir: Path, metrics: dict[str, Any]) -> None:
+    """Figures the summary reads beside metrics.json: the device's busy share (steps.jsonl)
+    and the bucketing whose grid a simulated run predicts (resolved_config.yaml)."""
+    metrics["busy_fraction"] = busy_fraction(job_dir, metrics)
+    try:
+        config = read_mapping(job_dir / "resolved_config.yaml")
+        metrics["bucketing"] = (config.get("metadata") or {}).get("bucketing")
+    except (RunFileError, AttributeError):
+        pass
 
 
 def find_jobs(sweep_dir: Path) -> list[Job]:
@@ -161,12 +181,20 @@ def _row(job: Job) -> dict[str, Any]:
     return row
 
 
+def columns(jobs: Sequence[Job]) -> list[str]:
+    """The columns shown: the SLO's only where some job had an SLO bound."""
+    slo = any(slo_was_set(j.metrics) for j in jobs)
+    return [c for c in COLUMNS if slo or c not in ("request_goodput", "slo_attainment")]
+
+
 def write_csv(jobs: Sequence[Job], path: Path) -> None:
     with open(path, "w", newline="", encoding="utf-8") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS)
+        shown = columns(jobs)
+        writer = csv.DictWriter(f, fieldnames=shown)
         writer.writeheader()
         for job in jobs:
-            writer.writerow({k: "" if v is None else v for k, v in _row(job).items()})
+            row = _row(job)
+            writer.writerow({k: "" if row[k] is None else row[k] for k in shown})
 
 
 def write_markdown(jobs: Sequence[Job], keys: Sequence[str], path: Path) -> None:
@@ -182,7 +210,7 @@ def write_markdown(jobs: Sequence[Job], keys: Sequence[str], path: Path) -> None
     common = [o for o in jobs[0].overrides if split_override(o)[0] not in keys]
     if common:
         lines += ["Every job: " + " ".join(f"`{o}`" for o in common), ""]
-    header = [c for c in COLUMNS if c != "error"]
+    header = [c for c in columns(jobs) if c != "error"]
     lines.append("| " + " | ".join(header) + " |")
     lines.append("| " + " | ".join("---" for _ in header) + " |")
     for job in jobs:
@@ -198,6 +226,11 @@ def write_markdown(jobs: Sequence[Job], keys: Sequence[str], path: Path) -> None
         lines += ["", "## Jobs that did not finish", ""]
         lines += [f"- job {j.num} ({j.status}): {j.error or 'no error recorded'}" for j in failed]
     lines += ["", "![headline metrics against the swept key](summary.png)", ""]
+    lines += [f"Note: {c}" for c in caveats(jobs, keys)]
+    advice = recommend(jobs, keys, any(slo_was_set(j.metrics) for j in jobs))
+    if advice:
+        lines += ["", "## Recommendation", "", *advice]
+    lines.append("")
     path.write_text("\n".join(lines), encoding="utf-8")
 
 
@@ -212,7 +245,13 @@ def _compile_notes(jobs: Sequence[Job]) -> list[str]:
         seconds = j.value("serving_compile_s") or 0.0
         lines.append(
             f"- job {j.num}: {j.value('serving_compiles'):.0f} graphs compiled while serving, "
-            f"{seconds:,.1f} s predicted (warmup=true compiles them before serving)"
+            f"{seconds:,.1f} s predicted ("
+            + (
+                "the warmed set leaves them out"
+                if j.metrics.get("warmup_s")
+                else "warmup=true compiles them before serving"
+            )
+            + ")"  # fmt: skip
         )
     return lines
 
@@ -259,14 +298,14 @@ def build_summary(sweep_dir: Path) -> Path:
     if not jobs:
         raise SummaryError(f"{sweep_dir}: no job folders (none holds .hydra/overrides.yaml)")
     keys = swept_keys(jobs)
-    slo = any(len(j.metrics.get("slo") or {}) > 1 for j in jobs)  # a bound beside the target
+    slo = any(slo_was_set(j.metrics) for j in jobs)
     path = sweep_dir / "summary.csv"
     try:
         write_csv(jobs, path)
         path = sweep_dir / "summary.md"
         write_markdown(jobs, keys, path)
         path = sweep_dir / "summary.png"
-        write_plot(jobs, keys, path, _notes(jobs, keys), slo)
+        write_plot(jobs, keys, path, _notes(jobs, keys), slo, arrival_bound(jobs))
     except OSError as err:  # a read-only sweep folder, a full disk
         raise SummaryError(
             f"cannot write {path}: {err.strerror or err}: make {sweep_dir} writable, or copy "

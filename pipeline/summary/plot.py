@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -19,15 +20,36 @@ from stages.arithmetic import ceil_div
 PANELS = [
     ("ttft_p50_ms", "TTFT p50 (ms)"),
     ("ttft_p99_ms", "TTFT p99 (ms)"),
+    ("tpot_p50_ms", "TPOT p50 (ms)"),
+    ("tpot_p90_ms", "TPOT p90 (ms)"),
     ("itl_p99_ms", "ITL p99 (ms)"),
     ("output_throughput", "Output throughput (tok/s)"),
     ("token_utilization", "Token utilization (real / padded)"),
     ("prefix_cache_hit_rate", "Prefix cache hit rate"),
-    ("predicted_warmup_s", "Warmup, predicted (s)"),
+    ("predicted_warmup_s", "Warmup, predicted"),  # in s, min or h as the values need
     ("request_goodput", "Goodput (req/s within SLO)"),
     ("slo_attainment", "SLO attainment"),
 ]
 LOG_SPAN = 100.0  # a metric whose positive values span more than this gets a log y-axis
+# a panel whose values spread less than this (relative) starts its y-axis at 0 and says
+# the spread: an auto-scaled axis turns 0.1% into a cliff
+NARROW = 0.05
+
+
+def time_unit(seconds: Sequence[float | None]) -> tuple[str, float]:
+    """A readable unit for durations in seconds: (name, seconds per unit)."""
+    top = max((v for v in seconds if v is not None), default=0.0)
+    if top >= 2 * 3600:
+        return "h", 3600.0
+    return ("min", 60.0) if top >= 120 else ("s", 1.0)
+
+
+def spread(values: Sequence[float | None]) -> float | None:
+    """(max - min) / max of the values, None without two positive values."""
+    shown = [v for v in values if v is not None]
+    if len(shown) < 2 or max(shown) <= 0:
+        return None
+    return (max(shown) - min(shown)) / max(shown)
 
 
 class PlotJob(Protocol):
@@ -75,7 +97,12 @@ def log_scale(values: Sequence[float | None]) -> bool:
 
 
 def write_plot(
-    jobs: Sequence[PlotJob], keys: Sequence[str], path: Path, notes: list[str], slo: bool
+    jobs: Sequence[PlotJob],
+    keys: Sequence[str],
+    path: Path,
+    notes: list[str],
+    slo: bool,
+    bound: AbstractSet[int] = frozenset(),
 ) -> None:
     """The shown panels against x_key; the other swept keys' values name the series."""
     import matplotlib
@@ -97,21 +124,16 @@ def write_plot(
         name = " ".join(f"{k}={job.override_values.get(k, '')}" for k in keys if k != x)
         series.setdefault(name, []).append((position[label], job))
     panels = shown_panels(jobs, slo)
-    rows = ceil_div(len(panels) + 1, 4)
+    rows = ceil_div(len(panels) + 2, 4)  # a Pareto panel and the notes after them
     fig, axes = plt.subplots(rows, 4, figsize=(17, 3.75 * rows), squeeze=False)
     flat = list(axes.flat)
     for ax, (column, title) in zip(flat, panels, strict=False):
-        for name, points in series.items():
-            points.sort(key=lambda p: p[0])
-            ys = [_nan_if_none(job.value(column)) for _, job in points]
-            ax.plot([p for p, _ in points], ys, marker="o", label=name or None)
-        if log_scale([j.value(column) for j in jobs]):
-            ax.set_yscale("log")
-            title += ", log scale"
-        ax.set_title(title, fontsize=10)
+        _panel(ax, column, title, series, jobs, bound)
         ax.set_xlabel(x or "job")
-        ax.grid(True, alpha=0.3)
         _x_axis(ax, numbers, position, distinct)
+    if len(panels) < len(flat) - 1:
+        _pareto(flat[len(panels)], jobs, keys, bound)
+        panels = [*panels, ("pareto", "")]
     if len(series) > 1:
         flat[0].legend(fontsize=8)
     for ax in flat[len(panels) :]:
@@ -121,6 +143,68 @@ def write_plot(
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def _panel(
+    ax: Any,
+    column: str,
+    title: str,
+    series: dict[str, list[tuple[float, PlotJob]]],
+    jobs: Sequence[PlotJob],
+    bound: AbstractSet[int],
+) -> None:
+    """One metric against x, each series a line; an arrival-bound job a hollow point."""
+    values = [j.value(column) for j in jobs]
+    unit, per = time_unit(values) if column.endswith("_s") else ("", 1.0)
+    for name, points in series.items():
+        points.sort(key=lambda p: p[0])
+        ys = [_nan_if_none(job.value(column)) / per for _, job in points]
+        line = ax.plot([p for p, _ in points], ys, marker="o", label=name or None)[0]
+        hollow = [(p, y) for (p, job), y in zip(points, ys, strict=True) if job.num in bound]
+        if hollow:
+            ax.scatter(*zip(*hollow, strict=True), s=90, facecolors="white",
+                       edgecolors=line.get_color(), zorder=3)  # fmt: skip
+    title += f" ({unit})" if unit else ""
+    narrow = spread(values)
+    if log_scale(values):
+        ax.set_yscale("log")
+        title += ", log scale"
+    elif narrow is not None and narrow < NARROW:
+        ax.set_ylim(0, max(v for v in values if v is not None) / per * 1.1)
+        title += f"\nspread {narrow:.1%}: y from 0"
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, alpha=0.3)
+
+
+def _pareto(ax: Any, jobs: Sequence[PlotJob], keys: Sequence[str], bound: AbstractSet[int]) -> None:
+    """Throughput against TPOT p90, each point named by its swept values; the front (no
+    other job both faster and lower in TPOT) joined by a line."""
+    points = [
+        (j.value("tpot_p90_ms"), j.value("output_throughput"), j)
+        for j in jobs
+        if j.value("tpot_p90_ms") is not None and j.value("output_throughput") is not None
+    ]
+    if not points:
+        ax.axis("off")
+        return
+    for tpot, rate, job in points:
+        ax.scatter([tpot], [rate], facecolors="white" if job.num in bound else "C0",
+                   edgecolors="C0", s=50)  # fmt: skip
+        name = " ".join(f"{k}={job.override_values.get(k, '')}" for k in keys) or str(job.num)
+        ax.annotate(name, (tpot, rate), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    front = sorted(
+        (t, r) for t, r, _ in points
+        if not any(t2 <= t and r2 >= r and (t2, r2) != (t, r) for t2, r2, _ in points)
+    )  # fmt: skip
+    ax.plot(*zip(*front, strict=True), color="C1", alpha=0.6)
+    ax.set_xlabel("TPOT p90 (ms)")
+    title = "Pareto: throughput (tok/s) vs TPOT p90\nhollow: arrival-bound"
+    narrow = spread([r for _, r, _ in points])
+    if narrow is not None and narrow < NARROW:
+        ax.set_ylim(0, max(r for _, r, _ in points if r is not None) * 1.1)
+        title += f"; spread {narrow:.1%}"
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, alpha=0.3)
 
 
 def _x_axis(ax: Any, numbers: list[float] | None, position: dict, distinct: list[str]) -> None:

@@ -25,6 +25,7 @@ from stages.simulator.precision import BF16, Precision
 
 GIB = 1024**3
 MAX_NAME = 200
+MAX_RELEASE = 200  # characters of hardware.software
 MAX_COEFFICIENT = 1e6
 MAX_POOL_BLOCKS = 1 << 24  # a free list of 36-byte entries: 600 MB at most
 # field -> (low, high, low excluded, high excluded). The highs are far beyond any device
@@ -74,6 +75,12 @@ class HardwareProfile:
     # tp - 1 peers' links. 0: a switch (NVLink) gives interconnect_gbs whatever tp.
     interconnect_peer_gbs: float
     coefficients: Mapping[str, float]  # fitted; empty = 1.0
+    # The software release whose measurements the fitted figures describe (a device's
+    # figures move between releases), and the relative errors of the profile's predictions
+    # by measurement method (offline, static, online): fit_median, fit_worst on the rows
+    # fitted, held_out_median, held_out_worst on the rows a split-half fit held out.
+    software: str
+    errors: Mapping[str, Mapping[str, float]]
 
     def __post_init__(self) -> None:
         """Every field checked for its type and range, whichever file it came from: a NaN
@@ -108,6 +115,27 @@ class HardwareProfile:
             if not 0 <= value <= MAX_COEFFICIENT:
                 raise ValueError(f"{key}={value} must be in [0, {MAX_COEFFICIENT:g}]")
         object.__setattr__(self, "coefficients", coefficients)
+        self._check_release_and_errors()
+
+    def _check_release_and_errors(self) -> None:
+        """`software` a short string; `errors` methods mapping names to fractions in [0, 10]."""
+        if not isinstance(self.software, str) or len(self.software) > MAX_RELEASE:
+            raise ValueError(
+                f"hardware.software={self.software!r:.60} must be at most {MAX_RELEASE} characters"
+            )
+        if not isinstance(self.errors, Mapping):
+            raise ValueError(f"hardware.errors={self.errors!r:.60} must map methods to errors")
+        errors: dict[str, dict[str, float]] = {}
+        for method, entry in dict(self.errors).items():
+            if not isinstance(entry, Mapping):
+                raise ValueError(f"hardware.errors.{method} must map names to fractions")
+            errors[str(method)] = checked = {}
+            for name, value in dict(entry).items():
+                key = f"hardware.errors.{method}.{name}"
+                checked[str(name)] = number = finite_number(value, key)
+                if not 0 <= number <= 10:
+                    raise ValueError(f"{key}={number} must be a fraction in [0, 10]")
+        object.__setattr__(self, "errors", errors)
 
     def gemm_flops_per_s(self, fp8: bool = False) -> float:
         """Achieved GEMM rate: the FP8 peak for FP8 GEMMs where the device has one."""
@@ -175,6 +203,8 @@ def kv_pool_blocks(
 
 
 _FIELDS = {f.name for f in dataclasses.fields(HardwareProfile)}
+# Fields older profile files lack, and what they then are (no release named, no errors).
+_DEFAULTED: dict[str, Any] = {"software": "", "errors": {}}
 
 
 def read_profile(path: str | Path, optional: Mapping[str, Any] | None = None) -> HardwareProfile:
@@ -195,13 +225,13 @@ def read_profile(path: str | Path, optional: Mapping[str, Any] | None = None) ->
     unknown = sorted(str(k) for k in set(data) - _FIELDS)
     if unknown:
         raise ValueError(f"{what}: unknown fields {', '.join(unknown)}")
-    missing = sorted(_FIELDS - set(data) - set(optional))
+    missing = sorted(_FIELDS - set(data) - set(optional) - set(_DEFAULTED))
     if missing:
         raise ValueError(
             f"{what}: no {', '.join(missing)}: add them (write_profile writes every field)"
         )
     try:
-        return HardwareProfile(**{**optional, **data})
+        return HardwareProfile(**{**_DEFAULTED, **optional, **data})
     except ValueError as err:
         raise ValueError(f"{what}: {err}") from err
 

@@ -1,0 +1,212 @@
+"""The Intel Gaudi servers' launch scripts: FastDeploy's OpenAI server on its HPU runner and
+vLLM with the vllm-gaudi plugin, with the warmup grid each engine builds from its own
+environment (stages/engine_grids.py)."""
+
+from __future__ import annotations
+
+import shlex
+from typing import TYPE_CHECKING
+
+from stages.buckets import Bucketing
+from stages.simulator.precision import KvCacheDtype, Quantization
+
+if TYPE_CHECKING:
+    from pipeline.deploy.settings import Deployment
+
+VLLM_BUCKETS = "vllm-buckets.txt"
+
+# quantization and kv_cache_dtype as each server names them. FastDeploy's Intel Gaudi
+# guide takes weight-only wint8/wint4 and no FP8 or KV-cache dtype. vllm-gaudi runs FP8
+# through Intel Neural Compressor (vLLM's "FP8 INC" page): `--quantization inc` with the
+# model's calibrated QUANT_CONFIG, and `--kv-cache-dtype fp8_inc`; it has no wint8/wint4.
+FASTDEPLOY_QUANTIZATION = {"wint8": "wint8", "wint4": "wint4"}
+VLLM_QUANTIZATION = {"fp8": "inc"}
+VLLM_KV_CACHE_DTYPE = {"fp8": "fp8_inc"}
+
+# VLLM_BUCKETING_STRATEGY for the strategies that are vllm-gaudi's own
+VLLM_STRATEGY = {Bucketing.vllm_lin: "lin", Bucketing.vllm_exp: "exp", Bucketing.vllm_pad: "pad"}
+# our axes as vllm-gaudi's range variables name them
+VLLM_RANGES = {
+    "prefill_batch": ("PROMPT", "BS"),
+    "prefill_seq": ("PROMPT", "QUERY"),
+    "prefill_blocks": ("PROMPT", "CTX"),
+    "decode_batch": ("DECODE", "BS"),
+    "decode_blocks": ("DECODE", "BLOCK"),
+}
+
+
+def _lines(parts: list[str]) -> str:
+    return " \\\n  ".join(parts)
+
+
+def _header(d: Deployment, server: str, note: str) -> list[str]:
+    lines = [
+        "#!/usr/bin/env bash",
+        f"# {server}: {d.model}, {d.origin}.",
+        f"# {note}",
+        "set -euo pipefail",
+    ]
+    if d.scheduler not in ("ChunkedScheduler", "WholeScheduler"):
+        # Static batching (scheduler=static) waits for a whole batch to end before admitting
+        # more; both servers batch continuously and have no setting for it.
+        lines.append(
+            f"# scheduler {d.scheduler}: no counterpart in this server (it batches "
+            "continuously); the simulated figures for it do not carry over."
+        )
+    if d.chunked_prefill and not d.align_chunks:
+        # FastDeploy's HPU scheduler aligns a non-final chunk to block_size, and vllm-gaudi
+        # pads a query to its block-sized buckets: neither has a switch for it.
+        lines.append(
+            "# scheduler.align_chunks=false: this server always cuts non-final chunks at "
+            "whole blocks; no setting turns that off, so the simulated figures (unaligned "
+            "chunks) do not carry over."
+        )
+    return lines
+
+
+def fastdeploy_grid_lines(d: Deployment) -> list[str]:
+    """The environment FastDeploy's HPU runner builds its warmup grid from, with the grid
+    it predicts and a warning when the recipe cache cannot hold it."""
+    steps, grid = d.fastdeploy, d.fastdeploy_grid
+    lines = [
+        f"# FastDeploy's own warmup grid from these: {grid.recipes:,} recipes (prefill "
+        f"{len(grid.prefill):,}, decode {len(grid.decode):,}, mixed {len(grid.mixed):,}),",
+        f"# about {d.compile_s * grid.recipes / 3600:.1f} h to compile at {d.compile_s:g} s "
+        "each (the hardware profile's compile_s).",
+    ]
+    if grid.mixed:
+        lines.append(
+            f"# (The simulated device counts {d.fastdeploy_parts:,} graphs for this grid: it "
+            "compiles a step's prefill and decode parts apart, so the mixed runs add few; "
+            "FastDeploy compiles each mixed run as a recipe of its own.)"
+        )
+    if d.bucketing is not Bucketing.fastdeploy:
+        lines.append(
+            f"# The run simulated metadata.bucketing={d.bucketing} (not this grid): "
+            "simulate FastDeploy's with metadata.bucketing=fastdeploy."
+        )
+    if d.max_prefill_rows != steps.max_prefill_num:
+        # FastDeploy schedules at most MAX_PREFILL_NUM prompts a step (its config's
+        # max_prefill_batch), besides warming that many
+        lines.append(
+            f"# The run prefilled up to {d.max_prefill_rows or d.max_num_seqs} prompts a step "
+            f"(scheduler.max_prefill_rows={d.max_prefill_rows}); FastDeploy schedules at most "
+            f"MAX_PREFILL_NUM={steps.max_prefill_num}: simulate it with "
+            f"scheduler.max_prefill_rows={steps.max_prefill_num}."
+        )
+    lines += [f"export {name}={value}" for name, value in steps.env().items()]
+    lines += [f"# {w}" for w in fastdeploy_warnings(d)]
+    return lines
+
+
+def fastdeploy_warnings(d: Deployment) -> list[str]:
+    """A grid the recipe cache cannot hold: compiled recipes evicted and compiled again."""
+    cache, recipes = d.fastdeploy.recipe_cache_num, d.fastdeploy_grid.recipes
+    if cache and recipes > cache:
+        return [
+            f"WARNING: FastDeploy's warmup grid holds {recipes:,} recipes, more than "
+            f"FLAGS_intel_hpu_recipe_cache_num={cache:,}: recipes will be evicted and "
+            "compiled again while serving; raise it or coarsen BLOCK_STEP_DECODE / "
+            "BATCH_STEP_DECODE (metadata.fastdeploy.*)"
+        ]
+    return []
+
+
+def fastdeploy_script(d: Deployment) -> str:
+    """FastDeploy's OpenAI server on Intel HPU with the planned limits and warmup grid."""
+    lines = _header(
+        d, "FastDeploy on Intel Gaudi", "--model: the Paddle checkpoint (folder or id)."
+    )
+    lines += [
+        "export FD_ATTENTION_BACKEND=HPU_ATTN",
+        f"export HPU_WARMUP_BUCKET={1 if d.warmup else 0}",
+        "export PADDLE_DISTRI_BACKEND=xccl",
+        "export PADDLE_XCCL_BACKEND=intel_hpu",
+        *fastdeploy_grid_lines(d),
+    ]
+    args = [
+        "exec python -m fastdeploy.entrypoints.openai.api_server",
+        f"--model {shlex.quote(d.model)}",
+        f"--tensor-parallel-size {d.tp}",
+        f"--max-model-len {d.max_model_len}",
+        f"--max-num-seqs {d.max_num_seqs}",
+        f"--block-size {d.block_size}",
+        f"--max-num-batched-tokens {d.max_tokens}",
+    ]
+    if d.chunked_prefill:
+        args.append("--enable-chunked-prefill")
+    args.append("--enable-prefix-caching" if d.prefix_caching else "--no-enable-prefix-caching")
+    if d.quantization in FASTDEPLOY_QUANTIZATION:
+        args.append(f"--quantization {FASTDEPLOY_QUANTIZATION[d.quantization]}")
+    elif d.quantization != Quantization.none:
+        lines.append(f"# quantization={d.quantization}: no FastDeploy HPU counterpart; not set.")
+    if d.kv_cache_dtype != KvCacheDtype.auto:
+        lines.append(f"# kv_cache_dtype={d.kv_cache_dtype}: no FastDeploy HPU setting; not set.")
+    args.append("--graph-optimization-config '{\"use_cudagraph\":false}'")
+    return "\n".join([*lines, _lines(args)]) + "\n"
+
+
+def vllm_buckets_file(d: Deployment) -> str:
+    """VLLM_BUCKETING_FROM_FILE's format: one product of lists per line; prompt buckets
+    (batch, query tokens, context blocks), decode buckets (batch, 1, blocks)."""
+    b = d.buckets
+    return (
+        f"({b['prefill_batch']}, {b['prefill_seq']}, {b['prefill_blocks']})\n"
+        f"({b['decode_batch']}, 1, {b['decode_blocks']})\n"
+    )
+
+
+def _vllm_bucket_lines(d: Deployment) -> list[str]:
+    """vllm-gaudi's own strategy with our ranges when the run used one, else the file."""
+    strategy = VLLM_STRATEGY.get(d.bucketing)
+    if strategy is None:
+        return [
+            "# The bucket sets the simulation prepared, exactly, from the file beside this one:",
+            "# prompt (batch, query tokens, blocks), decode (batch, 1, blocks of all rows). The",
+            "# prompt's third axis here counts the chunk's blocks with its context's.",
+            'export VLLM_BUCKETING_FROM_FILE="$(dirname "$0")/' + VLLM_BUCKETS + '"',
+        ]
+    lines = [
+        f"export VLLM_BUCKETING_STRATEGY={strategy}",
+        "# VLLM_EXPONENTIAL_BUCKETING is deprecated (it overrides the strategy): left unset.",
+    ]
+    if d.bucketing is Bucketing.vllm_exp:
+        return [*lines, "# exp overwrites user ranges: vllm-gaudi derives them from the limits."]
+    for axis, (phase, dim) in VLLM_RANGES.items():
+        low, step, high = d.ranges[axis]
+        lines += [f"export VLLM_{phase}_{dim}_BUCKET_{k}={v}"
+                  for k, v in (("MIN", low), ("STEP", step), ("MAX", high))]  # fmt: skip
+    return lines
+
+
+def vllm_script(d: Deployment) -> str:
+    """`vllm serve` on vllm-gaudi with the planned limits and the simulated bucket sets."""
+    lines = _header(
+        d, "vLLM on Intel Gaudi (vllm-gaudi)", "The model: a Hugging Face id or folder."
+    )
+    lines += _vllm_bucket_lines(d)
+    lines.append(f"export VLLM_SKIP_WARMUP={'false' if d.warmup else 'true'}")
+    args = [
+        f"exec vllm serve {shlex.quote(d.model)}",
+        f"--tensor-parallel-size {d.tp}",
+        f"--max-model-len {d.max_model_len}",
+        f"--max-num-seqs {d.max_num_seqs}",
+        f"--block-size {d.block_size}",
+        f"--max-num-batched-tokens {d.max_tokens}",
+        "--enable-chunked-prefill" if d.chunked_prefill else "--no-enable-chunked-prefill",
+        "--enable-prefix-caching" if d.prefix_caching else "--no-enable-prefix-caching",
+    ]
+    if d.quantization in VLLM_QUANTIZATION:
+        args.append(f"--quantization {VLLM_QUANTIZATION[d.quantization]}")
+        lines += [
+            "# FP8 through Intel Neural Compressor needs the model's measurements: QUANT_CONFIG",
+            "# names the quantization JSON that calibration wrote (vLLM's FP8 INC page).",
+            ': "${QUANT_CONFIG:?set QUANT_CONFIG to the INC quantization JSON of the model}"',
+        ]
+    elif d.quantization != Quantization.none:
+        lines.append(f"# quantization={d.quantization}: no vllm-gaudi counterpart; not set.")
+    if d.kv_cache_dtype in VLLM_KV_CACHE_DTYPE:
+        args.append(f"--kv-cache-dtype {VLLM_KV_CACHE_DTYPE[d.kv_cache_dtype]}")
+    elif d.kv_cache_dtype != KvCacheDtype.auto:
+        lines.append(f"# kv_cache_dtype={d.kv_cache_dtype}: no vllm-gaudi counterpart; not set.")
+    return "\n".join([*lines, _lines(args)]) + "\n"

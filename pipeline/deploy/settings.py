@@ -1,0 +1,140 @@
+"""A deployment: the settings every launch script takes, as this tool's config names them,
+read from a run's resolved config (the engines' scripts: pipeline/deploy/hpu.py, gpu.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from stages.bucket_axes import resolve_axes
+from stages.buckets import Axis, Bucketing
+from stages.engine_grids import (
+    FastDeployGrid,
+    FastDeploySteps,
+    ServerLimits,
+    fastdeploy_grid,
+    fastdeploy_sizes,
+    fastdeploy_warmup,
+    part_graphs,
+)
+from stages.simulator.precision import KvCacheDtype, Quantization
+
+AXES = ("prefill_batch", "prefill_seq", "prefill_blocks", "decode_batch", "decode_blocks")
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """The settings both servers take, as this tool's config names them."""
+
+    model: str
+    tp: int
+    max_tokens: int  # --max-num-batched-tokens
+    max_num_seqs: int
+    max_model_len: int
+    block_size: int
+    chunked_prefill: bool  # scheduler=chunked
+    prefix_caching: bool
+    quantization: Quantization
+    kv_cache_dtype: KvCacheDtype
+    warmup: bool
+    bucketing: Bucketing
+    # each bucket axis's prepared sizes (prefill: batch, seq, blocks; decode: batch, blocks)
+    buckets: dict[str, list[int]]
+    scheduler: str  # the scheduler's class name
+    origin: str  # where the configuration came from, as the scripts' first line says it
+    align_chunks: bool  # scheduler.align_chunks: non-final chunks cut at whole blocks
+    ranges: dict[str, tuple[int, int, int]]  # each axis's min, step, max
+    fastdeploy: FastDeploySteps  # FastDeploy's warmup environment (metadata.fastdeploy)
+    fastdeploy_grid: FastDeployGrid  # the grid FastDeploy's runner warms from it
+    fastdeploy_parts: int  # its graphs as the simulated device counts them (parts apart)
+    compile_s: float  # the hardware profile's seconds to compile one graph
+    max_prefill_rows: int  # scheduler.max_prefill_rows: prompts a step prefills (0: no cap)
+    replicas: int = 1  # copies to start behind a load balancer (a plan's target)
+    gpu: bool = False  # a device that computes real tokens (no buckets): the GPU engines
+    memory_fraction: float = 0.9  # of a card's memory the server may take
+
+
+def deployment(
+    config: Mapping[str, Any], num_blocks: int, model: str = "", *, origin: str, replicas: int = 1
+) -> Deployment:
+    """The deployment a resolved config describes; num_blocks is the KV pool the run had
+    (decode buckets are bounded by it); origin: where the config came from (a run folder,
+    a plan), said on the scripts' first line."""
+    scheduler = str(config["scheduler"]["_target_"]).rsplit(".", 1)[-1]
+    meta = config["metadata"]
+    axes = _run_axes(config, num_blocks)
+    strategy = Bucketing(meta.get("bucketing", Bucketing.linear))
+    steps = FastDeploySteps(**dict(meta.get("fastdeploy") or {}))
+    limits = ServerLimits(
+        int(config["block_size"]), int(config["max_tokens"]), int(config["max_num_seqs"]),
+        int(config["max_model_len"]), num_blocks, bool(config.get("prefix_caching", True)),
+        scheduler == "ChunkedScheduler",
+    )  # fmt: skip
+    return Deployment(
+        model=model or str(config["model"].get("name") or "MODEL"),
+        tp=int(config.get("tp", 1)),
+        max_tokens=int(config["max_tokens"]),
+        max_num_seqs=int(config["max_num_seqs"]),
+        max_model_len=int(config["max_model_len"]),
+        block_size=int(config["block_size"]),
+        chunked_prefill=scheduler == "ChunkedScheduler",
+        prefix_caching=bool(config.get("prefix_caching", True)),
+        quantization=Quantization(config.get("quantization", Quantization.none)),
+        kv_cache_dtype=KvCacheDtype(config.get("kv_cache_dtype", KvCacheDtype.auto)),
+        warmup=bool(config.get("warmup", False)),
+        bucketing=strategy,
+        buckets=_sizes(strategy, axes, steps, limits),
+        scheduler=scheduler,
+        origin=origin,
+        align_chunks=bool(config["scheduler"].get("align_chunks", True)),
+        ranges={name: (a.min, a.step, a.max) for name, a in axes.items()},
+        fastdeploy=steps,
+        fastdeploy_grid=fastdeploy_grid(steps, limits),
+        fastdeploy_parts=sum(part_graphs(fastdeploy_warmup(steps, limits)).values()),
+        compile_s=float(config.get("hardware", {}).get("compile_s") or 0.0),
+        max_prefill_rows=int(config["scheduler"].get("max_prefill_rows") or 0),
+        replicas=replicas,
+        **_device(config.get("hardware")),
+    )
+
+
+def _run_axes(config: Mapping[str, Any], num_blocks: int) -> dict[str, Axis]:
+    """The bucket axes exactly as the run's metadata builder resolved them."""
+    return resolve_axes(
+        {name: config["metadata"][name] for name in AXES},
+        config["block_size"],
+        config["max_tokens"],
+        config["max_num_seqs"],
+        config["max_model_len"],
+        num_blocks,
+        bool(config.get("prefix_caching", False)),
+    )
+
+
+def _device(hardware: Any) -> dict[str, Any]:
+    """A GPU (a profile that does not pad to buckets) and the memory its server may take:
+    what the simulated device keeps free (kv_headroom) is what the server leaves."""
+    if not isinstance(hardware, Mapping):
+        return {}
+    return {
+        "gpu": not bool(hardware.get("pads_to_buckets", True)),
+        "memory_fraction": round(1.0 - float(hardware.get("kv_headroom", 0.1)), 4),
+    }
+
+
+def _sizes(
+    strategy: Bucketing, axes: Mapping[str, Any], steps: FastDeploySteps, limits: ServerLimits
+) -> dict[str, list[int]]:
+    """Each axis's prepared sizes exactly as the run's metadata builder made them."""
+    if strategy is Bucketing.fastdeploy:
+        return fastdeploy_sizes(steps, limits, axes["decode_blocks"].max)
+    return {name: axis.sizes(strategy) for name, axis in axes.items()}
+
+
+def replicas_line(d: Deployment, devices_variable: str) -> str:
+    """The comment that says how many copies of a script to start (a plan's target)."""
+    return (
+        f"# replicas: {d.replicas}. Start {d.replicas} copies of this server, each on its own "
+        f"{d.tp} card(s) ({devices_variable}) and port, behind a round-robin balancer."
+    )

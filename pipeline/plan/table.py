@@ -1,0 +1,181 @@
+"""A plan's table (plan.md, plan.csv) and its Pareto plot, every predicted figure with its
+band: in plan.md as `6.1 (5.6-6.6)`, in plan.csv as the figure and `_lo` / `_hi` columns.
+
+Per replica: `capacity`, `capacity_rps`, `ttft_p90_ms`, `tpot_p90_ms`, `tp` (its cards).
+Per card: `goodput_per_card` (capacity_rps x attainment / tp), `output_tok_s_per_card`.
+At the target: `replicas`, `cards` (all of them), `headroom`, `check_attainment` (one
+replica at its share of the target), `usd_per_hour` (all cards).
+"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from pipeline.plan.bands import Band
+from pipeline.plan.candidates import Candidate, pareto_front
+from pipeline.summary import split_override
+
+PLAN_CSV, PLAN_MD, PARETO_PNG = "plan.csv", "plan.md", "pareto.png"
+
+# Figures the device predicts: each carries its band (plan.csv: _lo, _hi columns).
+BANDED = (
+    "capacity", "capacity_rps", "goodput_per_card", "output_tok_s_per_card", "tok_s_per_user",
+    "ttft_p90_ms", "tpot_p90_ms", "usd_per_hour", "cost_per_mtok_usd",
+)  # fmt: skip
+COLUMNS = [
+    "rank", "job", "device", "config", "tp", "capacity", "capacity_rps", "slo_attainment",
+    "goodput_per_card", "output_tok_s_per_card", "tok_s_per_user", "ttft_p90_ms",
+    "tpot_p90_ms", "replicas", "cards", "headroom", "check_attainment", "usd_per_hour",
+    "cost_per_mtok_usd", "warmup_s", "graphs", "kv_blocks", "serving_compiles", "note",
+]  # fmt: skip
+
+
+def row(
+    c: Candidate, keys: Sequence[str], prices: Mapping[str, float], rank: int | None = None
+) -> dict[str, Any]:
+    """One configuration's figures (bands aside: see band_ends)."""
+    own = [o for o in c.job.overrides if split_override(o)[0] in keys]
+    note = c.ruled_out
+    if c.compiles and not note:
+        seconds = c.metric("serving_compile_s") or 0.0
+        note = f"compiled {_graphs(c.compiles)} while serving ({seconds:,.0f} s)"
+    target = c.target or {}
+    return {
+        "rank": rank,
+        "job": c.job.num,
+        "device": c.device,
+        "config": " ".join(own),
+        "tp": c.tp,
+        "capacity": c.metric("capacity"),
+        "capacity_rps": c.capacity_rps,
+        "slo_attainment": c.metric("slo_attainment"),
+        "goodput_per_card": c.goodput_per_card,
+        "output_tok_s_per_card": c.tokens_per_card,
+        "tok_s_per_user": c.tokens_per_user,
+        "ttft_p90_ms": c.metric("ttft_ms", "p90"),
+        "tpot_p90_ms": c.metric("tpot_ms", "p90"),
+        "replicas": target.get("replicas"),
+        "cards": c.cards if target else None,
+        "headroom": target.get("headroom"),
+        "check_attainment": target.get("check_attainment"),
+        "usd_per_hour": c.usd_per_hour(prices) if target else None,
+        "cost_per_mtok_usd": c.cost_per_mtok(prices),
+        "warmup_s": c.metric("predicted_warmup_s"),
+        "graphs": c.metric("warmup_shapes"),
+        "kv_blocks": c.metric("num_blocks"),
+        "serving_compiles": c.compiles,
+        "note": note,
+    }
+
+
+def band_ends(
+    c: Candidate, r: Mapping[str, Any], prices: Mapping[str, float]
+) -> dict[str, tuple[float, float]]:
+    """Each banded figure's (low, high): the band around it; $/hour re-rounds replicas."""
+    ends: dict[str, tuple[float, float]] = {}
+    for key in BANDED:
+        value = r.get(key)
+        if isinstance(value, (int, float)):
+            low, high = c.band.ends(float(value))
+            ends[key] = (min(low, high), max(low, high))
+    spread = c.usd_per_hour_range(prices)
+    if spread is not None and r.get("usd_per_hour") is not None:
+        ends["usd_per_hour"] = spread
+    return ends
+
+
+def _graphs(n: int) -> str:
+    return f"{n} graph" if n == 1 else f"{n} graphs"
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.3g}" if abs(value) < 100 else f"{value:,.0f}"
+    return str(value)
+
+
+def _cell(key: str, r: Mapping[str, Any], ends: Mapping[str, tuple[float, float]]) -> str:
+    value = r[key]
+    if key == "headroom" and value is not None:
+        return f"{value:+.0%}"
+    if key in ends and value is not None:
+        low, high = ends[key]
+        if (low, high) != (value, value):
+            return f"{_fmt(float(value))} ({_fmt(low)}-{_fmt(high)})"
+    return _fmt(value)
+
+
+def write_table(
+    cands: Sequence[Candidate],
+    rows: list[dict[str, Any]],
+    prices: Mapping[str, float],
+    header: str,
+    folder: Path,
+) -> str:
+    """plan.csv and plan.md; returns the markdown table."""
+    ends = [band_ends(c, r, prices) for c, r in zip(cands, rows, strict=True)]
+    fields = [*COLUMNS]
+    for key in BANDED:
+        at = fields.index(key) + 1
+        fields[at:at] = [f"{key}_lo", f"{key}_hi"]
+    with open(folder / PLAN_CSV, "w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=fields)
+        writer.writeheader()
+        for r, e in zip(rows, ends, strict=True):
+            flat = {k: "" if v is None else v for k, v in r.items()}
+            for key, (low, high) in e.items():
+                flat[f"{key}_lo"], flat[f"{key}_hi"] = low, high
+            writer.writerow(flat)
+    lines = [
+        "| " + " | ".join(COLUMNS) + " |",
+        "| " + " | ".join("---" for _ in COLUMNS) + " |",
+        *(
+            "| " + " | ".join(_cell(k, r, e).replace("|", "\\|") for k in COLUMNS) + " |"
+            for r, e in zip(rows, ends, strict=True)
+        ),
+    ]
+    table = "\n".join(lines)
+    (folder / PLAN_MD).write_text(f"{header}\n\n{table}\n\n![Pareto front]({PARETO_PNG})\n")
+    return table
+
+
+def write_pareto(cands: Sequence[Candidate], chosen: Candidate | None, path: Path) -> None:
+    """Output tokens/s per card against tokens/s per user, by device, with each point's
+    band as an error bar, the front and the best marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 5.5))
+    shown = [c for c in cands if c.tokens_per_user is not None and not c.ruled_out]
+    for device in sorted({c.device for c in shown}):
+        mine = [c for c in shown if c.device == device]
+        x = [c.tokens_per_user or 0.0 for c in mine]
+        y = [c.tokens_per_card for c in mine]
+        bands: list[Band] = [c.band for c in mine]
+        label = f"{device} (band {bands[0].describe()})"
+        ax.errorbar(x, y, xerr=[b.relative * v for b, v in zip(bands, x, strict=True)],
+                    yerr=[b.relative * v for b, v in zip(bands, y, strict=True)], fmt="o",
+                    alpha=0.7, capsize=2, label=label)  # fmt: skip
+        for c in mine:
+            ax.annotate(str(c.job.num), (c.tokens_per_user, c.tokens_per_card), fontsize=7)
+    front = pareto_front(cands)
+    ax.plot([c.tokens_per_user for c in front], [c.tokens_per_card for c in front], "-",
+            color="black", label="Pareto front")  # fmt: skip
+    if chosen is not None and chosen.tokens_per_user is not None:
+        ax.scatter([chosen.tokens_per_user], [chosen.tokens_per_card], s=160, marker="*",
+                   color="tab:red", label=f"best (job {chosen.job.num})", zorder=3)  # fmt: skip
+    ax.set_xlabel("output tokens/s per user (1000 / mean TPOT ms)")
+    ax.set_ylabel("output tokens/s per card, one replica at capacity")
+    ax.set_title("Plan: each configuration at its capacity under the SLO (simulated)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -1,0 +1,139 @@
+"""A plan's target load: how many replicas of one configuration serve it, and a check.
+
+`plan.target_rps` is the request rate the deployment must serve (open loop: Poisson
+arrivals, or a trace's own arrivals scaled as `workload.time_scale` scales them) and
+`plan.target_concurrency` the requests in flight it must hold (closed loop). From one
+replica's capacity:
+
+    replicas = ceil(target / capacity)      cards = replicas x tp
+    headroom = replicas x capacity / target - 1
+
+Then the answer is checked: one replica serves target / replicas, the load a round-robin
+balancer hands it, in full (no early stop), and its attainment is reported. A
+configuration whose check misses the SLO gets one more replica, and is checked again.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+from omegaconf import DictConfig, OmegaConf
+
+from pipeline.checks import ConfigError
+from pipeline.plan.capacity import load_axis, run_probe
+from pipeline.run_folder import RunStatus
+
+log = structlog.get_logger(__name__)
+
+CHECKS = "checks"  # the job folder's subfolder for the checks' probes
+
+
+@dataclass(frozen=True)
+class Sizing:
+    """Replicas of one configuration at a target; `capacity` and `target` in one unit."""
+
+    target: float
+    capacity: float  # one replica's
+    replicas: int
+    tp: int
+
+    @property
+    def cards(self) -> int:
+        return self.replicas * self.tp
+
+    @property
+    def headroom(self) -> float:
+        return self.replicas * self.capacity / self.target - 1
+
+
+def sizing(target: float, capacity: float, tp: int, extra: int = 0) -> Sizing:
+    """ceil(target / capacity) replicas (at least one), plus `extra`."""
+    if target <= 0 or capacity <= 0:
+        raise ValueError(f"a target ({target}) and a capacity ({capacity}) above 0 are needed")
+    ratio = target / capacity
+    replicas = max(1, math.ceil(ratio - 1e-9 * ratio))  # 20 / 5 is 4, not 5 by rounding
+    return Sizing(target, capacity, replicas + extra, tp)
+
+
+def target_of(cfg: DictConfig) -> float:
+    """The plan's target in the capacity axis's unit (req/s, or concurrency); 0: none.
+    ConfigError when the target does not fit the workload's loop."""
+    rps = float(cfg.plan.get("target_rps") or 0.0)
+    concurrency = int(cfg.plan.get("target_concurrency") or 0)
+    if rps < 0 or concurrency < 0:
+        raise ConfigError(f"plan.target_rps={rps}, plan.target_concurrency={concurrency}: >= 0")
+    if rps and concurrency:
+        raise ConfigError("give plan.target_rps (open loop) or plan.target_concurrency, not both")
+    closed = bool(cfg.workload.get("concurrency"))
+    if concurrency and not closed:
+        raise ConfigError(
+            "plan.target_concurrency sizes a closed loop: set workload.concurrency too "
+            "(or give plan.target_rps for an open loop)"
+        )
+    if rps and closed:
+        raise ConfigError(
+            "plan.target_rps sizes an open loop: drop workload.concurrency "
+            "(or give plan.target_concurrency)"
+        )
+    return float(concurrency) if concurrency else rps
+
+
+def replica_capacity(result: dict[str, Any]) -> float:
+    """One replica's capacity in the target's unit: the rate or concurrency found; for a
+    trace, the request rate at its speed-up (the trace's own rate times the speed-up)."""
+    if result["capacity_key"] == "workload.time_scale":
+        return float(result["capacity_rps"])
+    return float(result["capacity"])
+
+
+def check_load(result: dict[str, Any], share: float) -> float:
+    """The capacity axis's load that offers one replica `share` (its part of the target):
+    for a trace the speed-up, proportional to the request rate; concurrency rounded up."""
+    key = result["capacity_key"]
+    if key == "workload.time_scale":
+        return float(result["capacity"]) * share / float(result["capacity_rps"])
+    if key == "workload.concurrency":
+        return float(math.ceil(share - 1e-9))
+    return share
+
+
+def check_target(cfg: DictConfig, out_dir: Path, result: dict[str, Any]) -> dict[str, Any]:
+    """Sizes the configuration for the plan's target and checks one replica at its share;
+    the result gains `target` (the sizing and each check). Nothing to size when the search
+    found no capacity."""
+    target = target_of(cfg)
+    if not target or not result.get("capacity_found"):
+        return result
+    axis = load_axis(cfg)
+    checks: list[dict[str, Any]] = []
+    size = sizing(target, replica_capacity(result), int(cfg.tp))
+    for extra in (0, 1):
+        size = sizing(target, replica_capacity(result), int(cfg.tp), extra)
+        load = check_load(result, target / size.replicas)
+        probe = cfg.copy()
+        OmegaConf.update(probe, axis.key, axis.value(load))
+        folder = out_dir / CHECKS / f"{size.replicas}-replicas"
+        metrics = run_probe(probe, folder, keep_files=False, decide_early=False)
+        met = bool(metrics.get("slo_met")) and metrics["status"] == RunStatus.OK
+        checks.append({"replicas": size.replicas, "load": load, "met": met,
+                       "attainment": metrics.get("slo_attainment"),
+                       "folder": str(folder.relative_to(out_dir))})  # fmt: skip
+        log.info("target_check", replicas=size.replicas, load=load, met=met)
+        if met:
+            break
+    result["target"] = {
+        **asdict(size),
+        "key": axis.key,
+        "unit": "concurrency" if axis.integer else "req/s",
+        "cards": size.cards,
+        "headroom": size.headroom,
+        "check_attainment": checks[-1]["attainment"],
+        "check_met": checks[-1]["met"],
+        "replica_added": len(checks) > 1,
+        "checks": checks,
+    }
+    return result

@@ -1,0 +1,46 @@
+"""Run-folder files opened safely: never through a symbolic link (a link in a run folder would
+have its target truncated and overwritten), and an OSError turned into one line."""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import BinaryIO, cast
+
+
+class RunFolderError(Exception):
+    """A run-folder file that cannot be written; the message names the path and the reason."""
+
+
+@contextmanager
+def writing(path: Path) -> Iterator[None]:
+    """Turns an OSError (disk full, read-only, a directory in the way) into one line."""
+    try:
+        yield
+    except OSError as err:
+        raise RunFolderError(f"cannot write {path}: {err.strerror or err}") from err
+
+
+_FLAGS = {
+    "wb": os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
+    "ab": os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+    "rb+": os.O_RDWR,
+}
+
+
+def open_no_link(path: Path, mode: str) -> BinaryIO:
+    """`path` opened as open(path, mode) would, except through a symbolic link (O_NOFOLLOW):
+    a link in a run folder would have its target truncated and overwritten."""
+    try:
+        fd = os.open(path, _FLAGS[mode] | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise RunFolderError(
+                f"{path} is a symbolic link: a run writes no file through a link; remove it "
+                "or choose another run folder"
+            ) from None
+        raise
+    return cast(BinaryIO, os.fdopen(fd, mode))

@@ -1,0 +1,84 @@
+"""What every route checks before it reads a request (the key, the content type, the body's
+size and arrival time) and every error answer in OpenAI's shape, `param` naming what to
+change."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+
+from fastapi import Request
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
+
+
+class Problem(Exception):
+    """An error answer: status, message, and the field it is about."""
+
+    def __init__(
+        self, status: int, message: str, param: str | None = None, headers: dict | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status, self.param, self.headers = status, param, headers
+
+
+def http_problem(request: Request, err: Exception) -> JSONResponse:
+    """Starlette's own answers (404 no such route, 405 wrong method) in OpenAI's shape."""
+    assert isinstance(err, HTTPException)
+    where = f"{request.method} {request.url.path}"
+    return problem_response(Problem(err.status_code, f"{where}: {err.detail}", "path",
+                                    dict(err.headers or {})))  # fmt: skip
+
+
+def server_problem(request: Request, err: Exception) -> JSONResponse:
+    return problem_response(Problem(500, f"internal error: {type(err).__name__}: {err}"))
+
+
+def problem_response(err: Problem) -> JSONResponse:
+    kind = "invalid_request_error" if err.status < 500 else "server_error"
+    body = {"error": {"message": str(err), "type": kind, "param": err.param, "code": err.status}}
+    return JSONResponse(body, status_code=err.status, headers=err.headers)
+
+
+def check_json(request: Request) -> None:
+    """415 for a body not declared JSON: a web page's form or text/plain POST (sent without
+    a CORS preflight) cannot drive a local server."""
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if not (
+        kind == "application/json" or (kind.startswith("application/") and kind.endswith("+json"))
+    ):
+        raise Problem(415, f"Content-Type {kind or '(none)'!r} is not accepted: send the body "
+                      "as application/json", "content-type")  # fmt: skip
+
+
+def check_key(request: Request, api_key: str) -> None:
+    if not api_key:
+        return
+    given = request.headers.get("authorization", "")
+    if not secrets.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
+        raise Problem(401, "a valid API key is required: send 'Authorization: Bearer KEY'",
+                      "authorization")  # fmt: skip
+
+
+async def read_body(request: Request, limit: int, timeout_s: float) -> bytes:
+    """The body, or 413 as soon as it is known to exceed `limit` bytes, or 408 when it has
+    not all come within `timeout_s` (a client holding the connection open)."""
+    too_large = Problem(413, f"the request body exceeds serve.max_request_bytes={limit}", "body")
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise too_large
+    chunks, size = [], 0
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise too_large
+                chunks.append(chunk)
+    except TimeoutError:
+        raise Problem(408, f"the body did not arrive within serve.body_timeout_s={timeout_s:g}",
+                      "body", {"Connection": "close"}) from None  # fmt: skip
+    except ClientDisconnect:
+        raise Problem(400, "the client left before sending the whole body", "body") from None
+    return b"".join(chunks)

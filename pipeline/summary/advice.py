@@ -1,0 +1,172 @@
+"""What a sweep summary concludes: one recommendation per objective, the caveats a figure
+needs (an arrival-bound run, a block-size sweep on a profile without a per-block cost,
+the bucket grid a Gaudi run predicts), and whether an SLO was set at all."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from pipeline.output_keys import Effect, effect
+from pipeline.slo import slo_was_set
+
+__all__ = ["arrival_bound", "busy_fraction", "caveats", "recommend", "slo_was_set"]
+
+# A run whose device was busy less than this share of its time waited for arrivals: its
+# throughput is the offered load's, not the configuration's.
+ARRIVAL_BOUND_BUSY = 0.9
+TIE = 0.01  # figures within 1% are a tie: the choice goes to the next objective
+
+# (column, objective's words, higher is better); the first is throughput, then latencies
+OBJECTIVES = [
+    ("output_throughput", "highest throughput", True),
+    ("ttft_p90_ms", "lowest TTFT p90", False),
+    ("tpot_p90_ms", "lowest TPOT p90", False),
+]
+SLO_OBJECTIVE = ("request_goodput", "highest goodput", True)
+
+# what each bucketing's graph count and warmup predict (docs/buckets.md)
+GRIDS = {
+    "linear": "this tool's linear grid (neither engine's own)",
+    "exponential": "this tool's doubling grid (neither engine's own)",
+    "fastdeploy": "FastDeploy's HPU runner's own warmup grid (metadata.fastdeploy.*)",
+    "vllm_lin": "vllm-gaudi's lin ranges",
+    "vllm_exp": "vllm-gaudi's exp ranges",
+    "vllm_pad": "vllm-gaudi's pad ranges",
+}
+
+
+class AdviceJob(Protocol):
+    num: int
+    status: str
+    metrics: dict[str, Any]
+
+    @property
+    def override_values(self) -> dict[str, str]: ...
+
+    def value(self, column: str) -> float | None: ...
+
+
+def busy_fraction(job_dir: Path, metrics: Mapping[str, Any]) -> float | None:
+    """The share of the run the device spent in steps (its steps' seconds over the run's),
+    from steps.jsonl; None where the run kept no steps."""
+    path, duration = job_dir / "steps.jsonl", metrics.get("duration_s")
+    if not path.is_file() or not duration:
+        return None
+    busy = 0.0
+    with path.open(encoding="utf-8") as lines:
+        for line in lines:
+            busy += json.loads(line).get("duration_s", 0.0)
+    return min(busy / duration, 1.0)
+
+
+def arrival_bound(jobs: Sequence[AdviceJob]) -> set[int]:
+    """The jobs whose throughput the arrivals set, not the configuration: the device idle
+    over a tenth of the run, or every ok job's throughput within 1% of the others' (the
+    server kept pace with the offered load at every swept value)."""
+    ok = [j for j in jobs if j.status == "ok" and j.value("output_throughput") is not None]
+    bound = {j.num for j in ok if (j.value("busy_fraction") or 1.0) < ARRIVAL_BOUND_BUSY}
+    rates = [j.value("output_throughput") or 0.0 for j in ok]
+    if len(ok) > 1 and max(rates) - min(rates) <= TIE * max(rates):
+        bound |= {j.num for j in ok}
+    return bound
+
+
+def _label(job: AdviceJob, keys: Sequence[str]) -> str:
+    return " ".join(f"{k}={job.override_values.get(k, '')}" for k in keys) or f"job {job.num}"
+
+
+def _pct(a: float, b: float) -> str:
+    return f"{abs(a - b) / b:.0%}" if b else "n/a"
+
+
+def _figure(column: str, value: float) -> str:
+    if column.endswith("_ms"):
+        return f"{value / 1000:.2f} s" if value >= 1000 else f"{value:.1f} ms"
+    return f"{value:,.1f} tok/s" if column == "output_throughput" else f"{value:.3g}"
+
+
+def recommend(jobs: Sequence[AdviceJob], keys: Sequence[str], slo: bool) -> list[str]:
+    """One line per objective: which swept value, and why (its figure, the runner-up, and
+    what it costs on the other figures)."""
+    ok = [j for j in jobs if j.status == "ok"]
+    if len(ok) < 2 or not keys:
+        return []
+    lines = []
+    for column, words, higher in [*OBJECTIVES, *([SLO_OBJECTIVE] if slo else [])]:
+        ranked = [j for j in ok if j.value(column) is not None]
+        if len(ranked) < 2:
+            continue
+        ranked.sort(key=lambda j: j.value(column) or 0.0, reverse=higher)
+        lines.append(_line(ranked, column, words, keys))
+    return lines
+
+
+def _line(ranked: list[AdviceJob], column: str, words: str, keys: Sequence[str]) -> str:
+    best, second = ranked[0], ranked[1]
+    a, b = best.value(column) or 0.0, second.value(column) or 0.0
+    tied = [j for j in ranked if abs((j.value(column) or 0.0) - a) <= TIE * abs(a)]
+    why = f"{words} ({_figure(column, a)})"
+    if len(tied) > 1:
+        # a tie: the figure does not choose; throughput's ties go to the lowest TTFT p90,
+        # a latency's to the highest throughput
+        if column == "output_throughput":
+            best = min(tied, key=lambda j: j.value("ttft_p90_ms") or float("inf"))
+            then = "the lowest TTFT p90"
+        else:
+            best = max(tied, key=lambda j: j.value("output_throughput") or 0.0)
+            then = "the highest throughput"
+        why = (f"{words} ties within {TIE:.0%} across {len(tied)} values "
+               f"({_figure(column, a)}); of those, {then}")  # fmt: skip
+        if column == "output_throughput" and {j.num for j in tied} <= arrival_bound(ranked):
+            why += " (arrival-bound: the offered load sets the throughput)"
+    else:
+        why += f", {_pct(a, b)} ahead of {_label(second, keys)}"
+    return f"- {_label(best, keys)}: {why}{_cost(best, ranked, column)}"
+
+
+def _cost(best: AdviceJob, ranked: list[AdviceJob], column: str) -> str:
+    """What the chosen value gives up on the other figures against the best at each."""
+    notes = []
+    for other, _words, higher in OBJECTIVES:
+        if other == column:
+            continue
+        values = [j.value(other) for j in ranked if j.value(other) is not None]
+        mine = best.value(other)
+        if mine is None or not values:
+            continue
+        top = max(values) if higher else min(values)
+        worse = (top - mine) / top if higher else (mine - top) / top if top else 0.0
+        if worse > TIE:
+            notes.append(f"{other.removesuffix('_ms')} {_pct(mine, top)} "
+                         f"{'below' if higher else 'above'} the best")  # fmt: skip
+    return "; gives up " + ", ".join(notes) if notes else ""
+
+
+def caveats(jobs: Sequence[AdviceJob], keys: Sequence[str]) -> list[str]:
+    """What a reader must know before trusting the figures."""
+    lines = []
+    bound = sorted(arrival_bound(jobs))
+    if bound:
+        lines.append(
+            f"arrival-bound jobs {', '.join(map(str, bound))} (throughput within {TIE:.0%} "
+            f"of each other, or the device idle over {1 - ARRIVAL_BOUND_BUSY:.0%} of the "
+            "run): their throughput is the offered load's; compare them by latency, or "
+            "raise the load (workload.rate, workload.time_scale) to rank throughput."
+        )
+    if "block_size" in keys and any(j.metrics.get("simulated") for j in jobs):
+        lines.append(
+            "block_size is swept on a simulated profile that has no per-block cost (a "
+            "block's gather and launch overhead is unknown): only padding and the pool's "
+            "size change with it, so a real device may rank the block sizes otherwise."
+        )
+    for key in keys:
+        if effect(key) is not Effect.timing:  # the jobs did not generate the same tokens
+            lines.append(f"{key} {effect(key)}: speed alone does not rank its values.")
+    grids = {str(j.metrics.get("bucketing") or "") for j in jobs if j.metrics.get("simulated")}
+    named = sorted(GRIDS[g] for g in grids if g in GRIDS)
+    if named:
+        lines.append("Warmup graphs and hours predict " + "; ".join(named) + ".")
+    return lines

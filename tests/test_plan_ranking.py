@@ -1,0 +1,102 @@
+"""A plan across devices at a target load: $/hour by hand, a missing price said and not
+ranked by, ties within bands or the search tolerance broken by cards, warmup, KV blocks,
+and every predicted figure with its band in plan.csv and plan.md."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+
+from pipeline.plan.candidates import rank, read_candidates
+from pipeline.plan.report import build_plan_report
+from pipeline.summary import find_jobs
+from tests.test_plan import make_job
+
+
+def sized(target: float, capacity: float, replicas: int, tp: int) -> dict:
+    return {"target": target, "capacity": capacity, "replicas": replicas, "tp": tp,
+            "cards": replicas * tp, "headroom": replicas * capacity / target - 1,
+            "check_met": True, "check_attainment": 0.95, "unit": "req/s"}  # fmt: skip
+
+
+@pytest.fixture()
+def devices(tmp_path):
+    # 20 req/s. h100 tp1 at 6 req/s: 4 replicas, 4 cards; gaudi3 tp1 at 4.2: 5 replicas.
+    make_job(tmp_path, 0, tp=1, goodput=6.0, tokens=3000, tpot_ms=20, device="h100",
+             target=sized(20, 6.0, 4, 1))  # fmt: skip
+    make_job(tmp_path, 1, tp=1, goodput=4.2, tokens=2000, tpot_ms=25, device="gaudi3",
+             target=sized(20, 4.2, 5, 1))  # fmt: skip
+    make_job(tmp_path, 2, tp=2, goodput=14.0, tokens=6000, tpot_ms=15, device="h100",
+             target=sized(20, 14.0, 2, 2))  # fmt: skip
+    return tmp_path
+
+
+def test_cost_at_the_target_by_hand(devices):
+    cands = read_candidates(find_jobs(devices), max_warmup_s=3600)
+    prices = {"h100": 3.0, "gaudi3": 2.0}
+    usd = {c.job.num: c.usd_per_hour(prices) for c in cands}
+    assert usd == {0: 4 * 3.0, 1: 5 * 2.0, 2: 4 * 3.0}  # 12, 10, 12
+    ranking = rank(cands, "goodput_per_card", prices)
+    assert ranking.by == "usd_per_hour"
+    assert [c.job.num for c in ranking.order][0] == 1  # $10/h
+    # jobs 0 and 2 both $12/h: the order after the best is by cards, then warmup
+    assert [c.job.num for c in ranking.order][1:] == [0, 2]
+
+
+def test_a_missing_price_is_said_not_ranked_by(devices):
+    cands = read_candidates(find_jobs(devices), max_warmup_s=3600)
+    ranking = rank(cands, "goodput_per_card", {"h100": 3.0, "gaudi3": 0.0})
+    assert ranking.by == "goodput_per_card"
+    assert "no price for gaudi3" in ranking.note and "plan.prices.gaudi3" in ranking.note
+    # goodput per card = capacity_rps x 0.95 / tp: 6.0 x .95 = 5.7; 4.2 x .95; 14 x .95 / 2
+    assert [c.job.num for c in ranking.order] == [2, 0, 1]
+
+
+def test_ties_within_the_band_go_to_fewer_cards_then_warmup_then_blocks(tmp_path):
+    # bands +-10%: 5.0/card (tp 2) and 4.7/card (tp 1) overlap; 3.0/card does not
+    make_job(tmp_path, 0, tp=2, goodput=10.0 / 0.95, tokens=3000, tpot_ms=20, band=0.1)
+    make_job(tmp_path, 1, tp=1, goodput=4.7 / 0.95, tokens=1000, tpot_ms=20, band=0.1,
+             warmup_s=50)  # fmt: skip
+    make_job(tmp_path, 2, tp=1, goodput=4.8 / 0.95, tokens=1000, tpot_ms=20, band=0.1,
+             warmup_s=50, blocks=80)  # fmt: skip
+    make_job(tmp_path, 3, tp=1, goodput=3.0 / 0.95, tokens=900, tpot_ms=20, band=0.1)
+    cands = read_candidates(find_jobs(tmp_path), max_warmup_s=3600)
+    ranking = rank(cands, "goodput_per_card", {})
+    assert sorted(c.job.num for c in ranking.tied) == [0, 1, 2]
+    # job 0 leads by goodput; 1 and 2 have one card each and the same warmup: fewer blocks
+    assert ranking.order[0].job.num == 2
+    assert "tied" in ranking.note and "fewer cards" in ranking.note
+    # with no band, only the search tolerance ties: 5.0 vs 4.8 is 4% apart
+    for c in cands:
+        c.config["hardware"]["errors"] = {}
+    assert rank(cands, "goodput_per_card", {}, tolerance=0.05).order[0].job.num == 2
+    assert rank(cands, "goodput_per_card", {}, tolerance=0.01).order[0].job.num == 0
+
+
+def test_the_table_carries_bands_and_a_deploy_folder_per_device(devices):
+    for num, band in ((0, 0.084), (2, 0.084), (1, 0.2)):
+        path = devices / str(num) / "resolved_config.yaml"
+        errors = f"errors: {{static: {{held_out_median: {band}}}}}"
+        path.write_text(path.read_text().replace("errors: {}", errors))
+    prices = {"h100": 3.0, "gaudi3": 2.0}
+    settings = {"objective": "goodput_per_card", "max_warmup_s": 3600, "prices": prices}
+    build_plan_report(devices, {**settings, "model_id": "m"})
+    rows = {r["job"]: r for r in csv.DictReader(open(devices / "plan.csv"))}
+    h100 = rows["0"]
+    assert float(h100["capacity_lo"]) == pytest.approx(1.0 * (1 - 0.084))
+    assert float(h100["goodput_per_card_hi"]) == pytest.approx(6.0 * 0.95 * 1.084)
+    # $/h band: replicas re-rounded at capacity 6 x (1 -+ 0.084): ceil(20/5.496) = 4,
+    # ceil(20/6.504) = 4: $12-12; gaudi3 at 4.2 x (1 -+ 0.2): ceil(20/3.36) = 6, ceil(20/5.04) = 4
+    assert (float(h100["usd_per_hour_lo"]), float(h100["usd_per_hour_hi"])) == (12.0, 12.0)
+    assert (float(rows["1"]["usd_per_hour_lo"]), float(rows["1"]["usd_per_hour_hi"])) == (8.0, 12.0)
+    text = (devices / "plan.md").read_text()
+    assert "10 (8-12)" in text and "+-8%" in text
+    best = json.loads((devices / "best.json").read_text())
+    assert set(best["per_device"]) == {"h100", "gaudi3"}
+    gaudi = best["per_device"]["gaudi3"]
+    assert gaudi["bands"]["usd_per_hour"] == [8.0, 12.0]
+    assert gaudi["bands"]["capacity_rps"] == pytest.approx([4.2 * 0.8, 4.2 * 1.2])
+    assert (devices / "deploy" / "gaudi3" / "vllm-gaudi.sh").is_file()
+    assert (devices / "deploy" / "h100").is_dir()
