@@ -1,5 +1,6 @@
 """Logprobs through the server against transformers: a tiny model saved by transformers'
-save_pretrained, served with `model=hf`, asked for its prompt's log-probabilities (echo)
+save_pretrained, served with `model=hf` (and a tiny GGUF, `model=gguf`, that transformers
+reads with from_pretrained(gguf_file=...)), asked for its prompt's log-probabilities (echo)
 and its output's (logprobs=5); each value must equal torch.log_softmax of transformers'
 float32 logits on the same token ids within 1e-4 (the engine computes in float32 on CPU).
 
@@ -10,6 +11,7 @@ The prompt is longer than the server's step budget, so its prefill runs in chunk
 from __future__ import annotations
 
 import httpx
+import numpy as np
 import pytest
 
 from tests.test_serve import AUTH, KEY, running_server
@@ -60,11 +62,37 @@ def differences(reply: dict, ids: list[int], rows, decode) -> list[float]:
     return gaps
 
 
-@pytest.mark.parametrize("case", ["llama", "qwen2"])
-def test_logprobs_equal_transformers_log_softmax(tmp_path, case, torch, transformers):
+def gguf_model(tmp_path, torch, transformers):
+    """A tiny llama GGUF (quantised attention and MLP tensors) and transformers' reading of
+    it, dequantised to float32."""
+    pytest.importorskip("accelerate", reason="optional: the `peer` extra (accelerate)")
+    from tests.gguf_files import T, hf_weights, model_config, train_vocab, write_model
+
+    vocab = train_vocab()
+    config = model_config("LlamaForCausalLM", vocab.get_vocab_size(), tied=False)
+    rng = np.random.default_rng(0)
+    types = {"attn_q.weight": T.Q4_K, "attn_k.weight": T.Q8_0, "ffn_up.weight": T.Q6_K}
+    path = tmp_path / "tiny.gguf"
+    write_model(path, config, hf_weights(config, rng), types, vocab, rng)
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        str(tmp_path), gguf_file=path.name, dtype=torch.float32
+    ).eval()
+    return ["model=gguf", f"model.path={path}"], model
+
+
+def served_model(tmp_path, case: str, torch, transformers):
+    """The overrides that serve the case's model, and transformers' own model of it."""
+    if case == "gguf":
+        return gguf_model(tmp_path, torch, transformers)
     folder, model = save(tmp_path, CASES[case], torch, transformers)
-    overrides = ["model=hf", f"model.path={folder}", "tokenizer=hf", f"max_tokens={STEP}",
-                 "max_num_seqs=2", f"serve.api_key={KEY}"]  # fmt: skip
+    return ["model=hf", f"model.path={folder}", "tokenizer=hf"], model
+
+
+@pytest.mark.parametrize("case", ["llama", "qwen2", "gguf"])
+def test_logprobs_equal_transformers_log_softmax(tmp_path, case, torch, transformers):
+    model_overrides, model = served_model(tmp_path, case, torch, transformers)
+    overrides = [*model_overrides, f"max_tokens={STEP}", "max_num_seqs=2",
+                 f"serve.api_key={KEY}"]  # fmt: skip
     (tmp_path / "serve").mkdir()
     with running_server(overrides, tmp_path / "serve") as (url, worker):
         tokenizer = worker.engine.tokenizer
