@@ -66,20 +66,25 @@ def load_workload(cfg: DictConfig, tokenizer: Tokenizer) -> tuple[Workload, list
 
 def import_paddle() -> None:
     """Loads Paddle, which a simulated run never does. Loading it installs Paddle's own
-    C-level handlers for SIGINT, SIGTERM and other signals, which end the process: the
-    Python handlers in place are put back, and a command loads Paddle before installing
-    its own (a thread that is not the main one cannot put them back). Leaves the calling
-    thread in Paddle's eager mode."""
-    stops = (signal.SIGINT, signal.SIGTERM)
+    C-level handlers for SIGINT, SIGTERM and other signals, which end the process with a
+    C++ stack: in the main thread the stop signals wait (blocked) while it loads and the
+    Python handlers in place are put back before they are let through; a command loads
+    Paddle before installing its own (another thread cannot put them back). Leaves the
+    calling thread in Paddle's eager mode."""
+    stops = {signal.SIGINT, signal.SIGTERM}
+    main = threading.current_thread() is threading.main_thread()
     handlers = {s: signal.getsignal(s) for s in stops}
-    import paddle
-
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, stops) if main else set()
+    try:
+        import paddle
+    finally:
+        if main:
+            for signum, handler in handlers.items():
+                if handler is not None:
+                    signal.signal(signum, handler)
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)  # a pending stop: ours
     if not paddle.in_dynamic_mode():
         # Paddle's eager mode is per thread, set up in the thread that imported it and the
         # main one: another thread that builds an engine (a second server's engine thread
         # in one process) would otherwise get static-graph values.
         paddle.disable_static()
-    if threading.current_thread() is threading.main_thread():
-        for signum, handler in handlers.items():
-            if handler is not None:
-                signal.signal(signum, handler)
