@@ -242,3 +242,12 @@ def test_a_latency_tie_goes_to_the_higher_throughput(tmp_path):
     advice = build_summary(tmp_path).read_text().split("## Recommendation")[1]
     assert "- max_tokens=1024: lowest TTFT p90 ties within 1% across 2 values" in advice
     assert "of those, the highest throughput" in advice
+
+
+def test_a_damaged_steps_file_leaves_the_busy_share_unknown(tmp_path):
+    """A steps.jsonl line that is no object (a damaged file) is the busy share unknown, not
+    a traceback in the summary."""
+    from pipeline.summary.advice import busy_fraction
+
+    (tmp_path / "steps.jsonl").write_text("null\n", encoding="utf-8")
+    assert busy_fraction(tmp_path, {"duration_s": 1.0}) is None

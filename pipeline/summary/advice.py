@@ -4,12 +4,12 @@ the bucket grid a Gaudi run predicts), and whether an SLO was set at all."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
 from pipeline.output_keys import Effect, effect
+from pipeline.run_folder import RunFileError, read_step_lines
 from pipeline.slo import slo_was_set
 
 __all__ = ["arrival_bound", "busy_fraction", "caveats", "recommend", "slo_was_set"]
@@ -51,15 +51,16 @@ class AdviceJob(Protocol):
 
 def busy_fraction(job_dir: Path, metrics: Mapping[str, Any]) -> float | None:
     """The share of the run the device spent in steps (its steps' seconds over the run's),
-    from steps.jsonl; None where the run kept no steps."""
+    from steps.jsonl; None where the run kept no steps or they cannot be read (a damaged
+    file leaves this figure unknown, not the job unreadable)."""
     path, duration = job_dir / "steps.jsonl", metrics.get("duration_s")
     if not path.is_file() or not duration:
         return None
-    busy = 0.0
-    with path.open(encoding="utf-8") as lines:
-        for line in lines:
-            busy += json.loads(line).get("duration_s", 0.0)
-    return min(busy / duration, 1.0)
+    try:
+        steps = read_step_lines(path)
+    except (OSError, RunFileError):
+        return None
+    return min(sum(step["duration_s"] for step in steps) / duration, 1.0)
 
 
 def arrival_bound(jobs: Sequence[AdviceJob]) -> set[int]:
