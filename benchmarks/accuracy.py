@@ -39,6 +39,7 @@ import httpx
 REPO = Path(__file__).resolve().parent.parent
 TASKS = REPO / "benchmarks" / "tasks"
 DEFAULT_TASKS = "hpu_arith_choice,hpu_unit_conversion"
+CHAT_TASKS = "hpu_unit_conversion"  # chat completions have no log-likelihoods
 # Nothing from the Hugging Face hub at run time: the tasks are local files and the
 # tokenizer is the server's.
 OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
@@ -87,20 +88,33 @@ def stop_server(server: subprocess.Popen) -> None:
 
 
 def lm_eval_command(args: argparse.Namespace, url: str, model: dict, out: Path) -> list[str]:
+    """lm-eval against the server: `local-completions` on /v1/completions with the server's
+    tokenizer, or (--chat) `local-chat-completions` on /v1/chat/completions, the prompts as
+    chat messages (`--apply_chat_template`; the server applies the model's template) and no
+    tokenizer on lm-eval's side."""
+    if args.chat:
+        name, route, tokenizer = (
+            "local-chat-completions",
+            "chat/completions",
+            ["tokenizer_backend=None"],
+        )
+    else:
+        name, route = "local-completions", "completions"
+        tokenizer = ["tokenizer_backend=remote", "tokenized_requests=True"]
     model_args = ",".join([
         f"model={model['id']}",
-        f"base_url={url}/v1/completions",
-        "tokenizer_backend=remote",
-        "tokenized_requests=True",
+        f"base_url={url}/v1/{route}",
+        *tokenizer,
         f"max_length={model['max_model_len']}",
         f"num_concurrent={args.concurrency}",
         "max_retries=1",
         "timeout=600",
     ])  # fmt: skip
-    command = [sys.executable, "-m", "lm_eval", "--model", "local-completions",
+    command = [sys.executable, "-m", "lm_eval", "--model", name,
                "--model_args", model_args, "--tasks", args.tasks,
                "--include_path", str(TASKS), "--output_path", str(out / "lm_eval"),
                "--log_samples"]  # fmt: skip
+    command += ["--apply_chat_template"] if args.chat else []
     return command + (["--limit", str(args.limit)] if args.limit else [])
 
 
@@ -213,7 +227,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("overrides", nargs="*", help="the server's overrides (model=..., ...)")
-    parser.add_argument("--tasks", default=DEFAULT_TASKS, help="default: %(default)s")
+    parser.add_argument("--tasks", help=f"default: {DEFAULT_TASKS} ({CHAT_TASKS} with --chat)")
+    parser.add_argument(
+        "--chat", action="store_true", help="lm-eval's local-chat-completions (generation only)"
+    )
     parser.add_argument("--limit", type=int, default=0, help="items per task (0: all)")
     stamp = datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
     parser.add_argument("--out", type=Path, default=Path("outputs/accuracy") / stamp,
@@ -227,7 +244,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="no run: the item agreement of two run folders")  # fmt: skip
     parser.add_argument("--reference", type=Path, metavar="GGUF",
                         help="no server: lm-eval's hf model on this GGUF")  # fmt: skip
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.tasks is None:
+        args.tasks = CHAT_TASKS if args.chat else DEFAULT_TASKS
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:

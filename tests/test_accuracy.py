@@ -88,6 +88,26 @@ def test_the_accuracy_command_runs_lm_eval_on_the_server(tmp_path):
     assert Path(out / "server" / "metrics.json").is_file()
 
 
+def test_the_chat_mode_runs_lm_eval_on_the_chat_route(tmp_path):
+    """--chat: lm-eval's local-chat-completions, the few-shot prompt as chat messages the
+    server templates, on the generation task only (chat has no log-likelihoods)."""
+    pytest.importorskip("lm_eval", reason="optional: the `eval` extra (lm-eval)")
+    from benchmarks import accuracy
+
+    out = tmp_path / "run"
+    code = accuracy.main(["--chat", "model=tiny", "max_num_seqs=2", "max_model_len=512",
+                          "--limit", "2", "--out", str(out)])  # fmt: skip
+    assert code == 0, (out / "lm_eval.log").read_text()[-2000:]
+    command = (out / "lm_eval_command.txt").read_text()
+    assert "local-chat-completions" in command and "/v1/chat/completions" in command
+    assert "--apply_chat_template" in command
+    results = json.loads((out / "lm_eval_results.json").read_text())["results"]
+    assert results.keys() == {"hpu_unit_conversion"}
+    assert "exact_match_stderr,first_number" in results["hpu_unit_conversion"]
+    served = json.loads((out / "server" / "metrics.json").read_text())
+    assert served["num_requests"] == 2 and served["num_errors"] == 0
+
+
 def write_samples(run: Path, choice_scores: list[list[float]], texts: list[str]) -> None:
     folder = run / "lm_eval" / "model"
     folder.mkdir(parents=True)
