@@ -2,6 +2,8 @@
 
     python -m benchmarks.accuracy model=gguf model.path=SmolLM2-135M-Instruct.Q4_1.gguf \\
         --limit 100 --out runs/acc-a
+    python -m benchmarks.accuracy --chat model=gguf model.path=SmolLM2-135M-Instruct.Q4_1.gguf \\
+        --limit 50 --out runs/acc-chat   (/v1/chat/completions)
     python -m benchmarks.accuracy --compare runs/acc-a runs/acc-b   (item agreement)
     python -m benchmarks.accuracy --reference SmolLM2-135M-Instruct.Q4_1.gguf \\
         --limit 100 --out runs/acc-hf   (transformers, no server)
@@ -15,6 +17,10 @@ downloaded (Hugging Face offline). Prints each task's accuracy with its standard
 and writes lm-eval's results JSON (lm_eval_results.json; per-item samples under lm_eval/)
 and the server's run folder (server/) into the run folder --out. Needs the `eval` extra
 (pip install -e '.[eval]'). Exit code 2 when the server or lm-eval fails.
+
+--chat runs lm-eval's `local-chat-completions` on /v1/chat/completions instead
+(`--apply_chat_template`, the few-shot examples as chat turns the server templates, no
+tokenizer on lm-eval's side); chat has no log-likelihoods, so the generation task only.
 
 --reference GGUF runs no server: lm-eval's own `hf` model, transformers reading the GGUF
 (from_pretrained(gguf_file=...), dequantised to float32 on CPU, its tokenizer from the
