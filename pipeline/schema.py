@@ -17,6 +17,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import II, MISSING, DictConfig, OmegaConf
 
 from stages.buckets import Bucketing
+from stages.engine_grids import FastDeploySteps
 from stages.model_spec import ModelSpec, built_in_spec, dtype_bytes, model_spec
 from stages.scheduler import Budget
 from stages.simulator.hardware import HardwareProfile, read_profile
@@ -122,22 +123,24 @@ def _axis(min: int = 0, step: int = 0) -> Any:
     return field(default_factory=lambda: BucketAxisConf(min=min, step=step))
 
 
+_FD = FastDeploySteps()  # FastDeploy's own defaults, kept in one place
+
+
 @dataclass
 class FastDeployWarmupConf:
     """FastDeploy's HPU warmup environment (read with metadata.bucketing=fastdeploy),
-    under its names lower-cased; defaults are FastDeploy's own."""
+    under its names lower-cased; the meanings and defaults are stages.engine_grids'
+    FastDeploySteps' (FastDeploy's own)."""
 
-    max_prefill_num: int = 3  # MAX_PREFILL_NUM
-    batch_step_prefill: int = 1  # BATCH_STEP_PREFILL
-    sequence_step_prefill: int = 128  # SEQUENCE_STEP_PREFILL
-    context_block_step_prefill: int = 1  # CONTEXT_BLOCK_STEP_PREFILL
-    batch_step_decode: int = 4  # BATCH_STEP_DECODE
-    block_step_decode: int = 16  # BLOCK_STEP_DECODE
-    warmup_model_len: int = 4096  # HPU_WARMUP_MODEL_LEN (capped by max_model_len)
-    # FLAGS_intel_hpu_recipe_cache_num: compiled recipes kept (0: not set); a grid of
-    # more recipes than this is warned about at export
-    recipe_cache_num: int = 0
-    enc_dec_block_num: int = 2  # FD_ENC_DEC_BLOCK_NUM
+    max_prefill_num: int = _FD.max_prefill_num
+    batch_step_prefill: int = _FD.batch_step_prefill
+    sequence_step_prefill: int = _FD.sequence_step_prefill
+    context_block_step_prefill: int = _FD.context_block_step_prefill
+    batch_step_decode: int = _FD.batch_step_decode
+    block_step_decode: int = _FD.block_step_decode
+    warmup_model_len: int = _FD.warmup_model_len
+    recipe_cache_num: int = _FD.recipe_cache_num  # a grid of more recipes is warned about
+    enc_dec_block_num: int = _FD.enc_dec_block_num
 
 
 @dataclass

@@ -24,11 +24,10 @@ from starlette.exceptions import HTTPException
 
 from pipeline.serve.guards import (
     Problem,
-    check_json,
     check_key,
+    checked_body,
     http_problem,
     problem_response,
-    read_body,
     server_problem,
 )
 from pipeline.serve.logprobs import output_logprobs
@@ -148,16 +147,7 @@ async def chat_completions(request: Request) -> Response:
 async def accept(request: Request, body_type: type[GenerationBody]) -> tuple[EngineWorker, Any]:
     """The checks every generation request passes, in the order the module names."""
     settings = request.app.state.serving.settings
-    check_key(request, settings.api_key)
-    check_json(request)
-    raw = await read_body(request, settings.max_request_bytes, settings.body_timeout_s)
-    try:
-        body = parse(body_type, raw)
-    except RequestError as err:
-        raise Problem(400, str(err), err.param) from None
-    if body.model is not None and body.model != settings.model_name:
-        raise Problem(404, f"model '{body.model}' is not served here: "
-                      f"GET /v1/models lists '{settings.model_name}'", "model")  # fmt: skip
+    body = await checked_body(request, lambda raw: parse(body_type, raw))
     worker: EngineWorker = request.app.state.worker
     if not worker.ready.is_set():
         raise Problem(503, "the server is not ready (loading, warming up or stopping)",

@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+from collections.abc import Callable
+from typing import Protocol, TypeVar
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
+
+from pipeline.serve.protocol import RequestError
 
 
 class Problem(Exception):
@@ -82,3 +86,27 @@ async def read_body(request: Request, limit: int, timeout_s: float) -> bytes:
     except ClientDisconnect:
         raise Problem(400, "the client left before sending the whole body", "body") from None
     return b"".join(chunks)
+
+
+class ForAModel(Protocol):
+    model: str | None  # the model a request names (None: the served one)
+
+
+B = TypeVar("B", bound=ForAModel)
+
+
+async def checked_body(request: Request, parse: Callable[[bytes], B]) -> B:
+    """The checks every POST route makes before it reads a request, in order: key 401,
+    content type 415, size 413 and read time 408, body 400 (`parse`), model 404."""
+    settings = request.app.state.serving.settings
+    check_key(request, settings.api_key)
+    check_json(request)
+    raw = await read_body(request, settings.max_request_bytes, settings.body_timeout_s)
+    try:
+        body = parse(raw)
+    except RequestError as err:
+        raise Problem(400, str(err), err.param) from None
+    if body.model is not None and body.model != settings.model_name:
+        raise Problem(404, f"model '{body.model}' is not served here: "
+                      f"GET /v1/models lists '{settings.model_name}'", "model")  # fmt: skip
+    return body

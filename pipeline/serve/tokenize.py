@@ -16,8 +16,8 @@ from typing import Any, TypeVar
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from pipeline.serve.guards import Problem, check_json, check_key, read_body
-from pipeline.serve.protocol import ChatMessage, RequestError, Strict, parse_body
+from pipeline.serve.guards import Problem, check_key, checked_body
+from pipeline.serve.protocol import ChatMessage, Strict, parse_body
 from pipeline.serve.replies import Serving
 from stages.interfaces import Tokenizer
 
@@ -46,17 +46,7 @@ class DetokenizeBody(ModelBody):
 async def tokenizer_of(request: Request, body_type: type[M]) -> tuple[Tokenizer, M]:
     """The checks of these routes (key, content type, size, body, model), as the
     generation routes', and the served tokenizer."""
-    serving: Serving = request.app.state.serving
-    settings = serving.settings
-    check_key(request, settings.api_key)
-    check_json(request)
-    raw = await read_body(request, settings.max_request_bytes, settings.body_timeout_s)
-    try:
-        body = parse_body(body_type, raw)
-    except RequestError as err:
-        raise Problem(400, str(err), err.param) from None
-    if body.model is not None and body.model != settings.model_name:
-        raise Problem(404, f"model '{body.model}' is not served here", "model")
+    body = await checked_body(request, lambda raw: parse_body(body_type, raw))
     engine = request.app.state.worker.engine
     if engine is None:
         raise Problem(503, "the server is not ready (loading)", headers={"Retry-After": "5"})
