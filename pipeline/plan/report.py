@@ -22,7 +22,15 @@ from omegaconf import DictConfig
 from pipeline.checks import ConfigError
 from pipeline.deploy import deployment, tool_overrides, write_deploy
 from pipeline.plan.candidates import Candidate, Objective, Ranking, rank, read_candidates
-from pipeline.plan.table import PARETO_PNG, PLAN_MD, band_ends, row, write_pareto, write_table
+from pipeline.plan.table import (
+    PARETO_PNG,
+    PLAN_MD,
+    band_ends,
+    graphs_text,
+    row,
+    write_pareto,
+    write_table,
+)
 from pipeline.plan.target import target_of
 from pipeline.run_folder import RunStatus
 from pipeline.slo import Slo
@@ -142,7 +150,7 @@ def _printed(
     lines.append(f"best by {ranking.by}: job {chosen.job.num} ({chosen.device}): "
                  + " ".join(chosen.job.overrides))  # fmt: skip
     if chosen.compiles:
-        lines.append(f"note: it compiled {chosen.compiles} graphs while serving")
+        lines.append(f"note: it compiled {graphs_text(chosen.compiles)} while serving")
     for device, best in per_device.items():
         lines.append(f"best on {device}: job {best['job']}; deploy files: "
                      f"{plan_dir / 'deploy' / device}")  # fmt: skip

@@ -41,7 +41,7 @@ def row(
     note = c.ruled_out
     if c.compiles and not note:
         seconds = c.metric("serving_compile_s") or 0.0
-        note = f"compiled {_graphs(c.compiles)} while serving ({seconds:,.0f} s)"
+        note = f"compiled {graphs_text(c.compiles)} while serving ({seconds:,.0f} s)"
     target = c.target or {}
     return {
         "rank": rank,
@@ -87,7 +87,7 @@ def band_ends(
     return ends
 
 
-def _graphs(n: int) -> str:
+def graphs_text(n: int) -> str:
     return f"{n} graph" if n == 1 else f"{n} graphs"
 
 
