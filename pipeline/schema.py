@@ -560,6 +560,41 @@ class PlanConf:
     target_concurrency: int = 0
 
 
+class SpeculativeMethod(enum.StrEnum):
+    none = "none"
+    mtp = "mtp"  # the model's own multi-token-prediction head (DeepSeek-V3, ERNIE-4.5)
+    draft = "draft"  # a small draft model (`speculative.draft_model`)
+    ngram = "ngram"  # prompt lookup: proposals copied from the request's own tokens
+
+
+@dataclass
+class DisaggConf:
+    """executor=simulated: prefill/decode disaggregation. `prefill` instances run prompts to
+    their first token, `decode` instances the rest, joined by a KV transfer; 0 and 0 = one
+    aggregated instance. Each pool's limits default to the run's (0 = the run's value)."""
+
+    prefill: int = 0  # prefill instances
+    decode: int = 0  # decode instances
+    prefill_tp: int = 0
+    decode_tp: int = 0
+    prefill_max_tokens: int = 0
+    decode_max_num_seqs: int = 0
+    link_gbps: float = 0.0  # KV transfer link per instance, GB/s; 0 = the device profile's
+    transfer_latency_s: float = -1.0  # per transfer; < 0 = the device profile's
+
+
+@dataclass
+class SpeculativeConf:
+    """executor=simulated: speculative decoding; a draft proposes `tokens` per row and step,
+    the model verifies them with one more, each accepted with `acceptance` (per position,
+    the last value repeating)."""
+
+    method: SpeculativeMethod = SpeculativeMethod.none
+    tokens: int = 1  # proposed per row and step (FastDeploy's num_speculative_tokens)
+    acceptance: list[float] = field(default_factory=lambda: [0.8])
+    draft_model: str = ""  # method=draft: a model spec (spec/llama32_1b)
+
+
 @dataclass
 class PipelineConf:
     tokenizer: Any = MISSING
@@ -577,6 +612,8 @@ class PipelineConf:
     ep: int = 1
     dp: int = 1
     ep_imbalance: float = 1.0  # busiest ep rank's routed tokens / the mean (>= 1)
+    disagg: DisaggConf = field(default_factory=DisaggConf)  # executor=simulated
+    speculative: SpeculativeConf = field(default_factory=SpeculativeConf)  # executor=simulated
     # executor=simulated: weights' format (none = the model's bf16, fp8, wint8, wint4) and
     # the KV cache's (auto = the model's dtype, fp8); the real CPU path runs `none`/`auto`
     quantization: Quantization = Quantization.none
