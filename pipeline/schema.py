@@ -19,7 +19,7 @@ from omegaconf import II, MISSING, DictConfig, OmegaConf
 from stages.forward.buckets import Bucketing
 from stages.forward.engine_grids import FastDeploySteps
 from stages.model.spec import ModelSpec, built_in_spec, dtype_bytes, model_spec
-from stages.scheduling.scheduler import Budget
+from stages.scheduling.chunk_policy import Budget
 from stages.simulator.hardware import HardwareProfile, read_profile
 from stages.simulator.precision import KvCacheDtype, Quantization
 
@@ -95,12 +95,12 @@ class ChunkedSchedulerConf(SchedulerConf):
 
 @dataclass
 class WholeSchedulerConf(SchedulerConf):
-    _target_: str = "stages.scheduling.scheduler.WholeScheduler"
+    _target_: str = "stages.scheduling.whole_prompt.WholeScheduler"
 
 
 @dataclass
 class StaticSchedulerConf(SchedulerConf):
-    _target_: str = "stages.scheduling.scheduler.StaticScheduler"
+    _target_: str = "stages.scheduling.whole_prompt.StaticScheduler"
 
 
 @dataclass
@@ -144,8 +144,8 @@ class FastDeployWarmupConf:
 
 
 @dataclass
-class HPUMetadataConf:
-    _target_: str = "stages.forward.metadata.HPUMetadataBuilder"
+class BucketedMetadataConf:
+    _target_: str = "stages.forward.metadata.BucketedMetadataBuilder"
     max_tokens: int = II("max_tokens")
     max_num_seqs: int = II("max_num_seqs")
     max_model_len: int = II("max_model_len")
@@ -642,8 +642,8 @@ SCHEMAS = {
     ("scheduler", "chunked"): ChunkedSchedulerConf,
     ("scheduler", "whole"): WholeSchedulerConf,
     ("scheduler", "static"): StaticSchedulerConf,
-    ("metadata", "hpu"): HPUMetadataConf,
-    ("attention", "hpu"): PagedAttentionConf,
+    ("metadata", "bucketed"): BucketedMetadataConf,
+    ("attention", "paged"): PagedAttentionConf,
     ("attention", "reference"): ReferenceAttentionConf,
     ("sampler", "greedy"): GreedySamplerConf,
     ("sampler", "random"): RandomSamplerConf,

@@ -27,8 +27,8 @@ from pipeline.schema import (
 )
 from stages.forward.buckets import Bucketing
 from stages.model.spec import ModelSpec, model_spec
+from stages.scheduling.chunk_policy import Budget
 from stages.scheduling.request import Request
-from stages.scheduling.scheduler import Budget
 from stages.trace import TraceWorkload
 
 # One Paddle math thread: `pytest -n auto` runs a test per core already, and threads of two

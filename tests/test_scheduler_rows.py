@@ -17,8 +17,9 @@ from stages.forward.step_shape import MANY_ROWS
 from stages.scheduling.kv_cache import KVCacheManager
 from stages.scheduling.request import Request, Samples
 from stages.scheduling.running_rows import RunningRows
-from stages.scheduling.scheduler import ChunkedScheduler, WholeScheduler
+from stages.scheduling.scheduler import ChunkedScheduler
 from stages.scheduling.stopping import StopRule
+from stages.scheduling.whole_prompt import WholeScheduler
 from tests.helpers import schema_kwargs
 
 BS = 4

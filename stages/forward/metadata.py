@@ -14,7 +14,6 @@ assumed left alignment, so prefills of different context lengths attended to wro
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -25,8 +24,8 @@ from stages.forward import engine_grids
 from stages.forward.bucket_axes import AXES, fastdeploy_axes, resolve_axes
 from stages.forward.buckets import Axis, Bucketing, Buckets, warmup_counts, warmup_graphs
 from stages.forward.cudagraph import cudagraph_axes, cudagraph_warmup
+from stages.forward.decode_part import DecodePartBuilder
 from stages.forward.forward_meta import (
-    MASKED_SCORE,
     DecodeMeta,
     ForwardMeta,
     PrefillMeta,
@@ -41,16 +40,17 @@ from stages.scheduling.request import (
     DecodeRun,
     PrefillChunk,
     PromptSpan,
-    Request,
     StepMode,
     StepPlan,
 )
 
 if TYPE_CHECKING:
-    import paddle
+    pass
 
 
-class HPUMetadataBuilder:
+class BucketedMetadataBuilder:
+    """Builds each step's metadata padded to its buckets, and the warmup shapes."""
+
     def __init__(
         self,
         kv_cache: KVCacheManager,
@@ -67,12 +67,9 @@ class HPUMetadataBuilder:
         max_warmup_shapes: int,
         fastdeploy: Mapping[str, int],
         pad_id: int = 0,
-        shapes_only: bool = False,
         packed: bool = False,
     ) -> None:
-        """shapes_only: build() gives the buckets and lengths but no tensors, and lists
-        decode blocks row by row as the HPU's fused op takes them (a simulated device).
-        packed: a step's real tokens only are laid out, for an attention stage that packs
+        """packed: a step's real tokens only are laid out, for an attention stage that packs
         rows (its declared `packs_rows`); the buckets are chosen and counted as ever.
         fastdeploy: FastDeploy's warmup steps (engine_grids.FastDeploySteps' fields), read when
         bucketing=fastdeploy: the sizes and warmup grid are then FastDeploy's own."""
@@ -92,8 +89,7 @@ class HPUMetadataBuilder:
         self.block_size = bs
         self.max_tokens = max_tokens
         self.pad_id = pad_id
-        self.decode_span = 0.0 if shapes_only else decode_span
-        self.shapes_only = shapes_only
+        self.decode_span = decode_span
         self.packed = packed
         self.fastdeploy: engine_grids.FastDeploySetup | None = None
         axes = self._engine_axes(
@@ -101,6 +97,7 @@ class HPUMetadataBuilder:
         )
         self.buckets = Buckets(bucketing, axes)
         self.prefill_part = PrefillPartBuilder(kv_cache, pad_id)
+        self.decode_part = DecodePartBuilder(kv_cache, self.buckets, pad_id, self.decode_span)
 
     def _engine_axes(
         self,
@@ -141,15 +138,13 @@ class HPUMetadataBuilder:
 
     # -- the step ----------------------------------------------------------------------------
     def build(self, plan: StepPlan) -> ForwardMeta:
-        if self.shapes_only:
-            return self._shapes(plan)
         needed: dict[str, list[int]] = {}
         prefill_shape = self._prefill_shape(plan.prefill, needed)
         prefill = self.prefill_part.build(plan.prefill, prefill_shape, self.packed)
         lens = decode_lens(plan)  # the scheduler's array where it has one; read once
         decode = None
         if plan.decode:
-            decode = self._decode(plan.decode, lens, needed=needed, packed=self.packed)
+            decode = self.decode_part.build(plan.decode, lens, needed=needed, packed=self.packed)
         shape = step_shape(
             self.block_size,
             plan,
@@ -163,24 +158,6 @@ class HPUMetadataBuilder:
         )
         meta.needed = needed
         return meta
-
-    def _shapes(self, plan: StepPlan) -> ForwardMeta:
-        """The step's buckets alone, as a simulated device needs them."""
-        needed: dict[str, list[int]] = {}
-        prefill = self._prefill_shape(plan.prefill, needed)
-        decode: tuple[int, int] | None = None
-        kv: tuple[int, int] | None = None
-        lens = decode_lens(plan)  # the scheduler's array where it has one; read once
-        rows = len(lens)
-        if rows:
-            kv = decode_totals(lens, self.block_size)  # each row lists the blocks it fills
-            needed["decode"] = [rows, kv[1]]
-            padded_rows, width = self.buckets.fitted("decode", {"batch": rows, "blocks": kv[1]})
-            decode = padded_rows, width
-        padded = (prefill[0] * prefill[1] if prefill else 0) + (decode[0] if decode else 0)
-        shape = step_shape(self.block_size, plan, prefill, decode, lens, kv)
-        tokens = rows + sum(shape.chunk_lens)  # plan.num_tokens, from what is at hand
-        return ForwardMeta.of_shapes(plan.mode, tokens, padded, shape, needed)
 
     def pad_decodes(self, run: DecodeRun, head: ForwardMeta | None = None) -> DecodeRun | None:
         """The run's decode buckets, step by step, as build() pads each step: as many
@@ -207,7 +184,9 @@ class HPUMetadataBuilder:
     ) -> ForwardMeta:
         """A step of the given bucket shapes made only of padding: what warmup runs."""
         prefill_meta = self.prefill_part.build([], prefill) if prefill else None
-        decode_meta = self._decode([], np.zeros(0, dtype=np.int64), decode) if decode else None
+        decode_meta = (
+            self.decode_part.build([], np.zeros(0, dtype=np.int64), decode) if decode else None
+        )
         mode = StepMode.of(bool(prefill), bool(decode))
         shape = StepShape(self.block_size, prefill, decode)
         return self._assemble(mode, prefill_meta, decode_meta, 0, shape)
@@ -231,136 +210,6 @@ class HPUMetadataBuilder:
             needed["prefill"] = list(dims.values())
         batch, seq, blocks = self.buckets.fitted("prefill", dims)
         return batch, seq, blocks
-
-    # -- the decode part ---------------------------------------------------------------------
-    def _span_start(self, row_blocks: np.ndarray) -> int | None:
-        """Where the decode span starts, or None to list blocks row by row: the span runs
-        from the lowest to the highest of the rows' blocks, padded to its bucket, and is
-        taken while that bucket is at most decode_span times the row-by-row one."""
-        if not self.decode_span or not row_blocks.size:
-            return None
-        if np.unique(row_blocks).size < row_blocks.size:
-            return None  # rows share cached prefix blocks: a span has one place per block
-        low, high = int(row_blocks.min()), int(row_blocks.max()) + 1
-        width, prepared = self.buckets.fit("decode_blocks", high - low)
-        listed, _ = self.buckets.fit("decode_blocks", row_blocks.size)
-        pool_end = self.kv_cache.num_cache_blocks  # the padded span stays inside the cache
-        if not prepared or width > self.decode_span * listed or width > pool_end:
-            return None
-        return min(low, pool_end - width)
-
-    def _decode(
-        self,
-        requests: list[Request],
-        seq_lens: np.ndarray,
-        shape: tuple[int, int] | None = None,
-        needed: dict[str, list[int]] | None = None,
-        packed: bool = False,
-    ) -> DecodeMeta:
-        """The decode part of rows with seq_lens tokens (the new one included); `shape`
-        forces a bucket (warmup, where every row is padding). Records the dims it pads in
-        `needed`. packed: the real rows only are laid out (the block list keeps its bucket)."""
-        n = len(requests)
-        counts = blocks_for(seq_lens, self.block_size)
-        row_blocks = self._row_blocks(requests, counts)
-        start, bucket = self._decode_bucket(n, row_blocks, shape, needed)
-        rows, blocks = n if packed else bucket[0], bucket[1]
-        block_list, slots = self._decode_block_list(row_blocks, start, blocks)
-        owner = np.repeat(np.arange(n), counts)
-        index_in_row = np.arange(row_blocks.size) - np.repeat(np.cumsum(counts) - counts, counts)
-        # A row's j-th block holds seq_len - j * block_size of its tokens (all, if more).
-        tokens_in_block = seq_lens[owner] - index_in_row * self.block_size
-        positions = np.zeros(rows, dtype=np.int64)
-        positions[:n] = seq_lens - 1
-        input_ids = np.full(rows, self.pad_id, dtype=np.int64)
-        input_ids[:n] = [r.all_ids[r.num_computed] for r in requests]
-        row_width = max(1, int(counts.max(initial=0)))
-        return DecodeMeta(
-            batch=n,
-            shape=bucket,
-            rows=rows,
-            seq_ids=[r.seq_id for r in requests],
-            input_ids=input_ids,
-            positions=positions,
-            **self._decode_writes(row_blocks, counts, positions, rows),
-            block_list=host_tensor(block_list),
-            block_groups=host_tensor(self._scatter(blocks, slots, owner, rows - 1)),
-            block_mapping=host_tensor(self._mapping(blocks, rows, slots, owner)),
-            block_bias=host_tensor(self._bias(blocks, slots, tokens_in_block)),
-            row_slots=host_tensor(
-                self._scatter(blocks, slots, owner * row_width + index_in_row, rows * row_width)
-            ),
-            row_width=row_width,
-            block_range=None if start is None else (start, start + blocks),
-        )
-
-    def _decode_bucket(
-        self,
-        n: int,
-        row_blocks: np.ndarray,
-        shape: tuple[int, int] | None,
-        needed: dict[str, list[int]] | None,
-    ) -> tuple[int | None, tuple[int, int]]:
-        """(where the decode span starts or None, the (rows, blocks) bucket) of n rows
-        holding row_blocks; `shape` forces the bucket and lists blocks row by row."""
-        if shape is not None:
-            return None, shape
-        start = self._span_start(row_blocks)
-        blocks_needed = row_blocks.size if start is None else int(np.ptp(row_blocks)) + 1
-        if needed is not None:
-            needed["decode"] = [n, blocks_needed]
-        rows, blocks = self.buckets.shape("decode", batch=n, blocks=blocks_needed)
-        return start, (rows, blocks)
-
-    def _row_blocks(self, requests: list[Request], counts: np.ndarray) -> np.ndarray:
-        """Every row's blocks that hold its tokens, one row after another."""
-        tables = (self.kv_cache.block_table(r)[:c] for r, c in zip(requests, counts, strict=True))
-        return np.fromiter(itertools.chain.from_iterable(tables), dtype=np.int64)
-
-    def _decode_block_list(
-        self, row_blocks: np.ndarray, start: int | None, blocks: int
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """(block_list [blocks], where each row block sits in it): listed row by row, or
-        each at its place in the span, whose other blocks (free, or another request's)
-        stay masked padding."""
-        if start is None:
-            block_list = np.full(blocks, self.scratch, dtype=np.int64)
-            block_list[: row_blocks.size] = row_blocks
-            return block_list, np.arange(row_blocks.size)
-        return np.arange(start, start + blocks, dtype=np.int64), row_blocks - start
-
-    @staticmethod
-    def _scatter(size: int, slots: np.ndarray, values: np.ndarray, fill: int) -> np.ndarray:
-        out = np.full(size, fill, dtype=np.int64)
-        out[slots] = values
-        return out
-
-    @staticmethod
-    def _mapping(blocks: int, rows: int, slots: np.ndarray, owner: np.ndarray) -> np.ndarray:
-        mapping = np.zeros((blocks, rows), dtype=np.float32)
-        mapping[slots, owner] = 1.0
-        return mapping
-
-    def _bias(self, blocks: int, slots: np.ndarray, tokens_in_block: np.ndarray) -> np.ndarray:
-        """[blocks, block_size] additive: 0 for the slots of each listed block that hold
-        tokens (its first tokens_in_block of them), masked elsewhere and for padding."""
-        filled = np.zeros(blocks, dtype=np.int64)
-        filled[slots] = tokens_in_block
-        visible = np.arange(self.block_size)[None, :] < filled[:, None]
-        return np.where(visible, 0.0, MASKED_SCORE).astype(np.float32)
-
-    def _decode_writes(
-        self, row_blocks: np.ndarray, counts: np.ndarray, positions: np.ndarray, rows: int
-    ) -> dict[str, paddle.Tensor]:
-        """Each row writes its new token into the last of its blocks; padding, to scratch."""
-        n = counts.size
-        write_blocks = np.full(rows, self.scratch, dtype=np.int64)
-        write_blocks[:n] = row_blocks[np.cumsum(counts) - 1]
-        offsets = np.where(np.arange(rows) < n, positions % self.block_size, 0)
-        return {
-            "block_indices": host_tensor(write_blocks),
-            "block_offsets": host_tensor(offsets),
-        }
 
     # -- warmup ------------------------------------------------------------------------------
     def warmup_counts(self, mixed: bool, padded_budget: bool = True) -> dict[str, int]:
@@ -449,3 +298,29 @@ class HPUMetadataBuilder:
                 for i, chunk, span in asked
             ]
         )
+
+
+class ShapeMetadataBuilder(BucketedMetadataBuilder):
+    """A simulated device's builder: each step's buckets and lengths, no tensors, with the
+    decode blocks listed row by row as the HPU's fused op takes them (no decode span)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**{**kwargs, "decode_span": 0.0})
+
+    def build(self, plan: StepPlan) -> ForwardMeta:
+        """The step's buckets alone, as a simulated device needs them."""
+        needed: dict[str, list[int]] = {}
+        prefill = self._prefill_shape(plan.prefill, needed)
+        decode: tuple[int, int] | None = None
+        kv: tuple[int, int] | None = None
+        lens = decode_lens(plan)  # the scheduler's array where it has one; read once
+        rows = len(lens)
+        if rows:
+            kv = decode_totals(lens, self.block_size)  # each row lists the blocks it fills
+            needed["decode"] = [rows, kv[1]]
+            padded_rows, width = self.buckets.fitted("decode", {"batch": rows, "blocks": kv[1]})
+            decode = padded_rows, width
+        padded = (prefill[0] * prefill[1] if prefill else 0) + (decode[0] if decode else 0)
+        shape = step_shape(self.block_size, plan, prefill, decode, lens, kv)
+        tokens = rows + sum(shape.chunk_lens)  # plan.num_tokens, from what is at hand
+        return ForwardMeta.of_shapes(plan.mode, tokens, padded, shape, needed)

@@ -5,18 +5,13 @@ an unfinished prefill continues), then admits waiting requests while the budget,
 `max_num_seqs` and the KV cache allow. When the cache runs dry the most recently admitted
 request is preempted by recompute.
 
-What a prefill chunk costs is `budget`: `padded` (the HPU rule, default) charges the
-tokens the device computes, since the step's prefill rows are padded to one rectangle of
-whole blocks: adding a row grows it from rows x width to (rows + 1) x max(width, the
-row's blocks). The budget then bounds the padded step, so the metadata builder never
-meets a step larger than the budget and never has to drop or split a scheduled row
-(FastDeploy's metadata op capped padded slots while its scheduler counted real tokens,
-and dropped what did not fit). `real` charges real tokens only (vLLM's rule); the padded
-step may then exceed the budget.
+What a prefill chunk may be and what it costs the step's budget is the chunk policy's
+(stages.scheduling.chunk_policy: the padded rule, the HPU's, or the real one).
 
-`ChunkedScheduler` splits prompts into chunks; `WholeScheduler` overrides the chunk policy
-so that a prompt is prefilled in one step or waits. Their runs of decode steps done at once
-(a simulated device's leaps) are the part in stages.scheduling.decode_runs.
+`ChunkedScheduler` splits prompts into chunks; the whole-prompt schedulers
+(stages.scheduling.whole_prompt) prefill a prompt in one step or let it wait. Their runs
+of decode steps done at once (a simulated device's leaps) are in
+stages.scheduling.decode_runs.
 """
 
 from __future__ import annotations
@@ -25,10 +20,10 @@ import bisect
 import enum
 import itertools
 from collections import deque
-from dataclasses import dataclass
 
 import numpy as np
 
+from stages.scheduling.chunk_policy import Budget, ChunkPolicy, StepBudget
 from stages.scheduling.decode_runs import DecodeRuns
 from stages.scheduling.kv_cache import KVCacheManager, blocks_for
 from stages.scheduling.request import (
@@ -44,13 +39,6 @@ from stages.scheduling.step_rows import NO_ROWS, DecodeRows, StepRows, row_at
 from stages.scheduling.stopping import StopRule
 
 
-class Budget(enum.StrEnum):
-    """Members are named by their values: OmegaConf matches a config value by name."""
-
-    padded = "padded"  # a prefill row costs its share of the padded rectangle
-    real = "real"  # a prefill row costs its real tokens
-
-
 class RowFate(enum.Enum):
     """What a running row got at its turn in a step's walk (ChunkedScheduler._continue_one)."""
 
@@ -58,44 +46,6 @@ class RowFate(enum.Enum):
     PREFILL = "prefill"  # its next chunk
     WAITS = "waits"  # nothing: no chunk fits this step
     PREEMPTED = "preempted"  # it was preempted itself, which ends the walk
-
-
-@dataclass(slots=True)
-class Rectangle:
-    """A step's prefill rows padded to one width of whole blocks, as the HPU runs them."""
-
-    block_size: int
-    rows: int = 0
-    width: int = 0
-    rounded: int = 0  # the rows' own lengths rounded up to blocks: padding no layout avoids
-
-    @property
-    def area(self) -> int:
-        return self.rows * self.width
-
-    def _rounded(self, n: int) -> int:
-        return blocks_for(n, self.block_size) * self.block_size
-
-    def padding_with(self, n: int) -> float:
-        """Share of the rectangle that would pad rows out to a longer neighbour's width."""
-        width = max(self.width, self._rounded(n))
-        return 1.0 - (self.rounded + self._rounded(n)) / ((self.rows + 1) * width)
-
-    def add(self, n: int) -> int:
-        """Adds a row of n tokens; returns how much the area grew."""
-        before, rounded = self.rows * self.width, self._rounded(n)
-        self.rows += 1
-        self.width = max(self.width, rounded)
-        self.rounded += rounded
-        return self.rows * self.width - before
-
-
-@dataclass(slots=True)
-class StepBudget:
-    """The tokens a step has left, and the prefill rectangle it has built so far."""
-
-    left: int
-    rect: Rectangle
 
 
 class ChunkedScheduler(DecodeRuns):
@@ -115,29 +65,18 @@ class ChunkedScheduler(DecodeRuns):
         no_evict: bool,
         max_prefill_rows: int,
     ) -> None:
-        budget = Budget(budget)
-        block_size = kv_cache.block_size
-        if budget is Budget.padded and max_tokens < block_size:
-            raise ValueError(
-                f"max_tokens={max_tokens} < block_size={block_size}: with scheduler.budget=padded "
-                "a prefill row costs whole blocks; raise max_tokens or lower block_size"
-            )
-        if not 0.0 <= max_padding <= 1.0:
-            raise ValueError(f"scheduler.max_padding={max_padding}: choose a value in [0, 1]")
+        self.chunks = ChunkPolicy(
+            kv_cache.block_size, max_tokens, Budget(budget) is Budget.padded, max_padding,
+            align_chunks, long_prefill_threshold, max_prefill_rows, whole=not self.splits_prompts,
+        )  # fmt: skip
         self.kv_cache = kv_cache
         self.stop = stop
-        self.padded_budget = budget is Budget.padded
-        self.max_padding = max_padding
+        self.padded_budget = self.chunks.padded
         self.no_evict = no_evict
-        if max_prefill_rows < 0:
-            raise ValueError(f"scheduler.max_prefill_rows={max_prefill_rows}: 0 (no cap) or more")
-        self.max_prefill_rows = max_prefill_rows
         self.max_tokens = max_tokens
         self.max_num_seqs = max_num_seqs
         self.max_model_len = max_model_len
-        self.block_size = block_size
-        self.align_chunks = align_chunks
-        self.long_prefill_threshold = long_prefill_threshold
+        self.block_size = kv_cache.block_size
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.rows = RunningRows(kv_cache, stop, max_num_seqs)  # running's numbers, as arrays
@@ -156,7 +95,7 @@ class ChunkedScheduler(DecodeRuns):
                 f"prompt has {n} tokens, max_model_len={self.max_model_len} leaves no room "
                 "for output: shorten the prompt or raise max_model_len"
             )
-        too_long = self._one_step_error(n)
+        too_long = self.chunks.one_step_error(n)
         if too_long:
             return f"prompt has {too_long}: raise max_tokens or use scheduler=chunked"
         needed = self.kv_cache.blocks_for(min(n + request.max_new_tokens, self.max_model_len))
@@ -177,53 +116,11 @@ class ChunkedScheduler(DecodeRuns):
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    # -- the chunk policy --------------------------------------------------------------------
-    def _one_step_error(self, num_tokens: int) -> str | None:
-        """What keeps a prefill of num_tokens from ever being scheduled: nothing, since a
-        chunked prefill splits any prompt."""
-        return None
-
-    def _prefill_len(self, remaining: int, budget: StepBudget) -> int:
-        """Tokens of a prefill to run now; 0 means it waits for a later step.
-
-        With the padded budget a chunk may only be as long as the rectangle it grows
-        still fits, and it may not leave more than `max_padding` of the rectangle padding."""
-        rect = budget.rect
-        if self.max_prefill_rows and rect.rows >= self.max_prefill_rows:
-            return 0  # as FastDeploy's MAX_PREFILL_NUM: no more prompts in this step
-        n = min(remaining, budget.left)
-        if self.padded_budget:
-            # A row within the current width costs that width; a wider one regrows the
-            # rectangle, at most to the widest that rows + 1 rows still fit.
-            widest = (budget.left + rect.area) // (rect.rows + 1)
-            widest -= widest % self.block_size
-            n = min(
-                remaining,
-                max(
-                    rect.width if rect.width <= budget.left else 0,
-                    widest if widest >= rect.width else 0,
-                ),
-            )
-        if self.long_prefill_threshold:
-            n = min(n, self.long_prefill_threshold)
-        if n < remaining and self.align_chunks:
-            # The HPU writes the cache in whole blocks, so a chunk that does not finish the
-            # prompt must end on a block boundary; a leftover below a block waits.
-            n -= n % self.block_size
-        if n and rect.rows and rect.padding_with(n) > self.max_padding:
-            return 0  # a short row beside a wide one: it leads a later step instead
-        return n
-
-    def _charge(self, n: int, budget: StepBudget) -> None:
-        """Takes a prefill chunk of n tokens out of the budget; grows its rectangle."""
-        grown = budget.rect.add(n)
-        budget.left -= grown if self.padded_budget else n
-
     # -- one step ----------------------------------------------------------------------------
     def schedule(self, now: float = 0.0) -> StepPlan:
         plan = StepPlan()
         rows = self._step = StepRows(plan, [], [], NO_ROWS)
-        budget = StepBudget(self.max_tokens, Rectangle(self.block_size))
+        budget = self.chunks.step_budget()
         self._continue_running(plan, budget, rows)
         # Like FastDeploy, nothing new is admitted in a step that had to preempt.
         if not plan.preempted:
@@ -287,7 +184,7 @@ class ChunkedScheduler(DecodeRuns):
         the step's walk over the running requests."""
         remaining = request.num_tokens - request.num_computed
         is_decode = remaining == 1 and bool(request.output_ids)
-        n = 1 if is_decode else self._prefill_len(remaining, budget)
+        n = 1 if is_decode else self.chunks.length(remaining, budget)
         if n == 0:
             return RowFate.WAITS
         while not self.kv_cache.allocate_slots(request, n):
@@ -300,7 +197,7 @@ class ChunkedScheduler(DecodeRuns):
             budget.left -= 1
             return RowFate.DECODE
         plan.prefill.append(self._chunk(request, n))
-        self._charge(n, budget)
+        self.chunks.charge(n, budget)
         return RowFate.PREFILL
 
     def _admit_waiting(
@@ -315,13 +212,13 @@ class ChunkedScheduler(DecodeRuns):
             cached = self.kv_cache.match_prefix(request)
             request.num_computed = len(cached) * self.block_size
             remaining = request.num_tokens - request.num_computed
-            too_long = self._one_step_error(remaining)
+            too_long = self.chunks.one_step_error(remaining)
             if too_long:  # only a preempted request gets here: its recompute outgrew a step
                 self.waiting.popleft()
                 request.fail(f"preempted at {too_long}: raise max_tokens or num_blocks", now)
                 plan.failed.append(request)
                 continue
-            n = self._prefill_len(remaining, budget)
+            n = self.chunks.length(remaining, budget)
             if n == 0 or not self.kv_cache.allocate_slots(request, n, cached):
                 request.num_computed = 0
                 return
@@ -333,7 +230,7 @@ class ChunkedScheduler(DecodeRuns):
             self.rows.append(request)
             rows.prefill.append(len(self.running) - 1)
             plan.prefill.append(self._chunk(request, n, cached=request.num_computed))
-            self._charge(n, budget)
+            self.chunks.charge(n, budget)
             room -= 1
 
     def _admission_room(self) -> int:
@@ -466,9 +363,9 @@ class ChunkedScheduler(DecodeRuns):
         if not self.waiting or left <= 0 or self._admission_room() <= 0:
             return False
         head = self.waiting[0]
-        if self.kv_cache.prefix is not None or self._one_step_error(head.num_tokens):
+        if self.kv_cache.prefix is not None or self.chunks.one_step_error(head.num_tokens):
             return True
-        n = self._prefill_len(head.num_tokens, StepBudget(left, Rectangle(self.block_size)))
+        n = self.chunks.length(head.num_tokens, self.chunks.step_budget(left))
         return n > 0 and self.kv_cache.blocks_for(n) <= self.kv_cache.num_free_blocks
 
     def abort(self, request: Request, message: str, now: float) -> None:
@@ -490,47 +387,3 @@ class ChunkedScheduler(DecodeRuns):
         self.kv_cache.free(request)
         request.block_hashes = []  # a finished request's hashes are never looked up again
         request.finish(reason, now)
-
-
-class WholeScheduler(ChunkedScheduler):
-    """Prefills every prompt in one step: the baseline that chunked prefill is measured against."""
-
-    splits_prompts = False
-
-    def __init__(self, **kwargs) -> None:
-        super().__init__(align_chunks=False, long_prefill_threshold=0, **kwargs)
-
-    def _one_step_error(self, num_tokens: int) -> str | None:
-        cost = self._whole_cost(num_tokens)
-        if cost <= self.max_tokens:
-            return None
-        return (
-            f"{num_tokens} tokens ({cost} padded to whole blocks), more than "
-            f"max_tokens={self.max_tokens}, and scheduler=whole never splits a prompt"
-        )
-
-    def _whole_cost(self, n: int) -> int:
-        """Budget a whole prompt of n tokens needs on its own."""
-        return self.kv_cache.blocks_for(n) * self.block_size if self.padded_budget else n
-
-    def _prefill_len(self, remaining: int, budget: StepBudget) -> int:
-        n = super()._prefill_len(remaining, budget)
-        return n if n == remaining else 0
-
-
-class StaticScheduler(WholeScheduler):
-    """Static batching, as `generate()`, Optimum Habana's run_generation.py and TGI-style
-    servers batch: a batch of up to `max_num_seqs` waiting requests (as many as the step's
-    budget prefills whole, and whose prompts and outputs the KV pool holds to the end, so
-    none is ever preempted) is prefilled in one step and decoded in lockstep; nothing new
-    is admitted until every request of the batch has finished. A request that finishes
-    early leaves the batch (its row is not computed on as padding). Prompts are padded to
-    the batch's longest, whatever `max_padding` says, as a static batch is."""
-
-    def __init__(self, **kwargs) -> None:
-        super().__init__(**{**kwargs, "max_padding": 1.0})
-
-    def _admission_room(self) -> int:
-        if self.running:
-            return 0  # the batch in flight runs to its end first
-        return self._fitting_to_end(self.max_num_seqs)
