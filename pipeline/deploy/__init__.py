@@ -61,7 +61,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m pipeline.deploy",
         description="Write the launch scripts for one run or plan job folder: on a GPU "
         "vllm-cuda.sh, sglang.sh, trtllm.sh, fastdeploy-gpu.sh; on Gaudi fastdeploy-hpu.sh, "
-        "vllm-gaudi.sh; overrides.txt. Example: python -m pipeline.deploy outputs/plan/X/3",
+        "vllm-gaudi.sh; overrides.txt. A disaggregated configuration (disagg.prefill > 0) "
+        "gets ENGINE-prefill.sh, ENGINE-decode.sh and ENGINE-router.sh instead. Example: "
+        "python -m pipeline.deploy outputs/plan/X/3",
     )
     parser.add_argument("run_dir", type=Path, help="a run or plan job folder")
     parser.add_argument("--out", type=Path, help="where to write (default RUN_DIR/deploy)")
