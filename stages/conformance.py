@@ -8,19 +8,19 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from stages import interfaces as contract
-    from stages.attention import ops_cpu
-    from stages.attention.interface import AttentionOps
-    from stages.attention.ops_intel_hpu import IntelHPUOps
-    from stages.attention.paged import PagedAttention
-    from stages.attention.reference import ReferenceAttention
-    from stages.gguf.tokenizer import GgufTokenizer
-    from stages.metadata import HPUMetadataBuilder
-    from stages.model import TransformerLM
-    from stages.sampler import GreedySampler, RandomSampler
-    from stages.scheduler import ChunkedScheduler, WholeScheduler
+    from stages.forward.metadata import HPUMetadataBuilder
+    from stages.loading.gguf.tokenizer import GgufTokenizer
+    from stages.loading.tokenizer import ByteTokenizer, HfTokenizer
+    from stages.model.attention import ops_cpu
+    from stages.model.attention.interface import AttentionOps
+    from stages.model.attention.ops_intel_hpu import IntelHPUOps
+    from stages.model.attention.paged import PagedAttention
+    from stages.model.attention.reference import ReferenceAttention
+    from stages.model.transformer import TransformerLM
+    from stages.sampling.sampler import GreedySampler, RandomSampler
+    from stages.scheduling.scheduler import ChunkedScheduler, WholeScheduler
     from stages.simulator.device import NoAttention, SimulatedDevice, WorkloadLengthSampler
     from stages.simulator.simulation import DeviceSimulation
-    from stages.tokenizer import ByteTokenizer, HfTokenizer
     from stages.trace import TraceWorkload
     from stages.workload import JsonlWorkload, MixedWorkload, MultiTurnWorkload, SyntheticWorkload
 

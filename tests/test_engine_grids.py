@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from stages.buckets import Axis, Bucketing
-from stages.engine_grids import (
+from stages.forward.buckets import Axis, Bucketing
+from stages.forward.engine_grids import (
     FastDeploySteps,
     ServerLimits,
     fastdeploy_decode_batch,
@@ -137,8 +137,8 @@ def test_vllm_strategies_on_an_axis():
 
 def test_metadata_bucketing_fastdeploy_warms_its_grid():
     from pipeline.schema import HPUMetadataConf
-    from stages.kv_cache import KVCacheManager
-    from stages.metadata import HPUMetadataBuilder
+    from stages.forward.metadata import HPUMetadataBuilder
+    from stages.scheduling.kv_cache import KVCacheManager
     from tests.helpers import schema_kwargs
 
     steps = {"max_prefill_num": 2, "batch_step_decode": 2, "block_step_decode": 2,

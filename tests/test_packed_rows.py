@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from pipeline.schema import HPUMetadataConf
-from stages.kv_cache import KVCacheManager
-from stages.metadata import HPUMetadataBuilder
-from stages.request import PrefillChunk, Request, StepPlan
+from stages.forward.metadata import HPUMetadataBuilder
+from stages.scheduling.kv_cache import KVCacheManager
+from stages.scheduling.request import PrefillChunk, Request, StepPlan
 from tests.helpers import schema_kwargs
 
 BS, POOL = 4, 64

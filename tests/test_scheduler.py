@@ -8,10 +8,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.schema import ChunkedSchedulerConf, WholeSchedulerConf
-from stages.kv_cache import KVCacheManager, blocks_for
-from stages.request import Request, Samples
-from stages.scheduler import ChunkedScheduler, WholeScheduler
-from stages.stopping import StopRule
+from stages.scheduling.kv_cache import KVCacheManager, blocks_for
+from stages.scheduling.request import Request, Samples
+from stages.scheduling.scheduler import ChunkedScheduler, WholeScheduler
+from stages.scheduling.stopping import StopRule
 from tests.helpers import schema_kwargs
 
 

@@ -8,9 +8,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pipeline.layout import Layout, Pool, layout_of
-from stages.bucket_axes import resolve_axes
-from stages.buckets import Axis, Bucketing
-from stages.engine_grids import (
+from stages.forward.bucket_axes import resolve_axes
+from stages.forward.buckets import Axis, Bucketing
+from stages.forward.engine_grids import (
     FastDeployGrid,
     FastDeploySteps,
     ServerLimits,

@@ -13,8 +13,9 @@ from pipeline.build import build, load_workload
 from pipeline.checks import ConfigError, check_model_context, describe_model
 from pipeline.clock import Clock, WallClock
 from pipeline.engine import Engine
-from stages.kv_cache import KVCacheManager
-from stages.request import Request
+from stages.scheduling.kv_cache import KVCacheManager
+from stages.scheduling.request import Request
+from stages.scheduling.stopping import StopRule
 from stages.simulator.device import (
     DeviceClock,
     NoAttention,
@@ -27,7 +28,6 @@ from stages.simulator.expert_parallel import ExpertParallel, check_layout
 from stages.simulator.hardware import HardwareProfile, kv_pool_blocks
 from stages.simulator.precision import Precision
 from stages.simulator.simulation import DeviceSimulation
-from stages.stopping import StopRule
 
 
 class SimulatedClock(Clock, DeviceClock, Protocol):
