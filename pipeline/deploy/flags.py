@@ -133,7 +133,8 @@ VLLM = Engine(
         router="python tests/v1/kv_connector/nixl_integration/toy_proxy_server.py --port 8000 "
         "--prefiller-hosts {prefill_hosts} --prefiller-ports {prefill_ports} "
         "--decoder-hosts {decode_hosts} --decoder-ports {decode_ports}",
-        note="the proxy ships in vLLM's source tree (run it from a checkout of vLLM)",
+        note="the proxy ships in vLLM's source tree (run it from a checkout of vLLM); "
+        "copies on one host need their own VLLM_NIXL_SIDE_CHANNEL_PORT",
     ),  # fmt: skip
     notes={
         "quantization": "vLLM quantizes on load to FP8 only; INT8/INT4 weights need a "
