@@ -336,6 +336,23 @@ class ChunkedScheduler(DecodeRuns):
             self._charge(n, budget)
             room -= 1
 
+    def admit_computed(self, request: Request) -> bool:
+        """Admits a request whose prompt was computed elsewhere (a disaggregated decode
+        instance: its KV cache arrived by transfer) as a running decode: its prompt's
+        blocks are taken now, its first output token is the next step's decode row. False
+        (nothing taken) while max_num_seqs or the cache leaves no room."""
+        if self._admission_room() <= 0:
+            return False
+        request.num_computed = 0
+        if not self.kv_cache.allocate_slots(request, request.num_prompt_tokens):
+            return False
+        request.num_computed = request.num_prompt_tokens
+        request.status = Status.RUNNING
+        self.kv_cache.cache_computed_blocks(request)
+        self.running.append(request)
+        self.rows.append(request)
+        return True
+
     def _admission_room(self) -> int:
         """How many waiting requests this step may admit: up to max_num_seqs running, and
         with `no_evict` only as many as the pool holds to their end."""

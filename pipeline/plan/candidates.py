@@ -1,6 +1,7 @@
 """A plan's configurations at their capacity, the rules that rule some out, and the ranking.
 
-Per replica: one copy of a configuration, `tp` cards. Its capacity (requests/s, or a
+Per replica: one copy of a configuration, `tp` cards (a disaggregated deployment's: P x
+prefill_tp + D x decode_tp, pipeline.disagg_config). Its capacity (requests/s, or a
 concurrency) is what one replica serves within the SLO. Per card: a replica's figure over
 its `tp` cards; goodput per card = capacity (req/s) x attainment / tp. At a target load
 (pipeline/plan/target.py) a configuration takes `replicas` copies, `cards` = replicas x tp in
@@ -23,6 +24,7 @@ from typing import Any
 import yaml
 
 from pipeline.artefacts import RESOLVED_CONFIG
+from pipeline.disagg_config import deployment_cards, disaggregated
 from pipeline.plan.bands import Band, profile_band
 from pipeline.plan.target import sizing
 from pipeline.run_folder import RunStatus
@@ -63,8 +65,16 @@ class Candidate:
 
     @property
     def tp(self) -> int:
-        """Cards per replica."""
-        return int(self.config.get("tp", 1) or 1)
+        """Cards per replica: tp, or a disaggregated deployment's P x prefill_tp + D x
+        decode_tp."""
+        return deployment_cards(self.config)
+
+    @property
+    def pools(self) -> str:
+        """A disaggregated deployment's prefill:decode instances ("-": aggregated)."""
+        if not disaggregated(self.config):
+            return "-"
+        return f"{self.config['disagg']['prefill']}:{self.config['disagg']['decode']}"
 
     @property
     def target(self) -> dict[str, Any] | None:

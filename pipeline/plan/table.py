@@ -1,7 +1,8 @@
 """A plan's table (plan.md, plan.csv) and its Pareto plot, every predicted figure with its
 band: in plan.md as `6.1 (5.6-6.6)`, in plan.csv as the figure and `_lo` / `_hi` columns.
 
-Per replica: `capacity`, `capacity_rps`, `ttft_p90_ms`, `tpot_p90_ms`, `tp` (its cards).
+Per replica: `capacity`, `capacity_rps`, `ttft_p90_ms`, `tpot_p90_ms`, `tp` (its cards),
+`pd` (a disaggregated deployment's prefill:decode instances; `-` aggregated).
 Per card: `goodput_per_card` (capacity_rps x attainment / tp), `output_tok_s_per_card`.
 At the target: `replicas`, `cards` (all of them), `headroom`, `check_attainment` (one
 replica at its share of the target), `usd_per_hour` (all cards).
@@ -26,7 +27,7 @@ BANDED = (
     "ttft_p90_ms", "tpot_p90_ms", "usd_per_hour", "cost_per_mtok_usd",
 )  # fmt: skip
 COLUMNS = [
-    "rank", "job", "device", "config", "tp", "capacity", "capacity_rps", "slo_attainment",
+    "rank", "job", "device", "config", "tp", "pd", "capacity", "capacity_rps", "slo_attainment",
     "goodput_per_card", "output_tok_s_per_card", "tok_s_per_user", "ttft_p90_ms",
     "tpot_p90_ms", "replicas", "cards", "headroom", "check_attainment", "usd_per_hour",
     "cost_per_mtok_usd", "warmup_s", "graphs", "kv_blocks", "serving_compiles", "note",
@@ -49,6 +50,7 @@ def row(
         "device": c.device,
         "config": " ".join(own),
         "tp": c.tp,
+        "pd": c.pools,
         "capacity": c.metric("capacity"),
         "capacity_rps": c.capacity_rps,
         "slo_attainment": c.metric("slo_attainment"),

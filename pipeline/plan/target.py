@@ -5,7 +5,7 @@ arrivals, or a trace's own arrivals scaled as `workload.time_scale` scales them)
 `plan.target_concurrency` the requests in flight it must hold (closed loop). From one
 replica's capacity:
 
-    replicas = ceil(target / capacity)      cards = replicas x tp
+    replicas = ceil(target / capacity)      cards = replicas x tp (a deployment's cards)
     headroom = replicas x capacity / target - 1
 
 Then the answer is checked: one replica serves target / replicas, the load a round-robin
@@ -24,6 +24,7 @@ import structlog
 from omegaconf import DictConfig, OmegaConf
 
 from pipeline.checks import ConfigError
+from pipeline.disagg_config import deployment_cards
 from pipeline.plan.capacity import load_axis, run_probe
 from pipeline.run_folder import RunStatus
 
@@ -110,9 +111,9 @@ def check_target(cfg: DictConfig, out_dir: Path, result: dict[str, Any]) -> dict
         return result
     axis = load_axis(cfg)
     checks: list[dict[str, Any]] = []
-    size = sizing(target, replica_capacity(result), int(cfg.tp))
+    size = sizing(target, replica_capacity(result), deployment_cards(cfg))
     for extra in (0, 1):
-        size = sizing(target, replica_capacity(result), int(cfg.tp), extra)
+        size = sizing(target, replica_capacity(result), deployment_cards(cfg), extra)
         load = check_load(result, target / size.replicas)
         probe = cfg.copy()
         OmegaConf.update(probe, axis.key, axis.value(load))
