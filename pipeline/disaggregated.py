@@ -55,6 +55,7 @@ from pipeline.engine import Arrivals, Engine, Leaps, long_lived_frozen
 from pipeline.executors import check_config
 from pipeline.executors.simulated import simulated_engine
 from pipeline.metrics import StepTotals, stats, summarise
+from pipeline.run_folder import RunStatus
 from pipeline.slo import Slo, slo_metrics
 from stages.interfaces import Scheduler
 from stages.request import FinishReason, Request
@@ -256,7 +257,7 @@ def deployment_metrics(deployment: Deployment, duration: float, slo: Slo) -> dic
     device = _device_metrics(decode)
     warmups = [_device_metrics(e).get("predicted_warmup_s") or 0.0 for e in (prefill, decode)]
     return {
-        "status": "ok",
+        "status": RunStatus.OK,
         **summarise(requests, deployment.totals, duration),
         **slo_metrics(requests, duration, slo),
         "bucket_misses": sum(e.metadata.bucket_misses for e in deployment.engines),

@@ -86,8 +86,8 @@ class HardwareProfile:
     # Prefill/decode disaggregation: the link a device sends its share of a prompt's KV
     # cache over to another instance (GB/s a direction, 0 = no figure), and one transfer's
     # fixed time (setup, completion).
-    kv_link_gbs: float = 0.0
-    kv_link_latency_s: float = 0.0
+    kv_link_gbs: float
+    kv_link_latency_s: float
 
     def __post_init__(self) -> None:
         """Every field checked for its type and range, whichever file it came from: a NaN
