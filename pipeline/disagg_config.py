@@ -11,7 +11,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from pipeline.checks import ConfigError
 from pipeline.schema import DisaggConf
-from stages.model_spec import ModelSpec
+from stages.model.spec import ModelSpec
 
 PREFILL, DECODE = "prefill", "decode"
 

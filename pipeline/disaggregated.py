@@ -58,7 +58,7 @@ from pipeline.metrics import StepTotals, stats, summarise
 from pipeline.run_folder import RunStatus
 from pipeline.slo import Slo, slo_metrics
 from stages.interfaces import Scheduler
-from stages.request import FinishReason, Request
+from stages.scheduling.request import FinishReason, Request
 from stages.simulator.device import VirtualClock
 from stages.simulator.disaggregation import KvLink, kv_link
 from stages.simulator.precision import Precision

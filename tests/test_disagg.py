@@ -16,7 +16,11 @@ from pipeline.disaggregated import build_deployment, serve_deployment, simulate
 from pipeline.executors import build_engine, check_config
 from pipeline.plan.capacity import capacity_search
 from pipeline.slo import Slo
-from stages.model_spec import ModelSpec
+from stages.model.spec import ModelSpec
+from stages.scheduling.kv_cache import KVCacheManager
+from stages.scheduling.request import Request, Status
+from stages.scheduling.scheduler import ChunkedScheduler
+from stages.scheduling.stopping import StopRule
 from stages.simulator.disaggregation import KvLink, kv_bytes_per_token, kv_link
 from stages.simulator.hardware import HardwareProfile
 from stages.simulator.precision import BF16, Precision
@@ -177,3 +181,28 @@ def test_short_prompts_serve_less_goodput_per_card_disaggregated(tmp_path):
     for i, pools in enumerate((["disagg.prefill=1", "disagg.decode=1"],
                                ["disagg.prefill=1", "disagg.decode=2"])):  # fmt: skip
         assert goodput_per_card(tmp_path / str(i), [*TIGHT, *SHORT, *pools]) < aggregated
+
+
+@pytest.mark.parametrize("no_evict", [False, True])
+def test_a_transferred_prompt_joins_as_a_decode_holding_its_blocks(no_evict):
+    kv = KVCacheManager(num_blocks=4, block_size=16)
+    scheduler = ChunkedScheduler(
+        kv_cache=kv, stop=StopRule((), 1024), max_tokens=64, max_num_seqs=2,
+        max_model_len=1024, align_chunks=True, long_prefill_threshold=0, budget="padded",
+        max_padding=1.0, no_evict=no_evict, max_prefill_rows=0,
+    )  # fmt: skip
+
+    def arrived(n: int, new: int) -> Request:
+        r = Request(id=str(n), index=n, prompt="x", prompt_ids=[1] * n, max_new_tokens=new)
+        r.output_ids, r.token_times = [7], [0.0]  # its first token, from the prefill side
+        return r
+
+    first = arrived(40, 4)  # 41 tokens to hold: 3 blocks of 16
+    assert scheduler.admit_computed(first)
+    assert first.status is Status.RUNNING and first.num_computed == 40
+    assert len(kv.block_table(first)) == 3 and kv.num_free_blocks == 1
+    plan = scheduler.schedule(0.0)
+    assert plan.decode == [first] and not plan.prefill  # no prefill computed here
+    # A second prompt of 2 blocks finds 1 free: it waits, nothing taken.
+    second = arrived(20, 4)
+    assert not scheduler.admit_computed(second) and kv.num_free_blocks == 1

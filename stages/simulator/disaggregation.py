@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from stages.model_spec import ModelSpec
+from stages.model.spec import ModelSpec
 from stages.simulator.hardware import HardwareProfile
 from stages.simulator.precision import Precision
 
