@@ -1,5 +1,6 @@
-"""The `disagg.*` keys: whether a config is a disaggregated deployment, its checks (each a
-one-line error naming the key), each pool's config, and the cards it takes."""
+"""The `disagg.*` keys: whether a config asks for a disaggregated deployment, its checks (each
+a one-line error naming the key) and each pool's config; its pools and cards are
+pipeline/layout.py's."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from pipeline.checks import ConfigError
+from pipeline.layout import Pool, layout_of
 from pipeline.schema import DisaggConf
 from stages.model.spec import ModelSpec
 
@@ -25,30 +27,28 @@ def disaggregated(cfg: DictConfig | Mapping[str, Any]) -> bool:
 
 def pool_tp(cfg: DictConfig | Mapping[str, Any], role: str) -> int:
     """A pool's tensor-parallel degree: `disagg.<role>_tp`, 0 = the run's tp."""
-    disagg = cfg.get("disagg") or {}
-    return int(disagg.get(f"{role}_tp") or 0) or int(cfg.get("tp") or 1)
+    return _pool(cfg, role).tp
 
 
 def deployment_cards(cfg: DictConfig | Mapping[str, Any]) -> int:
-    """Cards of one copy of the configuration: tp, or P x prefill_tp + D x decode_tp."""
-    if not disaggregated(cfg):
-        return int(cfg.get("tp") or 1)
-    disagg = cfg["disagg"]
-    return int(disagg[PREFILL]) * pool_tp(cfg, PREFILL) + int(disagg[DECODE]) * pool_tp(cfg, DECODE)
+    """Cards of one copy of the configuration (pipeline/layout.py's count)."""
+    return layout_of(cfg).cards
+
+
+def _pool(cfg: DictConfig | Mapping[str, Any], role: str) -> Pool:
+    prefill, decode = layout_of(cfg).pools(int(cfg["max_tokens"]), int(cfg["max_num_seqs"]))
+    return prefill if role == PREFILL else decode
 
 
 def pool_cfg(cfg: DictConfig, role: str) -> DictConfig:
-    """The config one instance of a pool runs: its tp, its own limits (0 = the run's),
-    no disaggregation of its own."""
-    disagg = cfg.disagg
-    pool = cfg.copy()
-    OmegaConf.update(pool, "tp", pool_tp(cfg, role))
-    if role == PREFILL and disagg.prefill_max_tokens:
-        OmegaConf.update(pool, "max_tokens", disagg.prefill_max_tokens)
-    if role == DECODE and disagg.decode_max_num_seqs:
-        OmegaConf.update(pool, "max_num_seqs", disagg.decode_max_num_seqs)
-    pool.disagg = DisaggConf()
-    return pool
+    """The config one instance of a pool runs: its tp and limits (pipeline/layout.py's
+    pools: 0 = the run's value), no disaggregation of its own."""
+    pool, instance = _pool(cfg, role), cfg.copy()
+    OmegaConf.update(instance, "tp", pool.tp)
+    OmegaConf.update(instance, "max_tokens", pool.max_tokens)
+    OmegaConf.update(instance, "max_num_seqs", pool.max_num_seqs)
+    instance.disagg = DisaggConf()
+    return instance
 
 
 def check_real_disagg(cfg: DictConfig) -> None:
