@@ -14,6 +14,8 @@ from pipeline.artefacts import INTERRUPTED
 from pipeline.build import check_resolves
 from pipeline.checks import ConfigError, describe_model
 from pipeline.console import Progress, summary_table
+from pipeline.disagg_config import disaggregated
+from pipeline.disaggregated import run_deployment
 from pipeline.engine import Engine
 from pipeline.executors import build_engine
 from pipeline.folder_lock import FolderLock
@@ -40,7 +42,9 @@ def run(cfg: DictConfig, out_dir: Path, overrides: Sequence[str] = ()) -> dict[s
             with FolderLock(out_dir):
                 artefacts.write_resolved_config(cfg, out_dir)
                 write_identity(cfg, out_dir)
-                slo_of(cfg)  # a bad bound stops the run before anything is built
+                slo = slo_of(cfg)  # a bad bound stops the run before anything is built
+                if disaggregated(cfg):
+                    return run_deployment(cfg, out_dir, slo)
                 engine, requests = build_engine(cfg)
                 return serve(cfg, engine, requests, out_dir)
         return _resume(Path(cfg.resume).expanduser(), overrides)

@@ -86,6 +86,10 @@ class Scheduler(Protocol):
     def add(self, request: Request) -> None:
         """An arrived request joins the waiting queue."""
 
+    def admit_computed(self, request: Request) -> bool:
+        """A request whose prompt's KV cache was computed elsewhere joins the running
+        requests as a decode, its blocks taken now; False while there is no room."""
+
     @property
     def has_work(self) -> bool: ...
 

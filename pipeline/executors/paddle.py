@@ -13,6 +13,7 @@ from pipeline.checks import (
     check_real_parallel,
     check_real_precision,
 )
+from pipeline.disagg_config import check_real_disagg
 from pipeline.engine import Engine
 from stages.interfaces import Attention
 from stages.scheduling.kv_cache import KVCacheManager, blocks_for
@@ -28,6 +29,7 @@ class PaddleExecutor:
         check_has_weights(cfg)
         check_real_precision(cfg)
         check_real_parallel(cfg)
+        check_real_disagg(cfg)
         check_memory(cfg, cfg.num_blocks)  # a derived pool is checked again once it is known
 
     def server_num_blocks(self, cfg: DictConfig) -> int:

@@ -12,8 +12,11 @@ from omegaconf import DictConfig
 from pipeline.build import build, load_workload
 from pipeline.checks import ConfigError, check_model_context, describe_model
 from pipeline.clock import Clock, WallClock
+from pipeline.disagg_config import check_disagg, disaggregated
 from pipeline.engine import Engine
 from stages.forward.metadata import ShapeMetadataBuilder
+from stages.interfaces import Tokenizer, Workload
+from stages.model.spec import ModelSpec
 from stages.scheduling.kv_cache import KVCacheManager
 from stages.scheduling.request import Request
 from stages.scheduling.stopping import StopRule
@@ -54,14 +57,22 @@ class SimulatedExecutor:
     predicts = True  # each step's time is the cost model's, on the device's clock
 
     def check(self, cfg: DictConfig) -> None:
-        """Nothing beyond the shared checks: a simulated device allocates no tensors and
-        serves any precision; its hardware profile is checked as it is built."""
+        """A disaggregated deployment's pools; nothing else beyond the shared checks: a
+        simulated device allocates no tensors and serves any precision; its hardware
+        profile is checked as it is built."""
+        check_disagg(cfg)
 
     def server_num_blocks(self, cfg: DictConfig) -> int:
         """0: the pool is what the device's memory holds, known once it is built."""
         return 0
 
     def build(self, cfg: DictConfig, paced: bool = False) -> tuple[Engine, list[Request]]:
+        if disaggregated(cfg):  # pipeline.disaggregated builds one
+            raise ConfigError(
+                f"disagg.prefill={cfg.disagg.prefill} disagg.decode={cfg.disagg.decode}: a "
+                "server or a resumed folder runs one simulated instance; drop the disagg.* "
+                "keys, or run the deployment afresh with python -m pipeline"
+            )
         clock: SimulatedClock = PacedClock() if paced else VirtualClock()
         return build_simulated_engine(cfg, clock)
 
@@ -79,6 +90,21 @@ def build_simulated_engine(
         raise ConfigError("executor=simulated needs a device: give hardware=gaudi3 (or ...)")
     hardware = hardware or build(cfg.hardware)
     workload, requests = load_workload(cfg, tokenizer)
+    engine = simulated_engine(cfg, clock, spec, hardware, tokenizer, workload)
+    return engine, requests
+
+
+def simulated_engine(
+    cfg: DictConfig,
+    clock: SimulatedClock,
+    spec: ModelSpec,
+    hardware: HardwareProfile,
+    tokenizer: Tokenizer,
+    workload: Workload,
+) -> Engine:
+    """One simulated instance of `cfg` (its tp, limits and pool) on `clock`, serving
+    requests of `workload`: what build_simulated_engine builds once, and a disaggregated
+    deployment once per instance."""
     try:
         precision = Precision(cfg.quantization, cfg.kv_cache_dtype)
         parallel = ExpertParallel(cfg.ep, cfg.dp, cfg.ep_imbalance)
@@ -110,7 +136,7 @@ def build_simulated_engine(
         concurrency=workload.concurrency,
         simulation=DeviceSimulation(device, scheduler, metadata, token),
     )
-    return engine, requests
+    return engine
 
 
 def simulated_device(engine: Engine) -> SimulatedDevice:

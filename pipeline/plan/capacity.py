@@ -28,6 +28,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from pipeline import artefacts
 from pipeline.checks import ConfigError
+from pipeline.disagg_config import disaggregated
+from pipeline.disaggregated import search_stand_in, serve_deployment
 from pipeline.engine import Engine
 from pipeline.executors import build_engine, executor_of
 from pipeline.executors.simulated import simulated_device
@@ -77,13 +79,18 @@ def run_probe(
     with artefacts.writing(folder):
         folder.mkdir(parents=True, exist_ok=True)
     artefacts.write_resolved_config(cfg, folder)
-    engine, requests = build_engine(cfg)
-    arrivals = offered_rps(requests)
-    if keep_files:
-        metrics = serve(cfg, engine, requests, folder)
-    else:
-        metrics = serve_judged(cfg, engine, requests, decide_early)
+    if disaggregated(cfg):  # both pools served through: no early verdict, no step files
+        deployment, metrics = serve_deployment(cfg, slo_of(cfg))
+        requests, arrivals = deployment.requests, offered_rps(deployment.requests)
         artefacts.write_metrics(metrics, folder)
+    else:
+        engine, requests = build_engine(cfg)
+        arrivals = offered_rps(requests)
+        if keep_files:
+            metrics = serve(cfg, engine, requests, folder)
+        else:
+            metrics = serve_judged(cfg, engine, requests, decide_early)
+            artefacts.write_metrics(metrics, folder)
     if not cfg.workload.get("concurrency"):
         metrics["offered_rps"] = arrivals
     refused = [
@@ -223,12 +230,16 @@ def capacity_search(cfg: DictConfig, out_dir: Path, max_warmup_s: float = 0.0) -
         raise ConfigError("the capacity search runs on the simulated device: executor=simulated")
     check_settings(cfg.capacity)
     artefacts.write_resolved_config(cfg, out_dir)
-    engine, requests = build_engine(cfg)  # as given: its predicted warmup, where to start
+    # As given (a deployment: one decode instance, its load shared by `share`): its
+    # predicted warmup, where to start.
+    stand_in, share = search_stand_in(cfg)
+    engine, requests = build_engine(stand_in)
     device = device_metrics(engine)
     axis, first_step = load_axis(cfg), 2.0
     estimate = (
         estimated_start(cfg, axis, engine, requests, slo) if cfg.capacity.estimate_start else None
     )
+    estimate = estimate * share if estimate is not None else None
     if estimate is not None:  # near capacity: a step that one or two bisections make tight
         axis, first_step = replace(axis, start=estimate), (1 + cfg.capacity.tolerance) ** 2
     search = Search(cfg, out_dir, axis, first_step)

@@ -233,6 +233,28 @@ class ChunkedScheduler(DecodeRuns):
             self.chunks.charge(n, budget)
             room -= 1
 
+    def admit_computed(self, request: Request) -> bool:
+        """Admits a request whose prompt was computed elsewhere (a disaggregated decode
+        instance: its KV cache arrived by transfer) as a running decode: its prompt's
+        blocks are taken now, its first output token is the next step's decode row. False
+        (nothing taken) while max_num_seqs or the cache leaves no room."""
+        if len(self.running) >= self.max_num_seqs:
+            return False
+        if self.no_evict:  # the pool must hold it to its end beside the running requests
+            total = min(request.num_prompt_tokens + request.max_new_tokens, self.max_model_len)
+            free = self.kv_cache.num_free_blocks - self.rows.blocks_to_come()
+            if self.kv_cache.blocks_for(total) > free:
+                return False
+        request.num_computed = 0
+        if not self.kv_cache.allocate_slots(request, request.num_prompt_tokens):
+            return False
+        request.num_computed = request.num_prompt_tokens
+        request.status = Status.RUNNING
+        self.kv_cache.cache_computed_blocks(request)
+        self.running.append(request)
+        self.rows.append(request)
+        return True
+
     def _admission_room(self) -> int:
         """How many waiting requests this step may admit: up to max_num_seqs running, and
         with `no_evict` only as many as the pool holds to their end."""

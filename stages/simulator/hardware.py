@@ -48,6 +48,8 @@ _RANGES: dict[str, tuple[float, float, bool, bool]] = {
     "allreduce_latency_s": (0, 1, False, False),
     "gemm_fill_s": (0, 1, False, False),
     "interconnect_peer_gbs": (0, 1e6, False, False),
+    "kv_link_gbs": (0, 1e6, False, False),
+    "kv_link_latency_s": (0, 60, False, False),
 }
 
 
@@ -81,6 +83,11 @@ class HardwareProfile:
     # fitted, held_out_median, held_out_worst on the rows a split-half fit held out.
     software: str
     errors: Mapping[str, Mapping[str, float]]
+    # Prefill/decode disaggregation: the link a device sends its share of a prompt's KV
+    # cache over to another instance (GB/s a direction, 0 = no figure), and one transfer's
+    # fixed time (setup, completion).
+    kv_link_gbs: float
+    kv_link_latency_s: float
 
     def __post_init__(self) -> None:
         """Every field checked for its type and range, whichever file it came from: a NaN
@@ -204,7 +211,12 @@ def kv_pool_blocks(
 
 _FIELDS = {f.name for f in dataclasses.fields(HardwareProfile)}
 # Fields older profile files lack, and what they then are (no release named, no errors).
-_DEFAULTED: dict[str, Any] = {"software": "", "errors": {}}
+_DEFAULTED: dict[str, Any] = {
+    "software": "",
+    "errors": {},
+    "kv_link_gbs": 0.0,
+    "kv_link_latency_s": 0.0,
+}
 
 
 def read_profile(path: str | Path, optional: Mapping[str, Any] | None = None) -> HardwareProfile:

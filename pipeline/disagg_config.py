@@ -1,0 +1,111 @@
+"""The `disagg.*` keys: whether a config asks for a disaggregated deployment, its checks (each
+a one-line error naming the key) and each pool's config; its pools and cards are
+pipeline/layout.py's."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from pipeline.checks import ConfigError
+from pipeline.layout import Pool, layout_of
+from pipeline.schema import DisaggConf
+from stages.model.spec import ModelSpec
+
+PREFILL, DECODE = "prefill", "decode"
+
+
+def disaggregated(cfg: DictConfig | Mapping[str, Any]) -> bool:
+    """Prefill and decode instances apart (`disagg.prefill`, `disagg.decode`); 0 and 0
+    is one aggregated instance."""
+    disagg = cfg.get("disagg") or {}
+    return bool(disagg.get(PREFILL) or disagg.get(DECODE))
+
+
+def pool_tp(cfg: DictConfig | Mapping[str, Any], role: str) -> int:
+    """A pool's tensor-parallel degree: `disagg.<role>_tp`, 0 = the run's tp."""
+    return _pool(cfg, role).tp
+
+
+def deployment_cards(cfg: DictConfig | Mapping[str, Any]) -> int:
+    """Cards of one copy of the configuration (pipeline/layout.py's count)."""
+    return layout_of(cfg).cards
+
+
+def _pool(cfg: DictConfig | Mapping[str, Any], role: str) -> Pool:
+    prefill, decode = layout_of(cfg).pools(int(cfg["max_tokens"]), int(cfg["max_num_seqs"]))
+    return prefill if role == PREFILL else decode
+
+
+def pool_cfg(cfg: DictConfig, role: str) -> DictConfig:
+    """The config one instance of a pool runs: its tp and limits (pipeline/layout.py's
+    pools: 0 = the run's value), no disaggregation of its own."""
+    pool, instance = _pool(cfg, role), cfg.copy()
+    OmegaConf.update(instance, "tp", pool.tp)
+    OmegaConf.update(instance, "max_tokens", pool.max_tokens)
+    OmegaConf.update(instance, "max_num_seqs", pool.max_num_seqs)
+    instance.disagg = DisaggConf()
+    return instance
+
+
+def check_real_disagg(cfg: DictConfig) -> None:
+    """Prefill/decode disaggregation exists only on the simulated device."""
+    disagg = cfg.get("disagg") or {}
+    defaults = dataclasses.asdict(DisaggConf())
+    changed = sorted(k for k, v in dict(disagg).items() if defaults.get(k, v) != v)
+    if changed:
+        raise ConfigError(
+            f"disagg.{changed[0]}={disagg[changed[0]]} is simulated only: the real path runs "
+            "one instance; drop the disagg.* keys or set executor=simulated (with hardware=...)"
+        )
+
+
+def check_disagg(cfg: DictConfig) -> None:
+    """The pools' settings, before anything is built (nothing to check when aggregated)."""
+    disagg = cfg.get("disagg")
+    if disagg is None:
+        return
+    for key in ("prefill", "decode", "prefill_tp", "decode_tp", "prefill_max_tokens"):
+        if disagg[key] < 0:
+            raise ConfigError(f"disagg.{key}={disagg[key]} must be >= 0 (0 = the run's value)")
+    if disagg.decode_max_num_seqs < 0 or disagg.link_gbps < 0:
+        key = "decode_max_num_seqs" if disagg.decode_max_num_seqs < 0 else "link_gbps"
+        raise ConfigError(f"disagg.{key}={disagg[key]} must be >= 0 (0 = the default)")
+    if not disaggregated(cfg):
+        return
+    if not disagg.prefill or not disagg.decode:
+        empty = "decode" if not disagg.decode else "prefill"
+        raise ConfigError(
+            f"disagg.{empty}=0 with disagg.prefill={disagg.prefill} disagg.decode="
+            f"{disagg.decode}: a disaggregated deployment needs instances in both pools; "
+            f"set disagg.{empty} >= 1, or both 0 for one aggregated instance"
+        )
+    _check_supported(cfg)
+
+
+def _check_supported(cfg: DictConfig) -> None:
+    """What a disaggregated deployment does not model: closed-loop load, expert
+    parallelism, resuming a folder."""
+    if cfg.workload.get("concurrency"):
+        raise ConfigError(
+            f"workload.concurrency={cfg.workload.concurrency} with disagg.*: a closed loop "
+            "is not modelled for a disaggregated deployment; give workload.rate instead"
+        )
+    if cfg.get("ep", 1) != 1 or cfg.get("dp", 1) != 1:
+        raise ConfigError(
+            f"ep={cfg.get('ep')} dp={cfg.get('dp')} with disagg.*: expert parallelism is not "
+            "modelled for a disaggregated deployment; set ep=1 dp=1"
+        )
+
+
+def check_pool_tp(cfg: DictConfig, spec: ModelSpec) -> None:
+    """Each pool's tp splits the model's heads (a one-line error naming the key)."""
+    for role in (PREFILL, DECODE):
+        try:
+            spec.check_tp(pool_tp(cfg, role))
+        except ValueError as err:
+            key = f"disagg.{role}_tp" if cfg.disagg[f"{role}_tp"] else "tp"
+            raise ConfigError(f"{key}: {err}") from err

@@ -1,0 +1,331 @@
+"""A disaggregated deployment on the simulated device: `disagg.prefill` prefill instances and
+`disagg.decode` decode instances, each the real scheduler, KV-cache manager and metadata
+builder over its own SimulatedDevice, with its own tp and limits (pipeline.disagg_config).
+
+Decode never feeds back to prefill, so the deployment runs in two passes:
+
+1. Prefill: requests go round-robin, in arrival order, to the prefill instances; each
+   instance serves its requests to their first token only. That token's time is the
+   request's TTFT.
+2. Transfer: the prompt's KV cache travels to a decode instance, which it reaches after
+   stages.simulator.disaggregation's KvLink.seconds (KV bytes of the prompt per device at
+   the prefill tp / the link's bandwidth + a transfer's fixed time).
+3. Decode: requests go round-robin, in the order they arrive there, to the decode
+   instances. One is admitted on arrival when max_num_seqs and its pool have room (its
+   prompt's blocks taken at once, no prefill computed), else it waits, in order, for
+   room; then it decodes to its end. A request preempted there is recomputed there.
+
+The tokens after the first, TPOT and end-to-end latency come from the decode pool; the
+first token's gap to the second includes the transfer and any wait for room. The run's
+duration is when its last instance finishes.
+
+Not modelled: the decode pool's back-pressure on prefill (a prefill instance frees a
+request's blocks at its first token, not once the transfer ends, and never waits for a
+decode instance's room); link contention (each transfer has the whole link of every
+sending device; transfers overlapping on one link do not share it); a router that looks
+at the instances' load (round-robin only); closed-loop load (workload.concurrency) and
+expert parallelism (refused); the first token's own sampling on the decode side (it
+arrives with the KV cache, as in DistServe and vLLM's disaggregated prefill).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from pipeline import artefacts
+from pipeline.build import build, load_workload
+from pipeline.checks import ConfigError, check_model_context, describe_model
+from pipeline.console import summary_table
+from pipeline.disagg_config import (
+    DECODE,
+    PREFILL,
+    check_pool_tp,
+    deployment_cards,
+    disaggregated,
+    pool_cfg,
+)
+from pipeline.engine import Arrivals, Engine, Leaps, long_lived_frozen
+from pipeline.executors import check_config
+from pipeline.executors.simulated import simulated_engine
+from pipeline.metrics import StepTotals, stats, summarise
+from pipeline.run_folder import RunStatus
+from pipeline.slo import Slo, slo_metrics
+from stages.interfaces import Scheduler
+from stages.scheduling.request import FinishReason, Request
+from stages.simulator.device import VirtualClock
+from stages.simulator.disaggregation import KvLink, kv_link
+from stages.simulator.precision import Precision
+
+
+@dataclass
+class Deployment:
+    """The instances of both pools, the KV link between them, and the workload."""
+
+    cfg: DictConfig
+    prefill: list[Engine]
+    decode: list[Engine]
+    link: KvLink
+    requests: list[Request]
+    totals: StepTotals = field(default_factory=StepTotals)
+    transfer_s: list[float] = field(default_factory=list)
+    warmup_s: float = 0.0  # the instances warm up side by side: the longest's
+
+    @property
+    def cards(self) -> int:
+        return deployment_cards(self.cfg)
+
+    @property
+    def engines(self) -> list[Engine]:
+        return [*self.prefill, *self.decode]
+
+
+def build_deployment(cfg: DictConfig) -> Deployment:
+    """Every instance of both pools, each on its own virtual clock; the workload once."""
+    tokenizer = build(cfg.tokenizer)
+    spec, _ = describe_model(cfg)
+    check_model_context(cfg, spec)
+    check_pool_tp(cfg, spec)
+    if cfg.hardware is None:
+        raise ConfigError("executor=simulated needs a device: give hardware=gaudi3 (or ...)")
+    hardware = build(cfg.hardware)
+    workload, requests = load_workload(cfg, tokenizer)
+    pools = {}
+    for role in (PREFILL, DECODE):
+        pool = pool_cfg(cfg, role)
+        pools[role] = [
+            simulated_engine(pool, VirtualClock(), spec, hardware, tokenizer, workload)
+            for _ in range(int(cfg.disagg[role]))
+        ]
+    try:
+        precision = Precision(cfg.quantization, cfg.kv_cache_dtype)
+        tp = int(pool_cfg(cfg, PREFILL).tp)
+        link = kv_link(
+            spec, hardware, precision, tp, cfg.disagg.link_gbps, cfg.disagg.transfer_latency_s
+        )
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
+    return Deployment(cfg, pools[PREFILL], pools[DECODE], link, requests)
+
+
+def copy_request(r: Request, max_new_tokens: int, arrival_s: float) -> Request:
+    """A fresh request of the same prompt for one pool's instance (its own sequence id)."""
+    return Request(
+        id=r.id, index=r.index, prompt=r.prompt, prompt_ids=r.prompt_ids,
+        max_new_tokens=max_new_tokens, arrival_s=arrival_s, ignore_eos=r.ignore_eos,
+        stop=list(r.stop), sampling=r.sampling,
+    )  # fmt: skip
+
+
+def round_robin(items: Sequence[Any], n: int) -> list[list[Any]]:
+    """items[i] to share i mod n."""
+    return [list(items[i::n]) for i in range(n)]
+
+
+def run_instance(engine: Engine, requests: list[Request], totals: StepTotals) -> float:
+    """One prefill instance serves its requests (runs of decode steps done at once)."""
+    return engine.run(requests, on_step=totals.add, on_leap=totals.add_run)
+
+
+def prefill_pass(deployment: Deployment) -> tuple[list[Request], float]:
+    """Each request to its first token on a prefill instance; the prefill copies, in the
+    requests' order, and when the last instance finished."""
+    ordered = sorted(deployment.requests, key=lambda r: r.arrival_s)
+    copies = {r.seq_id: copy_request(r, 1, r.arrival_s) for r in ordered}
+    shares = round_robin([copies[r.seq_id] for r in ordered], len(deployment.prefill))
+    end = 0.0
+    for engine, share in zip(deployment.prefill, shares, strict=True):
+        end = max(end, run_instance(engine, share, deployment.totals))
+    return [copies[r.seq_id] for r in deployment.requests], end
+
+
+class Transfers:
+    """A decode instance's arrivals: requests whose KV cache reaches it at `arrival_s`,
+    each admitted (as a running decode) once it has arrived and the instance has room,
+    in arrival order."""
+
+    def __init__(self, requests: Sequence[Request], scheduler: Scheduler, engine: Engine) -> None:
+        self.pending = deque(sorted(requests, key=lambda r: r.arrival_s))
+        self.queued: deque[Request] = deque()  # arrived, waiting for room
+        self.scheduler = scheduler
+        self.engine = engine
+
+    def next_arrival(self) -> float:
+        """When one may next be admitted while none finishes: never while one waits for
+        room (only a finish makes it), else at the next arrival."""
+        if self.queued or not self.pending:
+            return math.inf
+        return self.pending[0].arrival_s
+
+    def finishes_before_change(self) -> float:
+        return 0 if self.queued else math.inf
+
+    def take(self, now: float, idle: bool) -> Arrivals | None:
+        clock, pending = self.engine.clock, self.pending
+        if idle and not self.queued:
+            if not pending:
+                return None
+            clock.sleep_until(pending[0].arrival_s)
+            now = clock()
+        while pending and pending[0].arrival_s <= now:
+            self.queued.append(pending.popleft())
+        while self.queued and self.scheduler.admit_computed(self.queued[0]):
+            self.queued.popleft()
+        if idle and self.queued and not self.scheduler.has_work:  # it can never fit
+            r = self.queued.popleft()
+            r.fail("the decode instance's KV pool cannot hold the prompt: raise num_blocks", now)
+        return Arrivals([])
+
+
+def run_decode_instance(engine: Engine, requests: list[Request], totals: StepTotals) -> float:
+    """One decode instance serves the requests whose KV cache it receives."""
+    clock = engine.clock
+    clock.restart()
+    engine.reject_invalid(requests)
+    source = Transfers([r for r in requests if not r.finished], engine.scheduler, engine)
+    leaps = None
+    if engine.simulation is not None:
+        leaps = Leaps(
+            engine.simulation, source.next_arrival, source.finishes_before_change, totals.add_run
+        )
+    with long_lived_frozen():
+        return engine.serve(source, on_step=totals.add, leaps=leaps)
+
+
+def decode_pass(deployment: Deployment, firsts: list[Request]) -> tuple[list[Request], float]:
+    """The requests that need more than their first token, each decoded to its end on a
+    decode instance after its transfer; the decode copies (None where the first token
+    ended it), and when the last instance finished."""
+    copies: list[Request | None] = []
+    for r, first in zip(deployment.requests, firsts, strict=True):
+        if first.finished and first.finish_reason == FinishReason.ERROR:
+            copies.append(None)
+            continue
+        seconds = deployment.link.seconds(r.num_prompt_tokens)
+        if r.max_new_tokens <= 1:
+            copies.append(None)
+            continue
+        deployment.transfer_s.append(seconds)
+        copy = copy_request(r, r.max_new_tokens, first.token_times[0] + seconds)
+        copy.output_ids = list(first.output_ids)
+        copy.token_times = list(first.token_times)
+        copies.append(copy)
+    arrived = sorted((c for c in copies if c is not None), key=lambda c: c.arrival_s)
+    end = 0.0
+    for engine, share in zip(
+        deployment.decode, round_robin(arrived, len(deployment.decode)), strict=True
+    ):
+        end = max(end, run_decode_instance(engine, share, deployment.totals))
+    return copies, end
+
+
+def merge(r: Request, first: Request, rest: Request | None) -> None:
+    """The request as the deployment served it: its first token from the prefill pool,
+    the others (and its end) from the decode pool."""
+    served = rest or first
+    r.output_ids = served.output_ids
+    r.token_times = served.token_times
+    r.status, r.finish_reason, r.error = served.status, served.finish_reason, served.error
+    r.finish_s = served.finish_s
+    r.num_preemptions = first.num_preemptions + (rest.num_preemptions if rest else 0)
+    r.cached_tokens = first.cached_tokens
+
+
+def simulate(deployment: Deployment) -> float:
+    """Serves the deployment's requests through both pools; returns the run's duration
+    (its last instance's end). Each request ends as the deployment served it."""
+    if deployment.cfg.warmup:  # each instance compiles its own shapes before serving
+        deployment.warmup_s = max(e.warmup() for e in deployment.engines)
+    firsts, prefill_end = prefill_pass(deployment)
+    rests, decode_end = decode_pass(deployment, firsts)
+    for r, first, rest in zip(deployment.requests, firsts, rests, strict=True):
+        merge(r, first, rest)
+    return max(prefill_end, decode_end)
+
+
+def deployment_metrics(deployment: Deployment, duration: float, slo: Slo) -> dict[str, Any]:
+    """metrics.json of a disaggregated run: the serving metrics and the SLO's as an
+    aggregated run's, the pools' (cards, KV pools, warmup) and the KV transfers'."""
+    cfg, requests = deployment.cfg, deployment.requests
+    prefill, decode = deployment.prefill[0], deployment.decode[0]
+    device = _device_metrics(decode)
+    warmups = [_device_metrics(e).get("predicted_warmup_s") or 0.0 for e in (prefill, decode)]
+    return {
+        "status": RunStatus.OK,
+        **summarise(requests, deployment.totals, duration),
+        **slo_metrics(requests, duration, slo),
+        "bucket_misses": sum(e.metadata.bucket_misses for e in deployment.engines),
+        "warmup_s": deployment.warmup_s,
+        "num_blocks": decode.scheduler.kv_cache.num_blocks,
+        "max_model_len": cfg.max_model_len,
+        **device,
+        "predicted_warmup_s": max(warmups),  # the pools warm up side by side
+        "cards": deployment.cards,
+        "disagg": {
+            "prefill": len(deployment.prefill),
+            "decode": len(deployment.decode),
+            "prefill_tp": int(pool_cfg(cfg, PREFILL).tp),
+            "decode_tp": int(pool_cfg(cfg, DECODE).tp),
+            "prefill_num_blocks": prefill.scheduler.kv_cache.num_blocks,
+            "decode_num_blocks": decode.scheduler.kv_cache.num_blocks,
+            "link_gbps": deployment.link.bytes_per_s / 1e9,
+            "transfer_latency_s": deployment.link.latency_s,
+            "kv_transfer_ms": stats([s * 1e3 for s in deployment.transfer_s]),
+        },
+    }
+
+
+def _device_metrics(engine: Engine) -> dict[str, Any]:
+    simulation = engine.simulation
+    if simulation is None:
+        return {"simulated": False}
+    return simulation.metrics(sum(engine.warmup_counts().values()))
+
+
+def serve_deployment(cfg: DictConfig, slo: Slo) -> tuple[Deployment, dict[str, Any]]:
+    """Checks the config, builds the deployment and serves its workload; its metrics."""
+    check_config(cfg)
+    deployment = build_deployment(cfg)
+    duration = simulate(deployment)
+    return deployment, deployment_metrics(deployment, duration, slo)
+
+
+def run_deployment(cfg: DictConfig, out_dir: Path, slo: Slo) -> dict[str, Any]:
+    """A disaggregated run into `out_dir`: generations.jsonl and metrics.json as an
+    aggregated run's (no steps.jsonl: the pools' steps interleave); prints the summary."""
+    deployment, metrics = serve_deployment(cfg, slo)
+    generations = artefacts.GenerationWriter(out_dir, deployment.prefill[0].tokenizer)
+    for r in deployment.requests:
+        generations(r)
+    generations.finish()
+    artefacts.write_metrics(metrics, out_dir)
+    print(f"{metrics['status']}: {out_dir}\n{summary_table(metrics)}\n{describe(metrics)}")
+    return metrics
+
+
+def describe(metrics: dict[str, Any]) -> str:
+    """The deployment's lines under the summary: its pools, cards and KV transfers."""
+    d = metrics["disagg"]
+    transfer = d["kv_transfer_ms"]
+    mean = "-" if transfer["mean"] is None else f"{transfer['mean']:.2f} ms"
+    p99 = "-" if transfer["p99"] is None else f"{transfer['p99']:.2f} ms"
+    return (
+        f"  deployment  {d['prefill']} prefill x tp{d['prefill_tp']} + {d['decode']} decode x "
+        f"tp{d['decode_tp']} = {metrics['cards']} cards\n"
+        f"  KV transfer  mean {mean}, p99 {p99} ({d['link_gbps']:g} GB/s per device, "
+        f"{d['transfer_latency_s'] * 1e3:g} ms a transfer)"
+    )
+
+
+def search_stand_in(cfg: DictConfig) -> tuple[DictConfig, int]:
+    """What a capacity search builds to start from: the config itself (1), or for a
+    deployment one decode instance, whose load the D instances share (D)."""
+    if not disaggregated(cfg):
+        return cfg, 1
+    return pool_cfg(cfg, DECODE), int(cfg.disagg.decode)

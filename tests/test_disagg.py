@@ -1,0 +1,208 @@
+"""Prefill/decode disaggregation on the simulated device: the KV transfer against a hand
+computation, the deployment's first tokens against an aggregated prefill-only run, its
+later tokens against an aggregated run shifted by the transfer, the pools' checks, and
+the property DistServe (arXiv:2401.09670) and Splitwise (arXiv:2311.18677) report: under
+tight TTFT and TPOT bounds, long prompts serve more goodput per card disaggregated, short
+prompts less."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline.build import build
+from pipeline.checks import ConfigError, describe_model
+from pipeline.disagg_config import deployment_cards, pool_cfg
+from pipeline.disaggregated import build_deployment, serve_deployment, simulate
+from pipeline.executors import build_engine, check_config
+from pipeline.plan.capacity import capacity_search
+from pipeline.slo import Slo
+from stages.model.spec import ModelSpec
+from stages.scheduling.kv_cache import KVCacheManager
+from stages.scheduling.request import Request, Status
+from stages.scheduling.scheduler import ChunkedScheduler
+from stages.scheduling.stopping import StopRule
+from stages.simulator.disaggregation import KvLink, kv_bytes_per_token, kv_link
+from stages.simulator.hardware import HardwareProfile
+from stages.simulator.precision import BF16, Precision
+from tests.helpers import make_config
+
+BASE = [
+    "executor=simulated",
+    "hardware=h100",
+    "model=spec/llama31_8b",
+    "warmup=true",
+    "max_model_len=8192",
+    "max_num_seqs=16",
+    "max_tokens=2048",
+]
+
+
+def llama_8b_shape() -> ModelSpec:
+    return describe_model(make_config(BASE))[0]
+
+
+def test_the_kv_transfer_takes_the_prompts_bytes_over_the_link_plus_its_latency():
+    spec = llama_8b_shape()
+    # Llama 3.1 8B: 32 layers, 8 KV heads of 128, bf16: 2 x 8 x 128 x 2 x 32 bytes a token.
+    assert kv_bytes_per_token(spec, BF16, 1) == 131072
+    # At tp 2 each device holds 4 KV heads, and sends its half over its own link.
+    assert kv_bytes_per_token(spec, BF16, 2) == 65536
+    link = KvLink(65536, 50e9, 0.001)
+    assert link.seconds(1000) == pytest.approx(1000 * 65536 / 50e9 + 0.001)
+    # An fp8 KV cache sends one byte a value.
+    assert kv_bytes_per_token(spec, Precision("none", "fp8"), 1) == 65536
+
+
+def test_the_link_is_the_profiles_unless_the_keys_set_it():
+    cfg = make_config(BASE)
+    spec = describe_model(cfg)[0]
+    h100: HardwareProfile = build(cfg.hardware)
+    assert (h100.kv_link_gbs, h100.kv_link_latency_s) == (50, 0.001)  # 400 Gb/s NDR
+    link = kv_link(spec, h100, BF16, 1)
+    assert (link.bytes_per_s, link.latency_s) == (50e9, 0.001)
+    link = kv_link(spec, h100, BF16, 1, link_gbps=450, latency_s=0.0)
+    assert (link.bytes_per_s, link.latency_s) == (450e9, 0.0)
+
+
+SMALL = [
+    *BASE,
+    "workload.num_requests=24",
+    "workload.rate=20",
+    "workload.min_prompt_tokens=200",
+    "workload.max_prompt_tokens=1500",
+    "workload.min_new_tokens=4",
+    "workload.max_new_tokens=40",
+]
+
+
+def test_the_first_token_is_the_prefill_instances_as_an_aggregated_prefill_only_run():
+    cfg = make_config([*SMALL, "disagg.prefill=1", "disagg.decode=2", "disagg.prefill_tp=2"])
+    deployment = build_deployment(cfg)
+    simulate(deployment)
+    # The oracle: the same requests, one output token each, on one aggregated instance
+    # with the prefill pool's tp.
+    engine, requests = build_engine(make_config([*SMALL, "tp=2"]))
+    for r in requests:
+        r.max_new_tokens = 1
+    engine.warmup()
+    engine.run(requests)
+    assert [r.token_times[0] for r in deployment.requests] == [r.token_times[0] for r in requests]
+    assert all(len(r.output_ids) == r.max_new_tokens for r in deployment.requests)
+
+
+def test_a_lone_requests_later_tokens_are_an_aggregated_runs_shifted_by_the_transfer():
+    one = [*BASE, "workload.num_requests=1", "workload.min_prompt_tokens=1000",
+           "workload.max_prompt_tokens=1000", "workload.min_new_tokens=30",
+           "workload.max_new_tokens=30"]  # fmt: skip
+    cfg = make_config([*one, "disagg.prefill=1", "disagg.decode=1"])
+    deployment = build_deployment(cfg)
+    simulate(deployment)
+    (served,) = deployment.requests
+    engine, (alone,) = build_engine(make_config(one))
+    engine.warmup()
+    engine.run([alone])
+    transfer = 1000 * 131072 / 50e9 + 0.001  # the h100 profile's link, by hand
+    assert served.token_times[0] == pytest.approx(alone.token_times[0])
+    # Each decode step is the same batch of one at the same length on the same device.
+    shifted = [t + transfer for t in alone.token_times[1:]]
+    assert served.token_times[1:] == pytest.approx(shifted)
+
+
+def test_a_run_has_an_aggregated_runs_metrics_and_the_deployments_cards():
+    cfg = make_config([*SMALL, "disagg.prefill=2", "disagg.decode=3", "disagg.decode_tp=2",
+                       "slo.ttft_ms=500", "slo.tpot_ms=50"])  # fmt: skip
+    deployment, metrics = serve_deployment(cfg, Slo.of(cfg.slo))
+    assert metrics["cards"] == deployment_cards(cfg) == 2 * 1 + 3 * 2
+    assert metrics["num_requests"] == 24 and metrics["num_errors"] == 0
+    assert metrics["output_tokens"] == sum(r.max_new_tokens for r in deployment.requests)
+    for key in ("output_throughput", "slo_attainment", "request_goodput"):
+        assert metrics[key] is not None
+    assert metrics["ttft_ms"]["p50"] > 0 and metrics["tpot_ms"]["p50"] > 0
+    assert metrics["disagg"]["kv_transfer_ms"]["mean"] > 1.0  # the 1 ms latency and more
+    assert pool_cfg(cfg, "decode").tp == 2 and pool_cfg(cfg, "prefill").tp == 1
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["disagg.prefill=2"], "disagg.decode=0 with disagg.prefill=2"),
+        (["disagg.decode=2"], "disagg.prefill=0 with disagg.prefill=0"),
+        (["disagg.prefill=-1"], "disagg.prefill=-1 must be >= 0"),
+        (["disagg.link_gbps=-5"], "disagg.link_gbps=-5.0 must be >= 0"),
+        (["disagg.prefill=1", "disagg.decode=1", "workload.concurrency=4"],
+         "workload.concurrency=4 with disagg"),
+    ],
+)  # fmt: skip
+def test_a_bad_pool_setting_is_a_one_line_error_naming_its_key(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        check_config(make_config([*SMALL, *overrides]))
+
+
+def test_a_pool_tp_that_does_not_split_the_heads_names_its_key():
+    cfg = make_config([*SMALL, "disagg.prefill=1", "disagg.decode=1", "disagg.prefill_tp=3"])
+    with pytest.raises(ConfigError, match="disagg.prefill_tp: tp=3 does not split"):
+        build_deployment(cfg)
+
+
+def test_the_real_executor_refuses_disaggregation():
+    cfg = make_config(["disagg.prefill=1", "disagg.decode=1"])
+    with pytest.raises(ConfigError, match="disagg.decode=1 is simulated only"):
+        check_config(cfg)
+
+
+def goodput_per_card(tmp_path, overrides: list[str]) -> float:
+    cfg = make_config(overrides)
+    tmp_path.mkdir()
+    result = capacity_search(cfg, tmp_path)
+    assert result["capacity_found"]
+    return result["capacity_rps"] * result["slo_attainment"] / deployment_cards(cfg)
+
+
+TIGHT = [*BASE, "workload.rate=2", "workload.min_new_tokens=100", "workload.max_new_tokens=200",
+         "slo.ttft_ms=600", "slo.tpot_ms=15", "capacity.max_probes=12"]  # fmt: skip
+# Many more requests than the deployment's rows: a capacity bounded by steady serving,
+# not by one burst that every row takes at once.
+LONG = ["workload.num_requests=100", "workload.min_prompt_tokens=3000",
+        "workload.max_prompt_tokens=4000"]  # fmt: skip
+SHORT = ["workload.num_requests=200", "max_num_seqs=8", "workload.min_prompt_tokens=50",
+         "workload.max_prompt_tokens=150"]  # fmt: skip
+
+
+def test_long_prompts_under_tight_slos_serve_more_goodput_per_card_disaggregated(tmp_path):
+    aggregated = goodput_per_card(tmp_path / "a", [*TIGHT, *LONG])
+    disaggregated = goodput_per_card(
+        tmp_path / "d", [*TIGHT, *LONG, "disagg.prefill=1", "disagg.decode=1"]
+    )
+    assert disaggregated > aggregated
+
+
+def test_short_prompts_serve_less_goodput_per_card_disaggregated(tmp_path):
+    aggregated = goodput_per_card(tmp_path / "a", [*TIGHT, *SHORT])
+    for i, pools in enumerate((["disagg.prefill=1", "disagg.decode=1"],
+                               ["disagg.prefill=1", "disagg.decode=2"])):  # fmt: skip
+        assert goodput_per_card(tmp_path / str(i), [*TIGHT, *SHORT, *pools]) < aggregated
+
+
+@pytest.mark.parametrize("no_evict", [False, True])
+def test_a_transferred_prompt_joins_as_a_decode_holding_its_blocks(no_evict):
+    kv = KVCacheManager(num_blocks=4, block_size=16)
+    scheduler = ChunkedScheduler(
+        kv_cache=kv, stop=StopRule((), 1024), max_tokens=64, max_num_seqs=2,
+        max_model_len=1024, align_chunks=True, long_prefill_threshold=0, budget="padded",
+        max_padding=1.0, no_evict=no_evict, max_prefill_rows=0,
+    )  # fmt: skip
+
+    def arrived(n: int, new: int) -> Request:
+        r = Request(id=str(n), index=n, prompt="x", prompt_ids=[1] * n, max_new_tokens=new)
+        r.output_ids, r.token_times = [7], [0.0]  # its first token, from the prefill side
+        return r
+
+    first = arrived(40, 4)  # 41 tokens to hold: 3 blocks of 16
+    assert scheduler.admit_computed(first)
+    assert first.status is Status.RUNNING and first.num_computed == 40
+    assert len(kv.block_table(first)) == 3 and kv.num_free_blocks == 1
+    plan = scheduler.schedule(0.0)
+    assert plan.decode == [first] and not plan.prefill  # no prefill computed here
+    # A second prompt of 2 blocks finds 1 free: it waits, nothing taken.
+    second = arrived(20, 4)
+    assert not scheduler.admit_computed(second) and kv.num_free_blocks == 1
