@@ -26,6 +26,7 @@ import numpy as np
 from stages.scheduling.chunk_policy import Budget, ChunkPolicy, StepBudget
 from stages.scheduling.decode_runs import DecodeRuns
 from stages.scheduling.kv_cache import KVCacheManager, blocks_for
+from stages.scheduling.limits import rejection
 from stages.scheduling.request import (
     FinishReason,
     PrefillChunk,
@@ -85,26 +86,7 @@ class ChunkedScheduler(DecodeRuns):
     # -- admission ---------------------------------------------------------------------------
     def rejection(self, request: Request) -> str | None:
         """Why this request can never be served under the current limits, or None."""
-        n = len(request.prompt_ids)
-        if not request.prompt:
-            return "empty prompt"
-        if request.max_new_tokens < 1:
-            return f"max_new_tokens={request.max_new_tokens}: must be >= 1"
-        if n >= self.max_model_len:
-            return (
-                f"prompt has {n} tokens, max_model_len={self.max_model_len} leaves no room "
-                "for output: shorten the prompt or raise max_model_len"
-            )
-        too_long = self.chunks.one_step_error(n)
-        if too_long:
-            return f"prompt has {too_long}: raise max_tokens or use scheduler=chunked"
-        needed = self.kv_cache.blocks_for(min(n + request.max_new_tokens, self.max_model_len))
-        if needed > self.kv_cache.num_blocks:
-            return (
-                f"needs {needed} KV blocks of {self.block_size} tokens, the pool has "
-                f"num_blocks={self.kv_cache.num_blocks}: raise num_blocks (0 derives it)"
-            )
-        return None
+        return rejection(request, self.max_model_len, self.chunks, self.kv_cache)
 
     def add(self, request: Request) -> None:
         # Its block hashes are made when admission first looks it up, not now: a trace's
