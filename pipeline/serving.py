@@ -24,7 +24,7 @@ from omegaconf import DictConfig
 from pipeline import artefacts
 from pipeline.engine import Engine
 from pipeline.run_folder import RunStatus
-from stages.request import Request
+from stages.scheduling.request import Request
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from pipeline.command import (
 )
 from pipeline.run_folder import RunStatus
 from pipeline.serving import Ending, Hooks, serve_and_summarise
-from stages.request import FinishReason, Request
+from stages.scheduling.request import FinishReason, Request
 from tests.helpers import REPO, run_cli
 
 COMMANDS = [

@@ -43,7 +43,7 @@ from pipeline.executors.simulated import build_simulated_engine, simulated_devic
 from pipeline.metrics import StepTotals
 from pipeline.serving import warm_up
 from stages.arithmetic import ceil_div
-from stages.request import FinishReason, Request
+from stages.scheduling.request import FinishReason, Request
 from stages.simulator.cost_model import CostModel
 from stages.simulator.device import VirtualClock
 from stages.simulator.hardware import HardwareProfile, kv_pool_blocks

@@ -1,13 +1,13 @@
 """The Intel Gaudi servers' launch scripts: FastDeploy's OpenAI server on its HPU runner and
 vLLM with the vllm-gaudi plugin, with the warmup grid each engine builds from its own
-environment (stages/engine_grids.py)."""
+environment (stages/forward/engine_grids.py)."""
 
 from __future__ import annotations
 
 import shlex
 from typing import TYPE_CHECKING
 
-from stages.buckets import Bucketing
+from stages.forward.buckets import Bucketing
 from stages.simulator.precision import KvCacheDtype, Quantization
 
 if TYPE_CHECKING:

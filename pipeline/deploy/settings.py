@@ -7,9 +7,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from stages.bucket_axes import resolve_axes
-from stages.buckets import Axis, Bucketing
-from stages.engine_grids import (
+from stages.forward.bucket_axes import resolve_axes
+from stages.forward.buckets import Axis, Bucketing
+from stages.forward.engine_grids import (
     FastDeployGrid,
     FastDeploySteps,
     ServerLimits,

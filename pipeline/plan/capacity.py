@@ -39,7 +39,7 @@ from pipeline.run import device_metrics, run_metrics, serve, slo_of, unfinished
 from pipeline.run_folder import RunStatus
 from pipeline.serving import Ending, serve_and_summarise
 from pipeline.slo import EarlyVerdict, Slo, needed_good
-from stages.request import FinishReason, Request
+from stages.scheduling.request import FinishReason, Request
 
 log = structlog.get_logger(__name__)
 

@@ -25,7 +25,7 @@ from pipeline.run_folder import RunStatus
 from pipeline.serve.folder import ServerFiles, folder_metrics
 from pipeline.serve.telemetry import Telemetry
 from pipeline.serving import Ending, Hooks, serve_and_summarise
-from stages.request import Request
+from stages.scheduling.request import Request
 
 log = structlog.get_logger(__name__)
 
