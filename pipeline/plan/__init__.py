@@ -14,18 +14,32 @@ The user's guide: docs/planner.md.
 
 from __future__ import annotations
 
+import structlog
 from omegaconf import DictConfig
 
 from pipeline import artefacts
+from pipeline.checks import ConfigError, describe_model
 from pipeline.command import HydraCommand, Job, SweepOnFailure
 from pipeline.plan.capacity import capacity_search
 from pipeline.plan.capacity_report import print_result
 from pipeline.plan.report import check_plan
 from pipeline.plan.target import check_target, target_of
+from pipeline.run_folder import RunStatus
+from stages.simulator.expert_parallel import ExpertParallel, check_layout
+
+log = structlog.get_logger("pipeline.plan")
 
 
 def plan_job(cfg: DictConfig, job: Job) -> int:
-    """One configuration's capacity search and, with a target, its sizing."""
+    """One configuration's capacity search and, with a target, its sizing; a combination
+    of the sweep the engines cannot deploy is a row, not a search."""
+    reason = layout_rule(cfg)
+    if reason:
+        log.info("ruled_out", reason=reason)
+        artefacts.write_resolved_config(cfg, job.out_dir)  # the row shows its device and layout
+        artefacts.write_metrics({"status": RunStatus.FAILED, "error": reason,
+                                 "ruled_out": reason}, job.out_dir)  # fmt: skip
+        return 0
     check_plan(cfg)
     result = capacity_search(cfg, job.out_dir, max_warmup_s=cfg.plan.max_warmup_s)
     if target_of(cfg):
@@ -43,3 +57,18 @@ COMMAND = HydraCommand(
     records_failures=True,
     sweep=SweepOnFailure.ALWAYS_GOES_ON,
 )
+
+
+def layout_rule(cfg: DictConfig) -> str:
+    """Why the configuration's ep / dp cannot be deployed (ep = 1 or tp x dp, experts split
+    evenly: stages/simulator/expert_parallel.py); "" when it can, or when the model cannot
+    be described here (the search reports that)."""
+    try:
+        spec, _ = describe_model(cfg)
+        layout = ExpertParallel(int(cfg.ep), int(cfg.dp), float(cfg.ep_imbalance))
+        check_layout(spec, int(cfg.tp), layout)
+    except ConfigError:
+        return ""
+    except ValueError as err:
+        return f"layout: {err}"
+    return ""
