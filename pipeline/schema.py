@@ -18,7 +18,8 @@ from omegaconf import II, MISSING, DictConfig, OmegaConf
 
 from stages.forward.buckets import Bucketing
 from stages.forward.engine_grids import FastDeploySteps
-from stages.model.spec import ModelSpec, built_in_spec, dtype_bytes, model_spec
+from stages.model.spec import ModelSpec, built_in_spec, dtype_bytes
+from stages.model.spec_option import model_spec
 from stages.scheduling.chunk_policy import Budget
 from stages.simulator.hardware import HardwareProfile, read_profile
 from stages.simulator.precision import KvCacheDtype, Quantization
@@ -354,7 +355,7 @@ class JsonlWorkloadConf(WorkloadConf):
 class SpecModelConf:
     """A model without weights, for the simulated device: config.json or a preset's fields."""
 
-    _target_: str = "stages.model.spec.model_spec"
+    _target_: str = "stages.model.spec_option.model_spec"
     config: str = ""  # a config.json (or its folder); "" = the fields below
     name: str = ""
     vocab_size: int = 0

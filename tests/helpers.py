@@ -26,7 +26,8 @@ from pipeline.schema import (
     schema_defaults,
 )
 from stages.forward.buckets import Bucketing
-from stages.model.spec import ModelSpec, model_spec
+from stages.model.spec import ModelSpec
+from stages.model.spec_option import model_spec
 from stages.scheduling.chunk_policy import Budget
 from stages.scheduling.request import Request
 from stages.trace import TraceWorkload
