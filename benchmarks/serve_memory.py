@@ -80,9 +80,9 @@ def main() -> None:
     )
     sampler.start()
     sys.argv = ["pipeline.serve", *args.overrides]
-    from pipeline.serve.__main__ import main as serve
+    from pipeline.serve.__main__ import COMMAND as serve
 
-    serve()
+    serve.main()
 
 
 if __name__ == "__main__":

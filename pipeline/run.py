@@ -23,6 +23,7 @@ from pipeline.identity import write_identity
 from pipeline.metrics import StepRecord, StepTotals, summarise
 from pipeline.resume import Previous, load_previous, pending_requests
 from pipeline.run_folder import RunStatus
+from pipeline.serving import Ending, Hooks, serve_and_summarise
 from pipeline.signals import RunInterrupted, as_interrupted, stop_on_signals
 from pipeline.slo import Slo, slo_metrics
 from stages.scheduling.request import Request
@@ -86,33 +87,46 @@ def serve(
         prefix_caching=engine.scheduler.kv_cache.prefix is not None,
     )
     steps: list[StepRecord] = list(previous.steps) if previous else []
-    warmup_s = warm_up(cfg, engine)
-    duration, stopped = serve_pending(engine, pending, out_dir, previous, steps)
-    status = RunStatus.INTERRUPTED if stopped else RunStatus.OK
-    duration += previous.duration_s if previous else 0.0
-    metrics = run_metrics(cfg, engine, requests, steps, duration, warmup_s, status)
-    if previous:
-        metrics["resumed_requests"] = len(pending)
-    artefacts.write_metrics(metrics, out_dir)
+    files = RunFiles(engine, pending, out_dir, previous, steps)
+
+    def summarise(duration: float, warmup_s: float, status: RunStatus) -> dict[str, Any]:
+        duration += previous.duration_s if previous else 0.0
+        metrics = run_metrics(cfg, engine, requests, steps, duration, warmup_s, status)
+        if previous:
+            metrics["resumed_requests"] = len(pending)
+        return metrics
+
+    hooks = Hooks(files.open, files.on_unfinished, files.close, files.finish)
+    served = serve_and_summarise(
+        cfg, engine, files.serve, lambda: unfinished(pending), summarise, out_dir,
+        ended_by=stop_signal, hooks=hooks,
+    )  # fmt: skip
+    metrics = served.metrics
     log.info(
         "run_finished",
-        status=status,
+        status=metrics["status"],
         duration_s=round(metrics["duration_s"], 3),
         output_throughput=round(metrics["output_throughput"], 1),
         errors=metrics["num_errors"],
         out_dir=str(out_dir),
     )
-    print(f"{status}: {out_dir}\n{summary_table(metrics)}")
-    if stopped:
+    print(f"{metrics['status']}: {out_dir}\n{summary_table(metrics)}")
+    if served.stopped_by is not None:
+        stopped = as_interrupted(served.stopped_by)
         stopped.recorded = True
         raise stopped
     return metrics
 
 
-def warm_up(cfg: DictConfig, engine: Engine) -> float:
-    """warmup=true: every bucket shape the engine's steps can pad to, compiled before the
-    first request (a batch run and a server alike); its seconds."""
-    return engine.warmup() if cfg.warmup else 0.0
+def unfinished(requests: Sequence[Request]) -> list[Request]:
+    return [r for r in requests if not r.finished]
+
+
+def stop_signal(err: BaseException) -> Ending | None:
+    """A stop signal ends a serving run: what is unfinished is failed `interrupted`."""
+    if isinstance(err, RunInterrupted | KeyboardInterrupt):
+        return Ending(RunStatus.INTERRUPTED, INTERRUPTED)
+    return None
 
 
 def run_metrics(
@@ -160,47 +174,67 @@ def slo_of(cfg: DictConfig) -> Slo:
         raise ConfigError(str(err)) from err
 
 
-def serve_pending(
-    engine: Engine,
-    pending: list[Request],
-    out_dir: Path,
-    previous: Previous | None,
-    steps: list[StepRecord],
-) -> tuple[float, RunInterrupted | None]:
-    """Runs the engine, appending each step and each finished request to the folder as it
-    happens; returns the run's time and the signal that stopped it, if one did."""
-    first_step = len(steps)
-    step_writer = artefacts.StepWriter(out_dir, append=previous is not None)
-    generations = artefacts.GenerationWriter(
-        out_dir, engine.tokenizer, previous.kept.values() if previous else ()
-    )
-    progress = Progress(len(pending))
+class RunFiles:
+    """A batch run's files as it serves, opened once it is warm: each step and each ended
+    request appended to the folder as it happens, with the progress bar."""
 
-    def on_step(record: StepRecord) -> None:
-        record.step += first_step  # a resumed folder's steps go on from the earlier ones
-        steps.append(record)
+    def __init__(
+        self,
+        engine: Engine,
+        pending: list[Request],
+        out_dir: Path,
+        previous: Previous | None,
+        steps: list[StepRecord],
+    ) -> None:
+        self.engine = engine
+        self.pending = pending
+        self.out_dir = out_dir
+        self.previous = previous
+        self.steps = steps
+        self.first_step = len(steps)
+        self.opened: tuple[artefacts.StepWriter, artefacts.GenerationWriter, Progress] | None
+        self.opened = None
+
+    def open(self, warmup_s: float) -> None:
+        previous = self.previous
+        step_writer = artefacts.StepWriter(self.out_dir, append=previous is not None)
+        generations = artefacts.GenerationWriter(
+            self.out_dir, self.engine.tokenizer, previous.kept.values() if previous else ()
+        )
+        self.opened = (step_writer, generations, Progress(len(self.pending)))
+
+    def serve(self) -> float:
+        """Runs the engine; returns the run's time."""
+        return self.engine.run(self.pending, on_step=self.on_step, on_finish=self.on_finish)
+
+    def on_step(self, record: StepRecord) -> None:
+        assert self.opened is not None
+        step_writer, _, progress = self.opened
+        record.step += self.first_step  # a resumed folder's steps go on from the earlier ones
+        self.steps.append(record)
         step_writer(record)
         progress.on_step(record)
 
-    def on_finish(request: Request) -> None:
+    def on_finish(self, request: Request) -> None:
+        assert self.opened is not None
+        _, generations, progress = self.opened
         generations(request)
         progress.on_finish()
 
-    stopped: RunInterrupted | None = None
-    try:
-        duration = engine.run(pending, on_step=on_step, on_finish=on_finish)
-    except (RunInterrupted, KeyboardInterrupt) as err:
-        stopped = as_interrupted(err)
-        duration = engine.clock()  # the run's clock: the wall's, or a simulated device's
-        for r in pending:
-            if not r.finished:
-                r.fail(INTERRUPTED, duration)
-                generations(r)
-    finally:
-        progress.close()
-        step_writer.close()
-    generations.finish()
-    return duration, stopped
+    def on_unfinished(self, request: Request) -> None:
+        assert self.opened is not None
+        self.opened[1](request)
+
+    def close(self) -> None:
+        if self.opened is not None:
+            step_writer, _, progress = self.opened
+            progress.close()
+            step_writer.close()
+
+    def finish(self) -> None:
+        """generations.jsonl in workload order, once the run has ended."""
+        if self.opened is not None:
+            self.opened[1].finish()
 
 
 def device_metrics(engine: Engine) -> dict[str, Any]:

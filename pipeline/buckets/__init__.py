@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -44,12 +43,13 @@ from pipeline.buckets.serving import (
 )
 from pipeline.buckets.sources import SourceError, load_source, run_limits
 from pipeline.buckets.speed import Choice, candidate_plans, choose, write_choice
+from pipeline.command import ArgparseCommand, Failure
 from pipeline.run_folder import read_metrics, read_step_lines
 from stages.forward.bucket_planner import HEADROOM, Evaluation, Plan, Workload, evaluate
 from stages.forward.buckets import Bucketing
 
 # The commands, and the parts other modules and tests use.
-__all__ = ["SourceError", "main", "plan_source", "run_limits", "show"]
+__all__ = ["COMMAND", "SourceError", "main", "plan_source", "run_limits", "show"]
 
 
 # -- plan ------------------------------------------------------------------------------------
@@ -251,35 +251,44 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        if args.command == "show":
-            print(show(args.run))
-            return 0
-        if args.max_shapes < 0 or not 0 <= args.block_weight < math.inf:  # NaN fails too
-            raise SourceError(
-                "--max-shapes needs 1 or more (or `exponential`) and --block-weight 0 or more"
-            )
-        source, variants = args.source, None
-        if args.workload:
-            source = simulated_run(args.workload, args.out / "simulated-run")
-            variants = workload_variants(args.workload)
-        elif source is None:
-            raise SourceError("give a run or sweep folder, or --workload OVERRIDES")
-        plan_source(
-            source, args.max_shapes, args.out, args.name, args.block_weight, args.headroom,
-            variants,
-        )  # fmt: skip
-    except ValueError as err:  # a bad folder or config, or no set within the budget
-        print(f"Error: {err}", file=sys.stderr)
-        return 2
-    except OSError as err:  # --out on a read-only path, or a file where a folder must be
-        where = err.filename or args.out
-        print(
-            f"Error: cannot write {where}: {err.strerror or err}: choose another --out",
-            file=sys.stderr,
+def cannot_write(err: Exception, args: argparse.Namespace) -> str:
+    """--out on a read-only path, or a file where a folder must be."""
+    os_err = err if isinstance(err, OSError) else OSError(str(err))
+    where = os_err.filename or args.out
+    return f"cannot write {where}: {os_err.strerror or err}: choose another --out"
+
+
+def run_command(args: argparse.Namespace, argv: list[str]) -> int:
+    if args.command == "show":
+        print(show(args.run))
+        return 0
+    if args.max_shapes < 0 or not 0 <= args.block_weight < math.inf:  # NaN fails too
+        raise SourceError(
+            "--max-shapes needs 1 or more (or `exponential`) and --block-weight 0 or more"
         )
-        return 2
+    source, variants = args.source, None
+    if args.workload:
+        source = simulated_run(args.workload, args.out / "simulated-run")
+        variants = workload_variants(args.workload)
+    elif source is None:
+        raise SourceError("give a run or sweep folder, or --workload OVERRIDES")
+    plan_source(
+        source, args.max_shapes, args.out, args.name, args.block_weight, args.headroom, variants
+    )
     print((args.out / "report.md").read_text(), end="")
     return 0
+
+
+COMMAND = ArgparseCommand(
+    name="pipeline.buckets",
+    parser=build_parser,
+    run=run_command,
+    failures=(
+        Failure((ValueError,), 2),  # a bad folder or config, or no set within the budget
+        Failure((OSError,), 2, cannot_write),
+    ),
+)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return COMMAND.main(argv)

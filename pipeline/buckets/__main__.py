@@ -2,6 +2,6 @@
 
 import sys
 
-from pipeline.buckets import main
+from pipeline.buckets import COMMAND
 
-sys.exit(main())
+sys.exit(COMMAND.main())

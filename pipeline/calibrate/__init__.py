@@ -20,21 +20,19 @@ HPU.
 from __future__ import annotations
 
 import json
-import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-import hydra
 import numpy as np
 import structlog
-from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline import logs  # noqa: F401  (logs configures structlog)
 from pipeline.artefacts import STEPS, read_run_config
 from pipeline.build import check_resolves, import_paddle
+from pipeline.calibrate.fit import FIT
 from pipeline.checks import ConfigError, describe_model
+from pipeline.command import Failure, HydraCommand, Job, OptionChoice
 from pipeline.engine import Engine
 from pipeline.executors import build_engine, check_config, executor_of
 from pipeline.run import run
@@ -230,25 +228,21 @@ def error_summary(report: Sequence[tuple]) -> dict[str, float]:
     return {"median_error": float(np.median(errors)), "worst_error": float(errors.max())}
 
 
-@hydra.main(version_base="1.3", config_path="pkg://pipeline.conf", config_name="calibrate")
-def main(cfg: DictConfig) -> None:
-    out_dir = Path(HydraConfig.get().runtime.output_dir)
-    options = cfg.calibrate
+def calibrate_job(cfg: DictConfig, job: Job) -> int:
+    """Serves (calibrate.serve), times warmup shapes and reads earlier runs as configured,
+    and writes the fitted profile, hardware.yaml, with calibration.json beside it."""
+    out_dir, options = job.out_dir, cfg.calibrate
     runs = list(options.runs)
-    try:
-        if options.serve or options.grid_shapes:  # an engine will be built: Paddle loads
-            check_resolves(cfg)  # after the config's checks, so an error costs no import
-            check_config(cfg)
-        check_grid(options.grid_shapes, pads_buckets(cfg))  # before serving, not after
-        if options.serve:
-            served = out_dir / "served"
-            served.mkdir(exist_ok=True)
-            run(cfg, served)  # a real run folder of its own, summarised as usual
-            runs.append(served)
-        profile, coefficients, report = calibrate(cfg, options.grid_shapes, runs)
-    except ConfigError as e:
-        print(f"Error: {e}", file=sys.stderr)
-        sys.exit(2)
+    if options.serve or options.grid_shapes:  # an engine will be built: Paddle loads
+        check_resolves(cfg)  # after the config's checks, so an error costs no import
+        check_config(cfg)
+    check_grid(options.grid_shapes, pads_buckets(cfg))  # before serving, not after
+    if options.serve:
+        served = out_dir / "served"
+        served.mkdir(exist_ok=True)
+        run(cfg, served)  # a real run folder of its own, summarised as usual
+        runs.append(served)
+    profile, coefficients, report = calibrate(cfg, options.grid_shapes, runs)
     path = write_profile(out_dir / "hardware.yaml", profile, coefficients)
     summary = {"samples": len(report), **error_summary(report), "coefficients": coefficients}
     (out_dir / "calibration.json").write_text(json.dumps(summary, indent=2) + "\n")
@@ -256,3 +250,19 @@ def main(cfg: DictConfig) -> None:
     print(f"{path}\n  steps fitted: {len(report)}; fitted step time within "
           f"{summary['median_error']:.1%} (median), {summary['worst_error']:.1%} (worst)\n"
           f"  use: executor=simulated hardware=measured hardware.path={path}")  # fmt: skip
+    return 0
+
+
+# `--published FILE` fits published figures (pipeline.calibrate.fit); without it the
+# command calibrates this machine, a Hydra job.
+COMMAND = OptionChoice(
+    name="pipeline.calibrate",
+    option="--published",
+    given=FIT,
+    otherwise=HydraCommand(
+        name="pipeline.calibrate",
+        config_name="calibrate",
+        run=calibrate_job,
+        failures=(Failure((ConfigError,), 2),),
+    ),
+)

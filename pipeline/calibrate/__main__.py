@@ -2,12 +2,6 @@
 
 import sys
 
-from pipeline.calibrate import main
-from pipeline.schema import register_schemas
+from pipeline.calibrate import COMMAND
 
-if "--published" in sys.argv[1:]:  # fit a device profile to published figures
-    from pipeline.calibrate.fit import main as fit_published
-
-    sys.exit(fit_published(sys.argv[1:]))
-register_schemas()
-main()
+sys.exit(COMMAND.main())

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -36,6 +35,7 @@ from pipeline.build import build
 from pipeline.calibrate.published import DATA_DIR, PublishedRow, median, read_rows
 from pipeline.calibrate.recorded import Recorded, record
 from pipeline.calibrate.residuals import Half, profile_errors, sources
+from pipeline.command import ArgparseCommand, Failure
 from pipeline.compose import compose_config
 from stages.simulator.hardware import HardwareProfile
 
@@ -338,7 +338,7 @@ def starting_profiles(
     return profiles
 
 
-def main(argv: Sequence[str]) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m pipeline.calibrate --published FILE",
         description="Fit device profiles to published throughput figures.",
@@ -359,7 +359,15 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument(
         "overrides", nargs="*", help="hardware=NAME or hardware=NAME,NAME (fitted together)"
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+class FitInputError(Exception):
+    """A bad file or override: one line, exit 2."""
+
+
+def fit_inputs(args: argparse.Namespace) -> tuple[list[str], list[PublishedRow], Profiles]:
+    """The devices, their rows and their starting profiles; any error a FitInputError."""
     try:
         devices, overrides = devices_and_overrides(args.overrides)
         if len(devices) > 1 and "{name}" not in args.out:
@@ -369,9 +377,14 @@ def main(argv: Sequence[str]) -> int:
         missing = sorted(set(devices) - {r.hardware for r in rows})
         if missing:
             raise ValueError(f"{args.published} has no rows for hardware={','.join(missing)}")
-    except Exception as err:  # a bad file or override: one line, exit 2
-        print(f"Error: {err}", file=sys.stderr)
-        return 2
+    except Exception as err:
+        raise FitInputError(str(err)) from err
+    return devices, rows, starts
+
+
+def fit_published(args: argparse.Namespace, argv: list[str]) -> int:
+    """Fits, prints each step's errors and writes each device's profile."""
+    devices, rows, starts = fit_inputs(args)
     recorded = record(rows, starts, args.cache)
     print(f"{len(rows)} rows; as given: {per_device(recorded, starts)}")
     fitted = fit(recorded, starts)
@@ -385,3 +398,15 @@ def main(argv: Sequence[str]) -> int:
         out.write_text(profile_text(name, fitted, recorded, command, checks, halves))
         print(f"wrote {out}: hardware=measured hardware.path={out}")
     return 0
+
+
+FIT = ArgparseCommand(
+    name="pipeline.calibrate --published",
+    parser=build_parser,
+    run=fit_published,
+    failures=(Failure((FitInputError,), 2),),
+)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return FIT.main(argv)

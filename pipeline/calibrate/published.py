@@ -41,6 +41,7 @@ from pipeline.build import build
 from pipeline.compose import compose_config
 from pipeline.executors.simulated import build_simulated_engine, simulated_device
 from pipeline.metrics import StepTotals
+from pipeline.serving import warm_up
 from stages.arithmetic import ceil_div
 from stages.scheduling.request import FinishReason, Request
 from stages.simulator.cost_model import CostModel
@@ -252,8 +253,7 @@ def simulate_row(
     device = simulated_device(engine)
     if record:
         device.record()
-    if cfg.warmup:
-        engine.warmup()
+    warm_up(cfg, engine)
     requests = fixed_requests(row)
     totals = StepTotals()
     # A recording device keeps each step's amounts, so it runs every step alone.

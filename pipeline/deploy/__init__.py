@@ -20,11 +20,12 @@ from typing import Any
 
 import yaml
 
+from pipeline.command import ArgparseCommand, Failure
 from pipeline.deploy.hpu import FASTDEPLOY, VLLM, VLLM_BUCKETS, fastdeploy_warnings, hpu_scripts
 from pipeline.deploy.settings import Deployment, deployment
 
 OVERRIDES = "overrides.txt"
-__all__ = ["FASTDEPLOY", "OVERRIDES", "VLLM", "VLLM_BUCKETS", "Deployment", "deployment",
+__all__ = ["COMMAND", "FASTDEPLOY", "OVERRIDES", "VLLM", "VLLM_BUCKETS", "Deployment", "deployment",
            "export_run", "main", "tool_overrides", "write_deploy"]  # fmt: skip
 
 
@@ -56,7 +57,7 @@ def write_deploy(d: Deployment, overrides: Sequence[str], out: Path) -> list[Pat
     return [out / name for name in files] + [out / OVERRIDES]
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m pipeline.deploy",
         description="Write the launch scripts for one run or plan job folder: on a GPU "
@@ -68,14 +69,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("run_dir", type=Path, help="a run or plan job folder")
     parser.add_argument("--out", type=Path, help="where to write (default RUN_DIR/deploy)")
     parser.add_argument("--model", default="", help="the model id or folder the servers load")
-    args = parser.parse_args(argv)
-    try:
-        written = export_run(args.run_dir, args.out or args.run_dir / "deploy", args.model)
-    except (OSError, ValueError, KeyError) as err:
-        print(f"Error: {args.run_dir}: cannot export ({err})", file=sys.stderr)
-        return 2
+    return parser
+
+
+def export_command(args: argparse.Namespace, argv: list[str]) -> int:
+    written = export_run(args.run_dir, args.out or args.run_dir / "deploy", args.model)
     print("\n".join(str(p) for p in written))
     return 0
+
+
+def cannot_export(err: Exception, args: argparse.Namespace) -> str:
+    return f"{args.run_dir}: cannot export ({err})"
+
+
+COMMAND = ArgparseCommand(
+    name="pipeline.deploy",
+    parser=build_parser,
+    run=export_command,
+    failures=(Failure((OSError, ValueError, KeyError), 2, cannot_export),),
+)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return COMMAND.main(argv)
 
 
 def export_run(run_dir: Path, out: Path, model: str = "") -> list[Path]:

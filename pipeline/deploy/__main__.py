@@ -2,6 +2,6 @@
 
 import sys
 
-from pipeline.deploy import main
+from pipeline.deploy import COMMAND
 
-sys.exit(main())
+sys.exit(COMMAND.main())

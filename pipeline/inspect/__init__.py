@@ -13,12 +13,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from pipeline.command import ArgparseCommand, Failure
 from pipeline.inspect.gguf import describe_gguf, render_gguf
 from stages.loading.checkpoint import (
     INDEX_FILE,
@@ -274,7 +274,7 @@ def check_readable(path: str) -> None:
             )
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m pipeline.inspect",
         description=__doc__,
@@ -289,20 +289,37 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=0,
         help="the context it would be served with (default: max_position_embeddings)",
     )
-    args = parser.parse_args(argv)
-    try:
-        check_readable(args.model_dir)
-        if is_gguf(args.model_dir):
-            report = describe_gguf(args.model_dir, args.max_model_len)
-            text = render_gguf(report)
-        else:
-            report = describe(args.model_dir, args.max_model_len)
-            text = render(report)
-    except ValueError as err:  # NotAModel, or a GGUF header that cannot be read
-        print(f"Error: {err}", file=sys.stderr)
-        return NOT_A_MODEL
-    except OSError as err:  # a device or a file that cannot be read (/proc/self/mem)
-        print(f"Error: {args.model_dir} cannot be read ({err.strerror or err})", file=sys.stderr)
-        return NOT_A_MODEL
+    return parser
+
+
+def inspect_command(args: argparse.Namespace, argv: list[str]) -> int:
+    check_readable(args.model_dir)
+    if is_gguf(args.model_dir):
+        report = describe_gguf(args.model_dir, args.max_model_len)
+        text = render_gguf(report)
+    else:
+        report = describe(args.model_dir, args.max_model_len)
+        text = render(report)
     print(json.dumps(report, indent=2) if args.json else text)
     return SERVABLE if report["servable"] else NOT_SERVABLE
+
+
+def cannot_read(err: Exception, args: argparse.Namespace) -> str:
+    """A device or a file that cannot be read (/proc/self/mem)."""
+    reason = err.strerror if isinstance(err, OSError) else None
+    return f"{args.model_dir} cannot be read ({reason or err})"
+
+
+COMMAND = ArgparseCommand(
+    name="pipeline.inspect",
+    parser=build_parser,
+    run=inspect_command,
+    failures=(
+        Failure((ValueError,), NOT_A_MODEL),  # NotAModel, or a GGUF header that cannot be read
+        Failure((OSError,), NOT_A_MODEL, cannot_read),
+    ),
+)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return COMMAND.main(argv)

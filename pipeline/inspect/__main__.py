@@ -2,6 +2,6 @@
 
 import sys
 
-from pipeline.inspect import main
+from pipeline.inspect import COMMAND
 
-sys.exit(main())
+sys.exit(COMMAND.main())

@@ -14,59 +14,49 @@ The user's guide: docs/planner.md.
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
-import hydra
 import structlog
-from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from pipeline import artefacts, logs  # noqa: F401  (logs configures structlog)
+from pipeline import artefacts
 from pipeline.checks import ConfigError, describe_model
+from pipeline.command import HydraCommand, Job, SweepOnFailure
 from pipeline.plan.capacity import capacity_search
 from pipeline.plan.capacity_report import print_result
 from pipeline.plan.report import check_plan
 from pipeline.plan.target import check_target, target_of
 from pipeline.run_folder import RunStatus
-from pipeline.schema import register_schemas
 from stages.simulator.expert_parallel import ExpertParallel, check_layout
 
 log = structlog.get_logger("pipeline.plan")
-register_schemas()
 
 
-@hydra.main(version_base="1.3", config_path="pkg://pipeline.conf", config_name="plan")
-def main(cfg: DictConfig) -> None:
-    hydra_cfg = HydraConfig.get()
-    out_dir = Path(hydra_cfg.runtime.output_dir)
-    structlog.contextvars.clear_contextvars()  # a joblib worker runs several jobs
-    job = hydra_cfg.job.get("num", 0)  # type: ignore[attr-defined]  # a DictConfig at run time
-    structlog.contextvars.bind_contextvars(job=job)
+def plan_job(cfg: DictConfig, job: Job) -> int:
+    """One configuration's capacity search and, with a target, its sizing; a combination
+    of the sweep the engines cannot deploy is a row, not a search."""
     reason = layout_rule(cfg)
-    if reason:  # a combination of the sweep the engines cannot deploy: a row, not a search
+    if reason:
         log.info("ruled_out", reason=reason)
-        artefacts.write_resolved_config(cfg, out_dir)  # the row shows its device and layout
+        artefacts.write_resolved_config(cfg, job.out_dir)  # the row shows its device and layout
         artefacts.write_metrics({"status": RunStatus.FAILED, "error": reason,
-                                 "ruled_out": reason}, out_dir)  # fmt: skip
-        return
-    try:
-        check_plan(cfg)
-        result = capacity_search(cfg, out_dir, max_warmup_s=cfg.plan.max_warmup_s)
-        if target_of(cfg):
-            result = check_target(cfg, out_dir, result)
-            artefacts.write_metrics(result, out_dir)
-        print_result(result, out_dir)
-    except Exception as err:  # one failed job must not stop the plan; the table shows it
-        known = isinstance(err, ConfigError | artefacts.RunFolderError)
-        message = str(err) if known else f"{type(err).__name__}: {err}"
-        try:
-            artefacts.write_metrics({"status": RunStatus.FAILED, "error": message}, out_dir)
-        except artefacts.RunFolderError:
-            pass
-        if os.environ.get("HYDRA_FULL_ERROR") == "1":
-            raise
-        log.error("job_failed", error=message)
+                                 "ruled_out": reason}, job.out_dir)  # fmt: skip
+        return 0
+    check_plan(cfg)
+    result = capacity_search(cfg, job.out_dir, max_warmup_s=cfg.plan.max_warmup_s)
+    if target_of(cfg):
+        result = check_target(cfg, job.out_dir, result)
+        artefacts.write_metrics(result, job.out_dir)
+    print_result(result, job.out_dir)
+    return 0
+
+
+# One failed job must not stop the plan: its metrics.json has the error, the table shows it.
+COMMAND = HydraCommand(
+    name="pipeline.plan",
+    config_name="plan",
+    run=plan_job,
+    records_failures=True,
+    sweep=SweepOnFailure.ALWAYS_GOES_ON,
+)
 
 
 def layout_rule(cfg: DictConfig) -> str:

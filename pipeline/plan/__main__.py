@@ -1,5 +1,5 @@
 """`python -m pipeline.plan`: the command itself is pipeline/plan/__init__.py."""
 
-from pipeline.plan import main
+from pipeline.plan import COMMAND
 
-main()
+COMMAND.main()

@@ -37,8 +37,9 @@ from pipeline.metrics import StepTotals
 from pipeline.plan.capacity_estimate import rate_ceiling
 from pipeline.plan.capacity_report import write_reports
 from pipeline.plan.probes import LoadAxis, Probe
-from pipeline.run import device_metrics, run_metrics, serve, slo_of
+from pipeline.run import device_metrics, run_metrics, serve, slo_of, unfinished
 from pipeline.run_folder import RunStatus
+from pipeline.serving import Ending, serve_and_summarise
 from pipeline.slo import EarlyVerdict, Slo, needed_good
 from stages.scheduling.request import FinishReason, Request
 
@@ -89,8 +90,7 @@ def run_probe(
         if keep_files:
             metrics = serve(cfg, engine, requests, folder)
         else:
-            metrics = serve_judged(cfg, engine, requests, decide_early)
-            artefacts.write_metrics(metrics, folder)
+            metrics = serve_judged(cfg, engine, requests, folder, decide_early)
     if not cfg.workload.get("concurrency"):
         metrics["offered_rps"] = arrivals
     refused = [
@@ -103,25 +103,32 @@ def run_probe(
 
 
 def serve_judged(
-    cfg: DictConfig, engine: Engine, requests: list[Request], decide_early: bool
+    cfg: DictConfig, engine: Engine, requests: list[Request], folder: Path, decide_early: bool
 ) -> dict[str, Any]:
-    """The probe's run, metrics only; ended by its SLO verdict once that is certain."""
-    warmup_s = engine.warmup() if cfg.warmup else 0.0
+    """The probe's run, metrics only (written into `folder`); ended by its SLO verdict once
+    that is certain."""
     totals = StepTotals()
     verdict = EarlyVerdict(slo_of(cfg), requests, arrivals_fixed=not engine.concurrency)
-    duration = engine.run(
-        requests, on_step=totals.add, on_finish=verdict.on_finish, on_leap=totals.add_run,
-        stop=verdict if decide_early else None,
-    )  # fmt: skip
-    decided = verdict.decided_at is not None
-    for r in requests:
-        if not r.finished:
-            r.fail(STOPPED, duration)
-    status = RunStatus.STOPPED if decided else RunStatus.OK
-    metrics = run_metrics(cfg, engine, requests, totals, duration, warmup_s, status)
-    if decided:
-        metrics["decided_early"] = verdict.describe()
-    return metrics
+
+    def serve_all() -> float:
+        return engine.run(
+            requests, on_step=totals.add, on_finish=verdict.on_finish, on_leap=totals.add_run,
+            stop=verdict if decide_early else None,
+        )  # fmt: skip
+
+    def decided() -> Ending | None:
+        return Ending(RunStatus.STOPPED, STOPPED) if verdict.decided_at is not None else None
+
+    def summarise(duration: float, warmup_s: float, status: RunStatus) -> dict[str, Any]:
+        metrics = run_metrics(cfg, engine, requests, totals, duration, warmup_s, status)
+        if verdict.decided_at is not None:
+            metrics["decided_early"] = verdict.describe()
+        return metrics
+
+    served = serve_and_summarise(
+        cfg, engine, serve_all, lambda: unfinished(requests), summarise, folder, ended_early=decided
+    )
+    return served.metrics
 
 
 class Search:

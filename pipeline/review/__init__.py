@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from pipeline.command import ArgparseCommand, Failure
 from pipeline.review import plans
 from pipeline.review.compare import config_diff, metrics_table
 from pipeline.review.outputs import outputs_verdict, verdict_line
@@ -93,7 +94,7 @@ def _sweep_pairs(sweep_dir: Path, baseline: int) -> tuple[Path, list[tuple[int, 
     return by_num[baseline], [(j.num, j.path) for j in jobs if j.num != baseline]
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m pipeline.review",
         description=__doc__,
@@ -110,26 +111,36 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="exit 1 when the generated tokens differ (or cannot be compared)",
     )
-    args = parser.parse_args(argv)
+    return parser
 
-    try:
-        if len(args.runs) == 2 and args.baseline is None and plans.handles(*args.runs):
-            doc = plans.review_plan_pair(*args.runs)
-            print(json.dumps(doc, indent=2, default=str) if args.json else plans.render_plans(doc))
-            return EXIT_OK
-        if len(args.runs) == 2 and args.baseline is None:
-            doc = _review_pair(*args.runs)
-            print(json.dumps(doc, indent=2, default=str) if args.json else render(doc))
-            code = exit_code(doc, args.fail_on_output_diff)
-            if code != EXIT_OK and not doc["outputs"]["comparable"]:
-                print(f"Error: {verdict_line(doc['outputs'])}", file=sys.stderr)
-            return code
-        if len(args.runs) == 1:
-            return _main_sweep(args.runs[0], args.baseline or 0, args)
-        raise ReviewError("give two run folders (RUN_A RUN_B), or one sweep folder --baseline K")
-    except ReviewError as err:
-        print(f"Error: {err}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+
+def review_command(args: argparse.Namespace, argv: list[str]) -> int:
+    if len(args.runs) == 2 and args.baseline is None and plans.handles(*args.runs):
+        doc = plans.review_plan_pair(*args.runs)
+        print(json.dumps(doc, indent=2, default=str) if args.json else plans.render_plans(doc))
+        return EXIT_OK
+    if len(args.runs) == 2 and args.baseline is None:
+        doc = _review_pair(*args.runs)
+        print(json.dumps(doc, indent=2, default=str) if args.json else render(doc))
+        code = exit_code(doc, args.fail_on_output_diff)
+        if code != EXIT_OK and not doc["outputs"]["comparable"]:
+            print(f"Error: {verdict_line(doc['outputs'])}", file=sys.stderr)
+        return code
+    if len(args.runs) == 1:
+        return _main_sweep(args.runs[0], args.baseline or 0, args)
+    raise ReviewError("give two run folders (RUN_A RUN_B), or one sweep folder --baseline K")
+
+
+COMMAND = ArgparseCommand(
+    name="pipeline.review",
+    parser=build_parser,
+    run=review_command,
+    failures=(Failure((ReviewError,), EXIT_BAD_INPUT),),
+)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return COMMAND.main(argv)
 
 
 def _main_sweep(sweep_dir: Path, baseline: int, args: argparse.Namespace) -> int:

@@ -2,6 +2,6 @@
 
 import sys
 
-from pipeline.review import main
+from pipeline.review import COMMAND
 
-sys.exit(main())
+sys.exit(COMMAND.main())

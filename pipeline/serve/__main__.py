@@ -18,20 +18,18 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import hydra
 import structlog
 import uvicorn
 from fastapi import FastAPI
-from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from pipeline import artefacts, logs  # noqa: F401  (logs configures structlog)
+from pipeline import artefacts
 from pipeline.build import check_resolves, import_paddle
 from pipeline.checks import ConfigError
+from pipeline.command import RUN_FAILURES, Failure, HydraCommand, Job, error_line, failure_of
 from pipeline.executors import check_config, executor_of
 from pipeline.run import slo_of
 from pipeline.run_folder import RunStatus
-from pipeline.schema import register_schemas
 from pipeline.serve.api import create_app
 from pipeline.serve.connections import guarded_h11
 from pipeline.serve.derived import model_name, size_kv_pool
@@ -39,7 +37,6 @@ from pipeline.serve.telemetry import Telemetry
 from pipeline.serve.worker import EngineWorker
 
 log = structlog.get_logger("pipeline.serve")
-register_schemas()
 
 
 def prepare(cfg: DictConfig, model_choice: str) -> str | None:
@@ -160,36 +157,36 @@ def listening_socket(host: str, port: int) -> socket.socket:
 
 def exit_code(err: BaseException, out_dir: Path) -> int:
     """The engine's fatal error as one line on stderr and in metrics.json (where the disk
-    allows); 2 for a config error, 1 otherwise."""
-    known = isinstance(err, ConfigError | artefacts.RunFolderError)
-    message = str(err) if known else f"{type(err).__name__}: {err}"
+    allows) with a run's exit code: 2 for a config error, 1 otherwise."""
+    failure = failure_of(RUN_FAILURES, err)
+    message = error_line(RUN_FAILURES, err)
     try:
         if not (out_dir / artefacts.METRICS).exists():
             artefacts.write_metrics({"status": RunStatus.FAILED, "error": message}, out_dir)
     except (OSError, artefacts.RunFolderError) as write_err:
         print(f"Error: metrics.json not written: {write_err}", file=sys.stderr)
     print(f"Error: {message}", file=sys.stderr)
-    return 2 if isinstance(err, ConfigError) else 1
+    return failure.code if failure else 1
 
 
-@hydra.main(version_base="1.3", config_path="pkg://pipeline.conf", config_name="serve")
-def main(cfg: DictConfig) -> None:
-    hydra_cfg = HydraConfig.get()
-    out_dir = Path(hydra_cfg.runtime.output_dir)
-    try:
-        pool = prepare(cfg, hydra_cfg.runtime.choices.get("model", "model"))
-        artefacts.write_resolved_config(cfg, out_dir)
-        if pool:
-            print(pool, flush=True)
-        code = serve(cfg, out_dir)
-    except (ConfigError, artefacts.RunFolderError) as err:
-        print(f"Error: {err}", file=sys.stderr)
-        sys.exit(2)
-    sys.exit(code)
+def serve_job(cfg: DictConfig, job: Job) -> int:
+    """Checks the config, then serves until a stop signal; returns the exit code."""
+    pool = prepare(cfg, job.choices.get("model", "model"))
+    artefacts.write_resolved_config(cfg, job.out_dir)
+    if pool:
+        print(pool, flush=True)
+    return serve(cfg, job.out_dir)
 
+
+COMMAND = HydraCommand(
+    name="pipeline.serve",
+    config_name="serve",
+    run=serve_job,
+    failures=(Failure((ConfigError, artefacts.RunFolderError), 2),),
+)
 
 if __name__ == "__main__":
     for stop in (signal.SIGINT, signal.SIGTERM):  # in place of Paddle's, from the imports
         signal.signal(stop, stopped_before_serving)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})  # see __init__
-    main()
+    COMMAND.main()

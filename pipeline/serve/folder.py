@@ -83,7 +83,23 @@ def step_counts(path: Path) -> tuple[StepTotals, int]:
     return steps, preempted
 
 
-def write_folder_metrics(
+class ServerFiles:
+    """The server's steps.jsonl and generations.jsonl, appended to as it serves."""
+
+    def __init__(self, out_dir: Path, tokenizer) -> None:
+        self.steps = artefacts.StepWriter(out_dir)
+        try:
+            self.generations = GenerationAppender(out_dir, tokenizer)
+        except BaseException:
+            self.steps.close()
+            raise
+
+    def close(self) -> None:
+        self.steps.close()
+        self.generations.close()
+
+
+def folder_metrics(
     cfg: DictConfig,
     engine: Engine,
     out_dir: Path,
@@ -91,9 +107,9 @@ def write_folder_metrics(
     warmup_s: float,
     status: RunStatus,
     error: str | None,
-) -> None:
-    """metrics.json from the folder's generations and steps; generations.jsonl is rewritten
-    in arrival order on the way."""
+) -> dict[str, Any]:
+    """metrics.json's content from the folder's generations and steps; generations.jsonl is
+    rewritten in arrival order on the way."""
     lines = sorted(artefacts.read_generations(out_dir / GENERATIONS), key=lambda g: g["index"])
     artefacts.replace_lines(out_dir / GENERATIONS, (artefacts.json_line(g) for g in lines))
     requests = [ended_request(g) for g in lines]
@@ -110,4 +126,4 @@ def write_folder_metrics(
     metrics["num_preemptions"] = preempted
     if error:
         metrics["error"] = error
-    artefacts.write_metrics(metrics, out_dir)
+    return metrics

@@ -17,15 +17,14 @@ from pathlib import Path
 import structlog
 from omegaconf import DictConfig
 
-from pipeline import artefacts
 from pipeline.allocator import HeapTrimmer
 from pipeline.engine import Arrivals, Engine
 from pipeline.executors import build_engine
 from pipeline.metrics import StepRecord
-from pipeline.run import warm_up
 from pipeline.run_folder import RunStatus
-from pipeline.serve.folder import GenerationAppender, write_folder_metrics
+from pipeline.serve.folder import ServerFiles, folder_metrics
 from pipeline.serve.telemetry import Telemetry
+from pipeline.serving import Ending, Hooks, serve_and_summarise
 from stages.scheduling.request import Request
 
 log = structlog.get_logger(__name__)
@@ -114,6 +113,7 @@ class EngineWorker:
         self.ready = threading.Event()
         self.draining = False  # a stop signal came: in-flight requests finish, none start
         self.failed: str | None = None
+        self.engine_error: BaseException | None = None
         self.heap = HeapTrimmer(cfg.serve.trim_memory_s)
         self._thread = threading.Thread(target=self._main, name="engine", daemon=True)
 
@@ -164,81 +164,78 @@ class EngineWorker:
         the disk allows."""
         try:
             engine = self._load()
+            files = ServerFiles(self.out_dir, engine.tokenizer)
         except BaseException as err:
             self.failed = str(err)
             self.on_fatal(err)
             return
-        duration, warmup_s, status = 0.0, 0.0, RunStatus.OK
-        steps = generations = None
         try:
-            steps = artefacts.StepWriter(self.out_dir)
-            generations = GenerationAppender(self.out_dir, engine.tokenizer)
-            warmup_s = warm_up(self.cfg, engine)
-            self.engine = engine
-            self.telemetry.watch(engine)
-            engine.clock.restart()
-            self.ready.set()
-            log.info("server_ready", warmup_s=round(warmup_s, 3))
-            duration = self._serve(engine, steps, generations)
-        except BaseException as err:  # the engine broke: every open request gets the error
-            status, self.failed = RunStatus.FAILED, f"{type(err).__name__}: {err}"
-            log.error("engine_failed", error=self.failed)
-            self.ready.clear()
-            self.inbox.close()
-            self._fail_open(engine, generations)
-            self.on_fatal(err)
-        finally:
-            self._close(engine, (steps, generations), duration, warmup_s, status)
+            served = serve_and_summarise(
+                self.cfg, engine, lambda: self._serve(engine, files), self._open_requests,
+                lambda duration, warmup_s, status: folder_metrics(
+                    self.cfg, engine, self.out_dir, duration, warmup_s, status, self.failed
+                ),
+                self.out_dir, ended_by=self._engine_failed,
+                hooks=Hooks(
+                    lambda warmup_s: self._ready(engine, warmup_s),
+                    lambda request: self._answer(request, files),
+                    files.close,
+                ),
+            )  # fmt: skip
+            fatal = served.stopped_by
+        except Exception as err:  # noqa: BLE001 - a full disk: the exit code says it failed
+            log.error("metrics_not_written", error=f"{type(err).__name__}: {err}")
+            fatal = self.engine_error or err
+            self.failed = self.failed or f"{type(err).__name__}: {err}"
+        if fatal is not None:
+            self.on_fatal(fatal)
 
-    def _serve(
-        self, engine: Engine, steps: artefacts.StepWriter, generations: GenerationAppender
-    ) -> float:
+    def _ready(self, engine: Engine, warmup_s: float) -> None:
+        """Warm: requests are taken from now on, timed by a clock that starts now."""
+        self.engine = engine
+        self.telemetry.watch(engine)
+        engine.clock.restart()
+        self.ready.set()
+        log.info("server_ready", warmup_s=round(warmup_s, 3))
+
+    def _serve(self, engine: Engine, files: ServerFiles) -> float:
         return engine.serve(
             self.inbox,
-            on_step=lambda record: self._on_step(record, steps),
-            on_finish=lambda request: self._on_finish(request, generations),
+            on_step=lambda record: self._on_step(record, files),
+            on_finish=lambda request: self._on_finish(request, files),
             on_tokens=self._on_tokens,
         )
 
-    def _fail_open(self, engine: Engine, generations: GenerationAppender | None) -> None:
-        """Every open request ends with the engine's error; its client hears of it even
-        where its generations.jsonl line cannot be written (a full disk)."""
-        for stream in list(self.streams.values()):
-            stream.request.fail(f"the engine failed: {self.failed}", engine.clock())
-            try:
-                if generations is not None:
-                    generations(stream.request)
-            except Exception as err:  # noqa: BLE001 - the client's answer comes first
-                log.warning("generation_not_written", id=stream.request.id, error=str(err))
-            self.streams.pop(stream.request.seq_id, None)
-            self._deliver(
-                stream.queue.put_nowait, Finished(stream.request.output_ids[stream.sent :])
-            )
+    def _engine_failed(self, err: BaseException) -> Ending:
+        """The engine broke (or its files did): every open request gets the error."""
+        self.engine_error = err
+        self.failed = f"{type(err).__name__}: {err}"
+        log.error("engine_failed", error=self.failed)
+        self.ready.clear()
+        self.inbox.close()
+        return Ending(RunStatus.FAILED, f"the engine failed: {self.failed}", in_warmup=True)
 
-    def _close(
-        self, engine: Engine, files: tuple, duration: float, warmup_s: float, status: RunStatus
-    ) -> None:
-        """The folder's files closed and its metrics.json written, each where it can be."""
+    def _open_requests(self) -> list[Request]:
+        return [stream.request for stream in self.streams.values()]
+
+    def _answer(self, request: Request, files: ServerFiles) -> None:
+        """An open request the engine's error ended: its client hears of it even where its
+        generations.jsonl line cannot be written (a full disk)."""
         try:
-            for file in files:
-                if file is not None:
-                    file.close()
-            write_folder_metrics(
-                self.cfg, engine, self.out_dir, duration, warmup_s, status, self.failed
-            )
-        except Exception as err:  # noqa: BLE001 - a full disk: the exit code says it failed
-            log.error("metrics_not_written", error=f"{type(err).__name__}: {err}")
-            if status is RunStatus.OK:
-                self.failed = f"{type(err).__name__}: {err}"
-                self.on_fatal(err)
+            files.generations(request)
+        except Exception as err:  # noqa: BLE001 - the client's answer comes first
+            log.warning("generation_not_written", id=request.id, error=str(err))
+        stream = self.streams.pop(request.seq_id, None)
+        if stream is not None:
+            self._deliver(stream.queue.put_nowait, Finished(request.output_ids[stream.sent :]))
 
     def _load(self) -> Engine:
         # A simulated device's predicted step times pass on the wall (the digital twin).
         engine, _ = build_engine(self.cfg, paced=True)
         return engine
 
-    def _on_step(self, record: StepRecord, steps: artefacts.StepWriter) -> None:
-        steps(record)
+    def _on_step(self, record: StepRecord, files: ServerFiles) -> None:
+        files.steps(record)
         self.telemetry.observe_step(record)
         self.heap.maybe_trim()
 
@@ -252,8 +249,8 @@ class EngineWorker:
         if batch:
             self._deliver(_put_each, batch)
 
-    def _on_finish(self, request: Request, generations: GenerationAppender) -> None:
-        generations(request)
+    def _on_finish(self, request: Request, files: ServerFiles) -> None:
+        files.generations(request)
         self.telemetry.observe_finish(request)
         stream = self.streams.pop(request.seq_id, None)
         if stream is not None:

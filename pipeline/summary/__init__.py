@@ -11,7 +11,6 @@ import argparse
 import atexit
 import csv
 import logging
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from pipeline.command import ArgparseCommand, Failure
 from pipeline.console import raise_advice
 from pipeline.run_folder import RunFileError, RunStatus, read_mapping, read_metrics, read_overrides
 from pipeline.signals import stop_on_signals
@@ -362,7 +362,7 @@ def summarise(sweep_dir: Path) -> None:
     log.info("Sweep summary: %s, summary.csv and summary.png beside it", path)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m pipeline.summary",
         description="Build summary.csv, summary.md and summary.png for a multirun folder "
@@ -370,11 +370,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         epilog="example: python -m pipeline.summary multirun/2026-01-01/12-00-00",
     )
     parser.add_argument("sweep_dir", type=Path, help="the multirun's folder (hydra.sweep.dir)")
-    args = parser.parse_args(argv)
-    try:
-        path = build_summary(args.sweep_dir)
-    except SummaryError as err:
-        print(f"Error: {err}", file=sys.stderr)
-        return 2
+    return parser
+
+
+def summary_command(args: argparse.Namespace, argv: list[str]) -> int:
+    path = build_summary(args.sweep_dir)
     print(path.read_text(encoding="utf-8"))
     return 0
+
+
+COMMAND = ArgparseCommand(
+    name="pipeline.summary",
+    parser=build_parser,
+    run=summary_command,
+    failures=(Failure((SummaryError,), 2),),
+)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return COMMAND.main(argv)

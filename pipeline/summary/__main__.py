@@ -2,6 +2,6 @@
 
 import sys
 
-from pipeline.summary import main
+from pipeline.summary import COMMAND
 
-sys.exit(main())
+sys.exit(COMMAND.main())

@@ -1,0 +1,121 @@
+"""The one sequence that serves requests and summarises them, whoever serves them: a batch
+run (pipeline/run.py), a capacity probe (pipeline/plan/capacity.py) and the server's engine
+thread (pipeline/serve/worker.py).
+
+warmup -> serve the requests -> fail the unfinished -> close the files -> metrics.json.
+
+What differs between them is given, not looked up: how the requests are served (a batch's
+engine.run, a probe's with its SLO verdict as the stop, the server's engine.serve on its
+paced clock), which errors end the run early and how (`ended_by`: a batch run's stop
+signal, the server's any error), whether a run that returned was ended early (`ended_early`:
+a probe whose verdict was decided), and what the metrics are made from (`summarise`: the
+requests in memory, or the server's folder).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from pipeline import artefacts
+from pipeline.engine import Engine
+from pipeline.run_folder import RunStatus
+from stages.scheduling.request import Request
+
+
+@dataclass(frozen=True)
+class Ending:
+    """How a run ends before its requests have: its status, what each request still open
+    is told, and whether an error in warmup ends it so too (else that error propagates: the
+    run had not begun)."""
+
+    status: RunStatus
+    reason: str
+    in_warmup: bool = False
+
+
+@dataclass(frozen=True)
+class Served:
+    """The run's metrics (as written) and the error that ended it early, if one did."""
+
+    metrics: dict[str, Any]
+    stopped_by: BaseException | None
+
+
+def never(err: BaseException) -> Ending | None:
+    """No error is the run's to end it: each propagates."""
+    return None
+
+
+def not_early() -> Ending | None:
+    return None
+
+
+def nothing(*args: object) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class Hooks:
+    """What a caller does around the shared steps: `ready` once warm (with warmup's
+    seconds), `on_unfinished` for each request failed at the end (its generations line, its
+    client's answer), `close` its files however the run ended (before the metrics, which
+    may read them), `finish` its files once the run has ended rather than broken."""
+
+    ready: Callable[[float], None] = nothing
+    on_unfinished: Callable[[Request], None] = nothing
+    close: Callable[[], None] = nothing
+    finish: Callable[[], None] = nothing
+
+
+def serve_and_summarise(
+    cfg: DictConfig,
+    engine: Engine,
+    serve: Callable[[], float],
+    open_requests: Callable[[], Iterable[Request]],
+    summarise: Callable[[float, float, RunStatus], dict[str, Any]],
+    out_dir: Path,
+    ended_by: Callable[[BaseException], Ending | None] = never,
+    ended_early: Callable[[], Ending | None] = not_early,
+    hooks: Hooks | None = None,
+) -> Served:
+    """Warms the engine up (warmup=true), serves (`serve` returns the run's seconds), fails
+    the requests still open (`open_requests`) if the run ended early, and writes
+    metrics.json into `out_dir`: `summarise(duration, warmup_s, status)`."""
+    hooks = hooks or Hooks()
+    warmup_s, duration, stopped_by = 0.0, 0.0, None
+    ending: Ending | None = None
+    warm = False
+    try:
+        try:
+            warmup_s = warm_up(cfg, engine)
+            hooks.ready(warmup_s)
+            warm = True
+            duration = serve()
+            ending = ended_early()
+        except BaseException as err:
+            ending = ended_by(err)
+            if ending is None or not (warm or ending.in_warmup):
+                raise
+            stopped_by, duration = err, engine.clock()  # the wall's, or a simulated device's
+        if ending is not None:
+            for request in list(open_requests()):
+                request.fail(ending.reason, duration)
+                hooks.on_unfinished(request)
+    finally:
+        hooks.close()
+    hooks.finish()
+    status = ending.status if ending else RunStatus.OK
+    metrics = summarise(duration, warmup_s, status)
+    artefacts.write_metrics(metrics, out_dir)
+    return Served(metrics, stopped_by)
+
+
+def warm_up(cfg: DictConfig, engine: Engine) -> float:
+    """warmup=true: every bucket shape the engine's steps can pad to, compiled before the
+    first request (a batch run and a server alike); its seconds."""
+    return engine.warmup() if cfg.warmup else 0.0
