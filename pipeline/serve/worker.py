@@ -21,7 +21,7 @@ from pipeline import artefacts
 from pipeline.allocator import HeapTrimmer
 from pipeline.engine import Arrivals, Engine
 from pipeline.executors import build_engine
-from pipeline.metrics import StepRecord
+from pipeline.records import StepRecord
 from pipeline.run import warm_up
 from pipeline.run_folder import RunStatus
 from pipeline.serve.folder import GenerationAppender, write_folder_metrics
