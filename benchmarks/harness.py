@@ -18,7 +18,7 @@ from pipeline.compose import compose_config
 from pipeline.executors import build_engine
 from pipeline.metrics import summarise
 from pipeline.records import StepRecord
-from stages.request import Request
+from stages.scheduling.request import Request
 
 # (name in the report, engine attribute, method): the calls one step makes.
 TIMED_STAGES = (

@@ -16,10 +16,11 @@ from pipeline.schema.model import (
     SpecModelConf,
     TransformerConf,
 )
-from stages.model_spec import ModelSpec, built_in_spec, dtype_bytes, model_spec
+from stages.model.spec import ModelSpec, built_in_spec, dtype_bytes
+from stages.model.spec_option import model_spec
 
 if TYPE_CHECKING:  # the checkpoint readers load late: a simulated run needs none of them
-    from stages.checkpoint.config import CheckpointSpec
+    from stages.loading.checkpoint.config import CheckpointSpec
 
 
 def option_spec(option: ModelOption) -> ModelSpec:
@@ -31,7 +32,7 @@ def option_spec(option: ModelOption) -> ModelSpec:
     if isinstance(option, SpecModelConf):
         return model_spec(**{k: v for k, v in vars(option).items() if k != "_target_"})
     if isinstance(option, HfModelConf):
-        from stages.checkpoint import read_folder_spec
+        from stages.loading.checkpoint import read_folder_spec
 
         checkpoint = read_folder_spec(option.path)
         name = Path(option.path).expanduser().name
@@ -48,14 +49,14 @@ def rotary_positions(option: ModelOption) -> int:
     if isinstance(option, TransformerConf) or option.max_position:
         return option.max_position
     if isinstance(option, HfModelConf):
-        from stages.checkpoint import read_folder_spec
+        from stages.loading.checkpoint import read_folder_spec
 
         return read_folder_spec(option.path).max_position_embeddings
     return _gguf_spec(option).max_position_embeddings
 
 
 def _gguf_spec(option: GgufModelConf) -> CheckpointSpec:
-    from stages.gguf.config import gguf_spec
-    from stages.gguf.reader import read_gguf_header
+    from stages.loading.gguf.config import gguf_spec
+    from stages.loading.gguf.reader import read_gguf_header
 
     return gguf_spec(read_gguf_header(option.path))

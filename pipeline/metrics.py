@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from stages.request import DecodeRun, FinishReason, Request
+from stages.scheduling.request import DecodeRun, FinishReason, Request
 
 
 class StepCounts(Protocol):

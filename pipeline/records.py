@@ -19,11 +19,11 @@ import numpy as np
 
 from pipeline.metrics import e2e_s, itl_s, ttft_s
 from pipeline.run_files import RunFileError
-from stages.request import FinishReason, Request, StepMode, StepPlan
+from stages.scheduling.request import FinishReason, Request, StepMode, StepPlan
 
 if TYPE_CHECKING:  # the review and summary commands read runs without importing Paddle
-    from stages.forward_meta import ForwardMeta
-    from stages.step_shape import StepShape
+    from stages.forward.forward_meta import ForwardMeta
+    from stages.forward.step_shape import StepShape
 
 Check = Callable[[Any], bool]
 _ID = operator.attrgetter("id")

@@ -21,7 +21,7 @@ from pipeline import artefacts, run_folder
 from pipeline.checks import ConfigError
 from pipeline.identity import TOKEN_NEUTRAL, check_identity
 from pipeline.records import StepRecord
-from stages.request import FinishReason, Request, Status
+from stages.scheduling.request import FinishReason, Request, Status
 
 log = structlog.get_logger(__name__)
 

@@ -18,8 +18,8 @@ from pipeline.build import load_workload
 from pipeline.checks import ConfigError
 from pipeline.profiles import measured_profile
 from pipeline.schema import HardwareConf
+from stages.loading.tokenizer import ByteTokenizer
 from stages.simulator.hardware import HardwareProfile, read_profile
-from stages.tokenizer import ByteTokenizer
 from stages.workload import MAX_ARRIVAL_S
 from tests.helpers import REPO, make_config, schema_kwargs, trace_workload
 from tests.test_inspect import folder_of

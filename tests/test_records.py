@@ -11,7 +11,7 @@ import pytest
 from pipeline.artefacts import json_line
 from pipeline.records import GenerationRecord, StepRecord
 from pipeline.run_files import RunFileError
-from stages.request import FinishReason, Request, StepMode
+from stages.scheduling.request import FinishReason, Request, StepMode
 
 
 class Letters:

@@ -9,7 +9,7 @@ from typing import ClassVar
 
 from omegaconf import II, MISSING, DictConfig, OmegaConf
 
-from stages.model_spec import ComputeDtype
+from stages.model.spec import ComputeDtype
 
 # The compute dtype a model's weights and activations take unless its option says otherwise:
 # Paddle's CPU kernels are float32 (bf16 runs where the device has bf16 matmuls).
@@ -18,7 +18,7 @@ COMPUTE_DTYPE = ComputeDtype.float32
 
 @dataclass
 class TransformerConf:
-    _target_: str = "stages.model.transformer_lm"
+    _target_: str = "stages.model.transformer.transformer_lm"
     vocab_size: int = MISSING
     hidden_size: int = MISSING
     num_layers: int = MISSING
@@ -37,7 +37,7 @@ class TransformerConf:
 
 @dataclass
 class HfModelConf:
-    _target_: str = "stages.checkpoint.load_hf_model"
+    _target_: str = "stages.loading.checkpoint.load_hf_model"
     path: str = MISSING  # a local Hugging Face-format folder
     dtype: ComputeDtype = COMPUTE_DTYPE  # stored bf16 / fp16 / fp32 weights are converted to it
     max_position: int = II("max_model_len")  # rotary table; 0 = max_position_embeddings
@@ -47,7 +47,7 @@ class HfModelConf:
 
 @dataclass
 class GgufModelConf:
-    _target_: str = "stages.gguf.loader.load_gguf_model"
+    _target_: str = "stages.loading.gguf.loader.load_gguf_model"
     path: str = MISSING  # a GGUF file (llama, qwen2, qwen3; F32 to Q4_K: docs/checkpoints.md)
     dtype: ComputeDtype = COMPUTE_DTYPE  # every stored type is dequantised to it
     max_position: int = II("max_model_len")  # rotary table; 0 = the file's context_length
@@ -59,7 +59,7 @@ class GgufModelConf:
 class SpecModelConf:
     """A model without weights, for the simulated device: config.json or a preset's fields."""
 
-    _target_: str = "stages.model_spec.model_spec"
+    _target_: str = "stages.model.spec_option.model_spec"
     config: str = ""  # a config.json (or its folder); "" = the fields below
     name: str = ""
     vocab_size: int = 0

@@ -7,7 +7,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from stages.buckets import Bucketing
+from stages.forward.buckets import Bucketing
 
 
 class Objective(enum.StrEnum):

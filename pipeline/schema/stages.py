@@ -8,21 +8,21 @@ from typing import Any
 
 from omegaconf import II, MISSING
 
-from stages.buckets import Bucketing
 from stages.device import Device
-from stages.engine_grids import FastDeploySteps
-from stages.scheduler import Budget
+from stages.forward.buckets import Bucketing
+from stages.forward.engine_grids import FastDeploySteps
+from stages.scheduling.chunk_policy import Budget
 
 
 @dataclass
 class ByteTokenizerConf:
-    _target_: str = "stages.tokenizer.ByteTokenizer"
+    _target_: str = "stages.loading.tokenizer.ByteTokenizer"
     add_bos: bool = True
 
 
 @dataclass
 class HfTokenizerConf:
-    _target_: str = "stages.tokenizer.HfTokenizer"
+    _target_: str = "stages.loading.tokenizer.HfTokenizer"
     path: str = II("model.path")  # a folder holding tokenizer.json; the model's by default
     add_special_tokens: bool = True  # tokenizer.json's own template, as transformers encodes
     add_bos: bool = False  # also put the BOS id first when the template does not
@@ -30,7 +30,7 @@ class HfTokenizerConf:
 
 @dataclass
 class GgufTokenizerConf:
-    _target_: str = "stages.gguf.tokenizer.GgufTokenizer"
+    _target_: str = "stages.loading.gguf.tokenizer.GgufTokenizer"
     path: str = II("model.path")  # a GGUF file; the model's by default
     add_bos: Any = None  # null = the file's tokenizer.ggml.add_bos_token
 
@@ -38,7 +38,7 @@ class GgufTokenizerConf:
 # The execution model a device implies, where the config does not say: a device that pads
 # to buckets (an HPU) warms a bucket grid and charges a prefill row its padded width; one that
 # computes the real tokens (a GPU, hardware.pads_to_buckets=false) captures CUDA graphs at
-# vLLM's sizes (stages/cudagraph.py) and charges real tokens. Without a device: the former.
+# vLLM's sizes (stages/forward/cudagraph.py) and charges real tokens. Without a device: the former.
 DEVICE_DEFAULTS = {
     "bucketing": (Bucketing.linear.value, Bucketing.cudagraph.value),
     "budget": (Budget.padded.value, Budget.real.value),
@@ -78,19 +78,19 @@ class SchedulerConf:
 
 @dataclass
 class ChunkedSchedulerConf(SchedulerConf):
-    _target_: str = "stages.scheduler.ChunkedScheduler"
+    _target_: str = "stages.scheduling.scheduler.ChunkedScheduler"
     align_chunks: bool = True  # non-final chunks are whole blocks (the HPU rule)
     long_prefill_threshold: int = 0  # cap on one request's chunk, tokens; 0 = off
 
 
 @dataclass
 class WholeSchedulerConf(SchedulerConf):
-    _target_: str = "stages.scheduler.WholeScheduler"
+    _target_: str = "stages.scheduling.whole_prompt.WholeScheduler"
 
 
 @dataclass
 class StaticSchedulerConf(SchedulerConf):
-    _target_: str = "stages.scheduler.StaticScheduler"
+    _target_: str = "stages.scheduling.whole_prompt.StaticScheduler"
 
 
 @dataclass
@@ -119,7 +119,7 @@ _FD = FastDeploySteps()  # FastDeploy's own defaults, kept in one place
 @dataclass
 class FastDeployWarmupConf:
     """FastDeploy's HPU warmup environment (read with metadata.bucketing=fastdeploy),
-    under its names lower-cased; the meanings and defaults are stages.engine_grids'
+    under its names lower-cased; the meanings and defaults are stages.forward.engine_grids'
     FastDeploySteps' (FastDeploy's own)."""
 
     max_prefill_num: int = _FD.max_prefill_num
@@ -134,8 +134,8 @@ class FastDeployWarmupConf:
 
 
 @dataclass
-class HPUMetadataConf:
-    _target_: str = "stages.metadata.HPUMetadataBuilder"
+class BucketedMetadataConf:
+    _target_: str = "stages.forward.metadata.BucketedMetadataBuilder"
     max_tokens: int = II("max_tokens")
     max_num_seqs: int = II("max_num_seqs")
     max_model_len: int = II("max_model_len")
@@ -157,13 +157,13 @@ class HPUMetadataConf:
 
 @dataclass
 class PagedAttentionConf:
-    _target_: str = "stages.attention.paged.PagedAttention"
+    _target_: str = "stages.model.attention.paged.PagedAttention"
     ops: Device = Device.cpu  # cpu (plain Paddle) or intel_hpu (the plugin's ops)
 
 
 @dataclass
 class ReferenceAttentionConf:
-    _target_: str = "stages.attention.reference.ReferenceAttention"
+    _target_: str = "stages.model.attention.reference.ReferenceAttention"
 
 
 @dataclass
@@ -174,12 +174,12 @@ class SamplerConf:
 
 @dataclass
 class GreedySamplerConf(SamplerConf):
-    _target_: str = "stages.sampler.GreedySampler"
+    _target_: str = "stages.sampling.sampler.GreedySampler"
 
 
 @dataclass
 class RandomSamplerConf(SamplerConf):
-    _target_: str = "stages.sampler.RandomSampler"
+    _target_: str = "stages.sampling.sampler.RandomSampler"
     temperature: float = 1.0
     top_k: int = 0  # 0 = off
     top_p: float = 1.0  # 1.0 = off
@@ -193,8 +193,8 @@ SCHEMAS: dict[tuple[str, str], type] = {
     ("scheduler", "chunked"): ChunkedSchedulerConf,
     ("scheduler", "whole"): WholeSchedulerConf,
     ("scheduler", "static"): StaticSchedulerConf,
-    ("metadata", "hpu"): HPUMetadataConf,
-    ("attention", "hpu"): PagedAttentionConf,
+    ("metadata", "bucketed"): BucketedMetadataConf,
+    ("attention", "paged"): PagedAttentionConf,
     ("attention", "reference"): ReferenceAttentionConf,
     ("sampler", "greedy"): GreedySamplerConf,
     ("sampler", "random"): RandomSamplerConf,

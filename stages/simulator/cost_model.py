@@ -24,7 +24,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from stages.model_spec import ModelSpec
+from stages.forward.step_shape import StepShape
+from stages.model.spec import ModelSpec
 from stages.simulator.expert_parallel import PLAIN, ExpertParallel, check_layout, token_amounts
 from stages.simulator.hardware import HardwareProfile, write_profile
 from stages.simulator.nnls import nnls
@@ -36,7 +37,6 @@ from stages.simulator.step_work import (
     padded_work,
     real_work,
 )
-from stages.step_shape import StepShape
 
 TERMS = (
     "linear",
