@@ -33,6 +33,7 @@ BAD = {
     "unknown objective": (["plan.objective=fastest"], "[goodput_per_card, cost]"),
     "unknown device": (["device=gpu"], "Invalid value 'gpu', expected one of [cpu, intel_hpu]"),
     "unknown ops": (["attention.ops=cuda"], "'cuda', expected one of [cpu, intel_hpu]"),
+    "unknown dtype": (["model.dtype=fp32"], "expected one of [float32, float16, bfloat16]"),
     "unknown trace format": (
         ["workload=trace", "workload.format=csv"],
         "expected one of [auto, azure, burstgpt, mooncake, sharegpt, vidur]",
