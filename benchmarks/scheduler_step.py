@@ -19,7 +19,7 @@ from stages.scheduling.request import Request, Samples
 from stages.scheduling.scheduler import ChunkedScheduler
 from stages.scheduling.stopping import StopRule
 
-# The scheduler's knobs as the config gives them by default (pipeline/schema.py).
+# The scheduler's knobs as the config gives them by default (pipeline/schema/stages.py).
 _CONF = ChunkedSchedulerConf()
 SCHEDULER_DEFAULTS = {
     "align_chunks": _CONF.align_chunks,

@@ -30,7 +30,8 @@ import numpy as np
 from pipeline.calibrate import calibrate, error_summary
 from pipeline.compose import compose_config
 from pipeline.executors import build_engine
-from pipeline.metrics import StepRecord, summarise
+from pipeline.metrics import summarise
+from pipeline.records import StepRecord
 from pipeline.run import run
 from stages.simulator.hardware import write_profile
 

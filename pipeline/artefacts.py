@@ -26,7 +26,7 @@ from omegaconf.errors import OmegaConfBaseException
 from pipeline.checks import ConfigError
 from pipeline.expansion import bounded_record
 from pipeline.folder_lock import FolderLock
-from pipeline.metrics import StepRecord, e2e_s, itl_s, ttft_s
+from pipeline.records import GenerationRecord, StepRecord
 
 # RunFolderError: what the commands catch of a folder's writing, named here as before.
 from pipeline.run_files import RunFolderError, open_no_link, writing  # noqa: F401
@@ -40,7 +40,7 @@ from pipeline.run_folder import (  # noqa: F401  (read_generations: the folder's
     read_generations,
     read_mapping,
 )
-from stages.scheduling.request import FinishReason, Request
+from stages.scheduling.request import Request
 
 # The error of a request a signal stopped; resuming the folder serves these again.
 INTERRUPTED = "interrupted: the run stopped before this request finished"
@@ -88,37 +88,6 @@ def write_resolved_config(cfg: DictConfig, out_dir: Path) -> None:
     replace_text(out_dir / RESOLVED_CONFIG, OmegaConf.to_yaml(cfg, resolve=True))
 
 
-def output_text(request: Request, tokenizer) -> str:
-    text = tokenizer.decode(request.output_ids)
-    if request.finish_reason == FinishReason.STOP and request.stop:
-        # Like vLLM, the text ends before the stop string that ended it.
-        cuts = [text.find(s) for s in request.stop if s in text]
-        if cuts:
-            text = text[: min(cuts)]
-    return text
-
-
-def generation_line(request: Request, tokenizer) -> dict[str, Any]:
-    line = {
-        "id": request.id,
-        "index": request.index,
-        "prompt": request.prompt,
-        "prompt_tokens": len(request.prompt_ids),
-        "max_new_tokens": request.max_new_tokens,
-        "cached_tokens": request.cached_tokens,
-        "output_ids": request.output_ids,
-        "output_text": output_text(request, tokenizer),
-        "finish_reason": request.finish_reason,
-        "error": request.error,
-        "ttft_s": ttft_s(request),
-        "e2e_s": e2e_s(request),
-        "itl_s": itl_s(request),
-    }
-    if request.logprobs:
-        line["logprobs"] = [{str(k): v for k, v in entry.items()} for entry in request.logprobs]
-    return line
-
-
 def json_line(value: dict[str, Any], ensure_ascii: bool = False) -> bytes:
     """One line of JSON, UTF-8. orjson writes floats some twenty times faster than json (a
     trace run's lines hold millions of token gaps), and bytes, which the run folder's files
@@ -158,7 +127,7 @@ class GenerationWriter:
 
     def __call__(self, request: Request) -> None:
         if request.index not in self.lines:
-            self._append(generation_line(request, self.tokenizer))
+            self._append(GenerationRecord.of(request, self.tokenizer).line())
 
     def close(self) -> None:
         with writing(self.path):
@@ -184,8 +153,7 @@ class StepWriter:
 
     def __call__(self, record: StepRecord) -> None:
         with writing(self.path):
-            # The record's fields are plain lists and dicts: no deep copy (asdict) is needed.
-            self._file.write(json_line(vars(record), ensure_ascii=True))
+            self._file.write(json_line(record.line(), ensure_ascii=True))
             now = time.monotonic()
             if now - self._flushed >= self.FLUSH_S:
                 self._file.flush()

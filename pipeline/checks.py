@@ -10,7 +10,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline.schema import ModelOption, model_kind, model_option
+from pipeline.describe import option_spec, rotary_positions
+from pipeline.schema.model import ModelOption, model_kind, model_option
 from stages.device import Device
 from stages.forward.bucket_axes import derived_axes
 from stages.forward.buckets import Bucketing
@@ -33,8 +34,8 @@ def _hpu_plugin_present() -> bool:
     import paddle
 
     return bool(
-        paddle.is_compiled_with_custom_device(Device.INTEL_HPU)
-        and paddle.device.get_custom_device_count(Device.INTEL_HPU) > 0
+        paddle.is_compiled_with_custom_device(Device.intel_hpu)
+        and paddle.device.get_custom_device_count(Device.intel_hpu) > 0
     )
 
 
@@ -112,7 +113,7 @@ def describe_model(cfg: DictConfig) -> tuple[ModelSpec, int]:
     keys or a checkpoint's config.json; nothing is loaded."""
     try:
         option = model_option(cfg.model)
-        return option.spec(), option.rotary_positions()
+        return option_spec(option), rotary_positions(option)
     except ValueError as err:
         raise ConfigError(str(err)) from err
 
@@ -165,8 +166,8 @@ def _check_chunks(cfg: DictConfig, bs: int) -> None:
 
 def _check_device(cfg: DictConfig) -> None:
     ops = cfg.attention.get("ops")
-    if ops == Device.INTEL_HPU:
-        if cfg.device != Device.INTEL_HPU:
+    if ops == Device.intel_hpu:
+        if cfg.device != Device.intel_hpu:
             raise ConfigError(
                 f"attention.ops=intel_hpu needs device=intel_hpu and {_HPU_OPS_PACKAGES}, "
                 "or set attention.ops=cpu"
@@ -176,14 +177,14 @@ def _check_device(cfg: DictConfig) -> None:
                 "attention.ops=intel_hpu writes the cache in whole blocks: set "
                 "scheduler.align_chunks=true"
             )
-    if cfg.device == Device.INTEL_HPU and not _hpu_plugin_present():
+    if cfg.device == Device.intel_hpu and not _hpu_plugin_present():
         plugin = "paddle-custom-device for intel_hpu"
-        install = _HPU_OPS_PACKAGES if ops == Device.INTEL_HPU else plugin
+        install = _HPU_OPS_PACKAGES if ops == Device.intel_hpu else plugin
         raise ConfigError(
             f"device=intel_hpu but no Intel HPU is visible to Paddle: install {install} and "
             "the Gaudi driver, or set device=cpu"
         )
-    if ops == Device.INTEL_HPU and not _hpu_ops_present():
+    if ops == Device.intel_hpu and not _hpu_ops_present():
         raise ConfigError(
             f"attention.ops=intel_hpu: paddlenlp_ops is missing; install {_HPU_OPS_PACKAGES}"
         )

@@ -7,7 +7,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from pipeline.metrics import StepRecord
+from pipeline.records import StepRecord
 
 
 class Progress:

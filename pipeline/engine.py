@@ -15,7 +15,7 @@ import structlog
 
 from pipeline.checks import ConfigError
 from pipeline.clock import Clock, WallClock
-from pipeline.metrics import StepRecord
+from pipeline.records import StepRecord
 from pipeline.stop_hook import NeverStop, StopHook
 from stages.forward.forward_meta import ForwardMeta
 from stages.interfaces import (

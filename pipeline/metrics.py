@@ -13,73 +13,19 @@ from __future__ import annotations
 import itertools
 import operator
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import numpy as np
 
-from stages.scheduling.request import DecodeRun, FinishReason, Request, StepMode, StepPlan
-
-if TYPE_CHECKING:  # the review and summary commands read runs without importing Paddle
-    from stages.forward.forward_meta import ForwardMeta
-    from stages.forward.step_shape import StepShape
+from stages.scheduling.request import DecodeRun, FinishReason, Request
 
 
-_ID = operator.attrgetter("id")
+class StepCounts(Protocol):
+    """What a run's metrics read of a step (pipeline.records.StepRecord holds it)."""
 
-
-@dataclass
-class StepRecord:
-    """One line of steps.jsonl."""
-
-    step: int
-    mode: StepMode
-    prefill: list[dict[str, Any]]
-    decode: list[str]
-    preempted: list[str]
     num_tokens: int
     padded_tokens: int
-    bucket: str
-    duration_s: float
-    # each part's dims before padding: prefill [batch, seq, blocks], decode [batch, blocks]
-    needed: dict[str, list[int]] = field(default_factory=dict)
-    # each part's bucket, the dims `bucket` names: prefill [batch, seq, blocks], decode
-    # [batch, blocks] (an earlier version's steps have none)
-    padded: dict[str, list[int]] = field(default_factory=dict)
-    # each decode row's tokens, its new one included (what its attention reads), as real
-    # runs record them for calibration; a simulated run leaves them out (millions a trace)
-    decode_lens: list[int] = field(default_factory=list)
-
-    @classmethod
-    def of(
-        cls, step: int, plan: StepPlan, meta: ForwardMeta, duration_s: float, lengths: bool = True
-    ) -> StepRecord:
-        return cls(
-            step=step,
-            mode=plan.mode,
-            prefill=[
-                {"id": c.request.id, "start": c.start, "end": c.end, "cached": c.cached}
-                for c in plan.prefill
-            ],
-            decode=list(map(_ID, plan.decode)),  # thousands a step: mapped in C
-            preempted=[r.id for r in plan.preempted],
-            num_tokens=meta.num_tokens,
-            padded_tokens=meta.padded_tokens,
-            bucket=meta.bucket,
-            duration_s=duration_s,
-            needed=meta.needed,
-            padded=padded_dims(meta.shape),
-            decode_lens=np.asarray(meta.shape.decode_lens).tolist() if lengths else [],
-        )
-
-
-def padded_dims(shape: StepShape) -> dict[str, list[int]]:
-    padded = {}
-    if shape.prefill is not None:
-        padded["prefill"] = list(shape.prefill)
-    if shape.decode is not None:
-        padded["decode"] = list(shape.decode)
-    return padded
 
 
 @dataclass
@@ -91,7 +37,7 @@ class StepTotals:
     num_tokens: int = 0
     padded_tokens: int = 0
 
-    def add(self, record: StepRecord) -> None:
+    def add(self, record: StepCounts) -> None:
         self.num_steps += 1
         self.num_tokens += record.num_tokens
         self.padded_tokens += record.padded_tokens
@@ -103,7 +49,7 @@ class StepTotals:
         self.padded_tokens += run.padded_tokens
 
     @classmethod
-    def of(cls, steps: Sequence[StepRecord]) -> StepTotals:
+    def of(cls, steps: Sequence[StepCounts]) -> StepTotals:
         totals = cls()
         for record in steps:
             totals.add(record)
@@ -157,7 +103,7 @@ def itl_ms(requests: Sequence[Request]) -> np.ndarray:
 
 
 def summarise(
-    requests: Sequence[Request], steps: Sequence[StepRecord] | StepTotals, duration_s: float
+    requests: Sequence[Request], steps: Sequence[StepCounts] | StepTotals, duration_s: float
 ) -> dict[str, Any]:
     served = [r for r in requests if r.finish_reason != FinishReason.ERROR]
     output_tokens = sum(len(r.output_ids) for r in requests)

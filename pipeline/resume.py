@@ -20,8 +20,8 @@ from omegaconf import DictConfig, OmegaConf
 from pipeline import artefacts, run_folder
 from pipeline.checks import ConfigError
 from pipeline.identity import TOKEN_NEUTRAL, check_identity
-from pipeline.metrics import StepRecord
-from stages.scheduling.request import FinishReason, Request, Status, StepMode
+from pipeline.records import StepRecord
+from stages.scheduling.request import FinishReason, Request, Status
 
 log = structlog.get_logger(__name__)
 
@@ -107,7 +107,7 @@ def _load(folder: Path, overrides: Sequence[str]) -> Previous:
     check_identity(cfg, folder, len(kept))
     steps_file = folder / artefacts.STEPS
     step_lines = run_folder.read_step_lines(_appendable(steps_file)) if steps_file.is_file() else []
-    steps = [StepRecord(**{**line, "mode": StepMode(line["mode"])}) for line in step_lines]
+    steps = [StepRecord.from_line(line) for line in step_lines]
     duration = sum(s.duration_s for s in steps)
     metrics = run_folder.read_metrics(folder) if (folder / artefacts.METRICS).is_file() else None
     if metrics and metrics.get("duration_s") is not None:

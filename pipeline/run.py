@@ -20,7 +20,8 @@ from pipeline.engine import Engine
 from pipeline.executors import build_engine
 from pipeline.folder_lock import FolderLock
 from pipeline.identity import write_identity
-from pipeline.metrics import StepRecord, StepTotals, summarise
+from pipeline.metrics import StepTotals, summarise
+from pipeline.records import StepRecord
 from pipeline.resume import Previous, load_previous, pending_requests
 from pipeline.run_folder import RunStatus
 from pipeline.serving import Ending, Hooks, serve_and_summarise

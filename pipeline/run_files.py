@@ -1,5 +1,6 @@
 """Run-folder files opened safely: never through a symbolic link (a link in a run folder would
-have its target truncated and overwritten), and an OSError turned into one line."""
+have its target truncated and overwritten), and an OSError turned into one line; the errors
+of a folder's files, written (RunFolderError) and read back (RunFileError)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO, cast
 
+from pipeline.checks import ConfigError
+
 
 class RunFolderError(Exception):
     """A run-folder file that cannot be written; the message names the path and the reason."""
+
+
+class RunFileError(ConfigError):
+    """A run-folder file that cannot be read; the message is the one line the user sees."""
 
 
 @contextmanager

@@ -8,17 +8,14 @@ from __future__ import annotations
 
 import enum
 import json
-import math
 import os
-from collections.abc import Callable, Iterator
-from dataclasses import fields
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from pipeline.checks import ConfigError
-from pipeline.run_files import open_no_link
+from pipeline.records import GenerationRecord, StepRecord, check_field, json_kind, non_negative
+from pipeline.run_files import RunFileError, open_no_link
 from stages.checked_yaml import YamlFileError, read_yaml
-from stages.scheduling.request import FinishReason, StepMode
 
 GENERATIONS, STEPS, METRICS = "generations.jsonl", "steps.jsonl", "metrics.json"
 RESOLVED_CONFIG = "resolved_config.yaml"
@@ -32,10 +29,6 @@ class RunStatus(enum.StrEnum):
     FAILED = "failed"  # an error stopped it; metrics.json's `error` says which
     INTERRUPTED = "interrupted"  # a signal stopped it; resume=FOLDER serves the rest
     STOPPED = "stopped"  # a capacity probe, stopped once its verdict was known
-
-
-class RunFileError(ConfigError):
-    """A run-folder file that cannot be read; the message is the one line the user sees."""
 
 
 # ------------------------------------------------------------------------- YAML files
@@ -116,110 +109,18 @@ def read_metrics(folder: Path) -> dict[str, Any] | None:
         raise RunFileError(f"{path} is not valid JSON ({problem}): serve the run again") from err
     if not isinstance(value, dict):
         raise RunFileError(
-            f"{path} holds {_kind(value)}, not the object of metrics the pipeline writes: "
+            f"{path} holds {json_kind(value)}, not the object of metrics the pipeline writes: "
             "serve the run again"
         )
     for key in ("status", "error"):
         if key in value and value[key] is not None and not isinstance(value[key], str):
             raise RunFileError(f"{path}: field `{key}` is not a string: serve the run again")
     if "duration_s" in value and value["duration_s"] is not None:
-        _check(value["duration_s"], _non_negative, "a finite number >= 0", path, "duration_s")
+        check_field(value["duration_s"], non_negative, "a finite number >= 0", path, "duration_s")
     return value
 
 
 # --------------------------------------------------------------------------- jsonl files
-
-
-def _int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _count(value: Any) -> bool:
-    return _int(value) and value >= 0
-
-
-def _non_negative(value: Any) -> bool:
-    return (_int(value) or isinstance(value, float)) and math.isfinite(value) and value >= 0
-
-
-def _optional(check: Callable[[Any], bool]) -> Callable[[Any], bool]:
-    return lambda value: value is None or check(value)
-
-
-def _list_of(check: Callable[[Any], bool]) -> Callable[[Any], bool]:
-    return lambda value: isinstance(value, list) and all(check(v) for v in value)
-
-
-def _str(value: Any) -> bool:
-    return isinstance(value, str)
-
-
-def _one_of(kind: type[enum.StrEnum]) -> Callable[[Any], bool]:
-    values = frozenset(member.value for member in kind)
-    return lambda value: isinstance(value, str) and value in values
-
-
-def _choices(kind: type[enum.StrEnum]) -> str:
-    return "one of " + ", ".join(member.value for member in kind)
-
-
-def _chunk(value: Any) -> bool:
-    return (
-        isinstance(value, dict)
-        and _str(value.get("id"))
-        and all(_count(value.get(k)) for k in ("start", "end", "cached"))
-    )
-
-
-def _logprob_entry(value: Any) -> bool:
-    return isinstance(value, dict) and all(
-        isinstance(v, int | float) and not isinstance(v, bool) for v in value.values()
-    )
-
-
-# field -> (check, what it must be). Fields beyond these are kept as they are.
-GENERATION_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "id": (_str, "a string"),
-    "index": (_count, "an integer >= 0"),
-    "prompt": (_optional(_str), "a string"),
-    "prompt_tokens": (_optional(_count), "an integer >= 0"),
-    "max_new_tokens": (_optional(_int), "an integer"),
-    "cached_tokens": (_optional(_count), "an integer >= 0"),
-    "output_ids": (_list_of(_count), "a list of token ids (integers >= 0)"),
-    "output_text": (_optional(_str), "a string"),
-    "finish_reason": (_optional(_one_of(FinishReason)), f"{_choices(FinishReason)} or null"),
-    "error": (_optional(_str), "a string or null"),
-    "ttft_s": (_optional(_non_negative), "a finite number >= 0 or null"),
-    "e2e_s": (_optional(_non_negative), "a finite number >= 0 or null"),
-    "itl_s": (_optional(_list_of(_non_negative)), "a list of finite numbers >= 0"),
-    "logprobs": (_list_of(_logprob_entry), "a list of {token id: log-probability}"),
-}
-
-
-def _part_dims(value: Any) -> bool:
-    return isinstance(value, dict) and all(_list_of(_count)(x) for x in value.values())
-
-
-STEP_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "step": (_count, "an integer >= 0"),
-    "mode": (_one_of(StepMode), _choices(StepMode)),
-    "prefill": (_list_of(_chunk), "a list of {id, start, end, cached}"),
-    "decode": (_list_of(_str), "a list of request ids"),
-    "preempted": (_list_of(_str), "a list of request ids"),
-    "num_tokens": (_count, "an integer >= 0"),
-    "padded_tokens": (_count, "an integer >= 0"),
-    "bucket": (_str, "a string"),
-    "duration_s": (_non_negative, "a finite number >= 0"),
-    "needed": (_part_dims, "a mapping of part to dims"),
-    "padded": (_part_dims, "a mapping of part to dims"),
-    "decode_lens": (_list_of(_count), "a list of integers >= 0"),
-}
-
-
-def _check(value: Any, check: Callable[[Any], bool], must: str, where: Any, key: str) -> None:
-    if not check(value):
-        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
-        raise RunFileError(f"{where}: field `{key}` is {shown}, which must be {must}")
 
 
 def _lines(path: Path) -> Iterator[tuple[int, Any]]:
@@ -245,15 +146,9 @@ def read_generations(path: Path) -> list[dict[str, Any]]:
     seen: dict[int, int] = {}
     for number, line in _lines(path):
         where = f"{path}:{number}"
-        if not isinstance(line, dict):
-            raise RunFileError(f"{where} is {_kind(line)}, not an object: remove the line")
-        line.setdefault("index", len(lines))
-        for key in ("id", "index", "output_ids"):
-            if key not in line:
-                raise RunFileError(f"{where}: no `{key}` field: remove the line")
-        for key, (check, must) in GENERATION_FIELDS.items():
-            if key in line:
-                _check(line[key], check, must, where, key)
+        if isinstance(line, dict):
+            line.setdefault("index", len(lines))
+        GenerationRecord.check(line, where)
         if line["index"] in seen:
             raise RunFileError(
                 f"{where}: index {line['index']} again (first on line {seen[line['index']]}): "
@@ -266,30 +161,7 @@ def read_generations(path: Path) -> list[dict[str, Any]]:
 
 def read_step_lines(path: Path) -> list[dict[str, Any]]:
     """steps.jsonl, each line checked against the fields this version writes."""
-    from pipeline.metrics import StepRecord  # numpy only: review and summary stay light
-
-    known = {f.name for f in fields(StepRecord)}
-    optional = ("needed", "padded", "decode_lens")  # fields earlier versions did not write
-    required = {f.name for f in fields(StepRecord) if f.name not in optional}
-    steps = []
-    for number, line in _lines(path):
-        where = f"{path}:{number}"
-        if not isinstance(line, dict):
-            raise RunFileError(f"{where} is {_kind(line)}, not an object: remove the line")
-        unknown = sorted(set(line) - known)
-        if unknown:
-            raise RunFileError(
-                f"{where}: unknown field `{unknown[0]}` (a newer version's steps?): read the "
-                "folder with the version that wrote it, or serve the run again"
-            )
-        missing = sorted(required - set(line))
-        if missing:
-            raise RunFileError(f"{where}: no `{missing[0]}` field: serve the run again")
-        for key, (check, must) in STEP_FIELDS.items():
-            if key in line:
-                _check(line[key], check, must, where, key)
-        steps.append(line)
-    return steps
+    return [StepRecord.check(line, f"{path}:{number}") for number, line in _lines(path)]
 
 
 def cut_torn_tail(path: Path) -> int:
@@ -315,16 +187,6 @@ def cut_torn_tail(path: Path) -> int:
             keep = start
         f.truncate(keep)
         return size - keep
-
-
-def _kind(value: Any) -> str:
-    """A JSON value's kind, as JSON names it."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    kinds = {list: "a list", str: "a string", int: "a number", float: "a number"}
-    return kinds.get(type(value), type(value).__name__)
 
 
 def _one_line(err: BaseException) -> str:

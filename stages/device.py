@@ -7,5 +7,7 @@ import enum
 
 
 class Device(enum.StrEnum):
-    CPU = "cpu"
-    INTEL_HPU = "intel_hpu"  # Intel Gaudi, through Paddle's custom-device plugin
+    """Members are named by their values: OmegaConf matches a config value by name."""
+
+    cpu = "cpu"
+    intel_hpu = "intel_hpu"  # Intel Gaudi, through Paddle's custom-device plugin

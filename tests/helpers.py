@@ -82,7 +82,7 @@ DEVICE_ENUMS = {"budget": Budget, "bucketing": Bucketing}
 
 
 def schema_kwargs(conf: type, **given: Any) -> dict[str, Any]:
-    """A stage's keyword arguments with the values pipeline/schema.py gives them by default
+    """A stage's keyword arguments with the values pipeline/schema/ gives them by default
     (a top-level key's interpolation, such as ${seed}, as the top level's default; its
     `_target_` and required fields left out), `given` on top: a stage built directly gets
     the same defaults as one the config builds."""

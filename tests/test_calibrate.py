@@ -13,8 +13,8 @@ import pytest
 from pipeline.calibrate import calibrate, error_summary, grid, run_samples
 from pipeline.checks import ConfigError
 from pipeline.compose import compose_config
+from pipeline.profiles import measured_profile
 from pipeline.run import run
-from pipeline.schema import measured_profile
 from stages.forward.forward_meta import bucket_dims, bucket_label
 from stages.simulator.hardware import write_profile
 from tests.helpers import LIMITS, REPO, serve

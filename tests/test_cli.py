@@ -29,6 +29,19 @@ BAD = {
     "budget below a block": (["max_tokens=64", "max_num_seqs=4"], "max_tokens=64 < block_size=128"),
     "budget below the batch": (["max_tokens=256", "max_num_seqs=512"], "max_num_seqs=512"),
     "hpu ops without the device": (["attention.ops=intel_hpu"], "needs device=intel_hpu"),
+    # a closed set's key: the override, then OmegaConf's line naming the allowed values
+    "unknown objective": (["plan.objective=fastest"], "[goodput_per_card, cost]"),
+    "unknown device": (["device=gpu"], "Invalid value 'gpu', expected one of [cpu, intel_hpu]"),
+    "unknown ops": (["attention.ops=cuda"], "'cuda', expected one of [cpu, intel_hpu]"),
+    "unknown dtype": (["model.dtype=fp32"], "expected one of [float32, float16, bfloat16]"),
+    "unknown trace format": (
+        ["workload=trace", "workload.format=csv"],
+        "expected one of [auto, azure, burstgpt, mooncake, sharegpt, vidur]",
+    ),
+    "unknown too-long rule": (
+        ["workload=trace", "workload.too_long=drop"],
+        "'drop', expected one of [clip, error]",
+    ),
 }
 
 
@@ -39,6 +52,8 @@ def test_bad_config_gives_one_clear_line(overrides, message):
         check_config(compose_config(overrides))
     first_line = str(err.value).splitlines()[0] + str(err.value.__cause__ or "")
     assert message in first_line
+    if isinstance(err.value, ConfigCompositionException) and err.value.__cause__:
+        assert overrides[-1] in str(err.value)  # the override at fault, named
 
 
 @pytest.mark.slow

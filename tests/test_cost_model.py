@@ -10,7 +10,8 @@ import pytest
 from hydra import compose, initialize_config_module
 from hydra.utils import instantiate
 
-from pipeline.schema import HardwareConf, measured_profile, register_schemas
+from pipeline.profiles import measured_profile
+from pipeline.schema import HardwareConf, register_schemas
 from stages.forward.step_shape import StepShape
 from stages.simulator.cost_model import OVERHEAD, TERMS, CostModel
 from stages.simulator.hardware import GIB, HardwareProfile, kv_pool_blocks

@@ -17,9 +17,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipeline import artefacts, buckets, review, summary
+from pipeline.profiles import measured_profile
 from pipeline.resume import load_previous
 from pipeline.run import run
-from pipeline.schema import measured_profile
 from stages.simulator.hardware import _RANGES, HardwareProfile
 from tests.helpers import REPO, make_config
 

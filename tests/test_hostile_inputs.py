@@ -16,7 +16,8 @@ import yaml
 from pipeline import inspect
 from pipeline.build import load_workload
 from pipeline.checks import ConfigError
-from pipeline.schema import HardwareConf, measured_profile
+from pipeline.profiles import measured_profile
+from pipeline.schema import HardwareConf
 from stages.loading.tokenizer import ByteTokenizer
 from stages.simulator.hardware import HardwareProfile, read_profile
 from stages.workload import MAX_ARRIVAL_S

@@ -69,9 +69,10 @@ def test_a_config_read_back_from_a_run_folder_describes_the_same_model():
     """A resumed run's config is plain YAML, without the schema's types."""
     from omegaconf import OmegaConf
 
+    from pipeline.describe import option_spec, rotary_positions
     from pipeline.schema import model_option
 
     cfg = make_config(["model=small"])
     untyped = OmegaConf.create(OmegaConf.to_container(cfg.model, resolve=True))
-    assert model_option(untyped).spec() == model_option(cfg.model).spec()
-    assert model_option(untyped).rotary_positions() == 256
+    assert option_spec(model_option(untyped)) == option_spec(model_option(cfg.model))
+    assert rotary_positions(model_option(untyped)) == 256

@@ -131,7 +131,6 @@ def test_plan_command_writes_the_table_plot_best_and_deploy_files(tmp_path):
     [
         (["slo.ttft_ms=0"], "needs an SLO"),
         (["slo.tpot_ms=50", "plan.prices.h100=-1"], "plan.prices.h100=-1"),
-        (["slo.tpot_ms=50", "plan.objective=fastest"], "plan.objective=fastest"),
         (["slo.tpot_ms=-5"], "slo.tpot_ms=-5"),
     ],
 )

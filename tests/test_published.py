@@ -128,7 +128,7 @@ def test_the_commands_refuse_a_missing_file_in_one_line(capsys, tmp_path):
 @pytest.mark.slow
 def test_calibrate_writes_a_profile_that_reads_back_and_names_its_rows(tmp_path):
     from pipeline.calibrate.fit import main as calibrate
-    from pipeline.schema import measured_profile
+    from pipeline.profiles import measured_profile
 
     rows = [small_row(), small_row(input_tokens=400, output_tokens=16, value=300.0)]
     header = DATA.read_text().splitlines()[0]

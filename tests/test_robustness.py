@@ -17,7 +17,7 @@ from pipeline import artefacts
 from pipeline.build import build
 from pipeline.checks import ConfigError, check_memory, memory_estimate
 from pipeline.executors import check_config
-from pipeline.metrics import StepRecord
+from pipeline.records import StepRecord
 from pipeline.run import run
 from pipeline.schema import JsonlWorkloadConf
 from pipeline.signals import RunInterrupted

@@ -20,9 +20,9 @@ from pipeline.checks import ConfigError
 from pipeline.expansion import check_expansion
 from pipeline.folder_lock import LOCK_FILE, FolderBusy, FolderLock
 from pipeline.identity import check_identity, identity
+from pipeline.profiles import measured_profile
 from pipeline.resume import load_previous
 from pipeline.run import run
-from pipeline.schema import measured_profile
 from tests.helpers import REPO, make_config, run_cli
 
 HOLD = (

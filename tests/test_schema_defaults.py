@@ -26,7 +26,7 @@ def test_no_stage_repeats_a_default_its_schema_gives():
     built = [conf for conf in SCHEMAS.values() if "_target_" in conf.__dataclass_fields__]
     assert len(built) >= 20  # every option that builds a stage is looked at
     repeated = [d for conf in built for d in repeated_defaults(conf)]
-    assert not repeated, f"defaults also given in pipeline/schema.py: {repeated}"
+    assert not repeated, f"defaults also given in pipeline/schema/: {repeated}"
 
 
 def _with_a_default(add_bos: bool = True) -> None:

@@ -80,7 +80,7 @@ def batch_texts(max_new_tokens: int) -> list[tuple[str, int]]:
         for i, p in enumerate(PROMPTS)
     ]
     engine.run(requests)
-    from pipeline.artefacts import output_text
+    from pipeline.records import output_text
 
     return [(output_text(r, engine.tokenizer), len(r.output_ids)) for r in requests]
 

@@ -297,7 +297,6 @@ def test_bad_keys_become_one_line_config_errors(tmp_path):
         build_engine(make_config(base))
     azure = str(timed_trace(tmp_path, "azure"))
     cases = {
-        "workload.too_long=drop": "workload.too_long=drop: choose",
         "workload.model_filter=GPT-4": "model_filter applies to burstgpt",
         "workload.rate=2.0": "drop workload.rate",
         "workload.start_s=99": "gives no request",

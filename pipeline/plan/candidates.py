@@ -16,7 +16,6 @@ to fewer cards, then the shorter warmup, then the smaller KV pool.
 
 from __future__ import annotations
 
-import enum
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -29,14 +28,8 @@ from pipeline.layout import Layout, layout_of
 from pipeline.plan.bands import Band, profile_band
 from pipeline.plan.target import sizing
 from pipeline.run_folder import RunStatus
+from pipeline.schema.plan import Objective
 from pipeline.summary import Job
-
-
-class Objective(enum.StrEnum):
-    """What the plan ranks eligible configurations by without a target (`plan.objective`)."""
-
-    GOODPUT_PER_CARD = "goodput_per_card"  # requests/s meeting the SLO, per card: the most
-    COST = "cost"  # USD per million output tokens at the device's price: the least
 
 
 @dataclass
@@ -208,14 +201,14 @@ def rank(
     missing = sorted({c.device for c in eligible if c.price(prices) is None})
     sized = any(c.target for c in eligible)
     note = ""
-    if missing and (sized or objective == Objective.COST):
+    if missing and (sized or objective == Objective.cost):
         note = (
             f"no price for {', '.join(missing)} (give plan.prices.{missing[0]}=USD per card-hour): "
             "ranked by goodput per card, not by cost. "
         )
     if sized and not missing:
         by = "usd_per_hour"
-    elif objective == Objective.COST and not missing:
+    elif objective == Objective.cost and not missing:
         by = "cost_per_mtok_usd"
     else:
         by = "goodput_per_card"

@@ -19,6 +19,7 @@ from pipeline import artefacts
 from pipeline.artefacts import GENERATIONS, STEPS
 from pipeline.engine import Engine
 from pipeline.metrics import StepTotals, summarise
+from pipeline.records import GenerationRecord
 from pipeline.run import device_metrics, slo_of
 from pipeline.run_folder import RunStatus
 from pipeline.slo import slo_metrics
@@ -35,7 +36,7 @@ class GenerationAppender:
             self._file = artefacts.open_no_link(self.path, "wb")
 
     def __call__(self, request: Request) -> None:
-        line = artefacts.json_line(artefacts.generation_line(request, self.tokenizer))
+        line = artefacts.json_line(GenerationRecord.of(request, self.tokenizer).line())
         with artefacts.writing(self.path):
             self._file.write(line)
             self._file.flush()

@@ -12,7 +12,7 @@ from typing import Any
 import orjson
 from omegaconf import DictConfig
 
-from pipeline.artefacts import output_text
+from pipeline.records import output_text
 from pipeline.serve.logprobs import Shown, whole_logprobs
 from stages.interfaces import Tokenizer
 from stages.scheduling.request import Request
@@ -25,7 +25,7 @@ class TextStream:
     with stop strings, the text from the first stop string found, and any end of the text
     that a stop string begins with: the stop string that ends the request is never sent, not
     even in part (its tokens reach the stream before the request is seen to stop). The last
-    delta makes the sent text the request's final text (artefacts.output_text, as
+    delta makes the sent text the request's final text (records.output_text, as
     generations.jsonl holds it)."""
 
     def __init__(self, tokenizer: Tokenizer, stop: list[str]) -> None:

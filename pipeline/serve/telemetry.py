@@ -15,7 +15,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from pipeline.engine import Engine
-from pipeline.metrics import StepRecord, e2e_s, itl_s, ttft_s
+from pipeline.metrics import e2e_s, itl_s, ttft_s
+from pipeline.records import StepRecord
 from stages.scheduling.request import FinishReason, Request
 
 # Bucket edges in seconds, as wide as vLLM's (first token of a long prompt to minutes).

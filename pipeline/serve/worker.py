@@ -20,7 +20,7 @@ from omegaconf import DictConfig
 from pipeline.allocator import HeapTrimmer
 from pipeline.engine import Arrivals, Engine
 from pipeline.executors import build_engine
-from pipeline.metrics import StepRecord
+from pipeline.records import StepRecord
 from pipeline.run_folder import RunStatus
 from pipeline.serve.folder import ServerFiles, folder_metrics
 from pipeline.serve.telemetry import Telemetry

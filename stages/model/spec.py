@@ -14,12 +14,27 @@ there are fewer of them than devices.
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 
 from stages.arithmetic import ceil_div
 
+
+class ComputeDtype(enum.StrEnum):
+    """The compute dtypes the models run in (`model.dtype`), by Paddle's names; members are
+    named by their values: OmegaConf matches a config value by name."""
+
+    float32 = "float32"
+    float16 = "float16"
+    bfloat16 = "bfloat16"
+
+
 # Bytes of one value in each compute dtype the models run in.
-DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+DTYPE_BYTES: dict[str, int] = {
+    ComputeDtype.float32: 4,
+    ComputeDtype.float16: 2,
+    ComputeDtype.bfloat16: 2,
+}
 
 
 def dtype_bytes(dtype: str) -> int:

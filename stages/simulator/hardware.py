@@ -221,7 +221,7 @@ _DEFAULTED: dict[str, Any] = {
 
 def read_profile(path: str | Path, optional: Mapping[str, Any] | None = None) -> HardwareProfile:
     """A profile YAML (the `hardware=measured` option), whose fields in `optional` may be
-    left out and then take its values (the schema's defaults, pipeline.schema.measured_profile);
+    left out and then take its values (the schema's defaults, pipeline.profiles.measured_profile);
     a bad file is a one-line error naming the file and the field. Without `optional` the file
     gives every field, as write_profile writes it: what a run folder whose saved config names
     this function as its target needs when it is resumed."""

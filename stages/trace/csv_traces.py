@@ -64,7 +64,7 @@ def _count_column(values: list[str], name: str, minimum: int) -> tuple[np.ndarra
 
 def _time_column(values: list[str], format: TraceFormat, name: str) -> tuple[np.ndarray, dict]:
     bulk: Callable[[list[str]], np.ndarray]
-    if format is TraceFormat.AZURE:
+    if format is TraceFormat.azure:
         bulk = _bulk_datetimes
         one = datetime_seconds
     else:
@@ -109,7 +109,7 @@ def read_csv_trace(path: Path, format: TraceFormat, model_filter: str = "") -> T
     if errors:  # the columns below are read from full rows only: put blanks in the others
         records = [r if len(r) == len(header) else [""] * len(header) for r in records]
     keep = np.ones(len(records), dtype=bool)
-    if format is TraceFormat.BURSTGPT and model_filter:
+    if format is TraceFormat.burstgpt and model_filter:
         c_model = header.index(BURSTGPT_MODEL)
         keep = np.array([r[c_model] == model_filter for r in records], dtype=bool)
         keep[list(errors)] = True  # a malformed row is reported whatever its model
@@ -124,7 +124,7 @@ def read_csv_trace(path: Path, format: TraceFormat, model_filter: str = "") -> T
                 errors.setdefault(i, message)
     valid = np.ones(len(records), dtype=bool)
     valid[list(errors)] = False
-    if format is TraceFormat.BURSTGPT:
+    if format is TraceFormat.burstgpt:
         failed = valid & keep & (outputs == 0)
         counts["failed_skipped"] = int(failed.sum())
         keep &= ~failed

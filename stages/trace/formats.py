@@ -11,31 +11,33 @@ from pathlib import Path
 
 
 class TraceFormat(enum.StrEnum):
-    """The trace formats read, by the name workload.format gives."""
+    """The trace formats read, by the name workload.format gives (members named by their
+    values: OmegaConf matches a config value by name); auto: the file's header says."""
 
-    AZURE = "azure"
-    BURSTGPT = "burstgpt"
-    MOONCAKE = "mooncake"
-    SHAREGPT = "sharegpt"
-    VIDUR = "vidur"
+    auto = "auto"
+    azure = "azure"
+    burstgpt = "burstgpt"
+    mooncake = "mooncake"
+    sharegpt = "sharegpt"
+    vidur = "vidur"
 
 
 FORMATS = {
-    TraceFormat.AZURE: "CSV TIMESTAMP,ContextTokens,GeneratedTokens",
-    TraceFormat.BURSTGPT: (
+    TraceFormat.azure: "CSV TIMESTAMP,ContextTokens,GeneratedTokens",
+    TraceFormat.burstgpt: (
         "CSV Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type"
     ),
-    TraceFormat.MOONCAKE: "JSONL timestamp,input_length,output_length,hash_ids",
-    TraceFormat.SHAREGPT: "JSON list of {id, conversations: [{from, value}]}",
-    TraceFormat.VIDUR: "CSV arrived_at,num_prefill_tokens,num_decode_tokens",
+    TraceFormat.mooncake: "JSONL timestamp,input_length,output_length,hash_ids",
+    TraceFormat.sharegpt: "JSON list of {id, conversations: [{from, value}]}",
+    TraceFormat.vidur: "CSV arrived_at,num_prefill_tokens,num_decode_tokens",
 }
 FORMAT_LIST = "; ".join(f"{name} ({what})" for name, what in FORMATS.items())
 
 # CSV formats: the columns read, as (arrival, prompt tokens, output tokens), and the model's.
 CSV_COLUMNS = {
-    TraceFormat.AZURE: ("TIMESTAMP", "ContextTokens", "GeneratedTokens"),
-    TraceFormat.BURSTGPT: ("Timestamp", "Request tokens", "Response tokens"),
-    TraceFormat.VIDUR: ("arrived_at", "num_prefill_tokens", "num_decode_tokens"),
+    TraceFormat.azure: ("TIMESTAMP", "ContextTokens", "GeneratedTokens"),
+    TraceFormat.burstgpt: ("Timestamp", "Request tokens", "Response tokens"),
+    TraceFormat.vidur: ("arrived_at", "num_prefill_tokens", "num_decode_tokens"),
 }
 BURSTGPT_MODEL = "Model"
 MOONCAKE_KEYS = ("timestamp", "input_length", "output_length")
@@ -64,17 +66,17 @@ def detect_format(path: Path) -> TraceFormat | None:
     """The format a file's CSV header or first JSON line/character names, or None."""
     first = _first_line(path)
     if first.startswith("["):
-        return TraceFormat.SHAREGPT
+        return TraceFormat.sharegpt
     if first.startswith("{"):
         try:
             line = json.loads(first)
         except ValueError:
             return None
         is_mooncake = isinstance(line, dict) and set(MOONCAKE_KEYS) <= set(line)
-        return TraceFormat.MOONCAKE if is_mooncake else None
+        return TraceFormat.mooncake if is_mooncake else None
     names = {name.strip() for name in next(csv.reader([first]), [])}
     for name, columns in CSV_COLUMNS.items():
-        if set(columns) <= names and (name is not TraceFormat.BURSTGPT or BURSTGPT_MODEL in names):
+        if set(columns) <= names and (name is not TraceFormat.burstgpt or BURSTGPT_MODEL in names):
             return name
     return None
 
@@ -83,7 +85,7 @@ def resolve_format(path: Path, format: str) -> TraceFormat:
     """The format to read `path` as; a file of no known format, or of another format than the
     one asked for, gets one line naming the formats."""
     detected = detect_format(path)
-    if format == "auto" and detected:
+    if format == TraceFormat.auto and detected:
         return detected
     if format == detected:
         return detected
@@ -93,7 +95,7 @@ def resolve_format(path: Path, format: str) -> TraceFormat:
             f"workload.path={path} looks like a {detected} trace, not {format}: set "
             f"workload.format={detected} or auto"
         )
-    asked = "a trace this reads" if format == "auto" else f"a {format} trace"
+    asked = "a trace this reads" if format == TraceFormat.auto else f"a {format} trace"
     return _raise(
         f"workload.path={path} is not {asked} (it begins {snippet!r}); workload.format "
         f"reads {FORMAT_LIST}"

@@ -56,7 +56,7 @@ def read_sharegpt(path: Path) -> tuple[list[Conversation], Counter]:
     line, counted = 1, 0  # newlines are counted incrementally: one pass over the text
     if not text.startswith("[", pos):
         raise ValueError(
-            f"workload.path={path} is not a JSON list: sharegpt is {FORMATS[TraceFormat.SHAREGPT]}"
+            f"workload.path={path} is not a JSON list: sharegpt is {FORMATS[TraceFormat.sharegpt]}"
         )
     pos = _skip_space(text, pos + 1)
     while pos < len(text) and text[pos] != "]":

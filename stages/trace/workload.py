@@ -35,8 +35,8 @@ PLACEHOLDER_PROMPT = "<seeded token ids>"
 class TooLong(enum.StrEnum):
     """What a trace's prompt longer than max_model_len - 1 gets (workload.too_long)."""
 
-    CLIP = "clip"  # its first tokens, counted as clipped
-    ERROR = "error"  # refused with an error naming the limit, counted as rejected
+    clip = "clip"  # its first tokens, counted as clipped
+    error = "error"  # refused with an error naming the limit, counted as rejected
 
 
 COUNT_KEYS = (
@@ -58,7 +58,7 @@ def _check_values(
     format: str, too_long: str, time_scale: float, start_s: float, duration_s: float,
     num_requests: int, rate: float,
 ) -> None:  # fmt: skip
-    if format != "auto" and format not in FORMATS:
+    if format != TraceFormat.auto and format not in FORMATS:
         raise ValueError(f"workload.format={format}: choose auto or one of {FORMAT_LIST}")
     if too_long not in set(TooLong):
         raise ValueError(f"workload.too_long={too_long}: choose workload.too_long=clip or error")
@@ -117,7 +117,7 @@ class TraceWorkload:
         self.counts: dict[str, Any] = {"format": self.format, **dict.fromkeys(COUNT_KEYS, 0)}
         with collector_paused():
             try:
-                if self.format is TraceFormat.SHAREGPT:
+                if self.format is TraceFormat.sharegpt:
                     self._read_conversations()
                 else:
                     self._read_rows()
@@ -130,24 +130,24 @@ class TraceWorkload:
         self, model_filter: str, time_scale: float, start_s: float, duration_s: float, rate: float
     ) -> None:
         """Keys that mean nothing for this file's format are refused, not ignored."""
-        if model_filter and self.format is not TraceFormat.BURSTGPT:
+        if model_filter and self.format is not TraceFormat.burstgpt:
             raise ValueError(
                 f"workload.model_filter applies to burstgpt traces; {self.path.name} is "
                 f"{self.format}: drop workload.model_filter"
             )
-        if self.format is TraceFormat.SHAREGPT and (time_scale != 1.0 or start_s or duration_s):
+        if self.format is TraceFormat.sharegpt and (time_scale != 1.0 or start_s or duration_s):
             raise ValueError(
                 "a sharegpt file has no timestamps: drop workload.time_scale, start_s and "
                 "duration_s, and give workload.rate (Poisson arrivals) and num_requests"
             )
-        if self.format is not TraceFormat.SHAREGPT and rate:
+        if self.format is not TraceFormat.sharegpt and rate:
             raise ValueError(
                 f"a {self.format} trace has its own arrivals: drop workload.rate "
                 "(workload.time_scale speeds them up or slows them down)"
             )
 
     def _read_rows(self) -> None:
-        if self.format is TraceFormat.MOONCAKE:
+        if self.format is TraceFormat.mooncake:
             rows = read_mooncake(self.path)
         else:
             rows = read_csv_trace(self.path, self.format, self.model_filter)
@@ -197,7 +197,7 @@ class TraceWorkload:
 
     def load(self, tokenizer: Tokenizer) -> list[Request]:
         with collector_paused():
-            if self.format is TraceFormat.SHAREGPT:
+            if self.format is TraceFormat.sharegpt:
                 requests = self._conversation_requests(tokenizer)
             else:
                 requests = self._row_requests(tokenizer)
@@ -213,7 +213,7 @@ class TraceWorkload:
         an error (a malformed row's) ends the request at its arrival."""
         limit = self.max_model_len - 1
         if error is None and len(ids) > limit:
-            if self.too_long is TooLong.ERROR:
+            if self.too_long is TooLong.error:
                 self.counts["rejected"] += 1
                 error = (
                     f"prompt has {len(ids)} tokens, max_model_len={self.max_model_len} leaves "

@@ -23,11 +23,11 @@ from stages.scheduling.request import Request
 
 def load_ops(name: str) -> AttentionOps:
     """The backend of attention.ops; ValueError (one line) when it cannot be loaded."""
-    if name == Device.CPU:
+    if name == Device.cpu:
         from stages.model.attention import ops_cpu
 
         return ops_cpu
-    if name == Device.INTEL_HPU:
+    if name == Device.intel_hpu:
         from stages.model.attention import ops_intel_hpu
 
         return ops_intel_hpu.load()

@@ -1,0 +1,117 @@
+"""The top-level schema (PipelineConf): the groups, the run's limits, and the keys of the
+simulated deployment (tp, ep, dp, disaggregation, speculative decoding); the executor
+options' schemas."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+from omegaconf import MISSING
+
+from pipeline.schema.plan import CalibrateConf, CapacityConf, PlanConf, SloConf
+from pipeline.schema.serve import ServeConf
+from stages.device import Device
+from stages.simulator.precision import KvCacheDtype, Quantization
+
+
+class Executor(enum.StrEnum):
+    """Members are named by their values: OmegaConf matches a config value by name."""
+
+    paddle = "paddle"  # the real forward pass, in Paddle
+    simulated = "simulated"  # a cost model of `hardware` in place of the forward pass
+
+
+@dataclass
+class PaddleExecutorConf:
+    name: Executor = Executor.paddle
+
+
+@dataclass
+class SimulatedExecutorConf:
+    name: Executor = Executor.simulated
+    # Parts a prefill's batch is split into so that each part's all-reduces run under the
+    # next part's compute (Optimum Habana's --attn_batch_split); 1 = no split.
+    prefill_batch_split: int = 1
+
+
+class SpeculativeMethod(enum.StrEnum):
+    none = "none"
+    mtp = "mtp"  # the model's own multi-token-prediction head (DeepSeek-V3, ERNIE-4.5)
+    draft = "draft"  # a small draft model (`speculative.draft_model`)
+    ngram = "ngram"  # prompt lookup: proposals copied from the request's own tokens
+
+
+@dataclass
+class DisaggConf:
+    """executor=simulated: prefill/decode disaggregation. `prefill` instances run prompts to
+    their first token, `decode` instances the rest, joined by a KV transfer; 0 and 0 = one
+    aggregated instance. Each pool's limits default to the run's (0 = the run's value)."""
+
+    prefill: int = 0  # prefill instances
+    decode: int = 0  # decode instances
+    prefill_tp: int = 0
+    decode_tp: int = 0
+    prefill_max_tokens: int = 0
+    decode_max_num_seqs: int = 0
+    link_gbps: float = 0.0  # KV transfer link per instance, GB/s; 0 = the device profile's
+    transfer_latency_s: float = -1.0  # per transfer; < 0 = the device profile's
+
+
+@dataclass
+class SpeculativeConf:
+    """executor=simulated: speculative decoding; a draft proposes `tokens` per row and step,
+    the model verifies them with one more, each accepted with `acceptance` (per position,
+    the last value repeating)."""
+
+    method: SpeculativeMethod = SpeculativeMethod.none
+    tokens: int = 1  # proposed per row and step (FastDeploy's num_speculative_tokens)
+    acceptance: list[float] = field(default_factory=lambda: [0.8])
+    draft_model: str = ""  # method=draft: a model spec (spec/llama32_1b)
+
+
+@dataclass
+class PipelineConf:
+    tokenizer: Any = MISSING
+    scheduler: Any = MISSING
+    metadata: Any = MISSING
+    attention: Any = MISSING
+    sampler: Any = MISSING
+    model: Any = MISSING
+    workload: Any = MISSING
+    executor: Any = MISSING
+    hardware: Any = None  # executor=simulated: the device profile (hardware=gaudi3, ...)
+    tp: int = 1  # executor=simulated: tensor-parallel degree of the simulated deployment
+    # executor=simulated, MoE models: experts split over ep ranks (1, or tp x dp as vLLM's
+    # --enable-expert-parallel) and dp attention replicas; the device simulates one replica
+    ep: int = 1
+    dp: int = 1
+    ep_imbalance: float = 1.0  # busiest ep rank's routed tokens / the mean (>= 1)
+    disagg: DisaggConf = field(default_factory=DisaggConf)  # executor=simulated
+    speculative: SpeculativeConf = field(default_factory=SpeculativeConf)  # executor=simulated
+    # executor=simulated: weights' format (none = the model's bf16, fp8, wint8, wint4) and
+    # the KV cache's (auto = the model's dtype, fp8); the real CPU path runs `none`/`auto`
+    quantization: Quantization = Quantization.none
+    kv_cache_dtype: KvCacheDtype = KvCacheDtype.auto
+    max_tokens: int = 512  # per-step token budget (FastDeploy's max_num_batched_tokens)
+    block_size: int = 128  # KV-cache block, tokens
+    max_num_seqs: int = 32  # requests in one step at most
+    max_model_len: int = 2048  # prompt + output tokens of one request at most
+    num_blocks: int = 0  # KV block pool size; 0 = derived so that the workload fits
+    prefix_caching: bool = True  # reuse the KV blocks of a shared prompt prefix
+    seed: int = 0  # model weights, workload and sampling streams
+    device: Device = Device.cpu  # cpu, or intel_hpu where the plugin is installed
+    warmup: bool = False  # run every bucket shape once before the workload
+    num_threads: int = 2  # Paddle's CPU math threads
+    calibrate: CalibrateConf = field(default_factory=CalibrateConf)  # pipeline.calibrate only
+    serve: ServeConf = field(default_factory=ServeConf)  # pipeline.serve only
+    slo: SloConf = field(default_factory=SloConf)  # goodput and attainment in metrics.json
+    capacity: CapacityConf = field(default_factory=CapacityConf)  # pipeline.plan only
+    plan: PlanConf = field(default_factory=PlanConf)  # pipeline.plan only
+
+
+SCHEMAS: dict[tuple[str, str], type] = {
+    ("executor", "paddle"): PaddleExecutorConf,
+    ("executor", "simulated"): SimulatedExecutorConf,
+}
