@@ -56,6 +56,7 @@ from pipeline.executors import check_config
 from pipeline.executors.simulated import simulated_engine
 from pipeline.metrics import StepTotals, stats, summarise
 from pipeline.run_folder import RunStatus
+from pipeline.serving import Hooks, serve_and_summarise
 from pipeline.slo import Slo, slo_metrics
 from stages.interfaces import Scheduler
 from stages.scheduling.request import FinishReason, Request
@@ -75,7 +76,6 @@ class Deployment:
     requests: list[Request]
     totals: StepTotals = field(default_factory=StepTotals)
     transfer_s: list[float] = field(default_factory=list)
-    warmup_s: float = 0.0  # the instances warm up side by side: the longest's
 
     @property
     def cards(self) -> int:
@@ -84,6 +84,13 @@ class Deployment:
     @property
     def engines(self) -> list[Engine]:
         return [*self.prefill, *self.decode]
+
+    def warmup(self) -> float:
+        """Each instance compiles its own shapes, side by side: the longest's seconds."""
+        return max(engine.warmup() for engine in self.engines)
+
+    def now(self) -> float:
+        return max(engine.now() for engine in self.engines)
 
 
 def build_deployment(cfg: DictConfig) -> Deployment:
@@ -240,8 +247,6 @@ def merge(r: Request, first: Request, rest: Request | None) -> None:
 def simulate(deployment: Deployment) -> float:
     """Serves the deployment's requests through both pools; returns the run's duration
     (its last instance's end). Each request ends as the deployment served it."""
-    if deployment.cfg.warmup:  # each instance compiles its own shapes before serving
-        deployment.warmup_s = max(e.warmup() for e in deployment.engines)
     firsts, prefill_end = prefill_pass(deployment)
     rests, decode_end = decode_pass(deployment, firsts)
     for r, first, rest in zip(deployment.requests, firsts, rests, strict=True):
@@ -249,7 +254,9 @@ def simulate(deployment: Deployment) -> float:
     return max(prefill_end, decode_end)
 
 
-def deployment_metrics(deployment: Deployment, duration: float, slo: Slo) -> dict[str, Any]:
+def deployment_metrics(
+    deployment: Deployment, duration: float, warmup_s: float, status: RunStatus, slo: Slo
+) -> dict[str, Any]:
     """metrics.json of a disaggregated run: the serving metrics and the SLO's as an
     aggregated run's, the pools' (cards, KV pools, warmup) and the KV transfers'."""
     cfg, requests = deployment.cfg, deployment.requests
@@ -257,11 +264,11 @@ def deployment_metrics(deployment: Deployment, duration: float, slo: Slo) -> dic
     device = _device_metrics(decode)
     warmups = [_device_metrics(e).get("predicted_warmup_s") or 0.0 for e in (prefill, decode)]
     return {
-        "status": RunStatus.OK,
+        "status": status,
         **summarise(requests, deployment.totals, duration),
         **slo_metrics(requests, duration, slo),
         "bucket_misses": sum(e.metadata.bucket_misses for e in deployment.engines),
-        "warmup_s": deployment.warmup_s,
+        "warmup_s": warmup_s,
         "num_blocks": decode.scheduler.kv_cache.num_blocks,
         "max_model_len": cfg.max_model_len,
         **device,
@@ -288,23 +295,38 @@ def _device_metrics(engine: Engine) -> dict[str, Any]:
     return simulation.metrics(sum(engine.warmup_counts().values()))
 
 
-def serve_deployment(cfg: DictConfig, slo: Slo) -> tuple[Deployment, dict[str, Any]]:
-    """Checks the config, builds the deployment and serves its workload; its metrics."""
+def serve_deployment(
+    cfg: DictConfig, slo: Slo, out_dir: Path, generations: bool = True
+) -> tuple[Deployment, dict[str, Any]]:
+    """Checks the config, builds the deployment and serves its workload through the shared
+    sequence into `out_dir`: metrics.json, and generations.jsonl as an aggregated run's
+    when asked (no steps.jsonl: the pools' steps interleave)."""
     check_config(cfg)
     deployment = build_deployment(cfg)
-    duration = simulate(deployment)
-    return deployment, deployment_metrics(deployment, duration, slo)
+    hooks = Hooks()
+    if generations:
+        writer = artefacts.GenerationWriter(out_dir, deployment.prefill[0].tokenizer)
+
+        def write_generations() -> None:
+            for r in deployment.requests:
+                writer(r)
+            writer.finish()
+
+        hooks = Hooks(finish=write_generations)
+
+    def summarise_run(duration: float, warmup_s: float, status: RunStatus) -> dict[str, Any]:
+        return deployment_metrics(deployment, duration, warmup_s, status, slo)
+
+    served = serve_and_summarise(
+        cfg, deployment, lambda: simulate(deployment), lambda: (), summarise_run, out_dir,
+        hooks=hooks,
+    )  # fmt: skip
+    return deployment, served.metrics
 
 
 def run_deployment(cfg: DictConfig, out_dir: Path, slo: Slo) -> dict[str, Any]:
-    """A disaggregated run into `out_dir`: generations.jsonl and metrics.json as an
-    aggregated run's (no steps.jsonl: the pools' steps interleave); prints the summary."""
-    deployment, metrics = serve_deployment(cfg, slo)
-    generations = artefacts.GenerationWriter(out_dir, deployment.prefill[0].tokenizer)
-    for r in deployment.requests:
-        generations(r)
-    generations.finish()
-    artefacts.write_metrics(metrics, out_dir)
+    """A disaggregated run into `out_dir`; prints the summary."""
+    _, metrics = serve_deployment(cfg, slo, out_dir)
     print(f"{metrics['status']}: {out_dir}\n{summary_table(metrics)}\n{describe(metrics)}")
     return metrics
 

@@ -196,6 +196,10 @@ class Engine(Generic[A]):
         samples = self.sampler.sample(logits, plan.sampled_requests)
         return self.scheduler.update(plan, samples, self.clock())
 
+    def now(self) -> float:
+        """The run's clock: the wall's, or a simulated device's."""
+        return self.clock()
+
     def warmup(self) -> float:
         """Runs every prepared bucket shape once, as the HPU compiles them before serving."""
         start = time.perf_counter()

@@ -17,14 +17,24 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from omegaconf import DictConfig
 
 from pipeline import artefacts
-from pipeline.engine import Engine
 from pipeline.run_folder import RunStatus
 from stages.scheduling.request import Request
+
+
+class Servable(Protocol):
+    """What the sequence serves: an engine, or a deployment of several (they warm up side
+    by side)."""
+
+    def warmup(self) -> float:
+        """Compiles every bucket shape; its seconds."""
+
+    def now(self) -> float:
+        """The run's clock: the wall's, or a simulated device's."""
 
 
 @dataclass(frozen=True)
@@ -74,7 +84,7 @@ class Hooks:
 
 def serve_and_summarise(
     cfg: DictConfig,
-    engine: Engine,
+    engine: Servable,
     serve: Callable[[], float],
     open_requests: Callable[[], Iterable[Request]],
     summarise: Callable[[float, float, RunStatus], dict[str, Any]],
@@ -101,7 +111,7 @@ def serve_and_summarise(
             ending = ended_by(err)
             if ending is None or not (warm or ending.in_warmup):
                 raise
-            stopped_by, duration = err, engine.clock()  # the wall's, or a simulated device's
+            stopped_by, duration = err, engine.now()
         if ending is not None:
             for request in list(open_requests()):
                 request.fail(ending.reason, duration)
@@ -115,7 +125,7 @@ def serve_and_summarise(
     return Served(metrics, stopped_by)
 
 
-def warm_up(cfg: DictConfig, engine: Engine) -> float:
+def warm_up(cfg: DictConfig, engine: Servable) -> float:
     """warmup=true: every bucket shape the engine's steps can pad to, compiled before the
     first request (a batch run and a server alike); its seconds."""
     return engine.warmup() if cfg.warmup else 0.0

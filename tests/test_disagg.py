@@ -108,10 +108,10 @@ def test_a_lone_requests_later_tokens_are_an_aggregated_runs_shifted_by_the_tran
     assert served.token_times[1:] == pytest.approx(shifted)
 
 
-def test_a_run_has_an_aggregated_runs_metrics_and_the_deployments_cards():
+def test_a_run_has_an_aggregated_runs_metrics_and_the_deployments_cards(tmp_path):
     cfg = make_config([*SMALL, "disagg.prefill=2", "disagg.decode=3", "disagg.decode_tp=2",
                        "slo.ttft_ms=500", "slo.tpot_ms=50"])  # fmt: skip
-    deployment, metrics = serve_deployment(cfg, Slo.of(cfg.slo))
+    deployment, metrics = serve_deployment(cfg, Slo.of(cfg.slo), tmp_path)
     assert metrics["cards"] == deployment_cards(cfg) == 2 * 1 + 3 * 2
     assert metrics["num_requests"] == 24 and metrics["num_errors"] == 0
     assert metrics["output_tokens"] == sum(r.max_new_tokens for r in deployment.requests)

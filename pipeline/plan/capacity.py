@@ -81,9 +81,8 @@ def run_probe(
         folder.mkdir(parents=True, exist_ok=True)
     artefacts.write_resolved_config(cfg, folder)
     if disaggregated(cfg):  # both pools served through: no early verdict, no step files
-        deployment, metrics = serve_deployment(cfg, slo_of(cfg))
+        deployment, metrics = serve_deployment(cfg, slo_of(cfg), folder, generations=False)
         requests, arrivals = deployment.requests, offered_rps(deployment.requests)
-        artefacts.write_metrics(metrics, folder)
     else:
         engine, requests = build_engine(cfg)
         arrivals = offered_rps(requests)
