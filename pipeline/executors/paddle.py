@@ -14,6 +14,7 @@ from pipeline.checks import (
     check_real_precision,
 )
 from pipeline.engine import Engine
+from pipeline.speculation import check_no_speculation
 from stages.interfaces import Attention
 from stages.kv_cache import KVCacheManager, blocks_for
 from stages.request import Request
@@ -28,6 +29,7 @@ class PaddleExecutor:
         check_has_weights(cfg)
         check_real_precision(cfg)
         check_real_parallel(cfg)
+        check_no_speculation(cfg)
         check_memory(cfg, cfg.num_blocks)  # a derived pool is checked again once it is known
 
     def server_num_blocks(self, cfg: DictConfig) -> int:

@@ -5,7 +5,7 @@ time with the cost model of `hardware` and never imports Paddle."""
 from __future__ import annotations
 
 import time
-from typing import Protocol
+from typing import Any, Protocol
 
 from omegaconf import DictConfig
 
@@ -13,6 +13,7 @@ from pipeline.build import build, load_workload
 from pipeline.checks import ConfigError, check_model_context, describe_model
 from pipeline.clock import Clock, WallClock
 from pipeline.engine import Engine
+from pipeline.speculation import draft_spec, speculation_of
 from stages.kv_cache import KVCacheManager
 from stages.request import Request
 from stages.simulator.device import (
@@ -27,6 +28,8 @@ from stages.simulator.expert_parallel import ExpertParallel, check_layout
 from stages.simulator.hardware import HardwareProfile, kv_pool_blocks
 from stages.simulator.precision import Precision
 from stages.simulator.simulation import DeviceSimulation
+from stages.simulator.speculative import Speculation
+from stages.simulator.speculative_rows import SpeculativeScheduler
 from stages.stopping import StopRule
 
 
@@ -75,6 +78,8 @@ def build_simulated_engine(
         raise ConfigError("executor=simulated needs a device: give hardware=gaudi3 (or ...)")
     hardware = hardware or build(cfg.hardware)
     workload, requests = load_workload(cfg, tokenizer)
+    speculation = speculation_of(cfg)
+    draft = draft_spec(cfg.speculative.draft_model) if cfg.speculative.draft_model else None
     try:
         precision = Precision(cfg.quantization, cfg.kv_cache_dtype)
         parallel = ExpertParallel(cfg.ep, cfg.dp, cfg.ep_imbalance)
@@ -84,7 +89,9 @@ def build_simulated_engine(
             spec, hardware, cfg.block_size, cfg.tp, precision, parallel
         )
         split = cfg.executor.prefill_batch_split
-        device = SimulatedDevice(spec, hardware, clock, cfg.tp, precision, split, parallel)
+        device = SimulatedDevice(
+            spec, hardware, clock, cfg.tp, precision, split, parallel, speculation, draft
+        )
     except ValueError as err:
         raise ConfigError(str(err)) from err
     kv_cache = KVCacheManager(num_blocks, cfg.block_size, cfg.prefix_caching)
@@ -95,7 +102,7 @@ def build_simulated_engine(
     token = pick_token(tokenizer.eos_ids, tokenizer.vocab_size)
     engine = Engine(
         tokenizer=tokenizer,
-        scheduler=scheduler,
+        scheduler=speculative_steps(scheduler, speculation),
         metadata=metadata,
         model=device,
         attention=NoAttention(),
@@ -104,9 +111,17 @@ def build_simulated_engine(
         workload_counts=workload.counts,
         record_lengths=False,
         concurrency=workload.concurrency,
-        simulation=DeviceSimulation(device, scheduler, metadata, token),
+        simulation=DeviceSimulation(device, scheduler, metadata, token, speculation is None),
     )
     return engine, requests
+
+
+def speculative_steps(scheduler: Any, speculation: Speculation | None) -> Any:
+    """The scheduler, whose decode rows verify proposals and get the accepted tokens under
+    speculation (one token a step without)."""
+    if speculation is None:
+        return scheduler
+    return SpeculativeScheduler(scheduler, speculation.tokens, speculation.expected_tokens)
 
 
 def simulated_device(engine: Engine) -> SimulatedDevice:
