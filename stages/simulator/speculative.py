@@ -5,8 +5,9 @@ A step with speculation runs, for its decode rows:
 
 - the verification: the target's forward over k + 1 query tokens per row (its last token
   and the k proposals): the GEMMs and the lm head over (k + 1) x rows tokens, attention of
-  query i (0 .. k) of a row over its context and the i proposals before it, KV writes for
-  k + 1 slots; prefill rows are as without speculation;
+  query i (0 .. k) of a row over its context and the i proposals before it (the FLOPs of
+  k + 1 queries; the row's keys and values read once), KV writes for k + 1 slots; prefill
+  rows are as without speculation;
 - the proposals, by `method`:
   - mtp: k passes of the model's multi-token-prediction head, each one decoder layer of the
     target (DeepSeek-V3's and ERNIE-4.5's MTP modules are one layer: `mtp_layers`) plus
@@ -92,18 +93,22 @@ class Speculation:
         return expected_tokens(self.acceptance, self.tokens)
 
 
-def verify_extra(rows: int, slots: int, tokens: int) -> StepWork:
-    """The work `tokens` proposals per decode row add to a step whose `rows` decode rows
-    read `slots` KV slots: each proposal goes through the GEMMs, the lm head and a KV
-    write, and proposal i attends to its row's context and the i - 1 before it plus itself
-    (k x context + k (k + 1) / 2 more pairs per row)."""
+def verify_extra(rows: int, tokens: int) -> StepWork:
+    """The work `tokens` proposals per decode row add to a step of `rows` decode rows,
+    besides their attention: each proposal goes through the GEMMs and the lm head and
+    writes its KV slot."""
     k = tokens
-    return StepWork(
-        linear_tokens=rows * k,
-        decode_slots=k * slots + rows * k * (k + 1) / 2,
-        kv_writes=rows * k,
-        sampled_rows=rows * k,
-    )
+    return StepWork(linear_tokens=rows * k, kv_writes=rows * k, sampled_rows=rows * k)
+
+
+def verify_pairs(rows: int, slots: int, tokens: int) -> float:
+    """The query-key pairs `tokens` proposals per row add to decode attention over `slots`
+    KV slots: proposal i attends to its row's context and to the i proposals up to itself,
+    k x context + k (k + 1) / 2 per row. The keys are read once for all of a row's queries
+    (as a decode attention kernel reads a row's blocks once for its k + 1 queries), so
+    only the FLOPs grow."""
+    k = tokens
+    return k * slots + rows * k * (k + 1) / 2
 
 
 class SpeculativeCost:
@@ -137,9 +142,12 @@ class SpeculativeCost:
         """The target's step with k + 1 tokens per decode row, compiles included."""
         target = self.target
         rows, slots = self.decode_rows(shape)
-        work = target.work(shape) + verify_extra(rows, slots, self.speculation.tokens)
+        k = self.speculation.tokens
+        amounts = target.amounts_of(target.work(shape) + verify_extra(rows, k))
+        pairs = verify_pairs(rows, slots, k)
+        amounts.decode_attention_flops += target.spec.attention_flops(pairs, target.tp)
         recompile = target.hardware.recompile_s if shape.miss else 0.0
-        return float(target.seconds_of(target.amounts_of(work))) + recompile
+        return float(target.seconds_of(amounts)) + recompile
 
     def propose_seconds(self, shape: StepShape) -> float:
         """The k proposals' seconds for the step's decode rows (0 without any)."""
