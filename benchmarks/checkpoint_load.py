@@ -23,7 +23,7 @@ import numpy as np
 import paddle
 from safetensors.paddle import save_file
 
-from stages.checkpoint import INDEX_FILE, read_spec, weight_plan
+from stages.loading.checkpoint import INDEX_FILE, read_spec, weight_plan
 
 # ~55M parameters: 221 MB in float32.
 CONFIG = {
@@ -47,7 +47,7 @@ MEASURE = """
 import json, sys, time
 import paddle
 from pipeline.allocator import keep_freed_memory
-from stages.checkpoint import load_hf_model
+from stages.loading.checkpoint import load_hf_model
 
 def status_kib(field):
     for line in open("/proc/self/status"):

@@ -36,8 +36,8 @@ from benchmarks.floor import attention_flops, head_flops, matmul_rate, token_flo
 from pipeline.calibrate import timed_calls
 from pipeline.compose import compose_config
 from pipeline.executors import build_engine
-from stages.model_spec import ModelSpec
-from stages.request import Request, StepPlan
+from stages.model.spec import ModelSpec
+from stages.scheduling.request import Request, StepPlan
 
 
 def decode_engine(model: str, threads: int, batch: int, context: int, overrides=()):

@@ -23,7 +23,7 @@ import pipeline  # noqa: F401  # isort: skip  (chooses MKL's code path before Pa
 import paddle  # isort: skip
 
 from pipeline.allocator import keep_freed_memory
-from stages.model_spec import ModelSpec
+from stages.model.spec import ModelSpec
 
 # conf/model/small.yaml, the model the benchmarks run.
 SMALL_DIMS = ModelSpec(

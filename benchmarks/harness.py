@@ -17,7 +17,7 @@ from benchmarks.floor import matmul_rate, run_flops
 from pipeline.compose import compose_config
 from pipeline.executors import build_engine
 from pipeline.metrics import StepRecord, summarise
-from stages.request import Request
+from stages.scheduling.request import Request
 
 # (name in the report, engine attribute, method): the calls one step makes.
 TIMED_STAGES = (

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from pipeline.compose import compose_config
 from pipeline.engine import Engine
-from stages.request import Request, SamplingParams
+from stages.scheduling.request import Request, SamplingParams
 
 try:  # the engine builder's home since the executors' seam, and before it
     from pipeline.executors import build_engine

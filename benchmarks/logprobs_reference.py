@@ -18,7 +18,7 @@ from pathlib import Path
 
 from pipeline.compose import compose_config
 from pipeline.executors import build_engine
-from stages.request import Request, SamplingParams
+from stages.scheduling.request import Request, SamplingParams
 
 PROMPTS = [
     "Question: What is 26 + 54?\nAnswer: 80\n\nQuestion: What is 17 times 3?\nAnswer:",

@@ -27,7 +27,7 @@ import numpy as np
 
 from benchmarks.harness import ServedRun, serve, synthetic_overrides
 from benchmarks.report import machine_line, overhead_table, run_table, write_report
-from stages.checkpoint.export import export_hf_llama
+from stages.loading.checkpoint.export import export_hf_llama
 
 # This engine's setting when none is given: its best on this workload (benchmarks/peer.md).
 DEFAULT_SETTING = "max_num_seqs=64 max_tokens=2048"

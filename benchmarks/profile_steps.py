@@ -39,8 +39,8 @@ from benchmarks.peer import sorted_batches
 from benchmarks.report import write_report
 from pipeline.compose import compose_config
 from pipeline.run import build_engine
-from stages.checkpoint.export import export_hf_llama
-from stages.step_shape import StepShape
+from stages.forward.step_shape import StepShape
+from stages.loading.checkpoint.export import export_hf_llama
 
 KINDS = ("matmul", "attention", "gather/copy", "elementwise", "other")
 # Operator names (lower case, either framework) by kind; the first kind that matches wins.

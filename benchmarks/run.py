@@ -32,8 +32,8 @@ import numpy as np
 
 from benchmarks.harness import ServedRun, serve, synthetic_overrides
 from benchmarks.report import machine_line, overhead_table, run_table, write_report
-from stages.kv_cache import KVCacheManager
-from stages.request import Request
+from stages.scheduling.kv_cache import KVCacheManager
+from stages.scheduling.request import Request
 
 SCENARIOS = ("throughput", "latency", "sweep", "long_prompts", "prefix_cache")
 

@@ -14,10 +14,10 @@ import time
 import numpy as np
 
 from pipeline.schema import ChunkedSchedulerConf
-from stages.kv_cache import KVCacheManager
-from stages.request import Request, Samples
-from stages.scheduler import ChunkedScheduler
-from stages.stopping import StopRule
+from stages.scheduling.kv_cache import KVCacheManager
+from stages.scheduling.request import Request, Samples
+from stages.scheduling.scheduler import ChunkedScheduler
+from stages.scheduling.stopping import StopRule
 
 # The scheduler's knobs as the config gives them by default (pipeline/schema.py).
 _CONF = ChunkedSchedulerConf()

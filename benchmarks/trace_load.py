@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.schema import TraceWorkloadConf
-from stages.tokenizer import ByteTokenizer
+from stages.loading.tokenizer import ByteTokenizer
 from stages.trace import TraceWorkload
 
 

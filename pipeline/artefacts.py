@@ -40,7 +40,7 @@ from pipeline.run_folder import (  # noqa: F401  (read_generations: the folder's
     read_generations,
     read_mapping,
 )
-from stages.request import FinishReason, Request
+from stages.scheduling.request import FinishReason, Request
 
 # The error of a request a signal stopped; resuming the folder serves these again.
 INTERRUPTED = "interrupted: the run stopped before this request finished"

@@ -17,7 +17,7 @@ from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue
 from pipeline.checks import ConfigError
 from pipeline.expansion import check_expansion
 from stages.interfaces import Tokenizer, Workload
-from stages.request import Request
+from stages.scheduling.request import Request
 from stages.workload import bound_arrivals
 
 log = structlog.get_logger(__name__)

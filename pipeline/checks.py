@@ -11,10 +11,10 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from pipeline.schema import ModelOption, model_kind, model_option
-from stages.bucket_axes import derived_axes
-from stages.buckets import Bucketing
 from stages.device import Device
-from stages.model_spec import ModelSpec
+from stages.forward.bucket_axes import derived_axes
+from stages.forward.buckets import Bucketing
+from stages.model.spec import ModelSpec
 from stages.simulator.precision import KvCacheDtype, Quantization
 from stages.workload import MAX_ARRIVAL_S  # one bound for every workload's arrivals
 

@@ -17,7 +17,7 @@ from pipeline.checks import ConfigError
 from pipeline.clock import Clock, WallClock
 from pipeline.metrics import StepRecord
 from pipeline.stop_hook import NeverStop, StopHook
-from stages.forward_meta import ForwardMeta
+from stages.forward.forward_meta import ForwardMeta
 from stages.interfaces import (
     Attention,
     MetadataBuilder,
@@ -27,8 +27,8 @@ from stages.interfaces import (
     Simulation,
     Tokenizer,
 )
-from stages.logprobs import score_prompts
-from stages.request import DecodeRun, Request, StepPlan
+from stages.sampling.logprobs import score_prompts
+from stages.scheduling.request import DecodeRun, Request, StepPlan
 
 log = structlog.get_logger(__name__)
 

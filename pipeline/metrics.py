@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from stages.request import DecodeRun, FinishReason, Request, StepMode, StepPlan
+from stages.scheduling.request import DecodeRun, FinishReason, Request, StepMode, StepPlan
 
 if TYPE_CHECKING:  # the review and summary commands read runs without importing Paddle
-    from stages.forward_meta import ForwardMeta
-    from stages.step_shape import StepShape
+    from stages.forward.forward_meta import ForwardMeta
+    from stages.forward.step_shape import StepShape
 
 
 _ID = operator.attrgetter("id")

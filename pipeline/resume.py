@@ -21,7 +21,7 @@ from pipeline import artefacts, run_folder
 from pipeline.checks import ConfigError
 from pipeline.identity import TOKEN_NEUTRAL, check_identity
 from pipeline.metrics import StepRecord
-from stages.request import FinishReason, Request, Status, StepMode
+from stages.scheduling.request import FinishReason, Request, Status, StepMode
 
 log = structlog.get_logger(__name__)
 

@@ -23,7 +23,7 @@ from pipeline.resume import Previous, load_previous, pending_requests
 from pipeline.run_folder import RunStatus
 from pipeline.signals import RunInterrupted, as_interrupted, stop_on_signals
 from pipeline.slo import Slo, slo_metrics
-from stages.request import Request
+from stages.scheduling.request import Request
 
 log = structlog.get_logger(__name__)
 

@@ -18,7 +18,7 @@ from typing import Any
 from pipeline.checks import ConfigError
 from pipeline.run_files import open_no_link
 from stages.checked_yaml import YamlFileError, read_yaml
-from stages.request import FinishReason, StepMode
+from stages.scheduling.request import FinishReason, StepMode
 
 GENERATIONS, STEPS, METRICS = "generations.jsonl", "steps.jsonl", "metrics.json"
 RESOLVED_CONFIG = "resolved_config.yaml"

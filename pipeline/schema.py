@@ -16,23 +16,24 @@ from typing import Any, ClassVar, Protocol
 from hydra.core.config_store import ConfigStore
 from omegaconf import II, MISSING, DictConfig, OmegaConf
 
-from stages.buckets import Bucketing
-from stages.engine_grids import FastDeploySteps
-from stages.model_spec import ModelSpec, built_in_spec, dtype_bytes, model_spec
-from stages.scheduler import Budget
+from stages.forward.buckets import Bucketing
+from stages.forward.engine_grids import FastDeploySteps
+from stages.model.spec import ModelSpec, built_in_spec, dtype_bytes
+from stages.model.spec_option import model_spec
+from stages.scheduling.chunk_policy import Budget
 from stages.simulator.hardware import HardwareProfile, read_profile
 from stages.simulator.precision import KvCacheDtype, Quantization
 
 
 @dataclass
 class ByteTokenizerConf:
-    _target_: str = "stages.tokenizer.ByteTokenizer"
+    _target_: str = "stages.loading.tokenizer.ByteTokenizer"
     add_bos: bool = True
 
 
 @dataclass
 class HfTokenizerConf:
-    _target_: str = "stages.tokenizer.HfTokenizer"
+    _target_: str = "stages.loading.tokenizer.HfTokenizer"
     path: str = II("model.path")  # a folder holding tokenizer.json; the model's by default
     add_special_tokens: bool = True  # tokenizer.json's own template, as transformers encodes
     add_bos: bool = False  # also put the BOS id first when the template does not
@@ -40,7 +41,7 @@ class HfTokenizerConf:
 
 @dataclass
 class GgufTokenizerConf:
-    _target_: str = "stages.gguf.tokenizer.GgufTokenizer"
+    _target_: str = "stages.loading.gguf.tokenizer.GgufTokenizer"
     path: str = II("model.path")  # a GGUF file; the model's by default
     add_bos: Any = None  # null = the file's tokenizer.ggml.add_bos_token
 
@@ -48,7 +49,7 @@ class GgufTokenizerConf:
 # The execution model a device implies, where the config does not say: a device that pads
 # to buckets (an HPU) warms a bucket grid and charges a prefill row its padded width; one that
 # computes the real tokens (a GPU, hardware.pads_to_buckets=false) captures CUDA graphs at
-# vLLM's sizes (stages/cudagraph.py) and charges real tokens. Without a device: the former.
+# vLLM's sizes (stages/forward/cudagraph.py) and charges real tokens. Without a device: the former.
 DEVICE_DEFAULTS = {
     "bucketing": (Bucketing.linear.value, Bucketing.cudagraph.value),
     "budget": (Budget.padded.value, Budget.real.value),
@@ -88,19 +89,19 @@ class SchedulerConf:
 
 @dataclass
 class ChunkedSchedulerConf(SchedulerConf):
-    _target_: str = "stages.scheduler.ChunkedScheduler"
+    _target_: str = "stages.scheduling.scheduler.ChunkedScheduler"
     align_chunks: bool = True  # non-final chunks are whole blocks (the HPU rule)
     long_prefill_threshold: int = 0  # cap on one request's chunk, tokens; 0 = off
 
 
 @dataclass
 class WholeSchedulerConf(SchedulerConf):
-    _target_: str = "stages.scheduler.WholeScheduler"
+    _target_: str = "stages.scheduling.whole_prompt.WholeScheduler"
 
 
 @dataclass
 class StaticSchedulerConf(SchedulerConf):
-    _target_: str = "stages.scheduler.StaticScheduler"
+    _target_: str = "stages.scheduling.whole_prompt.StaticScheduler"
 
 
 @dataclass
@@ -129,7 +130,7 @@ _FD = FastDeploySteps()  # FastDeploy's own defaults, kept in one place
 @dataclass
 class FastDeployWarmupConf:
     """FastDeploy's HPU warmup environment (read with metadata.bucketing=fastdeploy),
-    under its names lower-cased; the meanings and defaults are stages.engine_grids'
+    under its names lower-cased; the meanings and defaults are stages.forward.engine_grids'
     FastDeploySteps' (FastDeploy's own)."""
 
     max_prefill_num: int = _FD.max_prefill_num
@@ -144,8 +145,8 @@ class FastDeployWarmupConf:
 
 
 @dataclass
-class HPUMetadataConf:
-    _target_: str = "stages.metadata.HPUMetadataBuilder"
+class BucketedMetadataConf:
+    _target_: str = "stages.forward.metadata.BucketedMetadataBuilder"
     max_tokens: int = II("max_tokens")
     max_num_seqs: int = II("max_num_seqs")
     max_model_len: int = II("max_model_len")
@@ -167,13 +168,13 @@ class HPUMetadataConf:
 
 @dataclass
 class PagedAttentionConf:
-    _target_: str = "stages.attention.paged.PagedAttention"
+    _target_: str = "stages.model.attention.paged.PagedAttention"
     ops: str = "cpu"  # cpu (plain Paddle) or intel_hpu (the plugin's ops)
 
 
 @dataclass
 class ReferenceAttentionConf:
-    _target_: str = "stages.attention.reference.ReferenceAttention"
+    _target_: str = "stages.model.attention.reference.ReferenceAttention"
 
 
 @dataclass
@@ -184,12 +185,12 @@ class SamplerConf:
 
 @dataclass
 class GreedySamplerConf(SamplerConf):
-    _target_: str = "stages.sampler.GreedySampler"
+    _target_: str = "stages.sampling.sampler.GreedySampler"
 
 
 @dataclass
 class RandomSamplerConf(SamplerConf):
-    _target_: str = "stages.sampler.RandomSampler"
+    _target_: str = "stages.sampling.sampler.RandomSampler"
     temperature: float = 1.0
     top_k: int = 0  # 0 = off
     top_p: float = 1.0  # 1.0 = off
@@ -216,7 +217,7 @@ COMPUTE_DTYPE = "float32"
 
 @dataclass
 class TransformerConf:
-    _target_: str = "stages.model.transformer_lm"
+    _target_: str = "stages.model.transformer.transformer_lm"
     vocab_size: int = MISSING
     hidden_size: int = MISSING
     num_layers: int = MISSING
@@ -243,7 +244,7 @@ class TransformerConf:
 
 @dataclass
 class HfModelConf:
-    _target_: str = "stages.checkpoint.load_hf_model"
+    _target_: str = "stages.loading.checkpoint.load_hf_model"
     path: str = MISSING  # a local Hugging Face-format folder
     dtype: str = COMPUTE_DTYPE  # stored bf16 / fp16 / fp32 weights are converted to it
     max_position: int = II("max_model_len")  # rotary table; 0 = max_position_embeddings
@@ -251,7 +252,7 @@ class HfModelConf:
     has_weights: ClassVar[bool] = True
 
     def spec(self) -> ModelSpec:
-        from stages.checkpoint import read_folder_spec
+        from stages.loading.checkpoint import read_folder_spec
 
         checkpoint = read_folder_spec(self.path)
         name = Path(self.path).expanduser().name
@@ -262,14 +263,14 @@ class HfModelConf:
         )
 
     def rotary_positions(self) -> int:
-        from stages.checkpoint import read_folder_spec
+        from stages.loading.checkpoint import read_folder_spec
 
         return self.max_position or read_folder_spec(self.path).max_position_embeddings
 
 
 @dataclass
 class GgufModelConf:
-    _target_: str = "stages.gguf.loader.load_gguf_model"
+    _target_: str = "stages.loading.gguf.loader.load_gguf_model"
     path: str = MISSING  # a GGUF file (llama, qwen2, qwen3; F32 to Q4_K: docs/checkpoints.md)
     dtype: str = COMPUTE_DTYPE  # every stored type is dequantised to it
     max_position: int = II("max_model_len")  # rotary table; 0 = the file's context_length
@@ -277,8 +278,8 @@ class GgufModelConf:
     has_weights: ClassVar[bool] = True
 
     def spec(self) -> ModelSpec:
-        from stages.gguf.config import gguf_spec
-        from stages.gguf.reader import read_gguf_header
+        from stages.loading.gguf.config import gguf_spec
+        from stages.loading.gguf.reader import read_gguf_header
 
         checkpoint = gguf_spec(read_gguf_header(self.path))
         name = Path(self.path).expanduser().stem
@@ -289,8 +290,8 @@ class GgufModelConf:
         )
 
     def rotary_positions(self) -> int:
-        from stages.gguf.config import gguf_spec
-        from stages.gguf.reader import read_gguf_header
+        from stages.loading.gguf.config import gguf_spec
+        from stages.loading.gguf.reader import read_gguf_header
 
         if self.max_position:
             return self.max_position
@@ -354,7 +355,7 @@ class JsonlWorkloadConf(WorkloadConf):
 class SpecModelConf:
     """A model without weights, for the simulated device: config.json or a preset's fields."""
 
-    _target_: str = "stages.model_spec.model_spec"
+    _target_: str = "stages.model.spec_option.model_spec"
     config: str = ""  # a config.json (or its folder); "" = the fields below
     name: str = ""
     vocab_size: int = 0
@@ -643,8 +644,8 @@ SCHEMAS = {
     ("scheduler", "chunked"): ChunkedSchedulerConf,
     ("scheduler", "whole"): WholeSchedulerConf,
     ("scheduler", "static"): StaticSchedulerConf,
-    ("metadata", "hpu"): HPUMetadataConf,
-    ("attention", "hpu"): PagedAttentionConf,
+    ("metadata", "bucketed"): BucketedMetadataConf,
+    ("attention", "paged"): PagedAttentionConf,
     ("attention", "reference"): ReferenceAttentionConf,
     ("sampler", "greedy"): GreedySamplerConf,
     ("sampler", "random"): RandomSamplerConf,

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipeline.metrics import e2e_s, tpot_s, ttft_s
-from stages.request import FinishReason, Request
+from stages.scheduling.request import FinishReason, Request
 
 
 def _tpot_or_zero(r: Request) -> float | None:

@@ -9,7 +9,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from pipeline.checks import ConfigError
 from pipeline.schema import SpecModelConf
-from stages.model_spec import ModelSpec
+from stages.model.spec import ModelSpec
 from stages.simulator.speculative import Speculation, check_speculation
 
 

@@ -5,8 +5,9 @@ config. Every ability the engine may ask of a stage is declared here, so nothing
 with getattr. Abilities only a simulated build asks for (leaps over decode runs, predicted
 warmup) are protocols of their own at the end, which the stages that have them implement
 and no other stage need answer (as vLLM's `SupportsX` model interfaces). The attention
-backends' kernels have their own contract, `stages.attention.interface.AttentionOps`; a prompt's ids
-made on demand, `stages.request.PromptIds`.
+backends' kernels have their own contract,
+`stages.model.attention.interface.AttentionOps`; a prompt's ids made on demand,
+`stages.scheduling.request.PromptIds`.
 """
 
 from __future__ import annotations
@@ -14,10 +15,10 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from stages.forward_meta import ForwardMeta
-from stages.kv_cache import KVCacheManager
-from stages.model_spec import ModelSpec
-from stages.request import DecodeRun, Request, Samples, StepPlan
+from stages.forward.forward_meta import ForwardMeta
+from stages.model.spec import ModelSpec
+from stages.scheduling.kv_cache import KVCacheManager
+from stages.scheduling.request import DecodeRun, Request, Samples, StepPlan
 
 if TYPE_CHECKING:  # annotations only: a simulated run never imports Paddle
     import paddle
@@ -45,7 +46,7 @@ class Tokenizer(Protocol):
     def decode(self, ids: Sequence[int]) -> str: ...
 
     def encode_chat(self, messages: Sequence[Mapping[str, Any]]) -> tuple[str, list[int]]:
-        """Chat messages as prompt text under the model's chat template (stages/chat.py's
+        """Chat messages as prompt text under the model's chat template (stages/loading/chat.py's
         plain one where it has none), and its ids; ValueError for a malformed message."""
 
 
@@ -197,7 +198,7 @@ class Sampler(Protocol):
 
 class PlansDecodeRuns(Protocol):
     """A scheduler that says where its next steps can only decode the running requests,
-    and does what such a run's steps one by one would do (stages.decode_runs)."""
+    and does what such a run's steps one by one would do (stages.scheduling.decode_runs)."""
 
     def steady_decodes(self, limit: int, finishes: float = 0) -> DecodeRun | None:
         """The next steps (up to `limit`) while each can only decode the running requests,

@@ -25,10 +25,11 @@ from pipeline.schema import (
     device_default,
     schema_defaults,
 )
-from stages.buckets import Bucketing
-from stages.model_spec import ModelSpec, model_spec
-from stages.request import Request
-from stages.scheduler import Budget
+from stages.forward.buckets import Bucketing
+from stages.model.spec import ModelSpec
+from stages.model.spec_option import model_spec
+from stages.scheduling.chunk_policy import Budget
+from stages.scheduling.request import Request
 from stages.trace import TraceWorkload
 
 # One Paddle math thread: `pytest -n auto` runs a test per core already, and threads of two

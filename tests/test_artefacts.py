@@ -6,8 +6,8 @@ import gc
 import json
 
 from pipeline import artefacts
-from stages.request import Request
-from stages.tokenizer import ByteTokenizer
+from stages.loading.tokenizer import ByteTokenizer
+from stages.scheduling.request import Request
 from tests.helpers import serve
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from benchmarks.decode_step import decode_roofline
-from stages.model_spec import ModelSpec
+from stages.model.spec import ModelSpec
 
 # hidden 4, 1 layer, 2 heads, 1 KV head, head_dim 2, intermediate 8, vocab 10
 DIMS = ModelSpec(10, 4, 1, 2, 1, 2, 8)

@@ -17,7 +17,7 @@ from pipeline.buckets import plan_source, run_limits
 from pipeline.checks import ConfigError
 from pipeline.compose import compose_config
 from pipeline.run import build_engine
-from stages.bucket_planner import (
+from stages.forward.bucket_planner import (
     Workload,
     breakpoint_table,
     evaluate,
@@ -26,7 +26,7 @@ from stages.bucket_planner import (
     plan_prefill_pair,
     tail_sizes,
 )
-from stages.buckets import (
+from stages.forward.buckets import (
     Axis,
     Buckets,
     StepRule,
@@ -38,8 +38,8 @@ from stages.buckets import (
     prefill_shapes,
     warmup_counts,
 )
-from stages.forward_meta import bucket_dims
-from stages.kv_cache import blocks_for
+from stages.forward.forward_meta import bucket_dims
+from stages.scheduling.kv_cache import blocks_for
 from stages.simulator.device import graphs
 from tests.helpers import LIMITS, SMALL, make_config, run_cli, serve
 

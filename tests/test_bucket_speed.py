@@ -59,8 +59,8 @@ def test_the_report_counts_the_graphs_the_run_counted(tmp_path):
 
     from pipeline.buckets import run_limits, simulated_run
     from pipeline.run_folder import read_step_lines
-    from stages.bucket_planner import Workload, evaluate
-    from stages.buckets import Bucketing
+    from stages.forward.bucket_planner import Workload, evaluate
+    from stages.forward.buckets import Bucketing
 
     run = simulated_run(["hardware=gaudi2", "model=spec/ernie45_21b_a3b", "max_num_seqs=128",
                          "max_model_len=8192", "prefix_caching=false",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from stages.buckets import Axis, Buckets
+from stages.forward.buckets import Axis, Buckets
 from tests.helpers import serve
 
 
@@ -133,7 +133,7 @@ def reached_by_steps(sizes, block_size, budget, padded, max_rows, max_blocks):
     ],
 )  # fmt: skip
 def test_warmup_holds_exactly_the_buckets_steps_reach(sizes, padded):
-    from stages.buckets import decode_shapes, prefill_shapes, warmup_counts
+    from stages.forward.buckets import decode_shapes, prefill_shapes, warmup_counts
 
     prefill, decode = reached_by_steps(sizes, 16, 64, padded, max_rows=6, max_blocks=8)
     args = (sizes["prefill_batch"], sizes["prefill_seq"], sizes["prefill_blocks"], 16, 64)

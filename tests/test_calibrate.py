@@ -15,7 +15,7 @@ from pipeline.checks import ConfigError
 from pipeline.compose import compose_config
 from pipeline.run import run
 from pipeline.schema import measured_profile
-from stages.forward_meta import bucket_dims, bucket_label
+from stages.forward.forward_meta import bucket_dims, bucket_label
 from stages.simulator.hardware import write_profile
 from tests.helpers import LIMITS, REPO, serve
 

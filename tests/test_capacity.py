@@ -12,7 +12,7 @@ from pipeline.executors import build_engine
 from pipeline.plan.capacity import capacity_search, load_axis
 from pipeline.plan.capacity_estimate import rate_ceiling
 from pipeline.slo import EarlyVerdict, Slo, is_good, needed_good, slo_metrics
-from stages.request import Request
+from stages.scheduling.request import Request
 from tests.helpers import make_config
 
 SMALL_DEPLOYMENT = [

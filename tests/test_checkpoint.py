@@ -19,9 +19,9 @@ from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
 
 from pipeline.checks import ConfigError
 from pipeline.executors import build_engine
-from stages.checkpoint import SUPPORTED_ARCHITECTURES, load_hf_model, read_spec
-from stages.checkpoint.export import export_hf_llama
-from stages.model import check_dtype
+from stages.loading.checkpoint import SUPPORTED_ARCHITECTURES, load_hf_model, read_spec
+from stages.loading.checkpoint.export import export_hf_llama
+from stages.model.transformer import check_dtype
 from stages.workload.prompt_text import WORDS
 from tests import numpy_reference
 from tests.helpers import make_config, serve

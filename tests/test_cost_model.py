@@ -11,10 +11,10 @@ from hydra import compose, initialize_config_module
 from hydra.utils import instantiate
 
 from pipeline.schema import HardwareConf, measured_profile, register_schemas
+from stages.forward.step_shape import StepShape
 from stages.simulator.cost_model import OVERHEAD, TERMS, CostModel
 from stages.simulator.hardware import GIB, HardwareProfile, kv_pool_blocks
 from stages.simulator.nnls import nnls
-from stages.step_shape import StepShape
 from tests.helpers import schema_kwargs, spec_of
 
 register_schemas()

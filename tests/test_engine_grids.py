@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from stages.buckets import Axis, Bucketing
-from stages.engine_grids import (
+from stages.forward.buckets import Axis, Bucketing
+from stages.forward.engine_grids import (
     FastDeploySteps,
     ServerLimits,
     fastdeploy_decode_batch,
@@ -136,16 +136,16 @@ def test_vllm_strategies_on_an_axis():
 
 
 def test_metadata_bucketing_fastdeploy_warms_its_grid():
-    from pipeline.schema import HPUMetadataConf
-    from stages.kv_cache import KVCacheManager
-    from stages.metadata import HPUMetadataBuilder
+    from pipeline.schema import BucketedMetadataConf
+    from stages.forward.metadata import BucketedMetadataBuilder
+    from stages.scheduling.kv_cache import KVCacheManager
     from tests.helpers import schema_kwargs
 
     steps = {"max_prefill_num": 2, "batch_step_decode": 2, "block_step_decode": 2,
              "warmup_model_len": 384}  # fmt: skip
-    given = schema_kwargs(HPUMetadataConf, max_tokens=512, max_num_seqs=4, max_model_len=1024,
+    given = schema_kwargs(BucketedMetadataConf, max_tokens=512, max_num_seqs=4, max_model_len=1024,
                           bucketing="fastdeploy", fastdeploy=steps)  # fmt: skip
-    meta = HPUMetadataBuilder(kv_cache=KVCacheManager(100, 128), **given)
+    meta = BucketedMetadataBuilder(kv_cache=KVCacheManager(100, 128), **given)
     # the hand-worked grid above, as our (batch, seq, table blocks) and (batch, blocks)
     assert meta.warmup_shapes(mixed=False)["prefill"] == [
         ((2, 256, 2), None), ((2, 128, 1), None),

@@ -13,7 +13,7 @@ from pipeline.compose import compose_config
 from pipeline.executors import EXECUTORS, build_engine, check_config, executor_of
 from pipeline.executors.simulated import PacedClock, simulated_device
 from pipeline.schema import Executor
-from stages.kv_cache import blocks_for
+from stages.scheduling.kv_cache import blocks_for
 
 SIMULATED = ["executor=simulated", "hardware=gaudi3", "model=spec/llama31_8b"]
 

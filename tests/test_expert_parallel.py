@@ -11,11 +11,11 @@ import pytest
 from benchmarks import published_moe
 from pipeline.calibrate.published import read_rows
 from pipeline.run import device_metrics
+from stages.forward.step_shape import StepShape
 from stages.simulator.cost_model import CostModel
 from stages.simulator.expert_parallel import ExpertParallel, check_layout
 from stages.simulator.hardware import GIB, kv_pool_blocks
 from stages.simulator.step_work import StepWork
-from stages.step_shape import StepShape
 from tests.helpers import run_cli, serve, spec_of
 from tests.test_cost_model import DEVICE, LINK, TINY, TINY_MOE
 

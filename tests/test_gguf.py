@@ -13,13 +13,13 @@ import pytest
 from gguf.constants import GGML_QUANT_SIZES
 
 from pipeline.inspect import main as inspect_main
-from stages.chat import render_chat
-from stages.gguf.config import gguf_spec
-from stages.gguf.loader import load_state
-from stages.gguf.quants import SUPPORTED_TYPES, dequantize
-from stages.gguf.reader import read_gguf_header
-from stages.gguf.tokenizer import GgufTokenizer
-from stages.tokenizer import ByteTokenizer, HfTokenizer
+from stages.loading.chat import render_chat
+from stages.loading.gguf.config import gguf_spec
+from stages.loading.gguf.loader import load_state
+from stages.loading.gguf.quants import SUPPORTED_TYPES, dequantize
+from stages.loading.gguf.reader import read_gguf_header
+from stages.loading.gguf.tokenizer import GgufTokenizer
+from stages.loading.tokenizer import ByteTokenizer, HfTokenizer
 from tests import numpy_reference
 from tests.conftest import LIMITS, run_cli, serve
 from tests.gguf_files import CHATML, T, hf_weights, model_config, store, train_vocab, write_model

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from pipeline.executors import build_engine
-from stages.cudagraph import capture_sizes
+from stages.forward.cudagraph import capture_sizes
 from tests.helpers import make_config
 
 DEVICE = ["executor=simulated", "model=spec/llama31_8b", "max_num_seqs=64", "max_tokens=2048",

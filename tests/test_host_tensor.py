@@ -8,7 +8,7 @@ import gc
 import numpy as np
 import pytest
 
-from stages.host_tensor import host_tensor
+from stages.forward.host_tensor import host_tensor
 
 
 def live_lists() -> int:

@@ -17,8 +17,8 @@ from pipeline import inspect
 from pipeline.build import load_workload
 from pipeline.checks import ConfigError
 from pipeline.schema import HardwareConf, measured_profile
+from stages.loading.tokenizer import ByteTokenizer
 from stages.simulator.hardware import HardwareProfile, read_profile
-from stages.tokenizer import ByteTokenizer
 from stages.workload import MAX_ARRIVAL_S
 from tests.helpers import REPO, make_config, schema_kwargs, trace_workload
 from tests.test_inspect import folder_of

@@ -20,9 +20,9 @@ from pipeline.executors import build_engine, check_config
 from pipeline.serve.__main__ import exit_code, listening_socket, prepare
 from pipeline.serve.derived import kv_pool_blocks
 from pipeline.serve.folder import GenerationAppender
-from stages.chat import render_chat
-from stages.checkpoint import read_spec
-from stages.tokenizer import ByteTokenizer
+from stages.loading.chat import render_chat
+from stages.loading.checkpoint import read_spec
+from stages.loading.tokenizer import ByteTokenizer
 from tests.gguf_files import hf_weights, model_config, train_vocab, write_model
 from tests.helpers import make_config
 from tests.helpers_serve import live_server

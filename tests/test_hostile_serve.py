@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from pipeline.serve.protocol import BOUNDS, MAX_STOP_CHARS, MAX_STOP_STRINGS
-from stages.sampler import TOP_K_MAX, top_k_error
+from stages.sampling.sampler import TOP_K_MAX, top_k_error
 from tests.helpers_serve import Served, live_server
 
 KEY = "hostile-key"

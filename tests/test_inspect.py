@@ -97,14 +97,14 @@ def test_special_tokens_with_their_text(tmp_path, capsys):
 def test_weights_are_not_read_nor_the_model_built(tmp_path, capsys, monkeypatch):
     """Only the headers: with weight reading and model building made to fail, the folder
     is still described in full. A shard cut short is refused, as loading would refuse it."""
-    import stages.checkpoint.reading
-    import stages.model
+    import stages.loading.checkpoint.reading
+    import stages.model.transformer
 
     def fail(*args, **kwargs):
         raise AssertionError("inspect read weights or built the model")
 
-    monkeypatch.setattr(stages.checkpoint.reading, "_row_blocks", fail)
-    monkeypatch.setattr(stages.model.TransformerLM, "__init__", fail)
+    monkeypatch.setattr(stages.loading.checkpoint.reading, "_row_blocks", fail)
+    monkeypatch.setattr(stages.model.transformer.TransformerLM, "__init__", fail)
     folder = folder_of(tmp_path)
     code, out, _ = run(capsys, folder, "--json")
     assert code == 0 and json.loads(out)["parameters"] == LLAMA_PARAMETERS

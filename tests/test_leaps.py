@@ -18,11 +18,11 @@ from pipeline.metrics import StepTotals
 from pipeline.plan.capacity import run_probe
 from pipeline.run import run_metrics
 from pipeline.slo import EarlyVerdict, Slo
-from stages.kv_cache import KVCacheManager
-from stages.request import DecodeRun
-from stages.running_rows import RunningRows, few_rows_columns, listed_blocks, recurring
-from stages.scheduler import ChunkedScheduler
-from stages.stopping import StopRule
+from stages.scheduling.kv_cache import KVCacheManager
+from stages.scheduling.request import DecodeRun
+from stages.scheduling.running_rows import RunningRows, few_rows_columns, listed_blocks, recurring
+from stages.scheduling.scheduler import ChunkedScheduler
+from stages.scheduling.stopping import StopRule
 from tests.helpers import make_config
 
 SIMULATED = ["executor=simulated", "model=spec/llama31_8b"]

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from pipeline.executors import build_engine
-from stages.logprobs import asked_counts
-from stages.request import Request, SamplingParams
+from stages.sampling.logprobs import asked_counts
+from stages.scheduling.request import Request, SamplingParams
 from tests.helpers import RecordingSampler, make_config
 
 PROMPT = "Chunked prefill " * 9

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.schema import HPUMetadataConf
-from stages.kv_cache import KVCacheManager
-from stages.metadata import HPUMetadataBuilder
-from stages.request import Request, StepPlan
+from pipeline.schema import BucketedMetadataConf
+from stages.forward.metadata import BucketedMetadataBuilder, ShapeMetadataBuilder
+from stages.scheduling.kv_cache import KVCacheManager
+from stages.scheduling.request import Request, StepPlan
 from tests.helpers import schema_kwargs
 
 BS, POOL = 16, 40
@@ -26,10 +26,10 @@ KV = GivenTables(POOL, BS)
 
 def builder(
     decode_span: float, blocks_step: int = 1, shapes_only: bool = False
-) -> HPUMetadataBuilder:
+) -> BucketedMetadataBuilder:
     axis = {"min": 0, "step": 0, "max": 0}
     given = schema_kwargs(
-        HPUMetadataConf,
+        BucketedMetadataConf,
         max_tokens=64,
         max_num_seqs=8,
         max_model_len=256,
@@ -40,7 +40,8 @@ def builder(
         decode_blocks={"min": 1, "step": blocks_step, "max": 0},
         decode_span=decode_span,
     )
-    return HPUMetadataBuilder(kv_cache=KV, shapes_only=shapes_only, **given)
+    kind = ShapeMetadataBuilder if shapes_only else BucketedMetadataBuilder
+    return kind(kv_cache=KV, **given)
 
 
 def decoding(tables: list[list[int]], lengths: list[int]) -> list[Request]:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from pipeline.metrics import StepRecord, e2e_s, itl_ms, itl_s, stats, summarise, tpot_s, ttft_s
-from stages.request import Request, Status
+from stages.scheduling.request import Request, Status
 
 
 def timeline(rid: str, arrival: float, token_times: list[float], finish: float | None = None):

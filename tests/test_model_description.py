@@ -10,8 +10,8 @@ import pytest
 from pipeline.checks import ConfigError, describe_model
 from pipeline.executors import check_config
 from pipeline.schema import HfModelConf, SpecModelConf, TransformerConf, model_kind
-from stages.checkpoint import read_spec
-from stages.model import transformer_lm
+from stages.loading.checkpoint import read_spec
+from stages.model.transformer import transformer_lm
 from tests.helpers import make_config, schema_kwargs
 from tests.test_checkpoint import CASES, make_folder
 

@@ -15,7 +15,7 @@ from pipeline.checks import ConfigError, check_model_context
 from pipeline.executors import check_config
 from pipeline.run import model_context
 from pipeline.schema import register_schemas
-from stages.model_spec import ModelSpec, MoeLayout
+from stages.model.spec import ModelSpec, MoeLayout
 from tests.helpers import run_cli, spec_of
 from tests.test_cost_model import TINY, TINY_MOE
 

@@ -11,8 +11,8 @@ import numpy as np
 import paddle
 import pytest
 
-from stages.attention import ops_cpu
-from stages.attention.interface import Heads
+from stages.model.attention import ops_cpu
+from stages.model.attention.interface import Heads
 from tests import numpy_reference
 
 H, KV, D, BS, HIDDEN = 8, 4, 64, 128, 96

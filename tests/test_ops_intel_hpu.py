@@ -18,11 +18,11 @@ import pytest
 from pipeline import checks
 from pipeline.checks import ConfigError
 from pipeline.executors import build_engine
-from stages.attention import ops_cpu, ops_intel_hpu, reference
-from stages.attention.interface import Heads
-from stages.attention.ops_intel_hpu import IntelHPUOps
-from stages.attention.paged import PagedAttention, load_ops
-from stages.kv_cache import KVCacheManager
+from stages.model.attention import ops_cpu, ops_intel_hpu, reference
+from stages.model.attention.interface import Heads
+from stages.model.attention.ops_intel_hpu import IntelHPUOps
+from stages.model.attention.paged import PagedAttention, load_ops
+from stages.scheduling.kv_cache import KVCacheManager
 from tests.helpers import make_config
 
 H, KV, D, BS = 4, 2, 8, 4  # query heads, key/value heads, head size, block size

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from stages.forward_meta import bucket_dims
+from stages.forward.forward_meta import bucket_dims
 from tests.helpers import serve
 
 CASES = {

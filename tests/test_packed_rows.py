@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.schema import HPUMetadataConf
-from stages.kv_cache import KVCacheManager
-from stages.metadata import HPUMetadataBuilder
-from stages.request import PrefillChunk, Request, StepPlan
+from pipeline.schema import BucketedMetadataConf
+from stages.forward.metadata import BucketedMetadataBuilder
+from stages.scheduling.kv_cache import KVCacheManager
+from stages.scheduling.request import PrefillChunk, Request, StepPlan
 from tests.helpers import schema_kwargs
 
 BS, POOL = 4, 64
@@ -22,11 +22,11 @@ class GivenTables(KVCacheManager):
         self._tables[request.seq_id] = table
 
 
-def builders() -> tuple[HPUMetadataBuilder, HPUMetadataBuilder, GivenTables]:
+def builders() -> tuple[BucketedMetadataBuilder, BucketedMetadataBuilder, GivenTables]:
     kv = GivenTables(POOL, BS)
-    given = schema_kwargs(HPUMetadataConf, max_tokens=64, max_num_seqs=8, max_model_len=64)
-    padded = HPUMetadataBuilder(kv_cache=kv, **given)
-    packed = HPUMetadataBuilder(kv_cache=kv, packed=True, **given)
+    given = schema_kwargs(BucketedMetadataConf, max_tokens=64, max_num_seqs=8, max_model_len=64)
+    padded = BucketedMetadataBuilder(kv_cache=kv, **given)
+    packed = BucketedMetadataBuilder(kv_cache=kv, packed=True, **given)
     return padded, packed, kv
 
 

@@ -12,10 +12,10 @@ from pipeline.checks import ConfigError
 from pipeline.compose import compose_config
 from pipeline.executors import check_config
 from pipeline.run import device_metrics
+from stages.forward.step_shape import StepShape
 from stages.simulator.cost_model import CostModel
 from stages.simulator.hardware import GIB, kv_pool_blocks
 from stages.simulator.precision import Precision
-from stages.step_shape import StepShape
 from tests.conftest import serve
 from tests.helpers import spec_of
 from tests.test_cost_model import DEVICE, KV_BYTES_PER_TOKEN, LINEAR_PARAMS, LM_HEAD_PARAMS, TINY

@@ -12,11 +12,11 @@ from hypothesis import strategies as st
 
 from pipeline.executors import build_engine
 from pipeline.schema import ChunkedSchedulerConf
-from stages.kv_cache import KVCacheManager
-from stages.prefix_cache import UnnamedBlocks
-from stages.request import Request, Samples
-from stages.scheduler import ChunkedScheduler
-from stages.stopping import StopRule
+from stages.scheduling.kv_cache import KVCacheManager
+from stages.scheduling.prefix_cache import UnnamedBlocks
+from stages.scheduling.request import Request, Samples
+from stages.scheduling.scheduler import ChunkedScheduler
+from stages.scheduling.stopping import StopRule
 from stages.trace import PromptIdSource, SeededPromptIds
 from stages.trace.prompt_ids import PREFIX_KEY
 from tests.helpers import make_config, schema_kwargs, serve

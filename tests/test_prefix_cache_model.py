@@ -11,8 +11,8 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stages.kv_cache import KVCacheManager
-from stages.request import Request
+from stages.scheduling.kv_cache import KVCacheManager
+from stages.scheduling.request import Request
 
 BS = 4
 

@@ -6,9 +6,9 @@ import numpy as np
 import paddle
 import pytest
 
-from stages.attention import ops_cpu, reference
-from stages.attention.interface import Heads
-from stages.attention.ops_intel_hpu import QK_NORM_REFUSAL, IntelHPUOps
+from stages.model.attention import ops_cpu, reference
+from stages.model.attention.interface import Heads
+from stages.model.attention.ops_intel_hpu import QK_NORM_REFUSAL, IntelHPUOps
 from tests import numpy_reference
 
 H, KV, D, HIDDEN, T, EPS = 4, 2, 16, 48, 37, 1e-6

@@ -17,7 +17,7 @@ from pipeline.review.render import render_config
 from tests.helpers import TINY, markdown_rows, run_cli
 
 CONFIG: dict[str, Any] = {
-    "tokenizer": {"_target_": "stages.tokenizer.ByteTokenizer", "add_bos": True},
+    "tokenizer": {"_target_": "stages.loading.tokenizer.ByteTokenizer", "add_bos": True},
     "scheduler": {"max_tokens": 512, "align_chunks": True},
     "workload": {"num_requests": 2, "max_new_tokens": 8},
     "max_tokens": 512,

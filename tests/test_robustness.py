@@ -21,7 +21,7 @@ from pipeline.metrics import StepRecord
 from pipeline.run import run
 from pipeline.schema import JsonlWorkloadConf
 from pipeline.signals import RunInterrupted
-from stages.tokenizer import ByteTokenizer
+from stages.loading.tokenizer import ByteTokenizer
 from stages.workload import JsonlWorkload
 from tests.helpers import make_config, schema_kwargs
 
@@ -207,7 +207,7 @@ def test_a_fifo_for_weights_is_refused_without_opening_it(tmp_path):
     ],
 )
 def test_special_ids_must_be_integers_in_the_vocabulary(tmp_path, change, message):
-    from stages.checkpoint import load_hf_model
+    from stages.loading.checkpoint import load_hf_model
     from tests.test_checkpoint import good_folder
 
     folder, _ = good_folder(tmp_path, **change)

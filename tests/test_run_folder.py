@@ -141,7 +141,7 @@ def edit_config(folder: Path, key: str, value) -> None:
         ("model.hidden_size", 128),
         ("model.dtype", "bfloat16"),
         ("seed", 7),
-        ("sampler._target_", "stages.sampler.RandomSampler"),
+        ("sampler._target_", "stages.sampling.sampler.RandomSampler"),
         ("tokenizer.add_bos", False),
     ],
 )

@@ -18,8 +18,8 @@ from pipeline.checks import ConfigError
 from pipeline.executors import build_engine
 from pipeline.run import run
 from pipeline.schema import GreedySamplerConf, RandomSamplerConf
-from stages.request import Request, SamplingParams
-from stages.sampler import GreedySampler, RandomSampler, uniforms
+from stages.sampling.sampler import GreedySampler, RandomSampler, uniforms
+from stages.scheduling.request import Request, SamplingParams
 from tests.helpers import make_config, schema_kwargs
 
 

@@ -8,10 +8,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.schema import ChunkedSchedulerConf, WholeSchedulerConf
-from stages.kv_cache import KVCacheManager, blocks_for
-from stages.request import Request, Samples
-from stages.scheduler import ChunkedScheduler, WholeScheduler
-from stages.stopping import StopRule
+from stages.scheduling.kv_cache import KVCacheManager, blocks_for
+from stages.scheduling.request import Request, Samples
+from stages.scheduling.scheduler import ChunkedScheduler
+from stages.scheduling.stopping import StopRule
+from stages.scheduling.whole_prompt import WholeScheduler
 from tests.helpers import schema_kwargs
 
 
@@ -56,7 +57,7 @@ def drive(sched: ChunkedScheduler, requests: list[Request], max_steps: int = 100
                 padded = len(blocks) * max(blocks) * sched.block_size + len(plan.decode)
                 assert padded <= sched.max_tokens
             # Rows beyond the first pad the rectangle at most by max_padding.
-            assert sum(blocks) >= (1 - sched.max_padding) * len(blocks) * max(blocks) - 1e-9
+            assert sum(blocks) >= (1 - sched.chunks.max_padding) * len(blocks) * max(blocks) - 1e-9
         assert len(plan.prefill) + len(plan.decode) <= sched.max_num_seqs
         owners = {}
         kv = sched.kv_cache
@@ -67,7 +68,7 @@ def drive(sched: ChunkedScheduler, requests: list[Request], max_steps: int = 100
             assert len(kv.block_table(r)) >= blocks_for(r.num_computed, sched.block_size)
         assert len(owners) + kv.num_free_blocks == kv.num_blocks
         for chunk in plan.prefill:
-            if sched.align_chunks and not chunk.is_final:
+            if sched.chunks.align_chunks and not chunk.is_final:
                 assert chunk.length % sched.block_size == 0
                 assert chunk.start % sched.block_size == 0
         sched.update(plan, sevens(len(plan.sampled_requests)), 0.0)

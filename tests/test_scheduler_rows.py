@@ -13,12 +13,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.schema import ChunkedSchedulerConf, WholeSchedulerConf
-from stages.kv_cache import KVCacheManager
-from stages.request import Request, Samples
-from stages.running_rows import RunningRows
-from stages.scheduler import ChunkedScheduler, WholeScheduler
-from stages.step_shape import MANY_ROWS
-from stages.stopping import StopRule
+from stages.forward.step_shape import MANY_ROWS
+from stages.scheduling.kv_cache import KVCacheManager
+from stages.scheduling.request import Request, Samples
+from stages.scheduling.running_rows import RunningRows
+from stages.scheduling.scheduler import ChunkedScheduler
+from stages.scheduling.stopping import StopRule
+from stages.scheduling.whole_prompt import WholeScheduler
 from tests.helpers import schema_kwargs
 
 BS = 4

@@ -26,7 +26,7 @@ from pipeline.serve.__main__ import prepare
 from pipeline.serve.api import create_app
 from pipeline.serve.telemetry import Telemetry
 from pipeline.serve.worker import EngineWorker
-from stages.request import Request
+from stages.scheduling.request import Request
 from tests.conftest import make_config
 
 KEY = "test-key"
@@ -389,7 +389,9 @@ def test_a_server_keeps_no_object_per_request_it_served(server):
         asyncio.run(round_of(16))
     grown = grown_since(before, served)
     assert sum(grown.values()) < served, grown  # fewer than one object per request
-    assert grown.get("stages.request.Request", 0) <= worker.cfg.max_num_seqs  # the last step's
+    assert (
+        grown.get("stages.scheduling.request.Request", 0) <= worker.cfg.max_num_seqs
+    )  # the last step's
     assert not worker.streams and kv_free(url)[0] == kv_free(url)[1]
 
 

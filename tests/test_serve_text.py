@@ -8,10 +8,10 @@ from hypothesis import strategies as st
 
 from pipeline.artefacts import output_text
 from pipeline.serve.replies import TextStream
-from stages.chat import render_chat
-from stages.request import Request
-from stages.stopping import StopRule
-from stages.tokenizer import ByteTokenizer
+from stages.loading.chat import render_chat
+from stages.loading.tokenizer import ByteTokenizer
+from stages.scheduling.request import Request
+from stages.scheduling.stopping import StopRule
 
 TOKENIZER = ByteTokenizer(add_bos=True)
 # Bytes of ASCII, of multi-byte characters and stray continuation bytes, so that steps

@@ -10,7 +10,7 @@ from pipeline.review import metrics_table, trap_notes
 from pipeline.run import serve as serve_run
 from pipeline.slo import Slo, slo_metrics
 from pipeline.summary import Job, write_markdown
-from stages.request import Request
+from stages.scheduling.request import Request
 from tests.helpers import make_config
 
 

@@ -15,13 +15,13 @@ from pipeline.checks import ConfigError
 from pipeline.executors import build_engine
 from pipeline.executors.paddle import PaddleExecutor
 from pipeline.speculation import draft_spec, speculation_of
+from stages.forward.step_shape import StepShape
 from stages.simulator.speculative import (
     Speculation,
     SpeculativeCost,
     accepted_extra,
     expected_tokens,
 )
-from stages.step_shape import StepShape
 from tests.helpers import make_config, spec_of
 from tests.test_cost_model import (
     BANDWIDTH,

@@ -17,14 +17,14 @@ from hydra import compose, initialize_config_module
 from hydra.utils import instantiate
 
 import stages.simulator.cost_model as cost_model
-from stages.model_spec import ModelSpec
-from stages.request import DecodeRun
+from stages.forward.step_shape import StepShape
+from stages.model.spec import ModelSpec
+from stages.scheduling.request import DecodeRun
 from stages.simulator.cost_model import OVERHEAD, TERMS, CostModel
 from stages.simulator.device import SimulatedDevice, VirtualClock
 from stages.simulator.expert_parallel import PLAIN, ExpertParallel
 from stages.simulator.hardware import HardwareProfile
 from stages.simulator.precision import KvCacheDtype, Precision, Quantization
-from stages.step_shape import StepShape
 from tests.test_cost_model import DEVICE, TINY, spec_of
 
 CONF = Path(__file__).parents[1] / "conf"

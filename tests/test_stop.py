@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from stages.tokenizer import ByteTokenizer
+from stages.loading.tokenizer import ByteTokenizer
 from tests.helpers import serve
 
 PROMPTS = ["tell me a story", "abc", "the quick brown fox", "0123456789", "hello", "zz top"]

@@ -1,7 +1,7 @@
 from hypothesis import given
 from hypothesis import strategies as st
 
-from stages.tokenizer import ByteTokenizer
+from stages.loading.tokenizer import ByteTokenizer
 
 
 @given(st.text())

@@ -12,8 +12,8 @@ import pytest
 
 from pipeline.checks import ConfigError
 from pipeline.executors import build_engine
-from stages.request import Request
-from stages.tokenizer import ByteTokenizer
+from stages.loading.tokenizer import ByteTokenizer
+from stages.scheduling.request import Request
 from stages.trace import (
     PromptIdSource,
     SeededPromptIds,

@@ -10,7 +10,7 @@ from hydra.utils import instantiate
 
 from pipeline.compose import compose_config
 from pipeline.schema import SyntheticWorkloadConf
-from stages.tokenizer import ByteTokenizer
+from stages.loading.tokenizer import ByteTokenizer
 from stages.workload import SyntheticWorkload, poisson_arrivals
 from tests.helpers import make_config, schema_kwargs, serve
 

@@ -45,8 +45,8 @@ from pipeline.buckets.serving import (
 from pipeline.buckets.sources import SourceError, load_source, run_limits
 from pipeline.buckets.speed import Choice, candidate_plans, choose, write_choice
 from pipeline.run_folder import read_metrics, read_step_lines
-from stages.bucket_planner import HEADROOM, Evaluation, Plan, Workload, evaluate
-from stages.buckets import Bucketing
+from stages.forward.bucket_planner import HEADROOM, Evaluation, Plan, Workload, evaluate
+from stages.forward.buckets import Bucketing
 
 # The commands, and the parts other modules and tests use.
 __all__ = ["SourceError", "main", "plan_source", "run_limits", "show"]

@@ -10,9 +10,9 @@ from pipeline.buckets.serving import Served
 from pipeline.buckets.sources import RunLimits
 from pipeline.buckets.speed import Choice, rank
 from pipeline.run_folder import read_metrics
-from stages.bucket_axes import AXES
-from stages.bucket_planner import Evaluation
-from stages.buckets import Buckets
+from stages.forward.bucket_axes import AXES
+from stages.forward.bucket_planner import Evaluation
+from stages.forward.buckets import Buckets
 
 
 def _row(label: str, e: Evaluation, served: list[Served], chosen: str) -> str:

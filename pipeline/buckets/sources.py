@@ -12,11 +12,11 @@ from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 
 from pipeline.run_folder import read_mapping, read_metrics, read_step_lines
-from stages.bucket_axes import AXES, decode_blocks_limit, resolve_axes
-from stages.buckets import Axis, Bucketing, Buckets, StepRule
+from stages.forward.bucket_axes import AXES, decode_blocks_limit, resolve_axes
+from stages.forward.buckets import Axis, Bucketing, Buckets, StepRule
 from stages.interfaces import Scheduler
-from stages.kv_cache import blocks_for
-from stages.scheduler import Budget
+from stages.scheduling.chunk_policy import Budget
+from stages.scheduling.kv_cache import blocks_for
 
 
 class SourceError(ValueError):

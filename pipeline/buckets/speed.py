@@ -2,7 +2,7 @@
 scheduler on shapes alone), ranked by the workload's serving time, and a recommendation
 that is never slower than the best built-in set at no more graphs.
 
-Candidates come from the padding planner (stages/bucket_planner.py) at several block
+Candidates come from the padding planner (stages/forward/bucket_planner.py) at several block
 weights: padded blocks cost attention time that padded tokens alone do not price, so the
 utilization optimum is one candidate, not the answer. Each is served; the figures decide.
 """
@@ -15,8 +15,8 @@ from functools import cmp_to_key
 from pathlib import Path
 
 from pipeline.buckets.serving import Served
-from stages.bucket_planner import Plan, Workload, plan_buckets
-from stages.buckets import StepRule
+from stages.forward.bucket_planner import Plan, Workload, plan_buckets
+from stages.forward.buckets import StepRule
 
 # figures within 1% are equal: a candidate 0.5% slower than the reference is not slower
 TOLERANCE = 0.01

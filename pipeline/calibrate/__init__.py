@@ -40,10 +40,10 @@ from pipeline.executors import build_engine, check_config, executor_of
 from pipeline.run import run
 from pipeline.run_folder import RunFileError, read_step_lines
 from pipeline.schema import HardwareConf, schema_defaults
-from stages.forward_meta import bucket_dims
+from stages.forward.forward_meta import bucket_dims
+from stages.forward.step_shape import StepShape
 from stages.simulator.cost_model import CostModel
 from stages.simulator.hardware import HardwareProfile, write_profile
-from stages.step_shape import StepShape
 
 log = structlog.get_logger(__name__)
 # Terms measured steps can tell apart at tp=1: KV writes scale with tokens as the
@@ -111,7 +111,7 @@ def pads_buckets(cfg: DictConfig) -> bool:
     """Whether the configured forward computes the padded buckets. The CPU attention ops
     take each step's real tokens packed (no static shapes to keep), so the GEMMs and
     attention there cost by the real lengths; the HPU's ops compute the padded bucket."""
-    from stages.attention.paged import load_ops  # Paddle's ops: not for --help
+    from stages.model.attention.paged import load_ops  # Paddle's ops: not for --help
 
     ops = OmegaConf.select(cfg, "attention.ops")
     return ops is None or not load_ops(ops).packs_rows

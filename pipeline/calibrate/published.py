@@ -42,7 +42,7 @@ from pipeline.compose import compose_config
 from pipeline.executors.simulated import build_simulated_engine, simulated_device
 from pipeline.metrics import StepTotals
 from stages.arithmetic import ceil_div
-from stages.request import FinishReason, Request
+from stages.scheduling.request import FinishReason, Request
 from stages.simulator.cost_model import CostModel
 from stages.simulator.device import VirtualClock
 from stages.simulator.hardware import HardwareProfile, kv_pool_blocks

@@ -20,16 +20,12 @@ from typing import Any
 
 import yaml
 
-from pipeline.deploy.hpu import (
-    VLLM_BUCKETS,
-    fastdeploy_script,
-    fastdeploy_warnings,
-    vllm_buckets_file,
-    vllm_script,
-)
-from pipeline.deploy.settings import Deployment, deployment, replicas_line
+from pipeline.deploy.hpu import FASTDEPLOY, VLLM, VLLM_BUCKETS, fastdeploy_warnings, hpu_scripts
+from pipeline.deploy.settings import Deployment, deployment
 
-FASTDEPLOY, VLLM, OVERRIDES = "fastdeploy-hpu.sh", "vllm-gaudi.sh", "overrides.txt"
+OVERRIDES = "overrides.txt"
+__all__ = ["FASTDEPLOY", "OVERRIDES", "VLLM", "VLLM_BUCKETS", "Deployment", "deployment",
+           "export_run", "main", "tool_overrides", "write_deploy"]  # fmt: skip
 
 
 def tool_overrides(overrides: Sequence[str], config: Mapping[str, Any]) -> list[str]:
@@ -50,17 +46,10 @@ def write_deploy(d: Deployment, overrides: Sequence[str], out: Path) -> list[Pat
         from pipeline.deploy.gpu import write_gpu_deploy
 
         return [*write_gpu_deploy(d, out), out / OVERRIDES]
-    files = {
-        FASTDEPLOY: fastdeploy_script(d),
-        VLLM: vllm_script(d),
-        VLLM_BUCKETS: vllm_buckets_file(d),
-    }
+    files = hpu_scripts(d)
     for warning in fastdeploy_warnings(d):
         print(warning, file=sys.stderr)
     for name, text in files.items():
-        if name.endswith(".sh"):  # after the shebang: how many copies to start
-            head, _, rest = text.partition("\n")
-            text = f"{head}\n{replicas_line(d, 'HPU_VISIBLE_DEVICES')}\n{rest}"
         (out / name).write_text(text, encoding="utf-8")
         if name.endswith(".sh"):
             (out / name).chmod(0o755)
@@ -72,7 +61,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m pipeline.deploy",
         description="Write the launch scripts for one run or plan job folder: on a GPU "
         "vllm-cuda.sh, sglang.sh, trtllm.sh, fastdeploy-gpu.sh; on Gaudi fastdeploy-hpu.sh, "
-        "vllm-gaudi.sh; overrides.txt. Example: python -m pipeline.deploy outputs/plan/X/3",
+        "vllm-gaudi.sh; overrides.txt. A disaggregated configuration (disagg.prefill > 0) "
+        "gets ENGINE-prefill.sh, ENGINE-decode.sh and ENGINE-router.sh instead. Example: "
+        "python -m pipeline.deploy outputs/plan/X/3",
     )
     parser.add_argument("run_dir", type=Path, help="a run or plan job folder")
     parser.add_argument("--out", type=Path, help="where to write (default RUN_DIR/deploy)")

@@ -1,7 +1,9 @@
 """Launch scripts for a planned configuration on NVIDIA GPUs: vLLM, SGLang, TensorRT-LLM's
 trtllm-serve (with its options YAML) and FastDeploy, each from its flag table
-(pipeline/deploy/flags.py). A setting an engine has no name for is a comment in its script;
-no HPU variable is set.
+(pipeline/deploy/flags.py), with expert / data parallelism and speculative decoding; a
+disaggregated configuration gets each engine's prefill and decode scripts and its router's
+(pipeline/deploy/layouts.py). A setting an engine has no name for is a comment in its
+script; no HPU variable is set.
 """
 
 from __future__ import annotations
@@ -13,17 +15,27 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from pipeline.deploy.flags import GPU_ENGINES, Engine, Flag, Kind
-from pipeline.deploy.settings import replicas_line
+from pipeline.deploy.flags import GPU_ENGINES, TRTLLM, Engine, Flag, Kind
+from pipeline.deploy.layouts import (
+    Extra,
+    role_extra,
+    router_script,
+    shell_args,
+    speculative,
+    trtllm_disagg_config,
+)
+from pipeline.deploy.settings import pool_deployment, replicas_line
 
 if TYPE_CHECKING:
     from pipeline.deploy.settings import Deployment
 
 
-def settings(d: Deployment) -> dict[str, Any]:
-    """The settings a script expresses, by the names the flag tables use."""
+def settings(d: Deployment, engine: Engine | None = None) -> dict[str, Any]:
+    """The settings a script expresses, by the names the flag tables use; tp counts every
+    card where the engine's tp flag spans the dp attention replicas."""
+    spans = engine is not None and engine.tp_spans_dp
     return {
-        "tp": d.tp,
+        "tp": d.tp * d.layout.dp if spans else d.tp,
         "max_num_seqs": d.max_num_seqs,
         "max_tokens": d.max_tokens,
         "max_model_len": d.max_model_len,
@@ -33,13 +45,20 @@ def settings(d: Deployment) -> dict[str, Any]:
         "quantization": str(d.quantization),
         "kv_cache_dtype": str(d.kv_cache_dtype),
         "memory_fraction": d.memory_fraction,
+        "dp": d.layout.dp,
+        "attention_dp": d.layout.dp > 1,
+        "ep": d.layout.ep,
     }
 
 
 def _args(engine: Engine, key: str, value: Any, d: Deployment) -> list[str] | str:
     """The flag's arguments for `value`, or a comment's text when it has no counterpart."""
     flag = engine.flags[key]
+    if flag.kind is Kind.SWITCH:
+        return [flag.name] if value is True or (value is not False and value > 1) else []
     if flag.kind is Kind.VALUE:
+        if flag.skip is not None and value == flag.skip:
+            return []
         if key == "chunked_prefill":  # SGLang: the chunk size, or -1 for none
             return [flag.name, str(d.max_tokens if value else -1)]
         return [flag.name, str(value)]
@@ -58,12 +77,15 @@ def _yaml_value(flag: Flag, value: Any) -> Any:
     return flag.choices.get(value, value) if flag.choices else value
 
 
-def render(engine: Engine, d: Deployment) -> tuple[str, dict[str, Any] | None]:
-    """The script, and the options file's content where the engine takes one."""
+def render(
+    engine: Engine, d: Deployment, extra: Extra | None = None, options_file: str = ""
+) -> tuple[str, dict[str, Any] | None]:
+    """The script, and the options file's content where the engine takes one; `extra`: a
+    pool's role arguments and options (pipeline/deploy/layouts.py)."""
     comments: list[str] = []
     args: list[str] = []
     options: dict[str, Any] = {}
-    for key, value in settings(d).items():
+    for key, value in settings(d, engine).items():
         flag = engine.flags.get(key)
         if flag is None:
             if key in engine.notes and value not in ("none", "auto"):
@@ -71,6 +93,8 @@ def render(engine: Engine, d: Deployment) -> tuple[str, dict[str, Any] | None]:
             continue
         if flag.kind is Kind.YAML:
             if value in ("none", "auto") or (flag.choices and value not in flag.choices):
+                continue
+            if flag.skip is not None and value == flag.skip:
                 continue
             node = options
             *parents, leaf = flag.name.split(".")
@@ -83,19 +107,42 @@ def render(engine: Engine, d: Deployment) -> tuple[str, dict[str, Any] | None]:
             comments.append(f"{key}={value}: not set: {engine.notes.get(key, got)}.")
         else:
             args += got
+    setup: list[str] = []
+    for more in (speculative(engine.speculative, d, engine.name), extra or Extra()):
+        args, setup, comments = args + more.args, setup + more.setup, comments + more.comments
+        options.update(more.options)
     if engine.options_flag:
-        args += [engine.options_flag, f'"$(dirname "$0")/{engine.options_file}"']
-    return _script(engine, d, comments, args), (options if engine.options_flag else None)
+        name = options_file or engine.options_file
+        args += [engine.options_flag, f'"$(dirname "$0")/{name}"']
+    script = _script(engine, d, comments, args, setup)
+    return script, (options if engine.options_flag else None)
 
 
-def _script(engine: Engine, d: Deployment, comments: Sequence[str], args: Sequence[str]) -> str:
-    docs = sorted({f.doc for f in engine.flags.values()} | {engine.doc})
+def _docs(engine: Engine, d: Deployment) -> list[str]:
+    """The pages the script's names were read from: its flags', and its layout's."""
+    docs = {f.doc for f in engine.flags.values()} | {engine.doc}
+    if engine.speculative and d.layout.speculative != "none":
+        docs.add(engine.speculative.doc)
+    if engine.disagg and d.role:
+        docs.add(engine.disagg.doc)
+    return sorted(docs)
+
+
+def _script(
+    engine: Engine,
+    d: Deployment,
+    comments: Sequence[str],
+    args: Sequence[str],
+    setup: Sequence[str] = (),
+) -> str:
+    docs = _docs(engine, d)
     lines = [
         "#!/usr/bin/env bash",
         f"# {engine.name}: {d.model}, {d.origin}.",
         replicas_line(d, "CUDA_VISIBLE_DEVICES"),
         "# Flag names as read from: " + "; ".join(docs) + ".",
         "set -euo pipefail",
+        *setup,
     ]
     if d.scheduler not in ("ChunkedScheduler", "WholeScheduler"):
         lines.append(
@@ -104,7 +151,7 @@ def _script(engine: Engine, d: Deployment, comments: Sequence[str], args: Sequen
         )
     lines += [f"# {c}" for c in comments]
     command = engine.command.replace("MODEL", shlex.quote(d.model))
-    quoted = [a if a.startswith('"$(') else shlex.quote(a) for a in args]
+    quoted = [a if a.startswith('"$(') else b for a, b in zip(args, shell_args(args), strict=True)]
     pairs, i = [], 0
     while i < len(quoted):  # one flag and its value a line
         value = i + 1 < len(quoted) and not quoted[i + 1].startswith("--")
@@ -114,17 +161,47 @@ def _script(engine: Engine, d: Deployment, comments: Sequence[str], args: Sequen
     return "\n".join(lines) + "\n"
 
 
+def _write(out: Path, name: str, text: str) -> Path:
+    path = out / name
+    path.write_text(text, encoding="utf-8")
+    if name.endswith(".sh"):
+        path.chmod(0o755)
+    return path
+
+
 def write_gpu_deploy(d: Deployment, out: Path) -> list[Path]:
-    """Every GPU engine's script (and trtllm-serve's options file) into `out`."""
+    """Every GPU engine's script (and trtllm-serve's options file) into `out`; for a
+    disaggregated configuration each engine's prefill, decode and router scripts."""
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for engine in GPU_ENGINES:
+        if d.layout.disaggregated and engine.disagg is not None:
+            written += _write_pools(engine, d, out)
+            continue
         script, options = render(engine, d)
-        path = out / engine.script
-        path.write_text(script, encoding="utf-8")
-        path.chmod(0o755)
-        written.append(path)
+        written.append(_write(out, engine.script, script))
         if options is not None:
-            (out / engine.options_file).write_text(yaml.safe_dump(options, sort_keys=True))
-            written.append(out / engine.options_file)
+            written.append(_write(out, engine.options_file, yaml.safe_dump(options)))
+    return written
+
+
+def _write_pools(engine: Engine, d: Deployment, out: Path) -> list[Path]:
+    """ENGINE-prefill.sh and ENGINE-decode.sh (each with its options file where the engine
+    takes one) and ENGINE-router.sh (trtllm-serve's with its configuration)."""
+    assert engine.disagg is not None
+    stem, written = engine.script.removesuffix(".sh"), []
+    for pool in d.layout.pools(d.max_tokens, d.max_num_seqs):
+        options_name = f"{stem}-{pool.role}-options.yaml"
+        extra = role_extra(engine.disagg, pool.role)
+        script, options = render(engine, pool_deployment(d, pool), extra, options_name)
+        written.append(_write(out, f"{stem}-{pool.role}.sh", script))
+        if options is not None:
+            written.append(_write(out, options_name, yaml.safe_dump(options)))
+    config = ""
+    if engine is TRTLLM:
+        config = f"{stem}-disagg.yaml"
+        written.append(_write(out, config, yaml.safe_dump(trtllm_disagg_config(d))))
+        config = f'"$(dirname "$0")/{config}"'
+    router = router_script(engine.disagg, d, engine.name, config)
+    written.append(_write(out, f"{stem}-router.sh", router))
     return written

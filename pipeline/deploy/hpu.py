@@ -1,19 +1,37 @@
 """The Intel Gaudi servers' launch scripts: FastDeploy's OpenAI server on its HPU runner and
 vLLM with the vllm-gaudi plugin, with the warmup grid each engine builds from its own
-environment (stages/engine_grids.py)."""
+environment (stages/forward/engine_grids.py)."""
 
 from __future__ import annotations
 
 import shlex
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from stages.buckets import Bucketing
+from pipeline.deploy.flags import (
+    FASTDEPLOY_HPU_NOTES,
+    FASTDEPLOY_HPU_PARALLEL,
+    VLLM_GAUDI_DISAGG,
+    VLLM_GAUDI_PARALLEL,
+    VLLM_GAUDI_SPECULATIVE,
+)
+from pipeline.deploy.layouts import (
+    Extra,
+    pairs,
+    parallel_lines,
+    role_extra,
+    router_script,
+    speculative,
+)
+from pipeline.deploy.settings import pool_deployment, replicas_line
+from stages.forward.buckets import Bucketing
 from stages.simulator.precision import KvCacheDtype, Quantization
 
 if TYPE_CHECKING:
     from pipeline.deploy.settings import Deployment
 
 VLLM_BUCKETS = "vllm-buckets.txt"
+FASTDEPLOY, VLLM = "fastdeploy-hpu.sh", "vllm-gaudi.sh"
 
 # quantization and kv_cache_dtype as each server names them. FastDeploy's Intel Gaudi
 # guide takes weight-only wint8/wint4 and no FP8 or KV-cache dtype. vllm-gaudi runs FP8
@@ -143,6 +161,14 @@ def fastdeploy_script(d: Deployment) -> str:
     if d.kv_cache_dtype != KvCacheDtype.auto:
         lines.append(f"# kv_cache_dtype={d.kv_cache_dtype}: no FastDeploy HPU setting; not set.")
     args.append("--graph-optimization-config '{\"use_cudagraph\":false}'")
+    parallel = parallel_lines(FASTDEPLOY_HPU_PARALLEL, d)
+    if parallel:
+        args += parallel
+        lines.append(f"# ep={d.layout.ep} dp={d.layout.dp}: {FASTDEPLOY_HPU_NOTES['parallel']}.")
+    for key, on in (("speculative", d.layout.speculative != "none"),
+                    ("disagg", d.layout.disaggregated)):  # fmt: skip
+        if on:
+            lines.append(f"# {key}: not set: {FASTDEPLOY_HPU_NOTES[key]}.")
     return "\n".join([*lines, _lines(args)]) + "\n"
 
 
@@ -179,11 +205,15 @@ def _vllm_bucket_lines(d: Deployment) -> list[str]:
     return lines
 
 
-def vllm_script(d: Deployment) -> str:
-    """`vllm serve` on vllm-gaudi with the planned limits and the simulated bucket sets."""
+def vllm_script(d: Deployment, extra: Extra | None = None) -> str:
+    """`vllm serve` on vllm-gaudi with the planned limits and the simulated bucket sets;
+    `extra`: a disaggregated pool's role arguments."""
     lines = _header(
         d, "vLLM on Intel Gaudi (vllm-gaudi)", "The model: a Hugging Face id or folder."
     )
+    more = [speculative(VLLM_GAUDI_SPECULATIVE, d, "vllm-gaudi"), extra or Extra()]
+    lines += [line for m in more for line in m.setup]
+    lines += [f"# {c}" for m in more for c in m.comments]
     lines += _vllm_bucket_lines(d)
     lines.append(f"export VLLM_SKIP_WARMUP={'false' if d.warmup else 'true'}")
     args = [
@@ -209,4 +239,37 @@ def vllm_script(d: Deployment) -> str:
         args.append(f"--kv-cache-dtype {VLLM_KV_CACHE_DTYPE[d.kv_cache_dtype]}")
     elif d.kv_cache_dtype != KvCacheDtype.auto:
         lines.append(f"# kv_cache_dtype={d.kv_cache_dtype}: no vllm-gaudi counterpart; not set.")
+    parallel = parallel_lines(VLLM_GAUDI_PARALLEL, d)
+    if parallel or d.layout.speculative != "none":
+        docs = {f.doc for f in VLLM_GAUDI_PARALLEL.values()} | {VLLM_GAUDI_SPECULATIVE.doc}
+        lines.append(f"# ep, dp, speculative names as read from: {'; '.join(sorted(docs))}.")
+    if d.role:
+        lines.append(f"# {d.role} pool names as read from: {VLLM_GAUDI_DISAGG.doc}.")
+    args += parallel + pairs([a for m in more for a in m.args])
     return "\n".join([*lines, _lines(args)]) + "\n"
+
+
+def _with_replicas(d: Deployment, text: str) -> str:
+    """After the shebang: how many copies to start."""
+    head, _, rest = text.partition("\n")
+    return f"{head}\n{replicas_line(d, 'HPU_VISIBLE_DEVICES')}\n{rest}"
+
+
+def hpu_scripts(d: Deployment) -> dict[str, str]:
+    """Each Gaudi file by name: FastDeploy's script, vllm-gaudi's (for a disaggregated
+    configuration its prefill, decode and proxy scripts) and the bucket file."""
+    # FastDeploy on HPU runs aggregated whatever the plan (its script says so): its copies
+    # take tp x dp cards each
+    flat = replace(d, layout=replace(d.layout, prefill=0, decode=0))
+    files = {FASTDEPLOY: _with_replicas(flat, fastdeploy_script(d))}
+    if not d.layout.disaggregated:
+        files[VLLM] = _with_replicas(d, vllm_script(d))
+    else:
+        stem = VLLM.removesuffix(".sh")
+        for pool in d.layout.pools(d.max_tokens, d.max_num_seqs):
+            mine = pool_deployment(d, pool)
+            text = vllm_script(mine, role_extra(VLLM_GAUDI_DISAGG, pool.role))
+            files[f"{stem}-{pool.role}.sh"] = _with_replicas(mine, text)
+        files[f"{stem}-router.sh"] = router_script(VLLM_GAUDI_DISAGG, d, "vllm-gaudi")
+    files[VLLM_BUCKETS] = vllm_buckets_file(d)
+    return files

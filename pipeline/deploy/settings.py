@@ -4,12 +4,13 @@ read from a run's resolved config (the engines' scripts: pipeline/deploy/hpu.py,
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from stages.bucket_axes import resolve_axes
-from stages.buckets import Axis, Bucketing
-from stages.engine_grids import (
+from pipeline.layout import Layout, Pool, layout_of
+from stages.forward.bucket_axes import resolve_axes
+from stages.forward.buckets import Axis, Bucketing
+from stages.forward.engine_grids import (
     FastDeployGrid,
     FastDeploySteps,
     ServerLimits,
@@ -53,6 +54,9 @@ class Deployment:
     replicas: int = 1  # copies to start behind a load balancer (a plan's target)
     gpu: bool = False  # a device that computes real tokens (no buckets): the GPU engines
     memory_fraction: float = 0.9  # of a card's memory the server may take
+    layout: Layout = field(default_factory=Layout)  # ep, dp, disagg, speculative
+    role: str = ""  # a disaggregated pool's server: prefill or decode ("" = aggregated)
+    instances: int = 1  # a pool's servers per replica
 
 
 def deployment(
@@ -95,6 +99,7 @@ def deployment(
         compile_s=float(config.get("hardware", {}).get("compile_s") or 0.0),
         max_prefill_rows=int(config["scheduler"].get("max_prefill_rows") or 0),
         replicas=replicas,
+        layout=layout_of(config),
         **_device(config.get("hardware")),
     )
 
@@ -132,9 +137,25 @@ def _sizes(
     return {name: axis.sizes(strategy) for name, axis in axes.items()}
 
 
+def pool_deployment(d: Deployment, pool: Pool) -> Deployment:
+    """One pool's servers: its tp and limits, the run's ep / dp and speculative settings."""
+    inner = replace(d.layout, tp=pool.tp, prefill=0, decode=0, prefill_tp=0, decode_tp=0)
+    return replace(d, tp=pool.tp, max_tokens=pool.max_tokens, max_num_seqs=pool.max_num_seqs,
+                   layout=inner, role=pool.role, instances=pool.instances)  # fmt: skip
+
+
 def replicas_line(d: Deployment, devices_variable: str) -> str:
-    """The comment that says how many copies of a script to start (a plan's target)."""
+    """The comment that says how many copies of a script to start (a plan's target), each
+    on its cards (pipeline/layout.py: tp x dp)."""
+    cards = d.layout.cards
+    if d.role:
+        total = d.instances * d.replicas
+        return (
+            f"# {d.role} pool: {d.instances} server(s) a replica x {d.replicas} replica(s) = "
+            f"{total}. Start {total} copies of this script, each on its own {cards} card(s) "
+            f"({devices_variable}) and PORT, all listed in the router's script."
+        )
     return (
         f"# replicas: {d.replicas}. Start {d.replicas} copies of this server, each on its own "
-        f"{d.tp} card(s) ({devices_variable}) and port, behind a round-robin balancer."
+        f"{cards} card(s) ({devices_variable}) and port, behind a round-robin balancer."
     )

@@ -19,7 +19,7 @@ from pipeline.engine import Engine
 from pipeline.executors.paddle import PaddleExecutor
 from pipeline.executors.simulated import SimulatedExecutor
 from pipeline.schema import Executor
-from stages.request import Request
+from stages.scheduling.request import Request
 
 
 class EngineExecutor(Protocol):

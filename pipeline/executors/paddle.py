@@ -16,9 +16,9 @@ from pipeline.checks import (
 from pipeline.engine import Engine
 from pipeline.speculation import check_no_speculation
 from stages.interfaces import Attention
-from stages.kv_cache import KVCacheManager, blocks_for
-from stages.request import Request
-from stages.stopping import StopRule
+from stages.scheduling.kv_cache import KVCacheManager, blocks_for
+from stages.scheduling.request import Request
+from stages.scheduling.stopping import StopRule
 
 
 class PaddleExecutor:

@@ -14,8 +14,10 @@ from pipeline.checks import ConfigError, check_model_context, describe_model
 from pipeline.clock import Clock, WallClock
 from pipeline.engine import Engine
 from pipeline.speculation import draft_spec, speculation_of
-from stages.kv_cache import KVCacheManager
-from stages.request import Request
+from stages.forward.metadata import ShapeMetadataBuilder
+from stages.scheduling.kv_cache import KVCacheManager
+from stages.scheduling.request import Request
+from stages.scheduling.stopping import StopRule
 from stages.simulator.device import (
     DeviceClock,
     NoAttention,
@@ -30,7 +32,9 @@ from stages.simulator.precision import Precision
 from stages.simulator.simulation import DeviceSimulation
 from stages.simulator.speculative import Speculation
 from stages.simulator.speculative_rows import SpeculativeScheduler
-from stages.stopping import StopRule
+
+# The metadata builder's shapes-only form: the config's bucket keys, no tensors.
+SHAPES_ONLY = f"{ShapeMetadataBuilder.__module__}.{ShapeMetadataBuilder.__qualname__}"
 
 
 class SimulatedClock(Clock, DeviceClock, Protocol):
@@ -97,7 +101,7 @@ def build_simulated_engine(
     kv_cache = KVCacheManager(num_blocks, cfg.block_size, cfg.prefix_caching)
     stop = StopRule((), cfg.max_model_len)  # output lengths come from the workload
     scheduler = build(cfg.scheduler, kv_cache=kv_cache, stop=stop)
-    metadata = build(cfg.metadata, kv_cache=kv_cache, pad_id=tokenizer.pad_id, shapes_only=True)
+    metadata = build(cfg.metadata, _target_=SHAPES_ONLY, kv_cache=kv_cache, pad_id=tokenizer.pad_id)
     # One token that ends nothing, whatever the step: what lets runs of steps leap.
     token = pick_token(tokenizer.eos_ids, tokenizer.vocab_size)
     engine = Engine(

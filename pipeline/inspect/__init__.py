@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.inspect.gguf import describe_gguf, render_gguf
-from stages.checkpoint import (
+from stages.loading.checkpoint import (
     INDEX_FILE,
     CheckpointSpec,
     check_context,
@@ -33,8 +33,8 @@ from stages.checkpoint import (
     weight_files,
     weight_plan,
 )
-from stages.gguf.reader import is_gguf
-from stages.rope import rope_type
+from stages.loading.gguf.reader import is_gguf
+from stages.model.rope import rope_type
 
 SERVABLE, NOT_SERVABLE, NOT_A_MODEL = 0, 1, 2
 

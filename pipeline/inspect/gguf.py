@@ -8,12 +8,12 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
-from stages.checkpoint import weight_plan
-from stages.gguf.config import ARCHITECTURES, check_gguf_context, gguf_spec, token_ids
-from stages.gguf.loader import check_tensors
-from stages.gguf.reader import GgufHeader, read_gguf_header
-from stages.gguf.vocab import vocab_style
-from stages.rope import rope_type
+from stages.loading.checkpoint import weight_plan
+from stages.loading.gguf.config import ARCHITECTURES, check_gguf_context, gguf_spec, token_ids
+from stages.loading.gguf.loader import check_tensors
+from stages.loading.gguf.reader import GgufHeader, read_gguf_header
+from stages.loading.gguf.vocab import vocab_style
+from stages.model.rope import rope_type
 
 
 def _servable(header: GgufHeader, context: int) -> tuple[Any, str | None]:

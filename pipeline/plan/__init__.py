@@ -23,13 +23,14 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from pipeline import artefacts, logs  # noqa: F401  (logs configures structlog)
-from pipeline.checks import ConfigError
+from pipeline.checks import ConfigError, describe_model
 from pipeline.plan.capacity import capacity_search
 from pipeline.plan.capacity_report import print_result
 from pipeline.plan.report import check_plan
 from pipeline.plan.target import check_target, target_of
 from pipeline.run_folder import RunStatus
 from pipeline.schema import register_schemas
+from stages.simulator.expert_parallel import ExpertParallel, check_layout
 
 log = structlog.get_logger("pipeline.plan")
 register_schemas()
@@ -42,6 +43,13 @@ def main(cfg: DictConfig) -> None:
     structlog.contextvars.clear_contextvars()  # a joblib worker runs several jobs
     job = hydra_cfg.job.get("num", 0)  # type: ignore[attr-defined]  # a DictConfig at run time
     structlog.contextvars.bind_contextvars(job=job)
+    reason = layout_rule(cfg)
+    if reason:  # a combination of the sweep the engines cannot deploy: a row, not a search
+        log.info("ruled_out", reason=reason)
+        artefacts.write_resolved_config(cfg, out_dir)  # the row shows its device and layout
+        artefacts.write_metrics({"status": RunStatus.FAILED, "error": reason,
+                                 "ruled_out": reason}, out_dir)  # fmt: skip
+        return
     try:
         check_plan(cfg)
         result = capacity_search(cfg, out_dir, max_warmup_s=cfg.plan.max_warmup_s)
@@ -59,3 +67,18 @@ def main(cfg: DictConfig) -> None:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
         log.error("job_failed", error=message)
+
+
+def layout_rule(cfg: DictConfig) -> str:
+    """Why the configuration's ep / dp cannot be deployed (ep = 1 or tp x dp, experts split
+    evenly: stages/simulator/expert_parallel.py); "" when it can, or when the model cannot
+    be described here (the search reports that)."""
+    try:
+        spec, _ = describe_model(cfg)
+        layout = ExpertParallel(int(cfg.ep), int(cfg.dp), float(cfg.ep_imbalance))
+        check_layout(spec, int(cfg.tp), layout)
+    except ConfigError:
+        return ""
+    except ValueError as err:
+        return f"layout: {err}"
+    return ""

@@ -1,10 +1,12 @@
 """A plan's configurations at their capacity, the rules that rule some out, and the ranking.
 
-Per replica: one copy of a configuration, `tp` cards. Its capacity (requests/s, or a
-concurrency) is what one replica serves within the SLO. Per card: a replica's figure over
-its `tp` cards; goodput per card = capacity (req/s) x attainment / tp. At a target load
-(pipeline/plan/target.py) a configuration takes `replicas` copies, `cards` = replicas x tp in
-all, and costs cards x the device's price an hour (`plan.prices`).
+Per replica: one copy of a configuration, `replica_cards` cards (tp x dp; with
+disaggregation prefill x prefill_tp + decode x decode_tp: pipeline/layout.py). Its capacity
+(requests/s, or a concurrency) is what one replica serves within the SLO: dp times what the
+simulated device (one dp replica) served. Per card: a replica's figure over its cards;
+goodput per card = capacity (req/s) x attainment / replica_cards. At a target load
+(pipeline/plan/target.py) a configuration takes `replicas` copies, `cards` = replicas x
+replica_cards in all, and costs cards x the device's price an hour (`plan.prices`).
 
 Every predicted figure carries a band: +- the device profile's own held-out calibration
 error (`hardware.errors`, pipeline/plan/bands.py). Configurations whose ranking figure lies
@@ -23,6 +25,7 @@ from typing import Any
 import yaml
 
 from pipeline.artefacts import RESOLVED_CONFIG
+from pipeline.layout import Layout, layout_of
 from pipeline.plan.bands import Band, profile_band
 from pipeline.plan.target import sizing
 from pipeline.run_folder import RunStatus
@@ -62,9 +65,17 @@ class Candidate:
         return profile_band(self.config.get("hardware"))
 
     @property
+    def layout(self) -> Layout:
+        return layout_of(self.config)
+
+    @property
     def tp(self) -> int:
-        """Cards per replica."""
-        return int(self.config.get("tp", 1) or 1)
+        return self.layout.tp
+
+    @property
+    def replica_cards(self) -> int:
+        """Cards per replica (pipeline/layout.py)."""
+        return self.layout.cards
 
     @property
     def target(self) -> dict[str, Any] | None:
@@ -77,13 +88,19 @@ class Candidate:
 
     @property
     def cards(self) -> int:
-        """Cards in all: replicas x tp at the target; one replica's without one."""
-        return self.replicas * self.tp
+        """Cards in all: replicas x replica_cards at the target; one replica's without one."""
+        return self.replicas * self.replica_cards
+
+    @property
+    def capacity(self) -> float | None:
+        """One replica's capacity in the search's unit (dp simulated replicas' worth)."""
+        found = self.metric("capacity")
+        return None if found is None else found * self.layout.capacity_scale
 
     @property
     def capacity_rps(self) -> float:
-        """Requests/s one replica serves at capacity."""
-        return self.metric("capacity_rps") or 0.0
+        """Requests/s one replica serves at capacity (dp simulated replicas' worth)."""
+        return (self.metric("capacity_rps") or 0.0) * self.layout.capacity_scale
 
     @property
     def attainment(self) -> float:
@@ -91,12 +108,17 @@ class Candidate:
 
     @property
     def goodput_per_card(self) -> float:
-        """capacity (req/s) x attainment / tp."""
-        return self.capacity_rps * self.attainment / self.tp
+        """capacity (req/s) x attainment / replica_cards."""
+        return self.capacity_rps * self.attainment / self.replica_cards
+
+    @property
+    def output_throughput(self) -> float:
+        """Output tokens/s of one replica at capacity."""
+        return (self.metric("output_throughput") or 0.0) * self.layout.capacity_scale
 
     @property
     def tokens_per_card(self) -> float:
-        return (self.metric("output_throughput") or 0.0) / self.tp
+        return self.output_throughput / self.replica_cards
 
     @property
     def tokens_per_user(self) -> float | None:
@@ -127,19 +149,20 @@ class Candidate:
             return None
         ends = []
         for capacity in self.band.ends(float(target["capacity"])):
-            size = sizing(float(target["target"]), capacity, self.tp)
-            ends.append(max(size.replicas, 1) * self.tp * price)
+            size = sizing(float(target["target"]), capacity, self.replica_cards)
+            ends.append(size.cards * price)
         return min(ends), max(ends)
 
     def cost_per_mtok(self, prices: Mapping[str, float]) -> float | None:
-        tokens, price = self.metric("output_throughput"), self.price(prices)
+        tokens, price = self.output_throughput, self.price(prices)
         if not price or not tokens:
             return None
-        return price * self.tp / (tokens * 3600) * 1e6
+        return price * self.replica_cards / (tokens * 3600) * 1e6
 
 
 def read_candidates(jobs: Sequence[Job], max_warmup_s: float) -> list[Candidate]:
-    """Every job, with the reason it is ruled out, if any: it failed, no load met the SLO,
+    """Every job, with the reason it is ruled out, if any: its ep / dp cannot be deployed,
+    it failed, no load met the SLO,
     its predicted warmup outlasts plan.max_warmup_s, or its target check missed twice."""
     out = []
     for job in jobs:
@@ -147,7 +170,9 @@ def read_candidates(jobs: Sequence[Job], max_warmup_s: float) -> list[Candidate]
         config = yaml.safe_load(resolved.read_text(encoding="utf-8")) if resolved.is_file() else {}
         c = Candidate(job, config or {})
         target = c.target
-        if job.status != RunStatus.OK:
+        if job.metrics.get("ruled_out"):  # before any search (pipeline/plan/__init__.py)
+            c.ruled_out = str(job.metrics["ruled_out"])
+        elif job.status != RunStatus.OK:
             c.ruled_out = f"{job.status}: {job.error}"
         elif not job.metrics.get("capacity_found"):
             c.ruled_out = str(job.metrics.get("capacity_reason") or "no load met the SLO")

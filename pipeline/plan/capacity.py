@@ -38,7 +38,7 @@ from pipeline.plan.probes import LoadAxis, Probe
 from pipeline.run import device_metrics, run_metrics, serve, slo_of
 from pipeline.run_folder import RunStatus
 from pipeline.slo import EarlyVerdict, Slo, needed_good
-from stages.request import FinishReason, Request
+from stages.scheduling.request import FinishReason, Request
 
 log = structlog.get_logger(__name__)
 

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from stages.request import Request
+from stages.forward.step_shape import StepShape
+from stages.scheduling.request import Request
 from stages.simulator.cost_model import CostModel
-from stages.step_shape import StepShape
 
 
 @dataclass(frozen=True)

@@ -54,13 +54,15 @@ def _header(plan_dir: Path, cands: Sequence[Candidate], ranking: Ranking, tolera
         unit, key = searched[0].get("capacity_unit"), searched[0]["capacity_key"]
         lines.append(
             f"Per replica: `capacity` in {unit} (`{key}`), `capacity_rps` in requests/s, "
-            "`tp` cards. Per card: goodput = capacity_rps x attainment / tp."
+            "`replica_cards` cards (tp x dp; disaggregated: prefill x prefill_tp + decode x "
+            "decode_tp). Per card: goodput = capacity_rps x attainment / replica_cards."
         )
     sized = next((c.target for c in cands if c.target), None)
     if sized:
         lines.append(
             f"Target: {sized['target']:g} {sized['unit']}: `replicas` = ceil(target / "
-            "capacity), `cards` = replicas x tp, `headroom` = replicas x capacity / target - 1, "
+            "capacity), `cards` = replicas x replica_cards, `headroom` = replicas x capacity / "
+            "target - 1, "
             "`check_attainment`: one replica served at target / replicas."
         )
     if tolerance:

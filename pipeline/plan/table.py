@@ -1,8 +1,11 @@
 """A plan's table (plan.md, plan.csv) and its Pareto plot, every predicted figure with its
 band: in plan.md as `6.1 (5.6-6.6)`, in plan.csv as the figure and `_lo` / `_hi` columns.
 
-Per replica: `capacity`, `capacity_rps`, `ttft_p90_ms`, `tpot_p90_ms`, `tp` (its cards).
-Per card: `goodput_per_card` (capacity_rps x attainment / tp), `output_tok_s_per_card`.
+Per replica: `capacity`, `capacity_rps`, `ttft_p90_ms`, `tpot_p90_ms`, `tp`, `replica_cards`
+(its cards: pipeline/layout.py) and, where any row sets them, `ep_dp` (ep/dp), `p_d`
+(prefill:decode instances) and `speculative` (method/tokens).
+Per card: `goodput_per_card` (capacity_rps x attainment / replica_cards),
+`output_tok_s_per_card`.
 At the target: `replicas`, `cards` (all of them), `headroom`, `check_attainment` (one
 replica at its share of the target), `usd_per_hour` (all cards).
 """
@@ -25,8 +28,10 @@ BANDED = (
     "capacity", "capacity_rps", "goodput_per_card", "output_tok_s_per_card", "tok_s_per_user",
     "ttft_p90_ms", "tpot_p90_ms", "usd_per_hour", "cost_per_mtok_usd",
 )  # fmt: skip
+LAYOUT_COLUMNS = ("ep_dp", "p_d", "speculative")  # shown only where a row sets one
 COLUMNS = [
-    "rank", "job", "device", "config", "tp", "capacity", "capacity_rps", "slo_attainment",
+    "rank", "job", "device", "config", "tp", *LAYOUT_COLUMNS, "replica_cards", "capacity",
+    "capacity_rps", "slo_attainment",
     "goodput_per_card", "output_tok_s_per_card", "tok_s_per_user", "ttft_p90_ms",
     "tpot_p90_ms", "replicas", "cards", "headroom", "check_attainment", "usd_per_hour",
     "cost_per_mtok_usd", "warmup_s", "graphs", "kv_blocks", "serving_compiles", "note",
@@ -49,7 +54,9 @@ def row(
         "device": c.device,
         "config": " ".join(own),
         "tp": c.tp,
-        "capacity": c.metric("capacity"),
+        **c.layout.columns(),
+        "replica_cards": c.replica_cards,
+        "capacity": c.capacity,
         "capacity_rps": c.capacity_rps,
         "slo_attainment": c.metric("slo_attainment"),
         "goodput_per_card": c.goodput_per_card,
@@ -119,12 +126,13 @@ def write_table(
 ) -> str:
     """plan.csv and plan.md; returns the markdown table."""
     ends = [band_ends(c, r, prices) for c, r in zip(cands, rows, strict=True)]
-    fields = [*COLUMNS]
+    shown = shown_columns(rows)
+    fields = [*shown]
     for key in BANDED:
         at = fields.index(key) + 1
         fields[at:at] = [f"{key}_lo", f"{key}_hi"]
     with open(folder / PLAN_CSV, "w", newline="", encoding="utf-8") as f:
-        writer = csv.DictWriter(f, fieldnames=fields)
+        writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
         writer.writeheader()
         for r, e in zip(rows, ends, strict=True):
             flat = {k: "" if v is None else v for k, v in r.items()}
@@ -132,16 +140,22 @@ def write_table(
                 flat[f"{key}_lo"], flat[f"{key}_hi"] = low, high
             writer.writerow(flat)
     lines = [
-        "| " + " | ".join(COLUMNS) + " |",
-        "| " + " | ".join("---" for _ in COLUMNS) + " |",
+        "| " + " | ".join(shown) + " |",
+        "| " + " | ".join("---" for _ in shown) + " |",
         *(
-            "| " + " | ".join(_cell(k, r, e).replace("|", "\\|") for k in COLUMNS) + " |"
+            "| " + " | ".join(_cell(k, r, e).replace("|", "\\|") for k in shown) + " |"
             for r, e in zip(rows, ends, strict=True)
         ),
     ]
     table = "\n".join(lines)
     (folder / PLAN_MD).write_text(f"{header}\n\n{table}\n\n![Pareto front]({PARETO_PNG})\n")
     return table
+
+
+def shown_columns(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """COLUMNS less the layout columns no row sets (every cell "-")."""
+    unset = {k for k in LAYOUT_COLUMNS if all(r.get(k, "-") == "-" for r in rows)}
+    return [k for k in COLUMNS if k not in unset]
 
 
 def write_pareto(cands: Sequence[Candidate], chosen: Candidate | None, path: Path) -> None:

@@ -5,8 +5,11 @@ arrivals, or a trace's own arrivals scaled as `workload.time_scale` scales them)
 `plan.target_concurrency` the requests in flight it must hold (closed loop). From one
 replica's capacity:
 
-    replicas = ceil(target / capacity)      cards = replicas x tp
+    replicas = ceil(target / capacity)      cards = replicas x replica_cards
     headroom = replicas x capacity / target - 1
+
+A replica's capacity is dp times the simulated device's (it runs one dp replica) and its
+cards are pipeline/layout.py's (tp x dp, or the disaggregated pools').
 
 Then the answer is checked: one replica serves target / replicas, the load a round-robin
 balancer hands it, in full (no early stop), and its attainment is reported. A
@@ -24,6 +27,7 @@ import structlog
 from omegaconf import DictConfig, OmegaConf
 
 from pipeline.checks import ConfigError
+from pipeline.layout import layout_of
 from pipeline.plan.capacity import load_axis, run_probe
 from pipeline.run_folder import RunStatus
 
@@ -39,24 +43,24 @@ class Sizing:
     target: float
     capacity: float  # one replica's
     replicas: int
-    tp: int
+    replica_cards: int  # cards one replica takes (pipeline/layout.py)
 
     @property
     def cards(self) -> int:
-        return self.replicas * self.tp
+        return self.replicas * self.replica_cards
 
     @property
     def headroom(self) -> float:
         return self.replicas * self.capacity / self.target - 1
 
 
-def sizing(target: float, capacity: float, tp: int, extra: int = 0) -> Sizing:
+def sizing(target: float, capacity: float, replica_cards: int, extra: int = 0) -> Sizing:
     """ceil(target / capacity) replicas (at least one), plus `extra`."""
     if target <= 0 or capacity <= 0:
         raise ValueError(f"a target ({target}) and a capacity ({capacity}) above 0 are needed")
     ratio = target / capacity
     replicas = max(1, math.ceil(ratio - 1e-9 * ratio))  # 20 / 5 is 4, not 5 by rounding
-    return Sizing(target, capacity, replicas + extra, tp)
+    return Sizing(target, capacity, replicas + extra, replica_cards)
 
 
 def target_of(cfg: DictConfig) -> float:
@@ -110,10 +114,13 @@ def check_target(cfg: DictConfig, out_dir: Path, result: dict[str, Any]) -> dict
         return result
     axis = load_axis(cfg)
     checks: list[dict[str, Any]] = []
-    size = sizing(target, replica_capacity(result), int(cfg.tp))
+    layout = layout_of(cfg)
+    capacity = replica_capacity(result) * layout.capacity_scale
+    size = sizing(target, capacity, layout.cards)
     for extra in (0, 1):
-        size = sizing(target, replica_capacity(result), int(cfg.tp), extra)
-        load = check_load(result, target / size.replicas)
+        size = sizing(target, capacity, layout.cards, extra)
+        # the simulated device is one dp replica: its share is the replica's over dp
+        load = check_load(result, target / size.replicas / layout.capacity_scale)
         probe = cfg.copy()
         OmegaConf.update(probe, axis.key, axis.value(load))
         folder = out_dir / CHECKS / f"{size.replicas}-replicas"

@@ -16,12 +16,13 @@ from typing import Any
 
 import yaml
 
+from pipeline.layout import layout_of
 from pipeline.review.compare import config_diff
 from pipeline.review.runs import ReviewError
 
 FIGURES = (
-    "capacity", "capacity_rps", "slo_attainment", "goodput_per_card", "tp", "replicas",
-    "cards", "headroom", "usd_per_hour", "warmup_s",
+    "capacity", "capacity_rps", "slo_attainment", "goodput_per_card", "tp", "replica_cards",
+    "replicas", "cards", "headroom", "usd_per_hour", "warmup_s",
 )  # fmt: skip
 
 
@@ -50,20 +51,22 @@ def job_figures(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     """A plan job's resolved config and its figures (FIGURES)."""
     config = _read(path / "resolved_config.yaml") or {}
     m = _read(path / "metrics.json")
-    tp = int(config.get("tp", 1) or 1)
-    rps, attainment = m.get("capacity_rps") or 0.0, m.get("slo_attainment") or 0.0
+    layout = layout_of(config)  # a replica: dp simulated replicas on layout.cards cards
+    scale = layout.capacity_scale
+    rps, attainment = (m.get("capacity_rps") or 0.0) * scale, m.get("slo_attainment") or 0.0
     target = m.get("target") or {}
     device = (config.get("hardware") or {}).get("name")
     price = ((config.get("plan") or {}).get("prices") or {}).get(device) or 0.0
     cards = target.get("cards")
     figures = {
         "device": device,
-        "capacity": m.get("capacity"),
+        "capacity": None if m.get("capacity") is None else m["capacity"] * scale,
         "capacity_unit": m.get("capacity_unit"),
         "capacity_rps": rps,
         "slo_attainment": attainment,
-        "goodput_per_card": rps * attainment / tp,
-        "tp": tp,
+        "goodput_per_card": rps * attainment / layout.cards,
+        "tp": layout.tp,
+        "replica_cards": layout.cards,
         "replicas": target.get("replicas"),
         "cards": cards,
         "headroom": target.get("headroom"),

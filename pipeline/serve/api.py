@@ -135,7 +135,7 @@ async def chat_completions(request: Request) -> Response:
     worker, body = await accept(request, ChatBody)
     tokenizer = worker.engine.tokenizer
     messages = [{"role": m.role, "content": m.text()} for m in body.messages]
-    try:  # the model's chat template, as for jsonl `messages` (stages/chat.py), rendered
+    try:  # the model's chat template, as for jsonl `messages` (stages/loading/chat.py), rendered
         # off the event loop in a child with a time limit: /health answers meanwhile
         prompt, ids = await asyncio.to_thread(tokenizer.encode_chat, messages)
     except ValueError as err:

@@ -10,7 +10,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from pipeline.checks import ConfigError, describe_model, mem_available
-from stages.kv_cache import blocks_for
+from stages.scheduling.kv_cache import blocks_for
 
 
 def model_name(cfg: DictConfig, choice: str) -> str:
@@ -21,7 +21,7 @@ def model_name(cfg: DictConfig, choice: str) -> str:
     path = cfg.model.get("path") if choice == "gguf" else None
     if not path:
         return choice
-    from stages.gguf.reader import read_gguf_header
+    from stages.loading.gguf.reader import read_gguf_header
 
     try:
         name = read_gguf_header(path).metadata.get("general.name")

@@ -22,7 +22,7 @@ from pipeline.metrics import StepTotals, summarise
 from pipeline.run import device_metrics, slo_of
 from pipeline.run_folder import RunStatus
 from pipeline.slo import slo_metrics
-from stages.request import FinishReason, Request, Status
+from stages.scheduling.request import FinishReason, Request, Status
 
 
 class GenerationAppender:

@@ -1,6 +1,6 @@
 """Log-probabilities in OpenAI's two shapes, from what the engine kept on the request.
 
-The values are the model's raw log-softmax (stages/logprobs.py: before temperature, top-k
+The values are the model's raw log-softmax (stages/sampling/logprobs.py: before temperature, top-k
 and top-p, vLLM's default `logprobs_mode`). Completions: `tokens`, `token_logprobs`,
 `top_logprobs` (token text -> log-probability: the k most likely and the scored token) and
 `text_offset`, the prompt's first where `echo` asks (its first token has no log-probability:
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from stages.interfaces import Tokenizer
-from stages.request import Request
+from stages.scheduling.request import Request
 
 # JSON has no -inf: a token the model rules out gets vLLM's stand-in.
 FLOOR = -9999.0

@@ -16,7 +16,7 @@ from typing import Any, Literal, TypeVar, cast
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from pipeline.serve.logprobs import Shown
-from stages.request import TOP_K_MAX, Request, SamplingParams
+from stages.scheduling.request import TOP_K_MAX, Request, SamplingParams
 
 INT32_MAX = 2**31 - 1
 # Field -> (lowest, highest) value accepted, each the range of the stage that consumes it.

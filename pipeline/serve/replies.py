@@ -15,7 +15,7 @@ from omegaconf import DictConfig
 from pipeline.artefacts import output_text
 from pipeline.serve.logprobs import Shown, whole_logprobs
 from stages.interfaces import Tokenizer
-from stages.request import Request
+from stages.scheduling.request import Request
 
 
 class TextStream:

@@ -16,7 +16,7 @@ from prometheus_client.registry import Collector
 
 from pipeline.engine import Engine
 from pipeline.metrics import StepRecord, e2e_s, itl_s, ttft_s
-from stages.request import FinishReason, Request
+from stages.scheduling.request import FinishReason, Request
 
 # Bucket edges in seconds, as wide as vLLM's (first token of a long prompt to minutes).
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,

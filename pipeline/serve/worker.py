@@ -26,7 +26,7 @@ from pipeline.run import warm_up
 from pipeline.run_folder import RunStatus
 from pipeline.serve.folder import GenerationAppender, write_folder_metrics
 from pipeline.serve.telemetry import Telemetry
-from stages.request import Request
+from stages.scheduling.request import Request
 
 log = structlog.get_logger(__name__)
 

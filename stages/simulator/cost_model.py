@@ -24,7 +24,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from stages.model_spec import ModelSpec
+from stages.forward.step_shape import StepShape
+from stages.model.spec import ModelSpec
 from stages.simulator.cost_fit import fit_coefficients
 from stages.simulator.expert_parallel import PLAIN, ExpertParallel, check_layout, token_amounts
 from stages.simulator.hardware import HardwareProfile, write_profile
@@ -46,7 +47,6 @@ from stages.simulator.terms import (
     UNCALIBRATED,
     term_seconds,
 )
-from stages.step_shape import StepShape
 
 # KV slots and blocks of a decode step far beyond any real one, where decode_rates checks
 # that a step's time is still affine in them.

@@ -15,16 +15,16 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from stages.forward_meta import ForwardMeta
-from stages.model_spec import ModelSpec
-from stages.request import DecodeRun, Request, Samples
+from stages.forward.forward_meta import ForwardMeta
+from stages.forward.step_shape import StepShape
+from stages.model.spec import ModelSpec
+from stages.scheduling.request import DecodeRun, Request, Samples
 from stages.simulator.cost_model import CostModel
 from stages.simulator.expert_parallel import PLAIN, ExpertParallel
 from stages.simulator.hardware import HardwareProfile
 from stages.simulator.precision import BF16, Precision
 from stages.simulator.speculative import Speculation, SpeculativeCost
 from stages.simulator.step_work import StepAmounts
-from stages.step_shape import StepShape
 
 
 class DeviceClock(Protocol):

@@ -14,7 +14,7 @@ balanced) split over the ep ranks:
 - routed pairs a rank computes, per MoE layer: dp x tokens x k / ep x `imbalance`
   (the busiest rank's load over the mean: every rank waits for it);
 - expert weights a rank reads: of the E / ep experts it holds, those the dp x tokens
-  touch (uniform routing, as stages.model_spec.MoeLayout.experts_touched);
+  touch (uniform routing, as stages.model.spec.MoeLayout.experts_touched);
 - all-to-all dispatch and combine, per MoE layer: each of the replica's tp ranks sends
   its 1 / tp of the tokens' k copies of hidden activations, of which (ep - 1) / ep leave
   the rank, over the links to its ep - 1 peers, each collective paying the profile's
@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from stages.model_spec import ModelSpec
+from stages.model.spec import ModelSpec
 
 # The busiest EP rank's routed tokens over the mean. 1.0: balanced, what expert placement
 # by load (DeepSeek's EPLB, vLLM's --enable-eplb) aims for. No published max/mean figure

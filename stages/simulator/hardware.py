@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 
 from stages.checked_yaml import YamlFileError, boolean, finite_number, read_yaml
-from stages.model_spec import ModelSpec
+from stages.model.spec import ModelSpec
 from stages.simulator.expert_parallel import PLAIN, ExpertParallel, routed_params_moved
 from stages.simulator.precision import BF16, Precision
 

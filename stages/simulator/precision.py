@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from stages.model_spec import ModelSpec
+    from stages.model.spec import ModelSpec
 
 
 class Quantization(enum.StrEnum):

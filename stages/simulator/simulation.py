@@ -3,8 +3,8 @@ predicted instead of run, runs of decode steps done at once (leaps), and the dev
 figures for the run's metrics.
 
 A leap gives exactly what its steps one by one give (tests/test_leaps.py): the scheduler
-plans the run (stages.decode_runs), the metadata builder pads it to its buckets, the device
-puts its steps on the clock, and the scheduler does what their updates would.
+plans the run (stages.scheduling.decode_runs), the metadata builder pads it to its buckets,
+the device puts its steps on the clock, and the scheduler does what their updates would.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from stages.forward_meta import ForwardMeta
+from stages.forward.forward_meta import ForwardMeta
 from stages.interfaces import PadsDecodeRuns, PlansDecodeRuns
-from stages.request import DecodeRun, Request, StepPlan
+from stages.scheduling.request import DecodeRun, Request, StepPlan
 from stages.simulator.device import SimulatedDevice
 
 # The most decode steps a leap does at once: long runs gain little more, and a cap keeps

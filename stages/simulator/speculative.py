@@ -28,10 +28,10 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from stages.model_spec import ModelSpec
+from stages.forward.step_shape import StepShape
+from stages.model.spec import ModelSpec
 from stages.simulator.cost_model import OVERHEAD, RECOMPILE, CostModel
 from stages.simulator.step_work import StepWork, decode_sums
-from stages.step_shape import StepShape
 
 METHODS = ("mtp", "draft", "ngram")
 

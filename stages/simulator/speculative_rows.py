@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-from stages.kv_cache import KVCacheManager
-from stages.request import Request, Samples, StepPlan
-from stages.scheduler import ChunkedScheduler
+from stages.scheduling.kv_cache import KVCacheManager
+from stages.scheduling.request import Request, Samples, StepPlan
+from stages.scheduling.scheduler import ChunkedScheduler
 from stages.simulator.speculative import accepted_extra
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from stages.arithmetic import ceil_div
-from stages.step_shape import StepShape, decode_totals
+from stages.forward.step_shape import StepShape, decode_totals
 
 
 # StepWork and StepAmounts are values nothing changes once made; not frozen, as a simulated

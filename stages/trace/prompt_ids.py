@@ -13,7 +13,7 @@ import numpy as np
 
 from stages.arithmetic import ceil_div
 from stages.interfaces import Tokenizer
-from stages.request import PromptIds
+from stages.scheduling.request import PromptIds
 
 
 class PromptIdSource:
@@ -140,7 +140,7 @@ class SeededPromptIds(PromptIds):
 
 
 # A drawn prompt's prefix name: its source's tag, the row's line and the prefix's length.
-# 24 bytes, so never equal to a content hash (stages.kv_cache.chain_hash's are 16).
+# 24 bytes, so never equal to a content hash (stages.scheduling.kv_cache.chain_hash's are 16).
 PREFIX_KEY = struct.Struct("<8sqq")
 
 

@@ -12,7 +12,7 @@ import numpy as np
 import structlog
 
 from stages.interfaces import Tokenizer
-from stages.request import Request, SamplingParams
+from stages.scheduling.request import Request, SamplingParams
 from stages.trace.csv_traces import read_csv_trace
 from stages.trace.fields import collector_paused
 from stages.trace.formats import FORMAT_LIST, FORMATS, TraceFormat, resolve_format

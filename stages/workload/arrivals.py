@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from stages.request import Request
+from stages.scheduling.request import Request
 
 
 def poisson_arrivals(

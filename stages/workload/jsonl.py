@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from stages.interfaces import Tokenizer
-from stages.request import Request, SamplingParams
+from stages.scheduling.request import Request, SamplingParams
 from stages.workload.arrivals import MAX_ARRIVAL_S, closed_loop, poisson_arrivals
 
 _LINE_FIELDS = {

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from stages.interfaces import Tokenizer
-from stages.request import Request
+from stages.scheduling.request import Request
 from stages.workload.arrivals import closed_loop, poisson_arrivals
 from stages.workload.prompt_text import seeded_text
 

@@ -1,0 +1,1 @@
+"""Sampling: sampler (greedy and random), logprobs and token_ranking (top tokens)."""
