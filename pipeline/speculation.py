@@ -33,6 +33,14 @@ def speculation_of(cfg: DictConfig) -> Speculation | None:
         raise ConfigError(str(err)) from err
 
 
+def speculation_and_draft(cfg: DictConfig) -> tuple[Speculation | None, ModelSpec | None]:
+    """The run's speculation and its draft model's description (None for either where
+    there is none)."""
+    speculation = speculation_of(cfg)
+    draft = cfg.speculative.draft_model
+    return speculation, draft_spec(draft) if speculation is not None and draft else None
+
+
 def draft_spec(name: str) -> ModelSpec:
     """The description of a draft model preset (conf/model/spec/NAME.yaml, named as the
     `model` option is: spec/llama32_1b)."""

@@ -16,11 +16,14 @@ from pipeline.executors import build_engine
 from pipeline.executors.paddle import PaddleExecutor
 from pipeline.speculation import draft_spec, speculation_of
 from stages.forward.step_shape import StepShape
+from stages.simulator.precision import BF16
 from stages.simulator.speculative import (
     Speculation,
     SpeculativeCost,
     accepted_extra,
     expected_tokens,
+    pool_with_proposer,
+    proposer_memory,
 )
 from tests.helpers import make_config, spec_of
 from tests.test_cost_model import (
@@ -236,3 +239,29 @@ def test_metrics_name_the_speculation():
     assert metrics["speculative_method"] == "mtp"
     assert metrics["speculative_expected_tokens"] == pytest.approx(1.75)
     assert dataclasses.is_dataclass(engine.simulation.device.speculative.speculation)
+
+
+def test_the_proposers_memory_by_hand():
+    target, draft = spec_of(**TINY), spec_of(**dict(TINY, num_layers=1, name="draft"))
+    mtp = Speculation("mtp", 2, (0.8,))
+    weights, kv = proposer_memory(mtp, target, None, 1, BF16)
+    assert weights == pytest.approx(BF16.model_weight_bytes(target) / 2)  # 1 of 2 layers
+    assert kv == pytest.approx(KV_BYTES_PER_TOKEN / 2)
+    weights, kv = proposer_memory(Speculation("draft", 2, (0.8,)), target, draft, 1, BF16)
+    assert (weights, kv) == (BF16.model_weight_bytes(draft), KV_BYTES_PER_TOKEN / 2)
+    assert proposer_memory(Speculation("ngram", 2, (0.8,)), target, None, 1, BF16) == (0, 0)
+    # 100 blocks of 16 tokens x 1000 B = 1.6 MB; 160 kB of weights out, 1250 B a token.
+    assert pool_with_proposer(100, 16, 1000.0, 160_000.0, 250.0) == 72
+    with pytest.raises(ValueError, match="speculative.draft_model"):
+        pool_with_proposer(1, 16, 1000.0, 1e9, 0.0)
+
+
+def test_a_draft_model_takes_its_memory_from_the_kv_pool():
+    pools = {}
+    for method in ("none", "ngram", "draft"):
+        spec = [f"speculative.method={method}"]
+        if method == "draft":
+            spec.append("speculative.draft_model=spec/llama32_1b")
+        engine, _ = build_engine(make_config(SIMULATED + _load(1, 8) + spec))
+        pools[method] = engine.scheduler.kv_cache.num_blocks
+    assert pools["ngram"] == pools["none"] > pools["draft"]

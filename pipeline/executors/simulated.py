@@ -13,8 +13,9 @@ from pipeline.build import build, load_workload
 from pipeline.checks import ConfigError, check_model_context, describe_model
 from pipeline.clock import Clock, WallClock
 from pipeline.engine import Engine
-from pipeline.speculation import draft_spec, speculation_of
+from pipeline.speculation import speculation_and_draft
 from stages.forward.metadata import ShapeMetadataBuilder
+from stages.model.spec import ModelSpec
 from stages.scheduling.kv_cache import KVCacheManager
 from stages.scheduling.request import Request
 from stages.scheduling.stopping import StopRule
@@ -30,7 +31,7 @@ from stages.simulator.expert_parallel import ExpertParallel, check_layout
 from stages.simulator.hardware import HardwareProfile, kv_pool_blocks
 from stages.simulator.precision import Precision
 from stages.simulator.simulation import DeviceSimulation
-from stages.simulator.speculative import Speculation
+from stages.simulator.speculative import Speculation, pool_with_proposer, proposer_memory
 from stages.simulator.speculative_rows import SpeculativeScheduler
 
 # The metadata builder's shapes-only form: the config's bucket keys, no tensors.
@@ -82,8 +83,7 @@ def build_simulated_engine(
         raise ConfigError("executor=simulated needs a device: give hardware=gaudi3 (or ...)")
     hardware = hardware or build(cfg.hardware)
     workload, requests = load_workload(cfg, tokenizer)
-    speculation = speculation_of(cfg)
-    draft = draft_spec(cfg.speculative.draft_model) if cfg.speculative.draft_model else None
+    speculation, draft = speculation_and_draft(cfg)
     try:
         precision = Precision(cfg.quantization, cfg.kv_cache_dtype)
         parallel = ExpertParallel(cfg.ep, cfg.dp, cfg.ep_imbalance)
@@ -92,6 +92,8 @@ def build_simulated_engine(
         num_blocks = cfg.num_blocks or kv_pool_blocks(
             spec, hardware, cfg.block_size, cfg.tp, precision, parallel
         )
+        if speculation is not None and not cfg.num_blocks:  # the proposer's memory too
+            num_blocks = speculative_pool(num_blocks, cfg, spec, precision, speculation, draft)
         split = cfg.executor.prefill_batch_split
         device = SimulatedDevice(
             spec, hardware, clock, cfg.tp, precision, split, parallel, speculation, draft
@@ -118,6 +120,21 @@ def build_simulated_engine(
         simulation=DeviceSimulation(device, scheduler, metadata, token, speculation is None),
     )
     return engine, requests
+
+
+def speculative_pool(
+    blocks: int,
+    cfg: DictConfig,
+    spec: ModelSpec,
+    precision: Precision,
+    speculation: Speculation,
+    draft: ModelSpec | None,
+) -> int:
+    """The KV pool of `blocks` blocks less what the proposer holds: its weights, and its
+    KV beside every token's."""
+    weights, kv = proposer_memory(speculation, spec, draft, cfg.tp, precision)
+    target_kv = spec.kv_bytes_per_token(cfg.tp) * precision.kv_bytes(spec.dtype_bytes)
+    return pool_with_proposer(blocks, cfg.block_size, target_kv / spec.dtype_bytes, weights, kv)
 
 
 def speculative_steps(scheduler: Any, speculation: Speculation | None) -> Any:

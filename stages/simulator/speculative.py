@@ -18,8 +18,9 @@ A step with speculation runs, for its decode rows:
   - ngram: none on the device (prompt lookup runs on the host).
 
 A row then gets E = 1 + sum_{i=1..k} prod_{j<=i} a_j tokens on average (a_j: the
-acceptance of position j, the last value repeating). Left out: the draft's own prefill and
-KV cache, and the proposals' growing context within a step (i extra keys on pass i).
+acceptance of position j, the last value repeating). The proposer's weights and its KV
+per token come out of the KV pool (proposer_memory). Left out: the draft's own prefill, and
+the proposals' growing context within a step (i extra keys on pass i).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from dataclasses import dataclass
 from stages.forward.step_shape import StepShape
 from stages.model.spec import ModelSpec
 from stages.simulator.cost_model import OVERHEAD, RECOMPILE, CostModel
+from stages.simulator.precision import Precision
 from stages.simulator.step_work import StepWork, decode_sums
 
 METHODS = ("mtp", "draft", "ngram")
@@ -192,3 +194,45 @@ def accepted_extra(steps: int, expected: float) -> int:
     expected count, deterministic, no draw)."""
     gain = expected - 1.0
     return math.floor(steps * gain + 1e-9) - math.floor((steps - 1) * gain + 1e-9)
+
+
+def _kv_token_bytes(spec: ModelSpec, tp: int, precision: Precision) -> float:
+    """Bytes one token's keys and values take in every layer of `spec` on one device."""
+    return spec.kv_bytes_per_token(tp) * precision.kv_bytes(spec.dtype_bytes) / spec.dtype_bytes
+
+
+def proposer_memory(
+    speculation: Speculation,
+    target: ModelSpec,
+    draft: ModelSpec | None,
+    tp: int,
+    precision: Precision,
+) -> tuple[float, float]:
+    """Bytes of weights and of KV per token the proposer holds on one device: a draft
+    model's own (its whole weights, its KV cache beside the target's); a prediction head's
+    `mtp_layers` layers (each the mean of the target's layers and embedding tables: a little
+    more than a layer alone); nothing for prompt lookup."""
+    if speculation.method == "draft":
+        assert draft is not None
+        return precision.model_weight_bytes(draft, tp), _kv_token_bytes(draft, tp, precision)
+    if speculation.method == "mtp":
+        share = speculation.mtp_layers / target.num_layers
+        weights = precision.model_weight_bytes(target, tp)
+        return share * weights, share * _kv_token_bytes(target, tp, precision)
+    return 0.0, 0.0
+
+
+def pool_with_proposer(
+    blocks: int, block_size: int, target_kv: float, weights: float, kv: float
+) -> int:
+    """The KV blocks left when a proposer's `weights` bytes come out of a pool of `blocks`
+    blocks (of `target_kv` bytes a token) and each token also holds the proposer's `kv`
+    bytes."""
+    free = blocks * block_size * target_kv - weights
+    left = int(free // (block_size * (target_kv + kv)))
+    if left < 1:
+        raise ValueError(
+            f"the proposer's {weights / 2**30:.1f} GiB of weights leave no KV block: "
+            "choose a smaller speculative.draft_model, raise tp or a larger device"
+        )
+    return left
