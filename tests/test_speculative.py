@@ -265,3 +265,15 @@ def test_a_draft_model_takes_its_memory_from_the_kv_pool():
         engine, _ = build_engine(make_config(SIMULATED + _load(1, 8) + spec))
         pools[method] = engine.scheduler.kv_cache.num_blocks
     assert pools["ngram"] == pools["none"] > pools["draft"]
+
+
+def test_leaps_are_off_under_speculation_so_a_leaping_run_is_the_stepped_one():
+    spec = ["speculative.method=mtp", "speculative.tokens=2", "speculative.acceptance=[0.7]"]
+    times = []
+    for leaping in (False, True):
+        engine, requests = build_engine(make_config(SIMULATED + _load(4, 30) + spec))
+        leapt = []
+        duration = engine.run(requests, on_leap=leapt.append if leaping else None)
+        assert not leapt
+        times.append((duration, [r.token_times for r in requests]))
+    assert times[0] == times[1]
