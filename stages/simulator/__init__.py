@@ -1,1 +1,2 @@
-"""A simulated device: model specs without weights, hardware profiles and a step cost model."""
+"""A simulated device: hardware profiles, a step cost model (with expert parallelism and
+precision), and the device stage that puts each step's predicted time on a clock."""
