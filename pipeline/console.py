@@ -52,6 +52,7 @@ def summary_table(metrics: Mapping[str, Any]) -> str:
         ("prefix cache hits", "-" if hit_rate is None else f"{hit_rate:.0%} of prompt tokens"),
         ("bucket misses", str(metrics.get("bucket_misses", 0))),
         ("preemptions", str(metrics.get("num_preemptions", 0))),
+        *speculation_rows(metrics),
         *slo_rows(metrics),
         *compile_rows(metrics),
         *warmup_rows(metrics),
@@ -59,6 +60,15 @@ def summary_table(metrics: Mapping[str, Any]) -> str:
     ]
     width = max(len(name) for name, _ in rows)
     return "\n".join(f"  {name:<{width}}  {value}" for name, value in rows)
+
+
+def speculation_rows(metrics: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """A simulated run's speculation: its method, k and expected tokens a step."""
+    method = metrics.get("speculative_method")
+    if method is None:
+        return []
+    k, tokens = metrics["speculative_tokens"], metrics["speculative_expected_tokens"]
+    return [("speculative", f"{method}, k={k}: {tokens:.2f} tokens a decode row and step")]
 
 
 def slo_rows(metrics: Mapping[str, Any]) -> list[tuple[str, str]]:

@@ -32,6 +32,7 @@ def preset(name: str, *overrides: str) -> ModelSpec:
 PUBLISHED = {
     "llama31_8b": 8.03e9,
     "llama31_70b": 70.6e9,
+    "llama32_1b": 1.24e9,
     "qwen25_7b": 7.61e9,
     "ernie45_0p3b": 0.36e9,
     "ernie45_21b_a3b": 21.8e9,
@@ -213,6 +214,7 @@ def test_the_engine_refuses_a_spec_without_weights():
 CONTEXT = {
     "llama31_8b": 131072,
     "llama31_70b": 131072,
+    "llama32_1b": 131072,
     "qwen25_7b": 131072,
     "ernie45_0p3b": 131072,
     "ernie45_21b_a3b": 131072,

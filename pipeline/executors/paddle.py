@@ -15,6 +15,7 @@ from pipeline.checks import (
 )
 from pipeline.disagg_config import check_real_disagg
 from pipeline.engine import Engine
+from pipeline.speculation import check_no_speculation
 from stages.interfaces import Attention
 from stages.scheduling.kv_cache import KVCacheManager, blocks_for
 from stages.scheduling.request import Request
@@ -30,6 +31,7 @@ class PaddleExecutor:
         check_real_precision(cfg)
         check_real_parallel(cfg)
         check_real_disagg(cfg)
+        check_no_speculation(cfg)
         check_memory(cfg, cfg.num_blocks)  # a derived pool is checked again once it is known
 
     def server_num_blocks(self, cfg: DictConfig) -> int:

@@ -5,7 +5,7 @@ time with the cost model of `hardware` and never imports Paddle."""
 from __future__ import annotations
 
 import time
-from typing import Protocol
+from typing import Any, Protocol
 
 from omegaconf import DictConfig
 
@@ -14,6 +14,7 @@ from pipeline.checks import ConfigError, check_model_context, describe_model
 from pipeline.clock import Clock, WallClock
 from pipeline.disagg_config import check_disagg, disaggregated
 from pipeline.engine import Engine
+from pipeline.speculation import speculation_and_draft
 from stages.forward.metadata import ShapeMetadataBuilder
 from stages.interfaces import Tokenizer, Workload
 from stages.model.spec import ModelSpec
@@ -32,6 +33,8 @@ from stages.simulator.expert_parallel import ExpertParallel, check_layout
 from stages.simulator.hardware import HardwareProfile, kv_pool_blocks
 from stages.simulator.precision import Precision
 from stages.simulator.simulation import DeviceSimulation
+from stages.simulator.speculative import Speculation, pool_with_proposer, proposer_memory
+from stages.simulator.speculative_rows import SpeculativeScheduler
 
 # The metadata builder's shapes-only form: the config's bucket keys, no tensors.
 SHAPES_ONLY = f"{ShapeMetadataBuilder.__module__}.{ShapeMetadataBuilder.__qualname__}"
@@ -105,6 +108,7 @@ def simulated_engine(
     """One simulated instance of `cfg` (its tp, limits and pool) on `clock`, serving
     requests of `workload`: what build_simulated_engine builds once, and a disaggregated
     deployment once per instance."""
+    speculation, draft = speculation_and_draft(cfg)
     try:
         precision = Precision(cfg.quantization, cfg.kv_cache_dtype)
         parallel = ExpertParallel(cfg.ep, cfg.dp, cfg.ep_imbalance)
@@ -113,8 +117,12 @@ def simulated_engine(
         num_blocks = cfg.num_blocks or kv_pool_blocks(
             spec, hardware, cfg.block_size, cfg.tp, precision, parallel
         )
+        if speculation is not None and not cfg.num_blocks:  # the proposer's memory too
+            num_blocks = speculative_pool(num_blocks, cfg, spec, precision, speculation, draft)
         split = cfg.executor.prefill_batch_split
-        device = SimulatedDevice(spec, hardware, clock, cfg.tp, precision, split, parallel)
+        device = SimulatedDevice(
+            spec, hardware, clock, cfg.tp, precision, split, parallel, speculation, draft
+        )
     except ValueError as err:
         raise ConfigError(str(err)) from err
     kv_cache = KVCacheManager(num_blocks, cfg.block_size, cfg.prefix_caching)
@@ -125,7 +133,7 @@ def simulated_engine(
     token = pick_token(tokenizer.eos_ids, tokenizer.vocab_size)
     engine = Engine(
         tokenizer=tokenizer,
-        scheduler=scheduler,
+        scheduler=speculative_steps(scheduler, speculation),
         metadata=metadata,
         model=device,
         attention=NoAttention(),
@@ -134,9 +142,32 @@ def simulated_engine(
         workload_counts=workload.counts,
         record_lengths=False,
         concurrency=workload.concurrency,
-        simulation=DeviceSimulation(device, scheduler, metadata, token),
+        simulation=DeviceSimulation(device, scheduler, metadata, token, speculation is None),
     )
     return engine
+
+
+def speculative_pool(
+    blocks: int,
+    cfg: DictConfig,
+    spec: ModelSpec,
+    precision: Precision,
+    speculation: Speculation,
+    draft: ModelSpec | None,
+) -> int:
+    """The KV pool of `blocks` blocks less what the proposer holds: its weights, and its
+    KV beside every token's."""
+    weights, kv = proposer_memory(speculation, spec, draft, cfg.tp, precision)
+    target_kv = spec.kv_bytes_per_token(cfg.tp) * precision.kv_bytes(spec.dtype_bytes)
+    return pool_with_proposer(blocks, cfg.block_size, target_kv / spec.dtype_bytes, weights, kv)
+
+
+def speculative_steps(scheduler: Any, speculation: Speculation | None) -> Any:
+    """The scheduler, whose decode rows verify proposals and get the accepted tokens under
+    speculation (one token a step without)."""
+    if speculation is None:
+        return scheduler
+    return SpeculativeScheduler(scheduler, speculation.tokens, speculation.expected_tokens)
 
 
 def simulated_device(engine: Engine) -> SimulatedDevice:

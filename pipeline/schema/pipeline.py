@@ -69,6 +69,7 @@ class SpeculativeConf:
     tokens: int = 1  # proposed per row and step (FastDeploy's num_speculative_tokens)
     acceptance: list[float] = field(default_factory=lambda: [0.8])
     draft_model: str = ""  # method=draft: a model spec (spec/llama32_1b)
+    mtp_layers: int = 1  # method=mtp: decoder layers of the prediction head (DeepSeek-V3: 1)
 
 
 @dataclass

@@ -26,9 +26,9 @@ import numpy as np
 
 from stages.forward.step_shape import StepShape
 from stages.model.spec import ModelSpec
+from stages.simulator.cost_fit import fit_coefficients
 from stages.simulator.expert_parallel import PLAIN, ExpertParallel, check_layout, token_amounts
 from stages.simulator.hardware import HardwareProfile, write_profile
-from stages.simulator.nnls import nnls
 from stages.simulator.precision import BF16, Precision
 from stages.simulator.step_work import (
     StepAmounts,
@@ -37,30 +37,17 @@ from stages.simulator.step_work import (
     padded_work,
     real_work,
 )
-
-TERMS = (
-    "linear",
-    "prefill_attention",
-    "decode_attention",
-    "kv_write",
-    "lm_head",
-    "allreduce",
-    "allreduce_latency",
-    "kv_blocks",
-    "alltoall",
-    "alltoall_latency",
+from stages.simulator.terms import (
+    ALLREDUCES_PER_LAYER,
+    BLOCK_S,
+    GEMMS_PER_LAYER,
+    OVERHEAD,
+    RECOMPILE,
+    TERMS,
+    UNCALIBRATED,
+    term_seconds,
 )
-OVERHEAD = "overhead"
-# The cost of handling one KV block in one layer (its index, gather and mask rows) beyond
-# its bytes, before its coefficient; it tells small blocks from large ones. A device's
-# profile sets its coefficient by calibration; uncalibrated it is 0 (the bytes alone).
-BLOCK_S = 1e-6
-# A Llama-style layer runs four GEMMs: fused QKV, the output projection, fused gate-up and
-# down. Each pays the device's fixed GEMM time once.
-GEMMS_PER_LAYER = 4
-ALLREDUCES_PER_LAYER = 2  # after attention and after the MLP
-UNCALIBRATED = {"kv_blocks": 0.0}
-RECOMPILE = "recompile"
+
 # KV slots and blocks of a decode step far beyond any real one, where decode_rates checks
 # that a step's time is still affine in them.
 AFFINE_PROBE = (1 << 24, 1 << 20)
@@ -76,50 +63,6 @@ class SeparableRates(NamedTuple):
     per_slot: float  # a KV slot decode attention reads
     per_block: float  # a KV block gathered
     overhead: float
-
-
-def _roof(a: Any, b: Any) -> Any:
-    """The larger of two times, each a number or an array (numpy's maximum is slow on
-    plain numbers, and a simulated device asks for one step's terms at every step)."""
-    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-        return np.maximum(a, b)
-    return max(a, b)
-
-
-def _hidden(transfer: Any, compute: Any, split: Any) -> Any:
-    """The all-reduce time a batch split in `split` parts hides: its parts pipeline, each
-    part's all-reduce running under the next part's layer compute, so all but 1 / split of
-    the shorter of the two."""
-    if not isinstance(split, np.ndarray) and split == 1:
-        return 0.0
-    return (1 - 1 / np.asarray(split)) * np.minimum(transfer, compute)
-
-
-def term_seconds(
-    a: StepAmounts, hw: HardwareProfile, fp8: bool = False, tp: int = 1, ep: int = 1
-) -> dict[str, Any]:
-    """Each term's roofline seconds on `hw` (numbers, or arrays for stacked amounts). A GEMM
-    of F FLOPs takes F / rate + the fixed fill time: summed over a step's GEMMs, the FLOPs
-    at the rate plus one fill per kernel."""
-    gemm, attn = hw.gemm_flops_per_s(fp8), hw.attention_flops_per_s
-    mem, link = hw.memory_bytes_per_s, hw.interconnect_bytes_per_s(tp)
-    linear = _roof(a.linear_flops / gemm + a.gemms * hw.gemm_fill_s, a.linear_bytes / mem)
-    prefill = _roof(a.prefill_attention_flops / attn, a.prefill_kv_bytes / mem)
-    transfer = a.allreduce_bytes / link
-    return {
-        "linear": linear,
-        "prefill_attention": prefill,
-        "decode_attention": _roof(a.decode_attention_flops / attn, a.decode_kv_bytes / mem),
-        "kv_write": a.kv_write_bytes / mem,
-        # The lm head stays in the model's dtype: the bf16 rate.
-        "lm_head": _roof(a.lm_head_flops / hw.gemm_flops_per_s(), a.lm_head_bytes / mem),
-        "allreduce": transfer - _hidden(transfer, linear + prefill, a.batch_split),
-        "allreduce_latency": a.allreduce_calls * hw.allreduce_latency_s,
-        "kv_blocks": a.kv_blocks_s,
-        # Expert parallelism's dispatches and combines over the links to ep - 1 peers.
-        "alltoall": a.alltoall_bytes / hw.interconnect_bytes_per_s(ep),
-        "alltoall_latency": a.alltoall_calls * hw.allreduce_latency_s,
-    }
 
 
 class CostModel:
@@ -435,31 +378,8 @@ class CostModel:
         `relative` weighs each sample by 1 / its time, so that small steps count as much
         as large ones (the squared relative error is minimised).
         """
-        names = (*TERMS, OVERHEAD)
-        chosen = names if terms is None else tuple(terms)
-        unknown = sorted(set(chosen) - set(names))
-        if unknown:
-            raise ValueError(f"fit: unknown terms {', '.join(unknown)}; the terms are {names}")
         a, b = self._design(samples)
-        if relative:
-            weight = 1.0 / np.maximum(b, 1e-12)
-            a, b = a * weight[:, None], b * weight
-        fixed = [j for j, name in enumerate(names) if name not in chosen]
-        b = b - a[:, fixed] @ np.array([self.coefficients[names[j]] for j in fixed])
-        used = [j for j in range(len(names)) if names[j] in chosen and a[:, j].any()]
-        if not used:
-            raise ValueError(f"fit: no sample exercises any of {', '.join(chosen)}")
-        if len(samples) < len(used):
-            raise ValueError(
-                f"fit: {len(samples)} samples for {len(used)} coefficients; give at least "
-                f"{len(used)} steps of varied shapes"
-            )
-        scale = np.linalg.norm(a[:, used], axis=0)  # unit columns: rooflines span decades
-        _check_separable(a[:, used] / scale, [names[j] for j in used])
-        solution = nnls(a[:, used] / scale, b) / scale
-        fitted = dict(self.coefficients)
-        fitted.update({names[j]: float(x) for j, x in zip(used, solution, strict=True)})
-        return fitted
+        return fit_coefficients(self.coefficients, (*TERMS, OVERHEAD), a, b, terms, relative)
 
     def _design(self, samples: Sequence[tuple[StepShape, float]]) -> tuple[np.ndarray, np.ndarray]:
         """Each sample's roofline per term (and 1 s for the overhead), and its time less any
@@ -476,18 +396,3 @@ class CostModel:
     def write_profile(self, path: str | Path, coefficients: Mapping[str, float]) -> Path:
         """The hardware profile with `coefficients` (e.g. from `fit`) for `hardware=measured`."""
         return write_profile(path, self.hardware, coefficients)
-
-
-def _check_separable(a: np.ndarray, names: Sequence[str]) -> None:
-    """Refuses samples in which some terms' times move together: their coefficients could
-    trade against each other freely (e.g. KV writes and all-reduces both scale with tokens)."""
-    _, singular, vt = np.linalg.svd(a, full_matrices=False)
-    null = vt[singular < 1e-9 * singular[0]]
-    if len(null):
-        tied = [
-            n for n, weight in zip(names, np.abs(null).max(axis=0), strict=True) if weight > 1e-6
-        ]
-        raise ValueError(
-            f"fit: these samples cannot tell {', '.join(tied)} apart (their times move "
-            "together): fit fewer of them (terms=...) or add steps of other shapes"
-        )

@@ -23,6 +23,7 @@ from stages.simulator.cost_model import CostModel
 from stages.simulator.expert_parallel import PLAIN, ExpertParallel
 from stages.simulator.hardware import HardwareProfile
 from stages.simulator.precision import BF16, Precision
+from stages.simulator.speculative import Speculation, SpeculativeCost
 from stages.simulator.step_work import StepAmounts
 
 
@@ -83,7 +84,11 @@ class SimulatedDevice:
         precision: Precision = BF16,
         prefill_batch_split: int = 1,
         parallel: ExpertParallel = PLAIN,
+        speculation: Speculation | None = None,
+        draft: ModelSpec | None = None,
     ) -> None:
+        """speculation: every decode row verifies its proposals (and `draft`, a draft
+        model's description for method=draft, proposes them): each step is priced so."""
         self.spec = spec
         self.hardware = hardware
         self.precision = precision
@@ -94,6 +99,9 @@ class SimulatedDevice:
             precision=precision,
             prefill_batch_split=prefill_batch_split,
             parallel=parallel,
+        )
+        self.speculative = (
+            SpeculativeCost(self.cost, speculation, draft) if speculation is not None else None
         )
         self.clock = clock
         self.compiled: set[tuple] = set()
@@ -208,11 +216,12 @@ class SimulatedDevice:
         return np.repeat(per_shape, counts)
 
     def _step_time(self, shape: Any) -> float:
+        price = self.cost.step_time if self.speculative is None else self.speculative.step_time
         if not self.hardware.pads_to_buckets:
-            return self.cost.step_time(shape)
+            return price(shape)
         key = (shape.prefill, shape.decode)
         if key not in self._times:
-            self._times[key] = self.cost.step_time(shape)
+            self._times[key] = price(shape)
         return self._times[key]
 
 

@@ -32,8 +32,13 @@ class DeviceSimulation:
         scheduler: PlansDecodeRuns,
         metadata: PadsDecodeRuns,
         token: int,
+        leaps: bool = True,
     ) -> None:
+        """leaps: False where runs of decode steps must go step by step (speculative
+        decoding moves rows by more than one token a step, which the runs' planner does
+        not)."""
         self.device = device
+        self.leaps = leaps
         self.scheduler = scheduler
         self.metadata = metadata
         self.token = token
@@ -53,6 +58,8 @@ class DeviceSimulation:
     ) -> tuple[DecodeRun, list[Request]] | None:
         """As many steps as start before `until()` (up to MAX_LEAP_STEPS); see the
         scheduler's decodes_after for a run with a `head`."""
+        if not self.leaps:
+            return None
         end = until()
         limit = self.device.steps_before(end, MAX_LEAP_STEPS)  # plans no step past `end`
         if head is None:
@@ -82,4 +89,17 @@ class DeviceSimulation:
             "predicted_warmup_s": device.cost.warmup_time(warmup_shapes),
             "serving_compiles": device.recompiles,
             "serving_compile_s": device.recompiles * device.hardware.recompile_s,
+            **speculation_metrics(device),
         }
+
+
+def speculation_metrics(device: SimulatedDevice) -> dict[str, Any]:
+    """The speculation a device prices steps with (nothing without one)."""
+    if device.speculative is None:
+        return {}
+    speculation = device.speculative.speculation
+    return {
+        "speculative_method": speculation.method,
+        "speculative_tokens": speculation.tokens,
+        "speculative_expected_tokens": round(speculation.expected_tokens, 4),
+    }

@@ -1,0 +1,73 @@
+"""The `speculative.*` keys as the simulated device's speculation (stages.simulator.speculative),
+and the refusal of them on the real path."""
+
+from __future__ import annotations
+
+import importlib.resources
+
+from omegaconf import DictConfig, OmegaConf
+
+from pipeline.checks import ConfigError
+from pipeline.describe import option_spec
+from pipeline.schema import SpecModelConf
+from stages.model.spec import ModelSpec
+from stages.simulator.speculative import Speculation, check_speculation
+
+
+def speculation_of(cfg: DictConfig) -> Speculation | None:
+    """The run's speculation, None for speculative.method=none; a bad value is a one-line
+    error naming its key."""
+    node = cfg.speculative
+    method = str(node.method)
+    acceptance = [float(a) for a in node.acceptance]
+    try:
+        check_speculation(method, int(node.tokens), acceptance, str(node.draft_model))
+        if method == "none":
+            return None
+        if method != "draft" and node.draft_model:
+            raise ValueError(
+                f"speculative.draft_model={node.draft_model} is for speculative.method=draft "
+                f"alone: drop it or set speculative.method=draft (not {method})"
+            )
+        return Speculation(method, int(node.tokens), tuple(acceptance), int(node.mtp_layers))
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
+
+
+def speculation_and_draft(cfg: DictConfig) -> tuple[Speculation | None, ModelSpec | None]:
+    """The run's speculation and its draft model's description (None for either where
+    there is none)."""
+    speculation = speculation_of(cfg)
+    draft = cfg.speculative.draft_model
+    return speculation, draft_spec(draft) if speculation is not None and draft else None
+
+
+def draft_spec(name: str) -> ModelSpec:
+    """The description of a draft model preset (conf/model/spec/NAME.yaml, named as the
+    `model` option is: spec/llama32_1b)."""
+    preset = importlib.resources.files("pipeline.conf") / "model" / f"{name}.yaml"
+    if not name.startswith("spec/") or not preset.is_file():
+        raise ConfigError(
+            f"speculative.draft_model={name}: name a model spec preset such as spec/llama32_1b "
+            "(conf/model/spec/)"
+        )
+    values = OmegaConf.to_container(OmegaConf.create(preset.read_text(encoding="utf-8")))
+    if not isinstance(values, dict):
+        raise ConfigError(f"speculative.draft_model={name}: the preset holds no mapping")
+    values.pop("defaults", None)
+    merged = OmegaConf.merge(OmegaConf.structured(SpecModelConf), values)
+    option: SpecModelConf = OmegaConf.to_object(merged)  # type: ignore[assignment]
+    try:
+        return option_spec(option)
+    except ValueError as err:
+        raise ConfigError(f"speculative.draft_model={name}: {err}") from err
+
+
+def check_no_speculation(cfg: DictConfig) -> None:
+    """Speculative decoding exists only on the simulated device."""
+    method = str(cfg.speculative.method)
+    if method != "none":
+        raise ConfigError(
+            f"speculative.method={method} is simulated only: the real path decodes one token "
+            "a step; set speculative.method=none or executor=simulated (with hardware=...)"
+        )

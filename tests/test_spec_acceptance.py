@@ -1,0 +1,66 @@
+"""The acceptance tool (benchmarks.spec_acceptance): prompt lookup and recorded spans walked
+by hand, and the identity that makes its output what speculative.acceptance means: the
+per-position acceptance it prints gives back, through E, the tokens a step it counted."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from benchmarks.spec_acceptance import Tally, lookup, main, measure, ngram_steps, recorded_steps
+from stages.simulator.speculative import expected_tokens
+
+
+def test_prompt_lookup_by_hand():
+    # The context ends in 7, which occurred first at 0: its followers 1, 2, 3 are proposed
+    # and all match; then [2, 3, 4] recurs and proposes 7, which the output's 8 rejects.
+    prompt, output = [7, 1, 2, 3, 4, 7], [1, 2, 3, 4, 8]
+    assert lookup(prompt, 3, 1, 3) == [1, 2, 3]
+    assert ngram_steps(prompt, output, 3) == [3, 0]
+    tally = Tally(3)
+    for m in (3, 0):
+        tally.add(m)
+    assert tally.acceptance() == [0.5, 1.0, 1.0]
+    assert tally.tokens_per_step() == 2.5 == expected_tokens(tally.acceptance(), 3)
+
+
+def test_no_match_proposes_nothing():
+    assert lookup([1, 2, 3], 3, 1, 3) == []
+    assert ngram_steps([1, 2, 3], [4, 5], 2) == [0, 0]
+
+
+def test_recorded_spans_by_hand():
+    # Spans include the step's own token: 3 -> 2 accepted, 5 -> 3 (k caps it), 1 -> none.
+    assert recorded_steps([3, 1, 1, 5, 1, 1, 1, 1], 3) == [2, 3, 0]
+
+
+@given(st.integers(1, 6), st.lists(st.integers(0, 6), min_size=1, max_size=200))
+def test_the_printed_acceptance_gives_back_the_tokens_a_step(k, accepted):
+    tally = Tally(k)
+    for m in accepted:
+        tally.add(min(m, k))
+    assert expected_tokens(tally.acceptance(), k) == pytest.approx(tally.tokens_per_step())
+
+
+TRACES = Path(os.environ.get("SPEC_TRACES", "/nonexistent"))
+
+
+@pytest.mark.skipif(
+    not (TRACES / "combined_gsm8k.jsonl").is_file(),
+    reason="set SPEC_TRACES to data/llama3.1-8B of github.com/SpecDecode-Bench/simulator",
+)
+def test_real_generations_of_llama_31_8b(capsys):
+    import json
+
+    with open(TRACES / "combined_gsm8k.jsonl", encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f][:40]
+    for method, key in (("ngram", ""), ("recorded", "acc_eagle")):
+        tally = measure(rows, 3, method, key)
+        assert 1.0 < tally.tokens_per_step() < 4.0
+        assert all(0.0 <= a <= 1.0 for a in tally.acceptance())
+    assert main([str(TRACES / "combined_gsm8k.jsonl"), "--limit", "5"]) == 0
+    assert "speculative.acceptance=[" in capsys.readouterr().out
