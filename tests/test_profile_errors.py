@@ -10,7 +10,7 @@ import pytest
 import yaml
 from hydra.utils import instantiate
 
-from pipeline.calibrate.fit import _profile_fields
+from pipeline.calibrate.profile_yaml import profile_fields
 from pipeline.calibrate.residuals import Half, profile_errors, sources
 from pipeline.plan.bands import profile_band
 from tests.helpers import make_config
@@ -54,7 +54,7 @@ def test_the_profile_file_carries_its_errors_and_release():
     profile = dataclasses.replace(
         profile, errors={"static": {"held_out_median": 0.2}}, software="SW 1.21, 'quoted'"
     )
-    data = yaml.safe_load("\n".join(_profile_fields(profile)))
+    data = yaml.safe_load("\n".join(profile_fields(profile)))
     assert data["errors"] == {"static": {"held_out_median": 0.2}}
     assert data["software"] == "SW 1.21, 'quoted'"
     band = profile_band(data)

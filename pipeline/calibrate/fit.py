@@ -25,13 +25,13 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from importlib import resources
 from pathlib import Path
 
 import numpy as np
 import yaml
 
 from pipeline.build import build
+from pipeline.calibrate.profile_yaml import profile_fields, spec_sheet_comments
 from pipeline.calibrate.published import DATA_DIR, PublishedRow, median, read_rows
 from pipeline.calibrate.recorded import Recorded, record
 from pipeline.calibrate.residuals import Half, profile_errors, sources
@@ -54,7 +54,6 @@ LINK_KEYS = ("allreduce_latency_s", "interconnect_efficiency")  # told only by t
 # are both GH100) behind each its own memory.
 OWN_KEYS = ("memory_efficiency",)
 PULL = 1e-3  # weight of the squared log distance from the starting values
-CONF = Path(str(resources.files("pipeline.conf") / "hardware"))  # installed or a checkout
 START = DATA_DIR / "published-fit-start.yaml"
 Profiles = dict[str, HardwareProfile]
 
@@ -192,18 +191,6 @@ def split_half(
     return lines, halves
 
 
-def spec_sheet_comments(name: str) -> list[str]:
-    """The shipped profile's leading comments, up to what a fit or a guess says."""
-    path = CONF / f"{name}.yaml"
-    lines = path.read_text().splitlines() if path.is_file() else []
-    kept = []
-    for line in lines:
-        if not line.startswith("#") or line.startswith(("# UNCALIBRATED", "# FITTED")):
-            break
-        kept.append(line)
-    return kept
-
-
 def profile_text(
     name: str,
     fitted: Mapping[str, HardwareProfile],
@@ -223,7 +210,7 @@ def profile_text(
         errors=profile_errors(name, fitted, recorded, halves),
         software=fitted[name].software or sources(name, recorded),
     )
-    lines += _profile_fields(profile)
+    lines += profile_fields(profile)
     return "\n".join(lines) + "\n"
 
 
@@ -268,38 +255,6 @@ def _fit_comments(
         lines.append(f"# Split-half: {fitted_on}")
         lines += [f"#   held out: {held_out}"] if held_out else []
     return lines
-
-
-def _profile_fields(profile: HardwareProfile) -> list[str]:
-    """The profile's fields as YAML lines (its coefficients as a mapping, if any)."""
-    lines = []
-    for f in dataclasses.fields(profile):
-        value = getattr(profile, f.name)
-        if f.name == "coefficients":
-            if value:
-                lines.append("coefficients:")
-                lines += [f"  {k}: {v:.6g}" for k, v in value.items()]
-            continue
-        if f.name in ("software", "errors"):  # a quoted string; a mapping by method
-            flow = yaml.safe_dump({f.name: _plain(value)}, default_flow_style=False, width=200)
-            lines += flow.rstrip("\n").splitlines()
-            continue
-        shown = str(value).lower() if isinstance(value, bool) else _number(value)
-        lines.append(f"{f.name}: {shown}")
-    return lines
-
-
-def _plain(value: object) -> object:
-    """Mappings as dicts (a profile's fields may be read-only mappings) for YAML."""
-    if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
-    return value
-
-
-def _number(value: object) -> str:
-    if isinstance(value, float):
-        return f"{value:.6g}" if abs(value) >= 1e-4 or value == 0 else f"{value:.4e}"
-    return str(value)
 
 
 def devices_and_overrides(overrides: Sequence[str]) -> tuple[list[str], list[str]]:
