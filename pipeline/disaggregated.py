@@ -202,7 +202,7 @@ def run_decode_instance(engine: Engine, requests: list[Request], totals: StepTot
             engine.simulation, source.next_arrival, source.finishes_before_change, totals.add_run
         )
     with long_lived_frozen():
-        return engine.serve(source, on_step=totals.add, leaps=leaps)
+        return engine.loop(source, on_step=totals.add, leaps=leaps)
 
 
 def decode_pass(deployment: Deployment, firsts: list[Request]) -> tuple[list[Request], float]:

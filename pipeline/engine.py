@@ -300,9 +300,9 @@ class Engine(Generic[A]):
 
             leaps = Leaps(simulation, until, finishes, on_leap)
         with long_lived_frozen():
-            return self.serve(arrivals, on_step, finished, leaps=leaps, stop=stop)
+            return self.loop(arrivals, on_step, finished, leaps=leaps, stop=stop)
 
-    def serve(
+    def loop(
         self,
         source: RequestSource,
         on_step: Callable[[StepRecord], None] = lambda record: None,

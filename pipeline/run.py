@@ -48,7 +48,7 @@ def run(cfg: DictConfig, out_dir: Path, overrides: Sequence[str] = ()) -> dict[s
                 if disaggregated(cfg):
                     return run_deployment(cfg, out_dir, slo)
                 engine, requests = build_engine(cfg)
-                return serve(cfg, engine, requests, out_dir)
+                return run_requests(cfg, engine, requests, out_dir)
         return _resume(Path(cfg.resume).expanduser(), overrides)
 
 
@@ -65,10 +65,10 @@ def _resume(folder: Path, overrides: Sequence[str]) -> dict[str, Any]:
         check_resolves(previous.cfg)
         slo_of(previous.cfg)
         engine, requests = build_engine(previous.cfg)
-        return serve(previous.cfg, engine, requests, folder, previous)
+        return run_requests(previous.cfg, engine, requests, folder, previous)
 
 
-def serve(
+def run_requests(
     cfg: DictConfig,
     engine: Engine,
     requests: list[Request],
@@ -99,7 +99,7 @@ def serve(
 
     hooks = Hooks(files.open, files.on_unfinished, files.close, files.finish)
     served = serve_and_summarise(
-        cfg, engine, files.serve, lambda: unfinished(pending), summarise, out_dir,
+        cfg, engine, files.run, lambda: unfinished(pending), summarise, out_dir,
         ended_by=stop_signal, hooks=hooks,
     )  # fmt: skip
     metrics = served.metrics
@@ -204,7 +204,7 @@ class RunFiles:
         )
         self.opened = (step_writer, generations, Progress(len(self.pending)))
 
-    def serve(self) -> float:
+    def run(self) -> float:
         """Runs the engine; returns the run's time."""
         return self.engine.run(self.pending, on_step=self.on_step, on_finish=self.on_finish)
 

@@ -7,7 +7,7 @@ import pytest
 from pipeline.console import summary_table
 from pipeline.executors import build_engine
 from pipeline.review import metrics_table, trap_notes
-from pipeline.run import serve as serve_run
+from pipeline.run import run_requests
 from pipeline.slo import Slo, slo_metrics
 from pipeline.summary import Job, write_markdown
 from stages.scheduling.request import Request
@@ -84,7 +84,7 @@ def test_a_run_reports_goodput_and_shows_it(tmp_path, capsys):
 
 def serve_run_folder(cfg, out_dir):
     engine, requests = build_engine(cfg)
-    return serve_run(cfg, engine, requests, out_dir)
+    return run_requests(cfg, engine, requests, out_dir)
 
 
 def test_review_and_summary_say_what_compiled_while_serving_and_missed_the_slo(tmp_path):

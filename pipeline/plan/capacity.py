@@ -37,7 +37,7 @@ from pipeline.metrics import StepTotals
 from pipeline.plan.capacity_estimate import rate_ceiling
 from pipeline.plan.capacity_report import write_reports
 from pipeline.plan.probes import LoadAxis, Probe
-from pipeline.run import device_metrics, run_metrics, serve, slo_of, unfinished
+from pipeline.run import device_metrics, run_metrics, run_requests, slo_of, unfinished
 from pipeline.run_folder import RunStatus
 from pipeline.serving import Ending, serve_and_summarise
 from pipeline.slo import EarlyVerdict, Slo, needed_good
@@ -87,7 +87,7 @@ def run_probe(
         engine, requests = build_engine(cfg)
         arrivals = offered_rps(requests)
         if keep_files:
-            metrics = serve(cfg, engine, requests, folder)
+            metrics = run_requests(cfg, engine, requests, folder)
         else:
             metrics = serve_judged(cfg, engine, requests, folder, decide_early)
     if not cfg.workload.get("concurrency"):

@@ -199,7 +199,7 @@ class EngineWorker:
         log.info("server_ready", warmup_s=round(warmup_s, 3))
 
     def _serve(self, engine: Engine, files: ServerFiles) -> float:
-        return engine.serve(
+        return engine.loop(
             self.inbox,
             on_step=lambda record: self._on_step(record, files),
             on_finish=lambda request: self._on_finish(request, files),
