@@ -79,9 +79,9 @@ def check_disagg(cfg: DictConfig) -> None:
     if not disagg.prefill or not disagg.decode:
         empty = "decode" if not disagg.decode else "prefill"
         raise ConfigError(
-            f"disagg.{empty}=0 with disagg.prefill={disagg.prefill} disagg.decode="
-            f"{disagg.decode}: a disaggregated deployment needs instances in both pools; "
-            f"set disagg.{empty} >= 1, or both 0 for one aggregated instance"
+            f"disagg.prefill={disagg.prefill} disagg.decode={disagg.decode}: a disaggregated "
+            f"deployment needs instances in both pools; set disagg.{empty} >= 1, or both 0 "
+            "for one aggregated instance"
         )
     _check_supported(cfg)
 

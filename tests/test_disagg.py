@@ -125,8 +125,8 @@ def test_a_run_has_an_aggregated_runs_metrics_and_the_deployments_cards(tmp_path
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (["disagg.prefill=2"], "disagg.decode=0 with disagg.prefill=2"),
-        (["disagg.decode=2"], "disagg.prefill=0 with disagg.prefill=0"),
+        (["disagg.prefill=2"], "disagg.prefill=2 disagg.decode=0: .* set disagg.decode >= 1"),
+        (["disagg.decode=2"], "disagg.prefill=0 disagg.decode=2: .* set disagg.prefill >= 1"),
         (["disagg.prefill=-1"], "disagg.prefill=-1 must be >= 0"),
         (["disagg.link_gbps=-5"], "disagg.link_gbps=-5.0 must be >= 0"),
         (["disagg.prefill=1", "disagg.decode=1", "workload.concurrency=4"],
@@ -136,6 +136,12 @@ def test_a_run_has_an_aggregated_runs_metrics_and_the_deployments_cards(tmp_path
 def test_a_bad_pool_setting_is_a_one_line_error_naming_its_key(overrides, message):
     with pytest.raises(ConfigError, match=message):
         check_config(make_config([*SMALL, *overrides]))
+
+
+def test_a_capacity_search_refuses_an_empty_pool_before_searching(tmp_path):
+    cfg = make_config([*SMALL, "disagg.prefill=1", "slo.ttft_ms=500"])
+    with pytest.raises(ConfigError, match="needs instances in both pools"):
+        capacity_search(cfg, tmp_path)
 
 
 def test_a_pool_tp_that_does_not_split_the_heads_names_its_key():

@@ -31,7 +31,7 @@ from pipeline.checks import ConfigError
 from pipeline.disagg_config import disaggregated
 from pipeline.disaggregated import search_stand_in, serve_deployment
 from pipeline.engine import Engine
-from pipeline.executors import build_engine, executor_of
+from pipeline.executors import build_engine, check_config
 from pipeline.executors.simulated import simulated_device
 from pipeline.metrics import StepTotals
 from pipeline.plan.capacity_estimate import rate_ceiling
@@ -232,7 +232,7 @@ def capacity_search(cfg: DictConfig, out_dir: Path, max_warmup_s: float = 0.0) -
         raise ConfigError(
             "a capacity search needs an SLO: give slo.ttft_ms, slo.tpot_ms or slo.e2e_ms"
         )
-    if not executor_of(cfg).predicts:
+    if not check_config(cfg).predicts:
         raise ConfigError("the capacity search runs on the simulated device: executor=simulated")
     check_settings(cfg.capacity)
     artefacts.write_resolved_config(cfg, out_dir)
