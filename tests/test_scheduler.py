@@ -245,3 +245,29 @@ def test_max_prefill_rows_caps_the_prompts_of_a_step(cap):
     assert max(len(p.prefill) for p in plans) == cap
     assert all(r.finished and not r.error for r in requests)
     assert max(len(p.prefill) for p in drive(scheduler(), [request(i, 16) for i in range(8)])) == 8
+
+
+@pytest.mark.parametrize(("cost", "decoding"), [(1, 5), (8, 5), (9, 4), (16, 2)])
+def test_a_decode_row_costs_the_budget_its_decode_tokens(cost, decoding):
+    """Five requests decoding under a 40-token budget (their prompts all prefilled in the
+    first step): a row costs `cost` tokens (a speculative verification's k + 1), so
+    min(5, 40 // cost) of them decode in a step, by hand."""
+    kv_cache = KVCacheManager(1000, 4)
+    conf = schema_kwargs(ChunkedSchedulerConf, max_tokens=40, max_num_seqs=8, max_model_len=64)
+    sched = ChunkedScheduler(kv_cache=kv_cache, stop=StopRule((), 64), decode_tokens=cost, **conf)
+    for i in range(5):
+        sched.add(request(i, 4, new=20))
+    while any(not r.output_ids for r in [*sched.waiting, *sched.running]):
+        plan = sched.schedule()
+        sched.update(plan, sevens(len(plan.sampled_requests)), 0.0)
+    plan = sched.schedule()
+    assert not plan.prefill and len(plan.decode) == decoding
+    assert len(plan.decode) * cost <= 40
+
+
+def test_a_decode_row_costs_one_token_or_more():
+    conf = schema_kwargs(ChunkedSchedulerConf, max_tokens=16, max_num_seqs=8, max_model_len=64)
+    with pytest.raises(ValueError, match="decode_tokens=0"):
+        ChunkedScheduler(
+            kv_cache=KVCacheManager(10, 4), stop=StopRule((), 64), decode_tokens=0, **conf
+        )

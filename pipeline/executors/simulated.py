@@ -127,7 +127,9 @@ def simulated_engine(
         raise ConfigError(str(err)) from err
     kv_cache = KVCacheManager(num_blocks, cfg.block_size, cfg.prefix_caching)
     stop = StopRule((), cfg.max_model_len)  # output lengths come from the workload
-    scheduler = build(cfg.scheduler, kv_cache=kv_cache, stop=stop)
+    # A verification's k + 1 tokens a decode row, counted in the step's budget.
+    decode_tokens = 1 + speculation.tokens if speculation else 1
+    scheduler = build(cfg.scheduler, kv_cache=kv_cache, stop=stop, decode_tokens=decode_tokens)
     metadata = build(cfg.metadata, _target_=SHAPES_ONLY, kv_cache=kv_cache, pad_id=tokenizer.pad_id)
     # One token that ends nothing, whatever the step: what lets runs of steps leap.
     token = pick_token(tokenizer.eos_ids, tokenizer.vocab_size)

@@ -65,7 +65,13 @@ class ChunkedScheduler(DecodeRuns):
         max_padding: float,
         no_evict: bool,
         max_prefill_rows: int,
+        decode_tokens: int = 1,
     ) -> None:
+        """decode_tokens: what one decode row costs the step's budget (1; a speculative
+        verification's k + 1, as vLLM and FastDeploy count it)."""
+        if decode_tokens < 1:
+            raise ValueError(f"decode_tokens={decode_tokens}: a decode row costs 1 or more")
+        self.decode_tokens = decode_tokens
         self.chunks = ChunkPolicy(
             kv_cache.block_size, max_tokens, Budget(budget) is Budget.padded, max_padding,
             align_chunks, long_prefill_threshold, max_prefill_rows, whole=not self.splits_prompts,
@@ -119,21 +125,21 @@ class ChunkedScheduler(DecodeRuns):
         takes nothing from the cache. Runs of them join the plan in one slice; the other
         rows go one by one. Preempting takes rows from the end and scheduling a row
         changes no other, so the rows found at the start hold for the whole walk."""
-        running = self.running
+        running, cost = self.running, self.decode_tokens
         others, decodes = self.rows.not_plain_decodes()
         if decodes:  # (most steps have none: every row's token fits its last block)
-            others = self._take_decode_blocks(others, decodes, budget.left)
+            others = self._take_decode_blocks(others, decodes, budget.left // cost)
         others.append(len(running))  # a sentinel: the end of the last run
         next_other = 0
         i = 0
         while i < len(running) and budget.left > 0:
             while others[next_other] < i:
                 next_other += 1
-            end = min(others[next_other], len(running), i + budget.left)
+            end = min(others[next_other], len(running), i + budget.left // cost)
             if end > i:
                 plan.decode.extend(running[i:end])
                 rows.decode_spans.append((i, end))
-                budget.left -= end - i
+                budget.left -= (end - i) * cost
                 i = end
                 continue
             request = running[i]
@@ -167,7 +173,7 @@ class ChunkedScheduler(DecodeRuns):
         remaining = request.num_tokens - request.num_computed
         is_decode = remaining == 1 and bool(request.output_ids)
         n = 1 if is_decode else self.chunks.length(remaining, budget)
-        if n == 0:
+        if n == 0 or (is_decode and budget.left < self.decode_tokens):
             return RowFate.WAITS
         while not self.kv_cache.allocate_slots(request, n):
             if self.running[-1] is request:  # nothing newer is left to preempt
@@ -176,7 +182,7 @@ class ChunkedScheduler(DecodeRuns):
             self._preempt(self.running[-1], plan)
         if is_decode:
             plan.decode.append(request)
-            budget.left -= 1
+            budget.left -= self.decode_tokens
             return RowFate.DECODE
         plan.prefill.append(self._chunk(request, n))
         self.chunks.charge(n, budget)

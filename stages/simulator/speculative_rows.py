@@ -6,9 +6,10 @@ n-th verification step brings it floor(n (E - 1)) - floor((n - 1) (E - 1)) token
 the one every step samples, so every row gets E tokens a step on average, deterministically,
 and never more than its output length (the workload's) allows. A row whose k lookahead
 slots do not fit the free blocks verifies what its blocks hold (its extra tokens are capped
-by them); nothing is preempted for lookahead. The token budget counts one per decode row as
-without speculation. Runs of decode steps do not leap under speculation: the runs' planner
-(stages.decode_runs) moves every row by one token a step.
+by them); nothing is preempted for lookahead. The token budget counts k + 1 a decode row
+(the inner scheduler's decode_tokens), as vLLM and FastDeploy count a verification. Runs of
+decode steps do not leap under speculation: the runs' planner (stages.decode_runs) moves
+every row by one token a step.
 """
 
 from __future__ import annotations
