@@ -37,6 +37,7 @@ class Layout:
     tp: int = 1
     ep: int = 1
     dp: int = 1
+    ep_dispatch: str = "allgather"  # allgather, per_rank, per_expert
     prefill: int = 0  # prefill instances (0: aggregated)
     decode: int = 0
     prefill_tp: int = 0  # 0 = tp
@@ -101,6 +102,7 @@ def layout_of(config: Mapping[str, Any]) -> Layout:
         tp=_int(config, "tp", 1) or 1,
         ep=_int(config, "ep", 1),
         dp=_int(config, "dp", 1),
+        ep_dispatch=str(config.get("ep_dispatch") or "allgather"),
         prefill=_int(disagg, "prefill", 0),
         decode=_int(disagg, "decode", 0),
         prefill_tp=_int(disagg, "prefill_tp", 0),

@@ -87,12 +87,29 @@ def test_ep_dp_flags_per_engine(tmp_path):
     assert "each on its own 4 card(s)" in (out / "vllm-cuda.sh").read_text()
 
 
+@pytest.mark.parametrize(
+    "dispatch, backend",
+    [
+        ("allgather", "allgather_reducescatter"),
+        ("per_rank", "deepep_high_throughput"),
+        ("per_expert", "deepep_low_latency"),
+    ],
+)
+def test_the_planned_moe_dispatch_is_vllms_all2all_backend(tmp_path, dispatch, backend):
+    # vLLM docs/serving/expert_parallel_deployment.md, "Backend Selection Guide"
+    out = export(tmp_path, ["tp=1", "dp=2", "ep=2", f"ep_dispatch={dispatch}"])
+    assert parse((out / "vllm-cuda.sh").read_text())[1]["--all2all-backend"] == backend
+    # SGLang picks its own kernels: the assumption is said, not dropped
+    assert f"ep_dispatch={dispatch}: not set" in (out / "sglang.sh").read_text()
+
+
 def test_no_parallel_flag_at_ep_1_dp_1(tmp_path):
     out = export(tmp_path, ["tp=2"])
     for script in ("vllm-cuda.sh", "sglang.sh", "trtllm.sh", "fastdeploy-gpu.sh"):
         flags = parse((out / script).read_text())[1]
         assert not {"--data-parallel-size", "--enable-expert-parallel", "--dp-size",
-                    "--enable-dp-attention", "--ep-size", "--ep_size"} & set(flags)  # fmt: skip
+                    "--enable-dp-attention", "--ep-size", "--ep_size",
+                    "--all2all-backend"} & set(flags)  # fmt: skip
     assert "enable_attention_dp" not in yaml.safe_load((out / "trtllm-options.yaml").read_text())
 
 

@@ -13,7 +13,7 @@ from pipeline.calibrate.published import read_rows
 from pipeline.run import device_metrics
 from stages.forward.step_shape import StepShape
 from stages.simulator.cost_model import CostModel
-from stages.simulator.expert_parallel import ExpertParallel, check_layout
+from stages.simulator.expert_parallel import Dispatch, ExpertParallel, check_layout
 from stages.simulator.hardware import GIB, kv_pool_blocks
 from stages.simulator.step_work import StepWork
 from tests.helpers import run_cli, serve, spec_of
@@ -31,8 +31,15 @@ HW = dataclasses.replace(DEVICE, allreduce_latency_s=LATENCY)
 MOE_DATA = published_moe.DATA
 
 
-def model(tp: int = 1, ep: int = 1, dp: int = 1, imbalance: float = 1.0, **spec) -> CostModel:
-    layout = ExpertParallel(ep, dp, imbalance)
+def model(
+    tp: int = 1,
+    ep: int = 1,
+    dp: int = 1,
+    imbalance: float = 1.0,
+    dispatch: Dispatch = Dispatch.allgather,
+    **spec,
+) -> CostModel:
+    layout = ExpertParallel(ep, dp, imbalance, dispatch)
     return CostModel(spec_of(**{**TINY_MOE, **spec}), HW, tp, parallel=layout)
 
 
@@ -61,8 +68,8 @@ def test_imbalance_scales_only_the_routed_gemms():
 
 def test_alltoall_dispatch_and_combine_over_the_link_with_a_latency_each():
     cost = model(ep=2, dp=2)
-    # Per MoE layer (one), twice: 4 tokens x 64 hidden x k=2 x bf16, half of it leaving.
-    sent = 2 * 4 * 64 * 2 * 2 * (2 - 1) / 2
+    # Per MoE layer (one), twice: 4 tokens x 64 hidden x bf16 gathered by the other replica.
+    sent = 2 * 4 * 64 * 2 * (2 - 1)
     a = tokens_amounts(cost, 4)
     assert a.alltoall_bytes == pytest.approx(sent) and a.alltoall_calls == 2
     parts = cost.breakdown(StepShape(16, None, (4, 8)))
@@ -70,15 +77,42 @@ def test_alltoall_dispatch_and_combine_over_the_link_with_a_latency_each():
     assert parts["alltoall_latency"] == pytest.approx(2 * LATENCY)
 
 
-def test_alltoall_bytes_scale_with_k_and_each_tp_rank_sends_its_share():
+def test_per_expert_bytes_scale_with_k_and_each_tp_rank_sends_its_share():
+    per_expert = Dispatch.per_expert
     two, four = (
-        tokens_amounts(model(ep=2, dp=2), 4),
-        tokens_amounts(model(ep=2, dp=2, experts_per_token=4), 4),
+        tokens_amounts(model(ep=2, dp=2, dispatch=per_expert), 4),
+        tokens_amounts(model(ep=2, dp=2, dispatch=per_expert, experts_per_token=4), 4),
     )
     assert four.alltoall_bytes == pytest.approx(2 * two.alltoall_bytes)
-    # tp=2 x dp=2 = ep=4: each of the replica's two ranks sends half its tokens, 3/4 leaving.
-    tp2 = tokens_amounts(model(tp=2, ep=4, dp=2), 4)
+    # tp=2 x dp=2 = ep=4: each of the replica's two ranks sends half its tokens' k=2
+    # copies, 3/4 of them leaving.
+    tp2 = tokens_amounts(model(tp=2, ep=4, dp=2, dispatch=per_expert), 4)
     assert tp2.alltoall_bytes == pytest.approx(2 * 2 * 64 * 2 * 2 * 3 / 4)
+
+
+def test_an_all_gather_sends_every_token_to_the_other_replicas_whatever_k():
+    two, four = (
+        tokens_amounts(model(ep=4, dp=4), 4),
+        tokens_amounts(model(ep=4, dp=4, experts_per_token=4), 4),
+    )
+    assert two.alltoall_bytes == four.alltoall_bytes == pytest.approx(2 * 4 * 64 * 2 * 3)
+    # One replica (dp=1, experts over its tp ranks): nothing to gather, no call paid.
+    alone = tokens_amounts(model(tp=2, ep=2, dp=1), 4)
+    assert alone.alltoall_bytes == 0 and alone.alltoall_calls == 0
+
+
+def test_per_rank_dispatch_sends_a_token_once_to_each_rank_holding_its_experts():
+    # 8 experts, k=2, ep=2: the other rank holds 4, none of a token's 2 with probability
+    # C(4, 2) / C(8, 2) = 6 / 28.
+    a = tokens_amounts(model(ep=2, dp=2, dispatch=Dispatch.per_rank), 4)
+    assert a.alltoall_bytes == pytest.approx(2 * 4 * 64 * 2 * (1 - 6 / 28))
+
+
+def test_with_k_equal_to_ep_per_expert_sends_as_much_as_an_all_gather():
+    shape = StepShape(16, (1, 64, 4), (4, 8))
+    gather = model(ep=4, dp=4, experts_per_token=4).breakdown(shape)
+    per_expert = model(ep=4, dp=4, experts_per_token=4, dispatch=Dispatch.per_expert)
+    assert per_expert.breakdown(shape)["alltoall"] == pytest.approx(gather["alltoall"])
 
 
 def test_all_to_all_links_give_a_rank_its_peers_links():
@@ -89,7 +123,7 @@ def test_all_to_all_links_give_a_rank_its_peers_links():
         parallel=ExpertParallel(4, 4),
     )
     parts = cost.breakdown(StepShape(16, None, (4, 8)))
-    sent = 2 * 4 * 64 * 2 * 2 * 3 / 4
+    sent = 2 * 4 * 64 * 2 * 3  # each token gathered by the 3 other replicas
     assert parts["alltoall"] == pytest.approx(sent / (3 * 10e9))  # 3 peers' links, < 50 GB/s
 
 

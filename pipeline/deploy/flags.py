@@ -92,6 +92,17 @@ VLLM_SPECULATIVE = Speculative(
     {"mtp": "mtp", "draft": "draft_model", "ngram": "ngram"},
 )
 VLLM_DISAGG = "vllm-project/vllm docs/features/nixl_connector_usage.md"
+# ep_dispatch (stages/simulator/expert_parallel.py) as vLLM's --all2all-backend names it
+VLLM_DISPATCH = {
+    "allgather": "allgather_reducescatter",
+    "per_rank": "deepep_high_throughput",
+    "per_expert": "deepep_low_latency",
+}
+# Where an engine has no one flag for it: the dispatch the plan assumed, said in a comment.
+DISPATCH_NOTE = (
+    "the plan assumed this MoE dispatch (stages/simulator/expert_parallel.py); this engine "
+    "picks its own kernels: check they move as much"
+)
 VLLM = Engine(
     name="vLLM (CUDA)",
     script="vllm-cuda.sh",
@@ -117,6 +128,7 @@ VLLM = Engine(
         "memory_fraction": Flag("--gpu-memory-utilization", VLLM_ARGS),
         "dp": Flag("--data-parallel-size", VLLM_EP, skip=1),
         "ep": Flag("--enable-expert-parallel", VLLM_EP, Kind.SWITCH),
+        "ep_dispatch": Flag("--all2all-backend", VLLM_EP, Kind.CHOICE, choices=VLLM_DISPATCH),
     },
     speculative=VLLM_SPECULATIVE,
     disagg=Disagg(
@@ -190,6 +202,7 @@ SGLANG = Engine(
         "--disaggregation-bootstrap-port",
     ),  # fmt: skip
     notes={
+        "ep_dispatch": DISPATCH_NOTE,
         "quantization": "SGLang's --quantization has no weight-only INT8/INT4 on load "
         "(w8a8_int8 quantizes activations too); give a pre-quantized checkpoint",
     },
@@ -241,6 +254,7 @@ TRTLLM = Engine(
     options_flag="--extra_llm_api_options",
     options_file="trtllm-options.yaml",
     notes={
+        "ep_dispatch": DISPATCH_NOTE,
         "quantization": "trtllm-serve loads weights as the checkpoint stores them: for FP8 "
         "give a ModelOpt FP8 checkpoint as MODEL; it has no INT8/INT4 weight-only flag",
     },
@@ -310,6 +324,7 @@ FASTDEPLOY = Engine(
         "--rdma-comm-ports (one per card) and KVCACHE_RDMA_NICS (scripts/get_rdma_nics.sh)",
     ),  # fmt: skip
     notes={
+        "ep_dispatch": DISPATCH_NOTE,
         "kv_cache_dtype": "FastDeploy quantizes the KV cache only in offline MixQuant "
         "checkpoints (docs/quantization), with no FP8 cache setting",
     },

@@ -48,6 +48,7 @@ def settings(d: Deployment, engine: Engine | None = None) -> dict[str, Any]:
         "dp": d.layout.dp,
         "attention_dp": d.layout.dp > 1,
         "ep": d.layout.ep,
+        "ep_dispatch": d.layout.ep_dispatch if d.layout.ep > 1 else "none",
     }
 
 

@@ -29,7 +29,7 @@ from stages.simulator.device import (
     WorkloadLengthSampler,
     pick_token,
 )
-from stages.simulator.expert_parallel import ExpertParallel, check_layout
+from stages.simulator.expert_parallel import Dispatch, ExpertParallel, check_layout
 from stages.simulator.hardware import HardwareProfile, kv_pool_blocks
 from stages.simulator.precision import Precision
 from stages.simulator.simulation import DeviceSimulation
@@ -111,7 +111,7 @@ def simulated_engine(
     speculation, draft = speculation_and_draft(cfg)
     try:
         precision = Precision(cfg.quantization, cfg.kv_cache_dtype)
-        parallel = ExpertParallel(cfg.ep, cfg.dp, cfg.ep_imbalance)
+        parallel = ExpertParallel(cfg.ep, cfg.dp, cfg.ep_imbalance, Dispatch(cfg.ep_dispatch))
         check_layout(spec, cfg.tp, parallel)
         # The pool is what the device's memory leaves for KV blocks.
         num_blocks = cfg.num_blocks or kv_pool_blocks(

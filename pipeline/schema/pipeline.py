@@ -13,6 +13,7 @@ from omegaconf import MISSING
 from pipeline.schema.plan import CalibrateConf, CapacityConf, PlanConf, SloConf
 from pipeline.schema.serve import ServeConf
 from stages.device import Device
+from stages.simulator.expert_parallel import Dispatch
 from stages.simulator.precision import KvCacheDtype, Quantization
 
 
@@ -89,6 +90,9 @@ class PipelineConf:
     ep: int = 1
     dp: int = 1
     ep_imbalance: float = 1.0  # busiest ep rank's routed tokens / the mean (>= 1)
+    # how tokens reach their experts' ranks: allgather (vLLM's default), per_rank (DeepEP
+    # high-throughput), per_expert (DeepEP low-latency); stages/simulator/expert_parallel.py
+    ep_dispatch: Dispatch = Dispatch.allgather
     disagg: DisaggConf = field(default_factory=DisaggConf)  # executor=simulated
     speculative: SpeculativeConf = field(default_factory=SpeculativeConf)  # executor=simulated
     # executor=simulated: weights' format (none = the model's bf16, fp8, wint8, wint4) and

@@ -15,16 +15,25 @@ balanced) split over the ep ranks:
   (the busiest rank's load over the mean: every rank waits for it);
 - expert weights a rank reads: of the E / ep experts it holds, those the dp x tokens
   touch (uniform routing, as stages.model.spec.MoeLayout.experts_touched);
-- all-to-all dispatch and combine, per MoE layer: each of the replica's tp ranks sends
-  its 1 / tp of the tokens' k copies of hidden activations, of which (ep - 1) / ep leave
-  the rank, over the links to its ep - 1 peers, each collective paying the profile's
-  per-call link latency (`allreduce_latency_s`: the same links, the same call cost).
+- dispatch and combine, per MoE layer, over the links to the rank's peers, each collective
+  paying the profile's per-call link latency (`allreduce_latency_s`: the same links, the
+  same call cost). What a token's hidden state costs depends on the engine's kernels
+  (`ep_dispatch`; vLLM's `--all2all-backend`,
+  docs.vllm.ai/en/latest/serving/expert_parallel_deployment/):
+  `allgather` (vLLM's default allgather_reducescatter: every rank gathers the other dp
+  replicas' tokens whole and reduce-scatters the outputs back, dp - 1 copies of each),
+  `per_rank` (DeepEP's high-throughput kernels: a token goes once to each other rank
+  holding one of its k experts, expected under uniform routing) and `per_expert` (DeepEP's
+  low-latency kernels: once per routed expert, k (ep - 1) / ep copies from each tp rank's
+  1 / tp of the tokens).
 
 With ep = 1 and dp = 1 nothing here is asked: the cost model is the one before.
 """
 
 from __future__ import annotations
 
+import enum
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +48,14 @@ DEFAULT_IMBALANCE = 1.0
 COLLECTIVES_PER_MOE_LAYER = 2  # dispatch, combine
 
 
+class Dispatch(enum.StrEnum):
+    """How a token's hidden state reaches the ranks of its experts (`ep_dispatch`)."""
+
+    allgather = "allgather"  # vLLM's default: all-gather and reduce-scatter over dp
+    per_rank = "per_rank"  # DeepEP high-throughput: once per rank holding its experts
+    per_expert = "per_expert"  # DeepEP low-latency: once per routed expert
+
+
 @dataclass(frozen=True)
 class ExpertParallel:
     """How the MoE layers are spread beyond tensor parallelism."""
@@ -46,6 +63,7 @@ class ExpertParallel:
     ep: int = 1
     dp: int = 1
     imbalance: float = DEFAULT_IMBALANCE
+    dispatch: Dispatch = Dispatch.allgather
 
     @property
     def plain(self) -> bool:
@@ -97,12 +115,24 @@ def experts_read(spec: ModelSpec, tokens: float, layout: ExpertParallel) -> floa
     return spec.moe.experts_touched(layout.dp * tokens) / layout.ep
 
 
-def alltoall_bytes(spec: ModelSpec, tokens: Any, tp: int, layout: ExpertParallel) -> Any:
-    """What one rank sends in a step's dispatches and combines: per MoE layer, twice, its
-    1 / tp of the tokens x hidden x k values, less the 1 / ep that stay on the rank."""
+def copies_sent(spec: ModelSpec, tp: int, layout: ExpertParallel) -> float:
+    """Hidden states a rank sends in one dispatch, per token of its replica."""
     assert spec.moe is not None
-    k, ep = spec.moe.experts_per_token, layout.ep
-    one = tokens / tp * spec.hidden_size * k * spec.dtype_bytes * (ep - 1) / ep
+    k, ep, experts = spec.moe.experts_per_token, layout.ep, spec.moe.num_experts
+    if layout.dispatch is Dispatch.allgather:
+        return layout.dp - 1.0  # each tp rank holds its replica's tokens whole
+    if layout.dispatch is Dispatch.per_rank:
+        # A rank holds experts / ep of them: it gets none of a token's k with probability
+        # C(experts - experts / ep, k) / C(experts, k).
+        missed = math.comb(experts - experts // ep, k) / math.comb(experts, k)
+        return (ep - 1) * (1.0 - missed) / tp
+    return k * (ep - 1) / ep / tp
+
+
+def alltoall_bytes(spec: ModelSpec, tokens: Any, tp: int, layout: ExpertParallel) -> Any:
+    """What one rank sends in a step's dispatches and combines: per MoE layer, twice, the
+    hidden states of its copies of the replica's tokens (`copies_sent`)."""
+    one = tokens * spec.hidden_size * spec.dtype_bytes * copies_sent(spec, tp, layout)
     return COLLECTIVES_PER_MOE_LAYER * spec.num_moe_layers * one
 
 
@@ -113,6 +143,7 @@ def token_amounts(
     the routed experts under tp, the routed experts by the pairs and weights the rank gets."""
     expert = spec.expert_params(1)
     moe_layers = spec.num_moe_layers
+    calls = COLLECTIVES_PER_MOE_LAYER * moe_layers
     flops = 2.0 * tokens * spec.non_routed_params(tp)
     flops = flops + 2.0 * routed_pairs(spec, tokens, layout) * expert * moe_layers
     if tokens > 0:
@@ -125,7 +156,7 @@ def token_amounts(
         "linear_flops": flops,
         "linear_bytes": params * spec.dtype_bytes * weight_scale,
         "alltoall_bytes": alltoall_bytes(spec, tokens, tp, layout),
-        "alltoall_calls": COLLECTIVES_PER_MOE_LAYER * moe_layers if tokens > 0 else 0,
+        "alltoall_calls": calls if tokens > 0 and copies_sent(spec, tp, layout) else 0,
     }
 
 
