@@ -19,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from pipeline import artefacts, run_folder
 from pipeline.checks import ConfigError
+from pipeline.former_names import rename_targets
 from pipeline.identity import TOKEN_NEUTRAL, check_identity
 from pipeline.records import StepRecord
 from stages.scheduling.request import FinishReason, Request, Status
@@ -42,6 +43,7 @@ def _config(folder: Path) -> tuple[DictConfig, dict[str, str]]:
     cfg = artefacts.read_run_config(folder)
     if cfg is None:
         raise ConfigError(f"resume={folder} is not a run folder: it has no .hydra/config.yaml")
+    rename_targets(cfg)  # a folder written by an earlier release
     choices = run_folder.read_choices(folder)
     if choices.get("hydra/help") == "serve":  # conf/serve.yaml's own help
         raise ConfigError(

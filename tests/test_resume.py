@@ -171,3 +171,23 @@ def test_a_bad_run_folder_is_one_line(tmp_path):
     (tmp_path / "run" / "generations.jsonl").mkdir(parents=True)
     result = cli(tmp_path, "pipeline", f"hydra.run.dir={tmp_path / 'run'}")
     assert result.returncode == 2 and "generations.jsonl is not a regular file" in result.stderr
+
+
+def test_a_former_releases_targets_are_renamed_to_what_exists_now():
+    from hydra.utils import get_object
+    from omegaconf import OmegaConf
+
+    from pipeline.former_names import FORMER_TARGETS, rename_targets
+    from tests.helpers import make_config
+
+    for present in FORMER_TARGETS.values():
+        assert get_object(present), present  # each points at something that exists
+    cfg = make_config(["scheduler=whole", "sampler=random"])
+    written = OmegaConf.to_yaml(cfg)  # as a run folder holds it, interpolations unresolved
+    former = written
+    for old, new in FORMER_TARGETS.items():
+        former = former.replace(f"_target_: {new}\n", f"_target_: {old}\n")
+    assert former != written
+    read = OmegaConf.create(former)
+    rename_targets(read)
+    assert OmegaConf.to_yaml(read) == written
