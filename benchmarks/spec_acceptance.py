@@ -2,10 +2,13 @@
 `speculative.acceptance` takes.
 
     python -m benchmarks.spec_acceptance FILE.jsonl [--tokens 3] [--method ngram|recorded]
+    python -m benchmarks.spec_acceptance RUN_DIR [--tokens 3]
 
 FILE.jsonl holds one generation a line: `prompt_token_ids` and `generated_token_ids`, the
 tokens a real model produced (e.g. SpecDecode-Bench's traces of Llama-3.1-8B-Instruct on
-H100, github.com/SpecDecode-Bench/simulator, data/llama3.1-8B/combined_*.jsonl).
+H100, github.com/SpecDecode-Bench/simulator, data/llama3.1-8B/combined_*.jsonl). RUN_DIR is
+a run folder of this engine with real weights (`python -m pipeline model=gguf ...`): its
+finished generations, each with the prompt ids its own workload and tokenizer made.
 
 - `ngram` (prompt lookup, measured here): at each verification step the last n tokens of
   the context (prompt and output so far; n from --max-ngram down to --min-ngram) are looked
@@ -28,6 +31,7 @@ import json
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 
 @dataclass
@@ -110,9 +114,36 @@ def measure(rows: Iterable[dict], tokens: int, method: str, key: str, ns=(1, 3))
     return tally
 
 
+def run_rows(folder: Path) -> list[dict]:
+    """A run folder's finished generations with their prompts' ids, as the run's own
+    tokenizer and workload made them."""
+    from pipeline import artefacts
+    from pipeline.build import build, load_workload
+
+    cfg = artefacts.read_run_config(folder)
+    if cfg is None:
+        raise ValueError(f"{folder} is not a run folder (no resolved config)")
+    _, requests = load_workload(cfg, build(cfg.tokenizer))
+    return [
+        {"prompt_token_ids": requests[line["index"]].prompt_ids,
+         "generated_token_ids": line["output_ids"]}
+        for line in artefacts.read_generations(folder / artefacts.GENERATIONS)
+        if line.get("error") is None
+    ]  # fmt: skip
+
+
+def read_rows(path: Path) -> list[dict]:
+    if path.is_dir():
+        return run_rows(path)
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("file", help="JSONL: prompt_token_ids, generated_token_ids per line")
+    parser.add_argument(
+        "file", help="JSONL (prompt_token_ids, generated_token_ids a line) or a run folder"
+    )
     parser.add_argument("--tokens", type=int, default=3, help="k, proposals a step")
     parser.add_argument("--method", choices=("ngram", "recorded"), default="ngram")
     parser.add_argument("--field", default="acc_eagle", help="--method recorded: the lengths")
@@ -123,8 +154,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.tokens < 1 or not 1 <= args.min_ngram <= args.max_ngram:
         print("Error: --tokens must be >= 1 and 1 <= --min-ngram <= --max-ngram", file=sys.stderr)
         return 2
-    with open(args.file, encoding="utf-8") as f:
-        rows = [json.loads(line) for line in f if line.strip()]
+    try:
+        rows = read_rows(Path(args.file))
+    except (OSError, ValueError) as err:
+        print(f"Error: {err}", file=sys.stderr)
+        return 2
     rows = rows[: args.limit] if args.limit else rows
     ns = (args.min_ngram, args.max_ngram)
     tally = measure(rows, args.tokens, args.method, args.field, ns)

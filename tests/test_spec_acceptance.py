@@ -64,3 +64,22 @@ def test_real_generations_of_llama_31_8b(capsys):
         assert all(0.0 <= a <= 1.0 for a in tally.acceptance())
     assert main([str(TRACES / "combined_gsm8k.jsonl"), "--limit", "5"]) == 0
     assert "speculative.acceptance=[" in capsys.readouterr().out
+
+
+def test_a_run_folders_generations_are_measured_with_their_own_prompt_ids(tmp_path):
+    """A run of this engine measured as it served: each row's prompt ids are the ones its
+    workload made (as many as generations.jsonl's prompt_tokens says), and every output
+    token is counted once."""
+    from benchmarks.spec_acceptance import run_rows
+    from pipeline.artefacts import read_generations
+    from pipeline.run import run
+    from tests.helpers import make_config
+
+    run(make_config(["workload.num_requests=3"]), tmp_path)
+    lines = read_generations(tmp_path / "generations.jsonl")
+    rows = run_rows(tmp_path)
+    by_length = sorted(len(r["prompt_token_ids"]) for r in rows)
+    assert by_length == sorted(line["prompt_tokens"] for line in lines)
+    tally = measure(rows, 2, "ngram", "")
+    assert tally.generated == sum(len(line["output_ids"]) for line in lines)
+    assert main([str(tmp_path / "nowhere")]) == 2
