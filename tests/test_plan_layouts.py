@@ -7,7 +7,14 @@ from __future__ import annotations
 import csv
 import json
 
-from tests.helpers import run_cli
+import pytest
+
+from pipeline.checks import ConfigError
+from pipeline.command import Job
+from pipeline.plan import plan_job
+from pipeline.plan.candidates import read_candidates
+from pipeline.summary import find_jobs
+from tests.helpers import make_config, run_cli
 
 
 def test_an_ep_dp_sweep_rules_out_the_constraint_breaking_rows(tmp_path):
@@ -38,3 +45,19 @@ def test_an_ep_dp_sweep_rules_out_the_constraint_breaking_rows(tmp_path):
         assert float(r["capacity_rps"]) == jobs_metrics["capacity_rps"] * dp
         assert int(r["cards"]) == int(r["replicas"]) * dp
         assert r["ep_dp"] == ("-" if dp == 1 else f"{ep}/{dp}")
+
+
+def test_a_job_that_fails_its_checks_still_shows_its_device_and_layout(tmp_path):
+    """A configuration the search refuses (here an empty prefill pool) is a row of the plan
+    with its device, tp and P:D, not a row of dashes."""
+    cfg = make_config(
+        ["executor=simulated", "hardware=h100", "model=spec/llama31_8b", "tp=2",
+         "disagg.decode=2", "slo.ttft_ms=500"]
+    )  # fmt: skip
+    job = Job(out_dir=tmp_path / "0", multirun=True, num=0, choices={}, overrides=[])
+    (job.out_dir / ".hydra").mkdir(parents=True)  # as Hydra leaves a job's folder
+    (job.out_dir / ".hydra" / "overrides.yaml").write_text("- disagg.decode=2\n")
+    with pytest.raises(ConfigError, match="needs instances in both pools"):
+        plan_job(cfg, job)
+    (candidate,) = read_candidates(find_jobs(tmp_path), max_warmup_s=0.0)
+    assert (candidate.device, candidate.tp, candidate.layout.decode) == ("h100", 2, 2)

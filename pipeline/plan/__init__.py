@@ -33,10 +33,10 @@ log = structlog.get_logger("pipeline.plan")
 def plan_job(cfg: DictConfig, job: Job) -> int:
     """One configuration's capacity search and, with a target, its sizing; a combination
     of the sweep the engines cannot deploy is a row, not a search."""
+    artefacts.write_resolved_config(cfg, job.out_dir)  # a failed row shows its device and layout
     reason = layout_rule(cfg)
     if reason:
         log.info("ruled_out", reason=reason)
-        artefacts.write_resolved_config(cfg, job.out_dir)  # the row shows its device and layout
         artefacts.write_metrics({"status": RunStatus.FAILED, "error": reason,
                                  "ruled_out": reason}, job.out_dir)  # fmt: skip
         return 0
