@@ -14,6 +14,7 @@ from pipeline.checks import ConfigError
 from pipeline.layout import Pool, layout_of
 from pipeline.schema import DisaggConf
 from stages.model.spec import ModelSpec
+from stages.simulator.expert_parallel import ExpertParallel, check_layout
 
 PREFILL, DECODE = "prefill", "decode"
 
@@ -23,11 +24,6 @@ def disaggregated(cfg: DictConfig | Mapping[str, Any]) -> bool:
     is one aggregated instance."""
     disagg = cfg.get("disagg") or {}
     return bool(disagg.get(PREFILL) or disagg.get(DECODE))
-
-
-def pool_tp(cfg: DictConfig | Mapping[str, Any], role: str) -> int:
-    """A pool's tensor-parallel degree: `disagg.<role>_tp`, 0 = the run's tp."""
-    return _pool(cfg, role).tp
 
 
 def deployment_cards(cfg: DictConfig | Mapping[str, Any]) -> int:
@@ -40,11 +36,18 @@ def _pool(cfg: DictConfig | Mapping[str, Any], role: str) -> Pool:
     return prefill if role == PREFILL else decode
 
 
+def pool_of(cfg: DictConfig | Mapping[str, Any], role: str) -> Pool:
+    """A pool's instances, their tp, dp, ep and limits (pipeline/layout.py)."""
+    return _pool(cfg, role)
+
+
 def pool_cfg(cfg: DictConfig, role: str) -> DictConfig:
-    """The config one instance of a pool runs: its tp and limits (pipeline/layout.py's
-    pools: 0 = the run's value), no disaggregation of its own."""
+    """The config one dp replica of a pool's instance runs: its tp, dp, ep and limits
+    (pipeline/layout.py's pools: 0 = the run's value), no disaggregation of its own."""
     pool, instance = _pool(cfg, role), cfg.copy()
     OmegaConf.update(instance, "tp", pool.tp)
+    OmegaConf.update(instance, "dp", pool.dp)
+    OmegaConf.update(instance, "ep", pool.ep)
     OmegaConf.update(instance, "max_tokens", pool.max_tokens)
     OmegaConf.update(instance, "max_num_seqs", pool.max_num_seqs)
     instance.disagg = DisaggConf()
@@ -68,7 +71,9 @@ def check_disagg(cfg: DictConfig) -> None:
     disagg = cfg.get("disagg")
     if disagg is None:
         return
-    for key in ("prefill", "decode", "prefill_tp", "decode_tp", "prefill_max_tokens"):
+    keys = ("prefill", "decode", "prefill_tp", "decode_tp", "prefill_dp", "decode_dp",
+            "prefill_max_tokens")  # fmt: skip
+    for key in keys:
         if disagg[key] < 0:
             raise ConfigError(f"disagg.{key}={disagg[key]} must be >= 0 (0 = the run's value)")
     if disagg.decode_max_num_seqs < 0 or disagg.link_gbps < 0:
@@ -87,25 +92,32 @@ def check_disagg(cfg: DictConfig) -> None:
 
 
 def _check_supported(cfg: DictConfig) -> None:
-    """What a disaggregated deployment does not model: closed-loop load, expert
-    parallelism, resuming a folder."""
+    """What a disaggregated deployment does not model: closed-loop load."""
     if cfg.workload.get("concurrency"):
         raise ConfigError(
             f"workload.concurrency={cfg.workload.concurrency} with disagg.*: a closed loop "
             "is not modelled for a disaggregated deployment; give workload.rate instead"
         )
-    if cfg.get("ep", 1) != 1 or cfg.get("dp", 1) != 1:
-        raise ConfigError(
-            f"ep={cfg.get('ep')} dp={cfg.get('dp')} with disagg.*: expert parallelism is not "
-            "modelled for a disaggregated deployment; set ep=1 dp=1"
-        )
 
 
-def check_pool_tp(cfg: DictConfig, spec: ModelSpec) -> None:
-    """Each pool's tp splits the model's heads (a one-line error naming the key)."""
+def check_pools(cfg: DictConfig, spec: ModelSpec) -> None:
+    """The run's tp, dp and ep are a layout the engines deploy
+    (stages/simulator/expert_parallel.py), as is each pool's instance (its own tp and dp,
+    ep over them), and each pool's tp splits the model's heads; a one-line error naming
+    the key."""
+    try:
+        check_layout(spec, cfg.tp, ExpertParallel(cfg.ep, cfg.dp, cfg.ep_imbalance))
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
     for role in (PREFILL, DECODE):
+        pool = _pool(cfg, role)
         try:
-            spec.check_tp(pool_tp(cfg, role))
+            spec.check_tp(pool.tp)
         except ValueError as err:
             key = f"disagg.{role}_tp" if cfg.disagg[f"{role}_tp"] else "tp"
             raise ConfigError(f"{key}: {err}") from err
+        try:
+            check_layout(spec, pool.tp, ExpertParallel(pool.ep, pool.dp, cfg.ep_imbalance))
+        except ValueError as err:
+            key = f"disagg.{role}_dp" if cfg.disagg[f"{role}_dp"] else "dp"
+            raise ConfigError(f"{role} pool ({key}={pool.dp}, tp={pool.tp}): {err}") from err

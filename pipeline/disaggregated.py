@@ -1,6 +1,9 @@
 """A disaggregated deployment on the simulated device: `disagg.prefill` prefill instances and
 `disagg.decode` decode instances, each the real scheduler, KV-cache manager and metadata
 builder over its own SimulatedDevice, with its own tp and limits (pipeline.disagg_config).
+An instance with dp attention replicas (`disagg.<role>_dp`, else the run's dp) is dp such
+engines, its experts split over its tp x dp cards when the run has ep > 1; requests go
+round-robin over every replica of a pool.
 
 Decode never feeds back to prefill, so the deployment runs in two passes:
 
@@ -23,8 +26,8 @@ Not modelled: the decode pool's back-pressure on prefill (a prefill instance fre
 request's blocks at its first token, not once the transfer ends, and never waits for a
 decode instance's room); link contention (each transfer has the whole link of every
 sending device; transfers overlapping on one link do not share it); a router that looks
-at the instances' load (round-robin only); closed-loop load (workload.concurrency) and
-expert parallelism (refused); the first token's own sampling on the decode side (it
+at the instances' load (round-robin only); closed-loop load (workload.concurrency,
+refused); the first token's own sampling on the decode side (it
 arrives with the KV cache, as in DistServe and vLLM's disaggregated prefill).
 """
 
@@ -46,10 +49,11 @@ from pipeline.console import summary_table
 from pipeline.disagg_config import (
     DECODE,
     PREFILL,
-    check_pool_tp,
+    check_pools,
     deployment_cards,
     disaggregated,
     pool_cfg,
+    pool_of,
 )
 from pipeline.engine import Arrivals, Engine, Leaps, long_lived_frozen
 from pipeline.executors import check_config
@@ -98,17 +102,19 @@ def build_deployment(cfg: DictConfig) -> Deployment:
     tokenizer = build(cfg.tokenizer)
     spec, _ = describe_model(cfg)
     check_model_context(cfg, spec)
-    check_pool_tp(cfg, spec)
+    check_pools(cfg, spec)
     if cfg.hardware is None:
         raise ConfigError("executor=simulated needs a device: give hardware=gaudi3 (or ...)")
     hardware = build(cfg.hardware)
     workload, requests = load_workload(cfg, tokenizer)
     pools = {}
     for role in (PREFILL, DECODE):
-        pool = pool_cfg(cfg, role)
+        instance, pool = pool_cfg(cfg, role), pool_of(cfg, role)
+        # Each dp replica of an instance is an engine of its own, as the simulated device
+        # runs one dp replica (its MoE layers costed with the other replicas' tokens).
         pools[role] = [
-            simulated_engine(pool, VirtualClock(), spec, hardware, tokenizer, workload)
-            for _ in range(int(cfg.disagg[role]))
+            simulated_engine(instance, VirtualClock(), spec, hardware, tokenizer, workload)
+            for _ in range(pool.instances * pool.dp)
         ]
     try:
         precision = Precision(cfg.quantization, cfg.kv_cache_dtype)
@@ -261,6 +267,11 @@ def deployment_metrics(
     aggregated run's, the pools' (cards, KV pools, warmup) and the KV transfers'."""
     cfg, requests = deployment.cfg, deployment.requests
     prefill, decode = deployment.prefill[0], deployment.decode[0]
+    shapes: dict[str, int] = {}  # each pool's instances, and each instance's tp, dp and ep
+    for role in (PREFILL, DECODE):
+        pool = pool_of(cfg, role)
+        shapes |= {role: pool.instances, f"{role}_tp": pool.tp, f"{role}_dp": pool.dp,
+                   f"{role}_ep": pool.ep}  # fmt: skip
     device = _device_metrics(decode)
     warmups = [_device_metrics(e).get("predicted_warmup_s") or 0.0 for e in (prefill, decode)]
     return {
@@ -275,10 +286,7 @@ def deployment_metrics(
         "predicted_warmup_s": max(warmups),  # the pools warm up side by side
         "cards": deployment.cards,
         "disagg": {
-            "prefill": len(deployment.prefill),
-            "decode": len(deployment.decode),
-            "prefill_tp": int(pool_cfg(cfg, PREFILL).tp),
-            "decode_tp": int(pool_cfg(cfg, DECODE).tp),
+            **shapes,
             "prefill_num_blocks": prefill.scheduler.kv_cache.num_blocks,
             "decode_num_blocks": decode.scheduler.kv_cache.num_blocks,
             "link_gbps": deployment.link.bytes_per_s / 1e9,
@@ -337,9 +345,13 @@ def describe(metrics: dict[str, Any]) -> str:
     transfer = d["kv_transfer_ms"]
     mean = "-" if transfer["mean"] is None else f"{transfer['mean']:.2f} ms"
     p99 = "-" if transfer["p99"] is None else f"{transfer['p99']:.2f} ms"
+
+    def pool(role: str) -> str:
+        dp = d.get(f"{role}_dp", 1)  # a folder written before pools had dp
+        return f"{d[role]} {role} x tp{d[f'{role}_tp']}" + (f" x dp{dp}" if dp > 1 else "")
+
     return (
-        f"  deployment  {d['prefill']} prefill x tp{d['prefill_tp']} + {d['decode']} decode x "
-        f"tp{d['decode_tp']} = {metrics['cards']} cards\n"
+        f"  deployment  {pool(PREFILL)} + {pool(DECODE)} = {metrics['cards']} cards\n"
         f"  KV transfer  mean {mean}, p99 {p99} ({d['link_gbps']:g} GB/s per device, "
         f"{d['transfer_latency_s'] * 1e3:g} ms a transfer)"
     )

@@ -6,8 +6,10 @@ deploy files (pipeline/deploy/):
 
 - aggregated: tp x dp cards (dp attention replicas, each tensor-parallel over tp; the
   experts split over ep = tp x dp of them, stages/simulator/expert_parallel.py);
-- disaggregated (`disagg.prefill` > 0): prefill x prefill_tp + decode x decode_tp cards
-  (a pool's tp 0 = the run's tp).
+- disaggregated (`disagg.prefill` > 0): prefill x prefill_tp x prefill_dp + decode x
+  decode_tp x decode_dp cards (a pool's tp or dp 0 = the run's). With expert parallelism
+  (the run's ep > 1) each instance of a pool splits its experts over its own tp x dp
+  cards, as an aggregated instance does.
 
 The simulated device runs ONE dp replica (docs/simulator.md), so a replica of an aggregated
 configuration serves dp times what the capacity search found; a disaggregated one is
@@ -30,6 +32,13 @@ class Pool:
     tp: int
     max_tokens: int
     max_num_seqs: int
+    dp: int = 1  # attention replicas an instance
+    ep: int = 1  # ranks an instance splits its experts over: 1, or tp x dp
+
+    @property
+    def cards(self) -> int:
+        """Cards of the pool's instances in one replica of the deployment."""
+        return self.instances * self.tp * self.dp
 
 
 @dataclass(frozen=True)
@@ -42,6 +51,8 @@ class Layout:
     decode: int = 0
     prefill_tp: int = 0  # 0 = tp
     decode_tp: int = 0
+    prefill_dp: int = 0  # 0 = dp
+    decode_dp: int = 0
     prefill_max_tokens: int = 0  # 0 = the run's max_tokens
     decode_max_num_seqs: int = 0  # 0 = the run's max_num_seqs
     speculative: str = "none"  # none, mtp, draft, ngram
@@ -56,9 +67,7 @@ class Layout:
     def cards(self) -> int:
         """Cards one replica of the configuration takes."""
         if self.disaggregated:
-            return self.prefill * (self.prefill_tp or self.tp) + self.decode * (
-                self.decode_tp or self.tp
-            )
+            return sum(pool.cards for pool in self.pools(0, 0))
         return self.tp * self.dp
 
     @property
@@ -67,12 +76,18 @@ class Layout:
         return 1 if self.disaggregated else self.dp
 
     def pools(self, max_tokens: int, max_num_seqs: int) -> tuple[Pool, Pool]:
-        """The prefill and decode pools, each limit defaulting to the run's."""
+        """The prefill and decode pools, each limit defaulting to the run's; with expert
+        parallelism an instance's experts go over its own tp x dp cards."""
+        prefill_tp, prefill_dp = self.prefill_tp or self.tp, self.prefill_dp or self.dp
+        decode_tp, decode_dp = self.decode_tp or self.tp, self.decode_dp or self.dp
+        expert_parallel = self.ep > 1
         return (
-            Pool("prefill", self.prefill, self.prefill_tp or self.tp,
-                 self.prefill_max_tokens or max_tokens, max_num_seqs),
-            Pool("decode", self.decode, self.decode_tp or self.tp, max_tokens,
-                 self.decode_max_num_seqs or max_num_seqs),
+            Pool("prefill", self.prefill, prefill_tp, self.prefill_max_tokens or max_tokens,
+                 max_num_seqs, prefill_dp,
+                 prefill_tp * prefill_dp if expert_parallel else 1),
+            Pool("decode", self.decode, decode_tp, max_tokens,
+                 self.decode_max_num_seqs or max_num_seqs, decode_dp,
+                 decode_tp * decode_dp if expert_parallel else 1),
         )  # fmt: skip
 
     def columns(self) -> dict[str, str]:
@@ -107,6 +122,8 @@ def layout_of(config: Mapping[str, Any]) -> Layout:
         decode=_int(disagg, "decode", 0),
         prefill_tp=_int(disagg, "prefill_tp", 0),
         decode_tp=_int(disagg, "decode_tp", 0),
+        prefill_dp=_int(disagg, "prefill_dp", 0),
+        decode_dp=_int(disagg, "decode_dp", 0),
         prefill_max_tokens=_int(disagg, "prefill_max_tokens", 0),
         decode_max_num_seqs=_int(disagg, "decode_max_num_seqs", 0),
         speculative=str(spec.get("method") or "none"),

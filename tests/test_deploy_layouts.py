@@ -45,6 +45,8 @@ def export(tmp_path: Path, overrides: list[str], device: str = "h100") -> Path:
         (Layout(tp=2, ep=8, dp=4), 8, 4),  # 2 x 4 cards; 4 simulated replicas' capacity
         (Layout(tp=2, prefill=1, decode=3), 1 * 2 + 3 * 2, 1),  # pool tp 0 = tp
         (Layout(tp=2, prefill=2, decode=3, prefill_tp=1, decode_tp=4), 2 * 1 + 3 * 4, 1),
+        # each instance takes its pool's tp x dp cards (a pool's dp 0 = dp)
+        (Layout(tp=1, ep=2, dp=2, prefill=2, decode=3, decode_dp=4), 2 * 1 * 2 + 3 * 1 * 4, 1),
     ],
 )
 def test_cards_per_replica_by_hand(layout, cards, scale):
@@ -61,6 +63,15 @@ def test_the_layout_is_read_from_the_resolved_config():
     assert layout.columns() == {"ep_dp": "-", "p_d": "1:2", "speculative": "mtp/2"}
     prefill, decode = layout.pools(2048, 64)
     assert (prefill.tp, prefill.max_tokens, decode.tp, decode.max_num_seqs) == (2, 2048, 4, 64)
+
+
+def test_with_expert_parallelism_each_pool_splits_its_experts_over_its_own_cards():
+    layout = Layout(tp=1, ep=2, dp=2, prefill=1, decode=1, prefill_tp=2, decode_dp=8)
+    prefill, decode = layout.pools(2048, 64)
+    assert (prefill.tp, prefill.dp, prefill.ep) == (2, 2, 4)
+    assert (decode.tp, decode.dp, decode.ep) == (1, 8, 8)
+    dense = Layout(tp=1, dp=2, prefill=1, decode=1, decode_dp=4).pools(2048, 64)
+    assert [(pool.dp, pool.ep) for pool in dense] == [(2, 1), (4, 1)]  # replicas, no EP
 
 
 # ---- expert and data parallelism ---------------------------------------------------------
@@ -181,6 +192,19 @@ def test_disaggregated_pools_and_router_per_engine(tmp_path):
     assert "http://localhost:8203" in sglang_router
     assert command((out / "fastdeploy-gpu-router.sh").read_text()) == [
         "redis-server", "--port", "6379"]  # fmt: skip
+
+
+def test_disaggregated_pools_with_expert_parallelism_per_engine(tmp_path):
+    out = export(tmp_path, ["tp=1", "dp=2", "ep=2", "disagg.prefill=1", "disagg.decode=1",
+                            "disagg.decode_dp=4"])  # fmt: skip
+    # vLLM docs/serving/expert_parallel_deployment.md, per pool: its dp, EP over tp x dp
+    for role, dp in (("prefill", "2"), ("decode", "4")):
+        vllm = parse((out / f"vllm-cuda-{role}.sh").read_text())[1]
+        assert (vllm["--tensor-parallel-size"], vllm["--data-parallel-size"]) == ("1", dp)
+        assert vllm["--enable-expert-parallel"] is True
+        sglang = parse((out / f"sglang-{role}.sh").read_text())[1]
+        assert (sglang["--tp-size"], sglang["--dp-size"], sglang["--ep-size"]) == (dp, dp, dp)
+    assert "each on its own 4 card(s)" in (out / "vllm-cuda-decode.sh").read_text()
 
 
 def test_trtllm_disaggregated_config(tmp_path):

@@ -108,6 +108,37 @@ def test_a_lone_requests_later_tokens_are_an_aggregated_runs_shifted_by_the_tran
     assert served.token_times[1:] == pytest.approx(shifted)
 
 
+def test_a_lone_request_on_expert_parallel_pools_is_an_aggregated_ep_runs_shifted():
+    """Each pool's instance is tp x dp cards with its experts over them: a lone request
+    meets, on the first replica of each pool, what one replica of the aggregated layout
+    gives it, its later tokens shifted by the transfer."""
+    one = [*BASE, "model=spec/qwen3_30b_a3b", "tp=1", "dp=2", "ep=2",
+           "workload.num_requests=1", "workload.min_prompt_tokens=1000",
+           "workload.max_prompt_tokens=1000", "workload.min_new_tokens=30",
+           "workload.max_new_tokens=30"]  # fmt: skip
+    deployment = build_deployment(make_config([*one, "disagg.prefill=1", "disagg.decode=1"]))
+    assert (len(deployment.prefill), len(deployment.decode), deployment.cards) == (2, 2, 4)
+    simulate(deployment)
+    (served,) = deployment.requests
+    engine, (alone,) = build_engine(make_config(one))
+    engine.warmup()
+    engine.run([alone])
+    # Qwen3-30B-A3B's KV cache: 48 layers x 4 KV heads x 128 x (K and V) x 2 bytes a token
+    transfer = 1000 * 48 * 4 * 128 * 2 * 2 / 50e9 + 0.001
+    assert served.token_times[0] == pytest.approx(alone.token_times[0])
+    shifted = [t + transfer for t in alone.token_times[1:]]
+    assert served.token_times[1:] == pytest.approx(shifted)
+
+
+def test_a_pools_layout_is_checked_naming_its_key():
+    moe = [*SMALL, "model=spec/qwen3_30b_a3b", "tp=1", "dp=2", "ep=2", "disagg.prefill=1",
+           "disagg.decode=1"]  # fmt: skip
+    with pytest.raises(ConfigError, match=r"decode pool \(disagg.decode_dp=3, tp=1\): ep=3"):
+        build_deployment(make_config([*moe, "disagg.decode_dp=3"]))  # 128 experts
+    with pytest.raises(ConfigError, match="ep=4 must equal tp x dp"):
+        build_deployment(make_config([*moe, "ep=4"]))  # the run's own layout first
+
+
 def test_a_run_has_an_aggregated_runs_metrics_and_the_deployments_cards(tmp_path):
     cfg = make_config([*SMALL, "disagg.prefill=2", "disagg.decode=3", "disagg.decode_tp=2",
                        "slo.ttft_ms=500", "slo.tpot_ms=50"])  # fmt: skip

@@ -11,7 +11,7 @@ import pytest
 
 from pipeline.checks import ConfigError
 from pipeline.command import Job
-from pipeline.plan import plan_job
+from pipeline.plan import layout_rule, plan_job
 from pipeline.plan.candidates import read_candidates
 from pipeline.summary import find_jobs
 from tests.helpers import make_config, run_cli
@@ -61,3 +61,13 @@ def test_a_job_that_fails_its_checks_still_shows_its_device_and_layout(tmp_path)
         plan_job(cfg, job)
     (candidate,) = read_candidates(find_jobs(tmp_path), max_warmup_s=0.0)
     assert (candidate.device, candidate.tp, candidate.layout.decode) == ("h100", 2, 2)
+
+
+def test_a_disaggregated_deployment_is_ruled_out_by_its_pools_layouts():
+    moe = ["executor=simulated", "hardware=h100", "model=spec/qwen3_30b_a3b", "tp=1", "dp=2",
+           "ep=2", "disagg.prefill=1", "disagg.decode=1", "slo.ttft_ms=500"]  # fmt: skip
+    assert layout_rule(make_config(moe)) == ""  # searched: each pool EP over its tp x dp
+    assert layout_rule(make_config([*moe, "disagg.decode_dp=3"])).startswith(
+        "layout: decode pool (disagg.decode_dp=3, tp=1): ep=3 does not divide"
+    )
+    assert "ep=4 must equal tp x dp" in layout_rule(make_config([*moe, "ep=4"]))

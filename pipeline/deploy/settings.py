@@ -138,8 +138,9 @@ def _sizes(
 
 
 def pool_deployment(d: Deployment, pool: Pool) -> Deployment:
-    """One pool's servers: its tp and limits, the run's ep / dp and speculative settings."""
-    inner = replace(d.layout, tp=pool.tp, prefill=0, decode=0, prefill_tp=0, decode_tp=0)
+    """One pool's servers: its tp, dp, ep and limits, the run's speculative settings."""
+    inner = replace(d.layout, tp=pool.tp, dp=pool.dp, ep=pool.ep, prefill=0, decode=0,
+                    prefill_tp=0, decode_tp=0, prefill_dp=0, decode_dp=0)  # fmt: skip
     return replace(d, tp=pool.tp, max_tokens=pool.max_tokens, max_num_seqs=pool.max_num_seqs,
                    layout=inner, role=pool.role, instances=pool.instances)  # fmt: skip
 

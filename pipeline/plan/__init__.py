@@ -20,6 +20,7 @@ from omegaconf import DictConfig
 from pipeline import artefacts
 from pipeline.checks import ConfigError, describe_model
 from pipeline.command import HydraCommand, Job, SweepOnFailure
+from pipeline.disagg_config import check_pools, disaggregated
 from pipeline.plan.capacity import capacity_search
 from pipeline.plan.capacity_report import print_result
 from pipeline.plan.report import check_plan
@@ -61,14 +62,19 @@ COMMAND = HydraCommand(
 
 def layout_rule(cfg: DictConfig) -> str:
     """Why the configuration's ep / dp cannot be deployed (ep = 1 or tp x dp, experts split
-    evenly: stages/simulator/expert_parallel.py); "" when it can, or when the model cannot
-    be described here (the search reports that)."""
+    evenly: stages/simulator/expert_parallel.py; a disaggregated deployment's pools too);
+    "" when it can, or when the model cannot be described here (the search
+    reports that)."""
     try:
         spec, _ = describe_model(cfg)
-        layout = ExpertParallel(int(cfg.ep), int(cfg.dp), float(cfg.ep_imbalance))
-        check_layout(spec, int(cfg.tp), layout)
     except ConfigError:
         return ""
-    except ValueError as err:
+    try:
+        if disaggregated(cfg):
+            check_pools(cfg, spec)
+        else:
+            layout = ExpertParallel(int(cfg.ep), int(cfg.dp), float(cfg.ep_imbalance))
+            check_layout(spec, int(cfg.tp), layout)
+    except ValueError as err:  # a ConfigError is one
         return f"layout: {err}"
     return ""

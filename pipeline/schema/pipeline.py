@@ -54,6 +54,8 @@ class DisaggConf:
     decode: int = 0  # decode instances
     prefill_tp: int = 0
     decode_tp: int = 0
+    prefill_dp: int = 0  # attention replicas an instance (with ep > 1, its experts' ranks)
+    decode_dp: int = 0
     prefill_max_tokens: int = 0
     decode_max_num_seqs: int = 0
     link_gbps: float = 0.0  # KV transfer link per instance, GB/s; 0 = the device profile's
