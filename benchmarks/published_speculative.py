@@ -4,8 +4,9 @@
 
 The file is pipeline/calibrate/data/published-speculative.csv: each row a speed-up
 (generated tokens/s with speculation over without) at one batch size, its source, its
-hardware, model and k, and the per-position acceptance it was measured with (derived from
-the source's own traces by benchmarks.spec_acceptance, never fitted to the speed-up).
+hardware, model and k, and the per-position acceptance and proposal rate it was measured
+with (derived from the source's own traces by benchmarks.spec_acceptance, never fitted to
+the speed-up).
 Each row is served twice on the simulated device, without and with speculation, under
 closed-loop load of `batch_size` requests in flight (max_num_seqs the same), every prompt
 and output at the dataset's mean lengths; the predicted speed-up is the ratio of the two
@@ -58,6 +59,7 @@ def speculation_overrides(row: dict[str, str]) -> list[str]:
         f"speculative.method={row['method']}",
         f"speculative.tokens={row['tokens']}",
         f"speculative.acceptance={row['acceptance']}",
+        f"speculative.proposal_rate={row.get('proposal_rate') or 1}",
     ]
 
 

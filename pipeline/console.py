@@ -68,7 +68,11 @@ def speculation_rows(metrics: Mapping[str, Any]) -> list[tuple[str, str]]:
     if method is None:
         return []
     k, tokens = metrics["speculative_tokens"], metrics["speculative_expected_tokens"]
-    return [("speculative", f"{method}, k={k}: {tokens:.2f} tokens a decode row and step")]
+    rate = metrics.get("speculative_proposal_rate", 1.0)  # absent from earlier folders
+    proposing = f", proposals for {rate:.0%} of rows" if rate < 1.0 else ""
+    return [
+        ("speculative", f"{method}, k={k}{proposing}: {tokens:.2f} tokens a decode row and step")
+    ]
 
 
 def slo_rows(metrics: Mapping[str, Any]) -> list[tuple[str, str]]:

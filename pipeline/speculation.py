@@ -21,7 +21,8 @@ def speculation_of(cfg: DictConfig) -> Speculation | None:
     method = str(node.method)
     acceptance = [float(a) for a in node.acceptance]
     try:
-        check_speculation(method, int(node.tokens), acceptance, str(node.draft_model))
+        rate = float(node.proposal_rate)
+        check_speculation(method, int(node.tokens), acceptance, str(node.draft_model), rate)
         if method == "none":
             return None
         if method != "draft" and node.draft_model:
@@ -29,7 +30,7 @@ def speculation_of(cfg: DictConfig) -> Speculation | None:
                 f"speculative.draft_model={node.draft_model} is for speculative.method=draft "
                 f"alone: drop it or set speculative.method=draft (not {method})"
             )
-        return Speculation(method, int(node.tokens), tuple(acceptance), int(node.mtp_layers))
+        return Speculation(method, int(node.tokens), tuple(acceptance), int(node.mtp_layers), rate)
     except ValueError as err:
         raise ConfigError(str(err)) from err
 

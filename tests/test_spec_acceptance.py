@@ -11,7 +11,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from benchmarks.spec_acceptance import Tally, lookup, main, measure, ngram_steps, recorded_steps
+from benchmarks.spec_acceptance import (
+    Tally,
+    lookup,
+    main,
+    measure,
+    ngram_steps,
+    recorded_lookup_steps,
+    recorded_steps,
+)
 from stages.simulator.speculative import expected_tokens
 
 
@@ -20,7 +28,7 @@ def test_prompt_lookup_by_hand():
     # and all match; then [2, 3, 4] recurs and proposes 7, which the output's 8 rejects.
     prompt, output = [7, 1, 2, 3, 4, 7], [1, 2, 3, 4, 8]
     assert lookup(prompt, 3, 1, 3) == [1, 2, 3]
-    assert ngram_steps(prompt, output, 3) == [3, 0]
+    assert ngram_steps(prompt, output, 3) == [(3, True), (0, True)]
     tally = Tally(3)
     for m in (3, 0):
         tally.add(m)
@@ -28,9 +36,22 @@ def test_prompt_lookup_by_hand():
     assert tally.tokens_per_step() == 2.5 == expected_tokens(tally.acceptance(), 3)
 
 
-def test_no_match_proposes_nothing():
+def test_no_match_proposes_nothing_and_leaves_the_acceptance_to_the_steps_that_do():
     assert lookup([1, 2, 3], 3, 1, 3) == []
-    assert ngram_steps([1, 2, 3], [4, 5], 2) == [0, 0]
+    assert ngram_steps([1, 2, 3], [4, 5], 2) == [(0, False), (0, False)]
+    tally = Tally(2)
+    for m, proposed in ((2, True), (0, False), (0, False), (0, True)):
+        tally.add(m, proposed)
+    # 2 of 4 steps propose; of those, position 1 is accepted once in 2, position 2 once in 1
+    assert (tally.proposal_rate(), tally.acceptance()) == (0.5, [0.5, 1.0])
+    assert tally.tokens_per_step() == 6 / 4 == expected_tokens([0.5, 1.0], 2, 0.5)
+
+
+def test_recorded_spans_propose_where_the_lookup_finds_a_3_gram():
+    # The context [5, 6, 7, 9, 5, 6, 7] ends in a 3-gram seen before (proposing 9); after
+    # the step's accepted 9 and its own 1, [7, 9, 1] has not been seen: no proposal.
+    prompt, output = [5, 6, 7, 9, 5, 6, 7], [9, 1, 2]
+    assert recorded_lookup_steps(prompt, output, [2, 1, 1], 3, (3, 3)) == [(1, True), (0, False)]
 
 
 def test_recorded_spans_by_hand():
@@ -38,12 +59,17 @@ def test_recorded_spans_by_hand():
     assert recorded_steps([3, 1, 1, 5, 1, 1, 1, 1], 3) == [2, 3, 0]
 
 
-@given(st.integers(1, 6), st.lists(st.integers(0, 6), min_size=1, max_size=200))
-def test_the_printed_acceptance_gives_back_the_tokens_a_step(k, accepted):
+@given(
+    st.integers(1, 6),
+    st.lists(st.tuples(st.integers(0, 6), st.booleans()), min_size=1, max_size=200),
+)
+def test_the_printed_acceptance_and_rate_give_back_the_tokens_a_step(k, steps):
     tally = Tally(k)
-    for m in accepted:
-        tally.add(min(m, k))
-    assert expected_tokens(tally.acceptance(), k) == pytest.approx(tally.tokens_per_step())
+    for m, proposed in steps:
+        tally.add(min(m, k) if proposed else 0, proposed)
+    rate = tally.proposal_rate()
+    expected = expected_tokens(tally.acceptance(), k, rate) if rate else 1.0
+    assert expected == pytest.approx(tally.tokens_per_step())
 
 
 TRACES = Path(os.environ.get("SPEC_TRACES", "/nonexistent"))

@@ -45,6 +45,8 @@ def test_expected_tokens_by_hand():
     assert expected_tokens([0.8, 0.5], 3) == pytest.approx(2.4)
     assert expected_tokens([0.0], 4) == 1.0
     assert expected_tokens([1.0], 4) == 5.0
+    # a share 0.25 of rows proposes: 1 + 0.25 x (0.8 + 0.8 x 0.5 + 0.8 x 0.5 x 0.5)
+    assert expected_tokens([0.8, 0.5], 3, proposal_rate=0.25) == pytest.approx(1.35)
 
 
 @given(st.floats(1.0, 6.0), st.integers(1, 300))
@@ -98,6 +100,37 @@ def test_draft_passes_are_the_draft_models_decode_steps():
     # A prefill-only step proposes nothing and verifies nothing more.
     prefill = StepShape(16, (1, 32, 2), None)
     assert cost.step_time(prefill) == pytest.approx(tiny_model().step_time(prefill))
+
+
+def test_a_proposal_rate_verifies_its_share_of_the_rows_by_hand():
+    # test_verification_terms_by_hand's step on a device that computes real tokens, half
+    # of its 4 rows (32 slots each) proposing: 2 x 2 = 4 proposals through the GEMMs and the
+    # lm head (8 tokens with the rows' own), 4 KV writes besides the rows' 4; attention
+    # 128 + 2 x 64 + 2 x (1 + 2) = 262 query-key pairs: the 128 slots read once bound it.
+    shape = StepShape(block_size=16, prefill=None, decode=(4, 8), decode_lens=(32,) * 4)
+    model = tiny_model(pads_to_buckets=False)
+    fill = model.hardware.gemm_fill_s
+    linear = max(2 * 8 * LINEAR_PARAMS / FLOPS + 8 * fill, 2 * LINEAR_PARAMS / BANDWIDTH)
+    attention = max(262 * 4 * 4 * 16 * 2 / FLOPS, 128 * KV_BYTES_PER_TOKEN / BANDWIDTH)
+    writes = 8 * KV_BYTES_PER_TOKEN / BANDWIDTH
+    head = max(2 * 8 * LM_HEAD_PARAMS / FLOPS, 2 * LM_HEAD_PARAMS / BANDWIDTH)
+    half = SpeculativeCost(model, Speculation("ngram", 2, (0.8,), proposal_rate=0.5))
+    assert half.verify_seconds(shape) == pytest.approx(linear + attention + writes + head + 0.001)
+
+
+def test_a_padding_device_verifies_every_row_whatever_the_rate():
+    shape = StepShape(block_size=16, prefill=None, decode=(4, 8))
+    model = tiny_model(pads_to_buckets=True)
+    every = SpeculativeCost(model, Speculation("ngram", 2, (0.8,)))
+    some = SpeculativeCost(model, Speculation("ngram", 2, (0.8,), proposal_rate=0.2))
+    assert some.verify_seconds(shape) == every.verify_seconds(shape)
+
+
+@pytest.mark.parametrize("rate", [0.0, -0.1, 1.5])
+def test_a_proposal_rate_outside_0_1_is_a_one_line_error(rate):
+    cfg = make_config([*SIMULATED, "speculative.method=ngram", f"speculative.proposal_rate={rate}"])
+    with pytest.raises(ConfigError, match=f"speculative.proposal_rate={rate}: .* in \\(0, 1\\]"):
+        speculation_of(cfg)
 
 
 @settings(max_examples=60, deadline=None)

@@ -73,6 +73,9 @@ class SpeculativeConf:
     acceptance: list[float] = field(default_factory=lambda: [0.8])
     draft_model: str = ""  # method=draft: a model spec (spec/llama32_1b)
     mtp_layers: int = 1  # method=mtp: decoder layers of the prediction head (DeepSeek-V3: 1)
+    # Share of decode rows a step has proposals for: prompt lookup proposes only where the
+    # context's last n tokens occur before (benchmarks/spec_acceptance.py measures it); 1 = all
+    proposal_rate: float = 1.0
 
 
 @dataclass

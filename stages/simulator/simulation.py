@@ -102,4 +102,5 @@ def speculation_metrics(device: SimulatedDevice) -> dict[str, Any]:
         "speculative_method": speculation.method,
         "speculative_tokens": speculation.tokens,
         "speculative_expected_tokens": round(speculation.expected_tokens, 4),
+        "speculative_proposal_rate": speculation.proposal_rate,
     }

@@ -1,5 +1,5 @@
-"""Speculative decoding on the simulated device: what a step costs when every decode row
-verifies k proposed tokens, and how many tokens a row gets from it.
+"""Speculative decoding on the simulated device: what a step costs when its decode rows
+verify k proposed tokens, and how many tokens a row gets from it.
 
 A step with speculation runs, for its decode rows:
 
@@ -17,8 +17,15 @@ A step with speculation runs, for its decode rows:
     each its own forward, so each pays the per-step overhead;
   - ngram: none on the device (prompt lookup runs on the host).
 
-A row then gets E = 1 + sum_{i=1..k} prod_{j<=i} a_j tokens on average (a_j: the
-acceptance of position j, the last value repeating). The proposer's weights and its KV
+Prompt lookup proposes only where the context's last n tokens occur earlier in it: a share
+`proposal_rate` of rows (measured on real generations: benchmarks/spec_acceptance.py)
+carries k proposals, the others one token, as vLLM's n-gram proposer leaves a row without
+a match unverified. On a device that pads to buckets every row keeps k + 1 slots (its
+graph's static shape), so the rate changes nothing there but the tokens.
+
+A proposing row gets E = 1 + sum_{i=1..k} prod_{j<=i} a_j tokens on average (a_j: the
+acceptance of position j given a proposal, the last value repeating); a row on average
+1 + proposal_rate (E - 1). The proposer's weights and its KV
 per token come out of the KV pool (proposer_memory). Left out: the draft's own prefill, and
 the proposals' growing context within a step (i extra keys on pass i).
 """
@@ -45,17 +52,19 @@ def position_acceptance(acceptance: Sequence[float], tokens: int) -> list[float]
     return [float(acceptance[min(i, len(acceptance) - 1)]) for i in range(tokens)]
 
 
-def expected_tokens(acceptance: Sequence[float], tokens: int) -> float:
+def expected_tokens(acceptance: Sequence[float], tokens: int, proposal_rate: float = 1.0) -> float:
     """Tokens a row gets per verification step on average: 1 + sum over positions i of the
-    chance that proposals 1 .. i are all accepted."""
-    total, chance = 1.0, 1.0
+    chance that proposals 1 .. i are all accepted, for the share of rows that propose."""
+    total, chance = 0.0, 1.0
     for a in position_acceptance(acceptance, tokens):
         chance *= a
         total += chance
-    return total
+    return 1.0 + proposal_rate * total
 
 
-def check_speculation(method: str, tokens: int, acceptance: Sequence[float], draft: str) -> None:
+def check_speculation(
+    method: str, tokens: int, acceptance: Sequence[float], draft: str, proposal_rate: float = 1.0
+) -> None:
     """One-line errors, each naming its key, for values no speculation can run with."""
     if method not in ("none", *METHODS):
         raise ValueError(f"speculative.method={method}: choose none, {', '.join(METHODS)}")
@@ -68,6 +77,11 @@ def check_speculation(method: str, tokens: int, acceptance: Sequence[float], dra
     bad = [a for a in acceptance if not 0.0 <= float(a) <= 1.0]
     if bad:
         raise ValueError(f"speculative.acceptance has {bad[0]}: each value must be in [0, 1]")
+    if not 0.0 < float(proposal_rate) <= 1.0:
+        raise ValueError(
+            f"speculative.proposal_rate={proposal_rate}: the share of rows that propose, "
+            "in (0, 1] (1: every row)"
+        )
     if method == "draft" and not draft:
         raise ValueError(
             "speculative.method=draft needs speculative.draft_model (e.g. spec/llama32_1b)"
@@ -82,9 +96,10 @@ class Speculation:
     tokens: int
     acceptance: tuple[float, ...]
     mtp_layers: int = 1  # method=mtp: decoder layers in the prediction head
+    proposal_rate: float = 1.0  # share of decode rows a step verifies proposals for
 
     def __post_init__(self) -> None:
-        check_speculation(self.method, self.tokens, self.acceptance, "-")
+        check_speculation(self.method, self.tokens, self.acceptance, "-", self.proposal_rate)
         if self.method == "none":
             raise ValueError("Speculation is for a method other than none")
         if self.mtp_layers < 1:
@@ -92,23 +107,23 @@ class Speculation:
 
     @property
     def expected_tokens(self) -> float:
-        return expected_tokens(self.acceptance, self.tokens)
+        return expected_tokens(self.acceptance, self.tokens, self.proposal_rate)
 
 
-def verify_extra(rows: int, tokens: int) -> StepWork:
-    """The work `tokens` proposals per decode row add to a step of `rows` decode rows,
-    besides their attention: each proposal goes through the GEMMs and the lm head and
-    writes its KV slot."""
+def verify_extra(rows: float, tokens: int) -> StepWork:
+    """The work `tokens` proposals per proposing decode row add to a step of `rows` such
+    rows, besides their attention: each proposal goes through the GEMMs and the lm head
+    and writes its KV slot."""
     k = tokens
     return StepWork(linear_tokens=rows * k, kv_writes=rows * k, sampled_rows=rows * k)
 
 
-def verify_pairs(rows: int, slots: int, tokens: int) -> float:
+def verify_pairs(rows: float, slots: float, tokens: int) -> float:
     """The query-key pairs `tokens` proposals per row add to decode attention over `slots`
-    KV slots: proposal i attends to its row's context and to the i proposals up to itself,
-    k x context + k (k + 1) / 2 per row. The keys are read once for all of a row's queries
-    (as a decode attention kernel reads a row's blocks once for its k + 1 queries), so
-    only the FLOPs grow."""
+    KV slots of `rows` proposing rows: proposal i attends to its row's context and to the
+    i proposals up to itself, k x context + k (k + 1) / 2 per row. The keys are read once
+    for all of a row's queries (as a decode attention kernel reads a row's blocks once for
+    its k + 1 queries), so only the FLOPs grow."""
     k = tokens
     return k * slots + rows * k * (k + 1) / 2
 
@@ -141,12 +156,14 @@ class SpeculativeCost:
         return rows, slots
 
     def verify_seconds(self, shape: StepShape) -> float:
-        """The target's step with k + 1 tokens per decode row, compiles included."""
+        """The target's step with k + 1 tokens per proposing decode row (every row on a
+        padding device), compiles included."""
         target = self.target
         rows, slots = self.decode_rows(shape)
         k = self.speculation.tokens
-        amounts = target.amounts_of(target.work(shape) + verify_extra(rows, k))
-        pairs = verify_pairs(rows, slots, k)
+        share = 1.0 if target.hardware.pads_to_buckets else self.speculation.proposal_rate
+        amounts = target.amounts_of(target.work(shape) + verify_extra(share * rows, k))
+        pairs = verify_pairs(share * rows, share * slots, k)
         amounts.decode_attention_flops += target.spec.attention_flops(pairs, target.tp)
         recompile = target.hardware.recompile_s if shape.miss else 0.0
         return float(target.seconds_of(amounts)) + recompile
