@@ -241,6 +241,8 @@ def test_disaggregated_on_gaudi(tmp_path):
     assert router[:2] == ["python", "examples/nixl/toy_proxy_server.py"]
     fd = (out / "fastdeploy-hpu.sh").read_text()
     assert "disagg: not set" in fd and "--splitwise-role" not in fd
+    # the plan's 2 replicas of 1 x 2 + 2 x 4 = 10 cards, as copies of tp 2: 2 x 5 = 10
+    assert "Start 10 copies of this server, each on its own 2 card(s)" in fd
 
 
 # ---- speculative decoding ----------------------------------------------------------------

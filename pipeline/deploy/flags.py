@@ -376,6 +376,7 @@ FASTDEPLOY_HPU_NOTES = {
     "flags are its GPU server's (docs/features/data_parallel_service.md), untried on HPU",
     "speculative": "FastDeploy's Intel Gaudi guide has no speculative decoding",
     "disagg": "FastDeploy's Intel Gaudi guide has no disaggregated deployment (its splitwise "
-    "KV transfer is cudaMemcpyPeer or rdma_comm on GPUs); this script is one aggregated "
-    "server of the plan's tp",
+    "KV transfer is cudaMemcpyPeer or rdma_comm on GPUs); its copies are aggregated servers "
+    "of the plan's tp and dp on the plan's cards, a capacity the plan did not simulate (plan "
+    "disagg.prefill=0 disagg.decode=0 to size them)",
 }

@@ -259,8 +259,10 @@ def hpu_scripts(d: Deployment) -> dict[str, str]:
     """Each Gaudi file by name: FastDeploy's script, vllm-gaudi's (for a disaggregated
     configuration its prefill, decode and proxy scripts) and the bucket file."""
     # FastDeploy on HPU runs aggregated whatever the plan (its script says so): its copies
-    # take tp x dp cards each
-    flat = replace(d, layout=replace(d.layout, prefill=0, decode=0))
+    # take tp x dp cards each, as many as the plan's cards hold
+    flat_layout = replace(d.layout, prefill=0, decode=0)
+    copies = max(1, d.layout.cards // flat_layout.cards) * d.replicas
+    flat = replace(d, layout=flat_layout, replicas=copies)
     files = {FASTDEPLOY: _with_replicas(flat, fastdeploy_script(d))}
     if not d.layout.disaggregated:
         files[VLLM] = _with_replicas(d, vllm_script(d))
