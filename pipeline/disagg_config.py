@@ -31,20 +31,16 @@ def deployment_cards(cfg: DictConfig | Mapping[str, Any]) -> int:
     return layout_of(cfg).cards
 
 
-def _pool(cfg: DictConfig | Mapping[str, Any], role: str) -> Pool:
-    prefill, decode = layout_of(cfg).pools(int(cfg["max_tokens"]), int(cfg["max_num_seqs"]))
-    return prefill if role == PREFILL else decode
-
-
 def pool_of(cfg: DictConfig | Mapping[str, Any], role: str) -> Pool:
     """A pool's instances, their tp, dp, ep and limits (pipeline/layout.py)."""
-    return _pool(cfg, role)
+    prefill, decode = layout_of(cfg).pools(int(cfg["max_tokens"]), int(cfg["max_num_seqs"]))
+    return prefill if role == PREFILL else decode
 
 
 def pool_cfg(cfg: DictConfig, role: str) -> DictConfig:
     """The config one dp replica of a pool's instance runs: its tp, dp, ep and limits
     (pipeline/layout.py's pools: 0 = the run's value), no disaggregation of its own."""
-    pool, instance = _pool(cfg, role), cfg.copy()
+    pool, instance = pool_of(cfg, role), cfg.copy()
     OmegaConf.update(instance, "tp", pool.tp)
     OmegaConf.update(instance, "dp", pool.dp)
     OmegaConf.update(instance, "ep", pool.ep)
@@ -110,7 +106,7 @@ def check_pools(cfg: DictConfig, spec: ModelSpec) -> None:
     except ValueError as err:
         raise ConfigError(str(err)) from err
     for role in (PREFILL, DECODE):
-        pool = _pool(cfg, role)
+        pool = pool_of(cfg, role)
         try:
             spec.check_tp(pool.tp)
         except ValueError as err:
