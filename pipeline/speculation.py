@@ -4,8 +4,9 @@ and the refusal of them on the real path."""
 from __future__ import annotations
 
 import importlib.resources
+from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from pipeline.checks import ConfigError
 from pipeline.describe import option_spec
@@ -19,8 +20,8 @@ def speculation_of(cfg: DictConfig) -> Speculation | None:
     error naming its key."""
     node = cfg.speculative
     method = str(node.method)
-    acceptance = [float(a) for a in node.acceptance]
     try:
+        acceptance = acceptance_of(node.acceptance)
         rate = float(node.proposal_rate)
         check_speculation(method, int(node.tokens), acceptance, str(node.draft_model), rate)
         if method == "none":
@@ -33,6 +34,18 @@ def speculation_of(cfg: DictConfig) -> Speculation | None:
         return Speculation(method, int(node.tokens), tuple(acceptance), int(node.mtp_layers), rate)
     except ValueError as err:
         raise ConfigError(str(err)) from err
+
+
+def acceptance_of(value: Any) -> list[float]:
+    """`speculative.acceptance` as per-position values: a list as given, one number as a
+    list of it; anything else a one-line error."""
+    values = list(value) if isinstance(value, ListConfig | list | tuple) else [value]
+    if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
+        raise ValueError(
+            f"speculative.acceptance={value}: give a number in [0, 1] (0.8) or one a "
+            "position ([0.8,0.6])"
+        )
+    return [float(v) for v in values]
 
 
 def speculation_and_draft(cfg: DictConfig) -> tuple[Speculation | None, ModelSpec | None]:

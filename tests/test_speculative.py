@@ -238,6 +238,8 @@ def test_decode_rows_hold_kv_for_their_k_plus_one_slots():
         ("speculative.tokens=0", "speculative.tokens"),
         ("speculative.acceptance=[0.5,1.5]", "speculative.acceptance"),
         ("speculative.acceptance=[]", "speculative.acceptance"),
+        ("speculative.acceptance=abc", "speculative.acceptance=abc: give a number"),
+        ("speculative.acceptance=[0.5,x]", "speculative.acceptance"),
         ("speculative.mtp_layers=0", "speculative.mtp_layers"),
         ("speculative.draft_model=spec/llama32_1b", "speculative.draft_model"),
     ],
@@ -247,6 +249,14 @@ def test_bad_values_are_one_line_errors_naming_the_key(override, key):
     with pytest.raises(ConfigError, match=key) as err:
         speculation_of(cfg)
     assert "\n" not in str(err.value)
+
+
+def test_one_acceptance_value_is_every_positions():
+    """speculative.acceptance=0.8, as the engines' docs and a sweep write it, is [0.8]."""
+    spec = ["speculative.method=mtp", "speculative.tokens=3"]
+    one = speculation_of(make_config([*SIMULATED, *spec, "speculative.acceptance=0.8"]))
+    listed = speculation_of(make_config([*SIMULATED, *spec, "speculative.acceptance=[0.8]"]))
+    assert one == listed and one is not None and one.acceptance == (0.8,)
 
 
 def test_a_draft_needs_its_model_and_the_preset_must_exist():

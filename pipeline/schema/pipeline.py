@@ -70,7 +70,9 @@ class SpeculativeConf:
 
     method: SpeculativeMethod = SpeculativeMethod.none
     tokens: int = 1  # proposed per row and step (FastDeploy's num_speculative_tokens)
-    acceptance: list[float] = field(default_factory=lambda: [0.8])
+    # per position, the last value repeating: a list ([0.8, 0.6]) or one value (0.8), which
+    # a sweep can list (speculative.acceptance=0.6,0.8); checked in pipeline/speculation.py
+    acceptance: Any = field(default_factory=lambda: [0.8])
     draft_model: str = ""  # method=draft: a model spec (spec/llama32_1b)
     mtp_layers: int = 1  # method=mtp: decoder layers of the prediction head (DeepSeek-V3: 1)
     # Share of decode rows a step has proposals for: prompt lookup proposes only where the
