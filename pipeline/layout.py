@@ -78,16 +78,16 @@ class Layout:
     def pools(self, max_tokens: int, max_num_seqs: int) -> tuple[Pool, Pool]:
         """The prefill and decode pools, each limit defaulting to the run's; with expert
         parallelism an instance's experts go over its own tp x dp cards."""
-        prefill_tp, prefill_dp = self.prefill_tp or self.tp, self.prefill_dp or self.dp
-        decode_tp, decode_dp = self.decode_tp or self.tp, self.decode_dp or self.dp
-        expert_parallel = self.ep > 1
+
+        def pool(role: str, instances: int, tp: int, dp: int, tokens: int, seqs: int) -> Pool:
+            tp, dp = tp or self.tp, dp or self.dp
+            return Pool(role, instances, tp, tokens, seqs, dp, tp * dp if self.ep > 1 else 1)
+
         return (
-            Pool("prefill", self.prefill, prefill_tp, self.prefill_max_tokens or max_tokens,
-                 max_num_seqs, prefill_dp,
-                 prefill_tp * prefill_dp if expert_parallel else 1),
-            Pool("decode", self.decode, decode_tp, max_tokens,
-                 self.decode_max_num_seqs or max_num_seqs, decode_dp,
-                 decode_tp * decode_dp if expert_parallel else 1),
+            pool("prefill", self.prefill, self.prefill_tp, self.prefill_dp,
+                 self.prefill_max_tokens or max_tokens, max_num_seqs),
+            pool("decode", self.decode, self.decode_tp, self.decode_dp, max_tokens,
+                 self.decode_max_num_seqs or max_num_seqs),
         )  # fmt: skip
 
     def columns(self) -> dict[str, str]:
