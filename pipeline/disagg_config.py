@@ -96,15 +96,17 @@ def _check_supported(cfg: DictConfig) -> None:
         )
 
 
-def check_pools(cfg: DictConfig, spec: ModelSpec) -> None:
+def check_layouts(cfg: DictConfig, spec: ModelSpec) -> None:
     """The run's tp, dp and ep are a layout the engines deploy
-    (stages/simulator/expert_parallel.py), as is each pool's instance (its own tp and dp,
-    ep over them), and each pool's tp splits the model's heads; a one-line error naming
-    the key."""
+    (stages/simulator/expert_parallel.py); disaggregated, so is each pool's instance (its
+    own tp and dp, ep over them), and each pool's tp splits the model's heads. A one-line
+    error naming the key."""
     try:
         check_layout(spec, cfg.tp, ExpertParallel(cfg.ep, cfg.dp, cfg.ep_imbalance))
     except ValueError as err:
         raise ConfigError(str(err)) from err
+    if not disaggregated(cfg):
+        return
     for role in (PREFILL, DECODE):
         pool = pool_of(cfg, role)
         try:

@@ -49,7 +49,7 @@ from pipeline.console import summary_table
 from pipeline.disagg_config import (
     DECODE,
     PREFILL,
-    check_pools,
+    check_layouts,
     deployment_cards,
     disaggregated,
     pool_cfg,
@@ -102,7 +102,7 @@ def build_deployment(cfg: DictConfig) -> Deployment:
     tokenizer = build(cfg.tokenizer)
     spec, _ = describe_model(cfg)
     check_model_context(cfg, spec)
-    check_pools(cfg, spec)
+    check_layouts(cfg, spec)
     if cfg.hardware is None:
         raise ConfigError("executor=simulated needs a device: give hardware=gaudi3 (or ...)")
     hardware = build(cfg.hardware)

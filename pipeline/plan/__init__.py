@@ -20,13 +20,12 @@ from omegaconf import DictConfig
 from pipeline import artefacts
 from pipeline.checks import ConfigError, describe_model
 from pipeline.command import HydraCommand, Job, SweepOnFailure
-from pipeline.disagg_config import check_pools, disaggregated
+from pipeline.disagg_config import check_layouts
 from pipeline.plan.capacity import capacity_search
 from pipeline.plan.capacity_report import print_result
 from pipeline.plan.report import check_plan
 from pipeline.plan.target import check_target, target_of
 from pipeline.run_folder import RunStatus
-from stages.simulator.expert_parallel import ExpertParallel, check_layout
 
 log = structlog.get_logger("pipeline.plan")
 
@@ -70,11 +69,7 @@ def layout_rule(cfg: DictConfig) -> str:
     except ConfigError:
         return ""
     try:
-        if disaggregated(cfg):
-            check_pools(cfg, spec)
-        else:
-            layout = ExpertParallel(int(cfg.ep), int(cfg.dp), float(cfg.ep_imbalance))
-            check_layout(spec, int(cfg.tp), layout)
-    except ValueError as err:  # a ConfigError is one
+        check_layouts(cfg, spec)
+    except ConfigError as err:
         return f"layout: {err}"
     return ""
