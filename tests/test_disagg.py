@@ -130,6 +130,19 @@ def test_a_lone_request_on_expert_parallel_pools_is_an_aggregated_ep_runs_shifte
     assert served.token_times[1:] == pytest.approx(shifted)
 
 
+def test_each_pools_engines_split_the_experts_over_that_pools_own_cards():
+    moe = [*SMALL, "model=spec/qwen3_30b_a3b", "tp=1", "dp=2", "ep=2", "disagg.prefill=1",
+           "disagg.decode=2", "disagg.decode_dp=4"]  # fmt: skip
+    deployment = build_deployment(make_config(moe))
+    # 1 prefill instance of 2 replicas, 2 decode instances of 4: 2 + 8 engines, 10 cards
+    assert (len(deployment.prefill), len(deployment.decode), deployment.cards) == (2, 8, 10)
+    for engines, ep_dp in ((deployment.prefill, (2, 2)), (deployment.decode, (4, 4))):
+        for engine in engines:
+            assert engine.simulation is not None
+            metrics = engine.simulation.metrics(0)
+            assert (metrics["ep"], metrics["dp"]) == ep_dp
+
+
 def test_a_pools_layout_is_checked_naming_its_key():
     moe = [*SMALL, "model=spec/qwen3_30b_a3b", "tp=1", "dp=2", "ep=2", "disagg.prefill=1",
            "disagg.decode=1"]  # fmt: skip
