@@ -1,6 +1,7 @@
-"""A plan across devices at a target load: $/hour by hand, a missing price said and not
-ranked by, ties within bands or the search tolerance broken by cards, warmup, KV blocks,
-and every predicted figure with its band in plan.csv and plan.md."""
+"""A plan across devices at a target load: $/hour by hand, a missing price said and ranked
+by cards, the order by the central figure alone (a tie within bands or the search tolerance
+marked, never moving a row; equal figures to more headroom, more KV memory, shorter
+readiness), and every predicted figure with its band in plan.csv and plan.md."""
 
 from __future__ import annotations
 
@@ -41,21 +42,22 @@ def test_cost_at_the_target_by_hand(devices):
     ranking = rank(cands, "goodput_per_card", prices)
     assert ranking.by == "usd_per_hour"
     assert [c.job.num for c in ranking.order][0] == 1  # $10/h
-    # jobs 0 and 2 both $12/h: the order after the best is by cards, then warmup
-    assert [c.job.num for c in ranking.order][1:] == [0, 2]
+    # jobs 0 and 2 both $12/h: headroom 2 x 14 / 20 - 1 = +40% before 4 x 6 / 20 - 1 = +20%
+    assert [c.job.num for c in ranking.order][1:] == [2, 0]
+    assert "job 2 first" in ranking.note and "headroom +40% against +20%" in ranking.note
 
 
-def test_a_missing_price_is_said_not_ranked_by(devices):
+def test_a_missing_price_is_said_and_cards_ranked_by(devices):
     cands = read_candidates(find_jobs(devices), max_warmup_s=3600)
     ranking = rank(cands, "goodput_per_card", {"h100": 3.0, "gaudi3": 0.0})
-    assert ranking.by == "goodput_per_card"
+    assert ranking.by == "cards"
     assert "no price for gaudi3" in ranking.note and "plan.prices.gaudi3" in ranking.note
-    # goodput per card = capacity_rps x 0.95 / tp: 6.0 x .95 = 5.7; 4.2 x .95; 14 x .95 / 2
+    # cards 4, 5, 4: jobs 0 and 2 equal, job 2 has more headroom (+40% against +20%)
     assert [c.job.num for c in ranking.order] == [2, 0, 1]
 
 
-def test_ties_within_the_band_go_to_fewer_cards_then_warmup_then_blocks(tmp_path):
-    # bands +-10%: 5.0/card (tp 2) and 4.7/card (tp 1) overlap; 3.0/card does not
+def test_a_tie_within_the_band_is_marked_and_never_reorders(tmp_path):
+    # bands +-10%: 5.0/card (tp 2), 4.8 and 4.7/card (tp 1) overlap; 3.0/card does not
     make_job(tmp_path, 0, tp=2, goodput=10.0 / 0.95, tokens=3000, tpot_ms=20, band=0.1)
     make_job(tmp_path, 1, tp=1, goodput=4.7 / 0.95, tokens=1000, tpot_ms=20, band=0.1,
              warmup_s=50)  # fmt: skip
@@ -64,15 +66,38 @@ def test_ties_within_the_band_go_to_fewer_cards_then_warmup_then_blocks(tmp_path
     make_job(tmp_path, 3, tp=1, goodput=3.0 / 0.95, tokens=900, tpot_ms=20, band=0.1)
     cands = read_candidates(find_jobs(tmp_path), max_warmup_s=3600)
     ranking = rank(cands, "goodput_per_card", {})
-    assert sorted(c.job.num for c in ranking.tied) == [0, 1, 2]
-    # job 0 leads by goodput; 1 and 2 have one card each and the same warmup: fewer blocks
-    assert ranking.order[0].job.num == 2
-    assert "tied" in ranking.note and "fewer cards" in ranking.note
+    assert [c.job.num for c in ranking.order] == [0, 2, 1, 3]  # the central figure alone
+    assert [c.job.num for c in ranking.tied] == [0, 2, 1]
+    assert "tie: jobs 2, 1" in ranking.note and "stays by the central figure" in ranking.note
     # with no band, only the search tolerance ties: 5.0 vs 4.8 is 4% apart
     for c in cands:
         c.config["hardware"]["errors"] = {}
-    assert rank(cands, "goodput_per_card", {}, tolerance=0.05).order[0].job.num == 2
-    assert rank(cands, "goodput_per_card", {}, tolerance=0.01).order[0].job.num == 0
+    assert [c.job.num for c in rank(cands, "goodput_per_card", {}, 0.05).tied] == [0, 2]
+    assert [c.job.num for c in rank(cands, "goodput_per_card", {}, 0.01).tied] == [0]
+
+
+def test_cheapest_first_whatever_its_cards_warmup_or_kv(tmp_path):
+    # 40 req/s. h100 tp1 at 21 req/s: 2 replicas, $6/h at $3, warmup 2 s, 900 blocks;
+    # gaudi3 tp1 at 11: 4 replicas, $8/h at $2, warmup 1,280 s: the $6/h row leads. At
+    # gaudi3 $1.4: $5.6/h, ahead of H100 with more cards and a longer warmup.
+    make_job(tmp_path, 0, tp=1, goodput=21.0, tokens=1, tpot_ms=20, device="h100",
+             warmup_s=2, blocks=900, target=sized(40, 21.0, 2, 1))  # fmt: skip
+    make_job(tmp_path, 1, tp=1, goodput=11.0, tokens=1, tpot_ms=20, device="gaudi3",
+             warmup_s=1280, blocks=100, target=sized(40, 11.0, 4, 1))  # fmt: skip
+    cands = read_candidates(find_jobs(tmp_path), max_warmup_s=3600)
+    assert [c.job.num for c in rank(cands, "cost", {"h100": 3.0, "gaudi3": 2.0}).order] == [0, 1]
+    assert [c.job.num for c in rank(cands, "cost", {"h100": 3.0, "gaudi3": 1.4}).order] == [1, 0]
+
+
+def test_equal_cost_goes_to_kv_memory_then_readiness(tmp_path):
+    # same device, price, cards and headroom: more KV blocks first, then the shorter ready_s
+    for num, blocks, warmup in ((0, 100, 5.0), (1, 300, 50.0), (2, 300, 20.0)):
+        make_job(tmp_path, num, tp=1, goodput=6.0, tokens=1, tpot_ms=20, device="h100",
+                 warmup_s=warmup, blocks=blocks, target=sized(20, 6.0, 4, 1))  # fmt: skip
+    cands = read_candidates(find_jobs(tmp_path), max_warmup_s=3600)
+    ranking = rank(cands, "cost", {"h100": 3.0})
+    assert [c.job.num for c in ranking.order] == [2, 1, 0]
+    assert "job 2 first" in ranking.note and "ready s 20 against 50" in ranking.note
 
 
 def test_the_table_carries_bands_and_a_deploy_folder_per_device(devices):

@@ -9,9 +9,10 @@ goodput per card = capacity (req/s) x attainment / replica_cards. At a target lo
 replica_cards in all, and costs cards x the device's price an hour (`plan.prices`).
 
 Every predicted figure carries a band: +- the device profile's own held-out calibration
-error (`hardware.errors`, pipeline/plan/bands.py). Configurations whose ranking figure lies
-within each other's band, or within the capacity search's tolerance, are tied; a tie goes
-to fewer cards, then the shorter warmup, then the smaller KV pool.
+error (`hardware.errors`, pipeline/plan/bands.py). The order is by the central ranking
+figure alone: a row whose band (or the search's tolerance) overlaps the first's is marked
+tied and stays where it is; equal central figures go to more headroom, more KV memory,
+then shorter readiness.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import yaml
 
 from pipeline.artefacts import RESOLVED_CONFIG
 from pipeline.layout import Layout, layout_of
+from pipeline.plan.acceptance import acceptance_assumed
 from pipeline.plan.bands import Band, profile_band
 from pipeline.plan.target import sizing
 from pipeline.run_folder import RunStatus
@@ -123,6 +125,24 @@ class Candidate:
         return self.metric("predicted_warmup_s") or 0.0
 
     @property
+    def ready_s(self) -> float:
+        """Seconds from start to serving: weight load and graph capture or compile
+        (pipeline/plan/readiness.py); the predicted warmup where a job has no readiness."""
+        ready = self.metric("ready_s")
+        return self.warmup_s if ready is None else ready
+
+    @property
+    def kv_tokens(self) -> float:
+        """Tokens of KV cache one replica holds (its dp replicas' pools together)."""
+        blocks = self.metric("num_blocks") or 0.0
+        return blocks * int(self.config.get("block_size") or 1) * self.layout.capacity_scale
+
+    @property
+    def acceptance_assumed(self) -> bool:
+        """A speculative row whose acceptance no measurement gave (pipeline/plan/acceptance.py)."""
+        return acceptance_assumed(self.config)
+
+    @property
     def compiles(self) -> int:
         return int(self.metric("serving_compiles") or 0)
 
@@ -135,16 +155,27 @@ class Candidate:
         price = self.price(prices)
         return None if price is None else self.cards * price
 
+    def cards_range(self) -> tuple[int, int] | None:
+        """Cards at the target if the capacity were at either end of its band: replicas
+        re-rounded (None without a target)."""
+        target = self.target
+        if not target:
+            return None
+        ends = [
+            sizing(float(target["target"]), capacity, self.replica_cards).cards
+            for capacity in self.band.ends(float(target["capacity"]))
+            if capacity > 0
+        ]
+        if len(ends) < 2:  # a band of 100% or more: no lower end to the capacity
+            return None
+        return min(ends), max(ends)
+
     def usd_per_hour_range(self, prices: Mapping[str, float]) -> tuple[float, float] | None:
         """$/hour if the capacity were at either end of its band: replicas re-rounded."""
-        price, target = self.price(prices), self.target
-        if price is None or not target:
+        price, cards = self.price(prices), self.cards_range()
+        if price is None or cards is None:
             return None
-        ends = []
-        for capacity in self.band.ends(float(target["capacity"])):
-            size = sizing(float(target["target"]), capacity, self.replica_cards)
-            ends.append(size.cards * price)
-        return min(ends), max(ends)
+        return cards[0] * price, cards[1] * price
 
     def cost_per_mtok(self, prices: Mapping[str, float]) -> float | None:
         tokens, price = self.output_throughput, self.price(prices)
@@ -181,12 +212,17 @@ def read_candidates(jobs: Sequence[Job], max_warmup_s: float) -> list[Candidate]
 
 @dataclass(frozen=True)
 class Ranking:
-    """The plan's order, what it ranks by, and the tie at its top."""
+    """The plan's order, what it ranks by, and the rows tied with its first."""
 
-    order: list[Candidate]  # eligible, best first
+    order: list[Candidate]  # eligible, by the central figure (best first)
     by: str  # what the order is by
-    tied: list[Candidate]  # the best and those tied with it (one: no tie)
-    note: str  # how the order was made: a missing price, a tie broken
+    tied: list[Candidate]  # the first and those whose band overlaps its own (one: no tie)
+    note: str  # how the order was made: a missing price, a tie, what broke an equal figure
+
+
+# Where two rows have the same central figure: more headroom, more KV memory, then the
+# shorter readiness (pipeline/plan/readiness.py) go first.
+PREFERENCES = "more headroom, then more KV memory, then shorter readiness"
 
 
 def rank(
@@ -195,8 +231,11 @@ def rank(
     prices: Mapping[str, float],
     tolerance: float = 0.0,
 ) -> Ranking:
-    """At a target: by $/hour where every eligible device has a price, else by goodput per
-    card (and the note names the missing prices). Without one: by `objective`."""
+    """At a target: by the central $/hour where every eligible device has a price, else by
+    the cards it takes (card-hours an hour; the note names the missing prices). Without
+    one: by `objective`. The order is the central figure's alone (rows resting on an assumed
+    speculative acceptance after every other); rows whose band overlaps the first's are
+    `tied` and said, never moved."""
     eligible = [c for c in cands if not c.ruled_out]
     missing = sorted({c.device for c in eligible if c.price(prices) is None})
     sized = any(c.target for c in eligible)
@@ -204,10 +243,11 @@ def rank(
     if missing and (sized or objective == Objective.cost):
         note = (
             f"no price for {', '.join(missing)} (give plan.prices.{missing[0]}=USD per card-hour): "
-            "ranked by goodput per card, not by cost. "
-        )
-    if sized and not missing:
-        by = "usd_per_hour"
+            + ("ranked by cards (card-hours an hour), not by cost. " if sized else
+               "ranked by goodput per card, not by cost. ")
+        )  # fmt: skip
+    if sized:
+        by = "cards" if missing else "usd_per_hour"
     elif objective == Objective.cost and not missing:
         by = "cost_per_mtok_usd"
     else:
@@ -215,46 +255,69 @@ def rank(
     order = sorted(eligible, key=lambda c: _sort_key(c, by, prices))
     tied = _tied(order, by, prices, tolerance)
     if len(tied) > 1:
-        chosen = min(tied, key=_tie_key)
-        order.remove(chosen)
-        order.insert(0, chosen)
-        jobs = ", ".join(str(c.job.num) for c in tied)
+        jobs = ", ".join(str(c.job.num) for c in tied[1:])
         note += (
-            f"jobs {jobs} are tied on {by} (within each other's band or the search tolerance); "
-            "a tie goes to fewer cards, then shorter warmup, then fewer KV blocks: "
-            f"job {chosen.job.num} chosen ({_decided_by(chosen, tied)})."
+            f"tie: jobs {jobs} lie within the band (or the search tolerance) of job "
+            f"{tied[0].job.num}'s {by}; the order stays by the central figure. "
         )
+    note += _equal_first(order, by, prices)
     return Ranking(order, by, tied, note.strip())
 
 
-def _tie_key(c: Candidate) -> tuple[float, float, float]:
-    return (c.cards, c.warmup_s, c.metric("num_blocks") or 0)
+def central(c: Candidate, by: str, prices: Mapping[str, float]) -> float:
+    """The row's central figure of `by`, lower first (goodput negated); inf: none."""
+    if by == "usd_per_hour":
+        value = c.usd_per_hour(prices)
+    elif by == "cards":
+        value = float(c.cards)
+    elif by == "cost_per_mtok_usd":
+        value = c.cost_per_mtok(prices)
+    else:
+        value = -c.goodput_per_card
+    return math.inf if value is None else value
 
 
-def _decided_by(chosen: Candidate, tied: Sequence[Candidate]) -> str:
-    """Which of the tie's criteria put `chosen` first, against the runner-up."""
-    others = sorted((c for c in tied if c is not chosen), key=_tie_key)
-    if not others:
-        return "alone"
-    other = others[0]
-    names = ("cards", "warmup s", "KV blocks")
-    for name, mine, theirs in zip(names, _tie_key(chosen), _tie_key(other), strict=True):
-        if mine != theirs:
-            return f"{name} {mine:,.0f} against job {other.job.num}'s {theirs:,.0f}"
-    return f"equal to job {other.job.num} on all three: the first ranked kept"
+def _preference(c: Candidate) -> tuple[float, float, float]:
+    """PREFERENCES as a sort key."""
+    headroom = float(c.target["headroom"]) if c.target else 0.0
+    return (-headroom, -c.kv_tokens, c.ready_s)
 
 
 def _sort_key(c: Candidate, by: str, prices: Mapping[str, float]) -> tuple[float, ...]:
-    if by == "usd_per_hour":
-        return (c.usd_per_hour(prices) or math.inf, c.cards, c.warmup_s)
-    if by == "cost_per_mtok_usd":
-        return (c.cost_per_mtok(prices) or math.inf, c.warmup_s)
-    return (-c.goodput_per_card, c.warmup_s)
+    return (float(c.acceptance_assumed), central(c, by, prices), *_preference(c))
+
+
+def _equal_first(order: Sequence[Candidate], by: str, prices: Mapping[str, float]) -> str:
+    """For each row whose central figure equals the next one's: what put it first."""
+    notes = []
+    for first, second in zip(order, order[1:], strict=False):
+        if _sort_key(first, by, prices)[:2] == _sort_key(second, by, prices)[:2]:
+            notes.append(_broken_by(first, second, by))
+    return " ".join(notes)
+
+
+def _broken_by(first: Candidate, second: Candidate, by: str) -> str:
+    names = ("headroom", "KV tokens", "ready s")
+    for name, mine, theirs in zip(names, _preference(first), _preference(second), strict=True):
+        if mine != theirs:
+            shown = (mine, theirs) if name == "ready s" else (-mine, -theirs)
+            fmt = "{:+.0%}" if name == "headroom" else "{:,.0f}"
+            return (
+                f"jobs {first.job.num} and {second.job.num} have the same {by}: job "
+                f"{first.job.num} first ({PREFERENCES}: {name} {fmt.format(shown[0])} "
+                f"against {fmt.format(shown[1])})."
+            )
+    return (
+        f"jobs {first.job.num} and {second.job.num} are equal on {by} and on {PREFERENCES}: "
+        "the first found kept."
+    )
 
 
 def _interval(c: Candidate, by: str, prices: Mapping[str, float]) -> tuple[float, float]:
     if by == "usd_per_hour":
         return c.usd_per_hour_range(prices) or (math.inf, math.inf)
+    if by == "cards":
+        return c.cards_range() or (math.inf, math.inf)
     value = c.cost_per_mtok(prices) if by == "cost_per_mtok_usd" else c.goodput_per_card
     if value is None:
         return (math.inf, math.inf)
@@ -266,16 +329,16 @@ def _tied(
     order: list[Candidate], by: str, prices: Mapping[str, float], tolerance: float
 ) -> list[Candidate]:
     """The first of `order` and every other whose interval overlaps its own, or whose
-    value is within the search tolerance of it."""
+    central figure is within the search tolerance of it."""
     if not order:
         return []
     first = order[0]
     low, high = _interval(first, by, prices)
-    best = _sort_key(first, by, prices)[0]
+    best = central(first, by, prices)
     tied = [first]
     for c in order[1:]:
         lo, hi = _interval(c, by, prices)
-        value = _sort_key(c, by, prices)[0]
+        value = central(c, by, prices)
         close = math.isfinite(best) and abs(value - best) <= tolerance * abs(best)
         if close or (lo <= high and low <= hi and math.isfinite(hi)):
             tied.append(c)

@@ -2,9 +2,10 @@
 the ranked table (pipeline/plan/table.py), the Pareto plot, best.json, and the deploy files
 of each device's best configuration (deploy/DEVICE/).
 
-The ranking (pipeline/plan/candidates.py): at a target load, by $/hour of all the cards it
-takes (`plan.prices`); without one, by `plan.objective`. Ties within the bands or the
-search tolerance go to fewer cards, then shorter warmup, then fewer KV blocks.
+The ranking (pipeline/plan/candidates.py): at a target load, by the central $/hour of all
+the cards it takes (`plan.prices`); without one, by `plan.objective`. A row whose band
+overlaps the first's is marked in the `tie` column and stays where its central figure puts
+it; equal central figures go to more headroom, more KV memory, then shorter readiness.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from omegaconf import DictConfig
 
 from pipeline.checks import ConfigError
 from pipeline.deploy import deployment, tool_overrides, write_deploy
-from pipeline.plan.candidates import Candidate, Ranking, rank, read_candidates
+from pipeline.plan.candidates import PREFERENCES, Candidate, Ranking, rank, read_candidates
 from pipeline.plan.table import (
     PARETO_PNG,
     PLAN_MD,
@@ -68,6 +69,11 @@ def _header(plan_dir: Path, cands: Sequence[Candidate], ranking: Ranking, tolera
         )
     if tolerance:
         lines.append(f"Capacities are bisected to a relative tolerance of {tolerance:g}.")
+    lines.append(
+        f"Order: by the central `{ranking.by}` alone; equal figures go to {PREFERENCES}. "
+        "`tie`: the row's band overlaps the first's (the figures cannot tell them apart); "
+        "it never moves a row."
+    )
     lines += ["", "Bands (+-, from each device profile's calibration residuals):"]
     for device in devices:
         band = next(c.band for c in cands if c.device == device)
@@ -115,7 +121,8 @@ def build_plan_report(
     keys = swept_keys(jobs)
     ordered = ranking.order + [c for c in cands if c.ruled_out]
     ranks = {id(c): i + 1 for i, c in enumerate(ranking.order)}
-    rows = [row(c, keys, prices, ranks.get(id(c))) for c in ordered]
+    ties = {id(c): f"with #1 (job {ranking.tied[0].job.num})" for c in ranking.tied[1:]}
+    rows = [row(c, keys, prices, ranks.get(id(c)), ties.get(id(c), "")) for c in ordered]
     header = _header(plan_dir, cands, ranking, tolerance)
     table = write_table(ordered, rows, prices, header, plan_dir)
     chosen = ranking.order[0] if ranking.order else None

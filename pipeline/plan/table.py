@@ -30,18 +30,23 @@ BANDED = (
 )  # fmt: skip
 LAYOUT_COLUMNS = ("ep_dp", "p_d", "speculative")  # shown only where a row sets one
 COLUMNS = [
-    "rank", "job", "device", "config", "tp", *LAYOUT_COLUMNS, "replica_cards", "capacity",
+    "rank", "tie", "job", "device", "config", "tp", *LAYOUT_COLUMNS, "replica_cards", "capacity",
     "capacity_rps", "slo_attainment",
     "goodput_per_card", "output_tok_s_per_card", "tok_s_per_user", "ttft_p90_ms",
     "tpot_p90_ms", "replicas", "cards", "headroom", "check_attainment", "usd_per_hour",
-    "cost_per_mtok_usd", "warmup_s", "graphs", "kv_blocks", "serving_compiles", "note",
+    "cost_per_mtok_usd", "ready_s", "warmup_s", "graphs", "kv_blocks", "serving_compiles", "note",
 ]  # fmt: skip
 
 
 def row(
-    c: Candidate, keys: Sequence[str], prices: Mapping[str, float], rank: int | None = None
+    c: Candidate,
+    keys: Sequence[str],
+    prices: Mapping[str, float],
+    rank: int | None = None,
+    tie: str = "",
 ) -> dict[str, Any]:
-    """One configuration's figures (bands aside: see band_ends)."""
+    """One configuration's figures (bands aside: see band_ends); `tie`: the job whose band
+    this row's overlaps ("" = none)."""
     own = [o for o in c.job.overrides if split_override(o)[0] in keys]
     note = c.ruled_out
     if c.compiles and not note:
@@ -50,6 +55,7 @@ def row(
     target = c.target or {}
     return {
         "rank": rank,
+        "tie": tie or None,
         "job": c.job.num,
         "device": c.device,
         "config": " ".join(own),
@@ -70,6 +76,7 @@ def row(
         "check_attainment": target.get("check_attainment"),
         "usd_per_hour": c.usd_per_hour(prices) if target else None,
         "cost_per_mtok_usd": c.cost_per_mtok(prices),
+        "ready_s": c.metric("ready_s"),
         "warmup_s": c.metric("predicted_warmup_s"),
         "graphs": c.metric("warmup_shapes"),
         "kv_blocks": c.metric("num_blocks"),
