@@ -15,6 +15,7 @@ from pipeline.layout import Pool, layout_of
 from pipeline.schema import DisaggConf
 from stages.model.spec import ModelSpec
 from stages.simulator.expert_parallel import ExpertParallel, check_layout
+from stages.simulator.router import router_hop_s
 
 PREFILL, DECODE = "prefill", "decode"
 
@@ -84,16 +85,10 @@ def check_disagg(cfg: DictConfig) -> None:
             f"deployment needs instances in both pools; set disagg.{empty} >= 1, or both 0 "
             "for one aggregated instance"
         )
-    _check_supported(cfg)
-
-
-def _check_supported(cfg: DictConfig) -> None:
-    """What a disaggregated deployment does not model: closed-loop load."""
-    if cfg.workload.get("concurrency"):
-        raise ConfigError(
-            f"workload.concurrency={cfg.workload.concurrency} with disagg.*: a closed loop "
-            "is not modelled for a disaggregated deployment; give workload.rate instead"
-        )
+    try:
+        router_hop_s(disagg.router, disagg.router_s)
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
 
 
 def check_layouts(cfg: DictConfig, spec: ModelSpec) -> None:

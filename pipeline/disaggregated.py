@@ -5,30 +5,35 @@ An instance with dp attention replicas (`disagg.<role>_dp`, else the run's dp) i
 engines, its experts split over its tp x dp cards when the run has ep > 1; requests go
 round-robin over every replica of a pool.
 
-Decode never feeds back to prefill, so the deployment runs in two passes:
+A request goes as the engines' routers send it (vLLM's proxy, SGLang's router, Dynamo):
 
-1. Prefill: requests go round-robin, in arrival order, to the prefill instances; each
-   instance serves its requests to their first token only. That token's time is the
-   request's TTFT.
-2. Transfer: the prompt's KV cache travels to a decode instance, which it reaches after
-   stages.simulator.disaggregation's KvLink.seconds (KV bytes of the prompt per device at
-   the prefill tp / the link's bandwidth + a transfer's fixed time).
-3. Decode: requests go round-robin, in the order they arrive there, to the decode
+1. Router: the request reaches a prefill instance after the router's hop
+   (stages.simulator.router, `disagg.router`).
+2. Prefill: requests go round-robin, in arrival order, to the prefill instances; each
+   instance serves its requests to their first token only (that token is not the
+   client's).
+3. Transfer: the prompt's KV cache reaches a decode instance after
+   stages.simulator.disaggregation's KvLink.seconds (bytes over the link, a time per
+   piece the KV layout cuts it into, a transfer's fixed time).
+4. Decode: requests go round-robin, in the order they arrive there, to the decode
    instances. One is admitted on arrival when max_num_seqs and its pool have room (its
-   prompt's blocks taken at once, no prefill computed), else it waits, in order, for
-   room; then it decodes to its end. A request preempted there is recomputed there.
+   prompt's blocks taken at once), else it waits, in order, for room; its first step
+   computes the last prompt token again and samples the first output token, which is the
+   client's first; then it decodes to its end. A request preempted there is recomputed
+   there.
 
-The tokens after the first, TPOT and end-to-end latency come from the decode pool; the
-first token's gap to the second includes the transfer and any wait for room. The run's
+Every output token, so TTFT (router + prefill + transfer + the decode instance's wait
+and first step), ITL, TPOT and end-to-end latency, is the decode pool's, as a client
+reads it; metrics.json gives each part of TTFT (pipeline.disagg_latency). Open loop,
+decode never feeds back to prefill, so the pools run one after the other; a closed loop
+(`workload.concurrency`) runs them side by side (pipeline.disagg_closed_loop). The run's
 duration is when its last instance finishes.
 
 Not modelled: the decode pool's back-pressure on prefill (a prefill instance frees a
 request's blocks at its first token, not once the transfer ends, and never waits for a
 decode instance's room); link contention (each transfer has the whole link of every
 sending device; transfers overlapping on one link do not share it); a router that looks
-at the instances' load (round-robin only); closed-loop load (workload.concurrency,
-refused); the first token's own sampling on the decode side (it
-arrives with the KV cache, as in DistServe and vLLM's disaggregated prefill).
+at the instances' load (round-robin only).
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ from pipeline import artefacts
 from pipeline.build import build, load_workload
 from pipeline.checks import ConfigError, check_model_context, describe_model
 from pipeline.console import summary_table
+from pipeline.disagg_closed_loop import Copies, simulate_closed_loop
 from pipeline.disagg_config import (
     DECODE,
     PREFILL,
@@ -55,18 +61,20 @@ from pipeline.disagg_config import (
     pool_cfg,
     pool_of,
 )
+from pipeline.disagg_latency import describe_parts, ttft_parts_ms
 from pipeline.engine import Arrivals, Engine, Leaps, long_lived_frozen
 from pipeline.executors import check_config
 from pipeline.executors.simulated import simulated_engine
-from pipeline.metrics import StepTotals, stats, summarise
+from pipeline.metrics import StepTotals, summarise
 from pipeline.run_folder import RunStatus
 from pipeline.serving import Hooks, serve_and_summarise
 from pipeline.slo import Slo, slo_metrics
 from stages.interfaces import Scheduler
 from stages.scheduling.request import FinishReason, Request
 from stages.simulator.device import VirtualClock
-from stages.simulator.disaggregation import KvLink, kv_link
+from stages.simulator.disaggregation import KvLink, LinkSettings, kv_link
 from stages.simulator.precision import Precision
+from stages.simulator.router import router_hop_s
 
 
 @dataclass
@@ -77,9 +85,11 @@ class Deployment:
     prefill: list[Engine]
     decode: list[Engine]
     link: KvLink
+    router_s: float  # the router's hop before a request reaches a prefill instance
     requests: list[Request]
     totals: StepTotals = field(default_factory=StepTotals)
-    transfer_s: list[float] = field(default_factory=list)
+    # each request's prefill copy and decode copy (None: it ended on the prefill instance)
+    served: list[tuple[Request, Request | None]] = field(default_factory=list)
 
     @property
     def cards(self) -> int:
@@ -116,15 +126,18 @@ def build_deployment(cfg: DictConfig) -> Deployment:
             simulated_engine(instance, VirtualClock(), spec, hardware, tokenizer, workload)
             for _ in range(pool.instances * pool.dp)
         ]
+    disagg = cfg.disagg
     try:
         precision = Precision(cfg.quantization, cfg.kv_cache_dtype)
-        tp = int(pool_cfg(cfg, PREFILL).tp)
-        link = kv_link(
-            spec, hardware, precision, tp, cfg.disagg.link_gbps, cfg.disagg.transfer_latency_s
+        tps = (pool_of(cfg, PREFILL).tp, pool_of(cfg, DECODE).tp)
+        settings = LinkSettings(
+            disagg.link_gbps, disagg.transfer_latency_s, disagg.transfer_piece_s
         )
+        link = kv_link(spec, hardware, precision, tps, int(cfg.block_size), settings)
+        router_s = router_hop_s(disagg.router, disagg.router_s)
     except ValueError as err:
         raise ConfigError(str(err)) from err
-    return Deployment(cfg, pools[PREFILL], pools[DECODE], link, requests)
+    return Deployment(cfg, pools[PREFILL], pools[DECODE], link, router_s, requests)
 
 
 def copy_request(r: Request, max_new_tokens: int, arrival_s: float) -> Request:
@@ -146,11 +159,26 @@ def run_instance(engine: Engine, requests: list[Request], totals: StepTotals) ->
     return engine.run(requests, on_step=totals.add, on_leap=totals.add_run)
 
 
+def prefill_copy(deployment: Deployment, r: Request) -> Request:
+    """The request as its prefill instance gets it: after the router's hop, for its first
+    token only."""
+    return copy_request(r, 1, r.arrival_s + deployment.router_s)
+
+
+def decode_copy(deployment: Deployment, r: Request, first: Request) -> Request | None:
+    """The request as its decode instance gets it, once its prompt's KV cache arrived after
+    the prefill instance's first token; None where the prefill instance failed it."""
+    if first.finished and first.finish_reason == FinishReason.ERROR:
+        return None
+    arrival = first.token_times[0] + deployment.link.seconds(r.num_prompt_tokens)
+    return copy_request(r, r.max_new_tokens, arrival)
+
+
 def prefill_pass(deployment: Deployment) -> tuple[list[Request], float]:
     """Each request to its first token on a prefill instance; the prefill copies, in the
     requests' order, and when the last instance finished."""
     ordered = sorted(deployment.requests, key=lambda r: r.arrival_s)
-    copies = {r.seq_id: copy_request(r, 1, r.arrival_s) for r in ordered}
+    copies = {r.seq_id: prefill_copy(deployment, r) for r in ordered}
     shares = round_robin([copies[r.seq_id] for r in ordered], len(deployment.prefill))
     end = 0.0
     for engine, share in zip(deployment.prefill, shares, strict=True):
@@ -211,24 +239,16 @@ def run_decode_instance(engine: Engine, requests: list[Request], totals: StepTot
         return engine.loop(source, on_step=totals.add, leaps=leaps)
 
 
-def decode_pass(deployment: Deployment, firsts: list[Request]) -> tuple[list[Request], float]:
-    """The requests that need more than their first token, each decoded to its end on a
-    decode instance after its transfer; the decode copies (None where the first token
-    ended it), and when the last instance finished."""
-    copies: list[Request | None] = []
-    for r, first in zip(deployment.requests, firsts, strict=True):
-        if first.finished and first.finish_reason == FinishReason.ERROR:
-            copies.append(None)
-            continue
-        seconds = deployment.link.seconds(r.num_prompt_tokens)
-        if r.max_new_tokens <= 1:
-            copies.append(None)
-            continue
-        deployment.transfer_s.append(seconds)
-        copy = copy_request(r, r.max_new_tokens, first.token_times[0] + seconds)
-        copy.output_ids = list(first.output_ids)
-        copy.token_times = list(first.token_times)
-        copies.append(copy)
+def decode_pass(
+    deployment: Deployment, firsts: list[Request]
+) -> tuple[list[Request | None], float]:
+    """Each request decoded to its end on a decode instance after its transfer; the decode
+    copies (None where the prefill instance failed it), and when the last instance
+    finished."""
+    copies = [
+        decode_copy(deployment, r, first)
+        for r, first in zip(deployment.requests, firsts, strict=True)
+    ]
     arrived = sorted((c for c in copies if c is not None), key=lambda c: c.arrival_s)
     end = 0.0
     for engine, share in zip(
@@ -239,8 +259,8 @@ def decode_pass(deployment: Deployment, firsts: list[Request]) -> tuple[list[Req
 
 
 def merge(r: Request, first: Request, rest: Request | None) -> None:
-    """The request as the deployment served it: its first token from the prefill pool,
-    the others (and its end) from the decode pool."""
+    """The request as the deployment served it: its tokens and its end the decode pool's
+    (the prefill pool's where it failed there)."""
     served = rest or first
     r.output_ids = served.output_ids
     r.token_times = served.token_times
@@ -253,11 +273,29 @@ def merge(r: Request, first: Request, rest: Request | None) -> None:
 def simulate(deployment: Deployment) -> float:
     """Serves the deployment's requests through both pools; returns the run's duration
     (its last instance's end). Each request ends as the deployment served it."""
+    concurrency = int(deployment.cfg.workload.get("concurrency") or 0)
+    if concurrency:
+        copies = Copies(
+            lambda r: prefill_copy(deployment, r),
+            lambda r, first: decode_copy(deployment, r, first),
+        )
+        pools = (deployment.prefill, deployment.decode)
+        firsts, rests, end = simulate_closed_loop(
+            pools, deployment.requests, concurrency, copies, deployment.totals
+        )
+        finish(deployment, firsts, rests)
+        return end
     firsts, prefill_end = prefill_pass(deployment)
     rests, decode_end = decode_pass(deployment, firsts)
+    finish(deployment, firsts, rests)
+    return max(prefill_end, decode_end)
+
+
+def finish(deployment: Deployment, firsts: list[Request], rests: list[Request | None]) -> None:
+    """Each request ends as the deployment served it; the copies are kept for its metrics."""
     for r, first, rest in zip(deployment.requests, firsts, rests, strict=True):
         merge(r, first, rest)
-    return max(prefill_end, decode_end)
+    deployment.served = list(zip(firsts, rests, strict=True))
 
 
 def deployment_metrics(
@@ -273,6 +311,7 @@ def deployment_metrics(
         shapes |= {role: pool.instances, f"{role}_tp": pool.tp, f"{role}_dp": pool.dp,
                    f"{role}_ep": pool.ep}  # fmt: skip
     device = _device_metrics(decode)
+    parts = ttft_parts_ms(deployment.served, deployment.router_s)
     warmups = [_device_metrics(e).get("predicted_warmup_s") or 0.0 for e in (prefill, decode)]
     return {
         "status": status,
@@ -291,7 +330,12 @@ def deployment_metrics(
             "decode_num_blocks": decode.scheduler.kv_cache.num_blocks,
             "link_gbps": deployment.link.bytes_per_s / 1e9,
             "transfer_latency_s": deployment.link.latency_s,
-            "kv_transfer_ms": stats([s * 1e3 for s in deployment.transfer_s]),
+            "transfer_piece_s": deployment.link.piece_s,
+            "block_size": deployment.link.layout.block_size,
+            "router": cfg.disagg.router,
+            "router_s": deployment.router_s,
+            "kv_transfer_ms": parts["transfer"],
+            "ttft_parts_ms": parts,
         },
     }
 
@@ -350,11 +394,15 @@ def describe(metrics: dict[str, Any]) -> str:
         dp = d.get(f"{role}_dp", 1)  # a folder written before pools had dp
         return f"{d[role]} {role} x tp{d[f'{role}_tp']}" + (f" x dp{dp}" if dp > 1 else "")
 
-    return (
-        f"  deployment  {pool(PREFILL)} + {pool(DECODE)} = {metrics['cards']} cards\n"
+    piece = d.get("transfer_piece_s", 0.0)  # a folder written before pieces were counted
+    lines = [
+        f"  deployment  {pool(PREFILL)} + {pool(DECODE)} = {metrics['cards']} cards",
         f"  KV transfer  mean {mean}, p99 {p99} ({d['link_gbps']:g} GB/s per device, "
-        f"{d['transfer_latency_s'] * 1e3:g} ms a transfer)"
-    )
+        f"{d['transfer_latency_s'] * 1e3:g} ms a transfer, {piece * 1e6:g} us a piece)",
+    ]
+    if "ttft_parts_ms" in d:
+        lines.append(describe_parts(d["ttft_parts_ms"]))
+    return "\n".join(lines)
 
 
 def search_stand_in(cfg: DictConfig) -> tuple[DictConfig, int]:

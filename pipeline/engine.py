@@ -63,6 +63,13 @@ class Slots:
     def free(self) -> bool:
         return not self.limit or bool(self._opened)
 
+    @property
+    def next_open(self) -> float:
+        """When the slot the next request takes opened (0: open loop; inf: none free)."""
+        if not self.limit:
+            return 0.0
+        return self._opened[0] if self._opened else math.inf
+
     def take(self, request: Request) -> Request:
         if self.limit:
             request.arrival_s = max(request.arrival_s, self._opened.popleft())

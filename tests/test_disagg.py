@@ -1,6 +1,8 @@
 """Prefill/decode disaggregation on the simulated device: the KV transfer against a hand
-computation, the deployment's first tokens against an aggregated prefill-only run, its
-later tokens against an aggregated run shifted by the transfer, the pools' checks, and
+computation (bytes and pieces), the prefill instances' first tokens against an aggregated
+prefill-only run, a lone request's tokens against an aggregated run's, its TTFT's parts
+adding up, closed-loop load against its bound and against the open loop, the pools'
+checks, and
 the property DistServe (arXiv:2401.09670) and Splitwise (arXiv:2311.18677) report: under
 tight TTFT and TPOT bounds, long prompts serve more goodput per card disaggregated, short
 prompts less."""
@@ -12,6 +14,7 @@ import pytest
 from pipeline.build import build
 from pipeline.checks import ConfigError, describe_model
 from pipeline.disagg_config import deployment_cards, pool_cfg
+from pipeline.disagg_latency import ttft_parts_s
 from pipeline.disaggregated import build_deployment, serve_deployment, simulate
 from pipeline.executors import build_engine, check_config
 from pipeline.plan.capacity import capacity_search
@@ -21,7 +24,13 @@ from stages.scheduling.kv_cache import KVCacheManager
 from stages.scheduling.request import Request, Status
 from stages.scheduling.scheduler import ChunkedScheduler
 from stages.scheduling.stopping import StopRule
-from stages.simulator.disaggregation import KvLink, kv_bytes_per_token, kv_link
+from stages.simulator.disaggregation import (
+    KvLayout,
+    KvLink,
+    LinkSettings,
+    kv_bytes_per_token,
+    kv_link,
+)
 from stages.simulator.hardware import HardwareProfile
 from stages.simulator.precision import BF16, Precision
 from tests.helpers import make_config
@@ -47,8 +56,11 @@ def test_the_kv_transfer_takes_the_prompts_bytes_over_the_link_plus_its_latency(
     assert kv_bytes_per_token(spec, BF16, 1) == 131072
     # At tp 2 each device holds 4 KV heads, and sends its half over its own link.
     assert kv_bytes_per_token(spec, BF16, 2) == 65536
-    link = KvLink(65536, 50e9, 0.001)
+    link = KvLink(65536, 50e9, 0.001)  # no pieces
     assert link.seconds(1000) == pytest.approx(1000 * 65536 / 50e9 + 0.001)
+    # 1000 tokens in blocks of 128: 8 blocks x 32 layers x (K, V) = 512 pieces of 2 us.
+    link = KvLink(65536, 50e9, 0.001, 2e-6, KvLayout(128, 32))
+    assert link.seconds(1000) == pytest.approx(1000 * 65536 / 50e9 + 512 * 2e-6 + 0.001)
     # An fp8 KV cache sends one byte a value.
     assert kv_bytes_per_token(spec, Precision("none", "fp8"), 1) == 65536
 
@@ -58,10 +70,34 @@ def test_the_link_is_the_profiles_unless_the_keys_set_it():
     spec = describe_model(cfg)[0]
     h100: HardwareProfile = build(cfg.hardware)
     assert (h100.kv_link_gbs, h100.kv_link_latency_s) == (50, 0.001)  # 400 Gb/s NDR
-    link = kv_link(spec, h100, BF16, 1)
-    assert (link.bytes_per_s, link.latency_s) == (50e9, 0.001)
-    link = kv_link(spec, h100, BF16, 1, link_gbps=450, latency_s=0.0)
-    assert (link.bytes_per_s, link.latency_s) == (450e9, 0.0)
+    link = kv_link(spec, h100, BF16, (1, 1), 128)
+    assert (link.bytes_per_s, link.latency_s, link.piece_s) == (50e9, 0.001, 2e-6)
+    link = kv_link(spec, h100, BF16, (1, 1), 128, LinkSettings(450, 0.0, 0.0))
+    assert (link.bytes_per_s, link.latency_s, link.piece_s) == (450e9, 0.0, 0.0)
+
+
+def test_a_transfers_time_grows_as_its_pages_shrink():
+    spec = llama_8b_shape()
+    h100: HardwareProfile = build(make_config(BASE).hardware)
+    times = [kv_link(spec, h100, BF16, (1, 1), bs).seconds(7500) for bs in (256, 128, 64, 16)]
+    assert times == sorted(times) and times[-1] > times[0]
+    # 7,500 tokens in pages of 16: 469 x 32 layers x 2 pieces more than in one piece each.
+    bytes_s = 7500 * 131072 / 50e9
+    assert times[-1] == pytest.approx(bytes_s + 469 * 64 * 2e-6 + 0.001)
+
+
+def test_the_kv_layouts_tps_decide_the_busiest_links_bytes_and_pieces():
+    spec = llama_8b_shape()
+    h100: HardwareProfile = build(make_config(BASE).hardware)
+    blocks = 8 * 32 * 2  # 1000 tokens: 8 blocks of 128 a layer, keys and values apart
+    # A wider decode pool: each decode device pulls half of one prefill device's heads.
+    wide = kv_link(spec, h100, BF16, (1, 2), 128)
+    assert (wide.bytes_per_token, wide.layout.pieces(1000)) == (131072, blocks)
+    # A narrower one: each decode device gathers two prefill devices' heads, twice the pieces.
+    narrow = kv_link(spec, h100, BF16, (2, 1), 128)
+    assert (narrow.bytes_per_token, narrow.layout.pieces(1000)) == (131072, 2 * blocks)
+    even = kv_link(spec, h100, BF16, (2, 2), 128)
+    assert (even.bytes_per_token, even.layout.pieces(1000)) == (65536, blocks)
 
 
 SMALL = [
@@ -75,59 +111,68 @@ SMALL = [
 ]
 
 
-def test_the_first_token_is_the_prefill_instances_as_an_aggregated_prefill_only_run():
-    cfg = make_config([*SMALL, "disagg.prefill=1", "disagg.decode=2", "disagg.prefill_tp=2"])
+def test_the_prefill_instances_token_is_an_aggregated_prefill_only_runs_after_the_hop():
+    cfg = make_config([*SMALL, "disagg.prefill=1", "disagg.decode=2", "disagg.prefill_tp=2",
+                       "disagg.router_s=0.004"])  # fmt: skip
     deployment = build_deployment(cfg)
     simulate(deployment)
     # The oracle: the same requests, one output token each, on one aggregated instance
-    # with the prefill pool's tp.
+    # with the prefill pool's tp, each sent 4 ms later (the router's hop).
     engine, requests = build_engine(make_config([*SMALL, "tp=2"]))
     for r in requests:
         r.max_new_tokens = 1
+        r.arrival_s += 0.004
     engine.warmup()
     engine.run(requests)
-    assert [r.token_times[0] for r in deployment.requests] == [r.token_times[0] for r in requests]
+    firsts = [first.token_times[0] for first, _ in deployment.served]
+    assert firsts == pytest.approx([r.token_times[0] for r in requests])
     assert all(len(r.output_ids) == r.max_new_tokens for r in deployment.requests)
 
 
-def test_a_lone_requests_later_tokens_are_an_aggregated_runs_shifted_by_the_transfer():
+def lone_request(extra: list[str]) -> tuple[Request, Request, Request]:
+    """One request served disaggregated (1 + 1) and aggregated; and its prefill copy."""
     one = [*BASE, "workload.num_requests=1", "workload.min_prompt_tokens=1000",
            "workload.max_prompt_tokens=1000", "workload.min_new_tokens=30",
-           "workload.max_new_tokens=30"]  # fmt: skip
-    cfg = make_config([*one, "disagg.prefill=1", "disagg.decode=1"])
-    deployment = build_deployment(cfg)
+           "workload.max_new_tokens=30", *extra]  # fmt: skip
+    deployment = build_deployment(make_config([*one, "disagg.prefill=1", "disagg.decode=1"]))
     simulate(deployment)
-    (served,) = deployment.requests
+    (served,), ((first, _),) = deployment.requests, deployment.served
     engine, (alone,) = build_engine(make_config(one))
     engine.warmup()
     engine.run([alone])
-    transfer = 1000 * 131072 / 50e9 + 0.001  # the h100 profile's link, by hand
-    assert served.token_times[0] == pytest.approx(alone.token_times[0])
-    # Each decode step is the same batch of one at the same length on the same device.
-    shifted = [t + transfer for t in alone.token_times[1:]]
-    assert served.token_times[1:] == pytest.approx(shifted)
+    return served, alone, first
+
+
+def test_a_lone_requests_client_tokens_come_after_the_transfer_and_the_decode_step():
+    served, alone, first = lone_request([])
+    pieces = 8 * 32 * 2  # 1000 tokens: 8 blocks of 128 in 32 layers, keys and values apart
+    transfer = 1000 * 131072 / 50e9 + pieces * 2e-6 + 0.001  # the h100 profile's link
+    assert first.token_times[0] == pytest.approx(alone.token_times[0] + 0.002)  # vllm's hop
+    # The client's first token: the decode instance's first step after the transfer, a
+    # one-token step over the prompt's context, cheaper than the prompt and not free.
+    first_step = served.token_times[0] - first.token_times[0] - transfer
+    assert 0 < first_step < alone.token_times[0]
+    # Then each decode step is the same batch of one at the same length on the same device.
+    gaps = [b - a for a, b in zip(served.token_times, served.token_times[1:], strict=False)]
+    alone_gaps = [b - a for a, b in zip(alone.token_times, alone.token_times[1:], strict=False)]
+    assert gaps == pytest.approx(alone_gaps)
 
 
 def test_a_lone_request_on_expert_parallel_pools_is_an_aggregated_ep_runs_shifted():
     """Each pool's instance is tp x dp cards with its experts over them: a lone request
     meets, on the first replica of each pool, what one replica of the aggregated layout
     gives it, its later tokens shifted by the transfer."""
-    one = [*BASE, "model=spec/qwen3_30b_a3b", "tp=1", "dp=2", "ep=2",
-           "workload.num_requests=1", "workload.min_prompt_tokens=1000",
-           "workload.max_prompt_tokens=1000", "workload.min_new_tokens=30",
-           "workload.max_new_tokens=30"]  # fmt: skip
-    deployment = build_deployment(make_config([*one, "disagg.prefill=1", "disagg.decode=1"]))
-    assert (len(deployment.prefill), len(deployment.decode), deployment.cards) == (2, 2, 4)
-    simulate(deployment)
-    (served,) = deployment.requests
-    engine, (alone,) = build_engine(make_config(one))
-    engine.warmup()
-    engine.run([alone])
+    moe = ["model=spec/qwen3_30b_a3b", "tp=1", "dp=2", "ep=2"]
+    cfg = make_config([*SMALL, *moe, "disagg.prefill=1", "disagg.decode=1"])
+    assert (len(build_deployment(cfg).prefill), deployment_cards(cfg)) == (2, 4)
+    served, alone, first = lone_request(moe)
     # Qwen3-30B-A3B's KV cache: 48 layers x 4 KV heads x 128 x (K and V) x 2 bytes a token
-    transfer = 1000 * 48 * 4 * 128 * 2 * 2 / 50e9 + 0.001
-    assert served.token_times[0] == pytest.approx(alone.token_times[0])
-    shifted = [t + transfer for t in alone.token_times[1:]]
-    assert served.token_times[1:] == pytest.approx(shifted)
+    transfer = 1000 * 48 * 4 * 128 * 2 * 2 / 50e9 + 8 * 48 * 2 * 2e-6 + 0.001
+    assert first.token_times[0] == pytest.approx(alone.token_times[0] + 0.002)
+    assert served.token_times[0] - first.token_times[0] > transfer
+    gaps = [b - a for a, b in zip(served.token_times, served.token_times[1:], strict=False)]
+    alone_gaps = [b - a for a, b in zip(alone.token_times, alone.token_times[1:], strict=False)]
+    assert gaps == pytest.approx(alone_gaps)
 
 
 def test_each_pools_engines_split_the_experts_over_that_pools_own_cards():
@@ -173,8 +218,8 @@ def test_a_run_has_an_aggregated_runs_metrics_and_the_deployments_cards(tmp_path
         (["disagg.decode=2"], "disagg.prefill=0 disagg.decode=2: .* set disagg.prefill >= 1"),
         (["disagg.prefill=-1"], "disagg.prefill=-1 must be >= 0"),
         (["disagg.link_gbps=-5"], "disagg.link_gbps=-5.0 must be >= 0"),
-        (["disagg.prefill=1", "disagg.decode=1", "workload.concurrency=4"],
-         "workload.concurrency=4 with disagg"),
+        (["disagg.prefill=1", "disagg.decode=1", "disagg.router=nginx"],
+         "disagg.router='nginx': give one of fastdeploy, sglang, trtllm, vllm"),
     ],
 )  # fmt: skip
 def test_a_bad_pool_setting_is_a_one_line_error_naming_its_key(overrides, message):
@@ -256,3 +301,54 @@ def test_a_transferred_prompt_joins_as_a_decode_holding_its_blocks(no_evict):
     # A second prompt of 2 blocks finds 1 free: it waits, nothing taken.
     second = arrived(20, 4)
     assert not scheduler.admit_computed(second) and kv.num_free_blocks == 1
+
+
+def most_in_flight(requests: list[Request]) -> int:
+    """The most requests between their send and their finish at once: a sweep over the
+    [send, finish) intervals, a finish counted before a send at the same time."""
+    events = sorted([(r.finish_s, -1) for r in requests] + [(r.arrival_s, 1) for r in requests])
+    most = now = 0
+    for _, step in events:
+        now += step
+        most = max(most, now)
+    return most
+
+
+CLOSED = [*SMALL, "workload.num_requests=40", "workload.rate=1000", "disagg.prefill=1",
+          "disagg.decode=2"]  # fmt: skip
+
+
+def test_a_closed_loop_never_has_more_requests_in_flight_than_its_concurrency(tmp_path):
+    cfg = make_config([*CLOSED, "workload.concurrency=5"])
+    deployment, metrics = serve_deployment(cfg, Slo.of(cfg.slo), tmp_path)
+    requests = deployment.requests
+    assert metrics["num_errors"] == 0
+    assert all(len(r.output_ids) == r.max_new_tokens for r in requests)
+    assert most_in_flight(requests) == 5  # held to 5, and 40 requests at once fill all 5
+    # Each held-back request is sent when a finished one freed its slot, never before.
+    finishes = sorted(r.finish_s for r in requests)
+    sent_late = sorted(r.arrival_s for r in requests)[5:]
+    assert all(s >= f for s, f in zip(sent_late, finishes, strict=False))
+
+
+def test_a_closed_loop_wider_than_the_workload_serves_as_the_open_loop():
+    """Side by side in time order (the closed loop's way) and one pool after the other
+    (the open loop's) are two implementations: with no request held back they agree."""
+    open_loop = build_deployment(make_config(CLOSED))
+    simulate(open_loop)
+    closed = build_deployment(make_config([*CLOSED, "workload.concurrency=40"]))
+    simulate(closed)
+    for a, b in zip(open_loop.requests, closed.requests, strict=True):
+        assert b.arrival_s == a.arrival_s
+        assert b.token_times == pytest.approx(a.token_times)
+
+
+def test_a_requests_ttft_parts_add_up_to_its_ttft(tmp_path):
+    cfg = make_config([*SMALL, "disagg.prefill=1", "disagg.decode=1"])
+    deployment, metrics = serve_deployment(cfg, Slo.of(cfg.slo), tmp_path)
+    parts = ttft_parts_s(deployment.served, deployment.router_s)
+    for i, r in enumerate(deployment.requests):
+        ttft = r.token_times[0] - r.arrival_s
+        assert sum(parts[part][i] for part in parts) == pytest.approx(ttft)
+        assert parts["transfer"][i] == pytest.approx(deployment.link.seconds(len(r.prompt_ids)))
+    assert set(metrics["disagg"]["ttft_parts_ms"]) == set(parts)

@@ -36,6 +36,7 @@ class HardwareConf:
     interconnect_peer_gbs: float = 0.0  # all-to-all links: to one peer; 0 = a switch
     kv_link_gbs: float = 0.0  # disagg: KV transfer link per device, GB/s; 0 = no figure
     kv_link_latency_s: float = 0.0  # disagg: one KV transfer's fixed time
+    kv_link_piece_s: float = 0.0  # disagg: one KV piece's (a block of a layer) posting time
     coefficients: dict[str, float] = field(default_factory=dict)  # fitted; empty = defaults
     software: str = ""  # the software release the fitted figures describe
     # relative prediction errors by method (offline, static, online): fit_median, fit_worst,

@@ -223,9 +223,12 @@ class ChunkedScheduler(DecodeRuns):
 
     def admit_computed(self, request: Request) -> bool:
         """Admits a request whose prompt was computed elsewhere (a disaggregated decode
-        instance: its KV cache arrived by transfer) as a running decode: its prompt's
-        blocks are taken now, its first output token is the next step's decode row. False
-        (nothing taken) while max_num_seqs or the cache leaves no room."""
+        instance: its KV cache arrived by transfer) as running: its prompt's blocks are
+        taken now. A request with no output yet has its last prompt token computed again
+        by its next step, a one-token chunk that samples its first output token (vLLM's
+        NixlConnector loads all but the last token's KV and recomputes that one); one that
+        has output decodes its next token. False (nothing taken) while max_num_seqs or
+        the cache leaves no room."""
         if len(self.running) >= self.max_num_seqs:
             return False
         if self.no_evict:  # the pool must hold it to its end beside the running requests
@@ -236,7 +239,7 @@ class ChunkedScheduler(DecodeRuns):
         request.num_computed = 0
         if not self.kv_cache.allocate_slots(request, request.num_prompt_tokens):
             return False
-        request.num_computed = request.num_prompt_tokens
+        request.num_computed = request.num_prompt_tokens - (0 if request.output_ids else 1)
         request.status = Status.RUNNING
         self.kv_cache.cache_computed_blocks(request)
         self.running.append(request)

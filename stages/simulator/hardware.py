@@ -50,6 +50,7 @@ _RANGES: dict[str, tuple[float, float, bool, bool]] = {
     "interconnect_peer_gbs": (0, 1e6, False, False),
     "kv_link_gbs": (0, 1e6, False, False),
     "kv_link_latency_s": (0, 60, False, False),
+    "kv_link_piece_s": (0, 1, False, False),
 }
 
 
@@ -84,10 +85,11 @@ class HardwareProfile:
     software: str
     errors: Mapping[str, Mapping[str, float]]
     # Prefill/decode disaggregation: the link a device sends its share of a prompt's KV
-    # cache over to another instance (GB/s a direction, 0 = no figure), and one transfer's
-    # fixed time (setup, completion).
+    # cache over to another instance (GB/s a direction, 0 = no figure), one transfer's
+    # fixed time (setup, completion) and one piece's (a layer's block: a descriptor).
     kv_link_gbs: float
     kv_link_latency_s: float
+    kv_link_piece_s: float
 
     def __post_init__(self) -> None:
         """Every field checked for its type and range, whichever file it came from: a NaN
@@ -216,6 +218,7 @@ _DEFAULTED: dict[str, Any] = {
     "errors": {},
     "kv_link_gbs": 0.0,
     "kv_link_latency_s": 0.0,
+    "kv_link_piece_s": 0.0,
 }
 
 
