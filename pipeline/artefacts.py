@@ -29,7 +29,7 @@ from pipeline.folder_lock import FolderLock
 from pipeline.records import GenerationRecord, StepRecord
 
 # RunFolderError: what the commands catch of a folder's writing, named here as before.
-from pipeline.run_files import RunFolderError, open_no_link, writing  # noqa: F401
+from pipeline.run_files import RunFolderError, open_no_link, refuse_link, writing  # noqa: F401
 from pipeline.run_folder import (  # noqa: F401  (read_generations: the folder's reader)
     GENERATIONS,
     METRICS,
@@ -60,7 +60,7 @@ def replace_text(path: Path, text: str) -> None:
 def replace_lines(path: Path, lines: Iterable[bytes]) -> None:
     """replace_text for encoded lines, written one after another (never joined: a trace
     run's generations are hundreds of megabytes)."""
-    with writing(path):
+    with writing(refuse_link(path)):
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
         try:
             os.fchmod(fd, 0o666 & ~_umask())  # as open() would make it, not mkstemp's 0600

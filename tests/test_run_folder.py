@@ -424,3 +424,17 @@ def test_buckets_plan_refuses_a_nan_weight_and_an_out_that_is_a_file(folder, tmp
     assert buckets.main(["plan", str(folder), "--out", str(tmp_path / "file")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("Error: cannot write") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("name", ["report.md", "choice.json", "buckets"])
+def test_buckets_plan_writes_nothing_through_a_link(folder, tmp_path, capsys, name):
+    from pipeline import buckets
+
+    out, target = tmp_path / "o", tmp_path / "victim"
+    out.mkdir()
+    target.mkdir() if name == "buckets" else target.write_text("precious\n")
+    (out / name).symlink_to(target)
+    assert buckets.main(["plan", str(folder), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "symbolic link" in err and err.count("\n") == 1
+    assert os.listdir(target) == [] if target.is_dir() else target.read_text() == "precious\n"

@@ -44,6 +44,7 @@ from pipeline.buckets.serving import (
 from pipeline.buckets.sources import SourceError, load_source, run_limits
 from pipeline.buckets.speed import Choice, candidate_plans, choose, write_choice
 from pipeline.command import ArgparseCommand, Failure
+from pipeline.run_files import RunFolderError, output_folder, write_file
 from pipeline.run_folder import read_metrics, read_step_lines
 from stages.forward.bucket_planner import HEADROOM, Evaluation, Plan, Workload, evaluate
 from stages.forward.buckets import Bucketing
@@ -80,7 +81,7 @@ def plan_source(
     sets = {label: limits.buckets(Bucketing.linear, p.sizes) for label, p in plans.items()}
     sets.update({str(b): limits.buckets(b) for b in BUILTINS})
     results = {label: evaluate(workload, buckets, limits.rule) for label, buckets in sets.items()}
-    (out / "buckets").mkdir(parents=True, exist_ok=True)
+    output_folder(out / "buckets")
     if variants is None:
         variants = default_variants(runs)
     candidates, choice = _serve_candidates(plans, variants, out, name, max_shapes)
@@ -97,10 +98,10 @@ def plan_source(
         f"the set `{label}`, {results[label].num_shapes} warmup shapes, "
         + (choice.reason if choice else "the least padding (not served: no overrides)")
     )
-    (out / "buckets" / f"{name}.yaml").write_text(bucket_file(chosen.sizes, header, usage))
+    write_file(out / "buckets" / f"{name}.yaml", bucket_file(chosen.sizes, header, usage))
     served = serve_plan(variants, out, name) if variants else []
     text = report(source, runs, steps, limits, block_weight, usage, sets, results, served, label)
-    (out / "report.md").write_text(text + speed_report(candidates, choice, label))
+    write_file(out / "report.md", text + speed_report(candidates, choice, label))
     write_choice(out / "choice.json", candidates, choice, label, max_shapes)
     return chosen, {**results, "plan": results[label]}  # "plan": the recommended set
 
@@ -119,9 +120,8 @@ def _serve_candidates(
     served = []
     for label, plan in plans.items():
         file = f"{name}-{label}"
-        (out / "buckets" / f"{file}.yaml").write_text(
-            bucket_file(plan.sizes, f"candidate {label}", "")
-        )
+        sizes = bucket_file(plan.sizes, f"candidate {label}", "")
+        write_file(out / "buckets" / f"{file}.yaml", sizes)
         served.append(serve_set(first, planned_set(out, file), out / f"set-{label}", label))
     builtins = [
         serve_set(first, [f"metadata.bucketing={b}"], out / f"set-{b}", str(b)) for b in BUILTINS
@@ -286,6 +286,7 @@ COMMAND = ArgparseCommand(
     failures=(
         Failure((ValueError,), 2),  # a bad folder or config, or no set within the budget
         Failure((OSError,), 2, cannot_write),
+        Failure((RunFolderError,), 2),  # a link where a report goes
     ),
 )
 

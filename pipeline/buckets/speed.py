@@ -15,6 +15,7 @@ from functools import cmp_to_key
 from pathlib import Path
 
 from pipeline.buckets.serving import Served
+from pipeline.run_files import write_file
 from stages.forward.bucket_planner import Plan, Workload, plan_buckets
 from stages.forward.buckets import StepRule
 
@@ -145,4 +146,4 @@ def write_choice(
         "reason": choice.reason if choice else "not served",
         "sets": sets,
     }
-    path.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
+    write_file(path, json.dumps(document, indent=2) + "\n")

@@ -36,12 +36,13 @@ from pipeline.command import Failure, HydraCommand, Job, OptionChoice
 from pipeline.engine import Engine
 from pipeline.executors import build_engine, check_config, executor_of
 from pipeline.run import run
+from pipeline.run_files import output_folder, write_file
 from pipeline.run_folder import RunFileError, read_step_lines
 from pipeline.schema import HardwareConf, schema_defaults
 from stages.forward.forward_meta import bucket_dims
 from stages.forward.step_shape import StepShape
 from stages.simulator.cost_model import CostModel
-from stages.simulator.hardware import HardwareProfile, write_profile
+from stages.simulator.hardware import HardwareProfile, profile_yaml
 
 log = structlog.get_logger(__name__)
 # Terms measured steps can tell apart at tp=1: KV writes scale with tokens as the
@@ -239,13 +240,14 @@ def calibrate_job(cfg: DictConfig, job: Job) -> int:
     check_grid(options.grid_shapes, pads_buckets(cfg))  # before serving, not after
     if options.serve:
         served = out_dir / "served"
-        served.mkdir(exist_ok=True)
+        output_folder(served)
         run(cfg, served)  # a real run folder of its own, summarised as usual
         runs.append(served)
     profile, coefficients, report = calibrate(cfg, options.grid_shapes, runs)
-    path = write_profile(out_dir / "hardware.yaml", profile, coefficients)
+    fitted = profile_yaml("hardware.yaml", profile, coefficients)
+    path = write_file(out_dir / "hardware.yaml", fitted)
     summary = {"samples": len(report), **error_summary(report), "coefficients": coefficients}
-    (out_dir / "calibration.json").write_text(json.dumps(summary, indent=2) + "\n")
+    write_file(out_dir / "calibration.json", json.dumps(summary, indent=2) + "\n")
     log.info("calibrated", profile=str(path), samples=len(report), **error_summary(report))
     print(f"{path}\n  steps fitted: {len(report)}; fitted step time within "
           f"{summary['median_error']:.1%} (median), {summary['worst_error']:.1%} (worst)\n"

@@ -37,6 +37,7 @@ from pipeline.calibrate.recorded import Recorded, record
 from pipeline.calibrate.residuals import Half, profile_errors, sources
 from pipeline.command import ArgparseCommand, Failure
 from pipeline.compose import compose_config
+from pipeline.run_files import RunFolderError, write_file
 from stages.simulator.hardware import HardwareProfile
 
 # Each fitted figure and its bounds: achieved fractions of peak, and seconds.
@@ -350,7 +351,7 @@ def fit_published(args: argparse.Namespace, argv: list[str]) -> int:
     command = " ".join(["python -m pipeline.calibrate", *argv])
     for name in devices:
         out = Path(args.out.format(name=name))
-        out.write_text(profile_text(name, fitted, recorded, command, checks, halves))
+        write_file(out, profile_text(name, fitted, recorded, command, checks, halves))
         print(f"wrote {out}: hardware=measured hardware.path={out}")
     return 0
 
@@ -359,7 +360,7 @@ FIT = ArgparseCommand(
     name="pipeline.calibrate --published",
     parser=build_parser,
     run=fit_published,
-    failures=(Failure((FitInputError,), 2),),
+    failures=(Failure((FitInputError, RunFolderError), 2),),
 )
 
 

@@ -12,17 +12,17 @@ with no counterpart there is said in a comment, not invented.
 from __future__ import annotations
 
 import argparse
-import json
+import shlex
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from pipeline.command import ArgparseCommand, Failure
 from pipeline.deploy.hpu import FASTDEPLOY, VLLM, VLLM_BUCKETS, fastdeploy_warnings, hpu_scripts
-from pipeline.deploy.settings import Deployment, deployment
+from pipeline.deploy.settings import Deployment, deployment, printable, refuse_control_characters
+from pipeline.run_files import RunFileError, RunFolderError, output_folder, write_file
+from pipeline.run_folder import METRICS, RESOLVED_CONFIG, read_mapping, read_metrics, read_overrides
 
 OVERRIDES = "overrides.txt"
 __all__ = ["COMMAND", "FASTDEPLOY", "OVERRIDES", "VLLM", "VLLM_BUCKETS", "Deployment", "deployment",
@@ -41,8 +41,9 @@ def write_deploy(d: Deployment, overrides: Sequence[str], out: Path) -> list[Pat
     """Writes the deploy files for the device: on a GPU the GPU engines' scripts
     (pipeline/deploy/gpu.py), on Gaudi FastDeploy's and vllm-gaudi's (and the bucket file
     the vLLM script reads); this tool's overrides in either case."""
-    out.mkdir(parents=True, exist_ok=True)
-    (out / OVERRIDES).write_text("".join(f"{o}\n" for o in overrides), encoding="utf-8")
+    for override in overrides:  # one a line: a newline would split one into two
+        refuse_control_characters(override, "the override")
+    write_file(output_folder(out) / OVERRIDES, "".join(f"{o}\n" for o in overrides))
     if d.gpu:
         from pipeline.deploy.gpu import write_gpu_deploy
 
@@ -51,9 +52,7 @@ def write_deploy(d: Deployment, overrides: Sequence[str], out: Path) -> list[Pat
     for warning in fastdeploy_warnings(d):
         print(warning, file=sys.stderr)
     for name, text in files.items():
-        (out / name).write_text(text, encoding="utf-8")
-        if name.endswith(".sh"):
-            (out / name).chmod(0o755)
+        write_file(out / name, text, executable=name.endswith(".sh"))
     return [out / name for name in files] + [out / OVERRIDES]
 
 
@@ -79,14 +78,16 @@ def export_command(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def cannot_export(err: Exception, args: argparse.Namespace) -> str:
-    return f"{args.run_dir}: cannot export ({err})"
+    return f"{printable(str(args.run_dir))}: cannot export ({err})"
 
 
 COMMAND = ArgparseCommand(
     name="pipeline.deploy",
     parser=build_parser,
     run=export_command,
-    failures=(Failure((OSError, ValueError, KeyError), 2, cannot_export),),
+    failures=(
+        Failure((OSError, ValueError, KeyError, RunFileError, RunFolderError), 2, cannot_export),
+    ),
 )
 
 
@@ -95,13 +96,27 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def export_run(run_dir: Path, out: Path, model: str = "") -> list[Path]:
-    """The deploy files of a run folder, from its resolved config and metrics.json."""
-    config = yaml.safe_load((run_dir / "resolved_config.yaml").read_text(encoding="utf-8"))
-    metrics = json.loads((run_dir / "metrics.json").read_text(encoding="utf-8"))
-    overrides_path = run_dir / ".hydra" / "overrides.yaml"
-    overrides = yaml.safe_load(overrides_path.read_text()) if overrides_path.is_file() else []
-    num_blocks = int(metrics.get("num_blocks") or config.get("num_blocks") or 0)
+    """The deploy files of a run folder, from its resolved config and metrics.json, each
+    read by the run folder's checked reader."""
+    refuse_control_characters(str(run_dir), "the run folder's path")
+    config = read_mapping(run_dir / RESOLVED_CONFIG)
+    metrics = read_metrics(run_dir)
+    if metrics is None:
+        raise RunFileError(f"{run_dir} has no {METRICS}: give a run or plan job folder")
+    num_blocks = positive_count(metrics.get("num_blocks") or config.get("num_blocks"))
     if num_blocks < 1:
         raise ValueError("metrics.json has no num_blocks (run it again with this version)")
-    d = deployment(config, num_blocks, model, origin=f"the configuration of the run {run_dir}")
-    return write_deploy(d, overrides or [], out)
+    origin = f"the configuration of the run {shlex.quote(str(run_dir))}"
+    try:
+        d = deployment(config, num_blocks, model, origin=origin)
+    except (TypeError, AttributeError, KeyError) as err:  # a field missing or of another kind
+        raise RunFileError(
+            f"{run_dir / RESOLVED_CONFIG} is not a config the pipeline wrote "
+            f"({' '.join(str(err).split())[:200]}): restore the file the run wrote"
+        ) from err
+    return write_deploy(d, read_overrides(run_dir) or [], out)
+
+
+def positive_count(value: object) -> int:
+    """A count read from a run's file: an integer (not a bool), else 0."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0

@@ -25,6 +25,7 @@ from pipeline.deploy.layouts import (
     trtllm_disagg_config,
 )
 from pipeline.deploy.settings import pool_deployment, replicas_line
+from pipeline.run_files import output_folder, write_file
 
 if TYPE_CHECKING:
     from pipeline.deploy.settings import Deployment
@@ -139,7 +140,7 @@ def _script(
     docs = _docs(engine, d)
     lines = [
         "#!/usr/bin/env bash",
-        f"# {engine.name}: {d.model}, {d.origin}.",
+        f"# {engine.name}: {shlex.quote(d.model)}, {d.origin}.",
         replicas_line(d, "CUDA_VISIBLE_DEVICES"),
         "# Flag names as read from: " + "; ".join(docs) + ".",
         "set -euo pipefail",
@@ -147,8 +148,8 @@ def _script(
     ]
     if d.scheduler not in ("ChunkedScheduler", "WholeScheduler"):
         lines.append(
-            f"# scheduler {d.scheduler}: no counterpart (this server batches continuously); "
-            "the plan's figures for it do not carry over."
+            f"# scheduler {shlex.quote(d.scheduler)}: no counterpart (this server batches "
+            "continuously); the plan's figures for it do not carry over."
         )
     lines += [f"# {c}" for c in comments]
     command = engine.command.replace("MODEL", shlex.quote(d.model))
@@ -163,17 +164,13 @@ def _script(
 
 
 def _write(out: Path, name: str, text: str) -> Path:
-    path = out / name
-    path.write_text(text, encoding="utf-8")
-    if name.endswith(".sh"):
-        path.chmod(0o755)
-    return path
+    return write_file(out / name, text, executable=name.endswith(".sh"))
 
 
 def write_gpu_deploy(d: Deployment, out: Path) -> list[Path]:
     """Every GPU engine's script (and trtllm-serve's options file) into `out`; for a
     disaggregated configuration each engine's prefill, decode and router scripts."""
-    out.mkdir(parents=True, exist_ok=True)
+    output_folder(out)
     written = []
     for engine in GPU_ENGINES:
         if d.layout.disaggregated and engine.disagg is not None:

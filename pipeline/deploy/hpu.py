@@ -60,7 +60,7 @@ def _lines(parts: list[str]) -> str:
 def _header(d: Deployment, server: str, note: str) -> list[str]:
     lines = [
         "#!/usr/bin/env bash",
-        f"# {server}: {d.model}, {d.origin}.",
+        f"# {server}: {shlex.quote(d.model)}, {d.origin}.",
         f"# {note}",
         "set -euo pipefail",
     ]
@@ -68,7 +68,7 @@ def _header(d: Deployment, server: str, note: str) -> list[str]:
         # Static batching (scheduler=static) waits for a whole batch to end before admitting
         # more; both servers batch continuously and have no setting for it.
         lines.append(
-            f"# scheduler {d.scheduler}: no counterpart in this server (it batches "
+            f"# scheduler {shlex.quote(d.scheduler)}: no counterpart in this server (it batches "
             "continuously); the simulated figures for it do not carry over."
         )
     if d.chunked_prefill and not d.align_chunks:

@@ -3,6 +3,7 @@ read from a run's resolved config (the engines' scripts: pipeline/deploy/hpu.py,
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -58,6 +59,31 @@ class Deployment:
     role: str = ""  # a disaggregated pool's server: prefill or decode ("" = aggregated)
     instances: int = 1  # a pool's servers per replica
 
+    def __post_init__(self) -> None:
+        # every text a script interpolates, comments included: a newline in a comment
+        # starts a line the shell runs
+        texts = {"model": self.model, "scheduler": self.scheduler, "origin": self.origin,
+                 "role": self.role}  # fmt: skip
+        for name, text in texts.items():
+            refuse_control_characters(text, name)
+
+
+def refuse_control_characters(text: str, what: str) -> str:
+    """`text` if it holds no control character (a newline, a carriage return, an escape);
+    else a ValueError naming `what`: no id or path a script carries may hold one."""
+    bad = next((c for c in text if unicodedata.category(c) == "Cc"), None)
+    if bad is not None:
+        raise ValueError(
+            f"{what} '{printable(text[:80])}' holds a control character ({bad!r}): a launch "
+            "script carries no id or path with one; rename it"
+        )
+    return text
+
+
+def printable(text: str) -> str:
+    """`text` with each control character as its escape (\\n for a newline): one line."""
+    return "".join(repr(c)[1:-1] if unicodedata.category(c) == "Cc" else c for c in text)
+
 
 def deployment(
     config: Mapping[str, Any], num_blocks: int, model: str = "", *, origin: str, replicas: int = 1
@@ -76,7 +102,9 @@ def deployment(
         scheduler == "ChunkedScheduler",
     )  # fmt: skip
     return Deployment(
-        model=model or str(config["model"].get("name") or "MODEL"),
+        model=refuse_control_characters(
+            model or str(config["model"].get("name") or "MODEL"), "the model id"
+        ),
         tp=int(config.get("tp", 1)),
         max_tokens=int(config["max_tokens"]),
         max_num_seqs=int(config["max_num_seqs"]),

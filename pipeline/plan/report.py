@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shlex
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -33,6 +34,7 @@ from pipeline.plan.table import (
     write_table,
 )
 from pipeline.plan.target import target_of
+from pipeline.run_files import output_folder, write_file
 from pipeline.run_folder import RunStatus
 from pipeline.schema.plan import Objective
 from pipeline.slo import Slo
@@ -89,7 +91,8 @@ def _deploy(
 ) -> dict[str, Any]:
     num_blocks = int(c.metric("num_blocks") or 1)
     overrides = tool_overrides(c.job.overrides, c.config)
-    origin = f"as planned by python -m pipeline.plan ({out.parent.parent}, job {c.job.num})"
+    plan = shlex.quote(str(out.parent.parent))
+    origin = f"as planned by python -m pipeline.plan ({plan}, job {c.job.num})"
     d = deployment(c.config, num_blocks, model, origin=origin, replicas=c.replicas)
     written = write_deploy(d, overrides, out)
     return {**_best(c, keys, prices), "deploy": [str(p) for p in written]}
@@ -135,15 +138,16 @@ def build_plan_report(
         return f"{table}\n\nNo configuration met the SLO within the limits: see {PLAN_MD}"
     model = str(settings.get("model_id") or "")
     per_device: dict[str, dict[str, Any]] = {}
+    deploy = output_folder(plan_dir / "deploy")  # each device's folder in it: no link either
     for device in sorted({c.device for c in ranking.order}):
         mine = rank([c for c in ranking.order if c.device == device], objective, prices, tolerance)
         best = mine.order[0]
-        per_device[device] = _deploy(best, keys, prices, model, plan_dir / "deploy" / device)
+        per_device[device] = _deploy(best, keys, prices, model, deploy / device)
         per_device[device]["tie"] = mine.note
     document = {**_best(chosen, keys, prices), "by": ranking.by, "note": ranking.note,
                 "tied": [c.job.num for c in ranking.tied], "objective": objective,
                 "per_device": per_device}  # fmt: skip
-    (plan_dir / BEST_JSON).write_text(json.dumps(document, indent=2) + "\n")
+    write_file(plan_dir / BEST_JSON, json.dumps(document, indent=2) + "\n")
     return _printed(table, ranking, chosen, per_device, plan_dir)
 
 

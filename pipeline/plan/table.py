@@ -13,12 +13,14 @@ replica at its share of the target), `usd_per_hour` (all cards).
 from __future__ import annotations
 
 import csv
+import io
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from pipeline.plan.bands import Band
 from pipeline.plan.candidates import Candidate, pareto_front
+from pipeline.run_files import write_file
 from pipeline.summary import split_override
 
 PLAN_CSV, PLAN_MD, PARETO_PNG = "plan.csv", "plan.md", "pareto.png"
@@ -138,14 +140,15 @@ def write_table(
     for key in BANDED:
         at = fields.index(key) + 1
         fields[at:at] = [f"{key}_lo", f"{key}_hi"]
-    with open(folder / PLAN_CSV, "w", newline="", encoding="utf-8") as f:
-        writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
-        writer.writeheader()
-        for r, e in zip(rows, ends, strict=True):
-            flat = {k: "" if v is None else v for k, v in r.items()}
-            for key, (low, high) in e.items():
-                flat[f"{key}_lo"], flat[f"{key}_hi"] = low, high
-            writer.writerow(flat)
+    csv_text = io.StringIO(newline="")
+    writer = csv.DictWriter(csv_text, fieldnames=fields, extrasaction="ignore")
+    writer.writeheader()
+    for r, e in zip(rows, ends, strict=True):
+        flat = {k: "" if v is None else v for k, v in r.items()}
+        for key, (low, high) in e.items():
+            flat[f"{key}_lo"], flat[f"{key}_hi"] = low, high
+        writer.writerow(flat)
+    write_file(folder / PLAN_CSV, csv_text.getvalue())
     lines = [
         "| " + " | ".join(shown) + " |",
         "| " + " | ".join("---" for _ in shown) + " |",
@@ -155,7 +158,7 @@ def write_table(
         ),
     ]
     table = "\n".join(lines)
-    (folder / PLAN_MD).write_text(f"{header}\n\n{table}\n\n![Pareto front]({PARETO_PNG})\n")
+    write_file(folder / PLAN_MD, f"{header}\n\n{table}\n\n![Pareto front]({PARETO_PNG})\n")
     return table
 
 
@@ -198,5 +201,7 @@ def write_pareto(cands: Sequence[Candidate], chosen: Candidate | None, path: Pat
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=100)
     plt.close(fig)
+    write_file(path, png.getvalue())

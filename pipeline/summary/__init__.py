@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import csv
+import io
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from omegaconf import DictConfig
 
 from pipeline.command import ArgparseCommand, Failure
 from pipeline.console import raise_advice
+from pipeline.run_files import RunFolderError, write_file
 from pipeline.run_folder import RunFileError, RunStatus, read_mapping, read_metrics, read_overrides
 from pipeline.signals import stop_on_signals
 from pipeline.summary.advice import (
@@ -188,13 +190,14 @@ def columns(jobs: Sequence[Job]) -> list[str]:
 
 
 def write_csv(jobs: Sequence[Job], path: Path) -> None:
-    with open(path, "w", newline="", encoding="utf-8") as f:
-        shown = columns(jobs)
-        writer = csv.DictWriter(f, fieldnames=shown)
-        writer.writeheader()
-        for job in jobs:
-            row = _row(job)
-            writer.writerow({k: "" if row[k] is None else row[k] for k in shown})
+    text = io.StringIO(newline="")
+    shown = columns(jobs)
+    writer = csv.DictWriter(text, fieldnames=shown)
+    writer.writeheader()
+    for job in jobs:
+        row = _row(job)
+        writer.writerow({k: "" if row[k] is None else row[k] for k in shown})
+    write_file(path, text.getvalue())
 
 
 def write_markdown(jobs: Sequence[Job], keys: Sequence[str], path: Path) -> None:
@@ -231,7 +234,7 @@ def write_markdown(jobs: Sequence[Job], keys: Sequence[str], path: Path) -> None
     if advice:
         lines += ["", "## Recommendation", "", *advice]
     lines.append("")
-    path.write_text("\n".join(lines), encoding="utf-8")
+    write_file(path, "\n".join(lines))
 
 
 def _compile_notes(jobs: Sequence[Job]) -> list[str]:
@@ -306,10 +309,10 @@ def build_summary(sweep_dir: Path) -> Path:
         write_markdown(jobs, keys, path)
         path = sweep_dir / "summary.png"
         write_plot(jobs, keys, path, _notes(jobs, keys), slo, arrival_bound(jobs))
-    except OSError as err:  # a read-only sweep folder, a full disk
+    except RunFolderError as err:  # a read-only sweep folder, a full disk, a link
         raise SummaryError(
-            f"cannot write {path}: {err.strerror or err}: make {sweep_dir} writable, or copy "
-            "the sweep folder somewhere writable and summarise the copy"
+            f"{err}: make {sweep_dir} writable, or copy the sweep folder somewhere writable "
+            "and summarise the copy"
         ) from err
     return sweep_dir / "summary.md"
 

@@ -8,12 +8,14 @@ panel with nothing to show (no value in any job, or every value 0) is left out.
 
 from __future__ import annotations
 
+import io
 import math
 from collections.abc import Sequence
 from collections.abc import Set as AbstractSet
 from pathlib import Path
 from typing import Any, Protocol
 
+from pipeline.run_files import write_file
 from stages.arithmetic import ceil_div
 
 # (column, panel title) for summary.png, one panel each.
@@ -141,8 +143,10 @@ def write_plot(
     flat[-1].text(0.0, 1.0, "\n".join(notes), va="top", fontsize=10, family="monospace", wrap=True)
     fig.suptitle(f"Sweep {path.parent}", fontsize=11)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=100)
     plt.close(fig)
+    write_file(path, png.getvalue())
 
 
 def _panel(

@@ -255,13 +255,14 @@ def write_profile(
     path: str | Path, hardware: HardwareProfile, coefficients: Mapping[str, float]
 ) -> Path:
     """Writes `hardware` with fitted `coefficients` as a profile YAML."""
+    file = Path(path)
+    file.write_text(profile_yaml(file.name, hardware, coefficients))
+    return file
+
+
+def profile_yaml(name: str, hardware: HardwareProfile, coefficients: Mapping[str, float]) -> str:
+    """The profile YAML of `hardware` with fitted `coefficients`, to be saved as `name`."""
     profile: dict[str, Any] = dataclasses.asdict(hardware)
     profile["coefficients"] = {k: float(v) for k, v in coefficients.items()}
-    file = Path(path)
-    file.write_text(
-        "# A fitted device profile: hardware=measured hardware.path="
-        + file.name
-        + "\n"
-        + yaml.safe_dump(profile, sort_keys=False)
-    )
-    return file
+    header = f"# A fitted device profile: hardware=measured hardware.path={name}\n"
+    return header + yaml.safe_dump(profile, sort_keys=False)
