@@ -180,7 +180,7 @@ def test_requests_that_can_never_run_get_their_own_error():
     too_big = request(2, 40, new=20)  # 60 tokens: 4 blocks, the pool has 3
     no_output = request(3, 5, new=0)
     empty = request(4, 1)
-    empty.prompt = ""
+    empty.prompt, empty.prompt_ids = "", []
     drive(sched, [ok, too_long, too_big, no_output, empty])
     assert ok.error is None and len(ok.output_ids) == 4
     assert "max_model_len=64" in too_long.error

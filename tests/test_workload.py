@@ -40,6 +40,19 @@ def test_jsonl_bad_lines_fail_alone(tmp_path):
     assert {r.finish_reason for rid, r in got.items() if errors[rid]} == {"error"}
 
 
+def test_jsonl_rows_after_a_blank_line_keep_their_own_ids(tmp_path):
+    """One numbering, the file's: a row after a blank line is not taken for another's."""
+    path = tmp_path / "prompts.jsonl"
+    path.write_text('{"prompt": "a"}\n\nnot json\n{"prompt": "b"}\n{"prompt": "c"}\n')
+    from stages.workload.jsonl import JsonlWorkload
+
+    requests = JsonlWorkload(str(path), 0, 4, 0.0, 0, 0).load(ByteTokenizer(add_bos=False))
+    assert [r.id for r in requests] == ["line-1", "line-3", "line-4", "line-5"]
+    assert [r.error is None for r in requests] == [True, False, True, True]
+    assert [r.prompt for r in requests] == ["a", "", "b", "c"]
+    assert "line 3" in (requests[1].error or "")
+
+
 def test_requests_wait_for_their_arrival(tmp_path):
     path = tmp_path / "timed.jsonl"
     rows = [

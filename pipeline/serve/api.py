@@ -11,6 +11,7 @@ free by the next step.
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -20,6 +21,7 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from omegaconf import DictConfig
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 
 from pipeline.serve.guards import (
@@ -124,8 +126,8 @@ async def completions(request: Request) -> Response:
             raise Problem(400, f"prompt: token id {bad[0]} is outside the vocabulary "
                           f"(0..{tokenizer.vocab_size - 1})", "prompt")  # fmt: skip
         ids, prompt = prompt, tokenizer.decode(prompt)
-    else:
-        ids = tokenizer.encode(prompt)
+    else:  # "" is no prompt, whatever tokens the tokenizer would add to it
+        ids = tokenizer.encode(prompt) if prompt else []
     reply = request.app.state.serving.reply(ReplyKind.TEXT_COMPLETION, body.shown())
     return await generate(request, worker, body, reply, prompt, ids, body.limit())
 
@@ -176,7 +178,7 @@ async def generate(
     job = to_request(body, prompt, ids, limit, max_model_len, ident, engine.clock())
     reason = engine.rejection(job)
     if reason:
-        raise Problem(400, reason, source)
+        raise Problem(400, reason, reason_field(reason, body, source))
     try:
         stream = worker.submit(job, streamed=body.stream)
     except RuntimeError as err:
@@ -253,3 +255,10 @@ async def stream_events(
     finally:
         if not ended:  # the client left, or the server cancelled the response
             worker.abort(stream.request, DISCONNECTED)
+
+
+def reason_field(reason: str, body: BaseModel, fallback: str) -> str:
+    """The body field a rejection starts with (`top_k=...`, `logprobs: ...`), else
+    `fallback`: the error names the field to change."""
+    name = re.split(r"[^a-z_]", reason, maxsplit=1)[0]
+    return name if name in type(body).model_fields else fallback

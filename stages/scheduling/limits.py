@@ -13,7 +13,7 @@ def rejection(
 ) -> str | None:
     """Why this request can never be served under these limits, or None."""
     n = len(request.prompt_ids)
-    if not request.prompt:
+    if not request.prompt_ids:  # tokens, not text: special tokens decode to none
         return "empty prompt"
     if request.max_new_tokens < 1:
         return f"max_new_tokens={request.max_new_tokens}: must be >= 1"

@@ -241,12 +241,20 @@ class NoAttention:
 
 
 class WorkloadLengthSampler:
-    """Every request gets as many tokens as it asks for: one fixed token that ends nothing."""
+    """Every request gets as many tokens as it asks for: one fixed token that ends nothing.
+    A simulated model computes no logits: a request for log-probabilities is refused, not
+    answered with values that were never computed."""
 
     def __init__(self, token: int = 0) -> None:
         self.token = token
 
     def validate_request(self, request: Request) -> str | None:
+        s = request.sampling
+        if s.logprobs is not None or s.prompt_logprobs is not None:
+            return (
+                "logprobs: a simulated model computes no logits, so it has no "
+                "log-probabilities: leave logprobs out, or serve a real model"
+            )
         return None
 
     def sample(self, logits: Any, requests: Sequence[Request]) -> Samples:

@@ -47,8 +47,15 @@ def _prompt(line: dict[str, Any], tokenizer: Tokenizer) -> tuple[str, list[int]]
 
 
 def _line_to_request(
-    line: dict[str, Any], index: int, default_new_tokens: int, arrival: float, tokenizer: Tokenizer
+    line: dict[str, Any],
+    index: int,
+    number: int,
+    default_new_tokens: int,
+    arrival: float,
+    tokenizer: Tokenizer,
 ) -> Request:
+    """The request of the line at `index` among the file's requests, `number` in the file
+    (its default id: line-NUMBER, as a bad line's error names it)."""
     unknown = sorted(set(line) - _LINE_FIELDS)
     if unknown:
         raise ValueError(f"unknown field(s) {unknown}; allowed: {sorted(_LINE_FIELDS)}")
@@ -68,7 +75,7 @@ def _line_to_request(
         value = line.get(key)
         if isinstance(value, int) and not isinstance(value, bool) and not -top < value < top:
             raise ValueError(f"'{key}'={value} is out of range: use a value below {top}")
-    rid = line.get("id", f"line-{index + 1}")
+    rid = line.get("id", f"line-{number}")
     if not isinstance(rid, str | int) or isinstance(rid, bool):
         raise ValueError("'id' must be a string or an integer")
     return Request(
@@ -173,7 +180,7 @@ class JsonlWorkload:
             try:
                 line = _parse_line(raw)
                 request = _line_to_request(
-                    line, index, self.max_new_tokens, arrivals[index], tokenizer
+                    line, index, number, self.max_new_tokens, arrivals[index], tokenizer
                 )
                 if request.id in first_line_of:
                     raise ValueError(
