@@ -3,13 +3,14 @@ pipeline/calibrate/data/published-disagg.csv, the goodput per card of the disagg
 deployment over the best aggregated one's (each a capacity search on the simulated device,
 pipeline/plan/capacity.py), the published ratio, the error per row and the median.
 
-    python -m benchmarks.published_disagg [--file CSV] [--requests N]
+    python -m benchmarks.published_disagg [--file CSV] [--requests N] [--record]
 
 Each search serves `--requests` requests of the row's fixed input and output lengths at
 Poisson arrivals, under TPOT <= 1000 / tok_s_per_user ms and TTFT <= 2 s (the rows state a
 per-user rate, not a TTFT: 2 s is this benchmark's one bound for all rows), attainment
 0.9; limits as vLLM's on H100: max_num_seqs=256, max_num_batched_tokens=8192. Nothing
-here is fitted to the rows.
+here is fitted to the rows. `--record` writes the median error as the `disaggregation`
+result the plan's bands read (pipeline/calibrate/check_results.py).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from pipeline.calibrate.check_results import command_line, record
 from pipeline.compose import compose_config
 from pipeline.disagg_config import deployment_cards
 from pipeline.plan.capacity import capacity_search
@@ -84,12 +86,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--file", default=str(DATA), help="a published-disagg CSV")
     parser.add_argument("--requests", type=int, default=200, help="requests per probe")
+    parser.add_argument("--record", action="store_true", help="write the result for the bands")
     args = parser.parse_args(argv)
     start = time.perf_counter()
-    errors = []
+    errors, devices = [], []
     for row in read_rows(args.file):
         p = predict(row, args.requests)
         errors.append(abs(p["error"]))
+        devices.append(row["hardware"])
         agg = ", ".join(f"tp{tp} {g:.3f}" for tp, g in p["aggregated"].items())
         print(
             f"{row['id']}: {row['hardware']} {row['model']} {row['quantization']} "
@@ -105,6 +109,9 @@ def main(argv: list[str] | None = None) -> int:
         f"\n{len(errors)} rows: median absolute error {statistics.median(errors):.0%} "
         f"({time.perf_counter() - start:.0f} s)"
     )
+    if args.record:
+        command = command_line("benchmarks.published_disagg", argv)
+        print(f"recorded {record('disaggregation', errors, devices, args.file, command)}")
     return 0
 
 

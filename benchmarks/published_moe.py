@@ -1,7 +1,7 @@
 """Published MoE figures measured with expert parallelism and data-parallel attention,
 simulated in their method, against what was published.
 
-    python -m benchmarks.published_moe [--hardware h100] [--layout TP,EP,DP]
+    python -m benchmarks.published_moe [--hardware h100] [--layout TP,EP,DP] [--record]
 
 The file is pipeline/calibrate/data/published-moe.csv: TensorRT-LLM's v1.0 performance
 overview for Qwen3-235B-A22B in FP8 on 8 H200 or 8 H100 (trtllm-bench offline, `--tp 8
@@ -10,7 +10,9 @@ published-measurements.csv plus `ep` and `dp`. None of these rows was used to fi
 profile. One dp replica is simulated (docs/simulator.md, "Expert parallelism"): it gets
 1 / dp of the requests, all queued at once with trtllm-bench's batch limits taken from its
 own KV pool, as published.py does for a whole deployment; the deployment's throughput is
-dp times the replica's.
+dp times the replica's. `--record` writes the median error as the result of the feature
+the rows were read as (dp > 1: attention_dp; ep > 1 at dp = 1: expert_parallel) for the
+plan's bands (pipeline/calibrate/check_results.py); over every row only.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import sys
 import time
 
 from pipeline.build import build
+from pipeline.calibrate.check_results import command_line, record
 from pipeline.calibrate.published import (
     DATA_DIR,
     GPU_BLOCK,
@@ -87,7 +90,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--layout", default="", help="TP,EP,DP: every row read as this deployment instead"
     )
+    parser.add_argument("--record", action="store_true", help="write the result for the bands")
     args = parser.parse_args(argv)
+    if args.record and args.hardware:
+        print("Error: --record needs every row: drop --hardware", file=sys.stderr)
+        return 2
     try:
         rows = list(zip(read_rows(args.file), layouts(args.file), strict=True))
     except (ValueError, KeyError) as err:
@@ -101,7 +108,20 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(error_lines(runs)))
     errors = [abs(r.error) for r in runs]
     print(f"\nall {len(runs)} rows: median error {median(errors):.1%}, worst {max(errors):.1%}")
+    feature = moe_feature([lay for _, lay in rows])
+    if args.record and feature:
+        devices = [r.row.hardware for r in runs]
+        path = record(feature, [r.error for r in runs], devices, args.file,
+                      command_line("benchmarks.published_moe", argv))  # fmt: skip
+        print(f"recorded {path}")
     return 0
+
+
+def moe_feature(read_as: list[ExpertParallel]) -> str:
+    """The feature the rows, as read, check: attention_dp, expert_parallel, or none."""
+    if any(lay.dp > 1 for lay in read_as):
+        return "attention_dp"
+    return "expert_parallel" if any(lay.ep > 1 for lay in read_as) else ""
 
 
 if __name__ == "__main__":

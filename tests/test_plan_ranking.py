@@ -110,10 +110,10 @@ def test_the_table_carries_bands_and_a_deploy_folder_per_device(devices):
     build_plan_report(devices, {**settings, "model_id": "m"})
     rows = {r["job"]: r for r in csv.DictReader(open(devices / "plan.csv"))}
     h100 = rows["0"]
-    assert float(h100["capacity_lo"]) == pytest.approx(1.0 * (1 - 0.084))
+    assert float(h100["capacity_lo"]) == pytest.approx(1.0 / 1.084)
     assert float(h100["goodput_per_card_hi"]) == pytest.approx(6.0 * 0.95 * 1.084)
-    # $/h band: replicas re-rounded at capacity 6 x (1 -+ 0.084): ceil(20/5.496) = 4,
-    # ceil(20/6.504) = 4: $12-12; gaudi3 at 4.2 x (1 -+ 0.2): ceil(20/3.36) = 6, ceil(20/5.04) = 4
+    # $/h band: replicas re-rounded at capacity 6 / 1.084 and 6 x 1.084: ceil(20/5.535) = 4,
+    # ceil(20/6.504) = 4: $12-12; gaudi3 at 4.2 / 1.2 and x 1.2: ceil(20/3.5) = 6, ceil(20/5.04) = 4
     assert (float(h100["usd_per_hour_lo"]), float(h100["usd_per_hour_hi"])) == (12.0, 12.0)
     assert (float(rows["1"]["usd_per_hour_lo"]), float(rows["1"]["usd_per_hour_hi"])) == (8.0, 12.0)
     text = (devices / "plan.md").read_text()
@@ -122,6 +122,6 @@ def test_the_table_carries_bands_and_a_deploy_folder_per_device(devices):
     assert set(best["per_device"]) == {"h100", "gaudi3"}
     gaudi = best["per_device"]["gaudi3"]
     assert gaudi["bands"]["usd_per_hour"] == [8.0, 12.0]
-    assert gaudi["bands"]["capacity_rps"] == pytest.approx([4.2 * 0.8, 4.2 * 1.2])
+    assert gaudi["bands"]["capacity_rps"] == pytest.approx([4.2 / 1.2, 4.2 * 1.2])
     assert (devices / "deploy" / "gaudi3" / "vllm-gaudi.sh").is_file()
     assert (devices / "deploy" / "h100").is_dir()

@@ -27,7 +27,7 @@ import yaml
 from pipeline.artefacts import RESOLVED_CONFIG
 from pipeline.layout import Layout, layout_of
 from pipeline.plan.acceptance import acceptance_assumed
-from pipeline.plan.bands import Band, profile_band
+from pipeline.plan.bands import Band, config_band
 from pipeline.plan.target import sizing
 from pipeline.run_folder import RunStatus
 from pipeline.schema.plan import Objective
@@ -57,7 +57,8 @@ class Candidate:
 
     @property
     def band(self) -> Band:
-        return profile_band(self.config.get("hardware"))
+        """Its figures' band: the device's and each feature's checked error (bands.py)."""
+        return config_band(self.config)
 
     @property
     def layout(self) -> Layout:

@@ -76,11 +76,15 @@ def _header(plan_dir: Path, cands: Sequence[Candidate], ranking: Ranking, tolera
         "`tie`: the row's band overlaps the first's (the figures cannot tell them apart); "
         "it never moves a row."
     )
-    lines += ["", "Bands (+-, from each device profile's calibration residuals):"]
-    for device in devices:
-        band = next(c.band for c in cands if c.device == device)
+    lines += ["", "Bands (pipeline/plan/bands.py: the device's held-out calibration error and "
+              "each feature's published check, compounded; unchecked: the widest):"]  # fmt: skip
+    described: dict[str, list[str]] = {}
+    for c in cands:
+        band = c.band
         release = band.software or "software release not stated in the profile"
-        lines.append(f"- {device}: {band.describe()}; figures describe {release}")
+        key = f"{c.device}: {band.describe()}; figures describe {release}"
+        described.setdefault(key, []).append(str(c.job.num))
+    lines += [f"- jobs {', '.join(jobs)}: {text}" for text, jobs in described.items()]
     if ranking.note:
         lines += ["", ranking.note]
     return "\n".join(lines)

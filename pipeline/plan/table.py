@@ -36,7 +36,8 @@ COLUMNS = [
     "capacity_rps", "slo_attainment",
     "goodput_per_card", "output_tok_s_per_card", "tok_s_per_user", "ttft_p90_ms",
     "tpot_p90_ms", "replicas", "cards", "headroom", "check_attainment", "usd_per_hour",
-    "cost_per_mtok_usd", "ready_s", "warmup_s", "graphs", "kv_blocks", "serving_compiles", "note",
+    "cost_per_mtok_usd", "band", "ready_s", "warmup_s", "graphs", "kv_blocks",
+    "serving_compiles", "note",
 ]  # fmt: skip
 
 
@@ -78,6 +79,7 @@ def row(
         "check_attainment": target.get("check_attainment"),
         "usd_per_hour": c.usd_per_hour(prices) if target else None,
         "cost_per_mtok_usd": c.cost_per_mtok(prices),
+        "band": f"+-{c.band.relative:.0%}" + (" unchecked" if c.band.unchecked else ""),
         "ready_s": c.metric("ready_s"),
         "warmup_s": c.metric("predicted_warmup_s"),
         "graphs": c.metric("warmup_shapes"),
