@@ -23,9 +23,11 @@ from pipeline.command import HydraCommand, Job, SweepOnFailure
 from pipeline.disagg_config import check_layouts
 from pipeline.plan.capacity import capacity_search
 from pipeline.plan.capacity_report import print_result
+from pipeline.plan.readiness import Readiness, readiness
 from pipeline.plan.report import check_plan
 from pipeline.plan.target import check_target, target_of
 from pipeline.run_folder import RunStatus
+from stages.simulator.precision import Precision
 
 log = structlog.get_logger("pipeline.plan")
 
@@ -41,7 +43,13 @@ def plan_job(cfg: DictConfig, job: Job) -> int:
                                  "ruled_out": reason}, job.out_dir)  # fmt: skip
         return 0
     check_plan(cfg)
-    result = capacity_search(cfg, job.out_dir, max_warmup_s=cfg.plan.max_warmup_s)
+    start_up = replica_readiness(cfg, warmup_s=0.0)  # all but the capture or compile
+    result = capacity_search(
+        cfg, job.out_dir, max_warmup_s=cfg.plan.max_warmup_s, start_up_s=start_up.ready_s
+    )
+    warmup_s = float(result.get("predicted_warmup_s") or 0.0)
+    result.update(replica_readiness(cfg, warmup_s).as_metrics())
+    artefacts.write_metrics(result, job.out_dir)
     if target_of(cfg):
         result = check_target(cfg, job.out_dir, result)
         artefacts.write_metrics(result, job.out_dir)
@@ -57,6 +65,14 @@ COMMAND = HydraCommand(
     records_failures=True,
     sweep=SweepOnFailure.ALWAYS_GOES_ON,
 )
+
+
+def replica_readiness(cfg: DictConfig, warmup_s: float) -> Readiness:
+    """A replica's start-up on each of its device's engines (pipeline/plan/readiness.py)."""
+    spec, _ = describe_model(cfg)
+    weights = Precision(cfg.quantization, cfg.kv_cache_dtype).model_weight_bytes(spec)
+    pads = bool(cfg.hardware.pads_to_buckets)
+    return readiness(weights, float(cfg.plan.load_gbs), warmup_s, pads)
 
 
 def layout_rule(cfg: DictConfig) -> str:

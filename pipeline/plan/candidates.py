@@ -188,7 +188,7 @@ class Candidate:
 def read_candidates(jobs: Sequence[Job], max_warmup_s: float) -> list[Candidate]:
     """Every job, with the reason it is ruled out, if any: its ep / dp cannot be deployed,
     it failed, no load met the SLO,
-    its predicted warmup outlasts plan.max_warmup_s, or its target check missed twice."""
+    its ready_s outlasts plan.max_warmup_s, or its target check missed twice."""
     out = []
     for job in jobs:
         resolved = job.path / RESOLVED_CONFIG
@@ -201,8 +201,8 @@ def read_candidates(jobs: Sequence[Job], max_warmup_s: float) -> list[Candidate]
             c.ruled_out = f"{job.status}: {job.error}"
         elif not job.metrics.get("capacity_found"):
             c.ruled_out = str(job.metrics.get("capacity_reason") or "no load met the SLO")
-        elif max_warmup_s and c.warmup_s > max_warmup_s:
-            c.ruled_out = f"warmup {c.warmup_s:,.0f} s > plan.max_warmup_s={max_warmup_s:g}"
+        elif max_warmup_s and c.ready_s > max_warmup_s:
+            c.ruled_out = f"ready {c.ready_s:,.0f} s > plan.max_warmup_s={max_warmup_s:g}"
         elif target and not target.get("check_met"):
             c.ruled_out = (
                 f"one replica of {target['replicas']} missed the SLO at its share of the target"

@@ -222,11 +222,14 @@ def narrow(search: Search, lo: float, hi: float) -> tuple[float, float]:
     return lo, hi
 
 
-def capacity_search(cfg: DictConfig, out_dir: Path, max_warmup_s: float = 0.0) -> dict[str, Any]:
+def capacity_search(
+    cfg: DictConfig, out_dir: Path, max_warmup_s: float = 0.0, start_up_s: float = 0.0
+) -> dict[str, Any]:
     """Finds the configuration's capacity; writes capacity.json, capacity.md and, as the
     folder's metrics.json, the metrics at capacity with the search's result beside them.
-    max_warmup_s: a configuration whose predicted warmup is longer is not searched (a plan
-    rules it out whatever its capacity; 0 = search every one)."""
+    max_warmup_s: a configuration whose start-up (start_up_s, e.g. its weights' load, plus
+    its predicted warmup) is longer is not searched (a plan rules it out whatever its
+    capacity; 0 = search every one)."""
     slo = slo_of(cfg)
     if not slo.bounds:
         raise ConfigError(
@@ -250,8 +253,12 @@ def capacity_search(cfg: DictConfig, out_dir: Path, max_warmup_s: float = 0.0) -
         axis, first_step = replace(axis, start=estimate), (1 + cfg.capacity.tolerance) ** 2
     search = Search(cfg, out_dir, axis, first_step)
     warmup_s = device.get("predicted_warmup_s")
-    if max_warmup_s and warmup_s is not None and warmup_s > max_warmup_s:
-        reason = f"warmup {warmup_s:,.0f} s > plan.max_warmup_s={max_warmup_s:g}: not searched"
+    ready_s = None if warmup_s is None else start_up_s + warmup_s
+    if max_warmup_s and ready_s is not None and ready_s > max_warmup_s:
+        reason = (
+            f"ready {ready_s:,.0f} s (warmup {warmup_s:,.0f} s) > plan.max_warmup_s="
+            f"{max_warmup_s:g}: not searched"
+        )
         result = not_searched(search, reason, {**device, "num_requests": len(requests)})
         result["num_blocks"] = engine.scheduler.kv_cache.num_blocks
     else:

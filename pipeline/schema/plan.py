@@ -62,7 +62,10 @@ class PlanConf:
         default_factory=lambda: {"h100": 0.0, "h200": 0.0, "gaudi2": 0.0, "gaudi3": 0.0}
     )
     # rule out longer predicted warmups: a readiness budget (an hour); 0 = none
-    max_warmup_s: float = 3600.0
+    max_warmup_s: float = 3600.0  # bounds ready_s: weight load + capture or compile
+    # the storage's read bandwidth, GB/s, the weights' load time (pipeline/plan/readiness.py);
+    # conf/plan.yaml cites its default
+    load_gbs: float = 1.0
     model_id: str = ""  # what the deploy commands load; "" = the model's name
     # metadata.bucketing on a device that pads to buckets (Gaudi), where not given; a GPU
     # takes cudagraph. conf/plan.yaml: exponential, whose warmups fit plan.max_warmup_s.
