@@ -21,9 +21,10 @@ import heapq
 import itertools
 import math
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple
 
+from pipeline.disagg_admission import DecodeAdmission
 from pipeline.engine import Arrivals, Engine, Leaps, Slots, long_lived_frozen
 from pipeline.metrics import StepTotals
 from stages.scheduling.request import Request
@@ -125,12 +126,13 @@ class ClosedLoop:
         concurrency: int,
         copies: Copies,
         totals: StepTotals,
+        pulls: Mapping[int, float],
     ) -> None:
         self.copies, self.totals = copies, totals
         self.waiting = deque(sorted(requests, key=lambda r: r.arrival_s))
         self.slots = Slots(concurrency)
         self.prefill = [Feed(e, added(e.scheduler.add)) for e in pools[0]]
-        self.decode = [Feed(e, e.scheduler.admit_computed) for e in pools[1]]
+        self.decode = [Feed(e, DecodeAdmission(e.scheduler, e.clock, pulls)) for e in pools[1]]
         self.turns = {"prefill": itertools.cycle(self.prefill),
                       "decode": itertools.cycle(self.decode)}  # fmt: skip
         self.in_flight: list[tuple[float, int, Request]] = []  # transfers, by arrival
@@ -228,10 +230,13 @@ def simulate_closed_loop(
     concurrency: int,
     copies: Copies,
     totals: StepTotals,
+    pulls: Mapping[int, float],
 ) -> tuple[list[Request], list[Request | None], float]:
-    """Serves `requests` at most `concurrency` at once through both pools: each request's
-    prefill copy, decode copy (None: it failed on the prefill instance) and the run's end."""
-    loop = ClosedLoop(pools, requests, concurrency, copies, totals)
+    """Serves `requests` at most `concurrency` at once through both pools (`pulls`: the
+    seconds of the pulls decode instances make themselves, by the decode copy's seq_id):
+    each request's prefill copy, decode copy (None: it ended on the prefill instance) and
+    the run's end."""
+    loop = ClosedLoop(pools, requests, concurrency, copies, totals, pulls)
     with long_lived_frozen():
         end = loop.run()
     return *loop.served(requests), end

@@ -14,8 +14,8 @@ from pipeline.checks import ConfigError
 from pipeline.layout import Pool, layout_of
 from pipeline.schema import DisaggConf
 from stages.model.spec import ModelSpec
+from stages.simulator.disagg_engines import disagg_path
 from stages.simulator.expert_parallel import ExpertParallel, check_layout
-from stages.simulator.router import router_hop_s
 
 PREFILL, DECODE = "prefill", "decode"
 
@@ -86,7 +86,7 @@ def check_disagg(cfg: DictConfig) -> None:
             "for one aggregated instance"
         )
     try:
-        router_hop_s(disagg.router, disagg.router_s)
+        disagg_path(disagg.engine)
     except ValueError as err:
         raise ConfigError(str(err)) from err
 

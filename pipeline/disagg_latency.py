@@ -1,7 +1,8 @@
 """A disaggregated request's time to first token as a client reads it, in its parts: the
-router's hop, the prefill instance (its queue and the prompt), the KV transfer, and the
-decode instance (its wait for room and the first step, which samples the first token).
-The parts add up to the request's TTFT; each is read off the request's two copies."""
+router's hop, the prefill instance (its queue and the prompt), the KV transfer beside the
+decode instance's steps, and the decode instance (its wait for room, the pull where it
+makes the pull itself, and the first step or the carried token's sending). The parts
+add up to the request's TTFT; each is read off the request's two copies."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 from pipeline.metrics import stats
 from stages.scheduling.request import Request
 
-PARTS = ("router", "prefill", "transfer", "decode_first_step")
+PARTS = ("router", "prefill", "transfer", "decode")
 
 
 def ttft_parts_s(
@@ -26,7 +27,7 @@ def ttft_parts_s(
         parts["router"].append(router_s)
         parts["prefill"].append(prefilled - first.arrival_s)
         parts["transfer"].append(rest.arrival_s - prefilled)
-        parts["decode_first_step"].append(rest.token_times[0] - rest.arrival_s)
+        parts["decode"].append(rest.token_times[0] - rest.arrival_s)
     return parts
 
 
@@ -47,5 +48,5 @@ def describe_parts(parts: dict[str, Any]) -> str:
 
     return (
         f"  TTFT parts  p50 router {ms('router')} + prefill {ms('prefill')} + KV transfer "
-        f"{ms('transfer')} + decode's first step {ms('decode_first_step')} ms"
+        f"{ms('transfer')} + decode instance {ms('decode')} ms"
     )

@@ -5,26 +5,28 @@ An instance with dp attention replicas (`disagg.<role>_dp`, else the run's dp) i
 engines, its experts split over its tp x dp cards when the run has ep > 1; requests go
 round-robin over every replica of a pool.
 
-A request goes as the engines' routers send it (vLLM's proxy, SGLang's router, Dynamo):
+A request goes as its engine's path sends it (stages.simulator.disagg_engines,
+`disagg.engine`):
 
-1. Router: the request reaches a prefill instance after the router's hop
-   (stages.simulator.router, `disagg.router`).
+1. Router: the request reaches a prefill instance after the router's hop.
 2. Prefill: requests go round-robin, in arrival order, to the prefill instances; each
-   instance serves its requests to their first token only (that token is not the
-   client's).
-3. Transfer: the prompt's KV cache reaches a decode instance after
-   stages.simulator.disaggregation's KvLink.seconds (bytes over the link, a time per
-   piece the KV layout cuts it into, a transfer's fixed time).
+   instance serves its requests to their first token only.
+3. Transfer: the prompt's KV cache takes stages.simulator.disaggregation's
+   KvLink.seconds (bytes over the link, a time per piece the KV layout cuts it into, a
+   transfer's fixed time): beside the decode instance's steps, the request arriving
+   there once it is done, or, where the engine pulls it inside a step, at the decode
+   instance, which stops for it when it takes the request in.
 4. Decode: requests go round-robin, in the order they arrive there, to the decode
    instances. One is admitted on arrival when max_num_seqs and its pool have room (its
-   prompt's blocks taken at once), else it waits, in order, for room; its first step
-   computes the last prompt token again and samples the first output token, which is the
-   client's first; then it decodes to its end. A request preempted there is recomputed
-   there.
+   prompt's blocks taken at once), else it waits, in order, for room
+   (pipeline.disagg_admission). The client's first token is the decode instance's: its
+   first step computes the last prompt token again and samples it (vLLM), or the prefill
+   instance's token, carried over, is sent once the instance takes the request in; then
+   it decodes to its end. A request preempted there is recomputed there.
 
-Every output token, so TTFT (router + prefill + transfer + the decode instance's wait
-and first step), ITL, TPOT and end-to-end latency, is the decode pool's, as a client
-reads it; metrics.json gives each part of TTFT (pipeline.disagg_latency). Open loop,
+Every output token, so TTFT (router + prefill + transfer + the decode instance's part),
+ITL, TPOT and end-to-end latency, is the one a client reads; metrics.json gives each part
+of TTFT (pipeline.disagg_latency). Open loop,
 decode never feeds back to prefill, so the pools run one after the other; a closed loop
 (`workload.concurrency`) runs them side by side (pipeline.disagg_closed_loop). The run's
 duration is when its last instance finishes.
@@ -51,6 +53,7 @@ from pipeline import artefacts
 from pipeline.build import build, load_workload
 from pipeline.checks import ConfigError, check_model_context, describe_model
 from pipeline.console import summary_table
+from pipeline.disagg_admission import DecodeAdmission
 from pipeline.disagg_closed_loop import Copies, simulate_closed_loop
 from pipeline.disagg_config import (
     DECODE,
@@ -65,16 +68,15 @@ from pipeline.disagg_latency import describe_parts, ttft_parts_ms
 from pipeline.engine import Arrivals, Engine, Leaps, long_lived_frozen
 from pipeline.executors import check_config
 from pipeline.executors.simulated import simulated_engine
-from pipeline.metrics import StepTotals, summarise
+from pipeline.metrics import StepTotals, stats, summarise
 from pipeline.run_folder import RunStatus
 from pipeline.serving import Hooks, serve_and_summarise
 from pipeline.slo import Slo, slo_metrics
-from stages.interfaces import Scheduler
 from stages.scheduling.request import FinishReason, Request
 from stages.simulator.device import VirtualClock
+from stages.simulator.disagg_engines import DisaggPath, FirstToken, disagg_path
 from stages.simulator.disaggregation import KvLink, LinkSettings, kv_link
 from stages.simulator.precision import Precision
-from stages.simulator.router import router_hop_s
 
 
 @dataclass
@@ -85,9 +87,12 @@ class Deployment:
     prefill: list[Engine]
     decode: list[Engine]
     link: KvLink
+    path: DisaggPath  # the engine's: its first token, its pull, its pieces
     router_s: float  # the router's hop before a request reaches a prefill instance
     requests: list[Request]
     totals: StepTotals = field(default_factory=StepTotals)
+    transfer_s: dict[int, float] = field(default_factory=dict)  # by the decode copy's seq_id
+    pulls: dict[int, float] = field(default_factory=dict)  # those the decode instance makes
     # each request's prefill copy and decode copy (None: it ended on the prefill instance)
     served: list[tuple[Request, Request | None]] = field(default_factory=list)
 
@@ -133,11 +138,12 @@ def build_deployment(cfg: DictConfig) -> Deployment:
         settings = LinkSettings(
             disagg.link_gbps, disagg.transfer_latency_s, disagg.transfer_piece_s
         )
-        link = kv_link(spec, hardware, precision, tps, int(cfg.block_size), settings)
-        router_s = router_hop_s(disagg.router, disagg.router_s)
+        path = disagg_path(disagg.engine)
+        link = kv_link(spec, hardware, precision, tps, int(cfg.block_size), settings, path.paged)
     except ValueError as err:
         raise ConfigError(str(err)) from err
-    return Deployment(cfg, pools[PREFILL], pools[DECODE], link, router_s, requests)
+    router_s = disagg.router_s if disagg.router_s >= 0 else path.router_s
+    return Deployment(cfg, pools[PREFILL], pools[DECODE], link, path, router_s, requests)
 
 
 def copy_request(r: Request, max_new_tokens: int, arrival_s: float) -> Request:
@@ -166,12 +172,23 @@ def prefill_copy(deployment: Deployment, r: Request) -> Request:
 
 
 def decode_copy(deployment: Deployment, r: Request, first: Request) -> Request | None:
-    """The request as its decode instance gets it, once its prompt's KV cache arrived after
-    the prefill instance's first token; None where the prefill instance failed it."""
-    if first.finished and first.finish_reason == FinishReason.ERROR:
+    """The request as its decode instance gets it after the prefill instance's token: once
+    its KV cache arrived, or at once where the decode instance pulls it itself; with the
+    prefill's token where the engine carries it over. None where the prefill instance
+    failed it, or its carried token is its whole output."""
+    path = deployment.path
+    carried = path.first_token is FirstToken.CARRIED
+    if first.finish_reason == FinishReason.ERROR or (carried and r.max_new_tokens <= 1):
         return None
-    arrival = first.token_times[0] + deployment.link.seconds(r.num_prompt_tokens)
-    return copy_request(r, r.max_new_tokens, arrival)
+    seconds = deployment.link.seconds(r.num_prompt_tokens)
+    arrival = first.token_times[0] + (0.0 if path.pull_blocks else seconds)
+    copy = copy_request(r, r.max_new_tokens, arrival)
+    deployment.transfer_s[copy.seq_id] = seconds
+    if path.pull_blocks:
+        deployment.pulls[copy.seq_id] = seconds
+    if carried:
+        copy.output_ids = first.output_ids[:1]  # its time: when the decode instance takes it
+    return copy
 
 
 def prefill_pass(deployment: Deployment) -> tuple[list[Request], float]:
@@ -191,10 +208,10 @@ class Transfers:
     each admitted (as a running decode) once it has arrived and the instance has room,
     in arrival order."""
 
-    def __init__(self, requests: Sequence[Request], scheduler: Scheduler, engine: Engine) -> None:
+    def __init__(self, requests: Sequence[Request], admit: DecodeAdmission, engine: Engine) -> None:
         self.pending = deque(sorted(requests, key=lambda r: r.arrival_s))
         self.queued: deque[Request] = deque()  # arrived, waiting for room
-        self.scheduler = scheduler
+        self.admit = admit
         self.engine = engine
 
     def next_arrival(self) -> float:
@@ -216,20 +233,24 @@ class Transfers:
             now = clock()
         while pending and pending[0].arrival_s <= now:
             self.queued.append(pending.popleft())
-        while self.queued and self.scheduler.admit_computed(self.queued[0]):
+        while self.queued and self.admit(self.queued[0]):
             self.queued.popleft()
-        if idle and self.queued and not self.scheduler.has_work:  # it can never fit
+        if idle and self.queued and not self.engine.scheduler.has_work:  # it can never fit
             r = self.queued.popleft()
             r.fail("the decode instance's KV pool cannot hold the prompt: raise num_blocks", now)
         return Arrivals([])
 
 
-def run_decode_instance(engine: Engine, requests: list[Request], totals: StepTotals) -> float:
-    """One decode instance serves the requests whose KV cache it receives."""
+def run_decode_instance(
+    engine: Engine, requests: list[Request], totals: StepTotals, pulls: dict[int, float]
+) -> float:
+    """One decode instance serves the requests whose KV cache it receives (`pulls`: the
+    seconds of those it pulls itself)."""
     clock = engine.clock
     clock.restart()
     engine.reject_invalid(requests)
-    source = Transfers([r for r in requests if not r.finished], engine.scheduler, engine)
+    admit = DecodeAdmission(engine.scheduler, clock, pulls)
+    source = Transfers([r for r in requests if not r.finished], admit, engine)
     leaps = None
     if engine.simulation is not None:
         leaps = Leaps(
@@ -254,7 +275,7 @@ def decode_pass(
     for engine, share in zip(
         deployment.decode, round_robin(arrived, len(deployment.decode)), strict=True
     ):
-        end = max(end, run_decode_instance(engine, share, deployment.totals))
+        end = max(end, run_decode_instance(engine, share, deployment.totals, deployment.pulls))
     return copies, end
 
 
@@ -281,7 +302,7 @@ def simulate(deployment: Deployment) -> float:
         )
         pools = (deployment.prefill, deployment.decode)
         firsts, rests, end = simulate_closed_loop(
-            pools, deployment.requests, concurrency, copies, deployment.totals
+            pools, deployment.requests, concurrency, copies, deployment.totals, deployment.pulls
         )
         finish(deployment, firsts, rests)
         return end
@@ -332,9 +353,9 @@ def deployment_metrics(
             "transfer_latency_s": deployment.link.latency_s,
             "transfer_piece_s": deployment.link.piece_s,
             "block_size": deployment.link.layout.block_size,
-            "router": cfg.disagg.router,
+            "engine": cfg.disagg.engine,
             "router_s": deployment.router_s,
-            "kv_transfer_ms": parts["transfer"],
+            "kv_transfer_ms": stats([s * 1e3 for s in deployment.transfer_s.values()]),
             "ttft_parts_ms": parts,
         },
     }

@@ -133,7 +133,7 @@ def lone_request(extra: list[str]) -> tuple[Request, Request, Request]:
     """One request served disaggregated (1 + 1) and aggregated; and its prefill copy."""
     one = [*BASE, "workload.num_requests=1", "workload.min_prompt_tokens=1000",
            "workload.max_prompt_tokens=1000", "workload.min_new_tokens=30",
-           "workload.max_new_tokens=30", *extra]  # fmt: skip
+           "workload.max_new_tokens=30", "block_size=128", *extra]  # fmt: skip
     deployment = build_deployment(make_config([*one, "disagg.prefill=1", "disagg.decode=1"]))
     simulate(deployment)
     (served,), ((first, _),) = deployment.requests, deployment.served
@@ -144,7 +144,7 @@ def lone_request(extra: list[str]) -> tuple[Request, Request, Request]:
 
 
 def test_a_lone_requests_client_tokens_come_after_the_transfer_and_the_decode_step():
-    served, alone, first = lone_request([])
+    served, alone, first = lone_request([])  # vLLM's path: the token recomputed
     pieces = 8 * 32 * 2  # 1000 tokens: 8 blocks of 128 in 32 layers, keys and values apart
     transfer = 1000 * 131072 / 50e9 + pieces * 2e-6 + 0.001  # the h100 profile's link
     assert first.token_times[0] == pytest.approx(alone.token_times[0] + 0.002)  # vllm's hop
@@ -218,8 +218,8 @@ def test_a_run_has_an_aggregated_runs_metrics_and_the_deployments_cards(tmp_path
         (["disagg.decode=2"], "disagg.prefill=0 disagg.decode=2: .* set disagg.prefill >= 1"),
         (["disagg.prefill=-1"], "disagg.prefill=-1 must be >= 0"),
         (["disagg.link_gbps=-5"], "disagg.link_gbps=-5.0 must be >= 0"),
-        (["disagg.prefill=1", "disagg.decode=1", "disagg.router=nginx"],
-         "disagg.router='nginx': give one of fastdeploy, sglang, trtllm, vllm"),
+        (["disagg.prefill=1", "disagg.decode=1", "disagg.engine=nginx"],
+         "disagg.engine='nginx': give one of fastdeploy, sglang, triton-distributed, trtllm"),
     ],
 )  # fmt: skip
 def test_a_bad_pool_setting_is_a_one_line_error_naming_its_key(overrides, message):
@@ -343,12 +343,53 @@ def test_a_closed_loop_wider_than_the_workload_serves_as_the_open_loop():
         assert b.token_times == pytest.approx(a.token_times)
 
 
-def test_a_requests_ttft_parts_add_up_to_its_ttft(tmp_path):
-    cfg = make_config([*SMALL, "disagg.prefill=1", "disagg.decode=1"])
+@pytest.mark.parametrize("engine", ["vllm", "sglang", "triton-distributed"])
+def test_a_requests_ttft_parts_add_up_to_its_ttft(tmp_path, engine):
+    cfg = make_config([*SMALL, "disagg.prefill=1", "disagg.decode=1", f"disagg.engine={engine}"])
     deployment, metrics = serve_deployment(cfg, Slo.of(cfg.slo), tmp_path)
     parts = ttft_parts_s(deployment.served, deployment.router_s)
     for i, r in enumerate(deployment.requests):
         ttft = r.token_times[0] - r.arrival_s
         assert sum(parts[part][i] for part in parts) == pytest.approx(ttft)
-        assert parts["transfer"][i] == pytest.approx(deployment.link.seconds(len(r.prompt_ids)))
+        transfer = deployment.link.seconds(len(r.prompt_ids))
+        if engine == "triton-distributed":  # pulled by the decode instance, in its part
+            assert parts["transfer"][i] == 0 and parts["decode"][i] >= transfer
+        else:
+            assert parts["transfer"][i] == pytest.approx(transfer)
     assert set(metrics["disagg"]["ttft_parts_ms"]) == set(parts)
+
+
+@pytest.mark.parametrize("engine", ["sglang", "triton-distributed"])
+def test_a_carried_first_token_reaches_the_client_when_the_decode_instance_takes_it(engine):
+    """SGLang carries the prefill instance's token over with the KV cache (pulled beside
+    the decode instance's steps); Triton Distributed's patch does too, its decode instance
+    pulling the KV cache itself: a lone request gets its first token after the prefill
+    instance's and the transfer either way, and decodes the rest as aggregated."""
+    served, alone, first = lone_request([f"disagg.engine={engine}"])
+    # The packed path moves keys and values as one piece each; the paged one, 512 pieces.
+    pieces = 2 if engine == "triton-distributed" else 8 * 32 * 2
+    transfer = 1000 * 131072 / 50e9 + pieces * 2e-6 + 0.001
+    assert served.output_ids[0] == first.output_ids[0]
+    assert served.token_times[0] == pytest.approx(first.token_times[0] + transfer)
+    gaps = [b - a for a, b in zip(served.token_times, served.token_times[1:], strict=False)]
+    alone_gaps = [b - a for a, b in zip(alone.token_times, alone.token_times[1:], strict=False)]
+    assert gaps == pytest.approx(alone_gaps)
+
+
+def test_a_pull_the_decode_instance_makes_itself_holds_up_its_running_requests():
+    two = [*SMALL, "workload.num_requests=2", "workload.rate=0", "workload.min_prompt_tokens=4000",
+           "workload.max_prompt_tokens=4000", "workload.min_new_tokens=40",
+           "workload.max_new_tokens=40", "max_num_seqs=1", "disagg.prefill=1",
+           "disagg.decode=1", "disagg.decode_max_num_seqs=2"]  # fmt: skip
+    longest = {}
+    for engine in ("sglang", "triton-distributed"):
+        deployment = build_deployment(make_config([*two, f"disagg.engine={engine}"]))
+        simulate(deployment)
+        early = min(deployment.requests, key=lambda r: r.token_times[0])
+        gaps = [b - a for a, b in zip(early.token_times, early.token_times[1:], strict=False)]
+        longest[engine] = max(gaps)
+    # The second prompt's pull (4000 tokens, packed: 2 pieces) stops the decode instance
+    # while the first request is decoding there: one of its gaps holds it whole.
+    pull = 4000 * 131072 / 50e9 + 2 * 2e-6 + 0.001
+    assert longest["triton-distributed"] >= pull
+    assert longest["sglang"] < pull  # pulled beside the steps

@@ -16,7 +16,9 @@ parallel, so a transfer takes its busiest link's time:
   heads, a narrower one pulls several prefill devices' heads into one device;
 - pieces: ceil(tokens / block_size) blocks x layers x 2 (keys, values), times
   prefill_tp / decode_tp where a decode device gathers several prefill devices' heads
-  (vLLM's heterogeneous-TP reads: one descriptor per block and remote rank).
+  (vLLM's heterogeneous-TP reads: one descriptor per block and remote rank); an engine
+  that packs a request's keys and values into one tensor each (stages.simulator.
+  disagg_engines) moves 2 pieces per source device.
 
 The link is the device profile's `kv_link_gbs`, `kv_link_latency_s` and
 `kv_link_piece_s` (each cited in conf/hardware/), unless `disagg.link_gbps`,
@@ -42,6 +44,7 @@ class KvLayout:
     block_size: int
     layers: int
     sources: int = 1  # prefill devices one decode device reads from
+    paged: bool = True  # a piece per block of each layer; False: keys and values packed
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.layers < 1 or self.sources < 1:
@@ -52,7 +55,8 @@ class KvLayout:
 
     def pieces(self, tokens: int) -> int:
         """Descriptors one decode device posts to pull the KV of `tokens` tokens."""
-        return math.ceil(tokens / self.block_size) * self.layers * 2 * self.sources
+        per_source = math.ceil(tokens / self.block_size) * self.layers if self.paged else 1
+        return per_source * 2 * self.sources
 
 
 @dataclass(frozen=True)
@@ -110,12 +114,14 @@ def kv_link(
     tps: tuple[int, int],
     block_size: int,
     settings: LinkSettings = LinkSettings(),
+    paged: bool = True,
 ) -> KvLink:
-    """The link between a prefill pool and a decode pool at tps (prefill, decode)."""
+    """The link between a prefill pool and a decode pool at tps (prefill, decode); paged:
+    a piece per block of each layer, else keys and values packed."""
     prefill_tp, decode_tp = tps
     gbs = settings.link_gbps if settings.link_gbps > 0 else hardware.kv_link_gbs
     latency = settings.latency_s if settings.latency_s >= 0 else hardware.kv_link_latency_s
     piece = settings.piece_s if settings.piece_s >= 0 else hardware.kv_link_piece_s
-    layout = KvLayout(block_size, spec.num_layers, max(1, prefill_tp // decode_tp))
+    layout = KvLayout(block_size, spec.num_layers, max(1, prefill_tp // decode_tp), paged)
     per_token = kv_bytes_per_token(spec, precision, min(prefill_tp, decode_tp))
     return KvLink(per_token, gbs * 1e9, latency, piece, layout)
