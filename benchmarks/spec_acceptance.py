@@ -211,7 +211,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  position {i}: acceptance {a:.3f} ({r} steps reached it)")
     print(f"tokens a step: {tally.tokens_per_step():.3f}")
     keys = f"speculative.tokens={args.tokens} speculative.acceptance=[{values}]"
-    print(keys + (f" speculative.proposal_rate={rate:.3f}" if rate < 1.0 else ""))
+    keys += f" speculative.proposal_rate={rate:.3f}" if rate < 1.0 else ""
+    # what a plan needs to count the values as measured (pipeline/plan/acceptance.py)
+    print(f"{keys} speculative.acceptance_from=spec_acceptance:{Path(args.file).name}")
     return 0
 
 

@@ -10,6 +10,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from pipeline.checks import ConfigError
 from pipeline.describe import option_spec
+from pipeline.published_acceptance import PUBLISHED, published_acceptance
 from pipeline.schema import SpecModelConf
 from stages.model.spec import ModelSpec
 from stages.simulator.speculative import Speculation, check_speculation
@@ -23,6 +24,13 @@ def speculation_of(cfg: DictConfig) -> Speculation | None:
     try:
         acceptance = acceptance_of(node.acceptance)
         rate = float(node.proposal_rate)
+        source = str(node.get("acceptance_from") or "")
+        if method != "none" and source.startswith(PUBLISHED):
+            found = published_acceptance(
+                str(cfg.model.get("name") or ""), method, int(node.tokens),
+                source.removeprefix(PUBLISHED),
+            )  # fmt: skip
+            acceptance, rate = list(found.acceptance), found.proposal_rate
         check_speculation(method, int(node.tokens), acceptance, str(node.draft_model), rate)
         if method == "none":
             return None

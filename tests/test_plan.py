@@ -103,7 +103,7 @@ def test_plan_command_writes_the_table_plot_best_and_deploy_files(tmp_path):
         "max_model_len=1024", "max_num_seqs=8", "max_tokens=256,512",
         "workload.num_requests=12", "workload.max_prompt_tokens=400",
         "workload.max_new_tokens=20", "slo.ttft_ms=500", "slo.tpot_ms=40",
-        "capacity.max_probes=4", "capacity.tolerance=0.5",
+        "capacity.max_probes=4", "capacity.tolerance=0.5", "plan.model_id=org/planned",
         f"hydra.sweep.dir={sweep}", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
@@ -126,6 +126,13 @@ def test_plan_command_writes_the_table_plot_best_and_deploy_files(tmp_path):
     script = (sweep / str(other) / "deploy" / "vllm-gaudi.sh").read_text()
     budget = {r["job"]: r for r in rows}[str(other)]["config"].removeprefix("max_tokens=")
     assert "vllm serve org/m" in script and f"--max-num-batched-tokens {budget}" in script
+    # without --model: the model id the plan recorded
+    assert deploy_main([str(sweep / str(other)), "--out", str(tmp_path / "again")]) == 0
+    assert "vllm serve org/planned" in (tmp_path / "again" / "vllm-gaudi.sh").read_text()
+    # ready_s: the weights' load (16 GB of bf16 at 1 GB/s) and the buckets' compile
+    ready = {r["job"]: float(r["ready_s"]) for r in rows}
+    warmup = {r["job"]: float(r["warmup_s"]) for r in rows}
+    assert all(ready[j] > warmup[j] + 15 for j in ready)
 
 
 @pytest.mark.parametrize(

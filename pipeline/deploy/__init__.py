@@ -67,7 +67,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("run_dir", type=Path, help="a run or plan job folder")
     parser.add_argument("--out", type=Path, help="where to write (default RUN_DIR/deploy)")
-    parser.add_argument("--model", default="", help="the model id or folder the servers load")
+    parser.add_argument(
+        "--model",
+        default="",
+        help="the model id or folder the servers load (default: a plan job's plan.model_id)",
+    )
     return parser
 
 
@@ -107,8 +111,10 @@ def export_run(run_dir: Path, out: Path, model: str = "") -> list[Path]:
     if num_blocks < 1:
         raise ValueError("metrics.json has no num_blocks (run it again with this version)")
     origin = f"the configuration of the run {shlex.quote(str(run_dir))}"
+    plan = config.get("plan")  # a plan job records the model id its deployment loads
+    recorded = str(plan.get("model_id") or "") if isinstance(plan, dict) else ""
     try:
-        d = deployment(config, num_blocks, model, origin=origin)
+        d = deployment(config, num_blocks, model or recorded, origin=origin)
     except (TypeError, AttributeError, KeyError) as err:  # a field missing or of another kind
         raise RunFileError(
             f"{run_dir / RESOLVED_CONFIG} is not a config the pipeline wrote "

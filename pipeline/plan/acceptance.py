@@ -23,3 +23,17 @@ def acceptance_assumed(config: Mapping[str, Any]) -> bool:
         return False
     method = str(node.get("method") or "none")
     return method != "none" and not str(node.get("acceptance_from") or "")
+
+
+def acceptance_note(config: Mapping[str, Any]) -> str:
+    """What a plan row says of its acceptance: "" without speculation."""
+    node = config.get("speculative")
+    if not isinstance(node, Mapping) or str(node.get("method") or "none") == "none":
+        return ""
+    source = str(node.get("acceptance_from") or "")
+    if source:
+        return f"acceptance from {source}"
+    return (
+        f"{ASSUMED} (speculative.acceptance={node.get('acceptance')}, proposal_rate="
+        f"{node.get('proposal_rate')}: give speculative.acceptance_from)"
+    )

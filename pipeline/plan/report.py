@@ -23,6 +23,7 @@ from omegaconf import DictConfig
 
 from pipeline.checks import ConfigError
 from pipeline.deploy import deployment, tool_overrides, write_deploy
+from pipeline.plan.acceptance import acceptance_note
 from pipeline.plan.candidates import PREFERENCES, Candidate, Ranking, rank, read_candidates
 from pipeline.plan.table import (
     PARETO_PNG,
@@ -97,6 +98,8 @@ def _deploy(
     overrides = tool_overrides(c.job.overrides, c.config)
     plan = shlex.quote(str(out.parent.parent))
     origin = f"as planned by python -m pipeline.plan ({plan}, job {c.job.num})"
+    if c.acceptance_assumed:
+        origin += f"; {acceptance_note(c.config)}"
     d = deployment(c.config, num_blocks, model, origin=origin, replicas=c.replicas)
     written = write_deploy(d, overrides, out)
     return {**_best(c, keys, prices), "deploy": [str(p) for p in written]}

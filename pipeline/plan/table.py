@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from pipeline.plan.acceptance import acceptance_note
 from pipeline.plan.bands import Band
 from pipeline.plan.candidates import Candidate, pareto_front
 from pipeline.run_files import write_file
@@ -51,10 +52,11 @@ def row(
     """One configuration's figures (bands aside: see band_ends); `tie`: the job whose band
     this row's overlaps ("" = none)."""
     own = [o for o in c.job.overrides if split_override(o)[0] in keys]
-    note = c.ruled_out
-    if c.compiles and not note:
+    notes = [c.ruled_out, acceptance_note(c.config)]
+    if c.compiles and not c.ruled_out:
         seconds = c.metric("serving_compile_s") or 0.0
-        note = f"compiled {graphs_text(c.compiles)} while serving ({seconds:,.0f} s)"
+        notes.append(f"compiled {graphs_text(c.compiles)} while serving ({seconds:,.0f} s)")
+    note = "; ".join(n for n in notes if n)
     target = c.target or {}
     return {
         "rank": rank,

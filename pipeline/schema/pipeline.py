@@ -81,6 +81,11 @@ class SpeculativeConf:
     # Share of decode rows a step has proposals for: prompt lookup proposes only where the
     # context's last n tokens occur before (benchmarks/spec_acceptance.py measures it); 1 = all
     proposal_rate: float = 1.0
+    # Where acceptance and proposal rate come from: "published:DATASET" (the published
+    # table's row for this model, method and k: pipeline/published_acceptance.py), or the
+    # measurement that gave the values above (e.g. what benchmarks.spec_acceptance prints).
+    # "" = assumed: a plan says "acceptance assumed" and ranks the row after the others.
+    acceptance_from: str = ""
 
 
 @dataclass
