@@ -17,6 +17,7 @@ from pipeline.console import Progress, summary_table
 from pipeline.disagg_config import disaggregated
 from pipeline.disaggregated import run_deployment
 from pipeline.engine import Engine
+from pipeline.engine_profile import engine_name
 from pipeline.executors import build_engine
 from pipeline.folder_lock import FolderLock
 from pipeline.identity import write_identity
@@ -142,6 +143,7 @@ def run_metrics(
     """metrics.json: the serving metrics, the SLO's, and what the device predicts."""
     metrics = {
         "status": status,
+        "engine": engine_name(cfg),  # whose step rules and shapes the run predicts
         **summarise(requests, steps, duration),
         **slo_metrics(requests, duration, slo_of(cfg)),
         "bucket_misses": engine.metadata.bucket_misses,

@@ -94,6 +94,9 @@ def schema_kwargs(conf: type, **given: Any) -> dict[str, Any]:
             if inner.startswith("device_default:"):  # no device: a padding device's default
                 key = inner.split(":", 1)[1].split(",", 1)[0]
                 values[f.name] = DEVICE_ENUMS[key](device_default(key, True))
+            elif inner.startswith("oc.select:"):  # an engine profile's key: its fallback
+                fallback = inner.rsplit(",", 1)[1]
+                values[f.name] = int(fallback) if fallback.isdigit() else fallback
             else:
                 values[f.name] = top[inner]
     for name, value in schema_defaults(conf).items():

@@ -160,8 +160,8 @@ def test_fastdeploy_script_exports_its_warmup_grid(tmp_path, capsys):
              "block_step_decode": "BLOCK_STEP_DECODE", "warmup_model_len": "HPU_WARMUP_MODEL_LEN",
              "recipe_cache_num": "FLAGS_intel_hpu_recipe_cache_num"}  # fmt: skip
     assert {names[k]: int(env[names[k]]) for k in steps} == {names[k]: v for k, v in steps.items()}
-    # the untouched steps: FastDeploy's defaults
-    assert (env["BATCH_STEP_PREFILL"], env["SEQUENCE_STEP_PREFILL"]) == ("1", "128")
+    # the untouched steps: FastDeploy's defaults, the prefill step its block size (SMALL's 16)
+    assert (env["BATCH_STEP_PREFILL"], env["SEQUENCE_STEP_PREFILL"]) == ("1", "16")
     assert env["CONTEXT_BLOCK_STEP_PREFILL"] == "1"
     script = (folder / FASTDEPLOY).read_text()
     # the grid's recipes, as the run's warmup counted FastDeploy's runs

@@ -14,6 +14,7 @@ from pipeline.checks import ConfigError, check_model_context, describe_model
 from pipeline.clock import Clock, WallClock
 from pipeline.disagg_config import check_disagg, disaggregated
 from pipeline.engine import Engine
+from pipeline.engine_profile import check_engine
 from pipeline.speculation import speculation_and_draft
 from stages.forward.metadata import ShapeMetadataBuilder
 from stages.interfaces import Tokenizer, Workload
@@ -62,8 +63,9 @@ class SimulatedExecutor:
     def check(self, cfg: DictConfig) -> None:
         """A disaggregated deployment's pools; nothing else beyond the shared checks: a
         simulated device allocates no tensors and serves any precision; its hardware
-        profile is checked as it is built."""
+        profile is checked as it is built; the engine predicted serves it there."""
         check_disagg(cfg)
+        check_engine(cfg)
 
     def server_num_blocks(self, cfg: DictConfig) -> int:
         """0: the pool is what the device's memory holds, known once it is built."""

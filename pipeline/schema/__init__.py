@@ -13,7 +13,8 @@ from omegaconf import OmegaConf
 
 # The target run folders written before pipeline.profiles name for hardware=measured.
 from pipeline.profiles import measured_profile
-from pipeline.schema import hardware, model, pipeline, stages, workload
+from pipeline.schema import engine, hardware, model, pipeline, stages, workload
+from pipeline.schema.engine import EngineConf, EngineDeviceConf, EngineName
 from pipeline.schema.hardware import HardwareConf, MeasuredHardwareConf, schema_defaults
 from pipeline.schema.model import (
     COMPUTE_DTYPE,
@@ -72,6 +73,7 @@ SCHEMAS: dict[tuple[str, str], type] = {
     **hardware.SCHEMAS,
     **workload.SCHEMAS,
     **pipeline.SCHEMAS,
+    **engine.SCHEMAS,
 }
 
 
@@ -95,6 +97,9 @@ __all__ = [
     "CapacityConf",
     "ChunkedSchedulerConf",
     "DisaggConf",
+    "EngineConf",
+    "EngineDeviceConf",
+    "EngineName",
     "Executor",
     "FastDeployWarmupConf",
     "GgufModelConf",

@@ -82,6 +82,14 @@ class SpecModelConf:
     # The context it was trained for (config.json's name); max_model_len may not exceed
     # it. 0: not stated, no limit.
     max_position_embeddings: int = 0
+    # What the published checkpoint holds (read by the engines' lists and the plan's rows,
+    # not by the cost model; stages.model.spec.Checkpoint): config.json's architectures[0]
+    # ("" = not stated), its MTP layers (num_nextn_predict_layers; -1 = not stated), and
+    # the published FP8 checkpoint an engine serves instead of quantizing this one on load
+    # ("" = none published)
+    architecture: str = ""
+    mtp_layers: int = -1
+    fp8_checkpoint: str = ""
 
     has_weights: ClassVar[bool] = False
 

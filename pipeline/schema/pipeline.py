@@ -98,6 +98,7 @@ class PipelineConf:
     model: Any = MISSING
     workload: Any = MISSING
     executor: Any = MISSING
+    engine: Any = MISSING  # the serving engine predicted: conf/engine/ (native, fastdeploy, ...)
     hardware: Any = None  # executor=simulated: the device profile (hardware=gaudi3, ...)
     tp: int = 1  # executor=simulated: tensor-parallel degree of the simulated deployment
     # executor=simulated, MoE models: experts split over ep ranks (1, or tp x dp as vLLM's

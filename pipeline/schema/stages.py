@@ -10,6 +10,7 @@ from omegaconf import II, MISSING
 
 from stages.device import Device
 from stages.forward.buckets import Bucketing
+from stages.forward.cudagraph import CaptureRule
 from stages.forward.engine_grids import FastDeploySteps
 from stages.scheduling.chunk_policy import Budget
 
@@ -71,16 +72,16 @@ class SchedulerConf:
     # admit a request only when the KV pool holds it to its end beside what the running
     # requests will still take: no preemption (TensorRT-LLM's GUARANTEED_NO_EVICT)
     no_evict: bool = False
-    # prompts prefilled in one step at most; 0 = no cap (FastDeploy caps them at its
-    # MAX_PREFILL_NUM, 3: set 3 to serve as it does)
-    max_prefill_rows: int = 0
+    # prompts prefilled in one step at most; 0 = no cap; default: the engine's (engine=)
+    max_prefill_rows: int = II("oc.select:engine.max_prefill_rows,0")
 
 
 @dataclass
 class ChunkedSchedulerConf(SchedulerConf):
     _target_: str = "stages.scheduling.scheduler.ChunkedScheduler"
     align_chunks: bool = True  # non-final chunks are whole blocks (the HPU rule)
-    long_prefill_threshold: int = 0  # cap on one request's chunk, tokens; 0 = off
+    # cap on one request's chunk, tokens; 0 = off; default: the engine's
+    long_prefill_threshold: int = II("oc.select:engine.long_prefill_threshold,0")
 
 
 @dataclass
@@ -124,7 +125,7 @@ class FastDeployWarmupConf:
 
     max_prefill_num: int = _FD.max_prefill_num
     batch_step_prefill: int = _FD.batch_step_prefill
-    sequence_step_prefill: int = _FD.sequence_step_prefill
+    sequence_step_prefill: int = II("block_size")  # FastDeploy's: "same as block size"
     context_block_step_prefill: int = _FD.context_block_step_prefill
     batch_step_decode: int = _FD.batch_step_decode
     block_step_decode: int = _FD.block_step_decode
@@ -140,7 +141,11 @@ class BucketedMetadataConf:
     max_num_seqs: int = II("max_num_seqs")
     max_model_len: int = II("max_model_len")
     # linear, exponential, or cudagraph (a GPU's); default: the device's (DEVICE_DEFAULTS)
-    bucketing: Bucketing = _by_device("bucketing", "${oc.select:plan.hpu_bucketing,linear}")
+    # (a padding device's choice: the engine's grid, engine.hpu_bucketing)
+    bucketing: Bucketing = _by_device("bucketing", "${oc.select:engine.hpu_bucketing,linear}")
+    # a GPU's CUDA-graph sizes (bucketing=cudagraph): whose rule, and its largest size
+    capture: CaptureRule = II("oc.select:engine.capture,vllm")
+    capture_max_batch: int = II("oc.select:engine.capture_max_batch,0")
     prefill_batch: BucketAxisConf = _axis(min=1, step=1)
     prefill_seq: BucketAxisConf = _axis()  # tokens, multiples of block_size
     prefill_blocks: BucketAxisConf = _axis(min=1, step=2)  # context + chunk blocks per row

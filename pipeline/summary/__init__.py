@@ -29,6 +29,7 @@ from pipeline.summary.advice import (
     arrival_bound,
     busy_fraction,
     caveats,
+    engines_line,
     recommend,
     slo_was_set,
 )
@@ -166,12 +167,14 @@ def _fmt(value: Any) -> str:
 
 
 def device_label(metrics: dict[str, Any]) -> str:
-    """A simulated job's device: `h100 tp2 fp8/fp8` (hardware, tensor parallel, weights'
-    and KV cache's precision); empty for a real run."""
+    """A simulated job's device and the engine it predicts: `h100 tp2 fp8/fp8 vllm`
+    (hardware, tensor parallel, weights' and KV cache's precision, engine); empty for a real
+    run."""
     if not metrics.get("simulated"):
         return ""
     precision = f"{metrics.get('quantization', 'none')}/{metrics.get('kv_cache_dtype', 'auto')}"
-    return f"{metrics.get('hardware')} tp{metrics.get('tp', 1)} {precision}"
+    engine = metrics.get("engine", "native")
+    return f"{metrics.get('hardware')} tp{metrics.get('tp', 1)} {precision} {engine}"
 
 
 def _row(job: Job) -> dict[str, Any]:
@@ -207,6 +210,8 @@ def write_markdown(jobs: Sequence[Job], keys: Sequence[str], path: Path) -> None
         f"# Sweep summary: {path.parent}",
         "",
         f"{len(jobs)} jobs, {ok} ok, {len(jobs) - ok} not ok. Swept: {swept}.",
+        "",
+        engines_line(jobs),
         "",
     ]
     # Overrides every job shares are said once; each row shows what sets the job apart.

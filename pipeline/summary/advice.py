@@ -12,7 +12,7 @@ from pipeline.output_keys import Effect, effect
 from pipeline.run_folder import RunFileError, read_step_lines
 from pipeline.slo import slo_was_set
 
-__all__ = ["arrival_bound", "busy_fraction", "caveats", "recommend", "slo_was_set"]
+__all__ = ["arrival_bound", "busy_fraction", "caveats", "engines_line", "recommend", "slo_was_set"]
 
 # A run whose device was busy less than this share of its time waited for arrivals: its
 # throughput is the offered load's, not the configuration's.
@@ -171,3 +171,13 @@ def caveats(jobs: Sequence[AdviceJob], keys: Sequence[str]) -> list[str]:
     if named:
         lines.append("Warmup graphs and hours predict " + "; ".join(named) + ".")
     return lines
+
+
+def engines_line(jobs: Sequence[AdviceJob]) -> str:
+    """Whose step rules, warmup grid and compiles the jobs predict (conf/engine/)."""
+    names = sorted({str(j.metrics.get("engine", "native")) for j in jobs})
+    line = f"Engine predicted: {', '.join(f'`{n}`' for n in names)}"
+    if "native" in names:
+        line += (" (`native`: this tool's own scheduler and grids, not a deployed engine's; "
+                 "give engine=fastdeploy, vllm, sglang or trtllm to predict one)")  # fmt: skip
+    return line + "."

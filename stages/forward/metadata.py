@@ -23,7 +23,7 @@ import numpy as np
 from stages.forward import engine_grids
 from stages.forward.bucket_axes import AXES, fastdeploy_axes, resolve_axes
 from stages.forward.buckets import Axis, Bucketing, Buckets, warmup_counts, warmup_graphs
-from stages.forward.cudagraph import cudagraph_axes, cudagraph_warmup
+from stages.forward.cudagraph import CaptureRule, cudagraph_axes, cudagraph_warmup
 from stages.forward.decode_part import DecodePartBuilder
 from stages.forward.forward_meta import (
     DecodeMeta,
@@ -66,25 +66,26 @@ class BucketedMetadataBuilder:
         decode_span: float,
         max_warmup_shapes: int,
         fastdeploy: Mapping[str, int],
+        capture: CaptureRule | str,
+        capture_max_batch: int,
         pad_id: int = 0,
         packed: bool = False,
     ) -> None:
         """packed: a step's real tokens only are laid out, for an attention stage that packs
         rows (its declared `packs_rows`); the buckets are chosen and counted as ever.
         fastdeploy: FastDeploy's warmup steps (engine_grids.FastDeploySteps' fields), read when
-        bucketing=fastdeploy: the sizes and warmup grid are then FastDeploy's own."""
+        bucketing=fastdeploy: the sizes and warmup grid are then FastDeploy's own.
+        capture, capture_max_batch: whose CUDA-graph sizes bucketing=cudagraph captures
+        (stages.forward.cudagraph.capture_sizes)."""
         bs = kv_cache.block_size
         given = dict(zip(AXES, (prefill_batch, prefill_seq, prefill_blocks, decode_batch,
                                 decode_blocks), strict=True))  # fmt: skip
         axes = resolve_axes(given, bs, max_tokens, max_num_seqs, max_model_len,
                             kv_cache.num_blocks, kv_cache.prefix is not None)  # fmt: skip
-        if max_warmup_shapes < 0:
-            raise ValueError(
-                f"metadata.max_warmup_shapes={max_warmup_shapes}: needs 0 (no limit) or more"
-            )
+        for key, value in (("max_warmup_shapes", max_warmup_shapes), ("decode_span", decode_span)):
+            if value < 0:
+                raise ValueError(f"metadata.{key}={value}: needs 0 (no limit, off) or more")
         self.max_warmup_shapes = max_warmup_shapes
-        if decode_span < 0:
-            raise ValueError(f"metadata.decode_span={decode_span}: needs 0 (off) or more")
         self.kv_cache = kv_cache
         self.block_size = bs
         self.max_tokens = max_tokens
@@ -92,6 +93,7 @@ class BucketedMetadataBuilder:
         self.decode_span = decode_span
         self.packed = packed
         self.fastdeploy: engine_grids.FastDeploySetup | None = None
+        self.capture = CaptureRule(capture), capture_max_batch
         axes = self._engine_axes(
             Bucketing(bucketing), axes, fastdeploy, max_num_seqs, max_model_len
         )
@@ -112,7 +114,7 @@ class BucketedMetadataBuilder:
         if strategy is Bucketing.fastdeploy:
             return self._fastdeploy_axes(axes, fastdeploy, max_num_seqs, model_len)
         if strategy is Bucketing.cudagraph:
-            return cudagraph_axes(axes, max_num_seqs)
+            return cudagraph_axes(axes, max_num_seqs, *self.capture)
         return axes
 
     def _fastdeploy_axes(

@@ -72,6 +72,17 @@ class MoeLayout:
 
 
 @dataclass(frozen=True)
+class Checkpoint:
+    """What the published checkpoint holds beyond the shapes the cost model reads: which
+    engines serve it (their architecture lists), whether it speculates with its own head,
+    and where its FP8 form is published."""
+
+    architecture: str = ""  # config.json's architectures[0]; "" = not stated
+    mtp_layers: int = -1  # num_nextn_predict_layers; -1 = not stated
+    fp8_checkpoint: str = ""  # the published FP8 checkpoint's id; "" = none published
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     vocab_size: int
     hidden_size: int
@@ -91,6 +102,7 @@ class ModelSpec:
     moe: MoeLayout | None = None
     # The context the model was trained for, as config.json names it (0: not stated).
     max_position_embeddings: int = 0
+    checkpoint: Checkpoint = field(default_factory=Checkpoint)
     # _linear_params by (tp, experts): not a field of the model, only what it computed
     _linear_memo: dict[tuple[int, float], float] = field(
         default_factory=dict, init=False, repr=False, compare=False

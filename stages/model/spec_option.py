@@ -7,7 +7,7 @@ import dataclasses
 from pathlib import Path
 
 from stages.loading.checkpoint import read_json, read_spec
-from stages.model.spec import ModelSpec, MoeLayout, even_head_dim, moe_layers
+from stages.model.spec import Checkpoint, ModelSpec, MoeLayout, even_head_dim, moe_layers
 
 
 def spec_from_file(config: str, name: str = "", dtype_bytes: int = 2) -> ModelSpec:
@@ -45,6 +45,9 @@ def model_spec(
     moe_layer_interval: int,
     dtype_bytes: int,
     max_position_embeddings: int,
+    architecture: str,
+    mtp_layers: int,
+    fp8_checkpoint: str,
 ) -> ModelSpec:
     """The `model=spec` option: config.json at `config`, or else the fields given."""
     _check_one_source(config, hidden_size, has_fields=bool(hidden_size or num_layers or vocab_size))
@@ -66,6 +69,7 @@ def model_spec(
         dtype_bytes=dtype_bytes,
         moe=moe,
         max_position_embeddings=max_position_embeddings,
+        checkpoint=Checkpoint(architecture, mtp_layers, fp8_checkpoint),
     )
 
 

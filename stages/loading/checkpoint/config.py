@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from stages.model.rope import RopeType, rope_inv_freq
-from stages.model.spec import ModelSpec, MoeLayout
+from stages.model.spec import Checkpoint, ModelSpec, MoeLayout
 
 # Architecture families, named by their first name below.
 LLAMA = "LlamaForCausalLM"
@@ -216,9 +216,11 @@ def read_spec(config: Mapping[str, Any]) -> CheckpointSpec:
     ernie_bias = ernie and f.flag("use_bias", False)
     llama_like = family in (LLAMA, MISTRAL, QWEN3)  # attention_bias: q, k, v and o biases
     attention_bias = llama_like and f.flag("attention_bias", False)
+    mtp = config.get("num_nextn_predict_layers", 0)  # its multi-token-prediction head
     model = ModelSpec(
         **dims,
         name=family,
+        checkpoint=Checkpoint(family, mtp if isinstance(mtp, int) else 0, ""),
         tied_embeddings=f.flag("tie_word_embeddings", ernie),  # ERNIE-4.5 ties by default
         qkv_bias=family == QWEN2 or attention_bias or ernie_bias,
         out_bias=attention_bias or ernie_bias,
