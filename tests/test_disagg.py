@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import pytest
 
+from benchmarks.disagg_latency import LatencyCheck, latency_overrides, transfer_ms
+from benchmarks.published_disagg import checked_errors
 from pipeline.build import build
 from pipeline.checks import ConfigError, describe_model
 from pipeline.disagg_config import deployment_cards, pool_cfg
@@ -393,3 +395,35 @@ def test_a_pull_the_decode_instance_makes_itself_holds_up_its_running_requests()
     pull = 4000 * 131072 / 50e9 + 2 * 2e-6 + 0.001
     assert longest["triton-distributed"] >= pull
     assert longest["sglang"] < pull  # pulled beside the steps
+
+
+def test_the_published_checks_split_fitted_and_held_out_rows_and_price_pieces_by_hand():
+    row = {"bytes": "1000000000", "pieces": "1000", "link_gbps": "10", "published_ms": "50",
+           "role": "held_out"}  # fmt: skip
+    assert transfer_ms(row, 2e-6) == pytest.approx(100 + 2)  # 1 GB at 10 GB/s, 1000 x 2 us
+    fitted = {**row, "role": "fit", "published_ms": "100"}
+    pd_row = {"kind": "disaggregated", "ttft_ms": "100", "itl_ms": "10"}
+    control = {**pd_row, "kind": "aggregated"}
+    latency = [LatencyCheck(pd_row, 90, 12, {}), LatencyCheck(control, 300, 30, {})]
+    errors = checked_errors(latency, [0.1, -0.3], [(row, 102.0), (fitted, 102.0)])
+    assert errors["ttft"]["held_out"] == {"median": pytest.approx(0.1), "worst": pytest.approx(0.1)}
+    assert errors["itl"]["held_out"]["worst"] == pytest.approx(0.2)  # the control left out
+    assert errors["ratio"]["held_out"] == {
+        "median": pytest.approx(0.2),
+        "worst": pytest.approx(0.3),
+    }
+    assert errors["transfer"]["fit"]["median"] == pytest.approx(0.02)
+    assert errors["transfer"]["held_out"]["median"] == pytest.approx(102 / 50 - 1)
+    # A published row's deployment composes as a closed loop on its engine's path.
+    pd = {"kind": "disaggregated", "hardware": "h100", "model": "llama31_70b",
+          "quantization": "fp8", "kv_cache_dtype": "fp8", "input_tokens": "3000",
+          "output_tokens": "150", "requests": "480", "concurrency": "48", "prefill": "4",
+          "prefill_tp": "2", "decode": "1", "decode_tp": "8",
+          "engine": "triton-distributed"}  # fmt: skip
+    cfg = make_config(latency_overrides(pd))
+    check_config(cfg)
+    assert (cfg.workload.concurrency, cfg.disagg.engine, deployment_cards(cfg)) == (
+        48,
+        "triton-distributed",
+        16,
+    )

@@ -1,0 +1,106 @@
+"""The latency and transfer checks of benchmarks/published_disagg.py.
+
+Latency (pipeline/calibrate/data/published-disagg-latency.csv): each row served on the
+simulated device as published, closed loop, its TTFT and TPOT means against the published
+TTFT and inter-token latency. Settings the rows do not state, assumed as vLLM 0.6.3's
+defaults (the release the rows ran): KV blocks of 16 tokens, max_num_seqs 256, chunked
+prefill off at a max_model_len of 3500 (whole prompts, scheduler=whole, and a step budget
+of max(max_model_len, 2048) = 3500 tokens); CUDA graphs captured (warmup); every request
+sent at once up to the concurrency, and 10 x concurrency requests in all, as GenAI-Perf's
+`--request-count` (its 10 warm-up requests are not served); a disaggregated row on its
+engine's path (`disagg.engine`, stages/simulator/disagg_engines.py) over the h100
+profile's KV link (one 400 Gb/s adapter a GPU: the pools sat on two nodes).
+
+Transfer (published-kv-transfer.csv): each row's bytes and pieces over its link, at the
+h100 profile's per-piece time, against the published time.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.build import build
+from pipeline.compose import compose_config
+from pipeline.plan.capacity import run_probe
+
+DATA_DIR = Path(__file__).resolve().parents[1] / "pipeline/calibrate/data"
+LATENCY = DATA_DIR / "published-disagg-latency.csv"
+TRANSFER = DATA_DIR / "published-kv-transfer.csv"
+MAX_MODEL_LEN = 3500  # the rows' --max-model-len
+
+
+@dataclass(frozen=True)
+class LatencyCheck:
+    row: dict[str, str]
+    ttft_ms: float
+    itl_ms: float
+    parts_ms: dict[str, float]  # TTFT's parts' means (disaggregated rows)
+
+    @property
+    def disaggregated(self) -> bool:
+        return self.row["kind"] == "disaggregated"
+
+    @property
+    def ttft_error(self) -> float:
+        return self.ttft_ms / float(self.row["ttft_ms"]) - 1
+
+    @property
+    def itl_error(self) -> float:
+        return self.itl_ms / float(self.row["itl_ms"]) - 1
+
+
+def latency_overrides(row: dict[str, str]) -> list[str]:
+    """The row's deployment and closed loop, with the settings assumed above."""
+    isl, osl = int(row["input_tokens"]), int(row["output_tokens"])
+    common = [
+        "executor=simulated", f"hardware={row['hardware']}", f"model=spec/{row['model']}",
+        f"quantization={row['quantization']}", f"kv_cache_dtype={row['kv_cache_dtype']}",
+        "warmup=true", "block_size=16", "max_num_seqs=256", "scheduler=whole",
+        f"max_model_len={MAX_MODEL_LEN}", f"max_tokens={max(MAX_MODEL_LEN, 2048)}",
+        "workload=synthetic", f"workload.num_requests={row['requests']}",
+        f"workload.min_prompt_tokens={isl}", f"workload.max_prompt_tokens={isl}",
+        f"workload.min_new_tokens={osl}", f"workload.max_new_tokens={osl}", "workload.rate=0",
+        f"workload.concurrency={row['concurrency']}",
+    ]  # fmt: skip
+    if row["kind"] != "disaggregated":
+        return [*common, f"tp={row['tp']}"]
+    return [
+        *common, f"disagg.prefill={row['prefill']}", f"disagg.prefill_tp={row['prefill_tp']}",
+        f"disagg.decode={row['decode']}", f"disagg.decode_tp={row['decode_tp']}",
+        f"disagg.engine={row['engine']}",
+    ]  # fmt: skip
+
+
+def check_latency(row: dict[str, str]) -> LatencyCheck:
+    """Serves the row once; its TTFT and TPOT means (and TTFT's parts)."""
+    cfg = compose_config(latency_overrides(row))
+    with tempfile.TemporaryDirectory() as folder:
+        metrics = run_probe(cfg, Path(folder), keep_files=False, decide_early=False)
+    parts = (metrics.get("disagg") or {}).get("ttft_parts_ms") or {}
+    return LatencyCheck(
+        row, metrics["ttft_ms"]["mean"], metrics["tpot_ms"]["mean"],
+        {part: stat["mean"] for part, stat in parts.items()},
+    )  # fmt: skip
+
+
+def piece_seconds(hardware: str = "h100") -> float:
+    """A device profile's per-piece time (kv_link_piece_s)."""
+    cfg = compose_config(["executor=simulated", f"hardware={hardware}"])
+    return float(build(cfg.hardware).kv_link_piece_s)
+
+
+def transfer_ms(row: dict[str, str], piece_s: float) -> float:
+    """The row's bytes over its link plus its pieces at `piece_s`, in milliseconds."""
+    seconds = float(row["bytes"]) / (float(row["link_gbps"]) * 1e9) + int(row["pieces"]) * piece_s
+    return seconds * 1e3
+
+
+def spread(errors: list[float]) -> dict[str, float | None]:
+    """The median and worst absolute error of signed relative errors (None: no rows)."""
+    magnitudes = [abs(e) for e in errors]
+    if not magnitudes:
+        return {"median": None, "worst": None}
+    return {"median": statistics.median(magnitudes), "worst": max(magnitudes)}
