@@ -37,6 +37,7 @@ from pipeline.metrics import StepTotals
 from pipeline.plan.capacity_estimate import rate_ceiling
 from pipeline.plan.capacity_report import write_reports
 from pipeline.plan.probes import LoadAxis, Probe
+from pipeline.plan.sustained import SustainedRule, in_flight, ttft_growth
 from pipeline.run import device_metrics, run_metrics, run_requests, slo_of, unfinished
 from pipeline.run_folder import RunStatus
 from pipeline.serving import Ending, serve_and_summarise
@@ -92,13 +93,29 @@ def run_probe(
             metrics = serve_judged(cfg, engine, requests, folder, decide_early)
     if not cfg.workload.get("concurrency"):
         metrics["offered_rps"] = arrivals
+    rule = SustainedRule.of(cfg.capacity)
+    growth = ttft_growth(requests, float(cfg.slo.ttft_ms), rule.growth_limit) if rule else None
+    if growth:  # a queue still growing: no steady state at this load
+        metrics["ttft_growth"] = growth.as_metrics()
     refused = [
         r.error for r in requests if r.finish_reason == FinishReason.ERROR and r.error != STOPPED
     ]
+
     metrics["refused_requests"] = len(refused)  # at any load: the limits cannot serve them
     if refused:
         metrics["refused_example"] = refused[0]
+    artefacts.write_metrics(metrics, folder)  # the probe's folder holds what judged it
     return metrics
+
+
+def probe_met(metrics: dict[str, Any]) -> bool:
+    """The probe served through, met its SLO and, judged for steady state, held it."""
+    growth = metrics.get("ttft_growth") or {}
+    return (
+        bool(metrics.get("slo_met"))
+        and metrics["status"] == RunStatus.OK
+        and not growth.get("grew")
+    )
 
 
 def serve_judged(
@@ -154,11 +171,25 @@ class Search:
         folder = self.out_dir / "probes" / f"{len(self.probes):02d}-{self.axis.key}={value:.6g}"
         cfg = self.cfg.copy()
         OmegaConf.update(cfg, self.axis.key, value)
-        metrics = run_probe(cfg, folder, self.settings.keep_run_files, self.settings.decide_early)
+        rule = SustainedRule.of(self.settings)
+        sized = rule is not None and "num_requests" in cfg.workload and not self.is_trace
+        if sized:
+            assert rule is not None
+            own = int(self.cfg.workload.num_requests)
+            cfg.workload.num_requests = rule.requests(own, self._in_flight_at(load))
+        settings = (self.settings.keep_run_files, self.settings.decide_early)
+        metrics = run_probe(cfg, folder, *settings)
+        if sized and probe_met(metrics):  # long enough for the in-flight count it measured?
+            assert rule is not None
+            needed = rule.requests(int(cfg.workload.num_requests), self._in_flight(metrics, load))
+            if needed > cfg.workload.num_requests:
+                cfg.workload.num_requests = needed
+                folder = folder.with_name(folder.name + "-longer")
+                metrics = run_probe(cfg, folder, *settings)
         self.metrics[load] = metrics
         probe = Probe(
             load=load,
-            met=bool(metrics.get("slo_met")) and metrics["status"] == RunStatus.OK,
+            met=probe_met(metrics),
             attainment=metrics.get("slo_attainment"),
             goodput=metrics.get("request_goodput", 0.0),
             offered_rps=metrics.get("offered_rps"),
@@ -168,6 +199,22 @@ class Search:
         )
         log.info("capacity_probe", **{self.axis.key: value}, met=probe.met, status=probe.status)
         return probe
+
+    @property
+    def is_trace(self) -> bool:
+        return self.axis.key == "workload.time_scale"  # served whole: its own duration
+
+    def _in_flight(self, metrics: dict[str, Any], load: float) -> float:
+        return in_flight(metrics, int(load) if self.axis.integer else 0)
+
+    def _in_flight_at(self, load: float) -> float:
+        """In flight at `load`, from the nearest probe so far (its latency assumed)."""
+        if self.axis.integer:
+            return load
+        if not self.metrics:
+            return 0.0
+        near = min(self.metrics, key=lambda seen: abs(math.log(seen / load)))
+        return self._in_flight(self.metrics[near], near) * load / near
 
     @property
     def budget_left(self) -> bool:

@@ -28,8 +28,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from pipeline.checks import ConfigError
 from pipeline.layout import layout_of
-from pipeline.plan.capacity import load_axis, run_probe
-from pipeline.run_folder import RunStatus
+from pipeline.plan.capacity import load_axis, probe_met, run_probe
+from pipeline.plan.sustained import CHECK_FACTOR, SustainedRule
 
 log = structlog.get_logger(__name__)
 
@@ -87,10 +87,15 @@ def target_of(cfg: DictConfig) -> float:
 
 
 def replica_capacity(result: dict[str, Any]) -> float:
-    """One replica's capacity in the target's unit: the rate or concurrency found; for a
-    trace, the request rate at its speed-up (the trace's own rate times the speed-up)."""
+    """One replica's capacity in the target's unit: the concurrency found; for a rate, the
+    lower of the rate asked and the rate its probe's arrivals came at; for a trace, the
+    request rate at its speed-up (the trace's own rate times the speed-up)."""
     if result["capacity_key"] == "workload.time_scale":
         return float(result["capacity_rps"])
+    if result["capacity_key"] == "workload.rate" and result.get("capacity_rps"):
+        # Poisson arrivals of a finite probe come at their own rate, not the one asked:
+        # the replica served the lower of the two
+        return min(float(result["capacity"]), float(result["capacity_rps"]))
     return float(result["capacity"])
 
 
@@ -113,6 +118,7 @@ def check_target(cfg: DictConfig, out_dir: Path, result: dict[str, Any]) -> dict
     if not target or not result.get("capacity_found"):
         return result
     axis = load_axis(cfg)
+    trace = axis.key == "workload.time_scale"  # served whole, as in the search
     checks: list[dict[str, Any]] = []
     layout = layout_of(cfg)
     capacity = replica_capacity(result) * layout.capacity_scale
@@ -123,11 +129,14 @@ def check_target(cfg: DictConfig, out_dir: Path, result: dict[str, Any]) -> dict
         load = check_load(result, target / size.replicas / layout.capacity_scale)
         probe = cfg.copy()
         OmegaConf.update(probe, axis.key, axis.value(load))
+        if SustainedRule.of(cfg.capacity) and "num_requests" in probe.workload and not trace:
+            probe.workload.num_requests = CHECK_FACTOR * int(result["num_requests"])
         folder = out_dir / CHECKS / f"{size.replicas}-replicas"
         metrics = run_probe(probe, folder, keep_files=False, decide_early=False)
-        met = bool(metrics.get("slo_met")) and metrics["status"] == RunStatus.OK
+        met = probe_met(metrics)
         checks.append({"replicas": size.replicas, "load": load, "met": met,
                        "attainment": metrics.get("slo_attainment"),
+                       "requests": metrics.get("num_requests"),
                        "folder": str(folder.relative_to(out_dir))})  # fmt: skip
         log.info("target_check", replicas=size.replicas, load=load, met=met)
         if met:

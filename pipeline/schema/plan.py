@@ -46,6 +46,13 @@ class CapacityConf:
     keep_run_files: bool = False  # probes also write steps.jsonl and generations.jsonl
     decide_early: bool = True  # a probe stops once it has missed its SLO for certain
     estimate_start: bool = True  # first probe at the cost model's ceiling, not the workload's load
+    # Steady state (pipeline/plan/sustained.py; conf/plan.yaml: on): a probe serves at
+    # least min_requests and turnover x its in-flight count, and misses where its TTFT
+    # still grows over its second half by more than growth_limit; the target check 3 x.
+    sustained: bool = False
+    min_requests: int = 1000
+    turnover: float = 20.0
+    growth_limit: float = 0.2
 
 
 @dataclass
