@@ -103,7 +103,8 @@ def test_plan_command_writes_the_table_plot_best_and_deploy_files(tmp_path):
         "max_model_len=1024", "max_num_seqs=8", "max_tokens=256,512",
         "workload.num_requests=12", "workload.max_prompt_tokens=400",
         "workload.max_new_tokens=20", "slo.ttft_ms=500", "slo.tpot_ms=40",
-        "capacity.max_probes=4", "capacity.tolerance=0.5", "plan.model_id=org/planned",
+        "capacity.max_probes=4", "capacity.tolerance=0.5", "capacity.sustained=false",
+        "plan.model_id=org/planned",
         f"hydra.sweep.dir={sweep}", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]

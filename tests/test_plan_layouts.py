@@ -26,6 +26,7 @@ def test_an_ep_dp_sweep_rules_out_the_constraint_breaking_rows(tmp_path):
         "workload.max_prompt_tokens=300", "workload.min_new_tokens=10",
         "workload.max_new_tokens=20", "workload.rate=2", "slo.ttft_ms=2000", "slo.tpot_ms=100",
         "capacity.max_probes=3", "capacity.tolerance=0.3", "plan.target_rps=300",
+        "capacity.sustained=false",
         f"hydra.sweep.dir={sweep}",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]

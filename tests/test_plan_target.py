@@ -99,15 +99,22 @@ def test_a_plan_across_devices_sizes_each_and_writes_each_devices_commands(tmp_p
         "max_model_len=1024", "max_num_seqs=16", "max_tokens=512",
         "workload.num_requests=40", "workload.max_prompt_tokens=600", "workload.rate=2",
         "workload.max_new_tokens=40", "slo.ttft_ms=1000", "slo.tpot_ms=50",
-        "capacity.max_probes=6", "capacity.tolerance=0.2",
+        "capacity.max_probes=6", "capacity.tolerance=0.2", "capacity.sustained=true",
+        "capacity.min_requests=40",
+        "capacity.turnover=2",
         f"hydra.sweep.dir={sweep}", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     rows = {r["device"]: r for r in csv.DictReader(open(sweep / "plan.csv"))}
+    for r in rows.values():  # the check served 3 x the requests of the probe at capacity
+        metrics = json.loads((sweep / r["job"] / "metrics.json").read_text())
+        assert metrics["target"]["checks"][-1]["requests"] == 3 * metrics["num_requests"]
     assert set(rows) == {"h100", "gaudi3"}
     for device, price in (("h100", 3.0), ("gaudi3", 2.0)):
         r = rows[device]
-        capacity, replicas = float(r["capacity"]), int(r["replicas"])
+        # the lower of the rate asked and the rate the probe's arrivals came at (target.py)
+        capacity = min(float(r["capacity"]), float(r["capacity_rps"]))
+        replicas = int(r["replicas"])
         assert replicas in (math.ceil(6 / capacity), math.ceil(6 / capacity) + 1)
         assert float(r["usd_per_hour"]) == replicas * int(r["tp"]) * price
         assert float(r["check_attainment"]) >= 0.9
