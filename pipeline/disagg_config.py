@@ -51,6 +51,17 @@ def pool_cfg(cfg: DictConfig, role: str) -> DictConfig:
     return instance
 
 
+def path_engine(cfg: DictConfig | Mapping[str, Any]) -> str:
+    """Whose disaggregated path a deployment takes (stages.simulator.disagg_engines):
+    `disagg.engine`, else the run's engine profile (`engine=`), whose name is the table's
+    key; this tool's own (`native`) takes vLLM's."""
+    disagg = cfg.get("disagg") or {}
+    if disagg.get("engine"):
+        return str(disagg["engine"])
+    name = str((cfg.get("engine") or {}).get("name") or "native")
+    return "vllm" if name == "native" else name
+
+
 def check_real_disagg(cfg: DictConfig) -> None:
     """Prefill/decode disaggregation exists only on the simulated device."""
     disagg = cfg.get("disagg") or {}
@@ -86,7 +97,7 @@ def check_disagg(cfg: DictConfig) -> None:
             "for one aggregated instance"
         )
     try:
-        disagg_path(disagg.engine)
+        disagg_path(path_engine(cfg))
     except ValueError as err:
         raise ConfigError(str(err)) from err
 

@@ -61,6 +61,7 @@ from pipeline.disagg_config import (
     check_layouts,
     deployment_cards,
     disaggregated,
+    path_engine,
     pool_cfg,
     pool_of,
 )
@@ -138,7 +139,7 @@ def build_deployment(cfg: DictConfig) -> Deployment:
         settings = LinkSettings(
             disagg.link_gbps, disagg.transfer_latency_s, disagg.transfer_piece_s
         )
-        path = disagg_path(disagg.engine)
+        path = disagg_path(path_engine(cfg))
         link = kv_link(spec, hardware, precision, tps, int(cfg.block_size), settings, path.paged)
     except ValueError as err:
         raise ConfigError(str(err)) from err
@@ -353,7 +354,7 @@ def deployment_metrics(
             "transfer_latency_s": deployment.link.latency_s,
             "transfer_piece_s": deployment.link.piece_s,
             "block_size": deployment.link.layout.block_size,
-            "engine": cfg.disagg.engine,
+            "engine": path_engine(cfg),
             "router_s": deployment.router_s,
             "kv_transfer_ms": stats([s * 1e3 for s in deployment.transfer_s.values()]),
             "ttft_parts_ms": parts,

@@ -26,6 +26,7 @@ from stages.scheduling.kv_cache import KVCacheManager
 from stages.scheduling.request import Request, Status
 from stages.scheduling.scheduler import ChunkedScheduler
 from stages.scheduling.stopping import StopRule
+from stages.simulator.disagg_engines import DISAGG_ENGINES
 from stages.simulator.disaggregation import (
     KvLayout,
     KvLink,
@@ -376,6 +377,15 @@ def test_a_carried_first_token_reaches_the_client_when_the_decode_instance_takes
     gaps = [b - a for a, b in zip(served.token_times, served.token_times[1:], strict=False)]
     alone_gaps = [b - a for a, b in zip(alone.token_times, alone.token_times[1:], strict=False)]
     assert gaps == pytest.approx(alone_gaps)
+
+
+def test_the_path_is_the_run_engines_unless_disagg_engine_names_another():
+    pools = [*SMALL, "disagg.prefill=1", "disagg.decode=1"]
+    assert build_deployment(make_config(pools)).path == DISAGG_ENGINES["vllm"]  # native's
+    sglang = build_deployment(make_config([*pools, "engine=sglang"]))
+    assert sglang.path == DISAGG_ENGINES["sglang"] and sglang.router_s == 0.0005
+    named = make_config([*pools, "engine=sglang", "disagg.engine=triton-distributed"])
+    assert build_deployment(named).path == DISAGG_ENGINES["triton-distributed"]
 
 
 def test_a_pull_the_decode_instance_makes_itself_holds_up_its_running_requests():

@@ -61,7 +61,8 @@ class DisaggConf:
     link_gbps: float = 0.0  # KV transfer link per instance, GB/s; 0 = the device profile's
     transfer_latency_s: float = -1.0  # per transfer; < 0 = the device profile's
     transfer_piece_s: float = -1.0  # per piece (a layer's KV block); < 0 = the profile's
-    engine: str = "vllm"  # whose disaggregated path: router, first token, pull, pieces
+    # whose disaggregated path (router, first token, pull, pieces); "" = the run's `engine`
+    engine: str = ""
     router_s: float = -1.0  # the router's hop; < 0 = the engine's figure
 
 

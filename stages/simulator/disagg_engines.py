@@ -1,9 +1,10 @@
 """Each engine's disaggregated path, as its sources describe it: the router's hop before a
 request reaches a prefill instance, how the client's first token is made, whether the
 decode instance pulls the KV cache while it keeps stepping or stops to pull it, and how
-the KV cache is cut into pieces. One table keyed by the deploy engine names
-(pipeline/deploy/flags.py), with one row more for the engine the published measurements
-of benchmarks/published_disagg.py ran (`triton-distributed`).
+the KV cache is cut into pieces. One table keyed by the deploy engine names, which are
+the engine profiles' (`engine=`, conf/engine/: a deployment takes its run's engine's path
+unless `disagg.engine` names another), with one row more for the engine the published
+measurements of benchmarks/published_disagg.py ran (`triton-distributed`).
 
 The router's hop is added once, before the prefill instance sees the request; streaming
 back through the router delays every token alike, so ITL does not count it. What routers
