@@ -125,3 +125,16 @@ def test_the_table_carries_bands_and_a_deploy_folder_per_device(devices):
     assert gaudi["bands"]["capacity_rps"] == pytest.approx([4.2 / 1.2, 4.2 * 1.2])
     assert (devices / "deploy" / "gaudi3" / "vllm-gaudi.sh").is_file()
     assert (devices / "deploy" / "h100").is_dir()
+
+
+def test_identical_rows_are_said(tmp_path):
+    # two settings the load never reached: the same figures, one answer said twice
+    for num in (0, 1):
+        make_job(tmp_path, num, tp=1, goodput=6.0, tokens=1, tpot_ms=20, device="h100",
+                 target=sized(20, 6.0, 4, 1))  # fmt: skip
+    make_job(tmp_path, 2, tp=1, goodput=5.0, tokens=1, tpot_ms=20, device="h100",
+             target=sized(20, 5.0, 4, 1))  # fmt: skip
+    build_plan_report(tmp_path, {"objective": "cost", "max_warmup_s": 3600,
+                                 "prices": {"h100": 3.0}, "model_id": "m"})  # fmt: skip
+    notes = {r["job"]: r["note"] for r in csv.DictReader(open(tmp_path / "plan.csv"))}
+    assert notes["1"] == "same figures as job 0" and notes["0"] == "" and notes["2"] == ""

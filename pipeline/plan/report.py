@@ -91,6 +91,26 @@ def _header(plan_dir: Path, cands: Sequence[Candidate], ranking: Ranking, tolera
     return "\n".join(lines)
 
 
+# The figures that make two rows the same answer (their configs differ in a setting the
+# load never reached, e.g. a max_num_seqs above what it held).
+SAME = ("device", "replica_cards", "capacity", "capacity_rps", "ttft_p90_ms", "tpot_p90_ms",
+        "replicas", "cards", "usd_per_hour", "kv_blocks")  # fmt: skip
+
+
+def said_same(rows: Sequence[dict[str, Any]]) -> None:
+    """A row whose figures equal an earlier one's says so in its note (one answer, not two)."""
+    first: dict[tuple[Any, ...], int] = {}
+    for r in rows:
+        if r.get("capacity") is None:
+            continue
+        key = tuple(r.get(k) for k in SAME)
+        if key in first:
+            same = f"same figures as job {first[key]}"
+            r["note"] = f"{r['note']}; {same}" if r.get("note") else same
+        else:
+            first[key] = r["job"]
+
+
 def _deploy(
     c: Candidate, keys: Sequence[str], prices: Mapping[str, float], model: str, out: Path
 ) -> dict[str, Any]:
@@ -133,6 +153,7 @@ def build_plan_report(
     ranks = {id(c): i + 1 for i, c in enumerate(ranking.order)}
     ties = {id(c): f"with #1 (job {ranking.tied[0].job.num})" for c in ranking.tied[1:]}
     rows = [row(c, keys, prices, ranks.get(id(c)), ties.get(id(c), "")) for c in ordered]
+    said_same(rows)
     header = _header(plan_dir, cands, ranking, tolerance)
     table = write_table(ordered, rows, prices, header, plan_dir)
     chosen = ranking.order[0] if ranking.order else None
