@@ -6,12 +6,14 @@ from omegaconf import DictConfig
 
 from pipeline.command import HydraCommand, Job, SweepOnFailure
 from pipeline.run import run
+from pipeline.run_folder import RunStatus
 
 
 def run_job(cfg: DictConfig, job: Job) -> int:
-    """Serves one job into its folder (with resume, only a failure is noted there)."""
-    run(cfg, job.out_dir, overrides=job.overrides)
-    return 0
+    """Serves one job into its folder (with resume, only a failure is noted there); a run
+    whose every request failed exits 1 (a sweep's job lets the sweep go on)."""
+    metrics = run(cfg, job.out_dir, overrides=job.overrides)
+    return 1 if metrics.get("status") == RunStatus.FAILED and not job.multirun else 0
 
 
 COMMAND = HydraCommand(

@@ -55,6 +55,7 @@ def check_common(cfg: DictConfig) -> None:
         raise ConfigError(f"block_size={bs} is not a power of two: set block_size=16, 64 or 128")
     _check_dtype_bytes(cfg)
     _check_limits(cfg)
+    check_copies(cfg)
     _check_chunks(cfg, bs)
     _check_device(cfg)
 
@@ -141,12 +142,34 @@ def _check_limits(cfg: DictConfig) -> None:
         raise ConfigError(f"max_model_len={cfg.max_model_len}: must be >= 2")
     if cfg.num_blocks < 0:
         raise ConfigError(f"num_blocks={cfg.num_blocks}: must be >= 0 (0 derives it)")
-    if cfg.num_threads < 1:
-        raise ConfigError(f"num_threads={cfg.num_threads}: must be >= 1")
+    if not 1 <= cfg.num_threads <= MAX_THREADS:  # beyond, OpenMP aborts the process
+        raise ConfigError(f"num_threads={cfg.num_threads}: must be in 1..{MAX_THREADS}")
     if not 1 <= cfg.tp <= 1024:
         raise ConfigError(f"tp={cfg.tp}: the tensor-parallel degree must be in 1..1024 (1 card)")
     if cfg.device not in set(Device):
         raise ConfigError(f"device={cfg.device}: choose device=cpu or device=intel_hpu")
+
+
+# The keys a stage group repeats from the top (`scheduler.max_tokens: ${max_tokens}`): one
+# value for the whole run, set at the top, where every check reads it.
+COPIED_KEYS = ("max_tokens", "max_num_seqs", "max_model_len")
+COPYING_GROUPS = ("scheduler", "metadata", "workload")
+
+
+def check_copies(cfg: DictConfig) -> None:
+    """A group's copy of a top-level limit (`scheduler.max_tokens=8`) is not a second
+    value: it is refused, naming the key to set instead."""
+    for group in COPYING_GROUPS:
+        node = cfg.get(group)
+        for key in COPIED_KEYS:
+            if node is None or key not in node:
+                continue
+            value = node[key]
+            if value != cfg[key]:
+                raise ConfigError(
+                    f"{group}.{key}={value} differs from {key}={cfg[key]}: it is a copy of the "
+                    f"run's {key}; set {key}={value} instead"
+                )
 
 
 def _check_chunks(cfg: DictConfig, bs: int) -> None:
@@ -197,6 +220,9 @@ BUCKET_ENTRY_BYTES = 44  # a Python int in a list (36) and its int64 copy (8)
 BLOCK_ENTRY_BYTES = 36  # a free-list entry of the block pool
 ROPE_BYTES_PER_DIM = 16  # float64 angles, cos and sin, then their float32 tables
 REQUEST_BYTES, TOKEN_BYTES = 4096, 16  # a request's fixed part; a prompt token's id and text
+# The largest CPU hosts have a few hundred cores (2 x 192 in a dual AMD EPYC 9965 host,
+# 768 hardware threads); 100,000 made OpenMP abort the process (exit 134).
+MAX_THREADS = 1024
 MAX_LAYERS = 4096  # the deepest published decoders have a few hundred
 
 

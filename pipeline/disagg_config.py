@@ -20,6 +20,12 @@ from stages.simulator.expert_parallel import ExpertParallel, check_layout
 PREFILL, DECODE = "prefill", "decode"
 
 
+# Each instance is an engine simulated side by side; published disaggregated deployments
+# run a few to a few dozen a pool (DistServe, Mooncake, DeepSeek-V3's 4 prefill and 18
+# decode nodes); 1,000 and 1,000 grew by 700 MB in 40 s without end.
+MAX_POOL_INSTANCES = 64
+
+
 def disaggregated(cfg: DictConfig | Mapping[str, Any]) -> bool:
     """Prefill and decode instances apart (`disagg.prefill`, `disagg.decode`); 0 and 0
     is one aggregated instance."""
@@ -84,6 +90,12 @@ def check_disagg(cfg: DictConfig) -> None:
     for key in keys:
         if disagg[key] < 0:
             raise ConfigError(f"disagg.{key}={disagg[key]} must be >= 0 (0 = the run's value)")
+    for key in ("prefill", "decode"):
+        if disagg[key] > MAX_POOL_INSTANCES:
+            raise ConfigError(
+                f"disagg.{key}={disagg[key]}: a replica's pool holds at most "
+                f"{MAX_POOL_INSTANCES} instances; for more load, plan replicas (plan.target_rps)"
+            )
     if disagg.decode_max_num_seqs < 0 or disagg.link_gbps < 0:
         key = "decode_max_num_seqs" if disagg.decode_max_num_seqs < 0 else "link_gbps"
         raise ConfigError(f"disagg.{key}={disagg[key]} must be >= 0 (0 = the default)")

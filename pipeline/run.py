@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from pipeline.folder_lock import FolderLock
 from pipeline.identity import write_identity
 from pipeline.metrics import StepTotals, summarise
 from pipeline.records import StepRecord
-from pipeline.resume import Previous, load_previous, pending_requests
+from pipeline.resume import Previous, appendable, load_previous, pending_requests
 from pipeline.run_folder import RunStatus
 from pipeline.serving import Ending, Hooks, serve_and_summarise
 from pipeline.signals import RunInterrupted, as_interrupted, stop_on_signals
@@ -96,6 +97,8 @@ def run_requests(
         metrics = run_metrics(cfg, engine, requests, steps, duration, warmup_s, status)
         if previous:
             metrics["resumed_requests"] = len(pending)
+        if status is RunStatus.OK and requests and all(r.error for r in requests):
+            metrics["status"], metrics["error"] = RunStatus.FAILED, failed_requests(requests)
         return metrics
 
     hooks = Hooks(files.open, files.on_unfinished, files.close, files.finish)
@@ -104,6 +107,19 @@ def run_requests(
         ended_by=stop_signal, hooks=hooks,
     )  # fmt: skip
     metrics = served.metrics
+    report_run(metrics, requests, out_dir, stopped=served.stopped_by is not None)
+    if served.stopped_by is not None:
+        stopped = as_interrupted(served.stopped_by)
+        stopped.recorded = True
+        raise stopped
+    return metrics
+
+
+def report_run(
+    metrics: dict[str, Any], requests: Sequence[Request], out_dir: Path, stopped: bool
+) -> None:
+    """The run's log line and summary; where requests failed (and no signal stopped the
+    run), one more line: an error where every one failed, a warning where some did."""
     log.info(
         "run_finished",
         status=metrics["status"],
@@ -113,11 +129,19 @@ def run_requests(
         out_dir=str(out_dir),
     )
     print(f"{metrics['status']}: {out_dir}\n{summary_table(metrics)}")
-    if served.stopped_by is not None:
-        stopped = as_interrupted(served.stopped_by)
-        stopped.recorded = True
-        raise stopped
-    return metrics
+    if any(r.error for r in requests) and not stopped:
+        said = "Error" if metrics["status"] == RunStatus.FAILED else "Warning"
+        print(f"{said}: {failed_requests(requests)}", file=sys.stderr)
+
+
+def failed_requests(requests: Sequence[Request]) -> str:
+    """The requests that failed, in one line: how many, and the first one's error."""
+    failed = [r for r in requests if r.error]
+    every = "every request" if len(failed) == len(requests) else "some requests"
+    return (
+        f"{every} failed ({len(failed)} of {len(requests)}; the first, {failed[0].id!r}: "
+        f"{' '.join(str(failed[0].error).split())[:300]}): see generations.jsonl"
+    )
 
 
 def unfinished(requests: Sequence[Request]) -> list[Request]:
@@ -200,6 +224,8 @@ class RunFiles:
 
     def open(self, warmup_s: float) -> None:
         previous = self.previous
+        if previous is not None:  # the resumed run's steps follow the folder's
+            appendable(self.out_dir / artefacts.STEPS)
         step_writer = artefacts.StepWriter(self.out_dir, append=previous is not None)
         generations = artefacts.GenerationWriter(
             self.out_dir, self.engine.tokenizer, previous.kept.values() if previous else ()

@@ -34,6 +34,12 @@ def speculation_of(cfg: DictConfig) -> Speculation | None:
         check_speculation(method, int(node.tokens), acceptance, str(node.draft_model), rate)
         if method == "none":
             return None
+        if int(node.tokens) + 1 > cfg.max_tokens:  # a row's verify step: its proposals + 1
+            raise ValueError(
+                f"speculative.tokens={node.tokens}: a row's verify step takes tokens + 1 = "
+                f"{int(node.tokens) + 1} token slots, more than max_tokens={cfg.max_tokens} a "
+                "step: lower speculative.tokens or raise max_tokens"
+            )
         if method != "draft" and node.draft_model:
             raise ValueError(
                 f"speculative.draft_model={node.draft_model} is for speculative.method=draft "
