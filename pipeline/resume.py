@@ -75,9 +75,11 @@ def apply_overrides(cfg: DictConfig, choices: dict[str, str], overrides: Sequenc
             )
 
 
-def _appendable(path: Path) -> Path:
-    """`path` with a torn last line (a kill or a full disk mid-write) cut, so the resumed
-    run's lines do not continue it."""
+def appendable(path: Path) -> Path:
+    """`path` ready for the resumed run's lines: a last line the writer never ended is
+    ended (complete JSON, kept) or cut (torn by a kill or a full disk), so that the next
+    line does not continue it. Called once the folder has passed every check: a folder
+    that is refused is left as it was."""
     removed = run_folder.cut_torn_tail(path)
     if removed:
         log.warning("torn_line_cut", file=str(path), bytes=removed)
@@ -103,12 +105,12 @@ def _load(folder: Path, overrides: Sequence[str]) -> Previous:
     kept: dict[int, dict[str, Any]] = {}
     generations = folder / artefacts.GENERATIONS
     if generations.is_file():
-        for line in run_folder.read_generations(_appendable(generations)):
+        for line in run_folder.read_generations(generations):
             if line.get("error") != artefacts.INTERRUPTED:
                 kept[line["index"]] = line
     check_identity(cfg, folder, len(kept))
     steps_file = folder / artefacts.STEPS
-    step_lines = run_folder.read_step_lines(_appendable(steps_file)) if steps_file.is_file() else []
+    step_lines = run_folder.read_step_lines(steps_file) if steps_file.is_file() else []
     steps = [StepRecord.from_line(line) for line in step_lines]
     duration = sum(s.duration_s for s in steps)
     metrics = run_folder.read_metrics(folder) if (folder / artefacts.METRICS).is_file() else None

@@ -11,7 +11,7 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from pipeline.records import GenerationRecord, StepRecord, check_field, json_kind, non_negative
 from pipeline.run_files import RunFileError, open_no_link
@@ -165,8 +165,10 @@ def read_step_lines(path: Path) -> list[dict[str, Any]]:
 
 
 def cut_torn_tail(path: Path) -> int:
-    """Removes a last line the writer never finished (no newline: a kill or a full disk),
-    so that what is appended next starts a line of its own; returns the bytes removed."""
+    """Removes a last line the writer never finished (no newline, not JSON: a kill or a
+    full disk), so that what is appended next starts a line of its own; returns the bytes
+    removed. A last line that is whole JSON without its newline (the reader counts it) is
+    kept, its newline added."""
     if not path.is_file():
         return 0
     with open_no_link(path, "rb+") as f:
@@ -175,6 +177,9 @@ def cut_torn_tail(path: Path) -> int:
             return 0
         f.seek(size - 1)
         if f.read(1) == b"\n":
+            return 0
+        if _whole_json_tail(f, size):
+            f.write(b"\n")
             return 0
         keep = size
         while keep > 0:  # back to the newline before the torn part, 64 KiB at a time
@@ -187,6 +192,24 @@ def cut_torn_tail(path: Path) -> int:
             keep = start
         f.truncate(keep)
         return size - keep
+
+
+def _whole_json_tail(f: BinaryIO, size: int, limit: int = 64 * 1024 * 1024) -> bool:
+    """Whether the file's last line (no newline after it) is complete JSON; the file is
+    left positioned at its end. A line beyond `limit` bytes is taken as torn."""
+    start = max(0, size - limit)
+    f.seek(start)
+    tail = f.read(size - start)
+    newline = tail.rfind(b"\n")
+    if newline < 0 and start > 0:
+        return False
+    try:
+        json.loads(tail[newline + 1 :])
+        whole = True
+    except (ValueError, RecursionError):
+        whole = False
+    f.seek(size)
+    return whole
 
 
 def _one_line(err: BaseException) -> str:

@@ -1,6 +1,6 @@
 """Run folders nobody can corrupt: one writer per folder, resume checks what the finished
-lines were made with, torn last lines are cut before appending, and a profile's YAML cannot
-expand without bound."""
+lines were made with, torn last lines are cut before appending (whole ones kept), and a
+profile's YAML cannot expand without bound."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -21,7 +22,7 @@ from pipeline.expansion import check_expansion
 from pipeline.folder_lock import LOCK_FILE, FolderBusy, FolderLock
 from pipeline.identity import check_identity, identity
 from pipeline.profiles import measured_profile
-from pipeline.resume import load_previous
+from pipeline.resume import appendable, load_previous
 from pipeline.run import run
 from tests.helpers import REPO, make_config, run_cli
 
@@ -171,19 +172,32 @@ def test_resume_refuses_changed_weights(tmp_path):
 # ------------------------------------------------------------------------ torn lines
 
 
-def test_resume_cuts_a_torn_tail_and_says_so(folder, tmp_path, capsys):
-    steps = folder / artefacts.STEPS
+def test_resume_keeps_a_whole_last_line_and_cuts_only_a_torn_one(folder, capsys):
+    steps, generations = folder / artefacts.STEPS, folder / artefacts.GENERATIONS
     whole = steps.read_bytes()
     with open(steps, "ab") as f:
         f.write(b'{"step": 99, "mode": "dec')  # a full disk mid-write
-    with open(folder / artefacts.GENERATIONS, "ab") as f:
-        f.write(b'{"id": "x"}')  # even a line that parses is unfinished without its newline
+    generations.write_bytes(generations.read_bytes().removesuffix(b"\n"))  # whole, unended
+    before = {path: path.read_bytes() for path in (steps, generations)}
     previous = load_previous(folder)
-    assert steps.read_bytes() == whole and len(previous.steps) == len(whole.splitlines())
-    assert (folder / artefacts.GENERATIONS).read_bytes().endswith(b"}\n")
+    assert len(previous.kept) == 3  # the unended last line is a finished request
+    assert len(previous.steps) == len(whole.splitlines())
+    assert {path: path.read_bytes() for path in before} == before  # reading changes nothing
+    appendable(steps)
+    appendable(generations)
+    assert steps.read_bytes() == whole
+    assert generations.read_bytes() == before[generations] + b"\n"  # kept, its newline added
     out = capsys.readouterr().out
     assert "steps.jsonl ended mid-line; cut its last 25 bytes" in out
-    assert "generations.jsonl ended mid-line; cut its last 11 bytes" in out
+    assert "generations.jsonl ended mid-line" not in out
+
+
+def test_a_folder_resume_refuses_is_left_as_it_was(folder):
+    noise = np.random.default_rng(0).bytes(4096)  # seeded: the same bytes every run
+    (folder / artefacts.GENERATIONS).write_bytes(noise)
+    with pytest.raises(ConfigError, match="generations.jsonl"):
+        load_previous(folder)
+    assert (folder / artefacts.GENERATIONS).read_bytes() == noise
 
 
 def test_a_resumed_folder_after_a_torn_tail_reads_back_whole(folder, tmp_path):

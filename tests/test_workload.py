@@ -148,3 +148,23 @@ def test_long_prompts_preset_composes():
     longest = cfg.workload.parts.long.max_prompt_tokens + cfg.workload.parts.long.max_new_tokens
     everyone = cfg.workload.parts.decode.num_requests + cfg.workload.parts.long.num_requests
     assert longest <= 2048 and cfg.max_num_seqs >= everyone
+
+
+def test_a_jsonl_line_longer_than_any_context_is_refused_unparsed(tmp_path, monkeypatch):
+    """A line that cannot fit max_model_len is that row's error, and is never tokenized."""
+    from stages.workload.jsonl import MAX_LINE_BYTES_PER_TOKEN, JsonlWorkload
+
+    limit = 64 * MAX_LINE_BYTES_PER_TOKEN
+    path = tmp_path / "big.jsonl"
+    huge = json.dumps({"prompt": "x" * limit})
+    fits = json.dumps({"prompt": "y" * (limit - 20)})  # the bound is on the line's bytes
+    path.write_text(f'{{"prompt": "a"}}\n{huge}\n{fits}\n')
+    tokenizer = ByteTokenizer(add_bos=False)
+    seen: list[int] = []
+    encode = tokenizer.encode
+    monkeypatch.setattr(tokenizer, "encode", lambda text: seen.append(len(text)) or encode(text))
+    requests = JsonlWorkload(str(path), 0, 4, 0.0, 0, 0, max_model_len=64).load(tokenizer)
+    assert [r.id for r in requests] == ["line-1", "line-2", "line-3"]
+    assert requests[0].error is None and requests[2].error is None
+    assert "max_model_len=64" in (requests[1].error or "")
+    assert max(seen) < limit  # the long line never reached the tokenizer

@@ -62,6 +62,7 @@ class JsonlWorkloadConf(WorkloadConf):
     max_new_tokens: int = 64  # for lines that do not say
     rate: float = 0.0  # Poisson arrivals when lines give no arrival_s
     seed: int = II("seed")
+    max_model_len: int = II("max_model_len")  # a longer line is refused unread
 
 
 @dataclass

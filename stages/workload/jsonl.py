@@ -22,6 +22,13 @@ _LINE_FIELDS = {
 }  # fmt: skip
 
 
+# A bound, generous by design (assumed, not measured): a token is taken to span at most 256
+# bytes of text, and JSON may write each byte as a 6-byte escape (\u00e9). A line beyond
+# max_model_len x this holds more tokens than the context, whatever the tokenizer, and is
+# refused before it is parsed or tokenized (a 300 MB line once cost 6 GB to tokenize).
+MAX_LINE_BYTES_PER_TOKEN = 256 * 6
+
+
 def _arrival(line: dict[str, Any], default: float) -> float:
     value = line.get("arrival_s", default)
     if isinstance(value, bool) or not isinstance(value, int | float):
@@ -136,8 +143,12 @@ class JsonlWorkload:
         rate: float,
         seed: int,
         concurrency: int,
+        max_model_len: int = 0,
     ) -> None:
         self.concurrency = closed_loop(concurrency)
+        # the bytes a line may have and still hold a prompt that fits max_model_len (0: no
+        # bound); a longer one is refused before it is parsed or tokenized
+        self.max_line_bytes = max_model_len * MAX_LINE_BYTES_PER_TOKEN
         if not path:
             raise ValueError(
                 "workload.path is required with workload=jsonl: set workload.path=FILE"
@@ -156,19 +167,29 @@ class JsonlWorkload:
         self.rate = rate
         self.seed = seed
 
-    def _lines(self) -> list[tuple[int, bytes]]:
-        """(line number, bytes) of every non-blank line, up to num_requests of them."""
-        data = self.path.read_bytes()
-        if data.startswith(codecs.BOM_UTF8):
-            data = data[len(codecs.BOM_UTF8) :]
-        lines = []
-        for number, raw in enumerate(data.split(b"\n"), start=1):
-            raw = raw.removesuffix(b"\r")
-            if raw.strip():
-                lines.append((number, raw))
+    def _lines(self) -> list[tuple[int, bytes | int]]:
+        """(line number, bytes) of every non-blank line, up to num_requests of them; a line
+        longer than max_line_bytes is kept as its length alone."""
+        lines: list[tuple[int, bytes | int]] = []
+        with open(self.path, "rb") as f:
+            for number, raw in enumerate(f, start=1):
+                if number == 1:
+                    raw = raw.removeprefix(codecs.BOM_UTF8)
+                raw = raw.removesuffix(b"\n").removesuffix(b"\r")
+                if not raw.strip():
+                    continue
+                oversized = self.max_line_bytes and len(raw) > self.max_line_bytes
+                lines.append((number, len(raw) if oversized else raw))
                 if len(lines) == self.num_requests:
                     break
         return lines
+
+    def _oversized(self, size: int) -> str:
+        return (
+            f"{size:,} bytes, more than any prompt that fits max_model_len="
+            f"{self.max_line_bytes // MAX_LINE_BYTES_PER_TOKEN} can take "
+            f"({self.max_line_bytes:,} bytes): shorten it or raise max_model_len"
+        )
 
     def load(self, tokenizer: Tokenizer) -> list[Request]:
         lines = self._lines()
@@ -178,6 +199,8 @@ class JsonlWorkload:
         for index, (number, raw) in enumerate(lines):
             line: Any = None
             try:
+                if isinstance(raw, int):
+                    raise ValueError(self._oversized(raw))
                 line = _parse_line(raw)
                 request = _line_to_request(
                     line, index, number, self.max_new_tokens, arrivals[index], tokenizer
