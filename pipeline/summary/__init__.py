@@ -352,8 +352,11 @@ class SweepSummaryCallback(Callback):
         summarise(Path(config.hydra.sweep.dir))
 
     def _summarise_unfinished(self) -> None:
-        if self._sweep_dir is not None and self._sweep_dir.is_dir():
-            summarise(self._sweep_dir)
+        # no job folder: the sweep stopped before its first job (a refused plan), and
+        # has nothing to summarise
+        folder = self._sweep_dir
+        if folder is not None and any(folder.glob("*/**/.hydra/overrides.yaml")):
+            summarise(folder)
 
 
 def summarise(sweep_dir: Path) -> None:

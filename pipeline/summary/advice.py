@@ -139,7 +139,9 @@ def _cost(best: AdviceJob, ranked: list[AdviceJob], column: str) -> str:
         if mine is None or not values:
             continue
         top = max(values) if higher else min(values)
-        worse = (top - mine) / top if higher else (mine - top) / top if top else 0.0
+        if not top:  # the best at 0 (no job met the SLO, say): nothing is given up
+            continue
+        worse = (top - mine) / top if higher else (mine - top) / top
         if worse > TIE:
             notes.append(f"{other.removesuffix('_ms')} {_pct(mine, top)} "
                          f"{'below' if higher else 'above'} the best")  # fmt: skip
