@@ -22,6 +22,8 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from pipeline.run_files import output_folder, write_file
+
 CHECKS_DIR = Path(__file__).resolve().parent / "data" / "published-checks"
 FEATURES = (
     "attention_dp", "expert_parallel", "disaggregation", "speculative_mtp",
@@ -71,10 +73,8 @@ def record(
         date=datetime.now(UTC).strftime("%Y-%m-%d"),
         source=Path(source).name,
     )
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{feature}.json"
-    path.write_text(json.dumps(asdict(result), indent=2) + "\n", encoding="utf-8")
-    return path
+    path = output_folder(folder) / f"{feature}.json"
+    return write_file(path, json.dumps(asdict(result), indent=2) + "\n")
 
 
 def command_line(module: str, argv: Sequence[str] | None) -> str:
