@@ -17,8 +17,31 @@ import argparse
 import os
 import sys
 import time
+from typing import Any
 
+from pipeline.build import build
 from pipeline.calibrate.published import DATA, error_lines, median, read_rows, simulate_row
+from pipeline.compose import compose_config
+
+
+def results(path: str = str(DATA)) -> dict[str, dict[str, Any]]:
+    """The dense family's result, what plan bands read: `fit` the rows as simulated with
+    the shipped profiles (each fitted to all of its device's rows), `held_out` the worse of
+    each profile's split-half fits (fit on one model, the other held out: its `errors`)."""
+    runs = [simulate_row(row) for row in read_rows(path)]
+    errors = [abs(r.error) for r in runs]
+    held: list[tuple[float, float]] = []
+    for device in sorted({r.row.hardware for r in runs}):
+        profile = build(compose_config(["executor=simulated", f"hardware={device}"]).hardware)
+        held += [(e["held_out_median"], e["held_out_worst"]) for e in profile.errors.values()]
+    return {
+        "fit": {"rows": len(errors), "median": median(errors), "worst": max(errors)},
+        "held_out": {
+            "rows": len(errors),
+            "median": max(m for m, _ in held),
+            "worst": max(w for _, w in held),
+        },
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

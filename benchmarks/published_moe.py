@@ -22,7 +22,9 @@ import csv
 import dataclasses
 import sys
 import time
+from typing import Any
 
+from benchmarks import moe_kernels
 from pipeline.build import build
 from pipeline.calibrate.check_results import command_line, record
 from pipeline.calibrate.published import (
@@ -81,6 +83,40 @@ def simulate_replica(row: PublishedRow, layout: ExpertParallel) -> RowRun:
         cpu_s=time.process_time() - cpu,
         cost=engine.model.cost,  # type: ignore[attr-defined]
     )
+
+
+# The rows' deployment is not certain (docs/simulator.md): each family reads them so.
+READINGS = {
+    "moe": (8, 1, 1),  # attention and experts tensor-parallel over the 8 GPUs, no EP
+    "ep": (8, 8, 1),  # the command's --tp 8 --ep 8: experts EP 8 beside attention TP 8
+    "ep_attention_dp": (1, 8, 8),  # the file's: attention DP 8, experts EP 8
+}
+
+
+def reading_runs(path: str, tp: int, ep: int, dp: int) -> list[RowRun]:
+    rows = [dataclasses.replace(r, tp=tp) for r in read_rows(path)]
+    return [simulate_replica(r, ExpertParallel(ep, dp)) for r in rows]
+
+
+def results(path: str = str(DATA)) -> dict[str, dict[str, dict[str, Any]]]:
+    """Each family's result, what plan bands read: per reading of the rows, `fit` the MoE
+    kernel rows the grouped-GEMM figures were fitted to (benchmarks/moe_kernels.py),
+    `held_out` these rows (none was used to fit anything)."""
+    hw = build(compose_config(["executor=simulated", "hardware=h100"]).hardware)
+    kernels = [
+        r for r in moe_kernels.read_rows(moe_kernels.DATA) if r.batch <= moe_kernels.FIT_BATCH
+    ]
+    fitted = [r for r in kernels if r.model == moe_kernels.FIT_MODEL]
+    kernel_errors = [
+        abs(e) for e in moe_kernels.errors(fitted, hw, hw.moe_layer_s, hw.moe_expert_s)
+    ]
+    fit = {"rows": len(fitted), "median": median(kernel_errors), "worst": max(kernel_errors)}
+    out = {}
+    for family, layout in READINGS.items():
+        errors = [abs(r.error) for r in reading_runs(path, *layout)]
+        held = {"rows": len(errors), "median": median(errors), "worst": max(errors)}
+        out[family] = {"fit": fit, "held_out": held}
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

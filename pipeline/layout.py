@@ -55,9 +55,21 @@ class Layout:
     decode_dp: int = 0
     prefill_max_tokens: int = 0  # 0 = the run's max_tokens
     decode_max_num_seqs: int = 0  # 0 = the run's max_num_seqs
-    speculative: str = "none"  # none, mtp, draft, ngram
+    speculative: str = "none"  # none, mtp, eagle, draft, ngram
     speculative_tokens: int = 1
+    # speculative=eagle, SGLang's tree (0: vLLM's chain of speculative_tokens)
+    speculative_steps: int = 0
+    speculative_topk: int = 0
+    speculative_draft_tokens: int = 0
     draft_model: str = ""  # speculative=draft: the draft's model spec
+
+    @property
+    def draft_shape(self) -> str:
+        """k for a chain, steps/topk/draft_tokens for a tree (as SGLang's flags give it)."""
+        if not self.speculative_steps:
+            return str(self.speculative_tokens)
+        steps, topk = self.speculative_steps, self.speculative_topk or 1
+        return f"{steps}/{topk}/{self.speculative_draft_tokens or steps + 1}"
 
     @property
     def disaggregated(self) -> bool:
@@ -96,9 +108,7 @@ class Layout:
             "ep_dp": f"{self.ep}/{self.dp}" if (self.ep, self.dp) != (1, 1) else "-",
             "p_d": f"{self.prefill}:{self.decode}" if self.disaggregated else "-",
             "speculative": (
-                f"{self.speculative}/{self.speculative_tokens}"
-                if self.speculative != "none"
-                else "-"
+                f"{self.speculative}/{self.draft_shape}" if self.speculative != "none" else "-"
             ),
         }
 
@@ -128,5 +138,8 @@ def layout_of(config: Mapping[str, Any]) -> Layout:
         decode_max_num_seqs=_int(disagg, "decode_max_num_seqs", 0),
         speculative=str(spec.get("method") or "none"),
         speculative_tokens=_int(spec, "tokens", 1),
+        speculative_steps=_int(spec, "steps", 0),
+        speculative_topk=_int(spec, "topk", 0),
+        speculative_draft_tokens=_int(spec, "draft_tokens", 0),
         draft_model=str(spec.get("draft_model") or ""),
     )

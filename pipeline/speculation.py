@@ -45,7 +45,10 @@ def speculation_of(cfg: DictConfig) -> Speculation | None:
                 f"speculative.draft_model={node.draft_model} is for speculative.method=draft "
                 f"alone: drop it or set speculative.method=draft (not {method})"
             )
-        return Speculation(method, int(node.tokens), tuple(acceptance), int(node.mtp_layers), rate)
+        tree = (int(node.steps), int(node.topk), int(node.draft_tokens))
+        return Speculation(
+            method, int(node.tokens), tuple(acceptance), int(node.mtp_layers), rate, *tree
+        )
     except ValueError as err:
         raise ConfigError(str(err)) from err
 

@@ -295,6 +295,36 @@ def test_draft_and_ngram_per_engine(tmp_path):
     assert options["speculative_config"] == {"decoding_type": "NGram", "max_draft_len": 4}
 
 
+def test_eagle_tree_and_chain_per_engine(tmp_path):
+    tree = ["speculative.method=eagle", "speculative.steps=5", "speculative.topk=8",
+            "speculative.draft_tokens=32"]  # fmt: skip
+    out = export(tmp_path, tree)
+    # SGLang speculative_decoding.md: EAGLE3 with its three numbers and the head's weights
+    sglang = parse((out / "sglang.sh").read_text())[1]
+    assert [sglang[f] for f in ("--speculative-algorithm", "--speculative-num-steps",
+            "--speculative-eagle-topk", "--speculative-num-draft-tokens",
+            "--speculative-draft-model-path")] == [
+        "EAGLE3", "5", "8", "32", "$DRAFT_MODEL"]  # fmt: skip
+    # vLLM drafts a chain: method eagle3, as many tokens as the tree's passes, and says so
+    text = (out / "vllm-cuda.sh").read_text()
+    assert json.loads(parse(text)[1]["--speculative-config"]) == {
+        "method": "eagle3", "num_speculative_tokens": 5, "model": "$DRAFT_MODEL"}  # fmt: skip
+    assert "topk=8, draft_tokens=32: not set" in text
+    fd = (out / "fastdeploy-gpu.sh").read_text()
+    assert "--speculative-config" not in fd and "speculative.method=eagle: not set" in fd
+
+    out = export(tmp_path / "chain", ["speculative.method=eagle", "speculative.tokens=3"])
+    sglang = parse((out / "sglang.sh").read_text())[1]
+    assert [sglang[f] for f in ("--speculative-num-steps", "--speculative-eagle-topk",
+            "--speculative-num-draft-tokens")] == ["3", "1", "4"]  # fmt: skip
+    options = yaml.safe_load((out / "trtllm-options.yaml").read_text())
+    assert options["speculative_config"] == {
+        "decoding_type": "Eagle",
+        "max_draft_len": 3,
+        "speculative_model_dir": "DRAFT_MODEL",
+    }
+
+
 def test_sglang_ngram_has_no_dp_attention(tmp_path):
     out = export(tmp_path, ["dp=2", "ep=2", "speculative.method=ngram"])
     text = (out / "sglang.sh").read_text()

@@ -5,6 +5,7 @@ holds, and the engines' constraint between tp, dp and ep as one-line errors."""
 from __future__ import annotations
 
 import dataclasses
+from statistics import NormalDist
 
 import pytest
 
@@ -47,14 +48,24 @@ def tokens_amounts(cost: CostModel, tokens: int):
     return cost.amounts_of(StepWork(linear_tokens=tokens, kv_writes=tokens, sampled_rows=tokens))
 
 
-def test_expert_gemms_take_the_routed_tokens_a_rank_receives():
-    # dp=2 replicas of 4 tokens each, top-2 routing, over ep=2 ranks: 2 x 4 x 2 / 2 = 8 pairs.
+# The expected larger of two standard normal draws (Blom): the busiest of two ranks.
+LARGER_OF_TWO = NormalDist().inv_cdf((2 - 0.375) / (2 + 0.25))
+
+
+def test_expert_gemms_take_the_routed_tokens_the_busiest_rank_receives():
+    # dp=2 replicas of 4 tokens each, top-2 routing, over ep=2 ranks: 2 x 4 x 2 / 2 = 8 pairs
+    # a rank on average; the 16 pairs fall on a rank as draws without replacement, variance
+    # 8 x 2 x 1/2 x 1/2 x (8 - 2) / (8 - 1), and the busiest rank gets the mean plus the
+    # larger of two normal draws times its spread.
+    pairs = 8 + LARGER_OF_TWO * (8 * 2 * 0.25 * 6 / 7) ** 0.5
     a = tokens_amounts(model(ep=2, dp=2), 4)
-    assert a.linear_flops == pytest.approx(2 * 4 * NON_ROUTED + 2 * 8 * EXPERT)
+    assert a.linear_flops == pytest.approx(2 * 4 * NON_ROUTED + 2 * pairs * EXPERT)
     # The rank holds 4 of the 8 experts; the 8 tokens of both replicas touch, expected,
-    # 8 (1 - (6/8)^8) of the 8, half of them its own.
-    touched = 8 * (1 - (6 / 8) ** 8) / 2
-    assert a.linear_bytes == pytest.approx((NON_ROUTED + touched * EXPERT) * 2)
+    # 8 (1 - (6/8)^8) of the 8, half of them a rank's on average, the busiest more.
+    touched = 8 * (1 - (6 / 8) ** 8)
+    chance = touched / 8
+    busiest = min(4, touched / 2 + LARGER_OF_TWO * (4 * chance * (1 - chance)) ** 0.5)
+    assert a.linear_bytes == pytest.approx((NON_ROUTED + busiest * EXPERT) * 2)
 
 
 def test_imbalance_scales_only_the_routed_gemms():
@@ -62,7 +73,8 @@ def test_imbalance_scales_only_the_routed_gemms():
         tokens_amounts(model(ep=2, dp=2), 4),
         tokens_amounts(model(ep=2, dp=2, imbalance=1.5), 4),
     )
-    assert skewed.linear_flops - even.linear_flops == pytest.approx(2 * 8 * EXPERT * 0.5)
+    pairs = 8 + LARGER_OF_TWO * (8 * 2 * 0.25 * 6 / 7) ** 0.5  # the busiest rank's
+    assert skewed.linear_flops - even.linear_flops == pytest.approx(2 * pairs * EXPERT * 0.5)
     assert skewed.alltoall_bytes == even.alltoall_bytes
 
 

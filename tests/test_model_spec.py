@@ -34,6 +34,7 @@ PUBLISHED = {
     "llama31_70b": 70.6e9,
     "llama32_1b": 1.24e9,
     "qwen25_7b": 7.61e9,
+    "qwen3_8b": 8.2e9,
     "ernie45_0p3b": 0.36e9,
     "ernie45_21b_a3b": 21.8e9,
     "ernie45_300b_a47b": 300e9,
@@ -51,6 +52,10 @@ def test_published_splits_of_qwen_and_ernie_moe():
     # Qwen2.5-7B's card: 6.53B parameters without embeddings (input table and lm head).
     assert preset("qwen25_7b").active_parameters(embeddings=False) == pytest.approx(
         6.53e9, rel=0.01
+    )
+    # Qwen3-8B's card: 6.95B without embeddings.
+    assert preset("qwen3_8b").active_parameters(embeddings=False) == pytest.approx(
+        6.95e9, rel=0.01
     )
     # ERNIE-4.5-21B-A3B: "3B active" per token, rounded to a whole billion on the card, so
     # only within 5%; its 21B headline total is the 21.8B rounded down.
@@ -219,6 +224,7 @@ CONTEXT = {
     "ernie45_0p3b": 131072,
     "ernie45_21b_a3b": 131072,
     "ernie45_300b_a47b": 131072,
+    "qwen3_8b": 40960,
     "qwen3_30b_a3b": 40960,
     "qwen3_235b_a22b": 40960,
 }

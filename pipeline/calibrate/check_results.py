@@ -27,7 +27,7 @@ from pipeline.run_files import output_folder, write_file
 CHECKS_DIR = Path(__file__).resolve().parent / "data" / "published-checks"
 FEATURES = (
     "attention_dp", "expert_parallel", "disaggregation", "speculative_mtp",
-    "speculative_ngram", "speculative_draft",
+    "speculative_eagle", "speculative_ngram", "speculative_draft",
 )  # fmt: skip
 
 

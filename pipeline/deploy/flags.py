@@ -89,7 +89,8 @@ VLLM_SPECULATIVE = Speculative(
     "vllm-project/vllm docs/features/speculative_decoding/ (mtp.md, draft_model.md, n_gram.md; "
     "methods: vllm/config/speculative.py)",
     "json",
-    {"mtp": "mtp", "draft": "draft_model", "ngram": "ngram"},
+    {"mtp": "mtp", "eagle": "eagle3", "draft": "draft_model", "ngram": "ngram"},
+    model_env={"draft": "DRAFT_MODEL", "eagle": "DRAFT_MODEL"},
 )
 VLLM_DISAGG = "vllm-project/vllm docs/features/nixl_connector_usage.md"
 # ep_dispatch (stages/simulator/expert_parallel.py) as vLLM's --all2all-backend names it
@@ -186,7 +187,8 @@ SGLANG = Engine(
     speculative=Speculative(
         "sgl-project/sglang docs/advanced_features/speculative_decoding.md",
         "sglang",
-        {"mtp": "EAGLE", "draft": "STANDALONE", "ngram": "NGRAM"},
+        {"mtp": "EAGLE", "eagle": "EAGLE3", "draft": "STANDALONE", "ngram": "NGRAM"},
+        model_env={"draft": "DRAFT_MODEL", "eagle": "DRAFT_MODEL"},
         notes={"ngram_dp": "SGLang's NGRAM speculation has no DP attention"},
     ),
     disagg=Disagg(
@@ -234,9 +236,11 @@ TRTLLM = Engine(
     tp_spans_dp=True,  # --tp_size is every card; enable_attention_dp splits attention
     speculative=Speculative(
         "NVIDIA/TensorRT-LLM docs/source/features/speculative-decoding.md (tensorrt_llm/llmapi/"
-        "llm_args.py: MTPDecodingConfig, DraftTargetDecodingConfig, NGramDecodingConfig)",
+        "llm_args.py: MTPDecodingConfig, EagleDecodingConfig, DraftTargetDecodingConfig, "
+        "NGramDecodingConfig)",
         "yaml",
-        {"mtp": "MTP", "draft": "DraftTarget", "ngram": "NGram"},
+        {"mtp": "MTP", "eagle": "Eagle", "draft": "DraftTarget", "ngram": "NGram"},
+        model_env={"draft": "DRAFT_MODEL", "eagle": "DRAFT_MODEL"},
     ),
     disagg=Disagg(
         "NVIDIA/TensorRT-LLM docs/source/features/disagg-serving.md (examples/disaggregated/"
@@ -267,7 +271,10 @@ FASTDEPLOY_SPECULATIVE = Speculative(
     "PaddlePaddle/FastDeploy docs/features/speculative_decoding.md",
     "json",
     {"mtp": "mtp", "ngram": "ngram"},
-    notes={"draft": "FastDeploy lists draft-model speculation as coming, not supported"},
+    notes={
+        "draft": "FastDeploy lists draft-model speculation as coming, not supported",
+        "eagle": "FastDeploy lists Eagle as coming, not supported",
+    },
     model_env={"mtp": "MTP_MODEL"},  # "model": the MTP head's weights
     max_tokens={"mtp": 1, "ngram": 5},  # "max is 5, currently MTP supports only 1"
     layout_note="FastDeploy's page lists MTP with EP + DP + PD separation as coming",

@@ -59,7 +59,7 @@ def _needs(variable: str, what: str) -> str:
 def speculative(spec: Speculative | None, d: Deployment, engine: str) -> Extra:
     """The engine's speculative-decoding arguments for speculative.method/tokens."""
     out = Extra()
-    method, k = d.layout.speculative, d.layout.speculative_tokens
+    method = d.layout.speculative
     if method == "none":
         return out
     name = spec.methods.get(method) if spec else None
@@ -78,26 +78,41 @@ def speculative(spec: Speculative | None, d: Deployment, engine: str) -> Extra:
     if variable:
         model = d.layout.draft_model or "the model's MTP weights"
         out.setup.append(_needs(variable, f"the folder or id of {model}"))
+    steps, topk, draft_tokens = _tree(d)
+    if spec.style != "sglang" and (topk > 1 or draft_tokens != steps + 1):
+        out.comments.append(f"speculative topk={topk}, draft_tokens={draft_tokens}: not set: "
+                            f"{engine} drafts a chain of {steps}.")  # fmt: skip
     if spec.style == "json":
-        config: dict[str, Any] = {"method": name, "num_speculative_tokens": k}
+        config: dict[str, Any] = {"method": name, "num_speculative_tokens": steps}
         if variable:
             config["model"] = f"${variable}"
         out.args += ["--speculative-config", _json_arg(config)]
     elif spec.style == "sglang":
-        out.args += ["--speculative-algorithm", name, "--speculative-num-steps", str(k)]
+        out.args += ["--speculative-algorithm", name, "--speculative-num-steps", str(steps)]
         if method != "ngram":
-            out.args += ["--speculative-eagle-topk", "1"]
-        out.args += ["--speculative-num-draft-tokens", str(k + 1)]
+            out.args += ["--speculative-eagle-topk", str(topk)]
+        out.args += ["--speculative-num-draft-tokens", str(draft_tokens)]
         if variable:
             out.args += ["--speculative-draft-model-path", Raw(f'"${variable}"')]
     else:
-        out.options["speculative_config"] = _yaml_speculative(name, k, variable)
+        out.options["speculative_config"] = _yaml_speculative(name, steps, variable)
         if variable:
             out.comments.append(
                 f"speculative_config.speculative_model_dir in the options file: replace "
                 f"{variable} by the folder of {d.layout.draft_model or 'the draft model'}."
             )
     return out
+
+
+def _tree(d: Deployment) -> tuple[int, int, int]:
+    """Passes of the draft, branches a node, tokens a row verifies: SGLang's tree where the
+    plan gives one, else the chain of speculative.tokens."""
+    layout = d.layout
+    if not layout.speculative_steps:
+        k = layout.speculative_tokens
+        return k, 1, k + 1
+    steps = layout.speculative_steps
+    return steps, layout.speculative_topk or 1, layout.speculative_draft_tokens or steps + 1
 
 
 def _caveats(spec: Speculative, d: Deployment, method: str) -> list[str]:

@@ -99,6 +99,12 @@ def build_simulated_engine(
     return engine, requests
 
 
+def parallel_of(cfg: DictConfig) -> ExpertParallel:
+    """How the run spreads a MoE model's experts (ep, dp, imbalance, dispatch, skew)."""
+    dispatch = Dispatch(cfg.ep_dispatch)
+    return ExpertParallel(cfg.ep, cfg.dp, cfg.ep_imbalance, dispatch, cfg.moe_routing_skew)
+
+
 def simulated_engine(
     cfg: DictConfig,
     clock: SimulatedClock,
@@ -113,7 +119,7 @@ def simulated_engine(
     speculation, draft = speculation_and_draft(cfg)
     try:
         precision = Precision(cfg.quantization, cfg.kv_cache_dtype)
-        parallel = ExpertParallel(cfg.ep, cfg.dp, cfg.ep_imbalance, Dispatch(cfg.ep_dispatch))
+        parallel = parallel_of(cfg)
         check_layout(spec, cfg.tp, parallel)
         # The pool is what the device's memory leaves for KV blocks.
         num_blocks = cfg.num_blocks or kv_pool_blocks(
@@ -130,7 +136,7 @@ def simulated_engine(
     kv_cache = KVCacheManager(num_blocks, cfg.block_size, cfg.prefix_caching)
     stop = StopRule((), cfg.max_model_len)  # output lengths come from the workload
     # A verification's k + 1 tokens a decode row, counted in the step's budget.
-    decode_tokens = 1 + speculation.tokens if speculation else 1
+    decode_tokens = 1 + speculation.verified if speculation else 1
     scheduler = build(cfg.scheduler, kv_cache=kv_cache, stop=stop, decode_tokens=decode_tokens)
     metadata = build(cfg.metadata, _target_=SHAPES_ONLY, kv_cache=kv_cache, pad_id=tokenizer.pad_id)
     # One token that ends nothing, whatever the step: what lets runs of steps leap.
@@ -171,7 +177,7 @@ def speculative_steps(scheduler: Any, speculation: Speculation | None) -> Any:
     speculation (one token a step without)."""
     if speculation is None:
         return scheduler
-    return SpeculativeScheduler(scheduler, speculation.tokens, speculation.expected_tokens)
+    return SpeculativeScheduler(scheduler, speculation.verified, speculation.expected_tokens)
 
 
 def simulated_device(engine: Engine) -> SimulatedDevice:

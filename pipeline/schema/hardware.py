@@ -37,6 +37,9 @@ class HardwareConf:
     kv_link_gbs: float = 0.0  # disagg: KV transfer link per device, GB/s; 0 = no figure
     kv_link_latency_s: float = 0.0  # disagg: one KV transfer's fixed time
     kv_link_piece_s: float = 0.0  # disagg: one KV piece's (a block of a layer) posting time
+    moe_layer_s: float = 0.0  # a MoE layer's grouped GEMMs: fixed time per layer
+    moe_expert_s: float = 0.0  # ... and per expert they run
+    draft_pass_s: float = 0.0  # an EAGLE head's pass: its fixed time beside its roofline
     coefficients: dict[str, float] = field(default_factory=dict)  # fitted; empty = defaults
     software: str = ""  # the software release the fitted figures describe
     # relative prediction errors by method (offline, static, online): fit_median, fit_worst,

@@ -40,6 +40,7 @@ class SimulatedExecutorConf:
 class SpeculativeMethod(enum.StrEnum):
     none = "none"
     mtp = "mtp"  # the model's own multi-token-prediction head (DeepSeek-V3, ERNIE-4.5)
+    eagle = "eagle"  # an EAGLE / EAGLE-3 head: one decoder layer and the LM head
     draft = "draft"  # a small draft model (`speculative.draft_model`)
     ngram = "ngram"  # prompt lookup: proposals copied from the request's own tokens
 
@@ -87,6 +88,12 @@ class SpeculativeConf:
     # measurement that gave the values above (e.g. what benchmarks.spec_acceptance prints).
     # "" = assumed: a plan says "acceptance assumed" and ranks the row after the others.
     acceptance_from: str = ""
+    # method=eagle, a tree as SGLang shapes it (0: vLLM's chain of `tokens`): passes of the
+    # head (--speculative-num-steps), branches a node (--speculative-eagle-topk), tokens a
+    # row verifies, the root included (--speculative-num-draft-tokens)
+    steps: int = 0
+    topk: int = 0
+    draft_tokens: int = 0
 
 
 @dataclass
@@ -107,6 +114,9 @@ class PipelineConf:
     ep: int = 1
     dp: int = 1
     ep_imbalance: float = 1.0  # busiest ep rank's routed tokens / the mean (>= 1)
+    # MoE routing read as uniform over E / skew experts (>= 1; 1: uniform): fewer distinct
+    # experts a step touches (stages/simulator/moe_layer.py)
+    moe_routing_skew: float = 1.0
     # how tokens reach their experts' ranks: allgather (vLLM's default), per_rank (DeepEP
     # high-throughput), per_expert (DeepEP low-latency); stages/simulator/expert_parallel.py
     ep_dispatch: Dispatch = Dispatch.allgather

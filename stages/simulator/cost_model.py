@@ -31,6 +31,7 @@ from stages.simulator.expert_parallel import PLAIN, ExpertParallel, check_layout
 from stages.simulator.hardware import HardwareProfile, write_profile
 from stages.simulator.precision import BF16, Precision
 from stages.simulator.step_work import (
+    GEMMS_PER_LAYER,
     StepAmounts,
     StepWork,
     decode_sums,
@@ -40,7 +41,6 @@ from stages.simulator.step_work import (
 from stages.simulator.terms import (
     ALLREDUCES_PER_LAYER,
     BLOCK_S,
-    GEMMS_PER_LAYER,
     OVERHEAD,
     RECOMPILE,
     TERMS,
@@ -237,7 +237,7 @@ class CostModel:
             "allreduce_bytes": spec.allreduce_bytes(tokens, tp),
             "allreduce_calls": ALLREDUCES_PER_LAYER * spec.num_layers if sharded else 0,
         }
-        if not self.parallel.plain:  # the routed experts by what each ep rank gets
+        if spec.moe is not None:  # the routed experts by what the busiest rank gets
             amounts |= token_amounts(spec, tp, tokens, self.parallel, self._weight_scale)
         if plain:
             self._by_tokens[tokens] = amounts

@@ -38,6 +38,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from stages.model.spec import ModelSpec
+from stages.simulator.moe_layer import busiest_rank_experts, busiest_rank_pairs, check_skew
+from stages.simulator.step_work import GEMMS_PER_LAYER, MLP_GEMMS
 
 # The busiest EP rank's routed tokens over the mean. 1.0: balanced, what expert placement
 # by load (DeepSeek's EPLB, vLLM's --enable-eplb) aims for. No published max/mean figure
@@ -64,6 +66,7 @@ class ExpertParallel:
     dp: int = 1
     imbalance: float = DEFAULT_IMBALANCE
     dispatch: Dispatch = Dispatch.allgather
+    skew: float = 1.0  # moe_routing_skew: routing as uniform over E / skew experts
 
     @property
     def plain(self) -> bool:
@@ -83,6 +86,7 @@ def check_layout(spec: ModelSpec, tp: int, layout: ExpertParallel) -> None:
     if not layout.imbalance >= 1.0:
         raise ValueError(f"ep_imbalance={layout.imbalance} must be >= 1 (busiest rank / mean)")
     moe = spec.moe
+    check_skew(layout.skew, moe)
     if moe is None:
         if ep > 1:
             raise ValueError(f"ep={ep}: {spec.name} is dense (no experts to split): set ep=1")
@@ -102,17 +106,18 @@ def check_layout(spec: ModelSpec, tp: int, layout: ExpertParallel) -> None:
 
 
 def routed_pairs(spec: ModelSpec, tokens: Any, layout: ExpertParallel) -> Any:
-    """Token-expert pairs the busiest rank computes in one MoE layer."""
+    """Token-expert pairs the busiest rank computes in one MoE layer: every replica's
+    tokens' pairs, those falling on the busiest of the ep ranks (all of them at ep = 1),
+    times `imbalance` (skew beyond uniform routing's spread)."""
     assert spec.moe is not None
-    k = spec.moe.experts_per_token
-    return layout.dp * tokens * k / layout.ep * layout.imbalance
+    return busiest_rank_pairs(spec.moe, layout.dp * tokens, layout.ep) * layout.imbalance
 
 
-def experts_read(spec: ModelSpec, tokens: float, layout: ExpertParallel) -> float:
-    """Experts of its E / ep a rank reads in one MoE layer: those every replica's tokens
-    touch, expected under uniform routing."""
+def experts_read(spec: ModelSpec, tokens: Any, layout: ExpertParallel) -> Any:
+    """Experts the busiest rank reads in one MoE layer: of the E / ep it holds, those every
+    replica's tokens touch (all touched ones at ep = 1, each split over tp)."""
     assert spec.moe is not None
-    return spec.moe.experts_touched(layout.dp * tokens) / layout.ep
+    return busiest_rank_experts(spec.moe, layout.dp * tokens, layout.ep, layout.skew)
 
 
 def copies_sent(spec: ModelSpec, tp: int, layout: ExpertParallel) -> float:
@@ -140,23 +145,28 @@ def token_amounts(
     spec: ModelSpec, tp: int, tokens: Any, layout: ExpertParallel, weight_scale: float
 ) -> dict[str, Any]:
     """The GEMM and all-to-all amounts of a step's `tokens` on one rank: the layers outside
-    the routed experts under tp, the routed experts by the pairs and weights the rank gets."""
-    expert = spec.expert_params(1)
+    the routed experts under tp, the routed experts by the pairs and weights the busiest
+    rank gets (whole experts under expert parallelism, split over tp without), and the
+    grouped GEMMs' kernels (stages.simulator.moe_layer)."""
+    expert = spec.expert_params(1 if layout.ep > 1 else tp)
     moe_layers = spec.num_moe_layers
-    calls = COLLECTIVES_PER_MOE_LAYER * moe_layers
     flops = 2.0 * tokens * spec.non_routed_params(tp)
     flops = flops + 2.0 * routed_pairs(spec, tokens, layout) * expert * moe_layers
-    if tokens > 0:
-        params = (
-            spec.non_routed_params(tp) + experts_read(spec, tokens, layout) * expert * moe_layers
-        )
-    else:
-        params = 0.0
+    touched = experts_read(spec, tokens, layout) * moe_layers if tokens > 0 else 0.0
+    params = spec.non_routed_params(tp) + touched * expert if tokens > 0 else 0.0
+    # An expert split over tp runs 1 / tp of its tiles on a device: its fixed time too.
+    share = expert / spec.expert_params(1)
+    sent = copies_sent(spec, tp, layout) if layout.ep > 1 else 0.0
+    # A MoE layer's MLP GEMMs are its grouped ones (moe_fixed), but for shared experts.
+    own_mlp = 0 if spec.shared_expert_params(tp) else MLP_GEMMS * moe_layers
     return {
+        "gemms": (GEMMS_PER_LAYER * spec.num_layers - own_mlp) if tokens > 0 else 0,
         "linear_flops": flops,
         "linear_bytes": params * spec.dtype_bytes * weight_scale,
-        "alltoall_bytes": alltoall_bytes(spec, tokens, tp, layout),
-        "alltoall_calls": calls if tokens > 0 and copies_sent(spec, tp, layout) else 0,
+        "alltoall_bytes": alltoall_bytes(spec, tokens, tp, layout) if sent else 0.0,
+        "alltoall_calls": COLLECTIVES_PER_MOE_LAYER * moe_layers if tokens > 0 and sent else 0,
+        "moe_layers": moe_layers if tokens > 0 else 0,
+        "moe_experts": touched * share,
     }
 
 

@@ -51,6 +51,9 @@ _RANGES: dict[str, tuple[float, float, bool, bool]] = {
     "kv_link_gbs": (0, 1e6, False, False),
     "kv_link_latency_s": (0, 60, False, False),
     "kv_link_piece_s": (0, 1, False, False),
+    "moe_layer_s": (0, 1, False, False),
+    "moe_expert_s": (0, 1, False, False),
+    "draft_pass_s": (0, 1, False, False),
 }
 
 
@@ -90,6 +93,14 @@ class HardwareProfile:
     kv_link_gbs: float
     kv_link_latency_s: float
     kv_link_piece_s: float
+    # A MoE layer's grouped GEMMs: fixed time per layer (routing alignment, launches) and
+    # per expert run (a small GEMM's fill), fitted to measured kernel times
+    # (benchmarks/moe_kernels.py); 0 = not modelled.
+    moe_layer_s: float = 0.0
+    moe_expert_s: float = 0.0
+    # An EAGLE head's pass beside its roofline: launches, sampling, tree bookkeeping
+    # (stages/simulator/draft_tree.py); 0 = not modelled.
+    draft_pass_s: float = 0.0
 
     def __post_init__(self) -> None:
         """Every field checked for its type and range, whichever file it came from: a NaN
@@ -219,6 +230,9 @@ _DEFAULTED: dict[str, Any] = {
     "kv_link_gbs": 0.0,
     "kv_link_latency_s": 0.0,
     "kv_link_piece_s": 0.0,
+    "moe_layer_s": 0.0,
+    "moe_expert_s": 0.0,
+    "draft_pass_s": 0.0,
 }
 
 

@@ -39,10 +39,11 @@ from dataclasses import dataclass
 from stages.forward.step_shape import StepShape
 from stages.model.spec import ModelSpec
 from stages.simulator.cost_model import OVERHEAD, RECOMPILE, CostModel
+from stages.simulator.draft_tree import DraftTree, head_spec, pass_tokens, tree_of
 from stages.simulator.precision import Precision
 from stages.simulator.step_work import StepWork, decode_sums
 
-METHODS = ("mtp", "draft", "ngram")
+METHODS = ("mtp", "eagle", "draft", "ngram")
 
 
 def position_acceptance(acceptance: Sequence[float], tokens: int) -> list[float]:
@@ -97,6 +98,10 @@ class Speculation:
     acceptance: tuple[float, ...]
     mtp_layers: int = 1  # method=mtp: decoder layers in the prediction head
     proposal_rate: float = 1.0  # share of decode rows a step verifies proposals for
+    # A tree draft, SGLang's three numbers (0: vLLM's chain of `tokens`): draft_tree.py
+    steps: int = 0
+    topk: int = 0
+    draft_tokens: int = 0
 
     def __post_init__(self) -> None:
         check_speculation(self.method, self.tokens, self.acceptance, "-", self.proposal_rate)
@@ -104,10 +109,25 @@ class Speculation:
             raise ValueError("Speculation is for a method other than none")
         if self.mtp_layers < 1:
             raise ValueError(f"speculative.mtp_layers={self.mtp_layers}: 1 or more")
+        tree = tree_of(self.tokens, self.steps, self.topk, self.draft_tokens)
+        if not tree.chain and self.method != "eagle":
+            raise ValueError(
+                f"speculative.steps, topk and draft_tokens shape an EAGLE head's tree: set "
+                f"speculative.method=eagle (not {self.method}), or speculative.tokens alone"
+            )
+
+    @property
+    def tree(self) -> DraftTree:
+        return tree_of(self.tokens, self.steps, self.topk, self.draft_tokens)
+
+    @property
+    def verified(self) -> int:
+        """Draft tokens a proposing row verifies a step beside its own."""
+        return self.tree.verified
 
     @property
     def expected_tokens(self) -> float:
-        return expected_tokens(self.acceptance, self.tokens, self.proposal_rate)
+        return expected_tokens(self.acceptance, self.tree.depth, self.proposal_rate)
 
 
 def verify_extra(rows: float, tokens: int) -> StepWork:
@@ -143,6 +163,13 @@ class SpeculativeCost:
             if draft is not None
             else None
         )
+        self.head = (
+            CostModel(
+                head_spec(target.spec), target.hardware, target.tp, precision=target.precision
+            )
+            if speculation.method == "eagle"
+            else None
+        )
 
     def decode_rows(self, shape: StepShape) -> tuple[int, int]:
         """The decode rows the device computes and the KV slots they read: the padded
@@ -160,7 +187,7 @@ class SpeculativeCost:
         padding device), compiles included."""
         target = self.target
         rows, slots = self.decode_rows(shape)
-        k = self.speculation.tokens
+        k = self.speculation.verified
         share = 1.0 if target.hardware.pads_to_buckets else self.speculation.proposal_rate
         amounts = target.amounts_of(target.work(shape) + verify_extra(share * rows, k))
         pairs = verify_pairs(share * rows, share * slots, k)
@@ -185,7 +212,25 @@ class SpeculativeCost:
             return k * self.draft.step_time(decode)
         if method == "mtp":
             return k * self.mtp_pass_seconds(decode)
+        if method == "eagle":
+            return self.eagle_seconds(decode)
         return 0.0
+
+    def eagle_seconds(self, decode: StepShape) -> float:
+        """An EAGLE head's passes over a decode-only step's rows (draft_tree.pass_tokens):
+        each one layer and the LM head over its tokens, reading the rows' context once, and
+        the device's fixed time of a pass."""
+        assert self.head is not None
+        head, speculation = self.head, self.speculation
+        rows, slots = self.decode_rows(decode)
+        blocks = decode_sums(decode)[2] if not head.hardware.pads_to_buckets else 0
+        accepted = speculation.expected_tokens
+        total = 0.0
+        for tokens in pass_tokens(speculation.tree, rows, accepted):
+            work = StepWork(tokens, 0, 0, slots, tokens, tokens, blocks)
+            total += float(head.seconds_of(head.amounts_of(work))) - head.coefficients[OVERHEAD]
+            total += head.hardware.draft_pass_s
+        return total
 
     def mtp_pass_seconds(self, decode: StepShape) -> float:
         """One pass of the prediction head over a decode-only step's rows: `mtp_layers` of
@@ -232,6 +277,9 @@ def proposer_memory(
     if speculation.method == "draft":
         assert draft is not None
         return precision.model_weight_bytes(draft, tp), _kv_token_bytes(draft, tp, precision)
+    if speculation.method == "eagle":
+        head = head_spec(target)
+        return precision.model_weight_bytes(head, tp), _kv_token_bytes(head, tp, precision)
     if speculation.method == "mtp":
         share = speculation.mtp_layers / target.num_layers
         weights = precision.model_weight_bytes(target, tp)

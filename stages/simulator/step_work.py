@@ -14,6 +14,11 @@ import numpy as np
 from stages.arithmetic import ceil_div
 from stages.forward.step_shape import StepShape, decode_totals
 
+# A Llama-style layer runs four GEMMs: fused QKV, the output projection, fused gate-up and
+# down (the MLP's two). Each pays the device's fixed GEMM time once.
+GEMMS_PER_LAYER = 4
+MLP_GEMMS = 2
+
 
 # StepWork and StepAmounts are values nothing changes once made; not frozen, as a simulated
 # device makes one of each a step and a frozen dataclass's __init__ costs several times a
@@ -116,6 +121,10 @@ class StepAmounts:
     # Expert parallelism's all-to-all dispatches and combines (stages.simulator.expert_parallel).
     alltoall_bytes: Any = 0.0  # sent by each device over its links to the ep - 1 others
     alltoall_calls: Any = 0
+    # The grouped GEMMs of the MoE layers (stages.simulator.moe_layer): layers run, and
+    # experts run summed over them.
+    moe_layers: Any = 0
+    moe_experts: Any = 0.0
 
     @staticmethod
     def stack(steps: Sequence[StepAmounts]) -> StepAmounts:

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from stages.simulator.hardware import HardwareProfile
+from stages.simulator.moe_layer import fixed_seconds
 from stages.simulator.step_work import StepAmounts
 
 TERMS = (
@@ -23,15 +24,13 @@ TERMS = (
     "kv_blocks",
     "alltoall",
     "alltoall_latency",
+    "moe_fixed",
 )
 OVERHEAD = "overhead"
 # The cost of handling one KV block in one layer (its index, gather and mask rows) beyond
 # its bytes, before its coefficient; it tells small blocks from large ones. A device's
 # profile sets its coefficient by calibration; uncalibrated it is 0 (the bytes alone).
 BLOCK_S = 1e-6
-# A Llama-style layer runs four GEMMs: fused QKV, the output projection, fused gate-up and
-# down. Each pays the device's fixed GEMM time once.
-GEMMS_PER_LAYER = 4
 ALLREDUCES_PER_LAYER = 2  # after attention and after the MLP
 UNCALIBRATED = {"kv_blocks": 0.0}
 RECOMPILE = "recompile"
@@ -78,4 +77,6 @@ def term_seconds(
         # Expert parallelism's dispatches and combines over the links to ep - 1 peers.
         "alltoall": a.alltoall_bytes / hw.interconnect_bytes_per_s(ep),
         "alltoall_latency": a.alltoall_calls * hw.allreduce_latency_s,
+        # The MoE layers' grouped GEMMs: a fixed time per layer and per expert they run.
+        "moe_fixed": fixed_seconds(a.moe_layers, a.moe_experts, hw.moe_layer_s, hw.moe_expert_s),
     }
