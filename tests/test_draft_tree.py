@@ -58,7 +58,7 @@ def eagle_cost(pass_s: float, **keys) -> SpeculativeCost:
     ("keys", "passes"),
     [
         (dict(tokens=3, acceptance=(0.7,)), 3),  # vLLM: k passes
-        (dict(tokens=1, acceptance=(0.7,), steps=3, topk=4, draft_tokens=8), 4),  # + extend
+        (dict(tokens=1, acceptance=(0.7,), steps=5, topk=4, draft_tokens=8), 5),  # extend + 4
     ],
 )
 def test_each_pass_pays_the_devices_fixed_time(keys, passes):

@@ -54,9 +54,7 @@ def test_published_splits_of_qwen_and_ernie_moe():
         6.53e9, rel=0.01
     )
     # Qwen3-8B's card: 6.95B without embeddings.
-    assert preset("qwen3_8b").active_parameters(embeddings=False) == pytest.approx(
-        6.95e9, rel=0.01
-    )
+    assert preset("qwen3_8b").active_parameters(embeddings=False) == pytest.approx(6.95e9, rel=0.01)
     # ERNIE-4.5-21B-A3B: "3B active" per token, rounded to a whole billion on the card, so
     # only within 5%; its 21B headline total is the 21.8B rounded down.
     ernie = preset("ernie45_21b_a3b")

@@ -13,9 +13,11 @@ engines' published acceptance lengths show it.
 of the target's width with a dense MLP, and the LM head):
 
 - vLLM's chain: k passes, the first over the k + 1 tokens the target verified a row (the
-  head reads their hidden states), the others over one token a row;
-- SGLang's tree: a draft-extend pass over the tokens each row accepted, then `steps`
-  passes over `topk` branches a row (the first over the row's one token);
+  head reads their hidden states), the others over one token a row; the LM head over
+  each row's last token;
+- SGLang's tree: a draft-extend pass over the tokens each row accepted (its logits give the
+  first step's branches), then steps - 1 passes over `topk` branches a row, the LM head
+  over each branch;
 - every pass pays the device's `draft_pass_s` besides its roofline: its own launches,
   sampling and tree bookkeeping, which at small batch are most of a pass (fitted to the
   published speed-ups' fitted half, benchmarks/published_speculative.py).
@@ -98,9 +100,13 @@ def head_spec(target: ModelSpec) -> ModelSpec:
     return dataclasses.replace(target, name=f"{target.name}-eagle-head", num_layers=1, moe=None)
 
 
-def pass_tokens(tree: DraftTree, rows: float, accepted: float) -> list[float]:
-    """Tokens each of the head's passes runs for `rows` rows that accept `accepted` tokens
-    a step on average (the row's own included)."""
-    if tree.chain:
-        return [rows * tree.draft_tokens] + [rows] * (tree.steps - 1)
-    return [rows * accepted, rows] + [rows * tree.topk] * (tree.steps - 1)
+def pass_work(tree: DraftTree, rows: float, accepted: float) -> list[tuple[float, float]]:
+    """Each of the head's passes for `rows` rows that accept `accepted` tokens a step on
+    average (the row's own included): the tokens through its layer and the rows through
+    its LM head (a row's last token, or each of its topk branches)."""
+    if tree.chain:  # vLLM: the first over the verified tokens, the last of each sampled
+        return [(rows * tree.draft_tokens, rows)] + [(rows, rows)] * (tree.steps - 1)
+    # SGLang: a draft-extend over the accepted tokens (its logits give the first step's
+    # branches), then a pass over topk branches for each further step.
+    branches = rows * tree.topk
+    return [(rows * accepted, rows)] + [(branches, branches)] * (tree.steps - 1)

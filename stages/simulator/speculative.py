@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from stages.forward.step_shape import StepShape
 from stages.model.spec import ModelSpec
 from stages.simulator.cost_model import OVERHEAD, RECOMPILE, CostModel
-from stages.simulator.draft_tree import DraftTree, head_spec, pass_tokens, tree_of
+from stages.simulator.draft_tree import DraftTree, head_spec, pass_work, tree_of
 from stages.simulator.precision import Precision
 from stages.simulator.step_work import StepWork, decode_sums
 
@@ -226,8 +226,8 @@ class SpeculativeCost:
         blocks = decode_sums(decode)[2] if not head.hardware.pads_to_buckets else 0
         accepted = speculation.expected_tokens
         total = 0.0
-        for tokens in pass_tokens(speculation.tree, rows, accepted):
-            work = StepWork(tokens, 0, 0, slots, tokens, tokens, blocks)
+        for tokens, sampled in pass_work(speculation.tree, rows, accepted):
+            work = StepWork(tokens, 0, 0, slots, tokens, sampled, blocks)
             total += float(head.seconds_of(head.amounts_of(work))) - head.coefficients[OVERHEAD]
             total += head.hardware.draft_pass_s
         return total
