@@ -96,7 +96,10 @@ def schema_kwargs(conf: type, **given: Any) -> dict[str, Any]:
                 values[f.name] = DEVICE_ENUMS[key](device_default(key, True))
             elif inner.startswith("oc.select:"):  # an engine profile's key: its fallback
                 fallback = inner.rsplit(",", 1)[1]
-                values[f.name] = int(fallback) if fallback.isdigit() else fallback
+                known = {"false": False, "true": True}
+                values[f.name] = (
+                    int(fallback) if fallback.isdigit() else known.get(fallback, fallback)
+                )
             else:
                 values[f.name] = top[inner]
     for name, value in schema_defaults(conf).items():

@@ -38,9 +38,9 @@ from stages.forward.buckets import (
     prefill_shapes,
     warmup_counts,
 )
+from stages.forward.engine_grids import step_graphs
 from stages.forward.forward_meta import bucket_dims
 from stages.scheduling.kv_cache import blocks_for
-from stages.simulator.device import graphs
 from tests.helpers import LIMITS, SMALL, make_config, run_cli, serve
 
 # -- helpers ---------------------------------------------------------------------------------
@@ -176,7 +176,7 @@ def test_counting_equals_the_listed_graphs(overrides):
     for mixed, padded in itertools.product((True, False), (True, False)):
         seen: set = set()
         for phase, pairs in engine.metadata.warmup_shapes(mixed, padded).items():
-            new = {g for p, d in pairs for g in graphs(p, d)} - seen
+            new = {g for p, d in pairs for g in step_graphs(p, d, False)} - seen
             assert engine.metadata.warmup_counts(mixed, padded)[phase] == len(new)
             seen |= new
 

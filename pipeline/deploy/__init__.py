@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.command import ArgparseCommand, Failure
+from pipeline.deploy.consistency import NATIVE
 from pipeline.deploy.hpu import FASTDEPLOY, VLLM, VLLM_BUCKETS, fastdeploy_warnings, hpu_scripts
 from pipeline.deploy.settings import Deployment, deployment, printable, refuse_control_characters
 from pipeline.run_files import RunFileError, RunFolderError, output_folder, write_file
@@ -37,13 +38,24 @@ def tool_overrides(overrides: Sequence[str], config: Mapping[str, Any]) -> list[
     return [f"{k}={v}" for k, v in implied if k not in keys] + list(overrides)
 
 
+NATIVE_WARNING = (
+    "engine=native: the run simulated this tool's own scheduler and bucket grids; the "
+    "scripts written are the deployed engines' (FastDeploy, vLLM, SGLang, TensorRT-LLM), "
+    "none of which it simulated, and each says so: run with engine=fastdeploy (or vllm, "
+    "sglang, trtllm) to predict the engine you deploy"
+)
+
+
 def write_deploy(d: Deployment, overrides: Sequence[str], out: Path) -> list[Path]:
-    """Writes the deploy files for the device: on a GPU the GPU engines' scripts
+    """Writes the deploy files of the run's engine (engine=native: every engine's, none of
+    them simulated, which it says) for the device: on a GPU the GPU engines' scripts
     (pipeline/deploy/gpu.py), on Gaudi FastDeploy's and vllm-gaudi's (and the bucket file
     the vLLM script reads); this tool's overrides in either case."""
     for override in overrides:  # one a line: a newline would split one into two
         refuse_control_characters(override, "the override")
     write_file(output_folder(out) / OVERRIDES, "".join(f"{o}\n" for o in overrides))
+    if d.engine == NATIVE:
+        print(NATIVE_WARNING, file=sys.stderr)
     if d.gpu:
         from pipeline.deploy.gpu import write_gpu_deploy
 
@@ -62,7 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Write the launch scripts for one run or plan job folder: on a GPU "
         "vllm-cuda.sh, sglang.sh, trtllm.sh, fastdeploy-gpu.sh; on Gaudi fastdeploy-hpu.sh, "
         "vllm-gaudi.sh; overrides.txt. A disaggregated configuration (disagg.prefill > 0) "
-        "gets ENGINE-prefill.sh, ENGINE-decode.sh and ENGINE-router.sh instead. Example: "
+        "gets ENGINE-prefill.sh, ENGINE-decode.sh and ENGINE-router.sh instead. A run of "
+        "engine=fastdeploy (vllm, ...) gets that engine's scripts only. Example: "
         "python -m pipeline.deploy outputs/plan/X/3",
     )
     parser.add_argument("run_dir", type=Path, help="a run or plan job folder")
@@ -114,7 +127,7 @@ def export_run(run_dir: Path, out: Path, model: str = "") -> list[Path]:
     plan = config.get("plan")  # a plan job records the model id its deployment loads
     recorded = str(plan.get("model_id") or "") if isinstance(plan, dict) else ""
     try:
-        d = deployment(config, num_blocks, model or recorded, origin=origin)
+        d = deployment(config, num_blocks, model or recorded, origin=origin, metrics=metrics)
     except (TypeError, AttributeError, KeyError) as err:  # a field missing or of another kind
         raise RunFileError(
             f"{run_dir / RESOLVED_CONFIG} is not a config the pipeline wrote "

@@ -81,6 +81,7 @@ class Engine:
     tp_spans_dp: bool = False  # its tp flag counts every card (tp x dp) under DP attention
     speculative: Speculative | None = None
     disagg: Disagg | None = None
+    profile: str = ""  # its engine= option (conf/engine/), whose runs predict it
 
 
 VLLM_ARGS = "vllm-project/vllm docs/configuration/engine_args.md (vllm/engine/arg_utils.py)"
@@ -105,6 +106,7 @@ DISPATCH_NOTE = (
     "picks its own kernels: check they move as much"
 )
 VLLM = Engine(
+    profile="vllm",
     name="vLLM (CUDA)",
     script="vllm-cuda.sh",
     command="vllm serve MODEL",
@@ -157,6 +159,7 @@ VLLM = Engine(
 
 SGLANG_ARGS = "sgl-project/sglang docs/advanced_features/server_arguments.md"
 SGLANG = Engine(
+    profile="sglang",
     name="SGLang",
     script="sglang.sh",
     command="python -m sglang.launch_server --model-path MODEL",
@@ -213,6 +216,7 @@ SGLANG = Engine(
 TRTLLM_SERVE = "NVIDIA/TensorRT-LLM docs/source/commands/trtllm-serve (1.0: trtllm-serve --help)"
 TRTLLM_API = "NVIDIA/TensorRT-LLM tensorrt_llm/llmapi/llm_args.py (LlmArgs, KvCacheConfig)"
 TRTLLM = Engine(
+    profile="trtllm",
     name="TensorRT-LLM (trtllm-serve, PyTorch backend)",
     script="trtllm.sh",
     command="trtllm-serve MODEL",
@@ -280,6 +284,7 @@ FASTDEPLOY_SPECULATIVE = Speculative(
     layout_note="FastDeploy's page lists MTP with EP + DP + PD separation as coming",
 )
 FASTDEPLOY = Engine(
+    profile="fastdeploy",
     name="FastDeploy (GPU)",
     script="fastdeploy-gpu.sh",
     command="python -m fastdeploy.entrypoints.openai.api_server --model MODEL",

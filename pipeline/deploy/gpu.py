@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from pipeline.deploy.consistency import NATIVE, simulated_note
 from pipeline.deploy.flags import GPU_ENGINES, TRTLLM, Engine, Flag, Kind
 from pipeline.deploy.layouts import (
     Extra,
@@ -145,6 +146,7 @@ def _script(
         "# Flag names as read from: " + "; ".join(docs) + ".",
         "set -euo pipefail",
         *setup,
+        *simulated_note(d, engine.profile, engine.name),
     ]
     if d.scheduler not in ("ChunkedScheduler", "WholeScheduler"):
         lines.append(
@@ -168,11 +170,14 @@ def _write(out: Path, name: str, text: str) -> Path:
 
 
 def write_gpu_deploy(d: Deployment, out: Path) -> list[Path]:
-    """Every GPU engine's script (and trtllm-serve's options file) into `out`; for a
-    disaggregated configuration each engine's prefill, decode and router scripts."""
+    """The run's engine's script (engine=native: every GPU engine's, each saying it was
+    not simulated; trtllm-serve's options file too) into `out`; for a disaggregated
+    configuration the engine's prefill, decode and router scripts."""
     output_folder(out)
     written = []
     for engine in GPU_ENGINES:
+        if d.engine not in (NATIVE, engine.profile):  # the run's engine's scripts only
+            continue
         if d.layout.disaggregated and engine.disagg is not None:
             written += _write_pools(engine, d, out)
             continue

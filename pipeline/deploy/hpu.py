@@ -8,6 +8,13 @@ import shlex
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from pipeline.deploy.consistency import (
+    NATIVE,
+    model_len_lines,
+    serving_compiles_lines,
+    simulated_note,
+    warmup_line,
+)
 from pipeline.deploy.flags import (
     FASTDEPLOY_HPU_NOTES,
     FASTDEPLOY_HPU_PARALLEL,
@@ -32,6 +39,7 @@ if TYPE_CHECKING:
 
 VLLM_BUCKETS = "vllm-buckets.txt"
 FASTDEPLOY, VLLM = "fastdeploy-hpu.sh", "vllm-gaudi.sh"
+FASTDEPLOY_ENGINE, VLLM_ENGINE = "fastdeploy", "vllm"  # their engine= names (conf/engine/)
 
 # quantization and kv_cache_dtype as each server names them. FastDeploy's Intel Gaudi
 # guide takes weight-only wint8/wint4 and no FP8 or KV-cache dtype. vllm-gaudi runs FP8
@@ -84,24 +92,26 @@ def _header(d: Deployment, server: str, note: str) -> list[str]:
 
 def fastdeploy_grid_lines(d: Deployment) -> list[str]:
     """The environment FastDeploy's HPU runner builds its warmup grid from, with the grid
-    it predicts and a warning when the recipe cache cannot hold it."""
+    it predicts (the run's own figure where it simulated FastDeploy), what it leaves to
+    compile while serving, and a warning when the recipe cache cannot hold it."""
     steps, grid = d.fastdeploy, d.fastdeploy_grid
+    simulated = d.engine == FASTDEPLOY_ENGINE
     lines = [
         f"# FastDeploy's own warmup grid from these: {grid.recipes:,} recipes (prefill "
-        f"{len(grid.prefill):,}, decode {len(grid.decode):,}, mixed {len(grid.mixed):,}),",
-        f"# about {d.compile_s * grid.recipes / 3600:.1f} h to compile at {d.compile_s:g} s "
-        "each (the hardware profile's compile_s).",
+        f"{len(grid.prefill):,}, decode {len(grid.decode):,}, mixed {len(grid.mixed):,}).",
     ]
-    if grid.mixed:
+    ran = d.predicted.warmup_graphs if d.predicted is not None and simulated else grid.recipes
+    lines.append(warmup_line(ran, "recipes", d))
+    if d.fastdeploy_parts != grid.recipes:
         lines.append(
-            f"# (The simulated device counts {d.fastdeploy_parts:,} graphs for this grid: it "
-            "compiles a step's prefill and decode parts apart, so the mixed runs add few; "
-            "FastDeploy compiles each mixed run as a recipe of its own.)"
+            f"# (A run of engine={d.engine} counts {d.fastdeploy_parts:,} graphs for this grid: "
+            "it compiles a step's prefill and decode parts apart; FastDeploy compiles each "
+            "mixed run as a recipe of its own, as engine=fastdeploy counts them.)"
         )
     if d.bucketing is not Bucketing.fastdeploy:
         lines.append(
             f"# The run simulated metadata.bucketing={d.bucketing} (not this grid): "
-            "simulate FastDeploy's with metadata.bucketing=fastdeploy."
+            "simulate FastDeploy's with engine=fastdeploy."
         )
     if d.max_prefill_rows != steps.max_prefill_num:
         # FastDeploy schedules at most MAX_PREFILL_NUM prompts a step (its config's
@@ -110,8 +120,15 @@ def fastdeploy_grid_lines(d: Deployment) -> list[str]:
             f"# The run prefilled up to {d.max_prefill_rows or d.max_num_seqs} prompts a step "
             f"(scheduler.max_prefill_rows={d.max_prefill_rows}); FastDeploy schedules at most "
             f"MAX_PREFILL_NUM={steps.max_prefill_num}: simulate it with "
-            f"scheduler.max_prefill_rows={steps.max_prefill_num}."
+            + (
+                f"scheduler.max_prefill_rows={steps.max_prefill_num}."
+                if simulated
+                else "engine=fastdeploy."
+            )  # fmt: skip
         )
+    lines += model_len_lines(d, simulated)
+    if steps.warmup_model_len >= d.max_model_len:
+        lines += serving_compiles_lines(d, simulated)
     lines += [f"export {name}={value}" for name, value in steps.env().items()]
     lines += [f"# {w}" for w in fastdeploy_warnings(d)]
     return lines
@@ -135,6 +152,7 @@ def fastdeploy_script(d: Deployment) -> str:
     lines = _header(
         d, "FastDeploy on Intel Gaudi", "--model: the Paddle checkpoint (folder or id)."
     )
+    lines += simulated_note(d, FASTDEPLOY_ENGINE, "FastDeploy")
     lines += [
         "export FD_ATTENTION_BACKEND=HPU_ATTN",
         f"export HPU_WARMUP_BUCKET={1 if d.warmup else 0}",
@@ -211,6 +229,11 @@ def vllm_script(d: Deployment, extra: Extra | None = None) -> str:
     lines = _header(
         d, "vLLM on Intel Gaudi (vllm-gaudi)", "The model: a Hugging Face id or folder."
     )
+    simulated = d.engine == VLLM_ENGINE
+    lines += simulated_note(d, VLLM_ENGINE, "vllm-gaudi")
+    if d.predicted is not None and simulated:
+        lines.append(warmup_line(d.predicted.warmup_graphs, "graphs", d))
+    lines += serving_compiles_lines(d, simulated)
     more = [speculative(VLLM_GAUDI_SPECULATIVE, d, "vllm-gaudi"), extra or Extra()]
     lines += [line for m in more for line in m.setup]
     lines += [f"# {c}" for m in more for c in m.comments]
@@ -256,14 +279,19 @@ def _with_replicas(d: Deployment, text: str) -> str:
 
 
 def hpu_scripts(d: Deployment) -> dict[str, str]:
-    """Each Gaudi file by name: FastDeploy's script, vllm-gaudi's (for a disaggregated
+    """Each Gaudi file by name: the run's engine's (engine=native: both, each saying it
+    was not simulated): FastDeploy's script, vllm-gaudi's (for a disaggregated
     configuration its prefill, decode and proxy scripts) and the bucket file."""
-    # FastDeploy on HPU runs aggregated whatever the plan (its script says so): its copies
-    # take tp x dp cards each, as many as the plan's cards hold
-    flat_layout = replace(d.layout, prefill=0, decode=0)
-    copies = max(1, d.layout.cards // flat_layout.cards) * d.replicas
-    flat = replace(d, layout=flat_layout, replicas=copies)
-    files = {FASTDEPLOY: _with_replicas(flat, fastdeploy_script(d))}
+    files = {}
+    if d.engine in (NATIVE, FASTDEPLOY_ENGINE):
+        # FastDeploy on HPU runs aggregated whatever the plan (its script says so): its
+        # copies take tp x dp cards each, as many as the plan's cards hold
+        flat_layout = replace(d.layout, prefill=0, decode=0)
+        copies = max(1, d.layout.cards // flat_layout.cards) * d.replicas
+        flat = replace(d, layout=flat_layout, replicas=copies)
+        files[FASTDEPLOY] = _with_replicas(flat, fastdeploy_script(d))
+    if d.engine not in (NATIVE, VLLM_ENGINE):
+        return files
     if not d.layout.disaggregated:
         files[VLLM] = _with_replicas(d, vllm_script(d))
     else:

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from pipeline.engine_profile import engine_name
 from pipeline.layout import Layout, Pool, layout_of
 from stages.forward.bucket_axes import resolve_axes
 from stages.forward.buckets import Axis, Bucketing
@@ -15,6 +16,7 @@ from stages.forward.engine_grids import (
     FastDeployGrid,
     FastDeploySteps,
     ServerLimits,
+    check_fastdeploy_steps,
     fastdeploy_grid,
     fastdeploy_sizes,
     fastdeploy_warmup,
@@ -23,6 +25,27 @@ from stages.forward.engine_grids import (
 from stages.simulator.precision import KvCacheDtype, Quantization
 
 AXES = ("prefill_batch", "prefill_seq", "prefill_blocks", "decode_batch", "decode_blocks")
+
+
+@dataclass(frozen=True)
+class Predicted:
+    """What the run predicted for this configuration (its metrics.json): the one warmup
+    figure every script states, and the shapes it compiled while serving."""
+
+    warmup_graphs: int
+    warmup_s: float
+    serving_compiles: int
+    serving_compile_s: float
+
+    @classmethod
+    def of(cls, metrics: Mapping[str, Any] | None) -> Predicted | None:
+        if not metrics or metrics.get("warmup_shapes") is None:
+            return None
+        return cls(
+            int(metrics.get("warmup_shapes") or 0), float(metrics.get("predicted_warmup_s") or
+            metrics.get("warmup_s") or 0.0), int(metrics.get("serving_compiles") or 0),
+            float(metrics.get("serving_compile_s") or 0.0),
+        )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -49,7 +72,7 @@ class Deployment:
     ranges: dict[str, tuple[int, int, int]]  # each axis's min, step, max
     fastdeploy: FastDeploySteps  # FastDeploy's warmup environment (metadata.fastdeploy)
     fastdeploy_grid: FastDeployGrid  # the grid FastDeploy's runner warms from it
-    fastdeploy_parts: int  # its graphs as the simulated device counts them (parts apart)
+    fastdeploy_parts: int  # its graphs as the run counts them (metadata.step_recipes)
     compile_s: float  # the hardware profile's seconds to compile one graph
     max_prefill_rows: int  # scheduler.max_prefill_rows: prompts a step prefills (0: no cap)
     replicas: int = 1  # copies to start behind a load balancer (a plan's target)
@@ -58,6 +81,9 @@ class Deployment:
     layout: Layout = field(default_factory=Layout)  # ep, dp, disagg, speculative
     role: str = ""  # a disaggregated pool's server: prefill or decode ("" = aggregated)
     instances: int = 1  # a pool's servers per replica
+    engine: str = "native"  # whose step rules and shapes the run simulated (conf/engine/)
+    predicted: Predicted | None = None  # the run's own figures, where a run was served
+    max_warmup_s: float = 0.0  # plan.max_warmup_s: a longer warmup is impractical; 0 = none
 
     def __post_init__(self) -> None:
         # every text a script interpolates, comments included: a newline in a comment
@@ -86,11 +112,18 @@ def printable(text: str) -> str:
 
 
 def deployment(
-    config: Mapping[str, Any], num_blocks: int, model: str = "", *, origin: str, replicas: int = 1
+    config: Mapping[str, Any],
+    num_blocks: int,
+    model: str = "",
+    *,
+    origin: str,
+    replicas: int = 1,
+    metrics: Mapping[str, Any] | None = None,
 ) -> Deployment:
     """The deployment a resolved config describes; num_blocks is the KV pool the run had
     (decode buckets are bounded by it); origin: where the config came from (a run folder,
-    a plan), said on the scripts' first line."""
+    a plan), said on the scripts' first line; metrics: the run's, whose figures the scripts
+    state."""
     scheduler = str(config["scheduler"]["_target_"]).rsplit(".", 1)[-1]
     meta = config["metadata"]
     axes = _run_axes(config, num_blocks)
@@ -121,15 +154,34 @@ def deployment(
         origin=origin,
         align_chunks=bool(config["scheduler"].get("align_chunks", True)),
         ranges={name: (a.min, a.step, a.max) for name, a in axes.items()},
-        fastdeploy=steps,
-        fastdeploy_grid=fastdeploy_grid(steps, limits),
-        fastdeploy_parts=sum(part_graphs(fastdeploy_warmup(steps, limits)).values()),
-        compile_s=float(config.get("hardware", {}).get("compile_s") or 0.0),
-        max_prefill_rows=int(config["scheduler"].get("max_prefill_rows") or 0),
+        **_fastdeploy(steps, limits, bool(meta.get("step_recipes", False))),
         replicas=replicas,
         layout=layout_of(config),
+        **_simulated(config, metrics),
         **_device(config.get("hardware")),
     )
+
+
+def _simulated(config: Mapping[str, Any], metrics: Mapping[str, Any] | None) -> dict[str, Any]:
+    """What the run simulated: its engine, prompt cap and compile time, and its figures."""
+    return {
+        "engine": engine_name(config),
+        "max_prefill_rows": int(config["scheduler"].get("max_prefill_rows") or 0),
+        "compile_s": float(config.get("hardware", {}).get("compile_s") or 0.0),
+        "predicted": Predicted.of(metrics),
+        "max_warmup_s": float((config.get("plan") or {}).get("max_warmup_s") or 0.0),
+    }
+
+
+def _fastdeploy(steps: FastDeploySteps, limits: ServerLimits, whole: bool) -> dict[str, Any]:
+    """FastDeploy's warmup environment, the grid its runner warms from it, and that grid's
+    graphs as the run counts them (whole: a mixed step one recipe, as FastDeploy's)."""
+    check_fastdeploy_steps(steps, limits.block_size)
+    return {
+        "fastdeploy": steps,
+        "fastdeploy_grid": fastdeploy_grid(steps, limits),
+        "fastdeploy_parts": sum(part_graphs(fastdeploy_warmup(steps, limits), whole).values()),
+    }
 
 
 def _run_axes(config: Mapping[str, Any], num_blocks: int) -> dict[str, Axis]:

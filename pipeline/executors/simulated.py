@@ -128,9 +128,8 @@ def simulated_engine(
         if speculation is not None and not cfg.num_blocks:  # the proposer's memory too
             num_blocks = speculative_pool(num_blocks, cfg, spec, precision, speculation, draft)
         split = cfg.executor.prefill_batch_split
-        device = SimulatedDevice(
-            spec, hardware, clock, cfg.tp, precision, split, parallel, speculation, draft
-        )
+        device = SimulatedDevice(spec, hardware, clock, cfg.tp, precision, split, parallel,
+                                 speculation, draft, cfg.metadata.step_recipes)  # fmt: skip
     except ValueError as err:
         raise ConfigError(str(err)) from err
     kv_cache = KVCacheManager(num_blocks, cfg.block_size, cfg.prefix_caching)

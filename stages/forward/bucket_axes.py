@@ -108,7 +108,7 @@ def fastdeploy_axes(
     """FastDeploy's steps from `given` (FastDeploySteps' fields) and each bucket axis as
     FastDeploy pads it (the axes' steps kept: they round a miss's fallback)."""
     steps = engine_grids.FastDeploySteps(**dict(given))
-    steps.check()
+    engine_grids.check_fastdeploy_steps(steps, limits.block_size)
     sizes = engine_grids.fastdeploy_sizes(steps, limits, axes["decode_blocks"].max)
     return steps, {
         name: Axis(min=v[0], step=axes[name].step, max=v[-1], explicit=tuple(v))

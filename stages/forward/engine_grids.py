@@ -60,6 +60,19 @@ class FastDeploySteps:
                              "needs 1 or more (recipe_cache_num: 0 = not set)")  # fmt: skip
 
 
+def check_fastdeploy_steps(steps: FastDeploySteps, block_size: int) -> None:
+    """Steps FastDeploy can warm at this block size: each 1 or more, and prefill lengths
+    stepped by whole blocks (its benchmark README: SEQUENCE_STEP_PREFILL is the block
+    size; a step between blocks pads every prompt past what the grid warmed)."""
+    steps.check()
+    if steps.sequence_step_prefill % block_size:
+        raise ValueError(
+            f"metadata.fastdeploy.sequence_step_prefill={steps.sequence_step_prefill} is not "
+            f"a multiple of block_size={block_size}: FastDeploy steps prefill lengths by whole "
+            f"blocks; set it to {block_size} (its default) or a multiple"
+        )
+
+
 @dataclass(frozen=True)
 class ServerLimits:
     """The server settings FastDeploy's warmup reads besides its environment."""
@@ -186,18 +199,25 @@ def fastdeploy_warmup(steps: FastDeploySteps, limits: ServerLimits) -> dict[str,
     }
 
 
-def part_graphs(phases: dict[str, list[tuple]]) -> dict[str, int]:
-    """The graphs each phase compiles that no earlier phase did, a graph being one part's
-    shape (as the simulated device compiles them)."""
+def step_graphs(prefill: tuple | None, decode: tuple | None, whole: bool) -> list[tuple]:
+    """The compiled graphs a step runs: its prefill part's and its decode part's shape
+    apart, or (whole: an engine that compiles each forward pass as one recipe, FastDeploy's
+    HPU runner) a mixed step's two shapes together as one."""
+    if whole and prefill is not None and decode is not None:
+        return [("step", prefill, decode)]
+    parts = [("prefill", prefill)] if prefill is not None else []
+    return [*parts, ("decode", decode)] if decode is not None else parts
+
+
+def part_graphs(phases: dict[str, list[tuple]], whole: bool = False) -> dict[str, int]:
+    """The graphs each phase compiles that no earlier phase did (as step_graphs counts a
+    step's graphs, which the simulated device compiles)."""
     seen: set[tuple] = set()
     counts = {}
     for phase, pairs in phases.items():
         before = len(seen)
         for prefill, decode in pairs:
-            if prefill is not None:
-                seen.add(("prefill", prefill))
-            if decode is not None:
-                seen.add(("decode", decode))
+            seen.update(step_graphs(prefill, decode, whole))
         counts[phase] = len(seen) - before
     return counts
 

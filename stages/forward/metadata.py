@@ -68,15 +68,15 @@ class BucketedMetadataBuilder:
         fastdeploy: Mapping[str, int],
         capture: CaptureRule | str,
         capture_max_batch: int,
+        step_recipes: bool,
         pad_id: int = 0,
         packed: bool = False,
     ) -> None:
-        """packed: a step's real tokens only are laid out, for an attention stage that packs
-        rows (its declared `packs_rows`); the buckets are chosen and counted as ever.
+        """packed: only a step's real tokens laid out (an attention stage's `packs_rows`).
         fastdeploy: FastDeploy's warmup steps (engine_grids.FastDeploySteps' fields), read when
         bucketing=fastdeploy: the sizes and warmup grid are then FastDeploy's own.
-        capture, capture_max_batch: whose CUDA-graph sizes bucketing=cudagraph captures
-        (stages.forward.cudagraph.capture_sizes)."""
+        capture, capture_max_batch: whose CUDA-graph sizes bucketing=cudagraph captures;
+        step_recipes: a mixed step compiles as one recipe (engine_grids.step_graphs)."""
         bs = kv_cache.block_size
         given = dict(zip(AXES, (prefill_batch, prefill_seq, prefill_blocks, decode_batch,
                                 decode_blocks), strict=True))  # fmt: skip
@@ -94,6 +94,7 @@ class BucketedMetadataBuilder:
         self.packed = packed
         self.fastdeploy: engine_grids.FastDeploySetup | None = None
         self.capture = CaptureRule(capture), capture_max_batch
+        self.step_recipes = step_recipes
         axes = self._engine_axes(
             Bucketing(bucketing), axes, fastdeploy, max_num_seqs, max_model_len
         )
@@ -216,9 +217,11 @@ class BucketedMetadataBuilder:
     # -- warmup ------------------------------------------------------------------------------
     def warmup_counts(self, mixed: bool, padded_budget: bool = True) -> dict[str, int]:
         """The graphs each phase of warmup_shapes compiles, counted without listing them
-        (FastDeploy's grid is listed: its loops are the count)."""
-        if self.fastdeploy:
-            return engine_grids.part_graphs(self.warmup_shapes(mixed, padded_budget))
+        (FastDeploy's grid is listed: its loops are the count; so is any grid whose mixed
+        steps compile whole)."""
+        if self.fastdeploy or self.step_recipes:
+            shapes = self.warmup_shapes(mixed, padded_budget)
+            return engine_grids.part_graphs(shapes, self.step_recipes)
         if self.buckets.strategy is Bucketing.cudagraph:
             return {phase: len(s) for phase, s in cudagraph_warmup(self._sizes()).items()}
         return warmup_counts(self._sizes(), self.block_size, self.max_tokens, mixed, padded_budget)

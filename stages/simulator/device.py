@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from stages.forward.engine_grids import step_graphs
 from stages.forward.forward_meta import ForwardMeta
 from stages.forward.step_shape import StepShape
 from stages.model.spec import ModelSpec
@@ -64,12 +65,6 @@ class VirtualClock:
         self._now = 0.0
 
 
-def graphs(prefill: tuple | None, decode: tuple | None) -> list[tuple]:
-    """The compiled graphs a step runs: its prefill part's and its decode part's shape."""
-    parts = [("prefill", prefill)] if prefill is not None else []
-    return [*parts, ("decode", decode)] if decode is not None else parts
-
-
 class SimulatedDevice:
     """The Model stage of a simulated run: forward predicts the step's time."""
 
@@ -86,9 +81,12 @@ class SimulatedDevice:
         parallel: ExpertParallel = PLAIN,
         speculation: Speculation | None = None,
         draft: ModelSpec | None = None,
+        step_recipes: bool = False,
     ) -> None:
         """speculation: every decode row verifies its proposals (and `draft`, a draft
-        model's description for method=draft, proposes them): each step is priced so."""
+        model's description for method=draft, proposes them): each step is priced so.
+        step_recipes: a mixed step compiles as one recipe (engine_grids.step_graphs)."""
+        self.step_recipes = step_recipes
         self.spec = spec
         self.hardware = hardware
         self.precision = precision
@@ -124,7 +122,7 @@ class SimulatedDevice:
         """Warmup: every prepared shape compiled once; returns the predicted seconds."""
         for pairs in phases.values():
             for prefill, decode in pairs:
-                self.compiled.update(graphs(prefill, decode))
+                self.compiled.update(step_graphs(prefill, decode, self.step_recipes))
         return self.cost.warmup_time(len(self.compiled))
 
     def forward(self, meta: ForwardMeta, attention: Any = None) -> None:
@@ -137,12 +135,16 @@ class SimulatedDevice:
         """A step's seconds, the graphs it is the first to use compiled in them, and how
         many those are (compiled from now on)."""
         compiled, prefill, decode = self.compiled, shape.prefill, shape.decode
+        whole = self.step_recipes and prefill is not None and decode is not None
         # The common step: its graphs were compiled before (asked without listing them).
-        if (prefill is None or ("prefill", prefill) in compiled) and (
-            decode is None or ("decode", decode) in compiled
+        if not whole and (
+            (prefill is None or ("prefill", prefill) in compiled)
+            and (decode is None or ("decode", decode) in compiled)
         ):
             return self._step_time(shape), 0
-        new = [g for g in graphs(prefill, decode) if g not in compiled]
+        new = [g for g in step_graphs(prefill, decode, whole) if g not in compiled]
+        if not new:
+            return self._step_time(shape), 0
         compiled.update(new)
         self.recompiles += len(new)
         return self._step_time(shape) + len(new) * self.hardware.recompile_s, len(new)
