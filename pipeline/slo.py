@@ -98,11 +98,13 @@ def slo_metrics(requests: Sequence[Request], duration_s: float, slo: Slo) -> dic
     """metrics.json's SLO keys: `request_goodput` (good requests/s), `slo_attainment` (good
     fraction), `slo_attainment_by_bound` (fraction meeting each bound that is set), `slo`
     (the bounds and the target) and `slo_met` (attainment at or above the target). With no
-    bound set, every served request is good."""
+    bound set there is nothing to attain: `slo` alone, with its target."""
     bounds = slo.bounds
+    if not bounds:
+        return {"slo": {"attainment": slo.attainment}}
     served = [r for r in requests if r.finish_reason != FinishReason.ERROR]
     passed = {name: [_met(r, name, bound) for r in served] for name, bound in bounds.items()}
-    good = sum(all(row) for row in zip(*passed.values(), strict=True)) if bounds else len(served)
+    good = sum(all(row) for row in zip(*passed.values(), strict=True))
     total = len(requests)
     attainment = good / total if total else None
     return {
