@@ -164,8 +164,9 @@ def test_p90_beside_p50_and_p99_and_clipped_prompts_named(tmp_path):
 
 
 def test_plot_takes_the_numeric_key_on_x_and_leaves_out_empty_panels(tmp_path):
+    from pipeline.page.axes import log_scale
     from pipeline.summary import find_jobs
-    from pipeline.summary.plot import log_scale, shown_panels, x_key
+    from pipeline.summary.panels import shown_panels, x_key
 
     for num, (hw, tokens) in enumerate([(h, t) for h in ("gaudi2", "gaudi3") for t in (256, 512)]):
         make_job(tmp_path, num, [f"hardware={hw}", f"max_tokens={tokens}"],
@@ -209,11 +210,12 @@ def test_no_slo_figures_without_an_slo_and_arrival_bound_runs_said(tmp_path):
     text = build_summary(tmp_path).read_text()
     assert "slo_attainment" not in text and "request_goodput" not in text
     assert "slo_attainment" not in read_csv(tmp_path / "summary.csv")[0]
-    assert "arrival-bound jobs 0, 1" in text and "ties within 1%" in text
+    assert "arrival-bound jobs 0, 1" in text and "is a tie within 1%" in text
 
 
 def test_plot_units_and_spread():
-    from pipeline.summary.plot import spread, time_unit
+    from pipeline.page.axes import spread
+    from pipeline.summary.panels import time_unit
 
     assert time_unit([30.0, 90.0]) == ("s", 1.0)
     assert time_unit([300.0]) == ("min", 60.0)
@@ -240,14 +242,14 @@ def test_a_latency_tie_goes_to_the_higher_throughput(tmp_path):
         make_job(tmp_path, num, [f"max_tokens={tokens}"],
                  metrics(rate, ttft_ms=lat(ttft / 2, ttft)))  # fmt: skip
     advice = build_summary(tmp_path).read_text().split("## Recommendation")[1]
-    assert "- max_tokens=1024: lowest TTFT p90 ties within 1% across 2 values" in advice
+    assert "- max_tokens=1024: lowest TTFT p90 is a tie within 1% across 2 values" in advice
     assert "of those, the highest throughput" in advice
 
 
 def test_a_damaged_steps_file_leaves_the_busy_share_unknown(tmp_path):
     """A steps.jsonl line that is no object (a damaged file) is the busy share unknown, not
     a traceback in the summary."""
-    from pipeline.summary.advice import busy_fraction
+    from pipeline.summary.jobs import busy_fraction
 
     (tmp_path / "steps.jsonl").write_text("null\n", encoding="utf-8")
     assert busy_fraction(tmp_path, {"duration_s": 1.0}) is None

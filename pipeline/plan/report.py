@@ -25,6 +25,7 @@ from pipeline.checks import ConfigError
 from pipeline.deploy import deployment, tool_overrides, write_deploy
 from pipeline.plan.acceptance import acceptance_note
 from pipeline.plan.candidates import PREFERENCES, Candidate, Ranking, rank, read_candidates
+from pipeline.plan.page import write_plan_page
 from pipeline.plan.table import (
     PARETO_PNG,
     PLAN_MD,
@@ -158,6 +159,7 @@ def build_plan_report(
     table = write_table(ordered, rows, prices, header, plan_dir)
     chosen = ranking.order[0] if ranking.order else None
     write_pareto(cands, chosen, plan_dir / PARETO_PNG)
+    write_plan_page(plan_dir, ordered, rows, prices, ranking)
     failed = [c for c in cands if c.job.status != RunStatus.OK]
     if chosen is None and len(failed) == len(cands):
         first = failed[0].job

@@ -13,7 +13,6 @@ import csv
 import io
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,140 +21,34 @@ from omegaconf import DictConfig
 
 from pipeline.command import ArgparseCommand, Failure
 from pipeline.console import raise_advice
+from pipeline.page import REPORT_HTML
 from pipeline.run_files import RunFolderError, write_file
-from pipeline.run_folder import RunFileError, RunStatus, read_mapping, read_metrics, read_overrides
+from pipeline.run_folder import RunStatus
 from pipeline.signals import stop_on_signals
-from pipeline.summary.advice import (
-    arrival_bound,
-    busy_fraction,
-    caveats,
-    engines_line,
-    recommend,
-    slo_was_set,
+from pipeline.summary.advice import arrival_bound, caveats, engines_line, recommend, slo_was_set
+from pipeline.summary.jobs import (  # noqa: F401  (the sweep's readers, named here as before)
+    HEADLINE,
+    Job,
+    bands_said,
+    device_label,
+    engines,
+    find_jobs,
+    read_job,
+    split_override,
+    swept_keys,
 )
-from pipeline.summary.plot import write_plot, x_key
+from pipeline.summary.page import write_sweep_page
+from pipeline.summary.panels import x_key
+from pipeline.summary.plot import write_plot
 
 # Plain stdlib logging: after the jobs, Hydra's own logging (not the jobs' structlog) is live.
 log = logging.getLogger(__name__)
 
-# (column, path into metrics.json): the figures a user tunes a deployment by.
-LATENCIES = [("ttft", "ttft_ms"), ("tpot", "tpot_ms"), ("itl", "itl_ms"), ("e2e", "e2e_ms")]
-HEADLINE: list[tuple[str, tuple[str, ...]]] = [
-    ("output_throughput", ("output_throughput",)),
-    *(
-        (f"{name}_{stat}_ms", (key, stat))
-        for name, key in LATENCIES
-        for stat in ("p50", "p90", "p99")
-    ),
-    ("tpot_mean_ms", ("tpot_ms", "mean")),
-    ("token_utilization", ("token_utilization",)),
-    ("num_preemptions", ("num_preemptions",)),
-    ("bucket_misses", ("bucket_misses",)),
-    ("prefix_cache_hit_rate", ("prefix_cache_hit_rate",)),
-    ("warmup_shapes", ("warmup_shapes",)),  # simulated runs only: graphs warmup compiles
-    ("predicted_warmup_s", ("predicted_warmup_s",)),  # simulated runs only
-    ("serving_compiles", ("serving_compiles",)),  # simulated: graphs compiled while serving
-    ("serving_compile_s", ("serving_compile_s",)),
-    ("request_goodput", ("request_goodput",)),  # requests/s that met every SLO bound
-    ("slo_attainment", ("slo_attainment",)),
-    ("busy_fraction", ("busy_fraction",)),  # the device's share of the run in steps
-    ("clipped", ("workload_counts", "clipped")),  # trace prompts cut to max_model_len - 1
-    ("rejected", ("workload_counts", "rejected")),  # trace prompts refused (too_long=error)
-]
 COLUMNS = ["job", "overrides", "status", "device", *(name for name, _ in HEADLINE), "error"]
 
 
 class SummaryError(Exception):
     """A sweep folder the summary cannot be built from; the message says why."""
-
-
-@dataclass
-class Job:
-    """One job folder of a sweep, as far as the summary needs it."""
-
-    num: int
-    path: Path
-    overrides: list[str]
-    status: str
-    metrics: dict[str, Any] = field(default_factory=dict)
-    error: str = ""
-
-    @property
-    def override_values(self) -> dict[str, str]:
-        return dict(split_override(o) for o in self.overrides)
-
-    def value(self, column: str) -> float | None:
-        for name, keys in HEADLINE:
-            if name == column:
-                node: Any = self.metrics
-                for key in keys:
-                    node = node.get(key) if isinstance(node, dict) else None
-                return node if isinstance(node, (int, float)) else None
-        raise KeyError(column)
-
-
-def split_override(override: str) -> tuple[str, str]:
-    """`max_tokens=512` -> (`max_tokens`, `512`); a bare `~key` deletion keeps an empty value."""
-    key, _, value = override.partition("=")
-    return key, value
-
-
-def _job_number(job_dir: Path, fallback: int) -> int:
-    # Hydra records the job's number in hydra.yaml; the folder name is only the default subdir.
-    try:
-        num = read_mapping(job_dir / ".hydra" / "hydra.yaml")["hydra"]["job"]["num"]
-        if isinstance(num, int) and not isinstance(num, bool):
-            return num
-    except (RunFileError, KeyError, TypeError):
-        pass
-    return int(job_dir.name) if job_dir.name.isdigit() else fallback
-
-
-def read_job(job_dir: Path, fallback_num: int = 0) -> Job:
-    """A job's overrides and metrics; a job that never wrote metrics.json is `interrupted`,
-    one whose files cannot be read is `unreadable`, with the reason."""
-    num = _job_number(job_dir, fallback_num)
-    try:
-        overrides = read_overrides(job_dir) or []
-    except RunFileError as err:
-        return Job(num, job_dir, [], "unreadable", error=str(err))
-    if not (job_dir / "metrics.json").is_file():  # killed before it could write one
-        return Job(num, job_dir, overrides, RunStatus.INTERRUPTED, error="no metrics.json")
-    try:
-        metrics = read_metrics(job_dir) or {}
-    except (OSError, RunFileError) as err:
-        return Job(num, job_dir, overrides, "unreadable", error=str(err))
-    _derived(job_dir, metrics)
-    status = str(metrics.get("status", "missing"))
-    error = " ".join(str(metrics.get("error") or "").split())  # one line per job in the tables
-    return Job(num, job_dir, overrides, status, metrics, error)
-
-
-def _derived(job_dir: Path, metrics: dict[str, Any]) -> None:
-    """Figures the summary reads beside metrics.json: the device's busy share (steps.jsonl)
-    and the bucketing whose grid a simulated run predicts (resolved_config.yaml)."""
-    metrics["busy_fraction"] = busy_fraction(job_dir, metrics)
-    try:
-        config = read_mapping(job_dir / "resolved_config.yaml")
-        metrics["bucketing"] = (config.get("metadata") or {}).get("bucketing")
-    except (RunFileError, AttributeError):
-        pass
-
-
-def find_jobs(sweep_dir: Path) -> list[Job]:
-    """Every job folder under the sweep folder (a job folder holds .hydra/overrides.yaml)."""
-    found = sorted(p.parent.parent for p in sweep_dir.glob("**/.hydra/overrides.yaml"))
-    found = [p for p in found if p != sweep_dir]  # a single run's folder is not a sweep
-    jobs = [read_job(path, i) for i, path in enumerate(found)]
-    return sorted(jobs, key=lambda j: (j.num, str(j.path)))
-
-
-def swept_keys(jobs: Sequence[Job]) -> list[str]:
-    """The override keys whose value differs between jobs, in the order they were given."""
-    keys: list[str] = []
-    for job in jobs:
-        keys += [k for k in job.override_values if k not in keys]
-    return [k for k in keys if len({j.override_values.get(k, "") for j in jobs}) > 1]
 
 
 def _fmt(value: Any) -> str:
@@ -164,17 +57,6 @@ def _fmt(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.4g}" if abs(value) < 1 else f"{value:.1f}"
     return str(value)
-
-
-def device_label(metrics: dict[str, Any]) -> str:
-    """A simulated job's device and the engine it predicts: `h100 tp2 fp8/fp8 vllm`
-    (hardware, tensor parallel, weights' and KV cache's precision, engine); empty for a real
-    run."""
-    if not metrics.get("simulated"):
-        return ""
-    precision = f"{metrics.get('quantization', 'none')}/{metrics.get('kv_cache_dtype', 'auto')}"
-    engine = metrics.get("engine", "native")
-    return f"{metrics.get('hardware')} tp{metrics.get('tp', 1)} {precision} {engine}"
 
 
 def _row(job: Job) -> dict[str, Any]:
@@ -284,8 +166,9 @@ def _notes(jobs: Sequence[Job], keys: Sequence[str]) -> list[str]:
     """The plot's last panel: the jobs, the x-axis, and what has no point."""
     failed = [j for j in jobs if j.status != RunStatus.OK]
     text = [f"{len(jobs)} jobs, {len(jobs) - len(failed)} ok", f"x: {x_key(jobs, keys) or 'job'}"]
+    text.append(f"engine: {', '.join(engines(jobs))}")
     if any(j.metrics.get("simulated") for j in jobs):
-        text.append("simulated: predicted figures")
+        text += ["simulated: predicted figures, bands:", *(f" {b}" for b in bands_said(jobs))]
     if failed:
         text += ["", "no point for:"]
         text += [f"job {j.num} ({j.status}) {' '.join(_own(j, keys))}" for j in failed]
@@ -298,7 +181,8 @@ def _own(job: Job, keys: Sequence[str]) -> list[str]:
 
 
 def build_summary(sweep_dir: Path) -> Path:
-    """Writes summary.csv, summary.md and summary.png in the sweep folder; returns summary.md."""
+    """Writes summary.csv, summary.md, summary.png and report.html in the sweep folder;
+    returns summary.md."""
     sweep_dir = Path(sweep_dir)
     if not sweep_dir.is_dir():
         raise SummaryError(f"{sweep_dir}: not a folder")
@@ -314,6 +198,9 @@ def build_summary(sweep_dir: Path) -> Path:
         write_markdown(jobs, keys, path)
         path = sweep_dir / "summary.png"
         write_plot(jobs, keys, path, _notes(jobs, keys), slo, arrival_bound(jobs))
+        path = sweep_dir / REPORT_HTML
+        if not any("plan" in j.config for j in jobs):  # a plan's page is its own (plan.md's)
+            write_sweep_page(sweep_dir, jobs, keys, slo, caveats(jobs, keys), arrival_bound(jobs))
     except RunFolderError as err:  # a read-only sweep folder, a full disk, a link
         raise SummaryError(
             f"{err}: make {sweep_dir} writable, or copy the sweep folder somewhere writable "

@@ -4,15 +4,23 @@ the bucket grid a Gaudi run predicts), and whether an SLO was set at all."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from pathlib import Path
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from pipeline.output_keys import Effect, effect
-from pipeline.run_folder import RunFileError, read_step_lines
 from pipeline.slo import slo_was_set
 
-__all__ = ["arrival_bound", "busy_fraction", "caveats", "engines_line", "recommend", "slo_was_set"]
+__all__ = [
+    "Advice",
+    "advise",
+    "arrival_bound",
+    "caveats",
+    "engines_line",
+    "overall",
+    "recommend",
+    "slo_was_set",
+]
 
 # A run whose device was busy less than this share of its time waited for arrivals: its
 # throughput is the offered load's, not the configuration's.
@@ -48,19 +56,7 @@ class AdviceJob(Protocol):
 
     def value(self, column: str) -> float | None: ...
 
-
-def busy_fraction(job_dir: Path, metrics: Mapping[str, Any]) -> float | None:
-    """The share of the run the device spent in steps (its steps' seconds over the run's),
-    from steps.jsonl; None where the run kept no steps or they cannot be read (a damaged
-    file leaves this figure unknown, not the job unreadable)."""
-    path, duration = job_dir / "steps.jsonl", metrics.get("duration_s")
-    if not path.is_file() or not duration:
-        return None
-    try:
-        steps = read_step_lines(path)
-    except (OSError, RunFileError):
-        return None
-    return min(sum(step["duration_s"] for step in steps) / duration, 1.0)
+    def ends(self, column: str) -> tuple[float, float] | None: ...
 
 
 def arrival_bound(jobs: Sequence[AdviceJob]) -> set[int]:
@@ -83,32 +79,78 @@ def _pct(a: float, b: float) -> str:
     return f"{abs(a - b) / b:.0%}" if b else "n/a"
 
 
-def _figure(column: str, value: float) -> str:
+def _figure(column: str, value: float, ends: tuple[float, float] | None = None) -> str:
+    """A figure with its unit and, where given, its band's ends in the same unit:
+    `1.20 s (1.03-1.37)`."""
     if column.endswith("_ms"):
-        return f"{value / 1000:.2f} s" if value >= 1000 else f"{value:.1f} ms"
-    return f"{value:,.1f} tok/s" if column == "output_throughput" else f"{value:.3g}"
+        per, spec, unit = (1000.0, ".2f", " s") if value >= 1000 else (1.0, ".1f", " ms")
+    elif column == "output_throughput":
+        per, spec, unit = 1.0, ",.1f", " tok/s"
+    else:
+        per, spec, unit = 1.0, ".3g", ""
+    band = f" ({ends[0] / per:{spec}}-{ends[1] / per:{spec}})" if ends else ""
+    return f"{value / per:{spec}}{unit}{band}"
 
 
-def recommend(jobs: Sequence[AdviceJob], keys: Sequence[str], slo: bool) -> list[str]:
-    """One line per objective: which swept value, and why (its figure, the runner-up, and
-    what it costs on the other figures)."""
+@dataclass(frozen=True)
+class Advice:
+    """One objective's choice: the job, the column it ranks by, the line that says why,
+    and the jobs it ties with (itself only: no tie)."""
+
+    job: AdviceJob
+    column: str
+    text: str
+    tied: tuple[int, ...]
+
+
+def advise(jobs: Sequence[AdviceJob], keys: Sequence[str], slo: bool) -> list[Advice]:
+    """One choice per objective: which swept value, and why (its figure, the runner-up, and
+    what it costs on the other figures); with an SLO the goodput's comes first."""
     ok = [j for j in jobs if j.status == "ok"]
     if len(ok) < 2 or not keys:
         return []
-    lines = []
+    found = []
     for column, words, higher in [*OBJECTIVES, *([SLO_OBJECTIVE] if slo else [])]:
         ranked = [j for j in ok if j.value(column) is not None]
         if len(ranked) < 2:
             continue
         ranked.sort(key=lambda j: j.value(column) or 0.0, reverse=higher)
-        lines.append(_line(ranked, column, words, keys))
-    return lines
+        found.append(_line(ranked, column, words, keys))
+    return found
 
 
-def _line(ranked: list[AdviceJob], column: str, words: str, keys: Sequence[str]) -> str:
+def recommend(jobs: Sequence[AdviceJob], keys: Sequence[str], slo: bool) -> list[str]:
+    """advise's lines, in objective order (summary.md's Recommendation)."""
+    return [a.text for a in advise(jobs, keys, slo)]
+
+
+def overall(advice: Sequence[Advice]) -> Advice | None:
+    """The choice a page leads with: by goodput where an SLO was set, else by throughput."""
+    by = {a.column: a for a in advice}
+    return by.get(SLO_OBJECTIVE[0]) or by.get(OBJECTIVES[0][0]) or (advice[0] if advice else None)
+
+
+def tied_with(best: AdviceJob, others: Sequence[AdviceJob], column: str) -> list[AdviceJob]:
+    """`best` and the jobs whose figure cannot be told from its own: within 1%, or, for
+    simulated jobs, their bands (pipeline/plan/bands.py) overlapping."""
+    a = best.value(column) or 0.0
+    mine = best.ends(column)
+    tied = [best]
+    for job in others:
+        if job is best:
+            continue
+        b, theirs = job.value(column) or 0.0, job.ends(column)
+        overlap = mine is not None and theirs is not None and theirs[0] <= mine[1] \
+            and mine[0] <= theirs[1]  # fmt: skip
+        if overlap or abs(b - a) <= TIE * abs(a):
+            tied.append(job)
+    return tied
+
+
+def _line(ranked: list[AdviceJob], column: str, words: str, keys: Sequence[str]) -> Advice:
     best, second = ranked[0], ranked[1]
     a, b = best.value(column) or 0.0, second.value(column) or 0.0
-    tied = [j for j in ranked if abs((j.value(column) or 0.0) - a) <= TIE * abs(a)]
+    tied = tied_with(best, ranked, column)
     why = f"{words} ({_figure(column, a)})"
     if len(tied) > 1:
         # a tie: the figure does not choose; throughput's ties go to the lowest TTFT p90,
@@ -119,13 +161,20 @@ def _line(ranked: list[AdviceJob], column: str, words: str, keys: Sequence[str])
         else:
             best = max(tied, key=lambda j: j.value("output_throughput") or 0.0)
             then = "the highest throughput"
-        why = (f"{words} ties within {TIE:.0%} across {len(tied)} values "
-               f"({_figure(column, a)}); of those, {then}")  # fmt: skip
+        within = f"{TIE:.0%}" if best.ends(column) is None else "their bands"
+        why = (f"{words} is a tie within {within} across {len(tied)} values: "
+               f"{_figures(tied, column)}; of those, {then}")  # fmt: skip
         if column == "output_throughput" and {j.num for j in tied} <= arrival_bound(ranked):
             why += " (arrival-bound: the offered load sets the throughput)"
     else:
         why += f", {_pct(a, b)} ahead of {_label(second, keys)}"
-    return f"- {_label(best, keys)}: {why}{_cost(best, ranked, column)}"
+    text = f"- {_label(best, keys)}: {why}{_cost(best, ranked, column)}"
+    return Advice(best, column, text, tuple(j.num for j in tied))
+
+
+def _figures(jobs: Sequence[AdviceJob], column: str) -> str:
+    """Each job's figure, with its band where it has one: `900.0 ms (774.0-1026.0)`."""
+    return ", ".join(_figure(column, j.value(column) or 0.0, j.ends(column)) for j in jobs)
 
 
 def _cost(best: AdviceJob, ranked: list[AdviceJob], column: str) -> str:
