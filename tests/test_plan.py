@@ -108,8 +108,9 @@ def test_plan_command_writes_the_table_plot_best_and_deploy_files(tmp_path):
         f"hydra.sweep.dir={sweep}", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
-    for name in ("plan.md", "plan.csv", "pareto.png", "best.json", "summary.md"):
+    for name in ("plan.md", "plan.csv", "pareto.png", "best.json", "summary.md", "report.html"):
         assert (sweep / name).is_file(), name
+    assert "<title>Plan " in (sweep / "report.html").read_text()  # the plan's, not the sweep's
     for name in ("fastdeploy-hpu.sh", "vllm-gaudi.sh", "overrides.txt"):
         assert (sweep / "deploy" / "gaudi2" / name).is_file(), name
     rows = list(csv.DictReader(open(sweep / "plan.csv")))

@@ -122,6 +122,8 @@ def test_real_multirun_with_a_failing_job(tmp_path):
     assert "max_num_seqs" in rows[2]["error"]
     assert all(float(r["output_throughput"]) > 0 for r in rows[:2])
     assert (sweep / "summary.png").stat().st_size > 10_000
+    page = (sweep / "report.html").read_text()  # every job's row, the failed one's error too
+    assert all(f'id="job-{num}"' in page for num in range(3)) and "max_num_seqs" in page
     job = next(r for r in markdown_rows((sweep / "summary.md").read_text()) if r["job"] == "2")
     assert job["overrides"] == "`max_tokens=2`" and job["status"] == "failed"
 
@@ -176,7 +178,7 @@ def test_plot_takes_the_numeric_key_on_x_and_leaves_out_empty_panels(tmp_path):
     titles = [title for _, title in shown_panels(jobs)]
     assert "Prefix cache hit rate" not in titles  # 0 in every job
     assert "Warmup, predicted" not in titles  # no job predicts warmup
-    assert "TTFT p50 (ms)" in titles
+    assert "TTFT p50" in titles and "TTFT p90" in titles  # the unit follows the values
     assert log_scale([50.0, 200_000.0]) and not log_scale([50.0, 4000.0, None])
 
 

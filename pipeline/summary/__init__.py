@@ -33,6 +33,7 @@ from pipeline.summary.jobs import (  # noqa: F401  (the sweep's readers, named h
     device_label,
     engines,
     find_jobs,
+    made_by_plan,
     read_job,
     split_override,
     swept_keys,
@@ -199,7 +200,7 @@ def build_summary(sweep_dir: Path) -> Path:
         path = sweep_dir / "summary.png"
         write_plot(jobs, keys, path, _notes(jobs, keys), slo, arrival_bound(jobs))
         path = sweep_dir / REPORT_HTML
-        if not any("plan" in j.config for j in jobs):  # a plan's page is its own (plan.md's)
+        if not made_by_plan(jobs):  # a plan's page is its own
             write_sweep_page(sweep_dir, jobs, keys, slo, caveats(jobs, keys), arrival_bound(jobs))
     except RunFolderError as err:  # a read-only sweep folder, a full disk, a link
         raise SummaryError(

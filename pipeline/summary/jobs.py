@@ -116,6 +116,19 @@ def _job_number(job_dir: Path, fallback: int) -> int:
     return int(job_dir.name) if job_dir.name.isdigit() else fallback
 
 
+PLAN_JOB_NAME = "plan"  # conf/plan.yaml's hydra.job.name
+
+
+def made_by_plan(jobs: Sequence[Job]) -> bool:
+    """Whether the sweep is a plan's (Hydra's job name, .hydra/hydra.yaml): a plan writes its
+    own report.html (pipeline/plan/page.py)."""
+    try:
+        name = read_mapping(jobs[0].path / ".hydra" / "hydra.yaml")["hydra"]["job"]["name"]
+    except (RunFileError, KeyError, TypeError, IndexError):
+        return False
+    return name == PLAN_JOB_NAME
+
+
 def read_job(job_dir: Path, fallback_num: int = 0) -> Job:
     """A job's overrides and metrics; a job that never wrote metrics.json is `interrupted`,
     one whose files cannot be read is `unreadable`, with the reason."""
