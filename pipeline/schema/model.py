@@ -9,7 +9,7 @@ from typing import ClassVar
 
 from omegaconf import II, MISSING, DictConfig, OmegaConf
 
-from stages.model.spec import ComputeDtype
+from stages.model.spec import ComputeDtype, WeightStorage
 
 # The compute dtype a model's weights and activations take unless its option says otherwise:
 # Paddle's CPU kernels are float32 (bf16 runs where the device has bf16 matmuls).
@@ -51,6 +51,9 @@ class GgufModelConf:
     path: str = MISSING  # a GGUF file (llama, qwen2, qwen3; F32 to Q4_K: docs/checkpoints.md)
     dtype: ComputeDtype = COMPUTE_DTYPE  # every stored type is dequantised to it
     max_position: int = II("max_model_len")  # rotary table; 0 = the file's context_length
+    # int8: the MLPs and lm head kept as int8 with a scale per output, a quarter of the
+    # bytes a decode reads (float32 compute; docs/checkpoints.md gives the drift)
+    weights: WeightStorage = WeightStorage.float32
 
     has_weights: ClassVar[bool] = True
 

@@ -29,6 +29,14 @@ class ComputeDtype(enum.StrEnum):
     bfloat16 = "bfloat16"
 
 
+class WeightStorage(enum.StrEnum):
+    """How a loaded model keeps its projection weights (`model.weights`): in its compute
+    dtype, or int8 with a scale per output (stages/model/int8_weight.py)."""
+
+    float32 = "float32"
+    int8 = "int8"
+
+
 # Bytes of one value in each compute dtype the models run in.
 DTYPE_BYTES: dict[str, int] = {
     ComputeDtype.float32: 4,

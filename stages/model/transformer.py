@@ -22,6 +22,7 @@ import paddle
 import paddle.nn.functional as F
 
 from stages.forward.forward_meta import ForwardMeta
+from stages.model.int8_weight import Int8Weight, Weight, dense, project
 from stages.model.rope import rope_inv_freq
 from stages.model.spec import DTYPE_BYTES, ModelSpec, built_in_spec
 
@@ -31,26 +32,35 @@ if TYPE_CHECKING:
 SUPPORTED_DTYPES = tuple(DTYPE_BYTES)
 
 
-def _linear(x: paddle.Tensor, weight: paddle.Tensor, bias: paddle.Tensor | None) -> paddle.Tensor:
-    y = paddle.matmul(x, weight)
+def _linear(x: paddle.Tensor, weight: Weight, bias: paddle.Tensor | None) -> paddle.Tensor:
+    y = project(x, weight)
     return y if bias is None else y + bias
 
 
 @dataclass
 class DenseMLP:
-    """SwiGLU: down(silu(gate(x)) * up(x)). Gate and up are separate matmuls: splitting one
-    [hidden, 2 * intermediate] product costs a strided copy that Paddle's CPU kernels make
-    slowly (figures: benchmarks/results.md, "Design measurements")."""
+    """SwiGLU: down(silu(gate(x)) * up(x)). Gate and up are stored side by side as one
+    [hidden, 2 * intermediate] weight, multiplied once, and Paddle's swiglu reads the two
+    halves of the product in place, with no strided copy to split them: one op fewer a
+    layer than two matmuls, and ops count at decode, where each op's launch costs more
+    than its arithmetic (benchmarks/vs_llamacpp.md)."""
 
-    gate: paddle.Tensor  # [hidden, intermediate]
-    up: paddle.Tensor  # [hidden, intermediate]
-    down: paddle.Tensor  # [intermediate, hidden]
-    gate_bias: paddle.Tensor | None = None
-    up_bias: paddle.Tensor | None = None
+    gate_up: Weight  # [hidden, 2 * intermediate]: gate's columns, then up's
+    down: Weight  # [intermediate, hidden]
+    gate_up_bias: paddle.Tensor | None = None
     down_bias: paddle.Tensor | None = None
 
+    @property
+    def gate(self) -> paddle.Tensor:
+        """Gate's weight [hidden, intermediate] (a copy): for export."""
+        return paddle.chunk(dense(self.gate_up), 2, axis=1)[0]
+
+    @property
+    def up(self) -> paddle.Tensor:
+        return paddle.chunk(dense(self.gate_up), 2, axis=1)[1]
+
     def __call__(self, x: paddle.Tensor) -> paddle.Tensor:
-        gated = F.silu(_linear(x, self.gate, self.gate_bias)) * _linear(x, self.up, self.up_bias)
+        gated = F.swiglu(_linear(x, self.gate_up, self.gate_up_bias))
         return _linear(gated, self.down, self.down_bias)
 
 
@@ -111,10 +121,10 @@ class LayerWeights:
 
 @dataclass
 class ModelWeights:
-    embed: paddle.Tensor  # [vocab, hidden]
+    embed: paddle.Tensor | Int8Weight  # [vocab, hidden]
     layers: list[LayerWeights]
     final_norm: paddle.Tensor
-    lm_head: paddle.Tensor | None  # [hidden, vocab]; None = tied to the embeddings
+    lm_head: Weight | None  # [hidden, vocab]; None = tied to the embeddings
     lm_head_bias: paddle.Tensor | None = None
 
 
@@ -191,11 +201,10 @@ def draw_weights(spec: ModelSpec, dtype: str, rng: np.random.Generator) -> Model
         qkv = normal(d.hidden_size, qkv_width, d.hidden_size**-0.5)
         out = normal(d.num_heads * d.head_dim, d.hidden_size, (d.num_heads * d.head_dim) ** -0.5)
         mlp_norm = ones(d.hidden_size)
-        # Gate and up are drawn as one matrix, as they always were, then split.
+        # Gate and up are drawn as one matrix, as they always were.
         gate_up = normal(d.hidden_size, 2 * d.intermediate_size, d.hidden_size**-0.5)
-        gate, up = (t.contiguous() for t in paddle.chunk(gate_up, 2, axis=1))
         down = normal(d.intermediate_size, d.hidden_size, d.intermediate_size**-0.5)
-        layers.append(LayerWeights(attn_norm, qkv, out, mlp_norm, DenseMLP(gate, up, down)))
+        layers.append(LayerWeights(attn_norm, qkv, out, mlp_norm, DenseMLP(gate_up, down)))
     final_norm = ones(d.hidden_size)
     lm_head = normal(d.hidden_size, d.vocab_size, d.hidden_size**-0.5)
     return ModelWeights(embed, layers, final_norm, lm_head)
@@ -236,7 +245,30 @@ class TransformerLM:
         self.final_norm = weights.final_norm
         self.lm_head = weights.lm_head
         self.lm_head_bias = weights.lm_head_bias
+        # Each norm's weight as a [1, hidden] row, made once: a reshape a norm fewer a step.
+        self._norm_rows = [
+            (layer.attn_norm.reshape([1, -1]), layer.mlp_norm.reshape([1, -1]))
+            for layer in self.layers
+        ]
+        self._final_norm_row = self.final_norm.reshape([1, -1])
         self._init_rope()
+
+    def store_int8(self) -> None:
+        """Every dense MLP's weights and the lm head (the embedding, where tied) as int8
+        rows with a scale per output (stages/model/int8_weight.py), the float32 ones freed:
+        the bytes a decode reads. Attention's projections stay float32."""
+        if self.dtype != "float32":
+            raise ValueError(f"model.weights=int8 takes model.dtype=float32, not {self.dtype}")
+        mlps = [layer.mlp for layer in self.layers if isinstance(layer.mlp, DenseMLP)]
+        mlps += [
+            e for layer in self.layers if isinstance(layer.mlp, MoeMLP) for e in layer.mlp.experts
+        ]
+        for mlp in mlps:
+            mlp.gate_up, mlp.down = (Int8Weight.of_matrix(w) for w in (mlp.gate_up, mlp.down))
+        if self.lm_head is not None:
+            self.lm_head = Int8Weight.of_matrix(self.lm_head)
+        else:
+            self.embed = Int8Weight.of_rows(self.embed)
 
     @property
     def num_parameters(self) -> int:
@@ -251,6 +283,8 @@ class TransformerLM:
         def walk(node) -> Iterator[paddle.Tensor]:
             if isinstance(node, paddle.Tensor):
                 yield node
+            elif isinstance(node, Int8Weight):
+                yield from (node.rows, node.scales)
             elif isinstance(node, list):
                 for item in node:
                     yield from walk(item)
@@ -270,7 +304,7 @@ class TransformerLM:
         self.cos = paddle.to_tensor(np.cos(angles).astype(np.float32)).astype(self.dtype)
         self.sin = paddle.to_tensor(np.sin(angles).astype(np.float32)).astype(self.dtype)
 
-    def _rms_norm(self, x: paddle.Tensor, weight: paddle.Tensor) -> paddle.Tensor:
+    def _rms_norm(self, x: paddle.Tensor, weight_row: paddle.Tensor) -> paddle.Tensor:
         """x * rsqrt(mean(x^2) + eps) * weight, in float32 (half-precision squares overflow).
 
         The mean of squares is a matmul with a 1/hidden column and the scaling an outer
@@ -281,28 +315,35 @@ class TransformerLM:
         x32 = x if x.dtype == paddle.float32 else x.astype("float32")
         inv_rms = paddle.rsqrt(paddle.matmul(x32 * x32, self._mean_column) + self.rms_eps)
         if x.dtype == paddle.float32:
-            return x32 * paddle.matmul(inv_rms, weight.reshape([1, -1]))
-        return (x32 * inv_rms).astype(x.dtype) * weight
+            return x32 * paddle.matmul(inv_rms, weight_row)
+        return (x32 * inv_rms).astype(x.dtype) * weight_row
 
     @paddle.no_grad()
     def forward(self, meta: ForwardMeta, attention: LayerAttention) -> paddle.Tensor:
         """Logits [rows, vocab] for meta.logits_rows: each chunk's last token, each decode."""
         # Where the attention packs rows, the step holds its real tokens alone (meta.packed)
         # and every layer runs on those.
-        h = paddle.gather(self.embed, meta.input_ids)
+        if isinstance(self.embed, Int8Weight):
+            h = self.embed.row_values(meta.input_ids)
+        else:
+            h = paddle.gather(self.embed, meta.input_ids)
         cos = paddle.gather(self.cos, meta.positions)  # [tokens, head_dim]
         sin = paddle.gather(self.sin, meta.positions)
         state = attention.prepare(meta, cos, sin)
-        for index, layer in enumerate(self.layers):
+        for index, (layer, (attn_norm, mlp_norm)) in enumerate(
+            zip(self.layers, self._norm_rows, strict=True)
+        ):
             # QKV and RoPE belong to the attention stage's ops: the HPU fuses them.
-            x = self._rms_norm(h, layer.attn_norm)
+            x = self._rms_norm(h, attn_norm)
             q, k, v = attention.qkv_rope(index, x, state)
             attended = attention.attend(index, q, k, v, state, out_weight=layer.out)
             h = h + (attended if layer.out_bias is None else attended + layer.out_bias)
-            h = h + layer.mlp(self._rms_norm(h, layer.mlp_norm))
-        last = self._rms_norm(paddle.gather(h, meta.logits_rows), self.final_norm)
-        if self.lm_head is None:
-            logits = paddle.matmul(last, self.embed, transpose_y=True)
+            h = h + layer.mlp(self._rms_norm(h, mlp_norm))
+        last = self._rms_norm(paddle.gather(h, meta.logits_rows), self._final_norm_row)
+        if self.lm_head is not None:
+            logits = project(last, self.lm_head)
+        elif isinstance(self.embed, Int8Weight):  # tied: the embedding's rows are the outputs
+            logits = self.embed.matmul(last)
         else:
-            logits = paddle.matmul(last, self.lm_head)
+            logits = paddle.matmul(last, self.embed, transpose_y=True)
         return logits if self.lm_head_bias is None else logits + self.lm_head_bias

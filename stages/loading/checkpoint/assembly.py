@@ -23,11 +23,9 @@ def assemble_weights(spec: CheckpointSpec, state: Mapping[str, paddle.Tensor]) -
 
     def mlp(prefix: str) -> DenseMLP:
         return DenseMLP(
-            state[prefix + ".gate"],
-            state[prefix + ".up"],
+            state[prefix + ".gate_up"],
             state[prefix + ".down"],
-            state.get(prefix + ".gate.bias"),
-            state.get(prefix + ".up.bias"),
+            state.get(prefix + ".gate_up.bias"),
             state.get(prefix + ".down.bias"),
         )
 

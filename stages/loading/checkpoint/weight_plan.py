@@ -66,8 +66,9 @@ class WeightPlan:
             offset += out
 
     def mlp(self, dest: str, prefix: str, hidden: int, inter: int, bias: bool) -> None:
-        self.linears(dest + ".gate", prefix, hidden, [("gate_proj", inter)], bias)
-        self.linears(dest + ".up", prefix, hidden, [("up_proj", inter)], bias)
+        """Gate and up side by side as one weight (the model's DenseMLP.gate_up), then down."""
+        gate_up = [("gate_proj", inter), ("up_proj", inter)]
+        self.linears(dest + ".gate_up", prefix, hidden, gate_up, bias)
         self.linears(dest + ".down", prefix, inter, [("down_proj", hidden)], bias)
 
     def fused_experts(self, dest: str, prefix: str, experts: int, hidden: int, inter: int) -> None:
@@ -78,16 +79,12 @@ class WeightPlan:
         gate_up, down = prefix + "gate_up_proj", prefix + "down_proj"
         for e in range(experts):
             to = f"{dest}.{e}"
-            self.buffers |= {to + ".gate": (hidden, inter), to + ".up": (hidden, inter)}
+            self.buffers[to + ".gate_up"] = (hidden, 2 * inter)
             self.buffers[to + ".down"] = (inter, hidden)
-            first = 2 * e * inter
-            parts = {
-                "gate": slice(first, first + inter),
-                "up": slice(first + inter, first + 2 * inter),
-            }
-            for name, rows in parts.items():
-                placement = Placement(f"{to}.{name}", rows=rows, transpose=True)
-                self.place(gate_up, (experts, 2 * inter, hidden), placement)
+            # The expert's gate rows then its up rows: its gate_up columns, in that order.
+            rows = slice(2 * e * inter, 2 * (e + 1) * inter)
+            placement = Placement(to + ".gate_up", rows=rows, transpose=True)
+            self.place(gate_up, (experts, 2 * inter, hidden), placement)
             rows = slice(e * hidden, (e + 1) * hidden)
             placement = Placement(to + ".down", rows=rows, transpose=True)
             self.place(down, (experts, hidden, inter), placement)

@@ -23,6 +23,7 @@ from stages.loading.checkpoint.weight_plan import WeightPlan, weight_plan
 from stages.loading.gguf.config import check_gguf_context, gguf_spec, token_ids
 from stages.loading.gguf.quants import SUPPORTED_TYPES, dequantize
 from stages.loading.gguf.reader import GgufHeader, TensorInfo, read_gguf_header
+from stages.model.spec import WeightStorage
 
 if TYPE_CHECKING:  # checking a file's tensors needs no Paddle; loading them imports it
     import paddle
@@ -165,9 +166,12 @@ def load_state(header: GgufHeader, spec: CheckpointSpec, dtype: str) -> dict[str
     return state
 
 
-def load_gguf_model(path: str, dtype: str, max_position: int) -> TransformerLM:
+def load_gguf_model(
+    path: str, dtype: str, max_position: int, weights: str = "float32"
+) -> TransformerLM:
     """The model of a GGUF file, in compute dtype `dtype`, with rotary tables for
-    `max_position` positions (0 = the file's context length)."""
+    `max_position` positions (0 = the file's context length); weights=int8 keeps its MLPs
+    and lm head as int8 (TransformerLM.store_int8)."""
     from stages.model.transformer import check_dtype
 
     header = read_gguf_header(path)
@@ -178,4 +182,7 @@ def load_gguf_model(path: str, dtype: str, max_position: int) -> TransformerLM:
     eos = token_ids(header, "eos", "eot", "eom")
     state = load_state(header, spec, dtype)
     vocab = spec.model.vocab_size
-    return assemble_model(spec, state, dtype, context, [i for i in eos if 0 <= i < vocab])
+    model = assemble_model(spec, state, dtype, context, [i for i in eos if 0 <= i < vocab])
+    if weights == WeightStorage.int8:
+        model.store_int8()
+    return model

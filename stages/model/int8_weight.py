@@ -1,0 +1,110 @@
+"""Int8 weight-only storage (`model.weights=int8`): a projection's weights as int8 rows with
+one float32 scale per output, multiplied by a small Paddle custom operator.
+
+A decode step of a small model reads every weight once and does little else with it, so its
+time follows the weights' bytes: int8 reads a quarter of float32's. Paddle's CPU matmul
+takes float32 only (its bf16 and int8 kernels are oneDNN's, for static programs), so
+the multiply is int8_matmul.cc, compiled by Paddle's cpp_extension at first use (for the
+machine it runs on, cached after) and single-threaded. A step's rows beyond
+MAX_KERNEL_ROWS (a prefill) are multiplied by Paddle's float32 matmul on the weights
+widened for that call: there the arithmetic, not the bytes, sets the time. Activations
+stay float32; the error is the weights' rounding to 255 levels per output (its drift
+against float32: docs/checkpoints.md).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeAlias
+
+import numpy as np
+import paddle
+
+SOURCE = Path(__file__).with_name("int8_matmul.cc")
+# Above this many rows the widened float32 weights go through Paddle's matmul.
+MAX_KERNEL_ROWS = 16
+# Built on the machine that runs it, for its own instruction set.
+CXX_FLAGS = ["-O3", "-march=native", "-ffast-math"]
+
+
+class KernelBuildError(RuntimeError):
+    """The int8 operator could not be compiled or loaded (no C++ compiler, say)."""
+
+
+@functools.cache
+def kernel() -> Any:
+    """The compiled operator module: built once per source text and flags (its name holds
+    their hash), imported straight from the built library after that (a rebuild check
+    alone starts a Python with Paddle, seconds a process)."""
+    from paddle.utils.cpp_extension import get_build_directory, load
+    from paddle.utils.cpp_extension.extension_utils import _import_module_from_library
+
+    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(CXX_FLAGS).encode()).hexdigest()
+    name = f"int8_matmul_{digest[:12]}"
+    built = Path(get_build_directory()) / name
+    try:
+        if (built / f"{name}.so").exists():
+            return _import_module_from_library(name, str(built))
+        return load(name=name, sources=[str(SOURCE)], extra_cxx_cflags=CXX_FLAGS)
+    except Exception as err:  # cpp_extension raises whatever the compiler or loader gave
+        raise KernelBuildError(
+            f"model.weights=int8 needs a C++ compiler to build {SOURCE.name} ({err}); "
+            "use model.weights=float32"
+        ) from err
+
+
+@dataclass
+class Int8Weight:
+    """A weight [in, out] as int8 rows [out, in] and float32 scales [out]: output j's
+    weights are rows[j] * scales[j]."""
+
+    rows: paddle.Tensor  # int8 [out, in]
+    scales: paddle.Tensor  # float32 [out]
+
+    @classmethod
+    def of_rows(cls, rows: paddle.Tensor) -> Int8Weight:
+        """Rows [out, in] (a tied embedding is already one row a token), rounded to the
+        nearest of 255 levels spanning each row's largest magnitude."""
+        values = rows.numpy().astype(np.float32)
+        peak = np.abs(values).max(axis=1)
+        scales = np.where(peak > 0, peak / 127.0, 1.0).astype(np.float32)
+        levels = np.clip(np.rint(values / scales[:, None]), -127, 127).astype(np.int8)
+        return cls(paddle.to_tensor(levels), paddle.to_tensor(scales))
+
+    @classmethod
+    def of_matrix(cls, weight: paddle.Tensor) -> Int8Weight:
+        """A matmul weight [in, out]."""
+        return cls.of_rows(weight.T.contiguous())
+
+    def widened(self) -> paddle.Tensor:
+        """The float32 rows [out, in] the int8 levels stand for."""
+        return self.rows.astype("float32") * self.scales.unsqueeze(1)
+
+    def row_values(self, ids: paddle.Tensor) -> paddle.Tensor:
+        """Rows `ids` in float32: an embedding lookup."""
+        picked = paddle.gather(self.rows, ids).astype("float32")
+        return picked * paddle.gather(self.scales, ids).unsqueeze(1)
+
+    def matmul(self, x: paddle.Tensor) -> paddle.Tensor:
+        """x [n, in] @ the weight -> [n, out], float32."""
+        if x.shape[0] > MAX_KERNEL_ROWS:
+            return paddle.matmul(x, self.widened(), transpose_y=True)
+        return kernel().int8_matmul(x, self.rows, self.scales)
+
+
+Weight: TypeAlias = paddle.Tensor | Int8Weight
+
+
+def dense(weight: Weight) -> paddle.Tensor:
+    """The weight [in, out] as a tensor, int8 widened to float32."""
+    return weight.widened().T if isinstance(weight, Int8Weight) else weight
+
+
+def project(x: paddle.Tensor, weight: Weight) -> paddle.Tensor:
+    """x @ weight, whichever way the weight is stored."""
+    if isinstance(weight, Int8Weight):
+        return weight.matmul(x)
+    return paddle.matmul(x, weight)
