@@ -26,6 +26,8 @@ import paddle
 SOURCE = Path(__file__).with_name("int8_matmul.cc")
 # Above this many rows the widened float32 weights go through Paddle's matmul.
 MAX_KERNEL_ROWS = 16
+# Rows rounded at a time: the rounding's float32 temporaries stay a few MiB.
+ROUNDING_ROWS = 2048
 # Built on the machine that runs it, for its own instruction set.
 CXX_FLAGS = ["-O3", "-march=native", "-ffast-math"]
 
@@ -67,11 +69,19 @@ class Int8Weight:
     @classmethod
     def of_rows(cls, rows: paddle.Tensor) -> Int8Weight:
         """Rows [out, in] (a tied embedding is already one row a token), rounded to the
-        nearest of 255 levels spanning each row's largest magnitude."""
-        values = rows.numpy().astype(np.float32)
-        peak = np.abs(values).max(axis=1)
-        scales = np.where(peak > 0, peak / 127.0, 1.0).astype(np.float32)
-        levels = np.clip(np.rint(values / scales[:, None]), -127, 127).astype(np.int8)
+        nearest of 255 levels spanning each row's largest magnitude; a block of rows at a
+        time, so that rounding a large table holds no float32 copy of it."""
+        values = rows.numpy()
+        levels = np.empty(values.shape, dtype=np.int8)
+        scales = np.empty(values.shape[0], dtype=np.float32)
+        for first in range(0, values.shape[0], ROUNDING_ROWS):
+            block = values[first : first + ROUNDING_ROWS].astype(np.float32)
+            peak = np.abs(block).max(axis=1)
+            scale = np.where(peak > 0, peak / np.float32(127), np.float32(1))
+            levels[first : first + ROUNDING_ROWS] = np.clip(
+                np.rint(block / scale[:, None]), -127, 127
+            )
+            scales[first : first + ROUNDING_ROWS] = scale
         return cls(paddle.to_tensor(levels), paddle.to_tensor(scales))
 
     @classmethod
