@@ -162,3 +162,14 @@ def test_the_rate_ceiling_by_hand():
     assert got.batch == 2 and got.rate == pytest.approx(2 / 0.8)
     # the KV pool: 150 tokens = 10 blocks of 16 a request; 35 blocks hold 3
     assert rate_ceiling(LinearDevice(), requests, 16, 8, 35).batch == 3
+
+
+def test_a_numpy_load_is_set_as_a_plain_float():
+    import numpy as np
+
+    from pipeline.plan.probes import LoadAxis
+
+    cfg = make_config([*SMALL_DEPLOYMENT, "workload.rate=2"])
+    value = LoadAxis("workload.rate", 1.0, False, "req/s").value(np.float64(14.5))
+    assert type(value) is float
+    cfg.workload.rate = value  # a numpy float64 here fails the schema's validation

@@ -17,9 +17,10 @@ class LoadAxis:
     base: float = 1.0  # time_scale: the scale the user gave, divided by the speed-up
 
     def value(self, load: float) -> float | int:
+        # a plain float: a numpy one (a cost model's estimate) fails the config's validation
         if self.key == "workload.time_scale":
-            return self.base / load
-        return int(load) if self.integer else load
+            return float(self.base / load)
+        return int(load) if self.integer else float(load)
 
 
 @dataclass
