@@ -29,6 +29,12 @@ import numpy as np
 from stages.model.spec import MoeLayout
 
 
+def _plain(value: Any) -> Any:
+    """A number as a Python float (numpy's scalars leak into figures that are checked as
+    floats), an array as it is."""
+    return float(value) if np.ndim(value) == 0 else value
+
+
 def largest_of_normals(draws: int) -> float:
     """The expected largest of `draws` standard normal values (Blom's approximation,
     exact for one draw: 0)."""
@@ -52,7 +58,7 @@ def experts_touched(moe: MoeLayout, tokens: Any, skew: float = 1.0) -> Any:
     E / skew experts."""
     pool = moe.num_experts / skew
     missed = (1.0 - moe.experts_per_token / pool) ** np.maximum(tokens, 0)
-    return pool * (1.0 - missed)
+    return _plain(pool * (1.0 - missed))
 
 
 def busiest_rank_experts(moe: MoeLayout, tokens: Any, ranks: int, skew: float = 1.0) -> Any:
@@ -65,7 +71,7 @@ def busiest_rank_experts(moe: MoeLayout, tokens: Any, ranks: int, skew: float = 
     held = moe.num_experts / ranks
     chance = touched / moe.num_experts
     spread = np.sqrt(held * chance * (1.0 - chance))
-    return np.minimum(held, touched / ranks + largest_of_normals(ranks) * spread)
+    return _plain(np.minimum(held, touched / ranks + largest_of_normals(ranks) * spread))
 
 
 def busiest_rank_pairs(moe: MoeLayout, tokens: Any, ranks: int) -> Any:
@@ -77,7 +83,7 @@ def busiest_rank_pairs(moe: MoeLayout, tokens: Any, ranks: int) -> Any:
         return mean
     share = 1.0 / ranks
     variance = tokens * k * share * (1 - share) * (experts - k) / max(experts - 1, 1)
-    return np.minimum(tokens * k, mean + largest_of_normals(ranks) * np.sqrt(variance))
+    return _plain(np.minimum(tokens * k, mean + largest_of_normals(ranks) * np.sqrt(variance)))
 
 
 def fixed_seconds(layers: Any, experts: Any, layer_s: float, expert_s: float) -> Any:
