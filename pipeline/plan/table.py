@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from pipeline.page.axes import Axis, value_axis
 from pipeline.plan.acceptance import acceptance_note
 from pipeline.plan.bands import Band
 from pipeline.plan.candidates import Candidate, pareto_front
@@ -180,17 +181,16 @@ def write_pareto(cands: Sequence[Candidate], chosen: Candidate | None, path: Pat
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7.5, 5.5))
+    fig, ax = plt.subplots(figsize=(10, 5.5))
     shown = [c for c in cands if c.tokens_per_user is not None and not c.ruled_out]
     for device in sorted({c.device for c in shown}):
         mine = [c for c in shown if c.device == device]
         x = [c.tokens_per_user or 0.0 for c in mine]
         y = [c.tokens_per_card for c in mine]
         bands: list[Band] = [c.band for c in mine]
-        label = f"{device} (band {bands[0].describe()})"
-        ax.errorbar(x, y, xerr=[b.relative * v for b, v in zip(bands, x, strict=True)],
-                    yerr=[b.relative * v for b, v in zip(bands, y, strict=True)], fmt="o",
-                    alpha=0.7, capsize=2, label=label)  # fmt: skip
+        label = f"{device} (band +-{bands[0].relative:.0%}: plan.md says of what)"
+        ax.errorbar(x, y, xerr=_errors(bands, x), yerr=_errors(bands, y), fmt="o", alpha=0.7,
+                    capsize=2, label=label)  # fmt: skip
         for c in mine:
             ax.annotate(str(c.job.num), (c.tokens_per_user, c.tokens_per_card), fontsize=7)
     front = pareto_front(cands)
@@ -199,13 +199,33 @@ def write_pareto(cands: Sequence[Candidate], chosen: Candidate | None, path: Pat
     if chosen is not None and chosen.tokens_per_user is not None:
         ax.scatter([chosen.tokens_per_user], [chosen.tokens_per_card], s=160, marker="*",
                    color="tab:red", label=f"best (job {chosen.job.num})", zorder=3)  # fmt: skip
-    ax.set_xlabel("output tokens/s per user (1000 / mean TPOT ms)")
+    x_rule = _axis([c.tokens_per_user or 0.0 for c in shown], [c.band for c in shown])
+    y_rule = _axis([c.tokens_per_card for c in shown], [c.band for c in shown])
+    for rule, scale, limits in ((x_rule, ax.set_xscale, ax.set_xlim),
+                                (y_rule, ax.set_yscale, ax.set_ylim)):  # fmt: skip
+        scale("log" if rule.log else "linear")
+        limits(rule.start, rule.end)
+    ax.set_xlabel(f"output tokens/s per user (1000 / mean TPOT ms)\n{x_rule.note}", fontsize=9)
     ax.set_ylabel("output tokens/s per card, one replica at capacity")
-    ax.set_title("Plan: each configuration at its capacity under the SLO (simulated)")
+    ax.set_title("Plan: each configuration at its capacity under the SLO (simulated)\n"
+                 f"y {y_rule.note}", fontsize=10)  # fmt: skip
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # clear of the points
     fig.tight_layout()
     png = io.BytesIO()
     fig.savefig(png, format="png", dpi=100)
     plt.close(fig)
     write_file(path, png.getvalue())
+
+
+def _errors(bands: Sequence[Band], values: Sequence[float]) -> list[list[float]]:
+    """Matplotlib's (below, above) error bars: each value's band's ends."""
+    ends = [b.ends(v) for b, v in zip(bands, values, strict=True)]
+    return [[v - lo for (lo, _), v in zip(ends, values, strict=True)],
+            [hi - v for (_, hi), v in zip(ends, values, strict=True)]]  # fmt: skip
+
+
+def _axis(values: Sequence[float], bands: Sequence[Band]) -> Axis:
+    """The plot's axes follow the one rule of every chart (pipeline/page/axes.py)."""
+    ends = [b.ends(v) for b, v in zip(bands, values, strict=True)]
+    return value_axis(list(values), [lo for lo, _ in ends], [hi for _, hi in ends])
