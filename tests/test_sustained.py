@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from pipeline.plan.capacity import capacity_search
@@ -43,6 +44,11 @@ def test_a_ttft_that_still_grows_is_caught_and_a_flat_one_is_not():
     verdict = ttft_growth(flat, ttft_bound_ms=2000.0, limit=0.2)
     assert verdict is not None and not verdict.grew
     assert ttft_growth(flat[:5], 2000.0, 0.2) is None
+    # a clock handing numpy floats: the verdict is still a plain bool (metrics.json holds it)
+    numpy_clock = [served(t, float(t)) for t in range(40)]
+    for r in numpy_clock:
+        r.token_times = [np.float64(r.token_times[0])]
+    assert type(ttft_growth(numpy_clock, 2000.0, 0.2).grew) is bool
 
 
 def test_every_met_probe_is_long_enough_and_the_capacity_holds_on_3x(tmp_path):

@@ -86,7 +86,8 @@ def ttft_growth(requests: Sequence[Request], ttft_bound_ms: float, limit: float)
     if len(timed) < 8:
         return None
     quarter = len(timed) // 4
-    third = statistics.median(t for _, t in timed[-2 * quarter : -quarter]) * 1000
-    fourth = statistics.median(t for _, t in timed[-quarter:]) * 1000
+    # plain floats: a device's clock may hand numpy ones, which metrics.json cannot hold
+    third = float(statistics.median(t for _, t in timed[-2 * quarter : -quarter])) * 1000
+    fourth = float(statistics.median(t for _, t in timed[-quarter:])) * 1000
     allowed = limit * max(third, ttft_bound_ms, NOISE_MS)
-    return Growth(third, fourth, allowed, fourth - third > allowed)
+    return Growth(third, fourth, allowed, bool(fourth - third > allowed))
