@@ -57,8 +57,7 @@ def decode_plan(engine, batch: int, context: int) -> StepPlan:
         ids = rng.integers(0, 256, context).tolist()
         r = Request(id=f"r{i}", index=i, prompt="", prompt_ids=ids[:-1], max_new_tokens=2)
         r.output_ids = ids[-1:]
-        engine.scheduler.kv_cache.allocate_slots(r, context)  # blocks for every token
-        r.num_computed = context - 1
+        engine.scheduler.kv_cache.allocate_slots(r, context, computed=0)  # blocks for every token
         requests.append(r)
     return StepPlan(decode=requests)
 

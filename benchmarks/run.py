@@ -154,9 +154,8 @@ def prefix_lookup_us(
     ids = np.random.default_rng(0).integers(0, 256, prompt_tokens).tolist()
     kv = KVCacheManager(prompt_tokens // block_size + 1, block_size, prefix_caching=True)
     first = Request("first", 0, "x", ids, max_new_tokens=1)
-    kv.allocate_slots(first, prompt_tokens)
-    first.num_computed = prompt_tokens
-    kv.cache_computed_blocks(first)
+    kv.allocate_slots(first, prompt_tokens, computed=0)
+    kv.cache_computed_blocks(first, prompt_tokens)
     hashing, lookup = [], []
     for i in range(repeats):
         request = Request(f"r{i}", i, "x", ids, max_new_tokens=1)

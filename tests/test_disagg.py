@@ -297,7 +297,7 @@ def test_a_transferred_prompt_joins_as_a_decode_holding_its_blocks(no_evict):
 
     first = arrived(40, 4)  # 41 tokens to hold: 3 blocks of 16
     assert scheduler.admit_computed(first)
-    assert first.status is Status.RUNNING and first.num_computed == 40
+    assert first.status is Status.RUNNING and scheduler.table.computed[0] == 40
     assert len(kv.block_table(first)) == 3 and kv.num_free_blocks == 1
     plan = scheduler.schedule(0.0)
     assert plan.decode == [first] and not plan.prefill  # no prefill computed here

@@ -20,7 +20,12 @@ from pipeline.run import run_metrics
 from pipeline.slo import EarlyVerdict, Slo
 from stages.scheduling.kv_cache import KVCacheManager
 from stages.scheduling.request import DecodeRun
-from stages.scheduling.running_rows import RunningRows, few_rows_columns, listed_blocks, recurring
+from stages.scheduling.request_table import (
+    RequestTable,
+    few_rows_columns,
+    listed_blocks,
+    recurring,
+)
 from stages.scheduling.scheduler import ChunkedScheduler
 from stages.scheduling.stopping import StopRule
 from tests.helpers import make_config
@@ -394,8 +399,8 @@ def test_a_run_with_a_head_step_counts_that_step_as_the_head_ran_it():
 @pytest.mark.parametrize("limit", [3, 16, 40])
 @pytest.mark.parametrize("free", [0, 2, 5, 100])
 def test_the_blocks_free_bound_a_run_where_a_step_would_run_short(limit, free, stays):
-    rows = RunningRows(KVCacheManager(num_blocks=200, block_size=16), StopRule((), 4096), 6)
-    rows.size = 6
+    rows = RequestTable(KVCacheManager(num_blocks=200, block_size=16), StopRule((), 4096), 6)
+    rows.requests[:] = [None] * 6  # rows with numbers only
     rows.computed[:6] = [15, 16, 30, 31, 33, 47]  # tokens whose keys are in the cache
     rows.held[:6] = [16, 16, 32, 32, 48, 48]  # the room their blocks hold: whole blocks
     # Step j (from 1) writes token computed + j - 1: a new block when that reaches held.
@@ -423,10 +428,10 @@ def test_leaps_register_full_blocks_with_and_without_evictions(monkeypatch):
         take_and_register(self, takers, *args)
         inside.pop()
 
-    def spy_registrations(self, request, num_computed=None):
+    def spy_registrations(self, request, computed):
         if inside:  # a leap's, at the step that filled the block
             registered.append(evicting[-1])
-        cache_blocks(self, request, num_computed)
+        cache_blocks(self, request, computed)
 
     monkeypatch.setattr(ChunkedScheduler, "_take_and_register", spy_orders)
     monkeypatch.setattr(KVCacheManager, "cache_computed_blocks", spy_registrations)

@@ -49,7 +49,6 @@ def decoding(tables: list[list[int]], lengths: list[int]) -> list[Request]:
     requests = []
     for i, (table, length) in enumerate(zip(tables, lengths, strict=True)):
         r = Request(id=f"r{i}", index=i, prompt="", prompt_ids=[1] * length, max_new_tokens=4)
-        r.num_computed = length - 1
         KV.assign(r, table)
         requests.append(r)
     return requests

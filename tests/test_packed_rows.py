@@ -30,12 +30,11 @@ def builders() -> tuple[BucketedMetadataBuilder, BucketedMetadataBuilder, GivenT
     return padded, packed, kv
 
 
-def request(kv: GivenTables, i: int, length: int, computed: int, first_block: int) -> Request:
+def request(kv: GivenTables, i: int, length: int, first_block: int) -> Request:
     r = Request(
         id=f"r{i}", index=i, prompt="", prompt_ids=list(range(100 * i, 100 * i + length)),
         max_new_tokens=4,
     )  # fmt: skip
-    r.num_computed = computed
     kv.assign(r, list(range(first_block, first_block + -(-length // BS) + 1)))
     return r
 
@@ -43,10 +42,10 @@ def request(kv: GivenTables, i: int, length: int, computed: int, first_block: in
 def plan(kv: GivenTables, contexts: list[int], decodes: int) -> StepPlan:
     """Chunks of 3 and 5 tokens after the given contexts, then decode rows."""
     chunks = [
-        PrefillChunk(request(kv, i, ctx + n, ctx, 8 * i), ctx, ctx + n)
+        PrefillChunk(request(kv, i, ctx + n, 8 * i), ctx, ctx + n)
         for i, (ctx, n) in enumerate(zip(contexts, [3, 5], strict=False))
     ]
-    decode = [request(kv, 10 + i, 6 + i, 5 + i, 32 + 4 * i) for i in range(decodes)]
+    decode = [request(kv, 10 + i, 6 + i, 32 + 4 * i) for i in range(decodes)]
     return StepPlan(prefill=chunks, decode=decode)
 
 

@@ -30,9 +30,8 @@ def request(i: int, ids: list[int], new: int = 3) -> Request:
 
 def computed(kv: KVCacheManager, r: Request) -> None:
     """Allocates and 'computes' the whole prompt of r, then lets it go: its full blocks stay."""
-    assert kv.allocate_slots(r, len(r.prompt_ids))
-    r.num_computed = len(r.prompt_ids)
-    kv.cache_computed_blocks(r)
+    assert kv.allocate_slots(r, len(r.prompt_ids), computed=0)
+    kv.cache_computed_blocks(r, len(r.prompt_ids))
     kv.free(r)
 
 
@@ -63,9 +62,9 @@ def test_cached_blocks_are_evicted_least_recently_used_only_when_no_block_is_fre
     computed(kv, second)  # caches block 1; blocks 2, 3 were never used
     assert kv.num_free_blocks == 4
     taker = request(2, range(200, 215))
-    assert kv.allocate_slots(taker, 8)  # takes the two free blocks first
+    assert kv.allocate_slots(taker, 8, computed=0)  # takes the two free blocks first
     assert len(kv.match_prefix(request(3, range(5)))) == 1
-    assert kv.allocate_slots(taker, 12)  # one more block: the older cached one goes
+    assert kv.allocate_slots(taker, 12, computed=0)  # one more block: the older cached one goes
     assert kv.match_prefix(request(4, range(5))) == []
     assert len(kv.match_prefix(request(5, range(100, 105)))) == 1
 
@@ -76,8 +75,7 @@ def test_a_block_held_by_two_requests_is_freed_by_neither_alone():
     a, b = request(1, range(9)), request(2, range(9))
     for r in (a, b):
         cached = kv.match_prefix(r)
-        r.num_computed = len(cached) * BS
-        assert kv.allocate_slots(r, 1, cached)
+        assert kv.allocate_slots(r, 1, cached, computed=len(cached) * BS)
     shared = kv.block_table(a)[:2]
     assert shared == kv.block_table(b)[:2]
     kv.free(a)
@@ -113,7 +111,7 @@ def check_writes(sched: ChunkedScheduler, plan) -> None:
     not cached yet: a cached or shared block is never written again."""
     kv = sched.kv_cache
     rows = [(c.request, range(c.start, c.end)) for c in plan.prefill]
-    rows += [(r, range(r.num_computed, r.num_computed + 1)) for r in plan.decode]
+    rows += [(r, range(r.num_tokens - 1, r.num_tokens)) for r in plan.decode]  # its last
     for r, positions in rows:
         table = kv.block_table(r)
         for pos in positions:
@@ -177,8 +175,8 @@ class RegistersEveryBlock(KVCacheManager):
     """The plain rule: a request registers all its full blocks from its first, those its
     cached prefix gave it included (registering a known content changes nothing)."""
 
-    def allocate_slots(self, request, num_new_tokens, cached=()):
-        taken = super().allocate_slots(request, num_new_tokens, cached)
+    def allocate_slots(self, request, num_new_tokens, cached=(), *, computed):
+        taken = super().allocate_slots(request, num_new_tokens, cached, computed=computed)
         self._registered.pop(request.seq_id, None)
         return taken
 

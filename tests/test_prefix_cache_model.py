@@ -88,12 +88,11 @@ def admit(kv: KVCacheManager, plain: PlainCache, r: Request) -> bool:
     ids = [*r.prompt_ids, *r.output_ids]
     cached = kv.match_prefix(r)
     assert cached == plain.match(ids), "a different cached prefix"
-    r.num_computed = len(cached) * BS
-    taken = kv.allocate_slots(r, len(ids) - r.num_computed, cached)
+    computed = len(cached) * BS
+    taken = kv.allocate_slots(r, len(ids) - computed, cached, computed=computed)
     assert taken == plain.allocate(r.id, len(ids), cached)
     if taken:
-        r.num_computed = len(ids)
-        kv.cache_computed_blocks(r)
+        kv.cache_computed_blocks(r, len(ids))
         plain.register(r.id, ids)
     return taken
 
@@ -113,12 +112,12 @@ def test_the_cache_takes_finds_and_evicts_as_the_plain_model(seed, num_blocks, v
                 running.append(r)
         elif op < 0.8:  # a decode
             r = rng.choice(running)
-            taken = kv.allocate_slots(r, 1)
-            assert taken == plain.allocate(r.id, r.num_computed + 1, [])
+            # A running request here has every token computed: num_tokens of them.
+            taken = kv.allocate_slots(r, 1, computed=r.num_tokens)
+            assert taken == plain.allocate(r.id, r.num_tokens + 1, [])
             if taken:
                 r.output_ids.append(rng.randrange(vocab))
-                r.num_computed += 1
-                kv.cache_computed_blocks(r)
+                kv.cache_computed_blocks(r, r.num_tokens)
                 plain.register(r.id, [*r.prompt_ids, *r.output_ids])
         else:  # a finish, or a preemption whose recompute is admitted again at once
             r = running.pop(rng.randrange(len(running)))

@@ -61,11 +61,11 @@ def drive(sched: ChunkedScheduler, requests: list[Request], max_steps: int = 100
         assert len(plan.prefill) + len(plan.decode) <= sched.max_num_seqs
         owners = {}
         kv = sched.kv_cache
-        for r in sched.running:
+        for r, computed in zip(sched.running, sched.table.computed.tolist(), strict=False):
             for b in kv.block_table(r):
                 assert b not in owners, "a block is shared"
                 owners[b] = r.id
-            assert len(kv.block_table(r)) >= blocks_for(r.num_computed, sched.block_size)
+            assert len(kv.block_table(r)) >= blocks_for(computed, sched.block_size)
         assert len(owners) + kv.num_free_blocks == kv.num_blocks
         for chunk in plan.prefill:
             if sched.chunks.align_chunks and not chunk.is_final:

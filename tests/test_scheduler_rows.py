@@ -16,7 +16,7 @@ from pipeline.schema import ChunkedSchedulerConf, WholeSchedulerConf
 from stages.forward.step_shape import MANY_ROWS
 from stages.scheduling.kv_cache import KVCacheManager
 from stages.scheduling.request import Request, Samples
-from stages.scheduling.running_rows import RunningRows
+from stages.scheduling.request_table import FIELDS, RequestTable
 from stages.scheduling.scheduler import ChunkedScheduler
 from stages.scheduling.stopping import StopRule
 from stages.scheduling.whole_prompt import WholeScheduler
@@ -32,8 +32,7 @@ class RowByRow:
     def _continue_running(self, plan, budget, rows) -> None:
         i = 0
         while i < len(self.running) and budget.left > 0:
-            request = self.running[i]
-            kind = self._continue_one(request, plan, budget)
+            kind = self._continue_one(i, plan, budget)
             if kind == "preempted":
                 return
             if kind == "decode":
@@ -43,24 +42,26 @@ class RowByRow:
             i += 1
 
     def update(self, plan, samples, now):
+        """Each row in turn: its computed tokens, its sample, its stop, its finish at once
+        (which moves the rows after it: each row is looked up where it is now)."""
         self._step = None
         finished = []
+        table = self.table
         entries = [(c.request, c.end, c.is_final) for c in plan.prefill]
-        entries += [(r, r.num_computed + 1, True) for r in plan.decode]
-        for row, (request, computed, keeps_sample) in enumerate(entries):
-            request.num_computed = computed
-            self.kv_cache.cache_computed_blocks(request)
+        entries += [(r, None, True) for r in plan.decode]
+        for row, (request, end, keeps_sample) in enumerate(entries):
+            i = self.running.index(request)
+            computed = end if end is not None else int(table.computed[i]) + 1
+            table.computed[i] = computed
+            self.kv_cache.cache_computed_blocks(request, computed)
             if not keeps_sample:
                 continue
             request.append_token(int(samples.token_ids[row]), now, None)
+            table.outputs[i] += 1
             reason = self.stop.reason(request)
             if reason:
                 self.finish(request, reason, now)
                 finished.append(request)
-        # The arrays are rebuilt from the requests: this path never reads them.
-        self.rows = RunningRows(self.kv_cache, self.stop, self.max_num_seqs)
-        for request in self.running:
-            self.rows.append(request)
         return finished
 
 
@@ -110,6 +111,19 @@ def build(cls, requests, num_blocks: int, prefix_caching: bool, max_tokens: int,
     return cls(kv_cache=kv, stop=stop, **limits)
 
 
+def assert_tables_agree(fast, plain, where: str) -> None:
+    """The array path's table equals the row-by-row one, column by column; the columns a
+    request or the cache also tells equal what they tell."""
+    n = len(fast.running)
+    assert [r.id for r in fast.running] == [r.id for r in plain.running], where
+    for name in FIELDS:
+        column, row_by_row = getattr(fast.table, name)[:n], getattr(plain.table, name)[:n]
+        assert np.array_equal(column, row_by_row), f"{where}: {name}"
+    assert fast.table.outputs[:n].tolist() == [len(r.output_ids) for r in fast.running], where
+    assert fast.table.prompt[:n].tolist() == [len(r.prompt_ids) for r in fast.running], where
+    assert fast.table.held[:n].tolist() == fast.kv_cache.slots_held(fast.running), where
+
+
 def plan_of(plan) -> tuple:
     return (
         [(c.request.id, c.start, c.end, c.cached) for c in plan.prefill],
@@ -139,12 +153,12 @@ def serve_both(seed, count, num_blocks, prefix_caching, max_tokens, whole=False)
         assert steps < 5_000, "the schedulers did not finish"
         if not fast.has_work:
             continue
-        not_plain = set(fast.rows.not_plain_decodes()[0])
+        not_plain = set(fast.table.not_plain_decodes()[0])
         kinds["block needed"] += sum(  # decoding, but the token needs a new block
             1
             for i in not_plain
             if fast.running[i].output_ids
-            and fast.running[i].num_tokens - fast.running[i].num_computed == 1
+            and fast.running[i].num_tokens - fast.table.computed[i] == 1
         )
         kinds["plain runs"] += len(fast.running) - len(not_plain)
         got, want = fast.schedule(float(steps)), plain.schedule(float(steps))
@@ -158,7 +172,7 @@ def serve_both(seed, count, num_blocks, prefix_caching, max_tokens, whole=False)
             plan.finished_ids = [r.id for r in finished]
         assert got.finished_ids == want.finished_ids, f"step {steps}"
         kinds["finished"] += len(got.finished_ids)
-        assert fast.rows.mirrors(fast.running), f"step {steps}: the arrays left their requests"
+        assert_tables_agree(fast, plain, f"step {steps}")
         assert fast.kv_cache.num_free_blocks == plain.kv_cache.num_free_blocks
         if prefix_caching:
             assert fast.kv_cache.prefix.block_of == plain.kv_cache.prefix.block_of
@@ -208,8 +222,8 @@ def test_array_path_equals_row_by_row_for_any_workload(
 @pytest.mark.parametrize("n", [7, MANY_ROWS + 9])  # Python's few rows, numpy's many
 def test_not_plain_decodes_follow_the_rule_row_by_row(n):
     rng = np.random.default_rng(n)
-    rows = RunningRows(KVCacheManager(64, BS, False), StopRule([], 100), n)
-    rows.size = n
+    rows = RequestTable(KVCacheManager(64, BS, False), StopRule([], 100), n)
+    rows.requests[:] = make_requests(n, n, [])  # their numbers are set below
     prompt, outputs = rng.integers(1, 20, n), rng.integers(0, 3, n)
     todo = rng.choice([1, 1, 1, 2, 5], n)  # tokens left to compute: mostly decodes
     room = rng.integers(0, 3, n)  # slots left in the blocks; 0: the token needs a block

@@ -36,7 +36,7 @@ from stages.simulator.step_work import StepAmounts
 SOURCES = (
     "stages/simulator",
     "stages/scheduling/scheduler.py",
-    "stages/scheduling/running_rows.py",
+    "stages/scheduling/request_table.py",
     "stages/scheduling/kv_cache.py",
     "stages/forward/metadata.py",
     "stages/forward/forward_meta.py",

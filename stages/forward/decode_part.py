@@ -76,7 +76,8 @@ class DecodePartBuilder:
         positions = np.zeros(rows, dtype=np.int64)
         positions[:n] = seq_lens - 1
         input_ids = np.full(rows, self.pad_id, dtype=np.int64)
-        input_ids[:n] = [r.all_ids[r.num_computed] for r in requests]
+        last = positions[:n].tolist()  # each row's input: its token at its last position
+        input_ids[:n] = [r.all_ids[p] for r, p in zip(requests, last, strict=True)]
         row_width = max(1, int(counts.max(initial=0)))
         return DecodeMeta(
             batch=n,

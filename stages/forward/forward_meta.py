@@ -155,7 +155,7 @@ def decode_lens(plan: StepPlan) -> np.ndarray:
     """Each decode row's tokens with its new one: the scheduler's array when it made one."""
     if plan.decode_lens is not None:
         return plan.decode_lens
-    return np.array([r.num_computed + 1 for r in plan.decode], dtype=np.int64)
+    return np.array([r.num_tokens for r in plan.decode], dtype=np.int64)
 
 
 def step_shape(

@@ -20,7 +20,12 @@ import numpy as np
 from stages.forward.step_shape import MANY_ROWS
 from stages.scheduling.kv_cache import KVCacheManager
 from stages.scheduling.request import DecodeRun, FinishReason, Request, StepPlan
-from stages.scheduling.running_rows import RunningRows, few_rows_columns, listed_blocks, recurring
+from stages.scheduling.request_table import (
+    RequestTable,
+    few_rows_columns,
+    listed_blocks,
+    recurring,
+)
 from stages.scheduling.step_rows import StepRows
 from stages.scheduling.stopping import StopRule
 
@@ -36,9 +41,8 @@ class DecodeRuns:
     """The scheduler's runs of decode steps (stages.interfaces.PlansDecodeRuns)."""
 
     # The scheduler's, read here.
-    running: list[Request]
     waiting: deque[Request]
-    rows: RunningRows
+    table: RequestTable
     kv_cache: KVCacheManager
     stop: StopRule
     max_tokens: int
@@ -50,6 +54,10 @@ class DecodeRuns:
     # Ends these requests, given with their rows, at their times.
     _finish_all: Callable[[list[tuple[Request, FinishReason, int]], list[float]], None]
 
+    @property
+    def running(self) -> list[Request]:
+        return self.table.requests
+
     def steady_decodes(self, limit: int, finishes: float = 0) -> DecodeRun | None:
         """The next steps, up to `limit`, while each can only decode the running requests,
         a step-by-step run doing nothing else between them (no admission or preemption);
@@ -60,7 +68,7 @@ class DecodeRuns:
         n = len(self.running)
         if not n or n > self.max_tokens or self._may_admit(self.max_tokens - n):
             return None
-        if not self.rows.only_decoding_to_length(n):
+        if not self.table.only_decoding_to_length(n):
             return None
         return self._decode_run(limit, finishes)
 
@@ -71,7 +79,7 @@ class DecodeRuns:
         decode, and each produces two tokens at least (its head step then ends none of
         them); None where it does not, or a later step may do anything else. Each
         admitted row counts as a decode of its last prompt token (DecodeRun's joining)."""
-        step, running, rows = self._step, self.running, self.rows
+        step, running, rows = self._step, self.running, self.table
         if step is None or step.plan is not plan or plan.preempted or plan.failed:
             return None
         n, joining = len(running), len(plan.prefill)
@@ -90,18 +98,19 @@ class DecodeRuns:
                 return None
             if rows.limit[row] - request.num_prompt_tokens < 2:
                 return None
-        for row in range(old, n):
-            rows.as_last_prompt_decode(row)
+        # Each joining row counts as a decode of its last prompt token: its first output is
+        # then the head step's sample, as any decode's.
+        rows.computed[old:n] = rows.prompt[old:n] - 1
         run = self._decode_run(limit, finishes, joining)
-        if run is None:  # the rows mirror their requests again
+        if run is None:  # the rows are where the plan's step starts them again
             for row, chunk in enumerate(plan.prefill, old):
-                rows.read_progress(row, chunk.request)
+                rows.computed[row] = chunk.start
         return run
 
     def _decode_run(self, limit: int, finishes: float, joining: int = 0) -> DecodeRun | None:
         """steady_decodes' run from the rows as they stand (their last `joining` prefilling
         in the first step)."""
-        rows, n = self.rows, len(self.running)
+        rows, n = self.table, len(self.running)
         left = rows.steps_to_length()
         leaving = 0 if self.waiting else int(min(finishes, n - 1))
         # The step the leaving-th row (from 0, in the order they leave) reaches its length.
@@ -133,13 +142,12 @@ class DecodeRuns:
         its full blocks registered in that order; the rows that reached their length end
         at their last step's end. Returns those, in the order the steps finish them."""
         steps, bs = run.steps, self.block_size
-        running, rows, kv = self.running, self.rows, self.kv_cache
+        running, rows, kv = self.running, self.table, self.kv_cache
         if run.requests != running:
             raise ValueError("advance_decodes takes the run the scheduler just returned")
         if run.joining:  # the head step: its plan is done here, not by update
             self._step = None
             for request in running[len(running) - run.joining :]:
-                request.num_computed = request.num_prompt_tokens - 1  # as rows count it
                 # Its prompt's blocks register first: its blocks were taken when it was
                 # scheduled, and the decodes take and fill theirs after.
                 kv.cache_computed_blocks(request, request.num_prompt_tokens)
@@ -155,8 +163,6 @@ class DecodeRuns:
                 self._take_and_register([], [], stays, steps)
         else:
             self._take_and_register(takers.tolist(), taken_at.tolist(), stays, steps)
-        for request, stayed in zip(running, stays, strict=True):
-            request.num_computed += stayed
         rows.advance_by(run.stays, takers)
         ending: list[tuple[Request, FinishReason, int]] = []
         # The rows that reached their length limit, in the order they did.
@@ -194,7 +200,7 @@ class DecodeRuns:
         eviction, taking a cached block and forgetting its content, makes the order between
         them matter.) A run has a few rows and events: lists cost less than arrays here."""
         running, kv, bs = self.running, self.kv_cache, self.block_size
-        computed = self.rows.computed[: len(running)].tolist()  # before the run
+        computed = self.table.computed[: len(running)].tolist()  # before the run
         # (step, kind, row): a step's takes, then its registrations, then its rows leaving.
         # A row fills a block at each step its computed tokens reach a multiple of bs.
         events = [

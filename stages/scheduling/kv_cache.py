@@ -178,13 +178,12 @@ class KVCacheManager:
         drawing its ids; the blocks after it are hashed from it by content."""
         return self.hasher.hashes_to(request, num_blocks)[:num_blocks]
 
-    def cache_computed_blocks(self, request: Request, num_computed: int | None = None) -> None:
-        """Registers the content of the request's blocks that its computed tokens fill (or
-        its first `num_computed` tokens: a run of decode steps registers step by step)."""
+    def cache_computed_blocks(self, request: Request, computed: int) -> None:
+        """Registers the content of the request's blocks that its first `computed` tokens
+        fill (their keys and values are written)."""
         if self.prefix is None:
             return
         seq_id = request.seq_id
-        computed = request.num_computed if num_computed is None else num_computed
         full = computed // self.block_size
         done = self._registered.get(seq_id, 0)
         if full > done:  # the common case, a decode within a block, returns here
@@ -198,26 +197,27 @@ class KVCacheManager:
                 self.prefix.register_unnamed(table[done:full], done, unnamed)
             self._registered[seq_id] = full
 
-    def cache_computed_blocks_of(self, requests: Sequence[Request]) -> None:
-        """cache_computed_blocks for each request, skipping those whose computed tokens
-        fill no block beyond the registered ones (a decode within a block)."""
+    def cache_computed_blocks_of(self, requests: Sequence[tuple[Request, int]]) -> None:
+        """cache_computed_blocks for each request with its computed tokens, skipping those
+        whose tokens fill no block beyond the registered ones (a decode within a block)."""
         if self.prefix is None:
             return
         registered, bs = self._registered, self.block_size
-        for request in requests:
-            if request.num_computed // bs > registered.get(request.seq_id, 0):
-                self.cache_computed_blocks(request)
+        for request, computed in requests:
+            if computed // bs > registered.get(request.seq_id, 0):
+                self.cache_computed_blocks(request, computed)
 
     # -- allocation --------------------------------------------------------------------------
     def allocate_slots(
-        self, request: Request, num_new_tokens: int, cached: Sequence[int] = ()
+        self, request: Request, num_new_tokens: int, cached: Sequence[int] = (), *, computed: int
     ) -> bool:
-        """Room for num_new_tokens more tokens of the request; False (nothing taken) when
-        the pool cannot give it. `cached` is a prefix match_prefix found for a request
-        holding no blocks, whose num_computed already counts them: it takes them too."""
+        """Room for num_new_tokens more tokens of the request after its `computed` ones;
+        False (nothing taken) when the pool cannot give it. `cached` is a prefix
+        match_prefix found for a request holding no blocks, whose `computed` already counts
+        them: it takes them too."""
         table = self._tables.get(request.seq_id)
         held = len(table) if table else 0
-        new = ceil_div(request.num_computed + num_new_tokens, self.block_size) - held - len(cached)
+        new = ceil_div(computed + num_new_tokens, self.block_size) - held - len(cached)
         if new <= 0 and not cached:  # the common case: a decode within its last block
             return True
         unheld = sum(map(self.prefix.unheld.__contains__, cached)) if cached else 0

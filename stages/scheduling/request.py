@@ -105,7 +105,6 @@ class Request:
     seq_id: int = field(default_factory=lambda: next(_seq_ids))
 
     output_ids: list[int] = field(default_factory=list)
-    num_computed: int = 0  # tokens whose keys and values are in the cache
     status: Status = Status.WAITING
     finish_reason: FinishReason | None = None
     error: str | None = None
@@ -205,7 +204,7 @@ class StepPlan:
     decode: list[Request] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
     failed: list[Request] = field(default_factory=list)  # ended by the scheduler this step
-    # Each decode row's tokens with its new one (num_computed + 1), when the scheduler has
+    # Each decode row's tokens with its new one (its computed + 1), when the scheduler has
     # them as an array already; None: read them from the requests.
     decode_lens: np.ndarray | None = None
 

@@ -35,7 +35,7 @@ from stages.scheduling.request import (
     Status,
     StepPlan,
 )
-from stages.scheduling.running_rows import RunningRows
+from stages.scheduling.request_table import RequestTable
 from stages.scheduling.step_rows import NO_ROWS, DecodeRows, StepRows, row_at
 from stages.scheduling.stopping import StopRule
 
@@ -85,8 +85,7 @@ class ChunkedScheduler(DecodeRuns):
         self.max_model_len = max_model_len
         self.block_size = kv_cache.block_size
         self.waiting: deque[Request] = deque()
-        self.running: list[Request] = []
-        self.rows = RunningRows(kv_cache, stop, max_num_seqs)  # running's numbers, as arrays
+        self.table = RequestTable(kv_cache, stop, max_num_seqs)  # the running requests
         self._step: StepRows | None = None  # the last plan's rows, for update
 
     # -- admission ---------------------------------------------------------------------------
@@ -99,6 +98,11 @@ class ChunkedScheduler(DecodeRuns):
         # prompt ids are drawn only then, and a long waiting queue holds no hashes.
         request.status = Status.WAITING
         self.waiting.append(request)
+
+    @property
+    def running(self) -> list[Request]:
+        """The running requests, oldest admission first: the table's rows."""
+        return self.table.requests
 
     @property
     def has_work(self) -> bool:
@@ -114,7 +118,7 @@ class ChunkedScheduler(DecodeRuns):
         if not plan.preempted:
             self._admit_waiting(plan, budget, now, rows)
         rows.decode_rows = rows.decode()
-        plan.decode_lens = self.rows.computed[rows.decode_rows] + 1
+        plan.decode_lens = self.table.computed[rows.decode_rows] + 1
         return plan
 
     def _continue_running(self, plan: StepPlan, budget: StepBudget, rows: StepRows) -> None:
@@ -126,7 +130,7 @@ class ChunkedScheduler(DecodeRuns):
         rows go one by one. Preempting takes rows from the end and scheduling a row
         changes no other, so the rows found at the start hold for the whole walk."""
         running, cost = self.running, self.decode_tokens
-        others, decodes = self.rows.not_plain_decodes()
+        others, decodes = self.table.not_plain_decodes()
         if decodes:  # (most steps have none: every row's token fits its last block)
             others = self._take_decode_blocks(others, decodes, budget.left // cost)
         others.append(len(running))  # a sentinel: the end of the last run
@@ -142,15 +146,12 @@ class ChunkedScheduler(DecodeRuns):
                 budget.left -= (end - i) * cost
                 i = end
                 continue
-            request = running[i]
-            kind = self._continue_one(request, plan, budget)
+            kind = self._continue_one(i, plan, budget)
             if kind is RowFate.PREEMPTED:
                 return
             if kind is RowFate.DECODE:
-                self.rows.read_held(i, request)  # it may hold a new block
                 rows.decode_spans.append((i, i + 1))
             elif kind is RowFate.PREFILL:
-                self.rows.read(i, request)
                 rows.prefill.append(i)
             i += 1
 
@@ -162,29 +163,30 @@ class ChunkedScheduler(DecodeRuns):
         batch = others[: min(decodes, bisect.bisect_left(others, left))]
         if not batch or len(batch) > self.kv_cache.num_free_blocks:
             return others
-        self.kv_cache.take_blocks([self.running[i] for i in batch])
-        self.rows.took_block(batch)
+        self.table.take_blocks(batch)
         return others[len(batch) :]
 
-    def _continue_one(self, request: Request, plan: StepPlan, budget: StepBudget) -> RowFate:
-        """The request's decode or next chunk, if it fits: `decode`, `prefill`, `waits`
-        (no chunk fits this step), or `preempted` when it was preempted itself, which ends
-        the step's walk over the running requests."""
-        remaining = request.num_tokens - request.num_computed
+    def _continue_one(self, row: int, plan: StepPlan, budget: StepBudget) -> RowFate:
+        """The row's decode or next chunk, if it fits: `decode`, `prefill`, `waits` (no
+        chunk fits this step), or `preempted` when it was preempted itself, which ends the
+        step's walk over the running requests."""
+        table = self.table
+        request, computed = table.requests[row], int(table.computed[row])
+        remaining = request.num_tokens - computed
         is_decode = remaining == 1 and bool(request.output_ids)
         n = 1 if is_decode else self.chunks.length(remaining, budget)
         if n == 0 or (is_decode and budget.left < self.decode_tokens):
             return RowFate.WAITS
-        while not self.kv_cache.allocate_slots(request, n):
-            if self.running[-1] is request:  # nothing newer is left to preempt
-                self._preempt(request, plan)
+        while not table.allocate(row, n):
+            last = len(table) - 1
+            self._preempt(last, plan)
+            if last == row:  # nothing newer was left to preempt
                 return RowFate.PREEMPTED
-            self._preempt(self.running[-1], plan)
         if is_decode:
             plan.decode.append(request)
             budget.left -= self.decode_tokens
             return RowFate.DECODE
-        plan.prefill.append(self._chunk(request, n))
+        plan.prefill.append(PrefillChunk(request, computed, computed + n))
         self.chunks.charge(n, budget)
         return RowFate.PREFILL
 
@@ -198,8 +200,8 @@ class ChunkedScheduler(DecodeRuns):
         while self.waiting and budget.left > 0 and room > 0:
             request = self.waiting[0]
             cached = self.kv_cache.match_prefix(request)
-            request.num_computed = len(cached) * self.block_size
-            remaining = request.num_tokens - request.num_computed
+            computed = len(cached) * self.block_size
+            remaining = request.num_tokens - computed
             too_long = self.chunks.one_step_error(remaining)
             if too_long:  # only a preempted request gets here: its recompute outgrew a step
                 self.waiting.popleft()
@@ -207,17 +209,15 @@ class ChunkedScheduler(DecodeRuns):
                 plan.failed.append(request)
                 continue
             n = self.chunks.length(remaining, budget)
-            if n == 0 or not self.kv_cache.allocate_slots(request, n, cached):
-                request.num_computed = 0
+            if n == 0 or not self.kv_cache.allocate_slots(request, n, cached, computed=computed):
                 return
             self.waiting.popleft()
             request.status = Status.RUNNING
             if not request.num_preemptions:
-                request.cached_tokens = request.num_computed
-            self.running.append(request)
-            self.rows.append(request)
-            rows.prefill.append(len(self.running) - 1)
-            plan.prefill.append(self._chunk(request, n, cached=request.num_computed))
+                request.cached_tokens = computed
+            rows.prefill.append(len(self.table))
+            self.table.append(request, computed)
+            plan.prefill.append(PrefillChunk(request, computed, computed + n, computed))
             self.chunks.charge(n, budget)
             room -= 1
 
@@ -233,17 +233,16 @@ class ChunkedScheduler(DecodeRuns):
             return False
         if self.no_evict:  # the pool must hold it to its end beside the running requests
             total = min(request.num_prompt_tokens + request.max_new_tokens, self.max_model_len)
-            free = self.kv_cache.num_free_blocks - self.rows.blocks_to_come()
+            free = self.kv_cache.num_free_blocks - self.table.blocks_to_come()
             if self.kv_cache.blocks_for(total) > free:
                 return False
-        request.num_computed = 0
-        if not self.kv_cache.allocate_slots(request, request.num_prompt_tokens):
+        prompt = request.num_prompt_tokens
+        if not self.kv_cache.allocate_slots(request, prompt, computed=0):
             return False
-        request.num_computed = request.num_prompt_tokens - (0 if request.output_ids else 1)
+        computed = prompt - (0 if request.output_ids else 1)
         request.status = Status.RUNNING
-        self.kv_cache.cache_computed_blocks(request)
-        self.running.append(request)
-        self.rows.append(request)
+        self.kv_cache.cache_computed_blocks(request, computed)
+        self.table.append(request, computed)
         return True
 
     def _admission_room(self) -> int:
@@ -255,26 +254,18 @@ class ChunkedScheduler(DecodeRuns):
     def _fitting_to_end(self, room: int) -> int:
         """How many of the first `room` waiting requests the pool holds at their full
         length, beside the blocks the running requests will still take."""
-        free = self.kv_cache.num_free_blocks - self.rows.blocks_to_come()
+        free = self.kv_cache.num_free_blocks - self.table.blocks_to_come()
         # Each takes a block at least: no more than free + 1 of them need looking at.
         heads = itertools.islice(self.waiting, max(min(room, free + 1), 0))
         totals = np.fromiter((r.num_prompt_tokens + r.max_new_tokens for r in heads), np.int64)
         needed = np.cumsum(blocks_for(np.minimum(totals, self.max_model_len), self.block_size))
         return int(np.searchsorted(needed, free, side="right"))
 
-    @staticmethod
-    def _chunk(request: Request, n: int, cached: int = 0) -> PrefillChunk:
-        return PrefillChunk(request, request.num_computed, request.num_computed + n, cached)
-
-    def _remove_running(self, request: Request) -> None:
-        row = self.running.index(request)
-        del self.running[row]
-        self.rows.remove(row)
-
-    def _preempt(self, victim: Request, plan: StepPlan) -> None:
-        self._remove_running(victim)
+    def _preempt(self, row: int, plan: StepPlan) -> None:
+        """The row's request goes back to the head of the queue, its blocks freed: it is
+        recomputed later from its prompt and generated tokens."""
+        victim = self.table.remove(row)
         self.kv_cache.free(victim)
-        victim.num_computed = 0  # recomputed later from prompt + generated tokens
         victim.status = Status.WAITING
         victim.num_preemptions += 1
         self.waiting.appendleft(victim)
@@ -286,7 +277,7 @@ class ChunkedScheduler(DecodeRuns):
         non-final chunk (that sample predicts a prompt token); returns the requests that
         finished, in row order. They finish after every row is advanced: finishing frees
         blocks, which changes nothing another row's update reads."""
-        rows = self._step
+        rows, table = self._step, self.table
         if rows is None or rows.plan is not plan:
             raise ValueError("update takes the plan the last schedule() returned")
         self._step = None
@@ -295,16 +286,15 @@ class ChunkedScheduler(DecodeRuns):
         logprobs = samples.logprobs
         for row, (chunk, running_row) in enumerate(zip(plan.prefill, rows.prefill, strict=True)):
             request = chunk.request
-            keeps_sample = chunk.is_final
-            request.num_computed = chunk.end
-            self.kv_cache.cache_computed_blocks(request)  # its keys and values are written now
-            if keeps_sample:
+            table.computed[running_row] = chunk.end
+            self.kv_cache.cache_computed_blocks(request, chunk.end)  # its keys and values
+            if chunk.is_final:
                 entry = logprobs[row] if logprobs is not None else None
                 request.append_token(tokens[row], now, entry)
+                table.outputs[running_row] += 1
                 reason = self.stop.reason(request)
                 if reason:
                     ending.append((request, reason, running_row))
-            self.rows.read_progress(running_row, request)
         first = len(plan.prefill)
         decode_logprobs = logprobs[first:] if logprobs is not None else None
         self._update_decodes(plan, rows.decode_rows, tokens[first:], decode_logprobs, now, ending)
@@ -331,19 +321,20 @@ class ChunkedScheduler(DecodeRuns):
         for request, token in zip(decode, tokens, strict=True):
             request.output_ids.append(token)
             request.token_times.append(now)
-            request.num_computed += 1
         if logprobs is not None:
             for request, entry in zip(decode, logprobs, strict=True):
                 if entry is not None:
                     request.logprobs.append(entry)
-        self.rows.advance(running_rows)
+        table = self.table
+        table.advance(running_rows)
         prefix, bs = self.kv_cache.prefix is not None, self.block_size
         # The rows whose token filled a block or that may stop; StopRule.reason ends none
         # of the others.
-        looked_at = [(k, decode[k]) for k in self.rows.to_look_at(running_rows, prefix)]
+        looked_at = [(k, decode[k]) for k in table.to_look_at(running_rows, prefix)]
         if prefix and looked_at:
-            filled = [request for _, request in looked_at if request.num_computed % bs == 0]
-            self.kv_cache.cache_computed_blocks_of(filled)
+            computed = table.computed[running_rows]
+            done = [(request, int(computed[k])) for k, request in looked_at]
+            self.kv_cache.cache_computed_blocks_of([(r, c) for r, c in done if c % bs == 0])
         for k, request in looked_at:
             reason = self.stop.reason(request)
             if reason:
@@ -357,14 +348,11 @@ class ChunkedScheduler(DecodeRuns):
         if not ending:
             return
         if len(ending) == 1:  # the common case: one row out
-            row = ending[0][2]
-            del self.running[row]
-            self.rows.remove(row)
+            self.table.remove(ending[0][2])
         else:
-            kept = np.ones(len(self.running), dtype=bool)
+            kept = np.ones(len(self.table), dtype=bool)
             kept[[row for _, _, row in ending]] = False
-            self.running[:] = itertools.compress(self.running, kept.tolist())
-            self.rows.keep(kept.nonzero()[0])
+            self.table.keep(kept)
         for (request, reason, _), now in zip(ending, times, strict=True):
             self._end(request, reason, now)
 
@@ -392,7 +380,7 @@ class ChunkedScheduler(DecodeRuns):
         if request.finished:
             return
         if request in self.running:
-            self._remove_running(request)
+            self.table.remove(self.running.index(request))
         self._end(request, reason, now)
 
     def _end(self, request: Request, reason: FinishReason, now: float) -> None:

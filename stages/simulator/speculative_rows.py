@@ -67,10 +67,7 @@ class SpeculativeScheduler:
         plan = self.inner.schedule(now)
         self._rows = {r.seq_id: i for i, r in enumerate(self.inner.running)}
         for request in plan.decode:
-            held = self.kv_cache.slots_held([request])[0]
-            if self.kv_cache.allocate_slots(request, 1 + self.tokens):
-                if self.kv_cache.slots_held([request])[0] != held:
-                    self.inner.rows.read_held(self._rows[request.seq_id], request)
+            self.inner.table.allocate(self._rows[request.seq_id], 1 + self.tokens)
         return plan
 
     def update(self, plan: StepPlan, samples: Samples, now: float) -> list[Request]:
@@ -89,14 +86,13 @@ class SpeculativeScheduler:
         """The row's extra tokens this step: its credit, capped by its length limit and
         by the KV slots it holds (the step's sampled one comes after them)."""
         steps = self._steps[request.seq_id] = self._steps.get(request.seq_id, 0) + 1
-        inner = self.inner
-        limit = inner.stop.length_limit(request) - request.num_tokens - 1
-        room = self.kv_cache.slots_held([request])[0] - request.num_computed - 1
+        table, row = self.inner.table, self._rows[request.seq_id]
+        limit = self.inner.stop.length_limit(request) - request.num_tokens - 1
+        room = int(table.held[row] - table.computed[row]) - 1
         extra = min(accepted_extra(steps, self.expected), limit, room)
         if extra <= 0:
             return
         request.output_ids.extend([token] * extra)
         request.token_times.extend([now] * extra)
-        request.num_computed += extra
-        self.kv_cache.cache_computed_blocks(request)
-        inner.rows.read(self._rows[request.seq_id], request)
+        table.add_tokens(row, extra)
+        self.kv_cache.cache_computed_blocks(request, int(table.computed[row]))

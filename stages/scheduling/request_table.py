@@ -1,15 +1,17 @@
-"""The scheduler's running requests as arrays of per-row numbers, in the scheduler's order.
+"""The scheduler's table of running requests: the requests in the scheduler's order and
+their per-row numbers as columns, the one place those numbers live.
 
-A step's decode rows (hundreds a step, tens of millions a trace) are checked by these
-arrays instead of by visiting each Request: which rows are plain decodes (one token that
-fits the last block), which may have reached a stop, which filled a block. Row i mirrors
-`running[i]`; the scheduler re-reads a row from its Request whenever it changes the row in
-any other way than the decode update (`advance`), and removes rows as it removes requests.
+A step's decode rows (hundreds a step, tens of millions a trace) are checked by columns
+instead of by visiting each Request: which rows are plain decodes (one token that fits the
+last block), which may have reached a stop, which filled a block. A Request keeps its
+identity, its tokens and their times; how many of its tokens are computed, how many it
+output, how long its prompt is, how many KV slots its blocks hold and where `length` ends
+it are the table's. Taking a row out takes its request and its numbers out at once.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import itertools
 
 import numpy as np
 
@@ -24,14 +26,14 @@ NUMBERS = FIELDS[:-1]  # the whole numbers, kept as the rows of one array
 _PROGRESS = slice(0, 2)  # computed and outputs: what a decode advances, together
 
 
-class RunningRows:
+class RequestTable:
     def __init__(self, kv_cache: KVCacheManager, stop: StopRule, capacity: int) -> None:
         self.kv_cache = kv_cache
         self.stop = stop
-        self.size = 0
-        # computed: num_computed; outputs: output tokens; prompt: prompt tokens; held: tokens
-        # its blocks have room for; limit: num_tokens at which `length` ends it. One array,
-        # so that taking rows out moves them all at once.
+        self.requests: list[Request] = []  # the running requests, oldest admission first
+        # computed: tokens whose keys and values are in the cache; outputs: output tokens;
+        # prompt: prompt tokens; held: tokens its blocks have room for; limit: the tokens at
+        # which `length` ends it. One array, so that taking rows out moves them all at once.
         self._numbers = np.zeros((len(NUMBERS), max(1, capacity)), np.int64)
         self.checked = np.zeros(max(1, capacity), bool)  # StopRule.reason asked at every token
         self._name_numbers()
@@ -39,60 +41,69 @@ class RunningRows:
     def _name_numbers(self) -> None:
         self.computed, self.outputs, self.prompt, self.held, self.limit = self._numbers
 
-    def append(self, request: Request) -> None:
-        if self.size == len(self.checked):
-            grown = np.zeros((len(NUMBERS), 2 * self.size), np.int64)
-            grown[:, : self.size] = self._numbers
-            self._numbers = grown
-            self.checked = np.resize(self.checked, 2 * self.size)
-            self._name_numbers()
-        self.size += 1
-        self.read(self.size - 1, request)
+    @property
+    def size(self) -> int:
+        return len(self.requests)
 
-    def read(self, row: int, request: Request) -> None:
-        """Row `row` from its request, after the scheduler changed it one by one."""
-        self.computed[row] = request.num_computed
+    def __len__(self) -> int:
+        return len(self.requests)
+
+    def append(self, request: Request, computed: int) -> None:
+        """The request joins as the last row, with `computed` tokens in the cache and the
+        blocks the cache gave it."""
+        row = len(self.requests)
+        if row == len(self.checked):
+            grown = np.zeros((len(NUMBERS), 2 * row), np.int64)
+            grown[:, :row] = self._numbers
+            self._numbers = grown
+            self.checked = np.resize(self.checked, 2 * row)
+            self._name_numbers()
+        self.requests.append(request)
+        self.computed[row] = computed
         self.outputs[row] = len(request.output_ids)
         self.prompt[row] = request.num_prompt_tokens
         self.held[row] = self.kv_cache.slots_held([request])[0]
         self.limit[row] = self.stop.length_limit(request)
         self.checked[row] = self.stop.checks_each_token(request)
 
-    def read_progress(self, row: int, request: Request) -> None:
-        """Row `row`'s computed and output tokens, after its prefill chunk ran (nothing else
-        of the row changes in a step's update)."""
-        self.computed[row] = request.num_computed
-        self.outputs[row] = len(request.output_ids)
-
-    def as_last_prompt_decode(self, row: int) -> None:
-        """Row `row`, a request that prefills its whole prompt in this step, counted as a
-        decode of its last prompt token (a leap's joining row; DecodeRun): its first output
-        is then that step's sample, as any decode's."""
-        self.computed[row] = self.prompt[row] - 1
-
-    def read_held(self, row: int, request: Request) -> None:
-        """Row `row`'s blocks, after a decode took room for its token (nothing else of
-        the row changes before the step's update)."""
+    def allocate(self, row: int, tokens: int) -> bool:
+        """Room in the cache for `tokens` more tokens of the row; False (nothing taken)
+        where the pool cannot give it."""
+        request = self.requests[row]
+        if not self.kv_cache.allocate_slots(request, tokens, computed=int(self.computed[row])):
+            return False
         self.held[row] = self.kv_cache.slots_held([request])[0]
+        return True
 
-    def remove(self, row: int) -> None:
-        end = self.size
+    def take_blocks(self, rows: list[int]) -> None:
+        """One fresh block more for each of the rows, in their order."""
+        self.kv_cache.take_blocks([self.requests[i] for i in rows])
+        self.held[rows] += self.kv_cache.block_size
+
+    def add_tokens(self, row: int, count: int) -> None:
+        """The row computed `count` more tokens and got them as output."""
+        self._numbers[_PROGRESS, row] += count
+
+    def remove(self, row: int) -> Request:
+        """Takes the row out; returns its request."""
+        end = len(self.requests)
         self._numbers[:, row : end - 1] = self._numbers[:, row + 1 : end]
         self.checked[row : end - 1] = self.checked[row + 1 : end]
-        self.size -= 1
+        return self.requests.pop(row)
 
-    def keep(self, rows: np.ndarray) -> None:
-        """Only these rows stay, in this (increasing) order: the others are gone."""
+    def keep(self, kept: np.ndarray) -> None:
+        """Only the rows `kept` marks (a mask over the rows) stay, in their order."""
+        rows = kept.nonzero()[0]
         n = len(rows)
+        self.requests[:] = itertools.compress(self.requests, kept.tolist())
         self._numbers[:, :n] = self._numbers[:, rows]
         self.checked[:n] = self.checked[rows]
-        self.size = n
 
     def not_plain_decodes(self) -> tuple[list[int], int]:
         """Rows that are not a plain decode: a prefill (the request has no output yet, or
         more than one token to compute), or a decode whose token needs a new block; and
         how many of them, from the first, are such decodes."""
-        n = self.size
+        n = len(self.requests)
         if n <= MANY_ROWS:
             return self._not_plain_few(n)
         computed, outputs = self.computed[:n], self.outputs[:n]
@@ -123,13 +134,9 @@ class RunningRows:
         )
         return others, next(prefills, len(others))
 
-    def took_block(self, rows: list[int]) -> None:
-        """The rows' requests each took one more block."""
-        self.held[rows] += self.kv_cache.block_size
-
     def blocks_to_come(self) -> int:
         """KV blocks the rows will still take before `length` ends them."""
-        n, bs = self.size, self.kv_cache.block_size
+        n, bs = len(self.requests), self.kv_cache.block_size
         final = ceil_div(self.limit[:n], bs) * bs  # tokens the blocks at the end hold
         return int(np.maximum(final - self.held[:n], 0).sum()) // bs
 
@@ -150,7 +157,7 @@ class RunningRows:
             look |= computed % self.kv_cache.block_size == 0
         return look.nonzero()[0].tolist()
 
-    # -- runs of decode steps (a simulated device's leaps) ---------------------------------
+    # -- runs of decode steps -------------------------------------------------------------
     def only_decoding_to_length(self, n: int) -> bool:
         """Whether each of the first n rows is a decode (it has output and one token left to
         compute) that only its length limit may end (StopRule.reason need not see its
@@ -161,20 +168,20 @@ class RunningRows:
 
     def steps_to_length(self) -> np.ndarray:
         """[rows] decode steps until each row reaches its length limit (that step ends it)."""
-        n = self.size
+        n = len(self.requests)
         return self.limit[:n] - self.prompt[:n] - self.outputs[:n]
 
     def first_new_block(self) -> np.ndarray:
         """Each row's next decode step (from 1) that takes a new block: the first whose
         token falls past the room its blocks hold."""
-        n = self.size
+        n = len(self.requests)
         return self.held[:n] - self.computed[:n] + 1
 
     def steps_with_blocks(self, free: int, limit: int, stays: np.ndarray | None = None) -> int:
         """How many of the next `limit` decode steps `free` blocks cover: a row takes a
         block at its first_new_block step and every block_size steps after, up to its
         `stays` steps (the step it leaves the batch at; by default it stays to `limit`)."""
-        n, bs = self.size, self.kv_cache.block_size
+        n, bs = len(self.requests), self.kv_cache.block_size
         if n * (1 + (limit - 1) // bs) <= free:  # the common run: room for any row's blocks
             return limit
         first = self.first_new_block()
@@ -189,22 +196,10 @@ class RunningRows:
     def advance_by(self, steps: np.ndarray, takers: np.ndarray) -> None:
         """Each row decoded `steps` tokens, and each of `takers` took a block (a row as
         often as it is listed)."""
-        n = self.size
+        n = len(self.requests)
         self._numbers[_PROGRESS, :n] += steps
         if len(takers):
             self.held[:n] += np.bincount(takers, minlength=n) * self.kv_cache.block_size
-
-    def mirrors(self, running: Sequence[Request]) -> bool:
-        """Whether every row equals its request (what the tests check after each step)."""
-        if self.size != len(running):
-            return False
-        copy = RunningRows(self.kv_cache, self.stop, len(running))
-        for request in running:
-            copy.append(request)
-        n = self.size
-        return all(
-            np.array_equal(getattr(self, name)[:n], getattr(copy, name)[:n]) for name in FIELDS
-        )
 
 
 def recurring(
