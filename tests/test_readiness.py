@@ -19,6 +19,9 @@ def test_parts_add_up_by_hand():
     assert ready.ready_s == pytest.approx(38.0 + ENGINE_COMPILE_S["vllm-cuda"])
     gaudi = readiness(70e9, 2.0, 1800.0, pads_to_buckets=True)
     assert set(gaudi.by_engine) == set(HPU_ENGINES) and gaudi.ready_s == pytest.approx(1835.0)
+    # the run's engine alone: SGLang captures graphs, no torch.compile
+    assert readiness(70e9, 2.0, 3.0, False, "sglang").by_engine == {"sglang": pytest.approx(38.0)}
+    assert set(readiness(70e9, 2.0, 3.0, True, "vllm").by_engine) == {"vllm-gaudi"}
     with pytest.raises(ValueError, match="plan.load_gbs"):
         readiness(1.0, 0.0, 0.0, False)
 

@@ -72,7 +72,8 @@ def replica_readiness(cfg: DictConfig, warmup_s: float) -> Readiness:
     spec, _ = describe_model(cfg)
     weights = Precision(cfg.quantization, cfg.kv_cache_dtype).model_weight_bytes(spec)
     pads = bool(cfg.hardware.pads_to_buckets)
-    return readiness(weights, float(cfg.plan.load_gbs), warmup_s, pads)
+    engine = str(cfg.engine.name) if "engine" in cfg else "native"
+    return readiness(weights, float(cfg.plan.load_gbs), warmup_s, pads, engine)
 
 
 def layout_rule(cfg: DictConfig) -> str:

@@ -12,7 +12,8 @@
   compiled; `compile_s` each, conf/hardware/*.yaml), plus what the engine compiles besides:
   `ENGINE_COMPILE_S`.
 
-`plan.max_warmup_s` applies to the longest of the device's engines.
+Per engine: the run's `engine` (conf/engine/) names its script; engine=native stands for
+every script the plan writes for the device. `plan.max_warmup_s` applies to the longest.
 """
 
 from __future__ import annotations
@@ -23,6 +24,11 @@ from dataclasses import dataclass
 # Engines whose scripts the plan writes for a device (pipeline/deploy/), by script name.
 GPU_ENGINES = ("vllm-cuda", "sglang", "trtllm", "fastdeploy-gpu")
 HPU_ENGINES = ("vllm-gaudi", "fastdeploy-hpu")
+# A run's `engine` (conf/engine/) as those scripts: native stands for every one of them.
+SCRIPTS = {
+    "vllm": ("vllm-cuda", "vllm-gaudi"), "sglang": ("sglang",), "trtllm": ("trtllm",),
+    "fastdeploy": ("fastdeploy-gpu", "fastdeploy-hpu"),
+}  # fmt: skip
 
 # Seconds an engine compiles beyond its graph capture or bucket warmup, at a cold cache.
 # vLLM (CUDA) runs torch.compile at start-up (its V1 default): the log of vLLM's own
@@ -53,13 +59,20 @@ class Readiness:
 
 
 def readiness(
-    weight_bytes: float, load_gbs: float, warmup_s: float, pads_to_buckets: bool
+    weight_bytes: float,
+    load_gbs: float,
+    warmup_s: float,
+    pads_to_buckets: bool,
+    engine: str = "native",
 ) -> Readiness:
-    """ready_s of each of the device's engines (HPU ones where it pads to buckets)."""
+    """ready_s of the run's engine on the device (HPU scripts where it pads to buckets);
+    engine=native: of every engine the plan writes a script for."""
     if load_gbs <= 0:
         raise ValueError(f"plan.load_gbs={load_gbs}: give the storage's GB/s, above 0")
     load_s = weight_bytes / (load_gbs * 1e9)
-    engines = HPU_ENGINES if pads_to_buckets else GPU_ENGINES
+    engines: tuple[str, ...] = HPU_ENGINES if pads_to_buckets else GPU_ENGINES
+    if engine in SCRIPTS:
+        engines = tuple(e for e in engines if e in SCRIPTS[engine]) or engines
     by_engine = {e: load_s + warmup_s + ENGINE_COMPILE_S.get(e, 0.0) for e in engines}
     return Readiness(load_s, warmup_s, by_engine)
 
