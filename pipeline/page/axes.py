@@ -9,6 +9,7 @@ the figures' spread, and the axis reaches the ends of their bands.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -16,6 +17,7 @@ from pipeline.page.document import number_text
 
 LOG_SPAN = 100.0  # figures whose positive values span more than this get a log axis
 HEADROOM = 1.08  # the axis ends this far above the highest figure or band end
+NEAR = 0.05  # points this close (a share of each axis) would print their labels over each other
 
 
 @dataclass(frozen=True)
@@ -66,3 +68,26 @@ def _spread_text(shown: Sequence[float]) -> str:
     share = spread(shown)
     ratio = f" {share:.1%}" if share is not None else ""
     return f"spread{ratio} ({number_text(low)}-{number_text(high)})"
+
+
+def _place(value: float, axis: Axis) -> float:
+    """Where a value sits along its axis, 0 at the start and 1 at the end."""
+    if axis.log:
+        low, high, value = (
+            math.log10(axis.start),
+            math.log10(axis.end),
+            math.log10(max(value, 1e-12)),
+        )
+    else:
+        low, high = axis.start, axis.end
+    return (value - low) / ((high - low) or 1.0)
+
+
+def label_levels(points: Sequence[tuple[float, float]], x: Axis, y: Axis) -> list[int]:
+    """How many label heights each point's label is raised so near points' labels stack
+    instead of overlapping: one more for each earlier point within NEAR of it on both axes."""
+    placed = [(_place(px, x), _place(py, y)) for px, py in points]
+    return [
+        sum(abs(a - c) < NEAR and abs(b - d) < NEAR for c, d in placed[:i])
+        for i, (a, b) in enumerate(placed)
+    ]

@@ -8,11 +8,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.page.axes import Axis
+from pipeline.page.axes import Axis, label_levels
 from pipeline.page.document import Charts
 
 WIDTH, HEIGHT = 440, 300  # pixels a panel
 PARETO_WIDTH, PARETO_HEIGHT = 760, 460
+LABEL_STEP = 13  # pixels between stacked labels of near points
 TOOLTIPS = [
     ("job", "@job"),
     ("overrides", "@label"),
@@ -142,6 +143,9 @@ def pareto_panel(
     from bokeh.models import LabelSet, Range1d, Whisker
 
     x, y = axes
+    every = sorted((p for points in groups.values() for p in points), key=lambda p: (p.x, p.y))
+    levels = label_levels([(p.x, p.y) for p in every], x, y)
+    lift = {p.job: 4 + LABEL_STEP * level for p, level in zip(every, levels, strict=True)}
     chart = _figure(title, y, x.log, (PARETO_WIDTH, PARETO_HEIGHT))
     chart.x_range = Range1d(x.start, x.end)
     if front:
@@ -149,10 +153,11 @@ def pareto_panel(
                    line_width=2, line_alpha=0.6, legend_label="Pareto front")  # fmt: skip
     for (name, points), color in zip(groups.items(), palette, strict=False):
         source = _points(chart, points, color, name)
+        source.data["lift"] = [lift[p.job] for p in points]
         chart.add_layout(Whisker(base="y", lower="x_low", upper="x_high", source=source,
                                  dimension="width", line_color=color, line_alpha=0.8))  # fmt: skip
         chart.add_layout(LabelSet(x="x", y="y", text="name", source=source, x_offset=6,
-                                  y_offset=4, text_font_size="11px"))  # fmt: skip
+                                  y_offset="lift", text_font_size="11px"))  # fmt: skip
     chart.xaxis.axis_label = f"{titles[0]}: {x.note}"
     chart.yaxis.axis_label = titles[1]
     chart.legend.label_text_font_size = "10px"

@@ -26,6 +26,7 @@ __all__ = [
 # throughput is the offered load's, not the configuration's.
 ARRIVAL_BOUND_BUSY = 0.9
 TIE = 0.01  # figures within 1% are a tie: the choice goes to the next objective
+SHOWN = 4  # a tie's figures named in its line, the best first
 
 # (column, objective's words, higher is better); the first is throughput, then latencies
 OBJECTIVES = [
@@ -163,7 +164,8 @@ def _line(ranked: list[AdviceJob], column: str, words: str, keys: Sequence[str])
             then = "the highest throughput"
         within = f"{TIE:.0%}" if best.ends(column) is None else "their bands"
         why = (f"{words} is a tie within {within} across {len(tied)} values: "
-               f"{_figures(tied, column)}; of those, {then}")  # fmt: skip
+               f"{_figures(tied, column)}; of those, {then}, at "
+               f"{_figure(column, best.value(column) or 0.0, best.ends(column))}")  # fmt: skip
         if column == "output_throughput" and {j.num for j in tied} <= arrival_bound(ranked):
             why += " (arrival-bound: the offered load sets the throughput)"
     else:
@@ -174,7 +176,9 @@ def _line(ranked: list[AdviceJob], column: str, words: str, keys: Sequence[str])
 
 def _figures(jobs: Sequence[AdviceJob], column: str) -> str:
     """Each job's figure, with its band where it has one: `900.0 ms (774.0-1026.0)`."""
-    return ", ".join(_figure(column, j.value(column) or 0.0, j.ends(column)) for j in jobs)
+    shown = [_figure(column, j.value(column) or 0.0, j.ends(column)) for j in jobs[:SHOWN]]
+    more = f" and {len(jobs) - SHOWN} more" if len(jobs) > SHOWN else ""
+    return ", ".join(shown) + more
 
 
 def _cost(best: AdviceJob, ranked: list[AdviceJob], column: str) -> str:

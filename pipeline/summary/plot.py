@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import io
 import math
+import textwrap
 from collections.abc import Sequence
 from collections.abc import Set as AbstractSet
 from pathlib import Path
 from typing import Any
 
-from pipeline.page.axes import Axis, value_axis
+from pipeline.page.axes import Axis, label_levels, value_axis
 from pipeline.run_files import write_file
 from pipeline.summary.panels import (
     PARETO_X,
@@ -29,6 +30,7 @@ from pipeline.summary.panels import (
 from stages.arithmetic import ceil_div
 
 WIDTH, HEIGHT = 4.25, 3.9  # inches a panel
+CHARS_A_CELL = 52  # characters of 9-point monospace a panel's width holds
 
 
 def grid(panels: int) -> tuple[int, int]:
@@ -77,7 +79,10 @@ def write_plot(
     text.axis("off")
     notes = [*notes, "", "Pareto front (by TPOT p90):"]
     notes += [f" job {j.num}: {job_label(j, keys)}" for j in front] or [" none"]
-    text.text(0.0, 1.0, "\n".join(notes), va="top", fontsize=9, family="monospace", wrap=True)
+    width = CHARS_A_CELL * (cols - at % cols)  # the notes span the rest of the last row
+    wrapped = [part for line in notes for part in textwrap.wrap(line, width, subsequent_indent="  ")
+               or [""]]  # fmt: skip
+    text.text(0.0, 1.0, "\n".join(wrapped), va="top", fontsize=9, family="monospace")
     fig.suptitle(f"Sweep {path.parent}", fontsize=11)
     fig.tight_layout()
     png = io.BytesIO()
@@ -154,11 +159,17 @@ def _pareto(ax: Any, jobs: Sequence[PlotJob], bound: AbstractSet[int]) -> list[P
         ax.errorbar([x], [y], xerr=[[xerr[0]], [xerr[1]]], yerr=[[yerr[0]], [yerr[1]]],
                     fmt="o", color="C0", mfc="white" if job.num in bound else "C0",
                     capsize=2, alpha=0.8)  # fmt: skip
-        ax.annotate(str(job.num), (x, y), fontsize=8, xytext=(4, 4), textcoords="offset points")
+
+    x_rule, y_rule = _axis_of(points, PARETO_X, per), _axis_of(points, PARETO_Y)
+    placed = sorted(((j.value(PARETO_X) or 0.0) / per, j.value(PARETO_Y) or 0.0, j.num)
+                    for j in points)  # fmt: skip
+    levels = label_levels([(px, py) for px, py, _ in placed], x_rule, y_rule)
+    for (px, py, num), level in zip(placed, levels, strict=True):  # near points' labels stack
+        ax.annotate(str(num), (px, py), fontsize=8, xytext=(4, 4 + 10 * level),
+                    textcoords="offset points")  # fmt: skip
     front = pareto_front(points)
     ax.plot([(j.value(PARETO_X) or 0.0) / per for j in front], [j.value(PARETO_Y) for j in front],
             color="C1", alpha=0.7)  # fmt: skip
-    x_rule, y_rule = _axis_of(points, PARETO_X, per), _axis_of(points, PARETO_Y)
     _set_axis(ax, x_rule, "x")
     _set_axis(ax, y_rule)
     ax.xaxis.set_major_locator(MaxNLocator(5))
