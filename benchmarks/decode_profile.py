@@ -95,7 +95,7 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("overrides", nargs="*", help="extra pipeline overrides")
-    args = parser.parse_args()
+    args = parser.parse_intermixed_args()
     lines = profile_lines(args.gguf, args.batch, args.context, args.threads, args.overrides)
     print("\n".join(lines))
 

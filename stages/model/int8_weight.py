@@ -32,8 +32,9 @@ ROUNDING_ROWS = 2048
 CXX_FLAGS = ["-O3", "-march=native", "-ffast-math"]
 
 
-class KernelBuildError(RuntimeError):
-    """The int8 operator could not be compiled or loaded (no C++ compiler, say)."""
+class KernelBuildError(ValueError):
+    """The int8 operator could not be compiled or loaded (no C++ compiler, say): a
+    ValueError, so that building the model turns it into a one-line config error."""
 
 
 @functools.cache

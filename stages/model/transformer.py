@@ -22,7 +22,7 @@ import paddle
 import paddle.nn.functional as F
 
 from stages.forward.forward_meta import ForwardMeta
-from stages.model.int8_weight import Int8Weight, Weight, dense, project
+from stages.model.int8_weight import Int8Weight, Weight, dense, kernel, project
 from stages.model.rope import rope_inv_freq
 from stages.model.spec import DTYPE_BYTES, ModelSpec, built_in_spec
 
@@ -259,6 +259,7 @@ class TransformerLM:
         the bytes a decode reads. Attention's projections stay float32."""
         if self.dtype != "float32":
             raise ValueError(f"model.weights=int8 takes model.dtype=float32, not {self.dtype}")
+        kernel()  # built (or found built) now: a missing compiler stops the run at start
         mlps = [layer.mlp for layer in self.layers if isinstance(layer.mlp, DenseMLP)]
         mlps += [
             e for layer in self.layers if isinstance(layer.mlp, MoeMLP) for e in layer.mlp.experts

@@ -145,7 +145,9 @@ class PagedAttention:
         if state.meta.prefill:
             parts.append(self._prefill(layer, q[:split], k[:split], v[:split], state, out_weight))
         if state.meta.decode:
-            parts.append(self._decode(layer, q[split:], k[split:], v[split:], state, out_weight))
+            if split:  # a decode-only step takes its tensors whole: three slices fewer a layer
+                q, k, v = q[split:], k[split:], v[split:]
+            parts.append(self._decode(layer, q, k, v, state, out_weight))
         return parts[0] if len(parts) == 1 else paddle.concat(parts, axis=0)
 
     def _prefill(self, layer: int, q, k, v, state: StepState, out_weight) -> paddle.Tensor:
