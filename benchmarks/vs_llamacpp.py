@@ -6,7 +6,8 @@
 Both sides generate `--new-tokens` greedy tokens (end-of-sequence ignored) for each of the
 same chat prompts, token ids rendered once by this engine's tokenizer and chat template,
 with `--threads` threads each: one stream, then `--streams` at once. llama-cpp-python's
-`Llama` serves one sequence at a time, so its streams run one after another. Each figure
+`Llama` serves one sequence at a time, so it is measured at one stream only (its streams
+would run one after another, at that rate). Each figure
 is a fresh process (its model loaded and warmed outside the timing) that reports its
 output tokens over the generation's wall time and its peak RSS; the two sides alternate,
 round after round, so that a shared machine's load falls on both alike; the best of
@@ -206,6 +207,8 @@ def rounds(args: argparse.Namespace, folder: Path) -> dict[tuple[str, int], list
     for round_index in range(args.rounds):
         for streams in (1, args.streams):
             for side in sides(args):
+                if side.worker == "llamacpp" and streams > 1:
+                    continue  # one sequence after another: its one-stream rate again
                 result = measure(args, side, streams, prompts)
                 if not prompts.exists():
                     prompts.write_text(json.dumps(result["prompts"]))
