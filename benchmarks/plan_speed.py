@@ -10,7 +10,7 @@ pipeline.run (steps.jsonl, generations.jsonl) and once as a capacity-search prob
 (metrics.json only; where the simulated device leaps over runs of decode steps): wall and
 CPU seconds (best of --repeat), the folder's size and the load average; with --profile,
 instead one metrics-only probe under cProfile, its ROWS costliest functions by their own time
-and with what they call (Engine._step_once's calls count the steps that admit arrivals,
+and with what they call (Engine.schedule_step's calls count the steps that admit arrivals,
 run alone or starting a leap, and SimulatedDevice.run_decodes' the leaps; cProfile slows the
 run several times over, so compare shares). `plan`: the 64 configurations of PLAN_SPACE,
 each a capacity search, on `hydra/launcher=joblib`: the wall and CPU time of the command (its

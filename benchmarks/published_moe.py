@@ -71,7 +71,7 @@ def simulate_replica(row: PublishedRow, layout: ExpertParallel) -> RowRun:
     engine, _ = build_simulated_engine(cfg, VirtualClock())
     requests = fixed_requests(share)
     totals = StepTotals()
-    duration = engine.run(requests, totals.add, on_leap=totals.add_run)  # leaps: no records
+    duration = engine.run(requests, totals.add, on_run=totals.add_run)  # leaps: no records
     tokens_out = sum(len(r.output_ids) for r in requests)
     return RowRun(
         row=row,

@@ -25,7 +25,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple
 
 from pipeline.disagg_admission import DecodeAdmission
-from pipeline.engine import Arrivals, Engine, Leaps, Slots, long_lived_frozen
+from pipeline.engine import Arrivals, Engine, Slots, long_lived_frozen
+from pipeline.executors.fast_forward import FastForward
 from pipeline.metrics import StepTotals
 from stages.scheduling.request import Request
 
@@ -207,15 +208,15 @@ class ClosedLoop:
         self.handed = Handed(horizon)
         engine = feed.engine
         on_finish = self.prefilled if feed in self.prefill else self.decoded
-        leaps = None
+        fast_forward = None
         if engine.simulation is not None:  # runs of decode steps, none past the horizon
-            leaps = Leaps(
-                engine.simulation,
+            fast_forward = FastForward(
+                engine,
                 lambda: min(feed.next_arrival(), horizon),
                 lambda: 0,
                 self.totals.add_run,
             )
-        engine.loop(feed, self.totals.add, on_finish, leaps=leaps, stop=self.handed)
+        engine.loop(feed, self.totals.add, on_finish, stop=self.handed, advance=fast_forward)
 
     def served(self, requests: Sequence[Request]) -> tuple[list[Request], list[Request | None]]:
         """Each request's prefill copy and decode copy, in the requests' order."""

@@ -66,8 +66,9 @@ from pipeline.disagg_config import (
     pool_of,
 )
 from pipeline.disagg_latency import describe_parts, ttft_parts_ms
-from pipeline.engine import Arrivals, Engine, Leaps, long_lived_frozen
+from pipeline.engine import Arrivals, Engine, long_lived_frozen
 from pipeline.executors import check_config
+from pipeline.executors.fast_forward import FastForward
 from pipeline.executors.simulated import simulated_engine
 from pipeline.metrics import StepTotals, stats, summarise
 from pipeline.run_folder import RunStatus
@@ -163,7 +164,7 @@ def round_robin(items: Sequence[Any], n: int) -> list[list[Any]]:
 
 def run_instance(engine: Engine, requests: list[Request], totals: StepTotals) -> float:
     """One prefill instance serves its requests (runs of decode steps done at once)."""
-    return engine.run(requests, on_step=totals.add, on_leap=totals.add_run)
+    return engine.run(requests, on_step=totals.add, on_run=totals.add_run)
 
 
 def prefill_copy(deployment: Deployment, r: Request) -> Request:
@@ -252,13 +253,13 @@ def run_decode_instance(
     engine.reject_invalid(requests)
     admit = DecodeAdmission(engine.scheduler, clock, pulls)
     source = Transfers([r for r in requests if not r.finished], admit, engine)
-    leaps = None
+    fast_forward = None
     if engine.simulation is not None:
-        leaps = Leaps(
-            engine.simulation, source.next_arrival, source.finishes_before_change, totals.add_run
+        fast_forward = FastForward(
+            engine, source.next_arrival, source.finishes_before_change, totals.add_run
         )
     with long_lived_frozen():
-        return engine.loop(source, on_step=totals.add, leaps=leaps)
+        return engine.loop(source, on_step=totals.add, advance=fast_forward)
 
 
 def decode_pass(

@@ -9,7 +9,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Generic, NamedTuple, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import structlog
 
@@ -110,19 +110,6 @@ class ArrivalTimes:
     def finished(self, request: Request) -> None:
         self.slots.give_back(request.finish_s if request.finish_s is not None else self.clock())
 
-    def finishes_before_change(self) -> float:
-        """How many requests may finish before take could hand one in sooner than
-        next_arrival says: none while closed-loop load holds one back (a finish frees its
-        slot), any number otherwise."""
-        return 0 if self.pending and not self.slots.free else math.inf
-
-    def next_arrival(self) -> float:
-        """The earliest time take hands in another request while none finishes: the next
-        pending arrival, or never while closed-loop load has every slot taken."""
-        if not self.pending or not self.slots.free:
-            return math.inf
-        return self.pending[0].arrival_s
-
     def take(self, now: float, idle: bool) -> Arrivals | None:
         pending = self.pending
         if idle:
@@ -136,23 +123,36 @@ class ArrivalTimes:
         return Arrivals(new)
 
 
-class Leaps(NamedTuple):
-    """Runs of decode steps done at once where nothing else can happen between them (a
-    simulated device's leaps): `until` gives when the source may next hand in a request
-    or the stop hook's answer change, `finishes` how many requests may finish before
-    either changes, and `done` takes each run in place of its steps' records."""
+@dataclass
+class Outlets:
+    """Where the loop hands on what each step gives: its record, its sampled requests (their
+    new tokens), and the requests that ended."""
 
-    simulation: Simulation
-    until: Callable[[], float]
-    finishes: Callable[[], float]
-    done: Callable[[DecodeRun], None]
+    on_step: Callable[[StepRecord], None]
+    on_tokens: Callable[[list[Request]], None]
+    on_finish: Callable[[Request], None]
 
-    def leap(
-        self, finishes: float, head: tuple[StepPlan, ForwardMeta] | None = None
-    ) -> tuple[DecodeRun, list[Request]] | None:
-        """The next run of decode steps, done (see Simulation.leap); None: the next step
-        runs alone."""
-        return self.simulation.leap(self.until, finishes, head)
+
+class Advance(Protocol):
+    """How the loop gets on once requests are in: one step (Engine.step), or more at once
+    where the device predicts its steps (pipeline.executors.fast_forward). Returns the
+    steps recorded or done; `fresh`: requests were just handed in."""
+
+    def __call__(self, index: int, outlets: Outlets, fresh: bool) -> int: ...
+
+
+class FastForwardMaker(Protocol):
+    """What makes a run's Advance doing runs of decode steps at once, each handed to
+    `on_run` in place of its steps' records, between a workload's arrivals and `stop`'s
+    changes (the simulated executor's)."""
+
+    def __call__(
+        self,
+        engine: Engine[Any],
+        arrivals: ArrivalTimes,
+        stop: StopHook,
+        on_run: Callable[[DecodeRun], None],
+    ) -> Advance: ...
 
 
 # The engine's attention stage: the one its model's forward takes.
@@ -173,6 +173,7 @@ class Engine(Generic[A]):
         record_lengths: bool = True,
         concurrency: int = 0,
         simulation: Simulation | None = None,
+        fast_forward: FastForwardMaker | None = None,
     ) -> None:
         """clock: the run's time, by default the wall's; a simulated device's is virtual.
         workload_counts: what the workload counted as it loaded (a trace's skipped,
@@ -180,7 +181,8 @@ class Engine(Generic[A]):
         records list each decode row's length (what calibration fits real steps by).
         concurrency: closed-loop load, at most this many requests in flight (0 = open
         loop, every request enters at its arrival). simulation: where the model is a simulated
-        device, what it adds (predicted warmup, leaps, its metrics)."""
+        device, what it adds (predicted warmup, runs of decode steps, its metrics), and
+        fast_forward what makes the loop do such runs at once."""
         self.tokenizer = tokenizer
         self.scheduler = scheduler
         self.metadata = metadata
@@ -192,6 +194,7 @@ class Engine(Generic[A]):
         self.record_lengths = record_lengths
         self.concurrency = concurrency
         self.simulation = simulation
+        self.fast_forward = fast_forward
         self.warmed_shapes = 0  # shapes the last warmup prepared
 
     def _run(self, plan: StepPlan, meta: ForwardMeta) -> list[Request]:
@@ -274,13 +277,13 @@ class Engine(Generic[A]):
         requests: Sequence[Request],
         on_step: Callable[[StepRecord], None] = lambda record: None,
         on_finish: Callable[[Request], None] = lambda request: None,
-        on_leap: Callable[[DecodeRun], None] | None = None,
+        on_run: Callable[[DecodeRun], None] | None = None,
         stop: StopHook | None = None,
     ) -> float:
         """Serves every request to its end, or until `stop` says the outcome is decided;
-        returns the run's time in seconds. on_leap: where the device predicts steps (a
+        returns the run's time in seconds. on_run: where the device predicts steps (a
         simulated one) and the caller keeps no step records, runs of decode steps are done
-        at once, each handed to on_leap instead of its steps' records (metrics equal a
+        at once, each handed to on_run instead of its steps' records (metrics equal a
         step-by-step run's)."""
         clock = self.clock
         clock.restart()
@@ -295,19 +298,11 @@ class Engine(Generic[A]):
             on_finish(request)
 
         stop = stop or NeverStop()
-        leaps, simulation = None, self.simulation
-        if on_leap is not None and simulation is not None:
-            hook = stop  # leaps end where the stop hook's answer may change, as arrivals do
-
-            def until() -> float:
-                return min(arrivals.next_arrival(), hook.next_change())
-
-            def finishes() -> float:
-                return min(arrivals.finishes_before_change(), hook.finishes_before_change())
-
-            leaps = Leaps(simulation, until, finishes, on_leap)
+        advance = None
+        if on_run is not None and self.fast_forward is not None:
+            advance = self.fast_forward(self, arrivals, stop, on_run)
         with long_lived_frozen():
-            return self.loop(arrivals, on_step, finished, leaps=leaps, stop=stop)
+            return self.loop(arrivals, on_step, finished, stop=stop, advance=advance)
 
     def loop(
         self,
@@ -315,30 +310,26 @@ class Engine(Generic[A]):
         on_step: Callable[[StepRecord], None] = lambda record: None,
         on_finish: Callable[[Request], None] = lambda request: None,
         on_tokens: Callable[[list[Request]], None] = lambda requests: None,
-        leaps: Leaps | None = None,
         stop: StopHook | None = None,
+        advance: Advance | None = None,
     ) -> float:
         """Serves what the source hands in until it has no more, or until `stop` says so;
         returns the clock's time. Each request the source gives must have passed
         `rejection`. on_tokens gets each step's sampled requests (their new tokens) before
-        on_finish gets those that ended. leaps: runs of decode steps are done at once where
-        they can be (see `Leaps`); `stop` is asked between them as between steps."""
-        clock = self.clock
+        on_finish gets those that ended. advance: how the loop gets on (by default one
+        step at a time); `stop` is asked between its turns."""
+        clock, scheduler = self.clock, self.scheduler
         stop = stop or NeverStop()
+        advance = advance or self.step
+        outlets = Outlets(on_step, on_tokens, on_finish)
         index = 0
         while (
             not stop(now := clock())
-            and (arrivals := source.take(now, idle=not self.scheduler.has_work)) is not None
+            and (arrivals := source.take(now, idle=not scheduler.has_work)) is not None
         ):
             self._admit(arrivals, on_finish)
-            if not self.scheduler.has_work:
-                continue
-            finishes = leaps.finishes() if leaps else 0
-            # (Requests just handed in are what the next step admits: it may head a leap.)
-            if leaps and not arrivals.new and (leapt := leaps.leap(finishes)):
-                index += self._hand_on_leap(*leapt, leaps, on_tokens, on_finish)
-                continue
-            index += self._step_once(index, on_step, on_tokens, on_finish, leaps, finishes)
+            if scheduler.has_work:
+                index += advance(index, outlets, fresh=bool(arrivals.new))
         return clock()
 
     def _admit(self, arrivals: Arrivals, on_finish: Callable[[Request], None]) -> None:
@@ -348,55 +339,40 @@ class Engine(Generic[A]):
         for r, reason in arrivals.aborted:
             if not r.finished:
                 self.scheduler.abort(r, reason, self.clock())
-                self._release([r], on_finish)
+                self.release([r], on_finish)
 
-    def _hand_on_leap(
-        self,
-        run: DecodeRun,
-        finished: list[Request],
-        leaps: Leaps,
-        on_tokens: Callable[[list[Request]], None],
-        on_finish: Callable[[Request], None],
-    ) -> int:
-        """Hands on a leap's tokens, its run and its ended requests; returns its steps."""
-        on_tokens(run.requests)
-        leaps.done(run)
-        self._release(finished, on_finish)
-        return run.steps
-
-    def _step_once(
-        self,
-        index: int,
-        on_step: Callable[[StepRecord], None],
-        on_tokens: Callable[[list[Request]], None],
-        on_finish: Callable[[Request], None],
-        leaps: Leaps | None = None,
-        finishes: float = 0,
-    ) -> int:
-        """Runs one step and hands on its tokens, its ended requests and its record (step
-        `index`); returns the steps recorded: 0 where the plan only failed requests. With
-        `leaps`, a step that admits requests may start a leap (returns its steps) letting
-        `finishes` requests finish: leaps.finishes() as asked before the step (scheduling
-        changes neither source's answer: the requests it fails are handed on after)."""
+    def step(self, index: int, outlets: Outlets, fresh: bool = False) -> int:
+        """Runs one step (step `index`) and hands on its tokens, its ended requests and its
+        record; returns the steps recorded: 0 where the plan only failed requests."""
         t = self.clock()
+        planned = self.schedule_step(t, outlets)
+        return 0 if planned is None else self.run_step(index, *planned, t, outlets)
+
+    def schedule_step(self, t: float, outlets: Outlets) -> tuple[StepPlan, ForwardMeta] | None:
+        """The next step scheduled at `t` and laid out; None where its plan only failed
+        requests (they are handed on)."""
         plan = self.scheduler.schedule(t)
         if plan.empty:
-            on_tokens([])
-            self._release(plan.failed, on_finish)
+            outlets.on_tokens([])
+            self.release(plan.failed, outlets.on_finish)
             if plan.failed:
-                return 0
+                return None
             raise RuntimeError("the scheduler found nothing to run while requests wait")
-        meta = self.metadata.build(plan)
-        if leaps and (leapt := leaps.leap(finishes, (plan, meta))):
-            return self._hand_on_leap(*leapt, leaps, on_tokens, on_finish)
+        return plan, self.metadata.build(plan)
+
+    def run_step(
+        self, index: int, plan: StepPlan, meta: ForwardMeta, t: float, outlets: Outlets
+    ) -> int:
+        """The scheduled step (at `t`) through the model, sampler and update; hands on its
+        tokens, its ended requests and its record (step `index`). Returns 1."""
         finished = self._run(plan, meta)
-        on_tokens(plan.sampled_requests)
-        self._release(plan.failed + finished, on_finish)
+        outlets.on_tokens(plan.sampled_requests)
+        self.release(plan.failed + finished, outlets.on_finish)
         duration = self.clock() - t
-        on_step(StepRecord.of(index, plan, meta, duration, self.record_lengths))
+        outlets.on_step(StepRecord.of(index, plan, meta, duration, self.record_lengths))
         return 1
 
-    def _release(self, requests: list[Request], on_finish: Callable[[Request], None]) -> None:
+    def release(self, requests: list[Request], on_finish: Callable[[Request], None]) -> None:
         """Ended requests give their cache back, then are handed on."""
         for r in requests:
             self.attention.release(r)

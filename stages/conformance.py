@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     device: type[contract.Model[NoAttention]] = SimulatedDevice
     samplers: list[type[contract.Sampler]] = [GreedySampler, RandomSampler, WorkloadLengthSampler]
     # Abilities only a simulated build asks for.
-    leaping: list[type[contract.PlansDecodeRuns]] = [ChunkedScheduler, WholeScheduler]
+    decode_runs: list[type[contract.AppliesDecodeRuns]] = [ChunkedScheduler, WholeScheduler]
     padding_runs: list[type[contract.PadsDecodeRuns]] = [BucketedMetadataBuilder]
     simulations: list[type[contract.Simulation]] = [DeviceSimulation]
     workloads: list[type[contract.Workload]] = [

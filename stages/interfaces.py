@@ -19,6 +19,8 @@ from stages.forward.forward_meta import ForwardMeta
 from stages.model.spec import ModelSpec
 from stages.scheduling.kv_cache import KVCacheManager
 from stages.scheduling.request import DecodeRun, Request, Samples, StepPlan
+from stages.scheduling.request_table import RequestTable
+from stages.scheduling.step_rows import StepRows
 
 if TYPE_CHECKING:  # annotations only: a simulated run never imports Paddle
     import paddle
@@ -200,22 +202,27 @@ class Sampler(Protocol):
 # contracts every build holds them to.
 
 
-class PlansDecodeRuns(Protocol):
-    """A scheduler that says where its next steps can only decode the running requests,
-    and does what such a run's steps one by one would do (stages.scheduling.decode_runs)."""
+class AppliesDecodeRuns(Protocol):
+    """A scheduler whose request table a run's planner reads (stages.simulator.
+    fast_forward), and which applies a planned run of decode steps at once."""
 
-    def steady_decodes(self, limit: int, finishes: float = 0) -> DecodeRun | None:
-        """The next steps (up to `limit`) while each can only decode the running requests,
-        nothing else happening between them but the clock and rows reaching their length
-        (up to `finishes` of them before the last step); None where the next step may
-        differ. What lets a simulated device run many steps at once (a leap)."""
+    table: RequestTable  # the running requests and their numbers
+    max_tokens: int  # the step's token budget
+    kv_cache: KVCacheManager
 
-    def decodes_after(self, plan: StepPlan, limit: int, finishes: float = 0) -> DecodeRun | None:
-        """Where the plan just scheduled admits requests whose whole prompts it prefills
-        beside every running request's decode: its step and the steady ones after it, as
-        one run that starts with it (its head); None where it does not."""
+    @property
+    def waiting(self) -> Collection[Request]:
+        """Requests not yet admitted."""
 
-    def advance_decodes(self, run: DecodeRun, token: int, ends: list[float]) -> list[Request]:
+    def may_admit(self, left: int) -> bool:
+        """Whether a step whose decodes leave `left` of the budget could admit the first
+        waiting request, now or while the running requests only decode."""
+
+    def scheduled_rows(self, plan: StepPlan) -> StepRows | None:
+        """Where the plan's requests are among the running rows, while it is the last
+        one scheduled and not updated; None otherwise."""
+
+    def apply_decodes(self, run: DecodeRun, token: int, ends: list[float]) -> list[Request]:
         """Does what the run's steps' updates do, each row getting `token` at each step's
         end time while it stays; returns the requests the run finished, in order."""
 

@@ -18,16 +18,13 @@ from pipeline.metrics import StepTotals
 from pipeline.plan.capacity import run_probe
 from pipeline.run import run_metrics
 from pipeline.slo import EarlyVerdict, Slo
+from stages.scheduling import run_updates
 from stages.scheduling.kv_cache import KVCacheManager
 from stages.scheduling.request import DecodeRun
-from stages.scheduling.request_table import (
-    RequestTable,
-    few_rows_columns,
-    listed_blocks,
-    recurring,
-)
-from stages.scheduling.scheduler import ChunkedScheduler
+from stages.scheduling.request_table import RequestTable
+from stages.scheduling.run_updates import recurring
 from stages.scheduling.stopping import StopRule
+from stages.simulator.fast_forward import few_rows_columns, listed_blocks, steps_with_blocks
 from tests.helpers import make_config
 
 SIMULATED = ["executor=simulated", "model=spec/llama31_8b"]
@@ -74,7 +71,7 @@ def served(overrides: list[str], leaps: bool):
     warmup_s = engine.warmup() if cfg.warmup else 0.0
     totals = StepTotals()
     leapt = Leapt(totals)
-    duration = engine.run(requests, on_step=totals.add, on_leap=leapt if leaps else None)
+    duration = engine.run(requests, on_step=totals.add, on_run=leapt if leaps else None)
     metrics = run_metrics(cfg, engine, requests, totals, duration, warmup_s, "ok")
     return metrics, requests, engine, leapt
 
@@ -411,7 +408,7 @@ def test_the_blocks_free_bound_a_run_where_a_step_would_run_short(limit, free, s
              for j in range(1, limit + 1)]  # fmt: skip
     expected = next((j for j in range(limit) if sum(taken[: j + 1]) > free), limit)
     left = np.array(stays) if stays else None
-    assert rows.steps_with_blocks(free, limit, left) == expected
+    assert steps_with_blocks(rows, rows.computed[:6], free, limit, left) == expected
 
 
 def test_leaps_register_full_blocks_with_and_without_evictions(monkeypatch):
@@ -419,13 +416,13 @@ def test_leaps_register_full_blocks_with_and_without_evictions(monkeypatch):
     every take first and then each full block registered; where a take evicts, the takes,
     registrations and leaving rows step by step. Both give what steps one by one give."""
     evicting, registered, inside = [], [], []
-    take_and_register = ChunkedScheduler._take_and_register
+    take_and_register = run_updates.take_and_register
     cache_blocks = KVCacheManager.cache_computed_blocks
 
-    def spy_orders(self, takers, *args):
+    def spy_orders(table, takers, *args):
         evicting.append(len(takers) > 0)
         inside.append(True)
-        take_and_register(self, takers, *args)
+        take_and_register(table, takers, *args)
         inside.pop()
 
     def spy_registrations(self, request, computed):
@@ -433,7 +430,7 @@ def test_leaps_register_full_blocks_with_and_without_evictions(monkeypatch):
             registered.append(evicting[-1])
         cache_blocks(self, request, computed)
 
-    monkeypatch.setattr(ChunkedScheduler, "_take_and_register", spy_orders)
+    monkeypatch.setattr(run_updates, "take_and_register", spy_orders)
     monkeypatch.setattr(KVCacheManager, "cache_computed_blocks", spy_registrations)
     assert_leaps_change_nothing(["hardware=h100", "prefix_caching=true", "num_blocks=48", *SPREAD])
     assert set(registered) == {True, False}, "a leap registering blocks in each order"

@@ -317,7 +317,7 @@ def test_leaps_are_off_under_speculation_so_a_leaping_run_is_the_stepped_one():
     for leaping in (False, True):
         engine, requests = build_engine(make_config(SIMULATED + _load(4, 30) + spec))
         leapt = []
-        duration = engine.run(requests, on_leap=leapt.append if leaping else None)
+        duration = engine.run(requests, on_run=leapt.append if leaping else None)
         assert not leapt
         times.append((duration, [r.token_times for r in requests]))
     assert times[0] == times[1]

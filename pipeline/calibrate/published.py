@@ -257,7 +257,7 @@ def simulate_row(
     requests = fixed_requests(row)
     totals = StepTotals()
     # A recording device keeps each step's amounts, so it runs every step alone.
-    duration = engine.run(requests, totals.add, on_leap=None if record else totals.add_run)
+    duration = engine.run(requests, totals.add, on_run=None if record else totals.add_run)
     failed = [r for r in requests if r.finish_reason == FinishReason.ERROR]
     if failed:
         raise ValueError(f"{row.label} on {row.hardware}: {failed[0].error}")

@@ -37,6 +37,8 @@ SOURCES = (
     "stages/simulator",
     "stages/scheduling/scheduler.py",
     "stages/scheduling/request_table.py",
+    "stages/scheduling/run_updates.py",
+    "stages/scheduling/lookahead.py",
     "stages/scheduling/kv_cache.py",
     "stages/forward/metadata.py",
     "stages/forward/forward_meta.py",

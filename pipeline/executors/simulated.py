@@ -4,6 +4,7 @@ time with the cost model of `hardware` and never imports Paddle."""
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any, Protocol
 
@@ -15,6 +16,7 @@ from pipeline.clock import Clock, WallClock
 from pipeline.disagg_config import check_disagg, disaggregated
 from pipeline.engine import Engine
 from pipeline.engine_profile import check_engine
+from pipeline.executors.fast_forward import workload_fast_forward
 from pipeline.speculation import speculation_and_draft
 from stages.forward.metadata import ShapeMetadataBuilder
 from stages.interfaces import Tokenizer, Workload
@@ -34,8 +36,12 @@ from stages.simulator.expert_parallel import Dispatch, ExpertParallel, check_lay
 from stages.simulator.hardware import HardwareProfile, kv_pool_blocks
 from stages.simulator.precision import Precision
 from stages.simulator.simulation import DeviceSimulation
-from stages.simulator.speculative import Speculation, pool_with_proposer, proposer_memory
-from stages.simulator.speculative_rows import SpeculativeScheduler
+from stages.simulator.speculative import (
+    Speculation,
+    accepted_extra,
+    pool_with_proposer,
+    proposer_memory,
+)
 
 # The metadata builder's shapes-only form: the config's bucket keys, no tensors.
 SHAPES_ONLY = f"{ShapeMetadataBuilder.__module__}.{ShapeMetadataBuilder.__qualname__}"
@@ -134,15 +140,13 @@ def simulated_engine(
         raise ConfigError(str(err)) from err
     kv_cache = KVCacheManager(num_blocks, cfg.block_size, cfg.prefix_caching)
     stop = StopRule((), cfg.max_model_len)  # output lengths come from the workload
-    # A verification's k + 1 tokens a decode row, counted in the step's budget.
-    decode_tokens = 1 + speculation.verified if speculation else 1
-    scheduler = build(cfg.scheduler, kv_cache=kv_cache, stop=stop, decode_tokens=decode_tokens)
+    scheduler = build(cfg.scheduler, kv_cache=kv_cache, stop=stop, **speculative_steps(speculation))
     metadata = build(cfg.metadata, _target_=SHAPES_ONLY, kv_cache=kv_cache, pad_id=tokenizer.pad_id)
-    # One token that ends nothing, whatever the step: what lets runs of steps leap.
+    # One token that ends nothing, whatever the step: what lets runs of steps be done at once.
     token = pick_token(tokenizer.eos_ids, tokenizer.vocab_size)
-    engine = Engine(
+    return Engine(
         tokenizer=tokenizer,
-        scheduler=speculative_steps(scheduler, speculation),
+        scheduler=scheduler,
         metadata=metadata,
         model=device,
         attention=NoAttention(),
@@ -152,8 +156,8 @@ def simulated_engine(
         record_lengths=False,
         concurrency=workload.concurrency,
         simulation=DeviceSimulation(device, scheduler, metadata, token, speculation is None),
+        fast_forward=workload_fast_forward,
     )
-    return engine
 
 
 def speculative_pool(
@@ -171,12 +175,20 @@ def speculative_pool(
     return pool_with_proposer(blocks, cfg.block_size, target_kv / spec.dtype_bytes, weights, kv)
 
 
-def speculative_steps(scheduler: Any, speculation: Speculation | None) -> Any:
-    """The scheduler, whose decode rows verify proposals and get the accepted tokens under
-    speculation (one token a step without)."""
+def speculative_steps(speculation: Speculation | None) -> dict[str, Any]:
+    """The scheduler's step formation under speculation: a decode row costs the budget its
+    verification's k + 1 tokens, holds KV room for its k proposals, and gets the tokens
+    the device's acceptance gives its n-th verification (nothing without speculation)."""
     if speculation is None:
-        return scheduler
-    return SpeculativeScheduler(scheduler, speculation.verified, speculation.expected_tokens)
+        return {}
+    k, expected = speculation.verified, speculation.expected_tokens
+    if not 1.0 <= expected <= k + 1:
+        raise ConfigError(f"{k} proposals cannot give {expected} tokens a step")
+    return {
+        "decode_tokens": 1 + k,  # a verification's tokens, counted in the step's budget
+        "lookahead_slots": k,
+        "accepted_tokens": functools.partial(accepted_extra, expected=expected),
+    }
 
 
 def simulated_device(engine: Engine) -> SimulatedDevice:

@@ -128,7 +128,7 @@ def serve_judged(
 
     def serve_all() -> float:
         return engine.run(
-            requests, on_step=totals.add, on_finish=verdict.on_finish, on_leap=totals.add_run,
+            requests, on_step=totals.add, on_finish=verdict.on_finish, on_run=totals.add_run,
             stop=verdict if decide_early else None,
         )  # fmt: skip
 

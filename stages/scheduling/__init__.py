@@ -3,6 +3,5 @@
 scheduler (the chunked, whole-prompt and static schedulers), request_table (the running
 requests and their numbers), request (a request's identity, tokens and times), kv_cache (the
 block pool) with prefix_cache (shared prompt prefixes) and block_hashes (naming blocks by
-content), decode_runs (runs of identical decode steps a simulated device leaps over),
-step_rows, stopping.
+content), run_updates (a planned run of decode steps applied at once), step_rows, stopping.
 """

@@ -246,9 +246,10 @@ class HeadStep(Protocol):
 class DecodeRun:
     """Decode steps of the running requests one after another, with nothing else the
     scheduler could do between them (no arrival, admission or preemption; no stop but
-    the length limits): what a simulated device runs at once, a leap, giving exactly what
-    as many steps one by one give. Row i decodes in the first stays[i] steps, the last of
-    which ends it, and leaves the batch; in step j (from 0) it attends lens[i] + j tokens.
+    the length limits): what a simulated device runs at once (stages.simulator.
+    fast_forward), giving exactly what as many steps one by one give. Row i decodes in
+    the first stays[i] steps, the last of which ends it, and leaves the batch; in step j
+    (from 0) it attends lens[i] + j tokens.
 
     A run may start with the step that admitted requests (its `head`, built as any step):
     its last `joining` rows prefill their whole prompts in it and decode from the next step

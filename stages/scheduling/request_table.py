@@ -12,6 +12,7 @@ it are the table's. Taking a row out takes its request and its numbers out at on
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -140,6 +141,20 @@ class RequestTable:
         final = ceil_div(self.limit[:n], bs) * bs  # tokens the blocks at the end hold
         return int(np.maximum(final - self.held[:n], 0).sum()) // bs
 
+    def free_to_end(self) -> int:
+        """The free KV blocks less those the rows will still take before `length` ends them."""
+        return self.kv_cache.num_free_blocks - self.blocks_to_come()
+
+    def fitting_to_end(self, waiting: Iterable[Request], room: int, max_model_len: int) -> int:
+        """How many of the first `room` of `waiting` the pool holds at their full length
+        (up to max_model_len), beside the blocks the rows will still take."""
+        free, bs = self.free_to_end(), self.kv_cache.block_size
+        # Each takes a block at least: no more than free + 1 of them need looking at.
+        heads = itertools.islice(waiting, max(min(room, free + 1), 0))
+        totals = np.fromiter((r.num_prompt_tokens + r.max_new_tokens for r in heads), np.int64)
+        needed = np.cumsum(blocks_for(np.minimum(totals, max_model_len), bs))
+        return int(np.searchsorted(needed, free, side="right"))
+
     def advance(self, rows: slice | np.ndarray) -> None:
         """The rows each computed one more token and got it as output (a decode)."""
         self._numbers[_PROGRESS, rows] += 1
@@ -157,42 +172,6 @@ class RequestTable:
             look |= computed % self.kv_cache.block_size == 0
         return look.nonzero()[0].tolist()
 
-    # -- runs of decode steps -------------------------------------------------------------
-    def only_decoding_to_length(self, n: int) -> bool:
-        """Whether each of the first n rows is a decode (it has output and one token left to
-        compute) that only its length limit may end (StopRule.reason need not see its
-        every token)."""
-        outputs = self.outputs[:n]
-        others = (self.computed[:n] + 1 != self.prompt[:n] + outputs) | (outputs == 0)
-        return not np.count_nonzero(others | self.checked[:n])  # (.any()'s wrapper costs more)
-
-    def steps_to_length(self) -> np.ndarray:
-        """[rows] decode steps until each row reaches its length limit (that step ends it)."""
-        n = len(self.requests)
-        return self.limit[:n] - self.prompt[:n] - self.outputs[:n]
-
-    def first_new_block(self) -> np.ndarray:
-        """Each row's next decode step (from 1) that takes a new block: the first whose
-        token falls past the room its blocks hold."""
-        n = len(self.requests)
-        return self.held[:n] - self.computed[:n] + 1
-
-    def steps_with_blocks(self, free: int, limit: int, stays: np.ndarray | None = None) -> int:
-        """How many of the next `limit` decode steps `free` blocks cover: a row takes a
-        block at its first_new_block step and every block_size steps after, up to its
-        `stays` steps (the step it leaves the batch at; by default it stays to `limit`)."""
-        n, bs = len(self.requests), self.kv_cache.block_size
-        if n * (1 + (limit - 1) // bs) <= free:  # the common run: room for any row's blocks
-            return limit
-        first = self.first_new_block()
-        last = limit if stays is None else np.minimum(stays, limit)
-        if int(np.maximum((last - first) // bs + 1, 0).sum()) <= free:
-            return limit
-        rows, at = recurring(first, limit, bs)
-        if stays is not None:
-            at = at[at <= stays[rows]]
-        return limit if len(at) <= free else int(at[free]) - 1
-
     def advance_by(self, steps: np.ndarray, takers: np.ndarray) -> None:
         """Each row decoded `steps` tokens, and each of `takers` took a block (a row as
         often as it is listed)."""
@@ -200,82 +179,3 @@ class RequestTable:
         self._numbers[_PROGRESS, :n] += steps
         if len(takers):
             self.held[:n] += np.bincount(takers, minlength=n) * self.kv_cache.block_size
-
-
-def recurring(
-    first: np.ndarray, steps: int, period: int, last: np.ndarray | int | None = None
-) -> tuple[np.ndarray, np.ndarray]:
-    """Events each row has at its `first` step (from 1) and every `period` steps after, up
-    to `steps` (or to each row's `last` step, at most `steps`): their rows and steps, in step
-    order and row order within a step (the order a step-by-step run meets them)."""
-    end = steps if last is None else last
-    if steps <= period:  # the common run: a row has at most one event
-        rows = (first <= end).nonzero()[0]
-        at = first[rows]
-        if len(rows) < 2:  # (most runs: one or none)
-            return rows, at
-        order = at.argsort(kind="stable")
-        return rows[order], at[order]
-    counts = np.maximum(0, (end - first) // period + 1)
-    rows = np.arange(len(first)).repeat(counts)
-    starts = (counts.cumsum() - counts).repeat(counts)
-    at = first[rows] + period * (np.arange(len(rows)) - starts)
-    order = np.lexsort((rows, at))
-    return rows[order], at[order]
-
-
-def listed_blocks(
-    lens: np.ndarray, steps: int, block_size: int, stays: np.ndarray | None = None
-) -> np.ndarray:
-    """[steps] the blocks decode rows of `lens` tokens fill in each of `steps` steps, every
-    row one token longer each step: a row fills one more at each step its length passes a
-    multiple of block_size. A row leaves after its `stays` steps (by default it stays)."""
-    bs = block_size
-    # Counted as changes from step to step: each row's blocks at step 0, one more at each
-    # step (from 0) whose token starts a block while the row stays, and all of the row's
-    # taken off at the step it has left by.
-    first = (-lens) % bs + 1  # each row's first step whose token starts a block
-    last = steps - 1 if stays is None else stays - 1  # each row's last step
-    if steps <= bs:  # the common run: a row starts at most one block
-        starts = first[first <= last]
-    else:
-        starts = recurring(first, steps - 1, bs, last)[1]
-    change = np.bincount(starts, minlength=steps)
-    if stays is not None:  # rows leave with the blocks their last step filled
-        held = (lens + stays + (bs - 2)) // bs
-        change = change - np.bincount(stays, held, minlength=steps + 1)[:steps].astype(np.int64)
-    change[0] = blocks_for(lens, bs).sum()
-    return change.cumsum()
-
-
-def few_rows_columns(
-    lens: list[int], stays: list[int], steps: int, block_size: int
-) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
-    """[steps] each step's blocks (listed_blocks'), rows and KV slots (DecodeRun's batch and
-    slots; None where no row leaves: DecodeRun's own then cost less) for a few decode rows
-    of `lens` tokens that stay `stays` steps, counted row by row in Python: fewer steps than
-    the numpy calls that count them, each of which costs as much as a few rows' work."""
-    bs = block_size
-    # Changes from step to step, as listed_blocks counts them: a row's blocks at the start,
-    # one more at each step whose token starts a block, all taken off (with its tokens and
-    # itself) at the step it has left by.
-    blocks, held, leaving = [0] * steps, 0, []
-    for n, stayed in zip(lens, stays, strict=True):
-        held += (n + bs - 1) // bs
-        start = (-n) % bs + 1  # its first step whose token starts a block
-        while start < stayed:
-            blocks[start] += 1
-            start += bs
-        if stayed < steps:
-            leaving.append((n, stayed))
-    blocks[0] += held
-    if not leaving:
-        return np.array(blocks, np.int64).cumsum(), None, None
-    rows, tokens = [0] * steps, [0] * steps
-    for n, stayed in leaving:
-        blocks[stayed] -= (n + stayed + bs - 2) // bs
-        rows[stayed] -= 1
-        tokens[stayed] -= n
-    rows[0], tokens[0] = len(lens), sum(lens)
-    listed, batch, kept = np.array([blocks, rows, tokens], np.int64).cumsum(axis=1)
-    return listed, batch, kept + batch * np.arange(steps)

@@ -9,25 +9,24 @@ What a prefill chunk may be and what it costs the step's budget is the chunk pol
 (stages.scheduling.chunk_policy: the padded rule, the HPU's, or the real one).
 
 `ChunkedScheduler` splits prompts into chunks; the whole-prompt schedulers
-(stages.scheduling.whole_prompt) prefill a prompt in one step or let it wait. Their runs
-of decode steps done at once (a simulated device's leaps) are in
-stages.scheduling.decode_runs.
+(stages.scheduling.whole_prompt) prefill a prompt in one step or let it wait. A run of
+decode steps planned elsewhere (a simulated device's) is applied by apply_decodes.
 """
 
 from __future__ import annotations
 
 import bisect
-import enum
-import itertools
 from collections import deque
+from collections.abc import Callable
 
 import numpy as np
 
 from stages.scheduling.chunk_policy import Budget, ChunkPolicy, StepBudget
-from stages.scheduling.decode_runs import DecodeRuns
-from stages.scheduling.kv_cache import KVCacheManager, blocks_for
+from stages.scheduling.kv_cache import KVCacheManager
 from stages.scheduling.limits import rejection
+from stages.scheduling.lookahead import Lookahead
 from stages.scheduling.request import (
+    DecodeRun,
     FinishReason,
     PrefillChunk,
     Request,
@@ -36,20 +35,12 @@ from stages.scheduling.request import (
     StepPlan,
 )
 from stages.scheduling.request_table import RequestTable
-from stages.scheduling.step_rows import NO_ROWS, DecodeRows, StepRows, row_at
+from stages.scheduling.run_updates import Ending, apply_run
+from stages.scheduling.step_rows import NO_ROWS, DecodeRows, RowFate, StepRows, row_at
 from stages.scheduling.stopping import StopRule
 
 
-class RowFate(enum.Enum):
-    """What a running row got at its turn in a step's walk (ChunkedScheduler._continue_one)."""
-
-    DECODE = "decode"  # its next token
-    PREFILL = "prefill"  # its next chunk
-    WAITS = "waits"  # nothing: no chunk fits this step
-    PREEMPTED = "preempted"  # it was preempted itself, which ends the walk
-
-
-class ChunkedScheduler(DecodeRuns):
+class ChunkedScheduler:
     splits_prompts = True
 
     def __init__(
@@ -66,12 +57,17 @@ class ChunkedScheduler(DecodeRuns):
         no_evict: bool,
         max_prefill_rows: int,
         decode_tokens: int = 1,
+        lookahead_slots: int = 0,
+        accepted_tokens: Callable[[int], int] = lambda verification: 0,
     ) -> None:
         """decode_tokens: what one decode row costs the step's budget (1; a speculative
-        verification's k + 1, as vLLM and FastDeploy count it)."""
+        verification's k + 1, as vLLM and FastDeploy count it). lookahead_slots: the
+        proposals a decode row verifies each step (0: no speculation), whose n-th
+        verification accepts accepted_tokens(n) more tokens (stages.scheduling.lookahead)."""
         if decode_tokens < 1:
             raise ValueError(f"decode_tokens={decode_tokens}: a decode row costs 1 or more")
         self.decode_tokens = decode_tokens
+        self.lookahead = Lookahead(lookahead_slots, accepted_tokens) if lookahead_slots else None
         self.chunks = ChunkPolicy(
             kv_cache.block_size, max_tokens, Budget(budget) is Budget.padded, max_padding,
             align_chunks, long_prefill_threshold, max_prefill_rows, whole=not self.splits_prompts,
@@ -119,6 +115,8 @@ class ChunkedScheduler(DecodeRuns):
             self._admit_waiting(plan, budget, now, rows)
         rows.decode_rows = rows.decode()
         plan.decode_lens = self.table.computed[rows.decode_rows] + 1
+        if self.lookahead:  # each decode row's room for its proposals
+            self.lookahead.reserve(self.table, rows.decode_rows)
         return plan
 
     def _continue_running(self, plan: StepPlan, budget: StepBudget, rows: StepRows) -> None:
@@ -233,8 +231,7 @@ class ChunkedScheduler(DecodeRuns):
             return False
         if self.no_evict:  # the pool must hold it to its end beside the running requests
             total = min(request.num_prompt_tokens + request.max_new_tokens, self.max_model_len)
-            free = self.kv_cache.num_free_blocks - self.table.blocks_to_come()
-            if self.kv_cache.blocks_for(total) > free:
+            if self.kv_cache.blocks_for(total) > self.table.free_to_end():
                 return False
         prompt = request.num_prompt_tokens
         if not self.kv_cache.allocate_slots(request, prompt, computed=0):
@@ -249,17 +246,9 @@ class ChunkedScheduler(DecodeRuns):
         """How many waiting requests this step may admit: up to max_num_seqs running, and
         with `no_evict` only as many as the pool holds to their end."""
         room = self.max_num_seqs - len(self.running)
-        return self._fitting_to_end(room) if self.no_evict else room
-
-    def _fitting_to_end(self, room: int) -> int:
-        """How many of the first `room` waiting requests the pool holds at their full
-        length, beside the blocks the running requests will still take."""
-        free = self.kv_cache.num_free_blocks - self.table.blocks_to_come()
-        # Each takes a block at least: no more than free + 1 of them need looking at.
-        heads = itertools.islice(self.waiting, max(min(room, free + 1), 0))
-        totals = np.fromiter((r.num_prompt_tokens + r.max_new_tokens for r in heads), np.int64)
-        needed = np.cumsum(blocks_for(np.minimum(totals, self.max_model_len), self.block_size))
-        return int(np.searchsorted(needed, free, side="right"))
+        if not self.no_evict:
+            return room
+        return self.table.fitting_to_end(self.waiting, room, self.max_model_len)
 
     def _preempt(self, row: int, plan: StepPlan) -> None:
         """The row's request goes back to the head of the queue, its blocks freed: it is
@@ -281,9 +270,11 @@ class ChunkedScheduler(DecodeRuns):
         if rows is None or rows.plan is not plan:
             raise ValueError("update takes the plan the last schedule() returned")
         self._step = None
-        ending: list[tuple[Request, FinishReason, int]] = []  # with each one's running row
-        tokens = samples.token_ids.tolist()
+        ending: list[Ending] = []  # with each one's running row and time
+        tokens, first = samples.token_ids.tolist(), len(plan.prefill)
         logprobs = samples.logprobs
+        if self.lookahead:  # the decode rows' accepted proposals come before their samples
+            self.lookahead.accept(table, plan.decode, rows.decode_rows, tokens[first:], now)
         for row, (chunk, running_row) in enumerate(zip(plan.prefill, rows.prefill, strict=True)):
             request = chunk.request
             table.computed[running_row] = chunk.end
@@ -294,12 +285,11 @@ class ChunkedScheduler(DecodeRuns):
                 table.outputs[running_row] += 1
                 reason = self.stop.reason(request)
                 if reason:
-                    ending.append((request, reason, running_row))
-        first = len(plan.prefill)
+                    ending.append((request, reason, running_row, now))
         decode_logprobs = logprobs[first:] if logprobs is not None else None
         self._update_decodes(plan, rows.decode_rows, tokens[first:], decode_logprobs, now, ending)
-        self._finish_all(ending, [now] * len(ending))
-        return [request for request, _, _ in ending]
+        self._finish_all(ending)
+        return [request for request, _, _, _ in ending]
 
     def _update_decodes(
         self,
@@ -308,7 +298,7 @@ class ChunkedScheduler(DecodeRuns):
         tokens: list[int],
         logprobs: list[dict[int, float]] | None,
         now: float,
-        ending: list[tuple[Request, FinishReason, int]],
+        ending: list[Ending],
     ) -> None:
         """The decode rows of update, a step's rows at a time: each gets its token, and
         only the rows the arrays say may have filled a block or reached a stop are looked
@@ -338,25 +328,43 @@ class ChunkedScheduler(DecodeRuns):
         for k, request in looked_at:
             reason = self.stop.reason(request)
             if reason:
-                ending.append((request, reason, row_at(running_rows, k)))
+                ending.append((request, reason, row_at(running_rows, k), now))
 
-    def _finish_all(
-        self, ending: list[tuple[Request, FinishReason, int]], times: list[float]
-    ) -> None:
-        """Finishes ending requests, given with their running rows, at their times, in
-        order, at once: taking thousands of rows out one by one would shift the rest."""
+    def _finish_all(self, ending: list[Ending]) -> None:
+        """Finishes ending requests, given with their running rows and times, in order, at
+        once: taking thousands of rows out one by one would shift the rest."""
         if not ending:
             return
         if len(ending) == 1:  # the common case: one row out
             self.table.remove(ending[0][2])
         else:
             kept = np.ones(len(self.table), dtype=bool)
-            kept[[row for _, _, row in ending]] = False
+            kept[[row for _, _, row, _ in ending]] = False
             self.table.keep(kept)
-        for (request, reason, _), now in zip(ending, times, strict=True):
+        for request, reason, _, now in ending:
             self._end(request, reason, now)
 
-    def _may_admit(self, left: int) -> bool:
+    # -- runs of decode steps planned elsewhere ----------------------------------------------
+    def scheduled_rows(self, plan: StepPlan) -> StepRows | None:
+        """Where the plan's requests are among the running rows, while it is the last one
+        schedule() gave and its update has not run; None otherwise."""
+        step = self._step
+        return step if step is not None and step.plan is plan else None
+
+    def apply_decodes(self, run: DecodeRun, token: int, ends: list[float]) -> list[Request]:
+        """Does what the run's steps' updates do one by one: each row gets `token` at each
+        step's end time while it stays (a run with joining rows starts with the step the
+        last schedule() gave, whose update this is). Returns the requests the run finished,
+        in the order its steps finish them."""
+        if run.requests != self.running:
+            raise ValueError("apply_decodes takes a run of the running requests as they are")
+        if run.joining:
+            self._step = None
+        ending = apply_run(self.table, self.stop, run, token, ends)
+        self._finish_all(ending)
+        return [request for request, _, _, _ in ending]
+
+    def may_admit(self, left: int) -> bool:
         """Whether a step whose decodes leave `left` of the budget could admit the first
         waiting request, now or while the running requests only decode: what holds it
         back (budget, room, a chunk that fits no step, too few free blocks) stays, except
@@ -386,5 +394,7 @@ class ChunkedScheduler(DecodeRuns):
     def _end(self, request: Request, reason: FinishReason, now: float) -> None:
         """A request out of the running rows ends: its blocks go back, then it finishes."""
         self.kv_cache.free(request)
+        if self.lookahead:
+            self.lookahead.forget(request)
         request.block_hashes = []  # a finished request's hashes are never looked up again
         request.finish(reason, now)

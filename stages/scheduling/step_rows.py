@@ -1,9 +1,9 @@
 """Where a step's requests are among the scheduler's running rows: what the scheduler's walk
-records for its update, and what a run of decode steps (stages.scheduling.decode_runs)
-starts from."""
+records for its update, and what a run of decode steps planned from the step starts from."""
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
 import numpy as np
@@ -14,6 +14,15 @@ from stages.scheduling.request import StepPlan
 # step; numpy reads a slice as a view, without gathering), else their indices.
 DecodeRows = slice | np.ndarray
 NO_ROWS = slice(0, 0)
+
+
+class RowFate(enum.Enum):
+    """What a running row got at its turn in a step's walk (ChunkedScheduler._continue_one)."""
+
+    DECODE = "decode"  # its next token
+    PREFILL = "prefill"  # its next chunk
+    WAITS = "waits"  # nothing: no chunk fits this step
+    PREEMPTED = "preempted"  # it was preempted itself, which ends the walk
 
 
 @dataclass(slots=True)

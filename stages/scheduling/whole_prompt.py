@@ -33,4 +33,4 @@ class StaticScheduler(WholeScheduler):
     def _admission_room(self) -> int:
         if self.running:
             return 0  # the batch in flight runs to its end first
-        return self._fitting_to_end(self.max_num_seqs)
+        return self.table.fitting_to_end(self.waiting, self.max_num_seqs, self.max_model_len)

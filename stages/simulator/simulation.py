@@ -2,9 +2,10 @@
 predicted instead of run, runs of decode steps done at once (leaps), and the device's
 figures for the run's metrics.
 
-A leap gives exactly what its steps one by one give (tests/test_leaps.py): the scheduler
-plans the run (stages.scheduling.decode_runs), the metadata builder pads it to its buckets,
-the device puts its steps on the clock, and the scheduler does what their updates would.
+A leap gives exactly what its steps one by one give (tests/test_leaps.py): the planner
+reads the scheduler's table for the run (stages.simulator.fast_forward), the metadata
+builder pads it to its buckets, the device puts its steps on the clock, and the scheduler
+applies what their updates would do.
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from stages.forward.forward_meta import ForwardMeta
-from stages.interfaces import PadsDecodeRuns, PlansDecodeRuns
+from stages.interfaces import AppliesDecodeRuns, PadsDecodeRuns
 from stages.scheduling.request import DecodeRun, Request, StepPlan
 from stages.simulator.device import SimulatedDevice
+from stages.simulator.fast_forward import DecodeRunPlanner
 
 # The most decode steps a leap does at once: long runs gain little more, and a cap keeps
 # each leap's arrays small.
@@ -29,7 +31,7 @@ class DeviceSimulation:
     def __init__(
         self,
         device: SimulatedDevice,
-        scheduler: PlansDecodeRuns,
+        scheduler: AppliesDecodeRuns,
         metadata: PadsDecodeRuns,
         token: int,
         leaps: bool = True,
@@ -40,6 +42,7 @@ class DeviceSimulation:
         self.device = device
         self.leaps = leaps
         self.scheduler = scheduler
+        self.planner = DecodeRunPlanner(scheduler)
         self.metadata = metadata
         self.token = token
 
@@ -57,22 +60,22 @@ class DeviceSimulation:
         head: tuple[StepPlan, ForwardMeta] | None = None,
     ) -> tuple[DecodeRun, list[Request]] | None:
         """As many steps as start before `until()` (up to MAX_LEAP_STEPS); see the
-        scheduler's decodes_after for a run with a `head`."""
+        planner's decodes_after for a run with a `head`."""
         if not self.leaps:
             return None
         end = until()
         limit = self.device.steps_before(end, MAX_LEAP_STEPS)  # plans no step past `end`
         if head is None:
-            run = self.scheduler.steady_decodes(limit, finishes)
+            run = self.planner.steady_decodes(limit, finishes)
             run = self.metadata.pad_decodes(run) if run else None
         else:
-            run = self.scheduler.decodes_after(head[0], limit, finishes)
+            run = self.planner.decodes_after(head[0], limit, finishes)
             run = self.metadata.pad_decodes(run, head[1]) if run else None
         if run is None:
             return None
         ends = self.device.run_decodes(run, end)
         run = run.first(len(ends))
-        return run, self.scheduler.advance_decodes(run, self.token, ends)
+        return run, self.scheduler.apply_decodes(run, self.token, ends)
 
     def metrics(self, warmup_shapes: int) -> dict[str, Any]:
         device = self.device
