@@ -4,9 +4,12 @@ the engine's name as metrics.json and the summaries give it."""
 
 from __future__ import annotations
 
+import functools
+import importlib.resources
 from collections.abc import Mapping
 from typing import Any
 
+import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from pipeline.checks import ConfigError
@@ -52,6 +55,23 @@ def engine_refusal(cfg: Mapping[str, Any] | DictConfig) -> str | None:
             f"{', '.join(served)}; choose engine=vllm"
         )
     return None
+
+
+@functools.cache
+def profile(name: str) -> dict[str, Any]:
+    """An engine's profile as conf/engine/NAME.yaml gives it (its device limits are plain
+    values): for the scripts of engines a native run did not simulate."""
+    path = importlib.resources.files("pipeline.conf") / "engine" / f"{name}.yaml"
+    return dict(yaml.safe_load(path.read_text(encoding="utf-8")))
+
+
+def serves_architecture(name: str, gpu: bool, architecture: str) -> bool:
+    """Whether engine NAME serves a model of `architecture` on the device ("" = not
+    stated: assumed served)."""
+    if name == NATIVE or not architecture:
+        return True
+    served = (profile(name).get("gpu" if gpu else "hpu") or {}).get("architectures") or []
+    return not served or architecture in served
 
 
 def check_engine(cfg: DictConfig) -> None:

@@ -78,7 +78,7 @@ VLLM_READ = {"quantization": {"inc": "fp8"}, "kv_cache_dtype": {"fp8_inc": "fp8"
 )
 def test_exported_commands_parse_back_into_the_same_settings(tmp_path, monkeypatch, overrides):
     cfg = make_config(
-        ["executor=simulated", "hardware=gaudi3", "model=spec/llama31_8b", *overrides]
+        ["executor=simulated", "hardware=gaudi3", "model=spec/ernie45_21b_a3b", *overrides]
     )
     engine, _ = build_engine(cfg)
     config = OmegaConf.to_container(cfg, resolve=True)

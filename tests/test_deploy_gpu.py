@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 from pipeline.deploy import deployment, write_deploy
 from tests.helpers import make_config
 
-BASE = ["executor=simulated", "hardware=h100", "model=spec/llama31_8b", "max_model_len=4096",
+BASE = ["executor=simulated", "hardware=h100", "model=spec/qwen25_7b", "max_model_len=4096",
         "max_num_seqs=64", "max_tokens=2048", "block_size=32"]  # fmt: skip
 
 
@@ -106,7 +106,8 @@ def test_no_hpu_variable_and_the_replicas_said(tmp_path, name):
 
 
 def test_a_gaudi_plan_keeps_its_own_scripts(tmp_path):
-    cfg = make_config([*BASE[:1], "hardware=gaudi3", *BASE[2:]])
+    ernie = "model=spec/ernie45_21b_a3b"  # FastDeploy on Gaudi: the ERNIE 4.5 series
+    cfg = make_config([*BASE[:1], "hardware=gaudi3", ernie, *BASE[3:]])
     config = yaml.safe_load(OmegaConf.to_yaml(cfg, resolve=True))
     d = deployment(config, 1000, "org/m", origin="a test", replicas=5)
     written = write_deploy(d, [], tmp_path)

@@ -27,6 +27,10 @@ def config_of(overrides: list[str]) -> dict:
     return yaml.safe_load(OmegaConf.to_yaml(cfg, resolve=True))
 
 
+# FastDeploy's Intel Gaudi guide serves the ERNIE 4.5 series (conf/engine/fastdeploy.yaml)
+ERNIE = "model=spec/ernie45_21b_a3b"
+
+
 def export(tmp_path: Path, overrides: list[str], device: str = "h100") -> Path:
     config = config_of([f"hardware={device}", *overrides])
     out = tmp_path / "deploy"
@@ -125,7 +129,7 @@ def test_no_parallel_flag_at_ep_1_dp_1(tmp_path):
 
 
 def test_ep_dp_on_gaudi(tmp_path):
-    out = export(tmp_path, ["tp=1", "dp=4", "ep=4"], device="gaudi3")
+    out = export(tmp_path, [ERNIE, "tp=1", "dp=4", "ep=4"], device="gaudi3")
     # vllm-gaudi: supported_features.md (Data Parallel), examples/nixl (--enable-expert-parallel)
     vllm = parse((out / "vllm-gaudi.sh").read_text())[1]
     assert (vllm["--data-parallel-size"], vllm["--enable-expert-parallel"]) == ("4", True)
@@ -230,7 +234,7 @@ def test_trtllm_disaggregated_config(tmp_path):
 
 
 def test_disaggregated_on_gaudi(tmp_path):
-    out = export(tmp_path, DISAGG, device="gaudi3")
+    out = export(tmp_path, [ERNIE, *DISAGG], device="gaudi3")
     # vllm-gaudi examples/nixl: kv_producer on prefill, kv_consumer on decode
     for role, kv_role in (("prefill", "kv_producer"), ("decode", "kv_consumer")):
         flags = parse((out / f"vllm-gaudi-{role}.sh").read_text())[1]
@@ -332,7 +336,7 @@ def test_sglang_ngram_has_no_dp_attention(tmp_path):
 
 
 def test_speculative_on_gaudi(tmp_path):
-    out = export(tmp_path, ["speculative.method=mtp", "speculative.tokens=1"], device="gaudi3")
+    out = export(tmp_path, [ERNIE, "speculative.method=mtp", "speculative.tokens=1"], "gaudi3")
     text = (out / "vllm-gaudi.sh").read_text()
     assert json.loads(parse(text)[1]["--speculative-config"]) == {
         "method": "mtp", "num_speculative_tokens": 1}  # fmt: skip

@@ -111,8 +111,10 @@ def test_plan_command_writes_the_table_plot_best_and_deploy_files(tmp_path):
     for name in ("plan.md", "plan.csv", "pareto.png", "best.json", "summary.md", "report.html"):
         assert (sweep / name).is_file(), name
     assert "<title>Plan " in (sweep / "report.html").read_text()  # the plan's, not the sweep's
-    for name in ("fastdeploy-hpu.sh", "vllm-gaudi.sh", "overrides.txt"):
+    for name in ("vllm-gaudi.sh", "overrides.txt"):
         assert (sweep / "deploy" / "gaudi2" / name).is_file(), name
+    # FastDeploy's Intel Gaudi guide serves ERNIE 4.5 only (conf/engine/fastdeploy.yaml)
+    assert not (sweep / "deploy" / "gaudi2" / "fastdeploy-hpu.sh").exists()
     rows = list(csv.DictReader(open(sweep / "plan.csv")))
     assert len(rows) == 2
     chosen = json.loads((sweep / "best.json").read_text())
@@ -121,7 +123,7 @@ def test_plan_command_writes_the_table_plot_best_and_deploy_files(tmp_path):
     assert str(chosen["job"]) == top["job"] or int(top["job"]) in chosen["tied"]
     assert [r["rank"] for r in rows if r["job"] == str(chosen["job"])] == ["1"]
     assert f"best by goodput_per_card: job {chosen['job']}" in done.stdout
-    assert "--max-num-batched-tokens" in (sweep / "deploy/gaudi2/fastdeploy-hpu.sh").read_text()
+    assert "--max-num-batched-tokens" in (sweep / "deploy/gaudi2/vllm-gaudi.sh").read_text()
     # any job the user names: python -m pipeline.deploy JOB_DIR
     other = 1 - int(chosen["job"])
     assert deploy_main([str(sweep / str(other)), "--model", "org/m"]) == 0

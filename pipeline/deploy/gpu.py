@@ -26,6 +26,7 @@ from pipeline.deploy.layouts import (
     trtllm_disagg_config,
 )
 from pipeline.deploy.settings import pool_deployment, replicas_line
+from pipeline.engine_profile import serves_architecture
 from pipeline.run_files import output_folder, write_file
 
 if TYPE_CHECKING:
@@ -44,7 +45,7 @@ def settings(d: Deployment, engine: Engine | None = None) -> dict[str, Any]:
         "block_size": d.block_size,
         "chunked_prefill": d.chunked_prefill,
         "prefix_caching": d.prefix_caching,
-        "quantization": str(d.quantization),
+        "quantization": "none" if d.prequantized else str(d.quantization),
         "kv_cache_dtype": str(d.kv_cache_dtype),
         "memory_fraction": d.memory_fraction,
         "dp": d.layout.dp,
@@ -178,6 +179,8 @@ def write_gpu_deploy(d: Deployment, out: Path) -> list[Path]:
     for engine in GPU_ENGINES:
         if d.engine not in (NATIVE, engine.profile):  # the run's engine's scripts only
             continue
+        if not serves_architecture(engine.profile, True, d.architecture):
+            continue  # (engine=native: an engine that does not serve the model gets none)
         if d.layout.disaggregated and engine.disagg is not None:
             written += _write_pools(engine, d, out)
             continue

@@ -31,6 +31,7 @@ from pipeline.deploy.layouts import (
     speculative,
 )
 from pipeline.deploy.settings import pool_deployment, replicas_line
+from pipeline.engine_profile import serves_architecture
 from stages.forward.buckets import Bucketing
 from stages.simulator.precision import KvCacheDtype, Quantization
 
@@ -283,7 +284,8 @@ def hpu_scripts(d: Deployment) -> dict[str, str]:
     was not simulated): FastDeploy's script, vllm-gaudi's (for a disaggregated
     configuration its prefill, decode and proxy scripts) and the bucket file."""
     files = {}
-    if d.engine in (NATIVE, FASTDEPLOY_ENGINE):
+    fastdeploy = serves_architecture(FASTDEPLOY_ENGINE, False, d.architecture)
+    if d.engine in (NATIVE, FASTDEPLOY_ENGINE) and fastdeploy:
         # FastDeploy on HPU runs aggregated whatever the plan (its script says so): its
         # copies take tp x dp cards each, as many as the plan's cards hold
         flat_layout = replace(d.layout, prefill=0, decode=0)

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from pipeline.checkpoint_rules import served_checkpoint
 from pipeline.engine_profile import engine_name
 from pipeline.layout import Layout, Pool, layout_of
 from stages.forward.bucket_axes import resolve_axes
@@ -84,6 +85,8 @@ class Deployment:
     engine: str = "native"  # whose step rules and shapes the run simulated (conf/engine/)
     predicted: Predicted | None = None  # the run's own figures, where a run was served
     max_warmup_s: float = 0.0  # plan.max_warmup_s: a longer warmup is impractical; 0 = none
+    architecture: str = ""  # the model's (its config.json's); "" = not stated
+    prequantized: bool = False  # the model is a published FP8 checkpoint: no quantization flag
 
     def __post_init__(self) -> None:
         # every text a script interpolates, comments included: a newline in a comment
@@ -134,10 +137,12 @@ def deployment(
         int(config["max_model_len"]), num_blocks, bool(config.get("prefix_caching", True)),
         scheduler == "ChunkedScheduler",
     )  # fmt: skip
+    served, fp8 = served_checkpoint(config, model or str(config["model"].get("name") or "MODEL"))
     return Deployment(
-        model=refuse_control_characters(
-            model or str(config["model"].get("name") or "MODEL"), "the model id"
-        ),
+        model=refuse_control_characters(served, "the model id"),
+        origin=f"{origin}; {fp8}" if fp8 else origin,
+        prequantized=bool(fp8),
+        architecture=str(config["model"].get("architecture") or ""),
         tp=int(config.get("tp", 1)),
         max_tokens=int(config["max_tokens"]),
         max_num_seqs=int(config["max_num_seqs"]),
@@ -151,7 +156,6 @@ def deployment(
         bucketing=strategy,
         buckets=_sizes(strategy, axes, steps, limits),
         scheduler=scheduler,
-        origin=origin,
         align_chunks=bool(config["scheduler"].get("align_chunks", True)),
         ranges={name: (a.min, a.step, a.max) for name, a in axes.items()},
         **_fastdeploy(steps, limits, bool(meta.get("step_recipes", False))),

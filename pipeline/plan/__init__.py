@@ -21,6 +21,7 @@ from pipeline import artefacts
 from pipeline.checks import ConfigError, describe_model
 from pipeline.command import HydraCommand, Job, SweepOnFailure
 from pipeline.disagg_config import check_layouts
+from pipeline.plan.capability import capability_rule
 from pipeline.plan.capacity import capacity_search
 from pipeline.plan.capacity_report import print_result
 from pipeline.plan.readiness import Readiness, readiness
@@ -36,7 +37,7 @@ def plan_job(cfg: DictConfig, job: Job) -> int:
     """One configuration's capacity search and, with a target, its sizing; a combination
     of the sweep the engines cannot deploy is a row, not a search."""
     artefacts.write_resolved_config(cfg, job.out_dir)  # a failed row shows its device and layout
-    reason = layout_rule(cfg)
+    reason = layout_rule(cfg) or capability_rule(cfg)
     if reason:
         log.info("ruled_out", reason=reason)
         artefacts.write_metrics({"status": RunStatus.FAILED, "error": reason,
