@@ -4,6 +4,7 @@ and its ties, no reference outside the page, and the one axis rule of summary.pn
 
 from __future__ import annotations
 
+import csv
 import json
 from html.parser import HTMLParser
 from pathlib import Path
@@ -16,7 +17,7 @@ from pipeline.page import REPORT_HTML
 from pipeline.page.axes import value_axis
 from pipeline.page.document import hours_minutes
 from pipeline.summary import SummaryError, build_summary
-from tests.helpers import make_config
+from tests.helpers import make_config, markdown_rows
 
 # The held-out error these tests give the profile: a band of / x 1.1 (pipeline/plan/bands.py),
 # the whole band for fp8 on Gaudi 2, a precision its published rows were measured in.
@@ -113,6 +114,13 @@ def test_every_job_with_its_overrides_and_band_and_the_tie_named(tmp_path):
     assert "Engine</b> native" in html and "gaudi2 tp1 none/auto" in html
     md = (tmp_path / "summary.md").read_text()
     assert "is a tie within their bands" in md and "4% ahead" not in md
+    # summary.md's cells and summary.csv's _lo / _hi columns carry the same band
+    assert markdown_rows(md)[0]["output_throughput"] == "1000.0 (909-1,100)"
+    with open(tmp_path / "summary.csv", newline="") as f:
+        first = next(csv.DictReader(f))
+    assert float(first["output_throughput_lo"]) == pytest.approx(1000 / 1.1)
+    assert float(first["output_throughput_hi"]) == pytest.approx(1100)
+    assert "token_utilization_lo" not in first  # a count of the scheduler's: no band
 
 
 def test_a_gap_outside_the_bands_is_no_tie(tmp_path):

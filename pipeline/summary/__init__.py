@@ -22,6 +22,7 @@ from omegaconf import DictConfig
 from pipeline.command import ArgparseCommand, Failure
 from pipeline.console import raise_advice
 from pipeline.page import REPORT_HTML
+from pipeline.page.document import range_text
 from pipeline.run_files import RunFolderError, write_file
 from pipeline.run_folder import RunStatus
 from pipeline.signals import stop_on_signals
@@ -76,14 +77,26 @@ def columns(jobs: Sequence[Job]) -> list[str]:
 
 
 def write_csv(jobs: Sequence[Job], path: Path) -> None:
+    """One row a job; a banded figure of a simulated sweep gets `_lo` / `_hi` columns."""
     text = io.StringIO(newline="")
     shown = columns(jobs)
-    writer = csv.DictWriter(text, fieldnames=shown)
+    banded = {c for c in shown for j in jobs if j.ends(c) is not None}
+    fields = [f for c in shown for f in ((c, f"{c}_lo", f"{c}_hi") if c in banded else (c,))]
+    writer = csv.DictWriter(text, fieldnames=fields)
     writer.writeheader()
     for job in jobs:
         row = _row(job)
-        writer.writerow({k: "" if row[k] is None else row[k] for k in shown})
+        for c in banded:
+            row[f"{c}_lo"], row[f"{c}_hi"] = job.ends(c) or (None, None)
+        writer.writerow({k: "" if row[k] is None else row[k] for k in fields})
     write_file(path, text.getvalue())
+
+
+def _cell(job: Job, column: str, value: Any) -> str:
+    """A markdown cell: a simulated figure with its band, `1,000 (909-1,100)`."""
+    ends = job.ends(column)
+    text = _fmt(value) if ends is None else f"{_fmt(value)} ({range_text(*ends)})"
+    return text.replace("|", "\\|")  # a pipe inside a cell would split the table
 
 
 def write_markdown(jobs: Sequence[Job], keys: Sequence[str], path: Path) -> None:
@@ -107,8 +120,7 @@ def write_markdown(jobs: Sequence[Job], keys: Sequence[str], path: Path) -> None
     for job in jobs:
         row = _row(job)
         row["overrides"] = " ".join(f"`{o}`" for o in _own(job, keys))
-        # A pipe inside a cell would split the markdown table.
-        cells = [_fmt(row[c]).replace("|", "\\|") for c in header]
+        cells = [_cell(job, c, row[c]) for c in header]
         lines.append("| " + " | ".join(cells) + " |")
     lines += _compile_notes(jobs)
     lines += _workload_notes(jobs)

@@ -70,8 +70,8 @@ class Job:
     @property
     def band(self) -> Band | None:
         """The band of a simulated job's predicted figures; None for a measured run."""
-        if not self.metrics.get("simulated"):
-            return None
+        if not self.metrics.get("simulated") or not isinstance(self.config.get("hardware"), dict):
+            return None  # measured, or no profile to take the band from
         # imported here: pipeline.plan's package reads sweeps through this module
         from pipeline.plan.bands import config_band
 
@@ -79,8 +79,10 @@ class Job:
 
     def ends(self, column: str) -> tuple[float, float] | None:
         """(low, high) of a banded figure of a simulated job; None where it has no band."""
+        if column not in BANDED:
+            return None
         value, band = self.value(column), self.band
-        if value is None or band is None or column not in BANDED or not band.relative:
+        if value is None or band is None or not band.relative:
             return None
         low, high = band.ends(float(value))
         return min(low, high), max(low, high)
