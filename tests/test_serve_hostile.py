@@ -5,12 +5,15 @@ token ids, echoed values without bound, a foreign Host, raw protocol errors."""
 from __future__ import annotations
 
 import json
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
+from pipeline.serve.guards import answered_hosts, host_name
+from tests.helpers_serve import live_server
 from tests.test_serve import AUTH, SERVER, running_server
 
 SIMULATED = ["executor=simulated", "hardware=gaudi3", "model=spec/ernie45_0p3b",
@@ -19,9 +22,10 @@ SIMULATED = ["executor=simulated", "hardware=gaudi3", "model=spec/ernie45_0p3b",
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> Iterator[tuple[str, Path]]:
+    """The tiny model's server with the server's own connection handling (uvicorn_config)."""
     out = tmp_path_factory.mktemp("tiny")
-    with running_server(SERVER, out) as (url, _):
-        yield url, out
+    with live_server(SERVER, out) as served:
+        yield served.url, out
 
 
 @pytest.fixture(scope="module")
@@ -88,3 +92,86 @@ def test_a_prompt_of_special_token_ids_is_served(tiny, prompt, tokens):
 def test_a_prompt_without_tokens_is_still_refused(tiny, prompt):
     response = post(tiny[0], {"prompt": prompt, "max_tokens": 2})
     assert response.status_code == 400 and error_of(response)["param"] == "prompt"
+
+
+# ------------------------------------------------------ case 9: echoed values
+
+
+def test_echoed_values_are_cut_short(tiny):
+    url, _ = tiny
+    bias = {str(i): 1.0 for i in range(20_000)}
+    response = post(url, {"prompt": "hi", "logit_bias": bias})
+    assert response.status_code == 400 and error_of(response)["param"] == "logit_bias"
+    assert len(response.content) < 2000 and "characters)" in error_of(response)["message"]
+    path = "/v1/" + "p" * 60_000  # httpx sends URLs up to 64 KiB
+    response = httpx.get(f"{url}{path}", headers=AUTH, timeout=30)
+    assert response.status_code == 404 and len(response.content) < 2000
+    assert error_of(response)["message"].startswith("GET /v1/ppp")
+    response = post(url, {"prompt": "hi", "model": "m" * 100_000})
+    assert response.status_code == 404 and len(response.content) < 2000
+
+
+# ------------------------------------------------------- case 14: DNS rebinding
+
+
+def test_a_foreign_host_is_refused_where_the_server_listens_on_loopback(tiny):
+    url, _ = tiny
+    port = url.rsplit(":", 1)[1]
+    for host in (f"evil.example:{port}", "evil.example", f"127.0.0.1.evil.example:{port}"):
+        response = httpx.get(f"{url}/health", headers={"Host": host}, timeout=10)
+        assert response.status_code == 400 and error_of(response)["param"] == "host", host
+        refused = post(url, {"prompt": "hi", "max_tokens": 1}, Host=host)
+        assert refused.status_code == 400 and error_of(refused)["param"] == "host"
+    for host in (f"localhost:{port}", f"127.0.0.1:{port}", "LOCALHOST"):
+        assert httpx.get(f"{url}/health", headers={"Host": host}, timeout=10).status_code == 200
+
+
+def test_the_names_answered_follow_the_address_and_the_setting():
+    assert answered_hosts("127.0.0.1", []) == {"localhost", "127.0.0.1", "[::1]"}
+    assert answered_hosts("0.0.0.0", []) is None  # every interface: names unknown, any
+    assert answered_hosts("127.0.0.1", ["*"]) is None
+    assert answered_hosts("0.0.0.0", ["API.example.com"]) == {"api.example.com"}
+    assert [host_name(h) for h in ("[::1]:80", "a.b:1", "a.b", "::1")] == [
+        "[::1]", "a.b", "a.b", "::1"]  # fmt: skip
+
+
+# ------------------------------------------------------ case 15: raw HTTP errors
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"Content-Length: 2\r\nContent-Length: 3\r\n",
+        b"Content-Length: -1\r\n",
+        # h11 reads the chunks (RFC 9112: Transfer-Encoding overrides Content-Length): the
+        # body reaches the route, which refuses it
+        b"Content-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n",
+        # a head still unfinished beyond h11's 16 KiB (a longer one sent on would meet a
+        # closed connection: the kernel's reset may lose the answer in flight)
+        b"X-Big: " + b"a" * 20_000,
+    ],
+    ids=["two-lengths", "negative-length", "length-and-chunked", "big-header"],
+)
+def test_a_request_http_cannot_parse_gets_openais_error_shape(tiny, head):
+    url, _ = tiny
+    host, port = url.removeprefix("http://").split(":")
+    auth = (f"Authorization: {AUTH['Authorization']}\r\nContent-Type: application/json\r\n"
+            "Connection: close\r\n")  # fmt: skip
+    body = b"" if b"chunked" in head or b"X-Big" in head else b"\r\n{}"
+    request = b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\n" + auth.encode() + head + body
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        try:
+            sock.sendall(request)
+        except OSError:  # the server may answer and close before the last bytes arrive
+            pass
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    status, _, rest = answer.partition(b"\r\n")
+    headers, _, answer_body = rest.partition(b"\r\n\r\n")
+    assert status.startswith(b"HTTP/1.1 400"), answer[:200]
+    assert b"content-type: application/json" in headers.lower()
+    error = json.loads(answer_body)["error"]  # h11's refusal (`http`), or the route's
+    assert error["param"] in ("http", "prompt") and error["code"] == 400
+    assert "\n" not in error["message"]
+    assert httpx.get(f"{url}/health", timeout=10).status_code == 200

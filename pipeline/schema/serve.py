@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -12,6 +12,9 @@ class ServeConf:
     host: str = "127.0.0.1"  # 0.0.0.0 listens on every interface
     port: int = 8000
     api_key: str = ""  # a Bearer token /v1 routes require; empty = none
+    # Host header names answered (DNS rebinding: a page's own name resolved to 127.0.0.1);
+    # empty = the loopback names where host is loopback, any elsewhere; "*" = any
+    allowed_hosts: list[str] = field(default_factory=list)
     model_name: str = ""  # the name /v1/models lists; empty = the model group's choice
     max_waiting: int = 256  # requests queued (not yet running) at most; beyond: 503
     max_request_bytes: int = 1_000_000  # larger request bodies get 413

@@ -25,7 +25,9 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 
 from pipeline.serve.guards import (
+    HostCheck,
     Problem,
+    answered_hosts,
     check_key,
     checked_body,
     http_problem,
@@ -75,6 +77,8 @@ def create_app(
     app.include_router(probe_routes)
     app.include_router(openai_routes)
     app.include_router(tokenizer_routes)
+    answered = answered_hosts(cfg.serve.host, list(cfg.serve.allowed_hosts))
+    app.add_middleware(HostCheck, answered=answered)
     return app
 
 

@@ -6,15 +6,18 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol, TypeVar
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
+from starlette.types import ASGIApp, Receive, Scope, Send
 
-from pipeline.serve.protocol import RequestError
+from pipeline.serve.protocol import RequestError, echoed
+
+MAX_MESSAGE_CHARS = 1000  # the longest error the server writes itself is a few hundred
 
 
 class Problem(Exception):
@@ -30,7 +33,7 @@ class Problem(Exception):
 def http_problem(request: Request, err: Exception) -> JSONResponse:
     """Starlette's own answers (404 no such route, 405 wrong method) in OpenAI's shape."""
     assert isinstance(err, HTTPException)
-    where = f"{request.method} {request.url.path}"
+    where = f"{request.method} {echoed(request.url.path)}"
     return problem_response(Problem(err.status_code, f"{where}: {err.detail}", "path",
                                     dict(err.headers or {})))  # fmt: skip
 
@@ -40,9 +43,57 @@ def server_problem(request: Request, err: Exception) -> JSONResponse:
 
 
 def problem_response(err: Problem) -> JSONResponse:
+    """The answer in OpenAI's shape; a message is cut at MAX_MESSAGE_CHARS whatever it
+    repeats of the request."""
     kind = "invalid_request_error" if err.status < 500 else "server_error"
-    body = {"error": {"message": str(err), "type": kind, "param": err.param, "code": err.status}}
+    message = echoed(str(err), MAX_MESSAGE_CHARS)
+    body = {"error": {"message": message, "type": kind, "param": err.param, "code": err.status}}
     return JSONResponse(body, status_code=err.status, headers=err.headers)
+
+
+LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "[::1]"})
+
+
+def answered_hosts(bind_host: str, allowed: Sequence[str]) -> frozenset[str] | None:
+    """The Host header names the server answers (None: any): serve.allowed_hosts, or by
+    default, where it listens on loopback, the loopback names alone. A page on another
+    site whose name its DNS turns into 127.0.0.1 (DNS rebinding) sends its own name, and
+    with it could read the answers of a server without a key."""
+    names = {name.lower() for name in allowed}
+    if "*" in names:
+        return None
+    if names:
+        return frozenset(names)
+    loopback = bind_host in ("localhost", "::1") or bind_host.startswith("127.")
+    return LOOPBACK_NAMES if loopback else None
+
+
+def host_name(header: str) -> str:
+    """The name of a Host header (`name:port`, `[v6]:port`), lower case."""
+    header = header.strip().lower()
+    if header.startswith("["):
+        return header[: header.find("]") + 1]
+    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
+
+
+class HostCheck:
+    """Answers a request whose Host names no server name with 400 (param `host`), before
+    any route reads it (ASGI middleware: streams pass through untouched)."""
+
+    def __init__(self, app: ASGIApp, answered: frozenset[str] | None) -> None:
+        self.app, self.answered = app, answered
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and self.answered is not None:
+            headers = dict(scope.get("headers") or [])
+            name = host_name(headers.get(b"host", b"").decode("latin-1"))
+            if name not in self.answered:
+                problem = Problem(400, f"Host {echoed(repr(name))} is not a name this server "
+                                  "answers to: use localhost, or add the name to "
+                                  "serve.allowed_hosts", "host")  # fmt: skip
+                await problem_response(problem)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 def check_json(request: Request) -> None:
@@ -52,8 +103,9 @@ def check_json(request: Request) -> None:
     if not (
         kind == "application/json" or (kind.startswith("application/") and kind.endswith("+json"))
     ):
-        raise Problem(415, f"Content-Type {kind or '(none)'!r} is not accepted: send the body "
-                      "as application/json", "content-type")  # fmt: skip
+        shown = echoed(repr(kind or "(none)"))
+        raise Problem(415, f"Content-Type {shown} is not accepted: send the body as "
+                      "application/json", "content-type")  # fmt: skip
 
 
 def check_key(request: Request, api_key: str) -> None:
@@ -107,6 +159,6 @@ async def checked_body(request: Request, parse: Callable[[bytes], B]) -> B:
     except RequestError as err:
         raise Problem(400, str(err), err.param) from None
     if body.model is not None and body.model != settings.model_name:
-        raise Problem(404, f"model '{body.model}' is not served here: "
+        raise Problem(404, f"model '{echoed(body.model)}' is not served here: "
                       f"GET /v1/models lists '{settings.model_name}'", "model")  # fmt: skip
     return body

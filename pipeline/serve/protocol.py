@@ -47,6 +47,15 @@ NEUTRAL: dict[str, tuple[Any, ...]] = {
 }
 
 
+ECHO_CHARS = 80  # of a value an error repeats back: enough to recognise it
+
+
+def echoed(text: str, limit: int = ECHO_CHARS) -> str:
+    """`text` as an error repeats it: its first `limit` characters and its length beyond
+    (a 20,000-entry logit_bias or a 100 KB path is not sent back whole)."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
+
+
 class RequestError(ValueError):
     """A request the server refuses with 400; `param` names the offending field."""
 
@@ -125,7 +134,7 @@ class GenerationBody(Strict):
                 value = getattr(self, name)
                 if value not in allowed:
                     raise RequestError(
-                        f"{name}={value!r} is not supported by this server "
+                        f"{name}={echoed(repr(value))} is not supported by this server "
                         f"(accepted: {', '.join(repr(a) for a in allowed)})",
                         name,
                     )
