@@ -235,7 +235,7 @@ def protocol_cases() -> list[Case]:
               get_case("/openapi.json with a key", "/openapi.json", 404),
               get_case("GET /v1/completions", "/v1/completions", 405),
               get_case("no such route", "/v2/anything", 404)]  # fmt: skip
-    head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+    head = b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\n"
     full = head + (f"Authorization: Bearer {KEY}\r\nContent-Type: application/json\r\n"
                    "Content-Length: 100\r\n\r\n{").encode()  # fmt: skip
     cases += [

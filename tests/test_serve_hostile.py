@@ -4,6 +4,7 @@ token ids, echoed values without bound, a foreign Host, raw protocol errors."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 from collections.abc import Iterator
@@ -13,6 +14,7 @@ import httpx
 import pytest
 
 from pipeline.serve.guards import answered_hosts, host_name
+from pipeline.serve.worker import EngineWorker
 from tests.helpers_serve import live_server
 from tests.test_serve import AUTH, SERVER, running_server
 
@@ -21,11 +23,11 @@ SIMULATED = ["executor=simulated", "hardware=gaudi3", "model=spec/ernie45_0p3b",
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> Iterator[tuple[str, Path]]:
+def tiny(tmp_path_factory) -> Iterator[tuple[str, Path, EngineWorker]]:
     """The tiny model's server with the server's own connection handling (uvicorn_config)."""
     out = tmp_path_factory.mktemp("tiny")
     with live_server(SERVER, out) as served:
-        yield served.url, out
+        yield served.url, out, served.worker
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +100,7 @@ def test_a_prompt_without_tokens_is_still_refused(tiny, prompt):
 
 
 def test_echoed_values_are_cut_short(tiny):
-    url, _ = tiny
+    url = tiny[0]
     bias = {str(i): 1.0 for i in range(20_000)}
     response = post(url, {"prompt": "hi", "logit_bias": bias})
     assert response.status_code == 400 and error_of(response)["param"] == "logit_bias"
@@ -115,7 +117,7 @@ def test_echoed_values_are_cut_short(tiny):
 
 
 def test_a_foreign_host_is_refused_where_the_server_listens_on_loopback(tiny):
-    url, _ = tiny
+    url = tiny[0]
     port = url.rsplit(":", 1)[1]
     for host in (f"evil.example:{port}", "evil.example", f"127.0.0.1.evil.example:{port}"):
         response = httpx.get(f"{url}/health", headers={"Host": host}, timeout=10)
@@ -153,7 +155,7 @@ def test_the_names_answered_follow_the_address_and_the_setting():
     ids=["two-lengths", "negative-length", "length-and-chunked", "big-header"],
 )
 def test_a_request_http_cannot_parse_gets_openais_error_shape(tiny, head):
-    url, _ = tiny
+    url = tiny[0]
     host, port = url.removeprefix("http://").split(":")
     auth = (f"Authorization: {AUTH['Authorization']}\r\nContent-Type: application/json\r\n"
             "Connection: close\r\n")  # fmt: skip
@@ -175,3 +177,32 @@ def test_a_request_http_cannot_parse_gets_openais_error_shape(tiny, head):
     assert error["param"] in ("http", "prompt") and error["code"] == 400
     assert "\n" not in error["message"]
     assert httpx.get(f"{url}/health", timeout=10).status_code == 200
+
+
+# ------------------------------------------------- case 4: templates off the loop
+
+
+@pytest.mark.parametrize("route", ["/tokenize", "/v1/chat/completions"])
+def test_every_template_render_runs_off_the_event_loop(tiny, monkeypatch, route):
+    """A model's template may run for seconds (a GGUF one is stopped at 2 s): no route
+    renders it on the event loop, where /health waits behind it."""
+    url, _, worker = tiny
+    tokenizer = worker.engine.tokenizer
+    render = tokenizer.encode_chat
+    on_loop: list[bool] = []
+
+    def recorded(messages):
+        try:
+            asyncio.get_running_loop()
+            on_loop.append(True)
+        except RuntimeError:  # no loop runs in this thread
+            on_loop.append(False)
+        return render(messages)
+
+    monkeypatch.setattr(tokenizer, "encode_chat", recorded)
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+    if route == "/tokenize":
+        body = {"messages": body["messages"]}
+    response = httpx.post(f"{url}{route}", json=body, headers=AUTH, timeout=60)
+    assert response.status_code == 200, response.text
+    assert on_loop == [False]

@@ -46,7 +46,7 @@ from pipeline.serve.protocol import (
 )
 from pipeline.serve.replies import Reply, ReplyKind, Serving, TextStream, usage_counts
 from pipeline.serve.telemetry import Telemetry
-from pipeline.serve.tokenize import tokenizer_routes
+from pipeline.serve.tokenize import encode_chat, tokenizer_routes
 from pipeline.serve.worker import EngineWorker, Finished, Stream
 
 DISCONNECTED = "aborted: the client disconnected"
@@ -140,12 +140,8 @@ async def completions(request: Request) -> Response:
 async def chat_completions(request: Request) -> Response:
     worker, body = await accept(request, ChatBody)
     tokenizer = worker.engine.tokenizer
-    messages = [{"role": m.role, "content": m.text()} for m in body.messages]
-    try:  # the model's chat template, as for jsonl `messages` (stages/loading/chat.py), rendered
-        # off the event loop in a child with a time limit: /health answers meanwhile
-        prompt, ids = await asyncio.to_thread(tokenizer.encode_chat, messages)
-    except ValueError as err:
-        raise Problem(400, str(err), "messages") from None
+    # the model's chat template, as for jsonl `messages` (stages/loading/chat.py)
+    prompt, ids = await encode_chat(tokenizer, body.messages)
     reply = request.app.state.serving.reply(ReplyKind.CHAT_COMPLETION, body.shown())
     return await generate(request, worker, body, reply, prompt, ids, body.limit())
 

@@ -11,6 +11,7 @@ Each asks the API key as the generation routes do.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, TypeVar
 
 from fastapi import APIRouter, Request
@@ -43,6 +44,18 @@ class DetokenizeBody(ModelBody):
     tokens: list[int]
 
 
+async def encode_chat(tokenizer: Tokenizer, messages: list[ChatMessage]) -> tuple[str, list[int]]:
+    """The chat's prompt and ids under the model's chat template, rendered off the event
+    loop (a child process with a time limit renders a model's own template,
+    stages/loading/template_worker.py): /health answers meanwhile. The one way every route
+    renders a template; a template that fails is a 400 naming `messages`."""
+    turns = [{"role": m.role, "content": m.text()} for m in messages]
+    try:
+        return await asyncio.to_thread(tokenizer.encode_chat, turns)
+    except ValueError as err:
+        raise Problem(400, str(err), "messages") from None
+
+
 async def tokenizer_of(request: Request, body_type: type[M]) -> tuple[Tokenizer, M]:
     """The checks of these routes (key, content type, size, body, model), as the
     generation routes', and the served tokenizer."""
@@ -62,11 +75,7 @@ async def tokenize(request: Request) -> Response:
         if not body.add_generation_prompt or body.add_special_tokens:
             raise Problem(400, "messages are tokenized with the generation prompt and no "
                           "added special tokens only", "add_generation_prompt")  # fmt: skip
-        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
-        try:
-            _, ids = tokenizer.encode_chat(messages)
-        except ValueError as err:
-            raise Problem(400, str(err), "messages") from None
+        _, ids = await encode_chat(tokenizer, body.messages)
     else:
         ids = tokenizer.encode(body.prompt)
         if body.add_special_tokens is False and ids[:1] == [tokenizer.bos_id]:
