@@ -1,5 +1,7 @@
-"""Hostile input against a live server: every class of issue 49, case by case, with /health
-checked (and the process alive) after each one.
+"""Hostile input against a live server: every class of issues 49 and 57, case by case, with
+/health checked (and the process alive) after each one; and the commands' own hostile input
+(benchmarks/hostile_commands.py: launch-script injection, links, damaged folders, resume,
+failed runs, start-up checks), each in a fresh process and folder.
 
     python -m benchmarks.hostile                    # starts its own servers on 127.0.0.1
     python -m benchmarks.hostile --out hostile.md
@@ -356,6 +358,14 @@ def health_during(chat: dict) -> Callable[[str], bool]:
     return check
 
 
+def guarded(case: Case) -> bool:
+    """A case without a server: its check, where an exception is a case not handled."""
+    try:
+        return case.check("")
+    except Exception:  # what the check met is the finding, not the benchmark's end
+        return False
+
+
 def report(results: list[tuple[Case, bool]]) -> str:
     groups: dict[str, list[bool]] = {}
     for case, ok in results:
@@ -375,14 +385,22 @@ def main() -> None:
     p.add_argument("--out", type=Path, help="also write the table here (markdown)")
     args = p.parse_args()
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    from benchmarks import hostile_commands as more  # issue 57's classes
+
     work = Path(tempfile.mkdtemp(prefix="hostile_"))
     cases = number_cases() + stop_cases() + request_cases() + protocol_cases()
     tiny = Server(TINY, work / "tiny")
-    results = run_cases(cases, tiny)
+    results = run_cases(cases + more.tiny_cases(), tiny)
+    simulated = Server(more.SIMULATED, work / "simulated")
+    results += run_cases(more.simulated_cases(), simulated)
     overrides, gguf_cases = template_cases(work)
+    gguf_cases.append(Case("template", "/health during 4 /tokenize renders",
+                           more.health_during_tokenize))  # fmt: skip
     gguf = Server(overrides, work / "gguf")
     results += run_cases(gguf_cases, gguf)
-    text = report(results) + f"\n\nServer starts: {tiny.starts} (tiny), {gguf.starts} (gguf)"
+    results += [(case, guarded(case)) for case in more.command_cases(work / "commands")]
+    starts = f"{tiny.starts} (tiny), {simulated.starts} (simulated), {gguf.starts} (gguf)"
+    text = report(results) + f"\n\nServer starts: {starts}"
     print(text)
     if args.out:
         args.out.write_text(text + "\n")
