@@ -33,9 +33,11 @@ def run_folder(parent: Path, name: str = "run", **config_changes) -> Path:
 
 
 def one_line_error(capsys) -> str:
+    """The one `Error:` line on stderr (a warning line of the deployment may precede it)."""
     err = capsys.readouterr().err
-    assert err.startswith("Error: ") and err.count("\n") == 1, err
-    return err
+    errors = [line for line in err.splitlines() if line.startswith("Error: ")]
+    assert len(errors) == 1 and "Traceback" not in err, err
+    return errors[0]
 
 
 def run_header(script: Path, cwd: Path) -> None:
