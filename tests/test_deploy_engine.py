@@ -122,3 +122,41 @@ def test_a_gpu_run_deploys_its_engine_only(tmp_path):
         scripts = sorted(p.name for p in written if p.name.endswith(".sh"))
         assert scripts == [script]
         assert f"The run simulated this server (engine={engine})" in written[0].read_text()
+
+
+def _products(text: str) -> list[tuple[int, int, int]]:
+    """The buckets of a VLLM_BUCKETING_FROM_FILE file as vllm-gaudi reads them: each line a
+    tuple whose list positions multiply out."""
+    import ast
+    import itertools
+
+    out = []
+    for line in text.splitlines():
+        dims = [d if isinstance(d, list) else [d] for d in ast.literal_eval(line)]
+        out += list(itertools.product(*dims))
+    return out
+
+
+def test_the_vllm_gaudi_file_is_in_its_own_axes():
+    from omegaconf import OmegaConf
+
+    from pipeline.deploy.hpu import vllm_buckets_file
+    from tests.helpers import make_config
+
+    cfg = make_config(["executor=simulated", "hardware=gaudi2", "model=spec/ernie45_21b_a3b",
+                       "block_size=128", "max_tokens=1024", "max_model_len=4096",
+                       "max_num_seqs=16", "metadata.bucketing=linear"])  # fmt: skip
+    d = deployment(OmegaConf.to_container(cfg, resolve=True), 2000, origin="t")
+    buckets = _products(vllm_buckets_file(d))
+    prompts = [b for b in buckets if b[1] > 1]
+    # none that vllm-gaudi would drop: batch x query within --max-num-batched-tokens
+    assert prompts and all(n * q <= 1024 for n, q, _ in prompts)
+    # a fresh prompt (no context) has its bucket at every query size
+    assert {q for _, q, c in prompts if c == 0} == {q for _, q, _ in prompts}
+    # a chunk of q tokens after c context blocks that our buckets hold (c + its blocks
+    # within our largest table) has a context bucket at least c wide
+    largest = max(d.buckets["prefill_blocks"])
+    for q in {q for _, q, _ in prompts}:
+        widest = max(c for _, qq, c in prompts if qq == q)
+        assert widest == largest - q // 128
+    assert any(q == 1 for _, q, _ in buckets)  # the decode buckets

@@ -45,7 +45,7 @@ from pipeline.buckets.sources import SourceError, load_source, run_limits
 from pipeline.buckets.speed import Choice, candidate_plans, choose, write_choice
 from pipeline.command import ArgparseCommand, Failure
 from pipeline.run_files import RunFolderError, output_folder, write_file
-from pipeline.run_folder import read_metrics, read_step_lines
+from pipeline.run_folder import RESOLVED_CONFIG, read_mapping, read_metrics, read_step_lines
 from stages.forward.bucket_planner import HEADROOM, Evaluation, Plan, Workload, evaluate
 from stages.forward.buckets import Bucketing
 
@@ -227,14 +227,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=64,
         help="warmup graphs at most (64), or `exponential`: as many as the exponential set",
     )
+    plan.add_argument("--max-warmup", type=float, default=0.0, help="warmup seconds at most, "
+                      "at the run's compile_s a graph (beside --max-shapes; 0 = none)")  # fmt: skip
     plan.add_argument("--out", type=Path, required=True, help="the folder to write")
     plan.add_argument("--name", default="planned", help="the bucket file: +buckets=NAME")
-    plan.add_argument(
-        "--block-weight",
-        type=float,
-        default=0.001,
-        help="a padded block costs this x block_size tokens (default 0.001)",
-    )
+    plan.add_argument("--block-weight", type=float, default=0.001,
+                      help="a padded block costs this x block_size tokens (0.001)")  # fmt: skip
     plan.add_argument(
         "--headroom",
         action=argparse.BooleanOptionalAction,
@@ -272,11 +270,22 @@ def run_command(args: argparse.Namespace, argv: list[str]) -> int:
         variants = workload_variants(args.workload)
     elif source is None:
         raise SourceError("give a run or sweep folder, or --workload OVERRIDES")
-    plan_source(
-        source, args.max_shapes, args.out, args.name, args.block_weight, args.headroom, variants
-    )
+    budget = warmup_budget(source, args.max_shapes, args.max_warmup)
+    plan_source(source, budget, args.out, args.name, args.block_weight, args.headroom, variants)
     print((args.out / "report.md").read_text(), end="")
     return 0
+
+
+def warmup_budget(source: Path, max_shapes: int, max_warmup_s: float) -> int:
+    """--max-shapes, held within --max-warmup at the run's compile_s a graph."""
+    if max_warmup_s <= 0:
+        return max_shapes
+    hardware = (read_mapping(source / RESOLVED_CONFIG) or {}).get("hardware") or {}
+    compile_s = float(hardware.get("compile_s") or 0.0)
+    if compile_s <= 0:
+        raise SourceError(f"{source}: no compile_s in its resolved config: give a simulated run")
+    graphs = max(1, int(max_warmup_s // compile_s))
+    return graphs if max_shapes == EXPONENTIAL_BUDGET else min(max_shapes, graphs)
 
 
 COMMAND = ArgparseCommand(

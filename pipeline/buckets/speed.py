@@ -67,14 +67,14 @@ class Choice:
 
 def choose(candidates: list[Served], builtins: list[Served], budget: int) -> Choice:
     """The fastest candidate with no more graphs than the reference and not slower than
-    it; the reference is the fastest built-in within the graph budget (or, none fitting,
-    the built-in with the fewest graphs). Without such a candidate: the reference."""
+    it; the reference is the fastest built-in within the graph budget. Without such a
+    candidate: the reference; with no built-in within the budget, the fastest set that is.
+    The budget is a hard limit: no set past it is recommended, and the reason says what it
+    costs against the fastest set beyond it."""
     within = [b for b in builtins if b.warmup_shapes <= budget]
-    if within:
-        reference, which = min(within, key=rank), f"the fastest built-in within {budget} graphs"
-    else:
-        reference = min(builtins, key=lambda b: b.warmup_shapes)
-        which = f"the built-in with the fewest graphs (none fits {budget})"
+    if not within:
+        return _within_budget(candidates, builtins, budget)
+    reference, which = min(within, key=rank), f"the fastest built-in within {budget} graphs"
     fits = [
         c for c in candidates
         if c.warmup_shapes <= reference.warmup_shapes and not_slower(c, reference)
@@ -83,12 +83,41 @@ def choose(candidates: list[Served], builtins: list[Served], budget: int) -> Cho
         return Choice(reference, reference, False, (
             f"no planned set served as fast as {reference.label}, {which}, with no more "
             f"graphs: recommending {reference.label} itself ({_figures(reference)})"
-        ))  # fmt: skip
+        ) + _beyond(reference, [*candidates, *builtins]))  # fmt: skip
     best = min(sorted(fits, key=lambda c: c.warmup_shapes), key=rank)  # ties: fewer graphs
     return Choice(best, reference, True, (
         f"{best.label} ({_figures(best)}) is not slower than {reference.label}, {which} "
         f"({_figures(reference)}), with no more graphs"
-    ))  # fmt: skip
+    ) + _beyond(best, [*candidates, *builtins]))  # fmt: skip
+
+
+def _within_budget(candidates: list[Served], builtins: list[Served], budget: int) -> Choice:
+    """No built-in fits the budget: the fastest planned set within it (the planner keeps
+    every candidate within it); none at all is an error, never a set past the budget."""
+    fits = [c for c in candidates if c.warmup_shapes <= budget]
+    if not fits:
+        fewest = min(builtins, key=lambda b: b.warmup_shapes)
+        raise ValueError(
+            f"no bucket set fits --max-shapes {budget}: the smallest built-in, "
+            f"{fewest.label}, has {fewest.warmup_shapes:,} graphs; raise --max-shapes"
+        )
+    best = min(sorted(fits, key=lambda c: c.warmup_shapes), key=rank)
+    return Choice(best, best, True, (
+        f"no built-in fits {budget} graphs; {best.label} ({_figures(best)}) is the fastest "
+        "planned set within them"
+    ) + _beyond(best, [*candidates, *builtins]))  # fmt: skip
+
+
+def _beyond(chosen: Served, every: list[Served]) -> str:
+    """What the budget costs: the fastest set of all against the one recommended."""
+    fastest = min(every, key=rank)
+    if fastest is chosen or fastest.warmup_shapes <= chosen.warmup_shapes:
+        return ""
+    slower = chosen.duration_s / fastest.duration_s - 1 if fastest.duration_s else 0.0
+    return (
+        f"; the budget costs {slower:.1%} serving time against the fastest set beyond it, "
+        f"{fastest.label} ({_figures(fastest)})"
+    )
 
 
 def _figures(s: Served) -> str:

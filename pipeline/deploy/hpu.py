@@ -192,13 +192,24 @@ def fastdeploy_script(d: Deployment) -> str:
 
 
 def vllm_buckets_file(d: Deployment) -> str:
-    """VLLM_BUCKETING_FROM_FILE's format: one product of lists per line; prompt buckets
-    (batch, query tokens, context blocks), decode buckets (batch, 1, blocks)."""
-    b = d.buckets
-    return (
-        f"({b['prefill_batch']}, {b['prefill_seq']}, {b['prefill_blocks']})\n"
-        f"({b['decode_batch']}, 1, {b['decode_blocks']})\n"
-    )
+    """VLLM_BUCKETING_FROM_FILE's format, in vllm-gaudi's own axes: one product of lists
+    per line. Prompt buckets (batch, query tokens, context blocks): vllm-gaudi's third axis
+    counts the context's blocks only (0 for a fresh prompt), ours the chunk's with them, so
+    each query size gets the context blocks our sizes leave beside it, 0 always among them;
+    it drops a bucket whose batch x query exceeds --max-num-batched-tokens, so no such
+    batch is listed. Decode buckets (batch, 1, blocks of all rows)."""
+    b, bs, budget = d.buckets, d.block_size, d.max_tokens
+    lines = []
+    for query in b["prefill_seq"]:
+        batches = [n for n in b["prefill_batch"] if n * query <= budget]
+        if not batches:
+            continue
+        chunk = -(-query // bs)
+        contexts = sorted({0, *(t - chunk for t in b["prefill_blocks"] if t > chunk)})
+        lines.append(f"({batches}, {query}, {contexts})")
+    decodes = [n for n in b["decode_batch"] if n <= budget]
+    lines.append(f"({decodes}, 1, {b['decode_blocks']})")
+    return "\n".join(lines) + "\n"
 
 
 def _vllm_bucket_lines(d: Deployment) -> list[str]:
@@ -206,9 +217,9 @@ def _vllm_bucket_lines(d: Deployment) -> list[str]:
     strategy = VLLM_STRATEGY.get(d.bucketing)
     if strategy is None:
         return [
-            "# The bucket sets the simulation prepared, exactly, from the file beside this one:",
-            "# prompt (batch, query tokens, blocks), decode (batch, 1, blocks of all rows). The",
-            "# prompt's third axis here counts the chunk's blocks with its context's.",
+            "# The bucket sets the simulation prepared, from the file beside this one, in",
+            "# vllm-gaudi's axes: prompt (batch, query tokens, context blocks; 0 for a fresh",
+            "# prompt), decode (batch, 1, blocks of all rows); none past the token budget.",
             'export VLLM_BUCKETING_FROM_FILE="$(dirname "$0")/' + VLLM_BUCKETS + '"',
         ]
     lines = [
