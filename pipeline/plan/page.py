@@ -43,7 +43,7 @@ def _review(c: Candidate, chosen: Candidate | None) -> str:
 def _cell(key: str, value: Any, ends: Mapping[str, tuple[float, float]]) -> Cell:
     if value is None:
         return Cell("", None)
-    if key == "warmup_s":
+    if key in ("warmup_s", "ready_s"):
         return Cell(hours_minutes(float(value)), float(value))
     if key == "headroom":
         return Cell(f"{value:+.0%}", float(value))
@@ -61,7 +61,7 @@ def _table(
 ) -> Table:
     shown = [k for k in shown_columns(rows) if k != "job"]  # the job's link comes first
     text = {k for k in shown if any(isinstance(r.get(k), str) for r in rows)}
-    names = {"warmup_s": "warmup"}
+    names = {"warmup_s": "warmup", "ready_s": "ready"}
     columns = [Column("job", title="the job's number: opens its folder")]
     columns += [Column(names.get(k, k), k in text, k) for k in shown]
     columns.append(Column("review against the best", True, "copy and run"))
@@ -114,10 +114,12 @@ def _lead(
     r = rows[list(cands).index(chosen)]
     parts = [f"Best: job {chosen.job.num} on {chosen.device}", str(r.get("config") or "")]
     if r.get("cards") is not None:
-        parts.append(f"{r['cards']} cards")
-    warmup = chosen.metric("predicted_warmup_s")
-    if warmup is not None:
-        parts.append(f"warmup {hours_minutes(warmup)}")
+        parts.append(f"{r['cards']} card{'' if r['cards'] == 1 else 's'}")
+    if r.get("usd_per_hour") is not None:
+        parts.append(f"${number_text(float(r['usd_per_hour']))}/hour")
+    for key, words in (("ready_s", "ready in"), ("warmup_s", "warmup")):
+        if r.get(key) is not None:
+            parts.append(f"{words} {hours_minutes(float(r[key]))}")
     return ", ".join(p for p in parts if p)
 
 
