@@ -68,11 +68,11 @@ class Int8Weight:
     scales: paddle.Tensor  # float32 [out]
 
     @classmethod
-    def of_rows(cls, rows: paddle.Tensor) -> Int8Weight:
+    def of_rows(cls, rows: paddle.Tensor | np.ndarray) -> Int8Weight:
         """Rows [out, in] (a tied embedding is already one row a token), rounded to the
         nearest of 255 levels spanning each row's largest magnitude; a block of rows at a
         time, so that rounding a large table holds no float32 copy of it."""
-        values = rows.numpy()
+        values = rows if isinstance(rows, np.ndarray) else rows.numpy()
         levels = np.empty(values.shape, dtype=np.int8)
         scales = np.empty(values.shape[0], dtype=np.float32)
         for first in range(0, values.shape[0], ROUNDING_ROWS):
@@ -86,8 +86,10 @@ class Int8Weight:
         return cls(paddle.to_tensor(levels), paddle.to_tensor(scales))
 
     @classmethod
-    def of_matrix(cls, weight: paddle.Tensor) -> Int8Weight:
+    def of_matrix(cls, weight: paddle.Tensor | np.ndarray) -> Int8Weight:
         """A matmul weight [in, out]."""
+        if isinstance(weight, np.ndarray):
+            return cls.of_rows(weight.T)  # a view: of_rows copies a block of rows at a time
         return cls.of_rows(weight.T.contiguous())
 
     def widened(self) -> paddle.Tensor:

@@ -256,19 +256,23 @@ class TransformerLM:
     def store_int8(self) -> None:
         """Every dense MLP's weights and the lm head (the embedding, where tied) as int8
         rows with a scale per output (stages/model/int8_weight.py), the float32 ones freed:
-        the bytes a decode reads. Attention's projections stay float32."""
+        the bytes a decode reads. Attention's projections stay float32. Weights a loader
+        stored as int8 already stay as they are."""
         if self.dtype != "float32":
             raise ValueError(f"model.weights=int8 takes model.dtype=float32, not {self.dtype}")
         kernel()  # built (or found built) now: a missing compiler stops the run at start
+
+        def rounded(weight: Weight) -> Int8Weight:
+            return weight if isinstance(weight, Int8Weight) else Int8Weight.of_matrix(weight)
+
         mlps = [layer.mlp for layer in self.layers if isinstance(layer.mlp, DenseMLP)]
-        mlps += [
-            e for layer in self.layers if isinstance(layer.mlp, MoeMLP) for e in layer.mlp.experts
-        ]
+        for moe in (layer.mlp for layer in self.layers if isinstance(layer.mlp, MoeMLP)):
+            mlps += [*moe.experts, *([moe.shared] if moe.shared is not None else [])]
         for mlp in mlps:
-            mlp.gate_up, mlp.down = (Int8Weight.of_matrix(w) for w in (mlp.gate_up, mlp.down))
+            mlp.gate_up, mlp.down = rounded(mlp.gate_up), rounded(mlp.down)
         if self.lm_head is not None:
-            self.lm_head = Int8Weight.of_matrix(self.lm_head)
-        else:
+            self.lm_head = rounded(self.lm_head)
+        elif not isinstance(self.embed, Int8Weight):
             self.embed = Int8Weight.of_rows(self.embed)
 
     @property

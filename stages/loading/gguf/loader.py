@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
@@ -26,8 +26,6 @@ from stages.loading.gguf.reader import GgufHeader, TensorInfo, read_gguf_header
 from stages.model.spec import WeightStorage
 
 if TYPE_CHECKING:  # checking a file's tensors needs no Paddle; loading them imports it
-    import paddle
-
     from stages.model.transformer import TransformerLM
 
 # GGUF tensor names (llama.cpp's tensor_mapping) -> Hugging Face names.
@@ -139,13 +137,27 @@ def _permuted_heads(spec: CheckpointSpec, key: str) -> int:
     return 0
 
 
-def load_state(header: GgufHeader, spec: CheckpointSpec, dtype: str) -> dict[str, paddle.Tensor]:
-    """Every model tensor, in the model's layout, each handed to Paddle once complete."""
+def int8_buffers(spec: CheckpointSpec) -> frozenset[str]:
+    """The model tensors model.weights=int8 keeps as int8 (TransformerLM.store_int8's):
+    every MLP's gate_up and down, and the lm head, the embedding where tied."""
+    plan = weight_plan(spec)
+    mlps = {dest for dest in plan.buffers if dest.endswith((".gate_up", ".down"))}
+    return frozenset(mlps | {"lm_head" if "lm_head" in plan.buffers else "embed"})
+
+
+def load_state(
+    header: GgufHeader, spec: CheckpointSpec, dtype: str, int8: frozenset[str] = frozenset()
+) -> dict[str, Any]:
+    """Every model tensor, in the model's layout, each handed to Paddle once complete; those
+    named in `int8` rounded to int8 (Int8Weight) as they complete, so that no float32 copy
+    of the whole model is ever held beside them."""
+    from stages.model.int8_weight import Int8Weight
+
     plan = weight_plan(spec)
     tensors = check_tensors(header, plan)  # every name, shape and type before any data
     pending = plan.parts_per_buffer()
     buffers: dict[str, np.ndarray] = {}
-    state: dict[str, paddle.Tensor] = {}
+    state: dict[str, Any] = {}
     with header.path.open("rb") as file:
         for key in plan.shapes:
             placements = plan.placements[key]
@@ -161,7 +173,10 @@ def load_state(header: GgufHeader, spec: CheckpointSpec, dtype: str) -> dict[str
                     place_block(buffers[placement.dest], placement, first, block)
             for dest in (p.dest for p in placements):
                 pending[dest] -= 1
-                if not pending[dest]:
+                if not pending[dest] and dest in int8:  # the embedding is one row a token
+                    store = Int8Weight.of_rows if dest == "embed" else Int8Weight.of_matrix
+                    state[dest] = store(buffers.pop(dest))
+                elif not pending[dest]:
                     state[dest] = to_paddle(buffers.pop(dest), dtype)
     return state
 
@@ -180,7 +195,8 @@ def load_gguf_model(
     context = max_position or spec.max_position_embeddings
     check_gguf_context(header, spec, context)
     eos = token_ids(header, "eos", "eot", "eom")
-    state = load_state(header, spec, dtype)
+    int8 = int8_buffers(spec) if weights == WeightStorage.int8 else frozenset()
+    state = load_state(header, spec, dtype, int8)
     vocab = spec.model.vocab_size
     model = assemble_model(spec, state, dtype, context, [i for i in eos if 0 <= i < vocab])
     if weights == WeightStorage.int8:
