@@ -138,3 +138,14 @@ def test_identical_rows_are_said(tmp_path):
                                  "prices": {"h100": 3.0}, "model_id": "m"})  # fmt: skip
     notes = {r["job"]: r["note"] for r in csv.DictReader(open(tmp_path / "plan.csv"))}
     assert notes["1"] == "same figures as job 0" and notes["0"] == "" and notes["2"] == ""
+
+
+def test_a_preference_apart_below_the_rounding_is_shown_apart(tmp_path):
+    # headroom 4 x 6.001 / 20 - 1 = +20.02% against 4 x 6 / 20 - 1 = +20.00%
+    make_job(tmp_path, 0, tp=1, goodput=6.0, tokens=1, tpot_ms=20, device="h100",
+             target=sized(20, 6.0, 4, 1))  # fmt: skip
+    make_job(tmp_path, 1, tp=1, goodput=6.001, tokens=1, tpot_ms=20, device="h100",
+             target=sized(20, 6.001, 4, 1))  # fmt: skip
+    cands = read_candidates(find_jobs(tmp_path), max_warmup_s=3600)
+    note = rank(cands, "cost", {"h100": 3.0}).note
+    assert "headroom +20.02% against +20.00%" in note

@@ -303,6 +303,8 @@ def _broken_by(first: Candidate, second: Candidate, by: str) -> str:
         if mine != theirs:
             shown = (mine, theirs) if name == "ready s" else (-mine, -theirs)
             fmt = "{:+.0%}" if name == "headroom" else "{:,.0f}"
+            if fmt.format(shown[0]) == fmt.format(shown[1]):  # apart below the rounding
+                fmt = "{:+.2%}" if name == "headroom" else "{:,.2f}"
             return (
                 f"jobs {first.job.num} and {second.job.num} have the same {by}: job "
                 f"{first.job.num} first ({PREFERENCES}: {name} {fmt.format(shown[0])} "
