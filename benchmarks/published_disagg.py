@@ -200,7 +200,9 @@ def main(argv: list[str] | None = None) -> int:
         pd_rows = [c for c in latency if c.disaggregated]
         held_out = [*(c.ttft_error for c in pd_rows), *(c.itl_error for c in pd_rows), *errors]
         pd_devices = [c.row["hardware"] for c in pd_rows] * 2 + devices  # TTFT's, ITL's
-        command = command_line("benchmarks.published_disagg", argv)
+        command = command_line(
+            "benchmarks.published_disagg", sys.argv[1:] if argv is None else argv
+        )
         path = record("disaggregation", held_out, pd_devices, args.latency, command)
         print(f"recorded {path}")
     return 0

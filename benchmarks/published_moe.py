@@ -147,8 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     feature = moe_feature([lay for _, lay in rows])
     if args.record and feature:
         devices = [r.row.hardware for r in runs]
-        path = record(feature, [r.error for r in runs], devices, args.file,
-                      command_line("benchmarks.published_moe", argv))  # fmt: skip
+        command = command_line("benchmarks.published_moe", sys.argv[1:] if argv is None else argv)
+        path = record(feature, [r.error for r in runs], devices, args.file, command)
         print(f"recorded {path}")
     return 0
 

@@ -197,7 +197,13 @@ def main(argv: list[str] | None = None) -> int:
         f"worst {max(magnitudes):.1%}"
     )
     if args.record:
-        record_methods(rows, errors, command_line("benchmarks.published_speculative", argv))
+        record_methods(
+            rows,
+            errors,
+            command_line(
+                "benchmarks.published_speculative", sys.argv[1:] if argv is None else argv
+            ),
+        )
     return 0
 
 

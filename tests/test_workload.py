@@ -46,7 +46,7 @@ def test_jsonl_rows_after_a_blank_line_keep_their_own_ids(tmp_path):
     path.write_text('{"prompt": "a"}\n\nnot json\n{"prompt": "b"}\n{"prompt": "c"}\n')
     from stages.workload.jsonl import JsonlWorkload
 
-    requests = JsonlWorkload(str(path), 0, 4, 0.0, 0, 0).load(ByteTokenizer(add_bos=False))
+    requests = JsonlWorkload(str(path), 0, 4, 0.0, 0, 0, 0).load(ByteTokenizer(add_bos=False))
     assert [r.id for r in requests] == ["line-1", "line-3", "line-4", "line-5"]
     assert [r.error is None for r in requests] == [True, False, True, True]
     assert [r.prompt for r in requests] == ["a", "", "b", "c"]

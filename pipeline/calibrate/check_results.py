@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import statistics
-import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
@@ -77,10 +76,9 @@ def record(
     return write_file(path, json.dumps(asdict(result), indent=2) + "\n")
 
 
-def command_line(module: str, argv: Sequence[str] | None) -> str:
-    """How the check was run: `python -m MODULE ARGS` (ARGS: argv, or the process's own)."""
-    args = sys.argv[1:] if argv is None else list(argv)
-    return " ".join(["python -m", module, *args])
+def command_line(module: str, argv: Sequence[str]) -> str:
+    """How the check was run: `python -m MODULE ARGS`."""
+    return " ".join(["python -m", module, *argv])
 
 
 def read_results(folder: Path = CHECKS_DIR) -> dict[str, CheckResult]:

@@ -96,11 +96,11 @@ class HardwareProfile:
     # A MoE layer's grouped GEMMs: fixed time per layer (routing alignment, launches) and
     # per expert run (a small GEMM's fill), fitted to measured kernel times
     # (benchmarks/moe_kernels.py); 0 = not modelled.
-    moe_layer_s: float = 0.0
-    moe_expert_s: float = 0.0
+    moe_layer_s: float
+    moe_expert_s: float
     # An EAGLE head's pass beside its roofline: launches, sampling, tree bookkeeping
     # (stages/simulator/draft_tree.py); 0 = not modelled.
-    draft_pass_s: float = 0.0
+    draft_pass_s: float
 
     def __post_init__(self) -> None:
         """Every field checked for its type and range, whichever file it came from: a NaN

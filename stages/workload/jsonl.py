@@ -143,7 +143,7 @@ class JsonlWorkload:
         rate: float,
         seed: int,
         concurrency: int,
-        max_model_len: int = 0,
+        max_model_len: int,
     ) -> None:
         self.concurrency = closed_loop(concurrency)
         # the bytes a line may have and still hold a prompt that fits max_model_len (0: no
