@@ -233,9 +233,7 @@ def agreement(results: dict[tuple[str, int], list[dict]], streams: int) -> str:
         shared.append(same)
     return (
         f"Greedy tokens shared before the first difference, prompt by prompt ({streams} "
-        f"streams): {', '.join(map(str, shared))} of {len(ours[-1]['outputs'][0])} (llama.cpp "
-        "multiplies its 4-bit blocks as they are stored, this engine their float32 "
-        "dequantisation: near-ties part ways)."
+        f"streams): {', '.join(map(str, shared))} of {len(ours[-1]['outputs'][0])}."
     )
 
 
