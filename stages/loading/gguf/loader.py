@@ -181,9 +181,7 @@ def load_state(
     return state
 
 
-def load_gguf_model(
-    path: str, dtype: str, max_position: int, weights: str = "float32"
-) -> TransformerLM:
+def load_gguf_model(path: str, dtype: str, max_position: int, weights: str) -> TransformerLM:
     """The model of a GGUF file, in compute dtype `dtype`, with rotary tables for
     `max_position` positions (0 = the file's context length); weights=int8 keeps its MLPs
     and lm head as int8 (TransformerLM.store_int8)."""
