@@ -152,7 +152,9 @@ def test_summary_and_review_show_the_precision():
     fp8 = {"simulated": True, "hardware": "h100", "tp": 2, "quantization": "fp8"}
     fp8["kv_cache_dtype"] = "fp8"
     bf16 = {**fp8, "quantization": "none", "kv_cache_dtype": "auto"}
-    assert device_label(fp8) == "h100 tp2 fp8/fp8 native"  # no engine named: this one's
+    # the engine predicted closes the label (a folder without one: native)
+    assert device_label(fp8) == "h100 tp2 fp8/fp8 native"
+    assert device_label({**fp8, "engine": "vllm"}) == "h100 tp2 fp8/fp8 vllm"
     assert device_label({"simulated": False}) == ""
     table = metrics_table(bf16, fp8)
     assert table["quantization"]["a"] == "none" and table["quantization"]["b"] == "fp8"
