@@ -43,10 +43,13 @@ class Feed:
     """An instance's requests: each admitted at its arrival (`admit`: False while the
     instance has no room, and it waits in order), never past `horizon` while idle."""
 
-    def __init__(self, engine: Engine, admit: Callable[[Request], bool]) -> None:
+    def __init__(
+        self, engine: Engine, admit: Callable[[Request], bool], requests: Sequence[Request] = ()
+    ) -> None:
         self.engine = engine
         self.admit = admit
-        self.pending: deque[Request] = deque()  # not arrived yet, in arrival order
+        # not arrived yet, in arrival order
+        self.pending: deque[Request] = deque(sorted(requests, key=lambda r: r.arrival_s))
         self.queued: deque[Request] = deque()  # arrived, waiting for room
         self.horizon = math.inf
 
@@ -60,7 +63,12 @@ class Feed:
         return math.inf
 
     def next_arrival(self) -> float:
+        """When one may next be admitted while none finishes: never while one waits for
+        room (only a finish makes it), else at the next arrival."""
         return math.inf if self.queued or not self.pending else self.pending[0].arrival_s
+
+    def finishes_before_change(self) -> float:
+        return 0 if self.queued else math.inf
 
     def hand(self, request: Request, ended: Callable[[Request], None]) -> None:
         """The request to this instance, or ended at once (`ended`) where it can never be

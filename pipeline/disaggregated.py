@@ -40,8 +40,6 @@ at the instances' load (round-robin only).
 
 from __future__ import annotations
 
-import math
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,7 +52,7 @@ from pipeline.build import build, load_workload
 from pipeline.checks import ConfigError, check_model_context, describe_model
 from pipeline.console import summary_table
 from pipeline.disagg_admission import DecodeAdmission
-from pipeline.disagg_closed_loop import Copies, simulate_closed_loop
+from pipeline.disagg_closed_loop import Copies, Feed, simulate_closed_loop
 from pipeline.disagg_config import (
     DECODE,
     PREFILL,
@@ -66,7 +64,7 @@ from pipeline.disagg_config import (
     pool_of,
 )
 from pipeline.disagg_latency import describe_parts, ttft_parts_ms
-from pipeline.engine import Arrivals, Engine, long_lived_frozen
+from pipeline.engine import Engine, long_lived_frozen
 from pipeline.executors import check_config
 from pipeline.executors.fast_forward import FastForward
 from pipeline.executors.simulated import simulated_engine
@@ -205,44 +203,6 @@ def prefill_pass(deployment: Deployment) -> tuple[list[Request], float]:
     return [copies[r.seq_id] for r in deployment.requests], end
 
 
-class Transfers:
-    """A decode instance's arrivals: requests whose KV cache reaches it at `arrival_s`,
-    each admitted (as a running decode) once it has arrived and the instance has room,
-    in arrival order."""
-
-    def __init__(self, requests: Sequence[Request], admit: DecodeAdmission, engine: Engine) -> None:
-        self.pending = deque(sorted(requests, key=lambda r: r.arrival_s))
-        self.queued: deque[Request] = deque()  # arrived, waiting for room
-        self.admit = admit
-        self.engine = engine
-
-    def next_arrival(self) -> float:
-        """When one may next be admitted while none finishes: never while one waits for
-        room (only a finish makes it), else at the next arrival."""
-        if self.queued or not self.pending:
-            return math.inf
-        return self.pending[0].arrival_s
-
-    def finishes_before_change(self) -> float:
-        return 0 if self.queued else math.inf
-
-    def take(self, now: float, idle: bool) -> Arrivals | None:
-        clock, pending = self.engine.clock, self.pending
-        if idle and not self.queued:
-            if not pending:
-                return None
-            clock.sleep_until(pending[0].arrival_s)
-            now = clock()
-        while pending and pending[0].arrival_s <= now:
-            self.queued.append(pending.popleft())
-        while self.queued and self.admit(self.queued[0]):
-            self.queued.popleft()
-        if idle and self.queued and not self.engine.scheduler.has_work:  # it can never fit
-            r = self.queued.popleft()
-            r.fail("the decode instance's KV pool cannot hold the prompt: raise num_blocks", now)
-        return Arrivals([])
-
-
 def run_decode_instance(
     engine: Engine, requests: list[Request], totals: StepTotals, pulls: dict[int, float]
 ) -> float:
@@ -252,7 +212,7 @@ def run_decode_instance(
     clock.restart()
     engine.reject_invalid(requests)
     admit = DecodeAdmission(engine.scheduler, clock, pulls)
-    source = Transfers([r for r in requests if not r.finished], admit, engine)
+    source = Feed(engine, admit, [r for r in requests if not r.finished])
     fast_forward = None
     if engine.simulation is not None:
         fast_forward = FastForward(
