@@ -25,8 +25,10 @@ from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 RENDER_TIMEOUT_S = 2.0  # a real template renders in milliseconds
+STARTUP_TIMEOUT_S = 60.0  # the child's interpreter start, kept out of the render's limit
 MAX_OUTPUT_CHARS = 4_000_000  # a prompt longer than any context window
 MEMORY_LIMIT_BYTES = 1 << 30  # the child's address space
+READY = b"ready\n"  # the child's first line: set up and waiting for requests
 
 
 def _raise(message: str) -> None:
@@ -74,11 +76,15 @@ class TemplateRenderer:
                 stdout=subprocess.PIPE,
                 stderr=subprocess.DEVNULL,
             )
+            # A loaded machine may take seconds to start Python; only the render is timed.
+            if self._read_line(self._child, STARTUP_TIMEOUT_S) != READY:
+                self._kill()
+                raise ValueError("the chat template's renderer did not start")
         return self._child
 
-    def _read_line(self, child: subprocess.Popen) -> bytes:
+    def _read_line(self, child: subprocess.Popen, timeout_s: float | None = None) -> bytes:
         assert child.stdout is not None
-        ready, _, _ = select.select([child.stdout], [], [], self.timeout_s)
+        ready, _, _ = select.select([child.stdout], [], [], timeout_s or self.timeout_s)
         if not ready:
             raise ValueError(
                 f"the chat template did not finish within {self.timeout_s:g} s: "
@@ -132,6 +138,7 @@ def main() -> None:
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     signal.signal(signal.SIGALRM, _out_of_time)
     out = os.fdopen(sys.stdout.fileno(), "wb", buffering=0)
+    out.write(READY)
     for raw in sys.stdin.buffer:
         request = json.loads(raw)
         signal.setitimer(signal.ITIMER_REAL, 2 * RENDER_TIMEOUT_S)
