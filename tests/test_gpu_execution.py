@@ -8,7 +8,7 @@ import pytest
 
 from pipeline.executors import build_engine
 from stages.forward.cudagraph import capture_sizes
-from tests.helpers import make_config
+from tests.helpers import make_config, serve
 
 DEVICE = ["executor=simulated", "model=spec/llama31_8b", "max_num_seqs=64", "max_tokens=2048",
           "max_model_len=4096", "warmup=true"]  # fmt: skip
@@ -48,6 +48,22 @@ def test_a_gpu_captures_graphs_and_pads_decodes_to_them():
     assert not engine.scheduler.padded_budget  # real tokens, as vLLM counts its budget
     # one prefill bucket, the largest: a GPU computes the real tokens, no step pads to it
     assert all(len(buckets.sizes[axis]) == 1 for axis in ("prefill_batch", "prefill_seq"))
+
+
+def test_a_gpu_prefill_computes_its_real_tokens():
+    # token utilization counts what the device computes: a GPU's prefill tokens unpadded,
+    # its decode rows at the capture size; Gaudi's prefill at the bucket's rows x seq
+    for device, pads_prefill in (("h100", False), ("gaudi2", True)):
+        steps: list = []
+        serve([*DEVICE, f"hardware={device}"], steps=steps)
+        with_prefill = [s for s in steps if s.prefill]
+        assert with_prefill
+        for step in with_prefill:
+            real = sum(chunk["end"] - chunk["start"] for chunk in step.prefill)
+            rows, seq, _ = step.padded["prefill"]
+            decode_rows = step.padded["decode"][0] if step.decode else 0
+            prefill = rows * seq if pads_prefill else real
+            assert step.padded_tokens == prefill + decode_rows
 
 
 def test_gaudi_keeps_its_bucket_grid():

@@ -103,6 +103,11 @@ class Buckets:
         self.misses = 0
         self._missed_shapes: set[tuple] = set()
 
+    def padded_prefill_tokens(self, shape: tuple[int, ...], real: int) -> int:
+        """The tokens a prefill of `real` tokens in bucket `shape` computes: a GPU computes
+        the real ones (its one wide bucket is not padded to), an HPU the bucket's rows x seq."""
+        return real if self.strategy is Bucketing.cudagraph else shape[0] * shape[1]
+
     def fit(self, name: str, n: int) -> tuple[int, bool]:
         """(the size n is padded to, whether that size is a prepared one)."""
         sizes = self._listed[name]

@@ -264,7 +264,7 @@ class BucketedMetadataBuilder:
             lens = prefill.chunk_lens[: prefill.batch]
             rows.append(np.cumsum(lens) - 1 if packed else np.arange(prefill.batch) * s + lens - 1)
             offset = prefill.num_tokens if packed else b * s
-            padded = b * s
+            padded = self.buckets.padded_prefill_tokens(prefill.shape, prefill.num_tokens)
         if decode:
             padded += decode.shape[0]
             ids.append(decode.input_ids)
@@ -325,7 +325,9 @@ class ShapeMetadataBuilder(BucketedMetadataBuilder):
             needed["decode"] = [rows, kv[1]]
             padded_rows, width = self.buckets.fitted("decode", {"batch": rows, "blocks": kv[1]})
             decode = padded_rows, width
-        padded = (prefill[0] * prefill[1] if prefill else 0) + (decode[0] if decode else 0)
         shape = step_shape(self.block_size, plan, prefill, decode, lens, kv)
-        tokens = rows + sum(shape.chunk_lens)  # plan.num_tokens, from what is at hand
+        prompt_tokens = sum(shape.chunk_lens)
+        tokens = rows + prompt_tokens  # plan.num_tokens, from what is at hand
+        padded = self.buckets.padded_prefill_tokens(prefill, prompt_tokens) if prefill else 0
+        padded += decode[0] if decode else 0
         return ForwardMeta.of_shapes(plan.mode, tokens, padded, shape, needed)
