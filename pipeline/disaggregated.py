@@ -70,7 +70,7 @@ from pipeline.executors.fast_forward import FastForward
 from pipeline.executors.simulated import simulated_engine
 from pipeline.metrics import StepTotals, stats, summarise
 from pipeline.run_folder import RunStatus
-from pipeline.serving import Hooks, serve_and_summarise
+from pipeline.serving import Hooks, fail_if_none_served, report_failures, serve_and_summarise
 from pipeline.slo import Slo, slo_metrics
 from stages.scheduling.request import FinishReason, Request
 from stages.simulator.device import VirtualClock
@@ -350,7 +350,8 @@ def serve_deployment(
         hooks = Hooks(finish=write_generations)
 
     def summarise_run(duration: float, warmup_s: float, status: RunStatus) -> dict[str, Any]:
-        return deployment_metrics(deployment, duration, warmup_s, status, slo)
+        metrics = deployment_metrics(deployment, duration, warmup_s, status, slo)
+        return fail_if_none_served(metrics, deployment.requests, status)
 
     served = serve_and_summarise(
         cfg, deployment, lambda: simulate(deployment), lambda: (), summarise_run, out_dir,
@@ -361,8 +362,9 @@ def serve_deployment(
 
 def run_deployment(cfg: DictConfig, out_dir: Path, slo: Slo) -> dict[str, Any]:
     """A disaggregated run into `out_dir`; prints the summary."""
-    _, metrics = serve_deployment(cfg, slo, out_dir)
+    deployment, metrics = serve_deployment(cfg, slo, out_dir)
     print(f"{metrics['status']}: {out_dir}\n{summary_table(metrics)}\n{describe(metrics)}")
+    report_failures(metrics, deployment.requests)
     return metrics
 
 

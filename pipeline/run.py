@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,13 @@ from pipeline.metrics import StepTotals, summarise
 from pipeline.records import StepRecord
 from pipeline.resume import Previous, appendable, load_previous, pending_requests
 from pipeline.run_folder import RunStatus
-from pipeline.serving import Ending, Hooks, serve_and_summarise
+from pipeline.serving import (
+    Ending,
+    Hooks,
+    fail_if_none_served,
+    report_failures,
+    serve_and_summarise,
+)
 from pipeline.signals import RunInterrupted, as_interrupted, stop_on_signals
 from pipeline.slo import Slo, slo_metrics
 from stages.scheduling.request import Request
@@ -97,9 +102,7 @@ def run_requests(
         metrics = run_metrics(cfg, engine, requests, steps, duration, warmup_s, status)
         if previous:
             metrics["resumed_requests"] = len(pending)
-        if status is RunStatus.OK and requests and all(r.error for r in requests):
-            metrics["status"], metrics["error"] = RunStatus.FAILED, failed_requests(requests)
-        return metrics
+        return fail_if_none_served(metrics, requests, status)
 
     hooks = Hooks(files.open, files.on_unfinished, files.close, files.finish)
     served = serve_and_summarise(
@@ -129,19 +132,8 @@ def report_run(
         out_dir=str(out_dir),
     )
     print(f"{metrics['status']}: {out_dir}\n{summary_table(metrics)}")
-    if any(r.error for r in requests) and not stopped:
-        said = "Error" if metrics["status"] == RunStatus.FAILED else "Warning"
-        print(f"{said}: {failed_requests(requests)}", file=sys.stderr)
-
-
-def failed_requests(requests: Sequence[Request]) -> str:
-    """The requests that failed, in one line: how many, and the first one's error."""
-    failed = [r for r in requests if r.error]
-    every = "every request" if len(failed) == len(requests) else "some requests"
-    return (
-        f"{every} failed ({len(failed)} of {len(requests)}; the first, {failed[0].id!r}: "
-        f"{' '.join(str(failed[0].error).split())[:300]}): see generations.jsonl"
-    )
+    if not stopped:
+        report_failures(metrics, requests)
 
 
 def unfinished(requests: Sequence[Request]) -> list[Request]:

@@ -14,7 +14,8 @@ requests in memory, or the server's folder).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import sys
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -123,6 +124,34 @@ def serve_and_summarise(
     metrics = summarise(duration, warmup_s, status)
     artefacts.write_metrics(metrics, out_dir)
     return Served(metrics, stopped_by)
+
+
+def failed_requests(requests: Sequence[Request]) -> str:
+    """The requests that failed, in one line: how many, and the first one's error."""
+    failed = [r for r in requests if r.error]
+    every = "every request" if len(failed) == len(requests) else "some requests"
+    return (
+        f"{every} failed ({len(failed)} of {len(requests)}; the first, {failed[0].id!r}: "
+        f"{' '.join(str(failed[0].error).split())[:300]}): see generations.jsonl"
+    )
+
+
+def fail_if_none_served(
+    metrics: dict[str, Any], requests: Sequence[Request], status: RunStatus
+) -> dict[str, Any]:
+    """A run that ended OK with every request failed is a failed run (its command exits
+    1): `metrics` with that status and the one line that says so."""
+    if status is RunStatus.OK and requests and all(r.error for r in requests):
+        metrics["status"], metrics["error"] = RunStatus.FAILED, failed_requests(requests)
+    return metrics
+
+
+def report_failures(metrics: dict[str, Any], requests: Sequence[Request]) -> None:
+    """Where requests failed, one line on stderr: an error where every one failed (the
+    run failed), a warning where some did."""
+    if any(r.error for r in requests):
+        said = "Error" if metrics["status"] == RunStatus.FAILED else "Warning"
+        print(f"{said}: {failed_requests(requests)}", file=sys.stderr)
 
 
 def warm_up(cfg: DictConfig, engine: Servable) -> float:

@@ -1,7 +1,7 @@
 """A batch run says how it went: a run whose every request failed exits 1 and says so (its
-metrics.json too), one where some failed warns in one line; start-up checks refuse every
-key they read in one line (exit 2); a workload line too large to serve is refused before it
-is read whole."""
+metrics.json too), a disaggregated one alike, one where some failed warns in one line;
+start-up checks refuse every key they read in one line (exit 2); a workload line too large
+to serve is refused before it is read whole."""
 
 from __future__ import annotations
 
@@ -37,6 +37,22 @@ def test_a_run_whose_every_request_failed_exits_1_and_says_so(tmp_path, capsys):
     assert "every request failed (4 of 4" in metrics["error"]
     err = capsys.readouterr().err.splitlines()
     assert [line for line in err if line.startswith("Error: ")] == [f"Error: {metrics['error']}"]
+
+
+def test_a_disaggregated_run_whose_every_request_failed_exits_1_and_says_so(tmp_path, capsys):
+    folder = tmp_path / "run"
+    simulated = ["executor=simulated", "hardware=h100", "model=spec/llama31_8b", "max_num_seqs=4",
+                 "max_model_len=1024", "workload.num_requests=4"]  # fmt: skip
+    pools = ["disagg.prefill=1", "disagg.decode=1"]
+    assert run_job(make_config([*simulated, *pools, "num_blocks=1"]), job(folder)) == 1
+    metrics = metrics_of(folder)
+    assert metrics["status"] == "failed" and metrics["num_errors"] == metrics["num_requests"] == 4
+    assert "every request failed (4 of 4" in metrics["error"] and "disagg" in metrics
+    err = capsys.readouterr().err.splitlines()
+    assert [line for line in err if line.startswith("Error: ")] == [f"Error: {metrics['error']}"]
+    # The same deployment with room for its requests serves them: exit 0.
+    assert run_job(make_config([*simulated, *pools]), job(tmp_path / "served")) == 0
+    assert metrics_of(tmp_path / "served")["status"] == "ok"
 
 
 NOISE = random.Random(0).randbytes(20_000)  # seeded: every test worker collects the same
