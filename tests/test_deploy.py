@@ -164,9 +164,9 @@ def test_fastdeploy_script_exports_its_warmup_grid(tmp_path, capsys):
     assert (env["BATCH_STEP_PREFILL"], env["SEQUENCE_STEP_PREFILL"]) == ("1", "16")
     assert env["CONTEXT_BLOCK_STEP_PREFILL"] == "1"
     script = (folder / FASTDEPLOY).read_text()
-    # the grid's recipes, as the run's warmup counted FastDeploy's runs
+    # the grid's forward passes, as the run's warmup listed FastDeploy's runs
     runs = sum(len(v) for v in engine.warmup_shapes().values())
-    assert f"warmup grid from these: {runs:,} recipes" in script
+    assert f"warmup grid from these: {runs:,} forward passes" in script
     if engine.warmup_shapes()["mixed"]:  # the device's own count, the run's warmup_shapes
         assert f"counts {sum(engine.warmup_counts().values()):,} graphs" in script
     assert runs > 20 and "WARNING" in script and "WARNING" in capsys.readouterr().err

@@ -8,7 +8,12 @@ import json
 import shlex
 
 from pipeline.deploy.settings import deployment
-from stages.forward.engine_grids import FastDeploySteps, ServerLimits, fastdeploy_grid
+from stages.forward.engine_grids import (
+    FastDeploySteps,
+    ServerLimits,
+    fastdeploy_warmup,
+    part_graphs,
+)
 from tests.helpers import run_cli
 
 RUN = ["executor=simulated", "hardware=gaudi2", "model=spec/ernie45_21b_a3b", "warmup=true",
@@ -46,9 +51,9 @@ def test_a_fastdeploy_run_deploys_fastdeploy_as_it_simulated_it(tmp_path):
     # the one warmup figure: the run's count is FastDeploy's grid, listed independently
     steps = FastDeploySteps(sequence_step_prefill=64)
     limits = ServerLimits(64, 1024, 8, 4096, metrics["num_blocks"], True, True)
-    recipes = fastdeploy_grid(steps, limits).recipes
+    recipes = sum(part_graphs(fastdeploy_warmup(steps, limits), whole=True).values())
     assert metrics["warmup_shapes"] == recipes
-    assert f"# Warmup: {recipes:,} recipes" in script
+    assert f"# Warmup: {recipes:,} recipe sets" in script
     # HPU_WARMUP_MODEL_LEN (4096) is max_model_len here: nothing left to the model length;
     # the compiles the run predicted are stated
     compiles = metrics["serving_compiles"]

@@ -15,6 +15,7 @@ from stages.forward.engine_grids import (
     fastdeploy_grid,
     fastdeploy_warmup,
     part_graphs,
+    step_graphs,
     vllm_exponential_range,
     vllm_linear_range,
     vllm_padding_range,
@@ -62,7 +63,7 @@ def test_fastdeploy_mixed_runs_every_fourth():
     # lengths [384, 256, 128][::4] = [384]
     grid = fastdeploy_grid(SMALL, limits(seqs=5, chunked=True))
     assert grid.mixed == [(384, 0, 4, 8)]
-    assert len(grid.decode) == 8 and grid.recipes == 5 + 8 + 1
+    assert len(grid.decode) == 8 and grid.runs == 5 + 8 + 1
     # with 4 rows, a prefill row beside 4 decodes is more than max_num_seqs: none
     assert fastdeploy_grid(SMALL, limits(seqs=4, chunked=True)).mixed == []
 
@@ -74,6 +75,21 @@ def test_fastdeploy_warmup_as_our_buckets_and_graphs():
     # the mixed run's prefill part is not a prefill run's (batch 1, 384 is: (1, 384, 3)),
     # its decode part is (4, 8): no new graph
     assert part_graphs(phases) == {"prefill": 5, "decode": 8, "mixed": 0}
+    # FastDeploy's runner: the mixed pass's token-wise ops at 1 x 384 + 4 tokens, 1 + 4 rows
+    assert part_graphs(phases, whole=True) == {"prefill": 5, "decode": 8, "mixed": 1}
+
+
+def test_a_mixed_step_compiles_its_parts_and_its_total_tokens():
+    # worked from hpu_attn_backend.py forward_mixed: attention at each part's own shape
+    # (a prefill of 2 rows x 256, a decode of 8 rows); the rest at 2 x 256 + 8 = 520 tokens
+    # and 2 + 8 = 10 rows
+    assert step_graphs((2, 256, 4), (8, 40), whole=True) == [
+        ("prefill", (2, 256, 4)), ("decode", (8, 40)), ("mixed", 520, 10)]  # fmt: skip
+    assert step_graphs((2, 256, 4), (8, 40), whole=False) == [
+        ("prefill", (2, 256, 4)), ("decode", (8, 40))]  # fmt: skip
+    # two mixed steps that differ in their decode blocks or context share the mixed recipes
+    phases = {"s": [((1, 512, 4), (4, 16)), ((1, 512, 8), (4, 32))]}
+    assert part_graphs(phases, whole=True) == {"s": 2 + 2 + 1}
 
 
 @pytest.mark.parametrize(

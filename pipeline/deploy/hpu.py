@@ -98,16 +98,19 @@ def fastdeploy_grid_lines(d: Deployment) -> list[str]:
     steps, grid = d.fastdeploy, d.fastdeploy_grid
     simulated = d.engine == FASTDEPLOY_ENGINE
     lines = [
-        f"# FastDeploy's own warmup grid from these: {grid.recipes:,} recipes (prefill "
-        f"{len(grid.prefill):,}, decode {len(grid.decode):,}, mixed {len(grid.mixed):,}).",
+        f"# FastDeploy's own warmup grid from these: {grid.runs:,} forward passes (prefill "
+        f"{len(grid.prefill):,}, decode {len(grid.decode):,}, mixed {len(grid.mixed):,}), "
+        f"compiling {d.fastdeploy_recipes:,} recipe sets (a mixed pass shares its parts' "
+        "attention recipes and compiles its other ops at its total tokens).",
     ]
-    ran = d.predicted.warmup_graphs if d.predicted is not None and simulated else grid.recipes
-    lines.append(warmup_line(ran, "recipes", d))
-    if d.fastdeploy_parts != grid.recipes:
+    recipes = d.fastdeploy_recipes
+    ran = d.predicted.warmup_graphs if d.predicted is not None and simulated else recipes
+    lines.append(warmup_line(ran, "recipe sets", d))
+    if d.fastdeploy_parts != recipes:
         lines.append(
             f"# (A run of engine={d.engine} counts {d.fastdeploy_parts:,} graphs for this grid: "
-            "it compiles a step's prefill and decode parts apart; FastDeploy compiles each "
-            "mixed run as a recipe of its own, as engine=fastdeploy counts them.)"
+            "it compiles a step's prefill and decode parts apart; FastDeploy also compiles a "
+            "mixed pass's token-wise ops at its total tokens, as engine=fastdeploy counts them.)"
         )
     if d.bucketing is not Bucketing.fastdeploy:
         lines.append(
@@ -136,11 +139,12 @@ def fastdeploy_grid_lines(d: Deployment) -> list[str]:
 
 
 def fastdeploy_warnings(d: Deployment) -> list[str]:
-    """A grid the recipe cache cannot hold: compiled recipes evicted and compiled again."""
-    cache, recipes = d.fastdeploy.recipe_cache_num, d.fastdeploy_grid.recipes
+    """A grid the recipe cache cannot hold: compiled recipes evicted and compiled again
+    (each recipe set is several op recipes, so more sets than the cache holds is sure to)."""
+    cache, recipes = d.fastdeploy.recipe_cache_num, d.fastdeploy_recipes
     if cache and recipes > cache:
         return [
-            f"WARNING: FastDeploy's warmup grid holds {recipes:,} recipes, more than "
+            f"WARNING: FastDeploy's warmup grid holds {recipes:,} recipe sets, more than "
             f"FLAGS_intel_hpu_recipe_cache_num={cache:,}: recipes will be evicted and "
             "compiled again while serving; raise it or coarsen BLOCK_STEP_DECODE / "
             "BATCH_STEP_DECODE (metadata.fastdeploy.*)"

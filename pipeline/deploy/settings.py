@@ -73,6 +73,7 @@ class Deployment:
     ranges: dict[str, tuple[int, int, int]]  # each axis's min, step, max
     fastdeploy: FastDeploySteps  # FastDeploy's warmup environment (metadata.fastdeploy)
     fastdeploy_grid: FastDeployGrid  # the grid FastDeploy's runner warms from it
+    fastdeploy_recipes: int  # the recipe sets that grid compiles (step_graphs, whole)
     fastdeploy_parts: int  # its graphs as the run counts them (metadata.step_recipes)
     compile_s: float  # the hardware profile's seconds to compile one graph
     max_prefill_rows: int  # scheduler.max_prefill_rows: prompts a step prefills (0: no cap)
@@ -178,13 +179,16 @@ def _simulated(config: Mapping[str, Any], metrics: Mapping[str, Any] | None) -> 
 
 
 def _fastdeploy(steps: FastDeploySteps, limits: ServerLimits, whole: bool) -> dict[str, Any]:
-    """FastDeploy's warmup environment, the grid its runner warms from it, and that grid's
-    graphs as the run counts them (whole: a mixed step one recipe, as FastDeploy's)."""
+    """FastDeploy's warmup environment, the grid its runner warms from it, the recipe sets
+    that grid compiles, and its graphs as the run counts them (whole: a mixed step's
+    token-wise ops at its own total, as FastDeploy's runner compiles them)."""
     check_fastdeploy_steps(steps, limits.block_size)
+    warmup = fastdeploy_warmup(steps, limits)
     return {
         "fastdeploy": steps,
         "fastdeploy_grid": fastdeploy_grid(steps, limits),
-        "fastdeploy_parts": sum(part_graphs(fastdeploy_warmup(steps, limits), whole).values()),
+        "fastdeploy_recipes": sum(part_graphs(warmup, True).values()),
+        "fastdeploy_parts": sum(part_graphs(warmup, whole).values()),
     }
 
 

@@ -49,8 +49,9 @@ class EngineConf:
     hpu_bucketing: Bucketing = Bucketing.linear  # its warmup grid on a padding device
     capture: CaptureRule = CaptureRule.vllm  # its CUDA-graph batch sizes on a GPU
     capture_max_batch: int = 0  # the largest size it captures by default; 0 = no cap of its own
-    # one compiled recipe a whole step (prefill and decode parts together), as FastDeploy's
-    # HPU runner compiles each forward; false: each part its own graph
+    # a mixed step also compiles its token-wise ops at its total tokens and rows, beside its
+    # parts' graphs, as FastDeploy's HPU runner does (engine_grids.step_graphs); false: a
+    # step's prefill and decode parts are its graphs
     step_recipes: bool = False
     # -- limits on each device --
     hpu: EngineDeviceConf = field(default_factory=EngineDeviceConf)

@@ -146,8 +146,8 @@ class BucketedMetadataConf:
     # a GPU's CUDA-graph sizes (bucketing=cudagraph): whose rule, and its largest size
     capture: CaptureRule = II("oc.select:engine.capture,vllm")
     capture_max_batch: int = II("oc.select:engine.capture_max_batch,0")
-    # a mixed step's prefill and decode compile as one recipe (FastDeploy's HPU runner);
-    # false: each part its own graph; default: the engine's
+    # a mixed step also compiles its token-wise ops at its total tokens (FastDeploy's HPU
+    # runner: engine_grids.step_graphs); false: its parts' graphs only; default: the engine's
     step_recipes: bool = II("oc.select:engine.step_recipes,false")
     prefill_batch: BucketAxisConf = _axis(min=1, step=1)
     prefill_seq: BucketAxisConf = _axis()  # tokens, multiples of block_size

@@ -91,16 +91,18 @@ FastDeploySetup = tuple[FastDeploySteps, ServerLimits]  # what a builder keeps f
 
 @dataclass
 class FastDeployGrid:
-    """The forward passes FastDeploy's warmup runs, each one compiled recipe:
-    prefill (batch, query tokens, context tokens), decode (batch, block total), mixed
-    (query tokens, context tokens, decode batch, decode block total; one prefill row)."""
+    """The forward passes FastDeploy's warmup runs: prefill (batch, query tokens, context
+    tokens), decode (batch, block total), mixed (query tokens, context tokens, decode
+    batch, decode block total; one prefill row). The recipes they compile are counted by
+    part_graphs(whole=True): a mixed run shares its parts' attention recipes with the
+    prefill and decode runs of those shapes (step_graphs)."""
 
     prefill: list[tuple[int, int, int]] = field(default_factory=list)
     decode: list[tuple[int, int]] = field(default_factory=list)
     mixed: list[tuple[int, int, int, int]] = field(default_factory=list)
 
     @property
-    def recipes(self) -> int:
+    def runs(self) -> int:
         return len(self.prefill) + len(self.decode) + len(self.mixed)
 
 
@@ -200,13 +202,30 @@ def fastdeploy_warmup(steps: FastDeploySteps, limits: ServerLimits) -> dict[str,
 
 
 def step_graphs(prefill: tuple | None, decode: tuple | None, whole: bool) -> list[tuple]:
-    """The compiled graphs a step runs: its prefill part's and its decode part's shape
-    apart, or (whole: an engine that compiles each forward pass as one recipe, FastDeploy's
-    HPU runner) a mixed step's two shapes together as one."""
+    """The compiled graphs a step runs: its prefill part's and its decode part's shape;
+    and (whole: FastDeploy's HPU runner) for a mixed step, the recipes of the ops that
+    run over all its tokens at once, keyed by its total tokens and rows.
+
+    FastDeploy (release/2.3) runs a mixed step as one forward pass over the prefill
+    tokens followed by the decode rows (fastdeploy/worker/hpu_model_runner.py
+    `_prepare_inputs`: `ids_remove_padding` is the two concatenated). Its attention
+    backend splits them again (fastdeploy/model_executor/layers/backends/intel_hpu/
+    attention/hpu_attn_backend.py `forward_mixed`: fused_qkv_rope and fused_sdpa_proj
+    on `src[:-decoder_num]`, fused_block_attention on `src[-decoder_num:]`), so the
+    attention ops run at the shapes a prefill or a decode step of those parts runs. The
+    other ops (norms, projections, MLP/MoE, logits) run on the whole: PaddleCustomDevice's
+    intel_hpu kernels compile one recipe per op and input shapes (`OpCacheOperator::
+    prepareOpInfo(name, inputs_dims, params)`, backends/intel_hpu/custom_ops/llama_infer/
+    fused_mlp.cc), so a mixed step compiles them anew only at a total
+    (prefill rows x padded length + decode rows, prefill + decode rows) no step had before.
+    A graph here is such a set of op recipes at one shape."""
+    parts: list[tuple] = [("prefill", prefill)] if prefill is not None else []
+    if decode is not None:
+        parts.append(("decode", decode))
     if whole and prefill is not None and decode is not None:
-        return [("step", prefill, decode)]
-    parts = [("prefill", prefill)] if prefill is not None else []
-    return [*parts, ("decode", decode)] if decode is not None else parts
+        (rows, seq, _), padded_rows = prefill, decode[0]
+        parts.append(("mixed", rows * seq + padded_rows, rows + padded_rows))
+    return parts
 
 
 def part_graphs(phases: dict[str, list[tuple]], whole: bool = False) -> dict[str, int]:

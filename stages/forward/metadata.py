@@ -76,7 +76,7 @@ class BucketedMetadataBuilder:
         fastdeploy: FastDeploy's warmup steps (engine_grids.FastDeploySteps' fields), read when
         bucketing=fastdeploy: the sizes and warmup grid are then FastDeploy's own.
         capture, capture_max_batch: whose CUDA-graph sizes bucketing=cudagraph captures;
-        step_recipes: a mixed step compiles as one recipe (engine_grids.step_graphs)."""
+        step_recipes: mixed steps compile as engine_grids.step_graphs(whole=True) says."""
         bs = kv_cache.block_size
         given = dict(zip(AXES, (prefill_batch, prefill_seq, prefill_blocks, decode_batch,
                                 decode_blocks), strict=True))  # fmt: skip

@@ -85,7 +85,8 @@ class SimulatedDevice:
     ) -> None:
         """speculation: every decode row verifies its proposals (and `draft`, a draft
         model's description for method=draft, proposes them): each step is priced so.
-        step_recipes: a mixed step compiles as one recipe (engine_grids.step_graphs)."""
+        step_recipes: a mixed step also compiles its token-wise ops at its total tokens
+        (engine_grids.step_graphs)."""
         self.step_recipes = step_recipes
         self.spec = spec
         self.hardware = hardware
