@@ -54,8 +54,8 @@ def build_paddle_engine(cfg: DictConfig) -> tuple[Engine, list[Request]]:
     keep_freed_memory()
     paddle.set_device(cfg.device)
     paddle.base.core.set_num_threads(cfg.num_threads)
-    tokenizer = build(cfg.tokenizer)
-    model = build(cfg.model)
+    tokenizer, model = build(cfg.tokenizer), build(cfg.model)
+    model.use_threads(cfg.num_threads)  # its compiled operators' threads, beside Paddle's
     if model.spec.vocab_size < tokenizer.vocab_size:
         raise ConfigError(
             f"model.vocab_size={model.spec.vocab_size} is smaller than the tokenizer's "

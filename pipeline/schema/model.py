@@ -51,8 +51,9 @@ class GgufModelConf:
     path: str = MISSING  # a GGUF file (llama, qwen2, qwen3; F32 to Q4_K: docs/checkpoints.md)
     dtype: ComputeDtype = COMPUTE_DTYPE  # every stored type is dequantised to it
     max_position: int = II("max_model_len")  # rotary table; 0 = the file's context_length
-    # int8: the MLPs and lm head kept as int8 with a scale per output, a quarter of the
-    # bytes a decode reads (float32 compute; docs/checkpoints.md gives the drift)
+    # int8: every projection and the lm head kept as int8 with a scale per output, a quarter
+    # of the bytes a decode reads, multiplied by a compiled multi-threaded operator (inputs
+    # rounded to 16 bits; docs/checkpoints.md gives the drift)
     weights: WeightStorage = WeightStorage.float32
 
     has_weights: ClassVar[bool] = True

@@ -109,8 +109,8 @@ class MoeMLP:
 @dataclass
 class LayerWeights:
     attn_norm: paddle.Tensor
-    qkv: paddle.Tensor  # [hidden, (heads + 2 * kv_heads) * head_dim]
-    out: paddle.Tensor  # [heads * head_dim, hidden]
+    qkv: Weight  # [hidden, (heads + 2 * kv_heads) * head_dim]
+    out: Weight  # [heads * head_dim, hidden]
     mlp_norm: paddle.Tensor
     mlp: DenseMLP | MoeMLP
     qkv_bias: paddle.Tensor | None = None  # [(heads + 2 * kv_heads) * head_dim]
@@ -254,10 +254,10 @@ class TransformerLM:
         self._init_rope()
 
     def store_int8(self) -> None:
-        """Every dense MLP's weights and the lm head (the embedding, where tied) as int8
-        rows with a scale per output (stages/model/int8_weight.py), the float32 ones freed:
-        the bytes a decode reads. Attention's projections stay float32. Weights a loader
-        stored as int8 already stay as they are."""
+        """Every projection (QKV, output, dense MLPs) and the lm head (the embedding, where
+        tied) as int8 rows with a scale per output (stages/model/int8_weight.py), the
+        float32 ones freed: the bytes a decode reads. Weights a loader stored as int8
+        already stay as they are."""
         if self.dtype != "float32":
             raise ValueError(f"model.weights=int8 takes model.dtype=float32, not {self.dtype}")
         kernel()  # built (or found built) now: a missing compiler stops the run at start
@@ -265,15 +265,30 @@ class TransformerLM:
         def rounded(weight: Weight) -> Int8Weight:
             return weight if isinstance(weight, Int8Weight) else Int8Weight.of_matrix(weight)
 
-        mlps = [layer.mlp for layer in self.layers if isinstance(layer.mlp, DenseMLP)]
-        for moe in (layer.mlp for layer in self.layers if isinstance(layer.mlp, MoeMLP)):
-            mlps += [*moe.experts, *([moe.shared] if moe.shared is not None else [])]
-        for mlp in mlps:
+        for layer in self.layers:
+            layer.qkv, layer.out = rounded(layer.qkv), rounded(layer.out)
+        for mlp in self._dense_mlps():
             mlp.gate_up, mlp.down = rounded(mlp.gate_up), rounded(mlp.down)
         if self.lm_head is not None:
             self.lm_head = rounded(self.lm_head)
         elif not isinstance(self.embed, Int8Weight):
             self.embed = Int8Weight.of_rows(self.embed)
+
+    def _dense_mlps(self) -> list[DenseMLP]:
+        mlps = [layer.mlp for layer in self.layers if isinstance(layer.mlp, DenseMLP)]
+        for moe in (layer.mlp for layer in self.layers if isinstance(layer.mlp, MoeMLP)):
+            mlps += [*moe.experts, *([moe.shared] if moe.shared is not None else [])]
+        return mlps
+
+    def use_threads(self, threads: int) -> None:
+        """The int8 operator's threads (Paddle's own are set process-wide): the run's
+        num_threads."""
+        weights = [self.embed, self.lm_head]
+        weights += [w for layer in self.layers for w in (layer.qkv, layer.out)]
+        weights += [w for mlp in self._dense_mlps() for w in (mlp.gate_up, mlp.down)]
+        for weight in weights:
+            if isinstance(weight, Int8Weight):
+                weight.threads = threads
 
     @property
     def num_parameters(self) -> int:

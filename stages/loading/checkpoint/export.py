@@ -44,6 +44,7 @@ def export_hf_llama(
 def _llama_tensors(model: TransformerLM) -> dict[str, np.ndarray]:
     """The weights under Hugging Face's Llama names. HF Linear weights are [out, in]; the
     model keeps [in, out] for its matmuls, so every projection is transposed."""
+    from stages.model.int8_weight import dense
     from stages.model.transformer import DenseMLP
 
     d = model.spec
@@ -55,7 +56,7 @@ def _llama_tensors(model: TransformerLM) -> dict[str, np.ndarray]:
     tensors: dict[str, np.ndarray] = {"model.embed_tokens.weight": host(model.embed)}
     for index, layer in enumerate(model.layers):
         prefix = f"model.layers.{index}."
-        qkv, mlp = host(layer.qkv), layer.mlp
+        qkv, mlp = host(dense(layer.qkv)), layer.mlp
         assert isinstance(mlp, DenseMLP)  # export_hf_llama refuses MoE models
         tensors.update(
             {
@@ -63,11 +64,11 @@ def _llama_tensors(model: TransformerLM) -> dict[str, np.ndarray]:
                 prefix + "self_attn.q_proj.weight": qkv[:, :q_width].T.copy(),
                 prefix + "self_attn.k_proj.weight": qkv[:, q_width : q_width + kv_width].T.copy(),
                 prefix + "self_attn.v_proj.weight": qkv[:, q_width + kv_width :].T.copy(),
-                prefix + "self_attn.o_proj.weight": host(layer.out).T.copy(),
+                prefix + "self_attn.o_proj.weight": host(dense(layer.out)).T.copy(),
                 prefix + "post_attention_layernorm.weight": host(layer.mlp_norm),
                 prefix + "mlp.gate_proj.weight": host(mlp.gate).T.copy(),
                 prefix + "mlp.up_proj.weight": host(mlp.up).T.copy(),
-                prefix + "mlp.down_proj.weight": host(mlp.down).T.copy(),
+                prefix + "mlp.down_proj.weight": host(dense(mlp.down)).T.copy(),
             }
         )
     tensors["model.norm.weight"] = host(model.final_norm)

@@ -139,10 +139,12 @@ def _permuted_heads(spec: CheckpointSpec, key: str) -> int:
 
 def int8_buffers(spec: CheckpointSpec) -> frozenset[str]:
     """The model tensors model.weights=int8 keeps as int8 (TransformerLM.store_int8's):
-    every MLP's gate_up and down, and the lm head, the embedding where tied."""
+    every layer's QKV, output, MLP gate_up and down, and the lm head, the embedding where
+    tied."""
     plan = weight_plan(spec)
-    mlps = {dest for dest in plan.buffers if dest.endswith((".gate_up", ".down"))}
-    return frozenset(mlps | {"lm_head" if "lm_head" in plan.buffers else "embed"})
+    ends = (".qkv", ".out", ".gate_up", ".down")
+    projections = {dest for dest in plan.buffers if dest.endswith(ends)}
+    return frozenset(projections | {"lm_head" if "lm_head" in plan.buffers else "embed"})
 
 
 def load_state(

@@ -10,6 +10,7 @@ import paddle
 import paddle.nn.functional as F
 
 from stages.forward.forward_meta import MASKED_SCORE
+from stages.model.int8_weight import Weight, project
 
 # Decode listed row by row gathers keys and values a tile of blocks at a time, sized so
 # that a tile is still in cache when its matmul reads it: the gather then costs one pass
@@ -123,7 +124,7 @@ def decode(
     block_groups: paddle.Tensor,
     block_mapping: paddle.Tensor,
     layout: DecodeLayout,
-    out_weight: paddle.Tensor,
+    out_weight: Weight,
     block_range: tuple[int, int] | None = None,
 ) -> paddle.Tensor:
     """Each block's scores go to its row's stretch of one buffer, rows side by side
@@ -141,4 +142,4 @@ def decode(
     probs = _block_probs(q_blocks, k_cache, block_list, layout, tiling, r)
     block_out = _block_values(probs, v_cache, block_list, layout.places, tiling)
     rows = paddle.matmul(block_mapping, block_out, transpose_x=True)  # [R, H * D]
-    return paddle.matmul(rows, out_weight)
+    return project(rows, out_weight)

@@ -14,6 +14,7 @@ from stages.arithmetic import ceil_div
 from stages.forward.forward_meta import MASKED_SCORE
 from stages.forward.host_tensor import host_tensor
 from stages.model.attention.cpu_tensors import dense_copies
+from stages.model.int8_weight import Weight, project
 
 # A chunk's queries are attended this many at a time, each tile over only the keys its
 # queries can see (the context, then the chunk up to the tile's last query): a causal
@@ -103,7 +104,7 @@ def _attend_rows(
     layout: PrefillLayout,
     row_keys_values,
     keys_transposed: bool,
-    out_weight: paddle.Tensor,
+    out_weight: Weight,
 ) -> paddle.Tensor:
     """Every row's tiles, then one output projection: q [B, S, H, D] -> [B * S, hidden]
     with padding as zeros, or packed q [T, H, D] (layout.starts) -> [T, hidden].
@@ -127,7 +128,7 @@ def _attend_rows(
             pieces.append(_attend_tile(queries, tile_keys, tile_values, tile.mask, keys_transposed))
         if length < s:  # padding queries: their outputs are never read
             pieces.append(paddle.zeros([s - length, h * d], dtype=q.dtype))
-    return paddle.matmul(paddle.concat(pieces) if len(pieces) > 1 else pieces[0], out_weight)
+    return project(paddle.concat(pieces) if len(pieces) > 1 else pieces[0], out_weight)
 
 
 def _dtype(x: paddle.Tensor) -> str:
@@ -138,7 +139,7 @@ def prefill(
     q: paddle.Tensor,
     k: paddle.Tensor,
     v: paddle.Tensor,
-    out_weight: paddle.Tensor,
+    out_weight: Weight,
     layout: PrefillLayout | None = None,
 ) -> paddle.Tensor:
     """layout: the rows' real lengths as prefill_layout made them (packed: q, k, v are the
@@ -165,7 +166,7 @@ def prefill_with_context(
     v_cache: paddle.Tensor,
     block_list: paddle.Tensor,
     mask: paddle.Tensor,
-    out_weight: paddle.Tensor,
+    out_weight: Weight,
     layout: PrefillLayout | None = None,
 ) -> paddle.Tensor:
     """layout: the rows' contexts and real lengths as prefill_layout made them; None =

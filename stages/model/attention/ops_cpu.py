@@ -34,6 +34,7 @@ from stages.model.attention.cpu_prefill import prefill as prefill
 from stages.model.attention.cpu_prefill import prefill_layout as prefill_layout
 from stages.model.attention.cpu_prefill import prefill_with_context as prefill_with_context
 from stages.model.attention.interface import Heads
+from stages.model.int8_weight import Int8Weight, Weight, project
 
 supports_qk_norm = True
 # The prefill and decode ops take a step's real tokens packed (no static shapes to keep
@@ -61,10 +62,10 @@ def head_dim_order(head_dim: int, interleaved: bool) -> np.ndarray:
 
 
 def pack_qkv(
-    weight: paddle.Tensor,
+    weight: Weight,
     bias: paddle.Tensor | None,
     heads: Heads,
-) -> tuple[paddle.Tensor, paddle.Tensor | None]:
+) -> tuple[Weight, paddle.Tensor | None]:
     """Query and key columns reordered head by head so that each rotary pair is adjacent:
     qkv_rope then rotates with one complex multiply instead of slicing and concatenating
     halves (Paddle's CPU copies of strided halves cost more than the matmul at 2048 rows)."""
@@ -73,10 +74,12 @@ def pack_qkv(
     rotary_heads = num_heads + num_kv_heads
     columns = np.concatenate(
         [h * head_dim + order for h in range(rotary_heads)]
-        + [np.arange(rotary_heads * head_dim, weight.shape[1])]
+        + [np.arange(rotary_heads * head_dim, (num_heads + 2 * num_kv_heads) * head_dim)]
     )
     index = paddle.to_tensor(columns)
     packed_bias = None if bias is None else paddle.gather(bias, index)
+    if isinstance(weight, Int8Weight):  # int8 rows are the outputs
+        return weight.outputs(index), packed_bias
     return paddle.gather(weight, index, axis=1), packed_bias
 
 
@@ -129,7 +132,7 @@ def rope_table(
 
 def qkv_rope(
     x: paddle.Tensor,
-    weight: paddle.Tensor,
+    weight: Weight,
     bias: paddle.Tensor | None,
     rope: paddle.Tensor,
     heads: Heads,
@@ -139,7 +142,7 @@ def qkv_rope(
     complex number a + ib, turned by rope_table's cos + i sin of its angle; heads normed
     first with qk_norm as pack_qk_norm made it."""
     num_heads, num_kv_heads, head_dim, _ = heads
-    qkv = paddle.matmul(x, weight)
+    qkv = project(x, weight)
     if bias is not None:
         qkv = qkv + bias
     t, rotary_heads = x.shape[0], num_heads + num_kv_heads

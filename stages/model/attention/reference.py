@@ -13,6 +13,7 @@ import paddle.nn.functional as F
 
 from stages.forward.forward_meta import ForwardMeta
 from stages.model.attention.interface import Heads
+from stages.model.int8_weight import Weight, project
 from stages.scheduling.request import Request
 
 
@@ -31,7 +32,7 @@ def rotate(
 
 def qkv_rope(
     x: paddle.Tensor,
-    weight: paddle.Tensor,
+    weight: Weight,
     bias: paddle.Tensor | None,
     cos: paddle.Tensor,
     sin: paddle.Tensor,
@@ -41,7 +42,7 @@ def qkv_rope(
     """The QKV projection and rotary positions in the checkpoint's own layout; qk_norm
     (q weight [D], k weight [D], eps) RMS-norms each query and key head first."""
     num_heads, num_kv_heads, head_dim, interleaved = heads
-    qkv = paddle.matmul(x, weight)
+    qkv = project(x, weight)
     if bias is not None:
         qkv = qkv + bias
     q, k, v = paddle.split(
@@ -124,7 +125,7 @@ class ReferenceAttention:
         return out.transpose([1, 0, 2]).reshape([n, h * d])
 
     def attend(
-        self, layer: int, q, k, v, state: ReferenceStep, out_weight: paddle.Tensor
+        self, layer: int, q, k, v, state: ReferenceStep, out_weight: Weight
     ) -> paddle.Tensor:
         meta = state.meta
         out = paddle.zeros([q.shape[0], q.shape[1] * q.shape[2]], dtype=q.dtype)
@@ -141,7 +142,7 @@ class ReferenceAttention:
         for lo, n, seq_id, start in rows:
             span = slice(lo, lo + n)
             out[span] = self._attend(layer, seq_id, start, q[span], k[span], v[span])
-        return paddle.matmul(out, out_weight)
+        return project(out, out_weight)
 
     def release(self, request: Request) -> None:
         for layer in range(len(self.keys)):
