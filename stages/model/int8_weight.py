@@ -29,11 +29,15 @@ SOURCE = Path(__file__).with_name("int8_matmul.cc")
 # Rows rounded at a time: the rounding's float32 temporaries stay a few MiB.
 ROUNDING_ROWS = 2048
 # Built on the machine that runs it, for its own instruction set; OpenMP for its threads,
-# from the runtime Paddle's MKL runs on (Intel's, shipped with Paddle): two runtimes would
-# each keep their threads spinning on the same cores.
+# from the runtime Paddle's MKL runs on (Intel's, shipped with Paddle) where there is one:
+# two runtimes would each keep their threads spinning on the same cores.
 CXX_FLAGS = ["-O3", "-march=native", "-fopenmp"]
 PADDLE_LIBS = Path(paddle.__file__).parent / "libs"
-LINK_FLAGS = [f"-L{PADDLE_LIBS}", "-liomp5", f"-Wl,-rpath,{PADDLE_LIBS}"]
+LINK_FLAGS = (
+    [f"-L{PADDLE_LIBS}", "-liomp5", f"-Wl,-rpath,{PADDLE_LIBS}"]
+    if (PADDLE_LIBS / "libiomp5.so").exists()
+    else ["-fopenmp"]
+)
 
 
 class KernelBuildError(ValueError):
