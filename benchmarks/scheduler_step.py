@@ -28,6 +28,7 @@ SCHEDULER_DEFAULTS = {
     "max_padding": _CONF.max_padding,
     "no_evict": _CONF.no_evict,
     "max_prefill_rows": _CONF.max_prefill_rows,
+    "step_order": "decode_first",  # the native engine's (its config's is the engine's)
 }
 
 

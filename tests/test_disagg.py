@@ -287,7 +287,7 @@ def test_a_transferred_prompt_joins_as_a_decode_holding_its_blocks(no_evict):
     scheduler = ChunkedScheduler(
         kv_cache=kv, stop=StopRule((), 1024), max_tokens=64, max_num_seqs=2,
         max_model_len=1024, align_chunks=True, long_prefill_threshold=0, budget="padded",
-        max_padding=1.0, no_evict=no_evict, max_prefill_rows=0,
+        max_padding=1.0, no_evict=no_evict, max_prefill_rows=0, step_order="decode_first",
     )  # fmt: skip
 
     def arrived(n: int, new: int) -> Request:

@@ -78,6 +78,19 @@ def test_fastdeploy_never_prefills_more_than_its_cap():
     assert max(len(s.prefill) for s in native) > 3
 
 
+def test_sglang_runs_its_prefills_in_steps_of_their_own():
+    # SGLang's order (no --enable-mixed-chunk): no step both prefills and decodes, while a
+    # burst arriving over time makes the other engines mix them
+    steps: list = []
+    burst = [*BURST, "workload.rate=20"]
+    serve([*burst, *ERNIE[:2], "hardware=h100", "engine=sglang"], steps=steps)
+    assert steps and not any(s.prefill and s.decode for s in steps)
+    assert any(s.decode for s in steps) and any(s.prefill for s in steps)
+    mixed: list = []
+    serve([*burst, *ERNIE[:2], "hardware=h100", "engine=vllm"], steps=mixed)
+    assert any(s.prefill and s.decode for s in mixed)
+
+
 def test_capture_sizes_of_each_engine_by_hand():
     # SGLang: 1, 2, 4, 8, 12, then multiples of 8 to 256, up to cuda_graph_max_bs and the requests
     assert capture_sizes(40, "sglang", 256) == [1, 2, 4, 8, 12, 16, 24, 32, 40]

@@ -271,3 +271,46 @@ def test_a_decode_row_costs_one_token_or_more():
         ChunkedScheduler(
             kv_cache=KVCacheManager(10, 4), stop=StopRule((), 64), decode_tokens=0, **conf
         )
+
+
+def order_steps(step_order: str) -> list[tuple[list[tuple[str, int, int]], list[str]]]:
+    """A (6-token prompt) served; then B (10 tokens) arrives while A decodes: each step's
+    prefill chunks (request, start, end) and decode rows, under an 8-token budget with
+    4-token blocks (non-final chunks whole blocks)."""
+    conf = schema_kwargs(ChunkedSchedulerConf, max_tokens=8, max_num_seqs=8, max_model_len=64,
+                         budget="real", step_order=step_order)  # fmt: skip
+    sched = ChunkedScheduler(kv_cache=KVCacheManager(100, 4), stop=StopRule((), 64), **conf)
+    a, b = request(0, 6, new=4), request(1, 10, new=2)
+    sched.add(a)
+    steps = []
+    for i in range(5):
+        if i == 1:
+            sched.add(b)
+        plan = sched.schedule()
+        steps.append(([(c.request.id, c.start, c.end) for c in plan.prefill],
+                      [r.id for r in plan.decode]))  # fmt: skip
+        sched.update(plan, sevens(len(plan.sampled_requests)), 0.0)
+    return steps
+
+
+def test_prefill_first_gives_prompts_steps_of_their_own():
+    # SGLang's order, by hand: B's chunks run alone while A waits (8 tokens, then the last
+    # 2, which samples B's first token), then both decode (B's second and last token);
+    # A's decode rows rejoin only once no prompt is left
+    assert order_steps("prefill_first") == [
+        ([("r0", 0, 6)], []),
+        ([("r1", 0, 8)], []),
+        ([("r1", 8, 10)], []),
+        ([], ["r0", "r1"]),
+        ([], ["r0"]),
+    ]
+    # decode first (vLLM's, FastDeploy's): A decodes beside B's chunks, which get the 7
+    # tokens left, cut to whole blocks (4), then the 6 left; A's fourth token and B's
+    # second end both in step 4, leaving step 5 nothing
+    assert order_steps("decode_first") == [
+        ([("r0", 0, 6)], []),
+        ([("r1", 0, 4)], ["r0"]),
+        ([("r1", 4, 10)], ["r0"]),
+        ([], ["r0", "r1"]),
+        ([], []),
+    ]

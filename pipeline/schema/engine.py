@@ -13,6 +13,7 @@ from omegaconf import MISSING
 
 from stages.forward.buckets import Bucketing
 from stages.forward.cudagraph import CaptureRule
+from stages.scheduling.admission import StepOrder
 
 
 class EngineName(enum.StrEnum):
@@ -41,9 +42,9 @@ class EngineConf:
     # -- step formation --
     # prompts one step may prefill; 0 = no cap besides max_tokens and max_num_seqs
     max_prefill_rows: int = 0
-    # the engine's own order within a step, said where it differs from this scheduler's
-    # (running rows first, then new prompts, in one mixed step)
-    step_order: str = "running rows first, then waiting prompts, in one mixed step"
+    # the order a step serves rows in (stages.scheduling.admission.StepOrder): running rows
+    # first, then new prompts, in one mixed step; or prefill steps alone first (SGLang)
+    step_order: StepOrder = StepOrder.decode_first
     long_prefill_threshold: int = 0  # cap on one prompt's chunk a step, tokens; 0 = off
     # -- shapes --
     hpu_bucketing: Bucketing = Bucketing.linear  # its warmup grid on a padding device

@@ -12,6 +12,7 @@ from stages.device import Device
 from stages.forward.buckets import Bucketing
 from stages.forward.cudagraph import CaptureRule
 from stages.forward.engine_grids import FastDeploySteps
+from stages.scheduling.admission import StepOrder
 from stages.scheduling.chunk_policy import Budget
 
 
@@ -74,6 +75,9 @@ class SchedulerConf:
     no_evict: bool = False
     # prompts prefilled in one step at most; 0 = no cap; default: the engine's (engine=)
     max_prefill_rows: int = II("oc.select:engine.max_prefill_rows,0")
+    # decode_first: running rows then new prompts in one mixed step; prefill_first: a step of
+    # prefill chunks alone while prompts wait (SGLang's); default: the engine's
+    step_order: StepOrder = II("oc.select:engine.step_order,decode_first")
 
 
 @dataclass

@@ -21,6 +21,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from stages.scheduling.admission import Admission, StepOrder
 from stages.scheduling.chunk_policy import Budget, ChunkPolicy, StepBudget
 from stages.scheduling.kv_cache import KVCacheManager
 from stages.scheduling.limits import rejection
@@ -40,7 +41,7 @@ from stages.scheduling.step_rows import NO_ROWS, DecodeRows, RowFate, StepRows, 
 from stages.scheduling.stopping import StopRule
 
 
-class ChunkedScheduler:
+class ChunkedScheduler(Admission):
     splits_prompts = True
 
     def __init__(
@@ -56,6 +57,7 @@ class ChunkedScheduler:
         max_padding: float,
         no_evict: bool,
         max_prefill_rows: int,
+        step_order: StepOrder | str,
         decode_tokens: int = 1,
         lookahead_slots: int = 0,
         accepted_tokens: Callable[[int], int] = lambda verification: 0,
@@ -63,10 +65,13 @@ class ChunkedScheduler:
         """decode_tokens: what one decode row costs the step's budget (1; a speculative
         verification's k + 1, as vLLM and FastDeploy count it). lookahead_slots: the
         proposals a decode row verifies each step (0: no speculation), whose n-th
-        verification accepts accepted_tokens(n) more tokens (stages.scheduling.lookahead)."""
+        verification accepts accepted_tokens(n) more tokens (stages.scheduling.lookahead).
+        step_order: running rows first in a mixed step, or prefill steps of their own first
+        (stages.scheduling.admission.StepOrder)."""
         if decode_tokens < 1:
             raise ValueError(f"decode_tokens={decode_tokens}: a decode row costs 1 or more")
         self.decode_tokens = decode_tokens
+        self.step_order = StepOrder(step_order)
         self.lookahead = Lookahead(lookahead_slots, accepted_tokens) if lookahead_slots else None
         self.chunks = ChunkPolicy(
             kv_cache.block_size, max_tokens, Budget(budget) is Budget.padded, max_padding,
@@ -96,11 +101,6 @@ class ChunkedScheduler:
         self.waiting.append(request)
 
     @property
-    def running(self) -> list[Request]:
-        """The running requests, oldest admission first: the table's rows."""
-        return self.table.requests
-
-    @property
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
@@ -109,6 +109,8 @@ class ChunkedScheduler:
         plan = StepPlan()
         rows = self._step = StepRows(plan, [], [], NO_ROWS)
         budget = self.chunks.step_budget()
+        if self.step_order is StepOrder.prefill_first and self._prefill_alone(plan, now, rows):
+            return plan
         self._continue_running(plan, budget, rows)
         # Like FastDeploy, nothing new is admitted in a step that had to preempt.
         if not plan.preempted:
@@ -118,6 +120,29 @@ class ChunkedScheduler:
         if self.lookahead:  # each decode row's room for its proposals
             self.lookahead.reserve(self.table, rows.decode_rows)
         return plan
+
+    def _prefill_alone(self, plan: StepPlan, now: float, rows: StepRows) -> bool:
+        """A step of prefill chunks only, SGLang's order: the running prompts' next chunks,
+        oldest first, then waiting prompts as admission allows. False where no chunk fits:
+        the step decodes instead."""
+        budget = self.chunks.step_budget()
+        for row in range(len(self.running)):
+            request = self.running[row]
+            remaining = request.num_tokens - int(self.table.computed[row])
+            if budget.left <= 0 or (remaining == 1 and request.output_ids):
+                continue  # a decode row waits for a step without prompts
+            fate = self._continue_one(row, plan, budget)
+            if fate is RowFate.PREEMPTED:
+                break
+            if fate is RowFate.PREFILL:
+                rows.prefill.append(row)
+        if not plan.preempted:
+            self._admit_waiting(plan, budget, now, rows)
+        if not plan.prefill:  # (what was preempted stays in the plan the decode step goes on)
+            return False
+        rows.decode_rows = rows.decode()
+        plan.decode_lens = self.table.computed[rows.decode_rows] + 1
+        return True
 
     def _continue_running(self, plan: StepPlan, budget: StepBudget, rows: StepRows) -> None:
         """A decode or the next chunk for each running request, oldest first; the newest
@@ -187,68 +212,6 @@ class ChunkedScheduler:
         plan.prefill.append(PrefillChunk(request, computed, computed + n))
         self.chunks.charge(n, budget)
         return RowFate.PREFILL
-
-    def _admit_waiting(
-        self, plan: StepPlan, budget: StepBudget, now: float, rows: StepRows
-    ) -> None:
-        """First chunks of waiting requests, in order, while the budget, max_num_seqs and
-        the cache allow; the first that does not fit ends admission (it never loops). A
-        request's first chunk starts after its longest cached prefix."""
-        room = self._admission_room()
-        while self.waiting and budget.left > 0 and room > 0:
-            request = self.waiting[0]
-            cached = self.kv_cache.match_prefix(request)
-            computed = len(cached) * self.block_size
-            remaining = request.num_tokens - computed
-            too_long = self.chunks.one_step_error(remaining)
-            if too_long:  # only a preempted request gets here: its recompute outgrew a step
-                self.waiting.popleft()
-                request.fail(f"preempted at {too_long}: raise max_tokens or num_blocks", now)
-                plan.failed.append(request)
-                continue
-            n = self.chunks.length(remaining, budget)
-            if n == 0 or not self.kv_cache.allocate_slots(request, n, cached, computed=computed):
-                return
-            self.waiting.popleft()
-            request.status = Status.RUNNING
-            if not request.num_preemptions:
-                request.cached_tokens = computed
-            rows.prefill.append(len(self.table))
-            self.table.append(request, computed)
-            plan.prefill.append(PrefillChunk(request, computed, computed + n, computed))
-            self.chunks.charge(n, budget)
-            room -= 1
-
-    def admit_computed(self, request: Request) -> bool:
-        """Admits a request whose prompt was computed elsewhere (a disaggregated decode
-        instance: its KV cache arrived by transfer) as running: its prompt's blocks are
-        taken now. A request with no output yet has its last prompt token computed again
-        by its next step, a one-token chunk that samples its first output token (vLLM's
-        NixlConnector loads all but the last token's KV and recomputes that one); one that
-        has output decodes its next token. False (nothing taken) while max_num_seqs or
-        the cache leaves no room."""
-        if len(self.running) >= self.max_num_seqs:
-            return False
-        if self.no_evict:  # the pool must hold it to its end beside the running requests
-            total = min(request.num_prompt_tokens + request.max_new_tokens, self.max_model_len)
-            if self.kv_cache.blocks_for(total) > self.table.free_to_end():
-                return False
-        prompt = request.num_prompt_tokens
-        if not self.kv_cache.allocate_slots(request, prompt, computed=0):
-            return False
-        computed = prompt - (0 if request.output_ids else 1)
-        request.status = Status.RUNNING
-        self.kv_cache.cache_computed_blocks(request, computed)
-        self.table.append(request, computed)
-        return True
-
-    def _admission_room(self) -> int:
-        """How many waiting requests this step may admit: up to max_num_seqs running, and
-        with `no_evict` only as many as the pool holds to their end."""
-        room = self.max_num_seqs - len(self.running)
-        if not self.no_evict:
-            return room
-        return self.table.fitting_to_end(self.waiting, room, self.max_model_len)
 
     def _preempt(self, row: int, plan: StepPlan) -> None:
         """The row's request goes back to the head of the queue, its blocks freed: it is
@@ -363,19 +326,6 @@ class ChunkedScheduler:
         ending = apply_run(self.table, self.stop, run, token, ends)
         self._finish_all(ending)
         return [request for request, _, _, _ in ending]
-
-    def may_admit(self, left: int) -> bool:
-        """Whether a step whose decodes leave `left` of the budget could admit the first
-        waiting request, now or while the running requests only decode: what holds it
-        back (budget, room, a chunk that fits no step, too few free blocks) stays, except
-        a cached prefix, which the decodes' full blocks may lengthen."""
-        if not self.waiting or left <= 0 or self._admission_room() <= 0:
-            return False
-        head = self.waiting[0]
-        if self.kv_cache.prefix is not None or self.chunks.one_step_error(head.num_tokens):
-            return True
-        n = self.chunks.length(head.num_tokens, self.chunks.step_budget(left))
-        return n > 0 and self.kv_cache.blocks_for(n) <= self.kv_cache.num_free_blocks
 
     def abort(self, request: Request, message: str, now: float) -> None:
         """Ends a request before its stop (its client left): its blocks go back at once."""
