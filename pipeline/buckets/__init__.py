@@ -27,10 +27,17 @@ example:
 from __future__ import annotations
 
 import argparse
+import json
 import math
 from collections import defaultdict
 from pathlib import Path
 
+from pipeline.buckets.fastdeploy import (
+    is_fastdeploy_run,
+    plan_fastdeploy,
+    recipe_sets,
+    server_limits,
+)
 from pipeline.buckets.report_md import report, speed_report
 from pipeline.buckets.serving import (
     Served,
@@ -41,7 +48,7 @@ from pipeline.buckets.serving import (
     simulated,
     with_seed,
 )
-from pipeline.buckets.sources import SourceError, load_source, run_limits
+from pipeline.buckets.sources import SourceError, find_runs, load_source, run_limits
 from pipeline.buckets.speed import Choice, candidate_plans, choose, write_choice
 from pipeline.command import ArgparseCommand, Failure
 from pipeline.run_files import RunFolderError, output_folder, write_file
@@ -225,7 +232,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-shapes",
         type=_budget,
         default=64,
-        help="warmup graphs at most (64), or `exponential`: as many as the exponential set",
+        help="warmup graphs at most (64), or `exponential`: as many as the exponential set "
+        "(on a FastDeploy run: recipe sets, and `exponential` as many as its default grid)",
     )
     plan.add_argument("--max-warmup", type=float, default=0.0, help="warmup seconds at most, "
                       "at the run's compile_s a graph (beside --max-shapes; 0 = none)")  # fmt: skip
@@ -271,7 +279,16 @@ def run_command(args: argparse.Namespace, argv: list[str]) -> int:
     elif source is None:
         raise SourceError("give a run or sweep folder, or --workload OVERRIDES")
     budget = warmup_budget(source, args.max_shapes, args.max_warmup)
-    plan_source(source, budget, args.out, args.name, args.block_weight, args.headroom, variants)
+    first = find_runs(source)[0]
+    if is_fastdeploy_run(first):  # FastDeploy warms its environment's grid: plan that
+        limits, defaults = server_limits(first)
+        budget = budget or recipe_sets(defaults, limits)  # `exponential`: its defaults'
+        plan = plan_fastdeploy(source, first, variants or default_variants([first]),
+                               args.out, args.name, budget)  # fmt: skip
+        write_file(args.out / "choice.json", json.dumps(plan, indent=2) + "\n")
+    else:
+        plan_source(source, budget, args.out, args.name, args.block_weight, args.headroom,
+                    variants)  # fmt: skip
     print((args.out / "report.md").read_text(), end="")
     return 0
 
