@@ -38,9 +38,10 @@ def model(
     dp: int = 1,
     imbalance: float = 1.0,
     dispatch: Dispatch = Dispatch.allgather,
+    spread: float = 0.0,  # the terms by hand: the replicas alike (the lockstep below)
     **spec,
 ) -> CostModel:
-    layout = ExpertParallel(ep, dp, imbalance, dispatch)
+    layout = ExpertParallel(ep, dp, imbalance, dispatch, step_spread=spread)
     return CostModel(spec_of(**{**TINY_MOE, **spec}), HW, tp, parallel=layout)
 
 
@@ -132,7 +133,7 @@ def test_all_to_all_links_give_a_rank_its_peers_links():
         spec_of(**TINY_MOE),
         dataclasses.replace(HW, interconnect_peer_gbs=10.0),
         1,
-        parallel=ExpertParallel(4, 4),
+        parallel=ExpertParallel(4, 4, step_spread=0.0),
     )
     parts = cost.breakdown(StepShape(16, None, (4, 8)))
     sent = 2 * 4 * 64 * 2 * 3  # each token gathered by the 3 other replicas
@@ -191,15 +192,22 @@ def test_impossible_layouts_are_one_line_errors(spec, tp, ep, dp, message):
         check_layout(spec_of(**spec), tp, ExpertParallel(ep, dp))
 
 
-def test_an_impossible_layout_exits_2_naming_the_keys(tmp_path):
+@pytest.mark.parametrize(
+    "keys, message",
+    [
+        (["ep=4", "dp=2"], "Error: ep=4 must equal tp x dp = 1 x 2 = 2"),
+        (["ep=2", "dp=2", "dp_step_spread=-1"], "Error: dp_step_spread=-1.0 must be >= 0"),
+    ],
+)
+def test_an_impossible_layout_exits_2_naming_the_keys(tmp_path, keys, message):
     result = run_cli(
         tmp_path, "pipeline", "executor=simulated", "hardware=gaudi3",
-        "model=spec/qwen3_30b_a3b", "ep=4", "dp=2", "workload.num_requests=2",
+        "model=spec/qwen3_30b_a3b", *keys, "workload.num_requests=2",
         f"hydra.run.dir={tmp_path}",
     )  # fmt: skip
     assert result.returncode == 2
     last = result.stderr.strip().splitlines()[-1]
-    assert last.startswith("Error: ep=4 must equal tp x dp = 1 x 2 = 2")
+    assert last.startswith(message)
 
 
 def test_a_run_with_ep_and_dp_holds_its_share_and_says_so():
@@ -236,3 +244,64 @@ def test_the_published_moe_rows_read_with_their_layouts_and_simulate():
     # dp replicas, each its 1 / dp of the requests: dp x the replica's output rate.
     assert run.output_tokens == 375 * 128
     assert run.predicted == pytest.approx(8 * run.output_tokens / run.duration_s)
+
+
+def test_a_step_of_replicas_in_lockstep_waits_for_the_slowest():
+    # dp replicas' step times spread by `step_spread` about the simulated one's: every part
+    # of a MoE step takes 1 + spread x the expected largest of dp standard normals as long.
+    shape = StepShape(16, None, (4, 8))
+    alike = model(ep=4, dp=4).breakdown(shape)
+    spread = model(ep=4, dp=4, spread=0.5).breakdown(shape)
+    largest_of_four = NormalDist().inv_cdf((4 - 0.375) / (4 + 0.25))
+    assert largest_of_four == pytest.approx(1.0491, abs=1e-3)
+    for term, seconds in alike.items():
+        assert spread[term] == pytest.approx(seconds * (1 + 0.5 * largest_of_four)), term
+    lockstep = model(ep=4, dp=4, spread=0.5)
+    assert lockstep.step_time(shape) == pytest.approx(sum(spread.values()))
+    # One replica waits for none; a dense model's dp replicas are independent.
+    assert model(spread=0.5).breakdown(shape) == model().breakdown(shape)
+    dense = CostModel(spec_of(**TINY), HW, 1, parallel=ExpertParallel(1, 4, step_spread=0.5))
+    assert dense.breakdown(shape) == CostModel(spec_of(**TINY), HW, 1).breakdown(shape)
+    with pytest.raises(ValueError, match="dp_step_spread=-0.1 must be >= 0"):
+        check_layout(spec_of(**TINY_MOE), 1, ExpertParallel(4, 4, step_spread=-0.1))
+
+
+def test_a_run_in_lockstep_takes_its_time_at_no_spread_times_the_lockstep():
+    # What fit_step_spread rests on: with every request queued at the start the schedule
+    # does not depend on the steps' times, so a run's throughput scales by 1 / lockstep.
+    rows = published_moe.moe_rows(str(published_moe.STATED))
+    short = next(r for r in rows if r.row.hardware == "h200" and r.row.output_tokens == 1024)
+    row = dataclasses.replace(short.row, num_requests=40)
+    alike = published_moe.simulate_replica(row, dataclasses.replace(short.layout, step_spread=0))
+    spread = published_moe.simulate_replica(row, short.layout)
+    assert short.layout.lockstep > 1.3
+    assert spread.predicted == pytest.approx(alike.predicted / short.layout.lockstep, rel=1e-9)
+
+
+def test_the_fit_finds_the_spread_the_rows_were_made_with(monkeypatch):
+    # Rows whose published figures are what the device predicts at no spread over the
+    # lockstep of a known spread (0.3) at their dp: the fit gives that spread back.
+    rows = published_moe.attention_dp_rows()
+    known = 0.3
+
+    def predicted(row, layout):
+        assert layout.step_spread == 0
+        lockstep = dataclasses.replace(layout, step_spread=known).lockstep
+        return dataclasses.replace(RUN, row=row, predicted=row.value * lockstep)
+
+    RUN = published_moe.RowRun(rows[0].row, 0.0, 1.0, 1, 1, 0.0, 0.0, None)  # type: ignore[arg-type]
+    monkeypatch.setattr(published_moe, "simulate_replica", predicted)
+    assert {r.layout.dp for r in rows} == {4, 8}
+    assert published_moe.fit_step_spread(rows) == pytest.approx(known, abs=1e-4)
+
+
+def test_the_attention_dp_rows_state_their_layout_and_split():
+    stated = published_moe.moe_rows(str(published_moe.STATED))
+    assert {(r.row.hardware, r.layout.ep, r.layout.dp) for r in stated} == {
+        ("h200", 4, 4),
+        ("h100", 8, 8),
+    }
+    assert all("DEP" in r.row.method and r.split == "held_out" for r in stated)
+    v1 = published_moe.moe_rows(str(MOE_DATA))
+    assert {r.split for r in v1 if r.row.hardware == "h200"} == {"fit"}
+    assert {r.split for r in v1 if r.row.hardware == "h100"} == {"held_out"}

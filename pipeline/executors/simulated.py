@@ -4,6 +4,7 @@ time with the cost model of `hardware` and never imports Paddle."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 from typing import Any, Protocol
@@ -106,9 +107,12 @@ def build_simulated_engine(
 
 
 def parallel_of(cfg: DictConfig) -> ExpertParallel:
-    """How the run spreads a MoE model's experts (ep, dp, imbalance, dispatch, skew)."""
+    """How the run spreads a MoE model's experts (ep, dp, imbalance, dispatch, skew) and
+    how its dp replicas' steps spread."""
     dispatch = Dispatch(cfg.ep_dispatch)
-    return ExpertParallel(cfg.ep, cfg.dp, cfg.ep_imbalance, dispatch, cfg.moe_routing_skew)
+    layout = ExpertParallel(cfg.ep, cfg.dp, cfg.ep_imbalance, dispatch, cfg.moe_routing_skew)
+    spread = cfg.dp_step_spread
+    return layout if spread is None else dataclasses.replace(layout, step_spread=spread)
 
 
 def simulated_engine(

@@ -114,6 +114,9 @@ class PipelineConf:
     ep: int = 1
     dp: int = 1
     ep_imbalance: float = 1.0  # busiest ep rank's routed tokens / the mean (>= 1)
+    # MoE models at dp > 1: the relative spread of the replicas' step times, whose slowest
+    # every step waits for (>= 0; none: the figure fitted in stages/simulator/expert_parallel.py)
+    dp_step_spread: float | None = None
     # MoE routing read as uniform over E / skew experts (>= 1; 1: uniform): fewer distinct
     # experts a step touches (stages/simulator/moe_layer.py)
     moe_routing_skew: float = 1.0

@@ -100,6 +100,8 @@ class CostModel:
         if any(v < 0 for v in merged.values()):
             raise ValueError(f"cost coefficients must be >= 0: {merged}")
         self.coefficients: dict[str, float] = merged
+        lockstep = parallel.lockstep if spec.moe is not None else 1.0  # MoE dp replicas wait
+        self._timing = {term: c * lockstep for term, c in merged.items()}  # what a step takes
         dtype = spec.dtype_bytes
         # Bytes of a quantised weight and of a KV value, relative to the spec's dtype.
         self._weight_scale = precision.weight_bytes(dtype) / dtype
@@ -176,10 +178,10 @@ class CostModel:
             for slots, blocks in ((0, 0), (1, 0), (0, 1), AFFINE_PROBE)
         ]
         none, slot, block, far = seconds
-        fixed = sum(none.values()) + self.coefficients[OVERHEAD]
+        fixed = sum(none.values()) + self._timing[OVERHEAD]
         per_slot = sum(slot[term] - t for term, t in none.items())
         per_block = sum(block[term] - t for term, t in none.items())
-        exact = sum(far.values()) + self.coefficients[OVERHEAD]
+        exact = sum(far.values()) + self._timing[OVERHEAD]
         affine = fixed + per_slot * AFFINE_PROBE[0] + per_block * AFFINE_PROBE[1]
         if not math.isclose(affine, exact, rel_tol=1e-9):
             raise RuntimeError(
@@ -191,7 +193,7 @@ class CostModel:
 
     def _weighted_terms(self, work: StepWork) -> dict[str, float]:
         """Each term's seconds for one step's work, times its coefficient."""
-        c = self.coefficients
+        c = self._timing
         return {term: c[term] * t for term, t in self._terms(self.amounts_of(work)).items()}
 
     def _terms(self, amounts: StepAmounts) -> dict[str, Any]:
@@ -263,7 +265,7 @@ class CostModel:
 
     def breakdown(self, shape: StepShape) -> dict[str, float]:
         """Seconds of each term, the overhead and the recompile penalty; they sum to the step."""
-        c = self.coefficients
+        c = self._timing
         parts = {term: c[term] * t for term, t in self.rooflines(shape).items()}
         parts[OVERHEAD] = c[OVERHEAD]
         parts[RECOMPILE] = self.hardware.recompile_s if shape.miss else 0.0
@@ -317,7 +319,7 @@ class CostModel:
             for one in ((0, 1, 0, 0, 0, 0, 0), (0, 0, 1, 0, 0, 0, 0))
             + ((0, 0, 0, 1, 0, 0, 0), (0, 0, 0, 0, 0, 0, 1))
         )
-        overhead = self.coefficients[OVERHEAD]
+        overhead = self._timing[OVERHEAD]
         self._separable = rates = SeparableRates(pair, key, slot, block, overhead)
         # Prefill attention bound by its FLOPs, by its keys, and at about the ridge.
         keys = 1 << 20
@@ -344,7 +346,7 @@ class CostModel:
         """Seconds of steps given by their amounts (stacked: an array, one per step): the
         terms times their coefficients plus the overhead, compiles left out. What a fit
         re-times recorded steps with for other hardware figures."""
-        c = self.coefficients
+        c = self._timing
         return sum(c[term] * t for term, t in self._terms(amounts).items()) + c[OVERHEAD]
 
     def on(self, hardware: HardwareProfile) -> CostModel:

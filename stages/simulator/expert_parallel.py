@@ -27,6 +27,15 @@ balanced) split over the ep ranks:
   low-latency kernels: once per routed expert, k (ep - 1) / ep copies from each tp rank's
   1 / tp of the tokens).
 
+The dp replicas run their MoE layers in lockstep: every collective waits for the last
+replica to reach it, so a step of the deployment lasts as long as its slowest replica's
+(TensorRT-LLM's ADP balance blog: "the iteration time is dominated by the slowest rank",
+docs/source/blogs/tech_blog/blog10_ADP_Balance_Strategy.md). The replicas' step times
+differ (their rows, their contexts, each rank's own scheduling and sampling): read as
+normal with relative spread `step_spread` about the simulated replica's, the slowest of
+dp is 1 + step_spread x the expected largest of dp standard normal draws times it
+(`lockstep`; 1 at dp = 1).
+
 With ep = 1 and dp = 1 nothing here is asked: the cost model is the one before.
 """
 
@@ -38,7 +47,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from stages.model.spec import ModelSpec
-from stages.simulator.moe_layer import busiest_rank_experts, busiest_rank_pairs, check_skew
+from stages.simulator.moe_layer import (
+    busiest_rank_experts,
+    busiest_rank_pairs,
+    check_skew,
+    largest_of_normals,
+)
 from stages.simulator.step_work import GEMMS_PER_LAYER, MLP_GEMMS
 
 # The busiest EP rank's routed tokens over the mean. 1.0: balanced, what expert placement
@@ -48,6 +62,12 @@ from stages.simulator.step_work import GEMMS_PER_LAYER, MLP_GEMMS
 # measurement.
 DEFAULT_IMBALANCE = 1.0
 COLLECTIVES_PER_MOE_LAYER = 2  # dispatch, combine
+# The relative spread of the dp replicas' step times (`dp_step_spread`), FITTED by
+# `python -m benchmarks.published_moe --fit` to the attention-DP rows marked `fit` in
+# pipeline/calibrate/data/published-moe.csv (TensorRT-LLM v1.0, Qwen3-235B-A22B on 8 H200,
+# no ADP balancing); the rows marked `held_out` (8 H100; and the later overview's DEP4 and
+# DEP8 rows, pipeline/calibrate/data/published-attention-dp.csv) check it.
+DEFAULT_STEP_SPREAD = 0.4136
 
 
 class Dispatch(enum.StrEnum):
@@ -67,11 +87,18 @@ class ExpertParallel:
     imbalance: float = DEFAULT_IMBALANCE
     dispatch: Dispatch = Dispatch.allgather
     skew: float = 1.0  # moe_routing_skew: routing as uniform over E / skew experts
+    step_spread: float = DEFAULT_STEP_SPREAD  # dp_step_spread: replicas' step times' spread
 
     @property
     def plain(self) -> bool:
         """No expert parallelism: the MoE layers run under tp like every other layer."""
         return self.ep == 1
+
+    @property
+    def lockstep(self) -> float:
+        """A deployment's step over its simulated replica's: the expected slowest of dp
+        replicas in lockstep (1 at dp = 1)."""
+        return 1.0 + self.step_spread * largest_of_normals(self.dp)
 
 
 PLAIN = ExpertParallel()
@@ -85,6 +112,8 @@ def check_layout(spec: ModelSpec, tp: int, layout: ExpertParallel) -> None:
         raise ValueError(f"ep={ep} and dp={dp} must each be >= 1")
     if not layout.imbalance >= 1.0:
         raise ValueError(f"ep_imbalance={layout.imbalance} must be >= 1 (busiest rank / mean)")
+    if not layout.step_spread >= 0.0:
+        raise ValueError(f"dp_step_spread={layout.step_spread} must be >= 0 (0: replicas alike)")
     moe = spec.moe
     check_skew(layout.skew, moe)
     if moe is None:
