@@ -46,7 +46,7 @@ CONFIG = {
 MEASURE = """
 import json, sys, time
 import paddle
-from pipeline.allocator import keep_freed_memory
+from pipeline.executors.allocator import keep_freed_memory
 from stages.loading.checkpoint import load_hf_model
 
 def status_kib(field):

@@ -34,7 +34,7 @@ import paddle
 
 from benchmarks.floor import attention_flops, head_flops, matmul_rate, token_flops
 from pipeline.calibrate import timed_calls
-from pipeline.compose import compose_config
+from pipeline.config.compose import compose_config
 from pipeline.executors import build_engine
 from stages.model.spec import ModelSpec
 from stages.scheduling.request import Request, StepPlan

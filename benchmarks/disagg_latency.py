@@ -22,8 +22,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.build import build
-from pipeline.compose import compose_config
+from pipeline.config.compose import compose_config
+from pipeline.executors.build import build
 from pipeline.plan.capacity import run_probe
 
 DATA_DIR = Path(__file__).resolve().parents[1] / "pipeline/calibrate/data"

@@ -22,7 +22,7 @@ import numpy as np
 import pipeline  # noqa: F401  # isort: skip  (chooses MKL's code path before Paddle loads it)
 import paddle  # isort: skip
 
-from pipeline.allocator import keep_freed_memory
+from pipeline.executors.allocator import keep_freed_memory
 from stages.model.spec import ModelSpec
 
 # conf/model/small.yaml, the model the benchmarks run.

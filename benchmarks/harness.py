@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from benchmarks.floor import matmul_rate, run_flops
-from pipeline.compose import compose_config
+from pipeline.config.compose import compose_config
 from pipeline.executors import build_engine
-from pipeline.metrics import summarise
-from pipeline.records import StepRecord
+from pipeline.job.metrics import summarise
+from pipeline.run_folder.records import StepRecord
 from stages.scheduling.request import Request
 
 # (name in the report, engine attribute, method): the calls one step makes.

@@ -23,14 +23,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pipeline.compose import compose_config
-from pipeline.engine import Engine
+from pipeline.config.compose import compose_config
+from pipeline.job.engine import Engine
 from stages.scheduling.request import Request, SamplingParams
 
 try:  # the engine builder's home since the executors' seam, and before it
     from pipeline.executors import build_engine
 except ImportError:  # an older tree (--base)
-    from pipeline.build import build_engine  # type: ignore[no-redef,attr-defined]
+    from pipeline.executors.build import build_engine  # type: ignore[no-redef,attr-defined]
 
 MODES = {
     "none": {},

@@ -16,7 +16,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from pipeline.compose import compose_config
+from pipeline.config.compose import compose_config
 from pipeline.executors import build_engine
 from stages.scheduling.request import Request, SamplingParams
 

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.build import build
-from pipeline.compose import compose_config
+from pipeline.config.compose import compose_config
+from pipeline.executors.build import build
 from stages.model.spec import MoeLayout
 from stages.simulator.hardware import HardwareProfile
 from stages.simulator.moe_layer import experts_touched

@@ -6,7 +6,7 @@ trace with and without the per-step and per-token files, and a whole plan on job
     python -m benchmarks.plan_speed plan [--requests 2000] [OVERRIDES...]
 
 `trace`: Llama-3.1-8B on an H100 (the case the planner's speed target names), once through
-pipeline.run (steps.jsonl, generations.jsonl) and once as a capacity-search probe writes it
+pipeline.job.run (steps.jsonl, generations.jsonl) and once as a capacity-search probe writes it
 (metrics.json only; where the simulated device leaps over runs of decode steps): wall and
 CPU seconds (best of --repeat), the folder's size and the load average; with --profile,
 instead one metrics-only probe under cProfile, its ROWS costliest functions by their own time
@@ -73,9 +73,9 @@ def folder_mb(folder: Path) -> float:
 def time_trace(
     trace: Path, root: Path, overrides: list[str], repeat: int, with_files: bool
 ) -> None:
-    from pipeline.compose import compose_config
+    from pipeline.config.compose import compose_config
+    from pipeline.job.run import run
     from pipeline.plan.capacity import run_probe
-    from pipeline.run import run
 
     cfg = compose_config([*TRACE_RUN, f"workload.path={trace}", *overrides])
     ways = (("with files", run), ("metrics only", None))
@@ -94,7 +94,7 @@ def time_trace(
 
 
 def profile_trace(trace: Path, root: Path, overrides: list[str], rows: int) -> None:
-    from pipeline.compose import compose_config
+    from pipeline.config.compose import compose_config
     from pipeline.plan.capacity import run_probe
 
     cfg = compose_config([*TRACE_RUN, f"workload.path={trace}", *overrides])

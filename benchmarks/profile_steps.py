@@ -37,8 +37,8 @@ from benchmarks.floor import matmul_rate, step_flops
 from benchmarks.harness import synthetic_overrides
 from benchmarks.peer import sorted_batches
 from benchmarks.report import write_report
-from pipeline.compose import compose_config
-from pipeline.run import build_engine
+from pipeline.config.compose import compose_config
+from pipeline.job.run import build_engine
 from stages.forward.step_shape import StepShape
 from stages.loading.checkpoint.export import export_hf_llama
 

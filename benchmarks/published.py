@@ -19,9 +19,9 @@ import sys
 import time
 from typing import Any
 
-from pipeline.build import build
 from pipeline.calibrate.published import DATA, error_lines, median, read_rows, simulate_row
-from pipeline.compose import compose_config
+from pipeline.config.compose import compose_config
+from pipeline.executors.build import build
 
 
 def results(path: str = str(DATA)) -> dict[str, dict[str, Any]]:

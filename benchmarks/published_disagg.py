@@ -44,8 +44,8 @@ from benchmarks.disagg_latency import (
     transfer_ms,
 )
 from pipeline.calibrate.check_results import command_line, record
-from pipeline.compose import compose_config
-from pipeline.disagg_config import deployment_cards
+from pipeline.config.compose import compose_config
+from pipeline.disagg.config import deployment_cards
 from pipeline.plan.capacity import capacity_search
 
 DATA = Path(__file__).resolve().parents[1] / "pipeline/calibrate/data/published-disagg.csv"

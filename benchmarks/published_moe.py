@@ -39,7 +39,6 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import moe_kernels
-from pipeline.build import build
 from pipeline.calibrate.check_results import command_line, record
 from pipeline.calibrate.published import (
     DATA_DIR,
@@ -53,9 +52,10 @@ from pipeline.calibrate.published import (
     read_rows,
     row_overrides,
 )
-from pipeline.compose import compose_config
+from pipeline.config.compose import compose_config
+from pipeline.executors.build import build
 from pipeline.executors.simulated import build_simulated_engine
-from pipeline.metrics import StepTotals
+from pipeline.job.metrics import StepTotals
 from stages.arithmetic import ceil_div
 from stages.simulator.device import VirtualClock
 from stages.simulator.expert_parallel import ExpertParallel

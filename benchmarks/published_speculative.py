@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.calibrate.check_results import command_line, record
-from pipeline.compose import compose_config
+from pipeline.config.compose import compose_config
 from pipeline.executors.simulated import build_simulated_engine
 from stages.simulator.device import VirtualClock
 

@@ -35,7 +35,7 @@ from hydra.utils import instantiate
 
 from benchmarks.report import write_report
 from benchmarks.serve_load import Load, Prompt, report, run_load
-from pipeline.compose import compose_config
+from pipeline.config.compose import compose_config
 from stages.loading.tokenizer import ByteTokenizer
 
 REPO = Path(__file__).resolve().parents[1]

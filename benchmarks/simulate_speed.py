@@ -1,5 +1,5 @@
 """How fast a simulated run replays a large trace: a generated Azure-format trace served by
-`executor=simulated` in-process through pipeline.run (so the run folder's files are all
+`executor=simulated` in-process through pipeline.job.run (so the run folder's files are all
 written), with the wall time, the requests, output tokens and steps, and on request the
 functions the time goes to (cProfile).
 
@@ -25,8 +25,8 @@ import time
 from pathlib import Path
 
 from benchmarks.trace_load import write_azure_trace
-from pipeline.compose import compose_config
-from pipeline.run import run
+from pipeline.config.compose import compose_config
+from pipeline.job.run import run
 
 DEFAULTS = [
     "executor=simulated",

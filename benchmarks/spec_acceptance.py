@@ -153,8 +153,8 @@ def measure(
 def run_rows(folder: Path) -> list[dict]:
     """A run folder's finished generations with their prompts' ids, as the run's own
     tokenizer and workload made them."""
-    from pipeline import artefacts
-    from pipeline.build import build, load_workload
+    from pipeline.executors.build import build, load_workload
+    from pipeline.run_folder import artefacts
 
     cfg = artefacts.read_run_config(folder)
     if cfg is None:

@@ -28,11 +28,11 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.calibrate import calibrate, error_summary
-from pipeline.compose import compose_config
+from pipeline.config.compose import compose_config
 from pipeline.executors import build_engine
-from pipeline.metrics import summarise
-from pipeline.records import StepRecord
-from pipeline.run import run
+from pipeline.job.metrics import summarise
+from pipeline.job.run import run
+from pipeline.run_folder.records import StepRecord
 from stages.simulator.hardware import write_profile
 
 BASE = [

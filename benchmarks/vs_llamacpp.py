@@ -74,7 +74,7 @@ def fresh(requests, new_tokens: int):
 
 def run_ours(args: argparse.Namespace) -> dict:
     """This engine serving `streams` prompts at once, after an untimed warm-up."""
-    from pipeline.compose import compose_config
+    from pipeline.config.compose import compose_config
     from pipeline.executors import build_engine
 
     with tempfile.TemporaryDirectory() as folder:

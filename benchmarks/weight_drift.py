@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.peer_gguf import chat_lines
-from pipeline.compose import compose_config
+from pipeline.config.compose import compose_config
 from pipeline.executors import build_engine
 from stages.scheduling.request import Request, SamplingParams
 

@@ -1,4 +1,4 @@
-"""The engine: entry point, step loop and run artefacts; each command (`python -m
+"""The engine, grouped by job (job, run_folder, config, disagg, ...); each command (`python -m
 pipeline.NAME`) is a package of its own here (docs/architecture.md, "Where the code lives")."""
 
 import os

@@ -5,8 +5,8 @@ from __future__ import annotations
 from omegaconf import DictConfig
 
 from pipeline.command import HydraCommand, Job, SweepOnFailure
-from pipeline.run import run
-from pipeline.run_folder import RunStatus
+from pipeline.job.run import run
+from pipeline.run_folder.reader import RunStatus
 
 
 def run_job(cfg: DictConfig, job: Job) -> int:

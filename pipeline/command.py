@@ -27,12 +27,13 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline import artefacts, logs  # noqa: F401  (logs configures structlog)
-from pipeline.checks import ConfigError
-from pipeline.folder_lock import FolderBusy
-from pipeline.run_folder import RunStatus
+from pipeline import logs  # noqa: F401  (logs configures structlog)
+from pipeline.config.checks import ConfigError
+from pipeline.job.signals import RunInterrupted
+from pipeline.run_folder import artefacts
+from pipeline.run_folder.folder_lock import FolderBusy
+from pipeline.run_folder.reader import RunStatus
 from pipeline.schema import register_schemas
-from pipeline.signals import RunInterrupted
 
 
 def as_given(err: Exception, args: Any) -> str:

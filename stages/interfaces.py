@@ -1,4 +1,4 @@
-"""What each stage offers the engine: the contracts `pipeline.engine.Engine` is typed against.
+"""What each stage offers the engine: the contracts `pipeline.job.engine.Engine` is typed against.
 
 A stage is any object with these methods and attributes; Hydra builds it from its group's
 config. Every ability the engine may ask of a stage is declared here, so nothing is probed

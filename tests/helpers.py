@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from omegaconf import DictConfig
 
-from pipeline.compose import compose_config
+from pipeline.config.compose import compose_config
 from pipeline.executors import build_engine
 from pipeline.schema import (
     PipelineConf,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import gc
 import json
 
-from pipeline import artefacts
+from pipeline.run_folder import artefacts
 from stages.loading.tokenizer import ByteTokenizer
 from stages.scheduling.request import Request
 from tests.helpers import serve

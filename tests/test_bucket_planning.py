@@ -14,9 +14,9 @@ from omegaconf import OmegaConf
 
 from pipeline.buckets import main as buckets_main
 from pipeline.buckets import plan_source, run_limits
-from pipeline.checks import ConfigError
-from pipeline.compose import compose_config
-from pipeline.run import build_engine
+from pipeline.config.checks import ConfigError
+from pipeline.config.compose import compose_config
+from pipeline.job.run import build_engine
 from stages.forward.bucket_planner import (
     Workload,
     breakpoint_table,

@@ -72,7 +72,7 @@ def test_the_report_counts_the_graphs_the_run_counted(tmp_path):
     import json
 
     from pipeline.buckets import run_limits, simulated_run
-    from pipeline.run_folder import read_step_lines
+    from pipeline.run_folder.reader import read_step_lines
     from stages.forward.bucket_planner import Workload, evaluate
     from stages.forward.buckets import Bucketing
 

@@ -92,7 +92,7 @@ def test_warmup_shapes_respect_the_budget():
 
 
 def test_a_negative_bucket_step_is_one_line_at_start():
-    from pipeline.checks import ConfigError
+    from pipeline.config.checks import ConfigError
     from pipeline.executors import build_engine
     from tests.helpers import make_config
 

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from pipeline.calibrate import calibrate, error_summary, grid, run_samples
-from pipeline.checks import ConfigError
-from pipeline.compose import compose_config
+from pipeline.config.checks import ConfigError
+from pipeline.config.compose import compose_config
+from pipeline.job.run import run
 from pipeline.profiles import measured_profile
-from pipeline.run import run
 from stages.forward.forward_meta import bucket_dims, bucket_label
 from stages.simulator.hardware import write_profile
 from tests.helpers import LIMITS, REPO, serve

@@ -7,11 +7,11 @@ import json
 
 import pytest
 
-from pipeline.checks import ConfigError
+from pipeline.config.checks import ConfigError
 from pipeline.executors import build_engine
+from pipeline.job.slo import EarlyVerdict, Slo, is_good, needed_good, slo_metrics
 from pipeline.plan.capacity import capacity_search, load_axis
 from pipeline.plan.capacity_estimate import rate_ceiling
-from pipeline.slo import EarlyVerdict, Slo, is_good, needed_good, slo_metrics
 from stages.scheduling.request import Request
 from tests.helpers import make_config
 

@@ -17,7 +17,7 @@ from safetensors.numpy import save_file
 from safetensors.paddle import save_file as save_paddle
 from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
 
-from pipeline.checks import ConfigError
+from pipeline.config.checks import ConfigError
 from pipeline.executors import build_engine
 from stages.loading.checkpoint import SUPPORTED_ARCHITECTURES, load_hf_model, read_spec
 from stages.loading.checkpoint.export import export_hf_llama
@@ -387,7 +387,7 @@ def test_a_sliding_window_covering_the_served_context_is_served(tmp_path):
 def test_hpu_ops_refuse_a_q_k_normed_model_at_start(tmp_path, monkeypatch):
     """The HPU's fused_qkv_rope has no per-head norm: a Qwen3 model is refused when the
     pipeline is built, in one line, before any step."""
-    from pipeline import checks
+    from pipeline.config import checks
 
     folder, _, _ = make_folder(tmp_path, "qwen3, q/k norm, head_dim 32, tied")
     monkeypatch.setitem(sys.modules, "paddlenlp_ops", object())  # a stand-in plugin

@@ -10,8 +10,8 @@ import pytest
 import yaml
 from hydra.errors import ConfigCompositionException
 
-from pipeline.checks import ConfigError
-from pipeline.compose import compose_config
+from pipeline.config.checks import ConfigError
+from pipeline.config.compose import compose_config
 from pipeline.executors import check_config
 from tests.helpers import SMALL, run_cli
 

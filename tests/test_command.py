@@ -1,5 +1,5 @@
 """One command runner (pipeline/command.py) and one serve-and-summarise path
-(pipeline/serving.py): every command goes through the first, every way of serving through
+(pipeline/job/serving.py): every command goes through the first, every way of serving through
 the second."""
 
 from __future__ import annotations
@@ -13,8 +13,6 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from pipeline.artefacts import RunFolderError
-from pipeline.checks import ConfigError
 from pipeline.command import (
     RUN_FAILURES,
     ArgparseCommand,
@@ -25,8 +23,10 @@ from pipeline.command import (
     OptionChoice,
     SweepOnFailure,
 )
-from pipeline.run_folder import RunStatus
-from pipeline.serving import Ending, Hooks, serve_and_summarise
+from pipeline.config.checks import ConfigError
+from pipeline.job.serving import Ending, Hooks, serve_and_summarise
+from pipeline.run_folder.artefacts import RunFolderError
+from pipeline.run_folder.reader import RunStatus
 from stages.scheduling.request import FinishReason, Request
 from tests.helpers import REPO, run_cli
 
@@ -183,7 +183,7 @@ def warmup_calls(source: str) -> list[str]:
 def test_the_ways_of_serving_share_the_path():
     """Each caller goes through serve_and_summarise, and warmup is called there alone (or
     by a deployment's own warmup, which warms its instances side by side)."""
-    callers = ["run.py", "plan/capacity.py", "serve/worker.py", "disaggregated.py"]
+    callers = ["job/run.py", "plan/capacity.py", "serve/worker.py", "disagg/deployment.py"]
     for path in callers:
         assert "serve_and_summarise(" in (REPO / "pipeline" / path).read_text(), path
     for path in (REPO / "pipeline").rglob("*.py"):

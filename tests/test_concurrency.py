@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from omegaconf import DictConfig
 
-from pipeline.checks import ConfigError
+from pipeline.config.checks import ConfigError
 from pipeline.executors import build_engine
 from tests.helpers import make_config
 

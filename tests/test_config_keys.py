@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.checks import ConfigError
-from pipeline.compose import compose_config
+from pipeline.config.checks import ConfigError
+from pipeline.config.compose import compose_config
 from pipeline.executors import check_config
 
 SPEC = ["executor=simulated", "hardware=gaudi3", "model=spec/llama31_8b"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pipeline.console import summary_table
+from pipeline.job.console import summary_table
 
 BASE = {"num_requests": 4, "num_errors": 0, "output_throughput": 10.0, "bucket_misses": 0}
 

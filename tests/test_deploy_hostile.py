@@ -15,7 +15,7 @@ import yaml
 
 from pipeline.deploy import main as deploy_main
 from pipeline.plan.report import build_plan_report
-from pipeline.run_files import RunFolderError, write_file
+from pipeline.run_folder.run_files import RunFolderError, write_file
 from tests.test_plan import make_job, resolved
 
 PLAN_SETTINGS = {"objective": "goodput_per_card", "prices": {}, "max_warmup_s": 600,
@@ -154,7 +154,7 @@ def test_the_writer_writes_whole_files_with_the_mode_asked(tmp_path):
 
 
 def test_no_module_writes_a_file_but_through_the_writer():
-    """Every file a command writes goes through pipeline/run_files.py (a text search: a
+    """Every file a command writes goes through pipeline/run_folder/run_files.py (a text search: a
     new write_text, open(..., "w") or savefig(path) would bypass the link check)."""
     root = Path(__file__).resolve().parents[1] / "pipeline"
     bypasses = (".write_text(", ".write_bytes(", 'open(path, "w', "savefig(path")

@@ -13,8 +13,8 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
+from pipeline.config.layout import Layout, layout_of
 from pipeline.deploy import deployment, write_deploy
-from pipeline.layout import Layout, layout_of
 from tests.helpers import make_config
 from tests.test_deploy_gpu import parse
 

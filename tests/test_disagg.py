@@ -13,14 +13,14 @@ import pytest
 
 from benchmarks.disagg_latency import LatencyCheck, latency_overrides, transfer_ms
 from benchmarks.published_disagg import checked_errors
-from pipeline.build import build
-from pipeline.checks import ConfigError, describe_model
-from pipeline.disagg_config import deployment_cards, pool_cfg
-from pipeline.disagg_latency import ttft_parts_s
-from pipeline.disaggregated import build_deployment, serve_deployment, simulate
+from pipeline.config.checks import ConfigError, describe_model
+from pipeline.disagg.config import deployment_cards, pool_cfg
+from pipeline.disagg.deployment import build_deployment, serve_deployment, simulate
+from pipeline.disagg.latency import ttft_parts_s
 from pipeline.executors import build_engine, check_config
+from pipeline.executors.build import build
+from pipeline.job.slo import Slo
 from pipeline.plan.capacity import capacity_search
-from pipeline.slo import Slo
 from stages.model.spec import ModelSpec
 from stages.scheduling.kv_cache import KVCacheManager
 from stages.scheduling.request import Request, Status

@@ -7,8 +7,8 @@ import dataclasses
 
 import pytest
 
-from pipeline.build import build
-from pipeline.compose import compose_config
+from pipeline.config.compose import compose_config
+from pipeline.executors.build import build
 from stages.forward.step_shape import StepShape
 from stages.simulator.cost_model import CostModel
 from stages.simulator.draft_tree import DraftTree, tree_of

@@ -10,8 +10,8 @@ import re
 import pytest
 from omegaconf import OmegaConf
 
-from pipeline.checks import ConfigError
-from pipeline.engine_profile import check_engine, engine_refusal
+from pipeline.config.checks import ConfigError
+from pipeline.config.engine_profile import check_engine, engine_refusal
 from stages.forward.cudagraph import capture_sizes
 from tests.helpers import make_config, run_cli, serve
 

@@ -8,8 +8,8 @@ import time
 import pytest
 from omegaconf import OmegaConf
 
-from pipeline.checks import ConfigError
-from pipeline.compose import compose_config
+from pipeline.config.checks import ConfigError
+from pipeline.config.compose import compose_config
 from pipeline.executors import EXECUTORS, build_engine, check_config, executor_of
 from pipeline.executors.simulated import PacedClock, simulated_device
 from pipeline.schema import Executor

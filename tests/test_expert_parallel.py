@@ -11,7 +11,7 @@ import pytest
 
 from benchmarks import published_moe
 from pipeline.calibrate.published import read_rows
-from pipeline.run import device_metrics
+from pipeline.job.run import device_metrics
 from stages.forward.step_shape import StepShape
 from stages.simulator.cost_model import CostModel
 from stages.simulator.expert_parallel import Dispatch, ExpertParallel, check_layout

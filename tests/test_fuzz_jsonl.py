@@ -13,8 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline.artefacts import GenerationWriter, read_generations
 from pipeline.executors import build_engine
+from pipeline.run_folder.artefacts import GenerationWriter, read_generations
 from pipeline.schema import JsonlWorkloadConf
 from stages.workload import JsonlWorkload
 from tests.helpers import make_config, schema_kwargs

@@ -16,10 +16,11 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline import artefacts, buckets, review, summary
+from pipeline import buckets, review, summary
+from pipeline.job.run import run
 from pipeline.profiles import measured_profile
-from pipeline.resume import load_previous
-from pipeline.run import run
+from pipeline.run_folder import artefacts
+from pipeline.run_folder.resume import load_previous
 from stages.simulator.hardware import _RANGES, HardwareProfile
 from tests.helpers import REPO, make_config
 

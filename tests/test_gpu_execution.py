@@ -76,7 +76,7 @@ def plan_config(overrides: list[str]):
     """The plan's composed config (conf/plan.yaml), as a plan job has it."""
     from hydra import compose, initialize_config_module
 
-    from pipeline.compose import schemas_registered
+    from pipeline.config.compose import schemas_registered
 
     schemas_registered()
     with initialize_config_module(config_module="pipeline.conf", version_base="1.3"):

@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from pipeline import inspect
-from pipeline.build import load_workload
-from pipeline.checks import ConfigError
+from pipeline.config.checks import ConfigError
+from pipeline.executors.build import load_workload
 from pipeline.profiles import measured_profile
 from pipeline.schema import HardwareConf
 from stages.loading.tokenizer import ByteTokenizer
@@ -280,7 +280,7 @@ def test_a_trace_gone_before_the_read_is_one_line(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("key", ["seed", "workload.seed", "model.seed"])
 def test_a_negative_seed_names_its_key(key):
-    from pipeline.checks import check_bounds
+    from pipeline.config.checks import check_bounds
 
     with pytest.raises(ConfigError, match=rf"^{key}=-1: a seed must be a whole number >= 0"):
         check_bounds(make_config([f"{key}=-1"]))
@@ -303,18 +303,18 @@ def test_an_infinite_number_in_a_checkpoint_config_is_named(tmp_path, capsys):
 
 
 def test_a_workload_file_gone_before_the_read_is_one_line(tmp_path, monkeypatch):
-    import pipeline.build
+    import pipeline.executors.build
 
     path = tmp_path / "w.jsonl"
     path.write_text('{"prompt": "a"}\n')
-    real_build = pipeline.build.build
+    real_build = pipeline.executors.build.build
 
     def build_then_remove(node, **kwargs):
         workload = real_build(node, **kwargs)  # its constructor found the file
         path.unlink()
         return workload
 
-    monkeypatch.setattr(pipeline.build, "build", build_then_remove)
+    monkeypatch.setattr(pipeline.executors.build, "build", build_then_remove)
     cfg = make_config(["workload=jsonl", f"workload.path={path}"])
     with pytest.raises(ConfigError, match=rf"workload: {path} cannot be read \(No such file"):
         load_workload(cfg, ByteTokenizer(add_bos=True))

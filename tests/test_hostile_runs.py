@@ -13,10 +13,11 @@ import httpx
 import numpy as np
 import pytest
 
-from pipeline import artefacts, inspect
-from pipeline.artefacts import GenerationWriter, RunFolderError, StepWriter
-from pipeline.checks import ConfigError
+from pipeline import inspect
+from pipeline.config.checks import ConfigError
 from pipeline.executors import build_engine, check_config
+from pipeline.run_folder import artefacts
+from pipeline.run_folder.artefacts import GenerationWriter, RunFolderError, StepWriter
 from pipeline.serve.__main__ import exit_code, listening_socket, prepare
 from pipeline.serve.derived import kv_pool_blocks
 from pipeline.serve.folder import GenerationAppender
@@ -288,7 +289,7 @@ def test_a_servers_folder_is_not_resumed_as_a_batch_run(tmp_path):
     import yaml
     from omegaconf import OmegaConf
 
-    from pipeline.resume import load_previous
+    from pipeline.run_folder.resume import load_previous
 
     (tmp_path / ".hydra").mkdir()
     OmegaConf.save(make_config(SMALL), tmp_path / ".hydra" / "config.yaml")

@@ -145,7 +145,7 @@ def test_the_scheduler_and_the_executors_are_in_no_circle():
         "stages.scheduling.scheduler",
         "stages.scheduling.decode_runs",
         "stages.scheduling.step_rows",
-        "pipeline.engine",
+        "pipeline.job.engine",
     }
     mine |= {
         "stages.scheduling.request",

@@ -14,10 +14,10 @@ from hypothesis import strategies as st
 
 from benchmarks.azure_conversation import write_conversation_trace
 from pipeline.executors import build_engine
-from pipeline.metrics import StepTotals
+from pipeline.job.metrics import StepTotals
+from pipeline.job.run import run_metrics
+from pipeline.job.slo import EarlyVerdict, Slo
 from pipeline.plan.capacity import run_probe
-from pipeline.run import run_metrics
-from pipeline.slo import EarlyVerdict, Slo
 from stages.scheduling import run_updates
 from stages.scheduling.kv_cache import KVCacheManager
 from stages.scheduling.request import DecodeRun

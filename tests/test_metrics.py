@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.metrics import e2e_s, itl_ms, itl_s, stats, summarise, tpot_s, ttft_s
-from pipeline.records import StepRecord
+from pipeline.job.metrics import e2e_s, itl_ms, itl_s, stats, summarise, tpot_s, ttft_s
+from pipeline.run_folder.records import StepRecord
 from stages.scheduling.request import Request, Status
 
 

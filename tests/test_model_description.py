@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from pipeline.checks import ConfigError, describe_model
+from pipeline.config.checks import ConfigError, describe_model
 from pipeline.executors import check_config
 from pipeline.schema import HfModelConf, SpecModelConf, TransformerConf, model_kind
 from stages.loading.checkpoint import read_spec
@@ -69,7 +69,7 @@ def test_a_config_read_back_from_a_run_folder_describes_the_same_model():
     """A resumed run's config is plain YAML, without the schema's types."""
     from omegaconf import OmegaConf
 
-    from pipeline.describe import option_spec, rotary_positions
+    from pipeline.config.describe import option_spec, rotary_positions
     from pipeline.schema import model_option
 
     cfg = make_config(["model=small"])

@@ -10,10 +10,10 @@ import pytest
 from hydra import compose, initialize_config_module
 from hydra.utils import instantiate
 
-from pipeline.build import build
-from pipeline.checks import ConfigError, check_model_context
+from pipeline.config.checks import ConfigError, check_model_context
 from pipeline.executors import check_config
-from pipeline.run import model_context
+from pipeline.executors.build import build
+from pipeline.job.run import model_context
 from pipeline.schema import register_schemas
 from stages.model.spec import ModelSpec, MoeLayout
 from tests.helpers import run_cli, spec_of

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from benchmarks import moe_kernels
-from pipeline.build import build
-from pipeline.compose import compose_config
+from pipeline.config.compose import compose_config
+from pipeline.executors.build import build
 from stages.forward.step_shape import StepShape
 from stages.model.spec import MoeLayout
 from stages.simulator.cost_model import CostModel

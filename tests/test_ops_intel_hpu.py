@@ -15,8 +15,8 @@ import numpy as np
 import paddle
 import pytest
 
-from pipeline import checks
-from pipeline.checks import ConfigError
+from pipeline.config import checks
+from pipeline.config.checks import ConfigError
 from pipeline.executors import build_engine
 from stages.model.attention import ops_cpu, ops_intel_hpu, reference
 from stages.model.attention.interface import Heads

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
-from pipeline.checks import ConfigError
+from pipeline.config.checks import ConfigError
 from pipeline.deploy import main as deploy_main
 from pipeline.plan.candidates import pareto_front, rank, read_candidates
 from pipeline.plan.report import build_plan_report, check_plan

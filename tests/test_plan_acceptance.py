@@ -10,12 +10,12 @@ import json
 import pytest
 import yaml
 
-from pipeline.checks import ConfigError
-from pipeline.compose import compose_config
+from pipeline.config.checks import ConfigError
+from pipeline.config.compose import compose_config
 from pipeline.plan.candidates import rank, read_candidates
 from pipeline.plan.report import build_plan_report
-from pipeline.published_acceptance import TABLE
-from pipeline.speculation import speculation_of
+from pipeline.speculation.keys import speculation_of
+from pipeline.speculation.published_acceptance import TABLE
 from pipeline.summary import find_jobs
 from tests.test_plan import make_job
 from tests.test_plan_ranking import sized

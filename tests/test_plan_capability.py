@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from omegaconf import OmegaConf
 
-from pipeline.checkpoint_rules import fp8_load
+from pipeline.config.checkpoint_rules import fp8_load
 from pipeline.deploy import write_deploy
 from pipeline.deploy.settings import deployment
 from pipeline.plan.capability import capability_rule

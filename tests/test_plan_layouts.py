@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from pipeline.checks import ConfigError
 from pipeline.command import Job
+from pipeline.config.checks import ConfigError
 from pipeline.plan import layout_rule, plan_job
 from pipeline.plan.candidates import read_candidates
 from pipeline.summary import find_jobs

@@ -7,11 +7,11 @@ import math
 
 import pytest
 
-from pipeline.checks import ConfigError
+from pipeline.config.checks import ConfigError
 from pipeline.executors import build_engine
+from pipeline.job.slo import Slo, slo_metrics
 from pipeline.plan.capacity import capacity_search
 from pipeline.plan.target import check_load, check_target, sizing, target_of
-from pipeline.slo import Slo, slo_metrics
 from tests.helpers import make_config
 from tests.test_capacity import SMALL_DEPLOYMENT
 

@@ -8,10 +8,10 @@ import dataclasses
 
 import pytest
 
-from pipeline.checks import ConfigError
-from pipeline.compose import compose_config
+from pipeline.config.checks import ConfigError
+from pipeline.config.compose import compose_config
 from pipeline.executors import check_config
-from pipeline.run import device_metrics
+from pipeline.job.run import device_metrics
 from stages.forward.step_shape import StepShape
 from stages.simulator.cost_model import CostModel
 from stages.simulator.hardware import GIB, kv_pool_blocks

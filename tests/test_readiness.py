@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.checks import describe_model
+from pipeline.config.checks import describe_model
 from pipeline.plan import replica_readiness
 from pipeline.plan.readiness import ENGINE_COMPILE_S, GPU_ENGINES, HPU_ENGINES, readiness
 from tests.helpers import make_config

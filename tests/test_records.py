@@ -8,9 +8,9 @@ from dataclasses import fields
 
 import pytest
 
-from pipeline.artefacts import json_line
-from pipeline.records import GenerationRecord, StepRecord
-from pipeline.run_files import RunFileError
+from pipeline.run_folder.artefacts import json_line
+from pipeline.run_folder.records import GenerationRecord, StepRecord
+from pipeline.run_folder.run_files import RunFileError
 from stages.scheduling.request import FinishReason, Request, StepMode
 
 

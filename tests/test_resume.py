@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.artefacts import INTERRUPTED, read_generations
+from pipeline.run_folder.artefacts import INTERRUPTED, read_generations
 from tests.helpers import ONE_THREAD
 
 # Enough steps (one or two decodes at a time) that a signal lands mid-run.
@@ -177,7 +177,7 @@ def test_a_former_releases_targets_are_renamed_to_what_exists_now():
     from hydra.utils import get_object
     from omegaconf import OmegaConf
 
-    from pipeline.former_names import FORMER_TARGETS, rename_targets
+    from pipeline.run_folder.former_names import FORMER_TARGETS, rename_targets
     from tests.helpers import make_config
 
     for present in FORMER_TARGETS.values():

@@ -320,7 +320,7 @@ def test_bucket_lists_show_as_lists_and_what_was_in_force():
 
 
 def test_which_keys_change_outputs():
-    from pipeline.output_keys import Effect, echoes, effect
+    from pipeline.run_folder.output_keys import Effect, echoes, effect
 
     assert effect("model.rope_theta") is Effect.changes
     assert effect("sampler.temperature") is Effect.changes and effect("seed") is Effect.changes

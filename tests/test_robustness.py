@@ -13,14 +13,14 @@ import time
 
 import pytest
 
-from pipeline import artefacts
-from pipeline.build import build
-from pipeline.checks import ConfigError, check_memory, memory_estimate
+from pipeline.config.checks import ConfigError, check_memory, memory_estimate
 from pipeline.executors import check_config
-from pipeline.records import StepRecord
-from pipeline.run import run
+from pipeline.executors.build import build
+from pipeline.job.run import run
+from pipeline.job.signals import RunInterrupted
+from pipeline.run_folder import artefacts
+from pipeline.run_folder.records import StepRecord
 from pipeline.schema import JsonlWorkloadConf
-from pipeline.signals import RunInterrupted
 from stages.loading.tokenizer import ByteTokenizer
 from stages.workload import JsonlWorkload
 from tests.helpers import make_config, schema_kwargs

@@ -16,14 +16,14 @@ import numpy as np
 import pytest
 import yaml
 
-from pipeline import artefacts, run_folder
-from pipeline.checks import ConfigError
-from pipeline.expansion import check_expansion
-from pipeline.folder_lock import LOCK_FILE, FolderBusy, FolderLock
-from pipeline.identity import check_identity, identity
+from pipeline.config.checks import ConfigError
+from pipeline.config.expansion import check_expansion
+from pipeline.job.run import run
 from pipeline.profiles import measured_profile
-from pipeline.resume import appendable, load_previous
-from pipeline.run import run
+from pipeline.run_folder import artefacts, reader
+from pipeline.run_folder.folder_lock import LOCK_FILE, FolderBusy, FolderLock
+from pipeline.run_folder.identity import check_identity, identity
+from pipeline.run_folder.resume import appendable, load_previous
 from tests.helpers import REPO, make_config, run_cli
 
 HOLD = (
@@ -201,13 +201,13 @@ def test_a_folder_resume_refuses_is_left_as_it_was(folder):
 
 
 def test_a_resumed_folder_after_a_torn_tail_reads_back_whole(folder, tmp_path):
-    lines = run_folder.read_generations(folder / artefacts.GENERATIONS)
+    lines = reader.read_generations(folder / artefacts.GENERATIONS)
     lines[1]["error"] = artefacts.INTERRUPTED  # served again on resume
     (folder / artefacts.GENERATIONS).write_text("".join(json.dumps(g) + "\n" for g in lines))
     with open(folder / artefacts.STEPS, "ab") as f:
         f.write(b'{"step": 1')
     run(make_config([f"+resume={folder}"]), tmp_path / "elsewhere")
-    steps = run_folder.read_step_lines(folder / artefacts.STEPS)
+    steps = reader.read_step_lines(folder / artefacts.STEPS)
     assert [s["step"] for s in steps] == list(range(len(steps)))
     assert json.loads((folder / artefacts.METRICS).read_text())["resumed_requests"] == 1
 
@@ -217,8 +217,8 @@ def test_readers_name_the_file_and_line(folder):
     with open(path, "a") as f:
         f.write('{"step": 1, "mode": "decode", "colour": 1}\n')
     count = len(path.read_text().splitlines())
-    with pytest.raises(run_folder.RunFileError, match=rf"steps.jsonl:{count}: unknown field `"):
-        run_folder.read_step_lines(path)
+    with pytest.raises(reader.RunFileError, match=rf"steps.jsonl:{count}: unknown field `"):
+        reader.read_step_lines(path)
 
 
 # ------------------------------------------------------------------------ bounded YAML

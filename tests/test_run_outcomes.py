@@ -101,7 +101,7 @@ def test_the_command_exits_1_when_every_request_failed(tmp_path):
     ],
 )  # fmt: skip
 def test_every_key_a_check_reads_is_checked_where_it_is_set(overrides, key):
-    from pipeline.checks import ConfigError
+    from pipeline.config.checks import ConfigError
     from pipeline.executors import build_engine
 
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")) as err:

@@ -14,9 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.checks import ConfigError
+from pipeline.config.checks import ConfigError
 from pipeline.executors import build_engine
-from pipeline.run import run
+from pipeline.job.run import run
 from pipeline.schema import GreedySamplerConf, RandomSamplerConf
 from stages.sampling.sampler import GreedySampler, RandomSampler, uniforms
 from stages.scheduling.request import Request, SamplingParams

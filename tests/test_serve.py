@@ -20,8 +20,8 @@ import pytest
 import uvicorn
 from openai import OpenAI
 
-from pipeline.allocator import HeapTrimmer
 from pipeline.executors import build_engine
+from pipeline.executors.allocator import HeapTrimmer
 from pipeline.serve.__main__ import prepare
 from pipeline.serve.api import create_app
 from pipeline.serve.telemetry import Telemetry
@@ -80,7 +80,7 @@ def batch_texts(max_new_tokens: int) -> list[tuple[str, int]]:
         for i, p in enumerate(PROMPTS)
     ]
     engine.run(requests)
-    from pipeline.records import output_text
+    from pipeline.run_folder.records import output_text
 
     return [(output_text(r, engine.tokenizer), len(r.output_ids)) for r in requests]
 

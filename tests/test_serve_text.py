@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.records import output_text
+from pipeline.run_folder.records import output_text
 from pipeline.serve.replies import TextStream
 from stages.loading.chat import render_chat
 from stages.loading.tokenizer import ByteTokenizer

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from pipeline.run import device_metrics
+from pipeline.job.run import device_metrics
 from stages.simulator.hardware import kv_pool_blocks
 from tests.helpers import serve
 

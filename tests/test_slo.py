@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.console import summary_table
 from pipeline.executors import build_engine
+from pipeline.job.console import summary_table
+from pipeline.job.run import run_requests
+from pipeline.job.slo import Slo, slo_metrics
 from pipeline.review import metrics_table, trap_notes
-from pipeline.run import run_requests
-from pipeline.slo import Slo, slo_metrics
 from pipeline.summary import Job, write_markdown
 from stages.scheduling.request import Request
 from tests.helpers import make_config

@@ -97,8 +97,8 @@ def test_a_run_folders_generations_are_measured_with_their_own_prompt_ids(tmp_pa
     workload made (as many as generations.jsonl's prompt_tokens says), and every output
     token is counted once."""
     from benchmarks.spec_acceptance import run_rows
-    from pipeline.artefacts import read_generations
-    from pipeline.run import run
+    from pipeline.job.run import run
+    from pipeline.run_folder.artefacts import read_generations
     from tests.helpers import make_config
 
     run(make_config(["workload.num_requests=3"]), tmp_path)

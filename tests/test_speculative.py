@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.checks import ConfigError
+from pipeline.config.checks import ConfigError
 from pipeline.executors import build_engine
 from pipeline.executors.paddle import PaddleExecutor
-from pipeline.speculation import draft_spec, speculation_of
+from pipeline.speculation.keys import draft_spec, speculation_of
 from stages.forward.step_shape import StepShape
 from stages.simulator.precision import BF16
 from stages.simulator.speculative import (

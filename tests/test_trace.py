@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 import numpy as np
 import pytest
 
-from pipeline.checks import ConfigError
+from pipeline.config.checks import ConfigError
 from pipeline.executors import build_engine
 from stages.loading.tokenizer import ByteTokenizer
 from stages.scheduling.request import Request

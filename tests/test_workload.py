@@ -8,7 +8,7 @@ import json
 import numpy as np
 from hydra.utils import instantiate
 
-from pipeline.compose import compose_config
+from pipeline.config.compose import compose_config
 from pipeline.schema import SyntheticWorkloadConf
 from stages.loading.tokenizer import ByteTokenizer
 from stages.workload import SyntheticWorkload, poisson_arrivals

@@ -51,8 +51,8 @@ from pipeline.buckets.serving import (
 from pipeline.buckets.sources import SourceError, find_runs, load_source, run_limits
 from pipeline.buckets.speed import Choice, candidate_plans, choose, write_choice
 from pipeline.command import ArgparseCommand, Failure
-from pipeline.run_files import RunFolderError, output_folder, write_file
-from pipeline.run_folder import RESOLVED_CONFIG, read_mapping, read_metrics, read_step_lines
+from pipeline.run_folder.reader import RESOLVED_CONFIG, read_mapping, read_metrics, read_step_lines
+from pipeline.run_folder.run_files import RunFolderError, output_folder, write_file
 from stages.forward.bucket_planner import HEADROOM, Evaluation, Plan, Workload, evaluate
 from stages.forward.buckets import Bucketing
 
@@ -185,8 +185,8 @@ def simulated_run(overrides: list[str], folder: Path) -> Path:
     """Serves a workload config on the simulated device, warmed (no compile stalls shape
     its steps), into `folder`: the steps the real scheduler and metadata builder make for
     it, without a forward pass."""
-    from pipeline.compose import compose_config
-    from pipeline.run import run
+    from pipeline.config.compose import compose_config
+    from pipeline.job.run import run
 
     folder.mkdir(parents=True, exist_ok=True)
     run(compose_config(simulated(overrides)), folder)

@@ -21,8 +21,8 @@ from typing import Any
 
 from pipeline.buckets.serving import Served, serve_set
 from pipeline.buckets.speed import TOLERANCE
-from pipeline.run_files import output_folder, write_file
-from pipeline.run_folder import RESOLVED_CONFIG, read_mapping, read_metrics, read_step_lines
+from pipeline.run_folder.reader import RESOLVED_CONFIG, read_mapping, read_metrics, read_step_lines
+from pipeline.run_folder.run_files import output_folder, write_file
 from stages.forward.buckets import Bucketing
 from stages.forward.engine_grids import (
     FastDeploySteps,

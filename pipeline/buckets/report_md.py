@@ -9,7 +9,7 @@ from typing import Any
 from pipeline.buckets.serving import Served
 from pipeline.buckets.sources import RunLimits
 from pipeline.buckets.speed import Choice, rank
-from pipeline.run_folder import read_metrics
+from pipeline.run_folder.reader import read_metrics
 from stages.forward.bucket_axes import AXES
 from stages.forward.bucket_planner import Evaluation
 from stages.forward.buckets import Buckets

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from pipeline.run_folder import read_metrics
+from pipeline.run_folder.reader import read_metrics
 
 # Overrides a served check sets itself: the device, warmup, and the buckets under test.
 _OWN_KEYS = ("executor=", "warmup=", "hydra.", "+buckets=", "buckets=", "resume=", "+resume=")
@@ -87,8 +87,8 @@ def simulated(overrides: list[str]) -> list[str]:
 def serve_set(overrides: list[str], chosen: list[str], folder: Path, label: str) -> Served:
     """The workload `overrides` served, warmed, on the simulated device with the bucket set
     the `chosen` overrides select, into `folder`."""
-    from pipeline.compose import compose_config
-    from pipeline.run import run
+    from pipeline.config.compose import compose_config
+    from pipeline.job.run import run
 
     folder.mkdir(parents=True, exist_ok=True)
     run(compose_config([*simulated(overrides), *chosen]), folder)

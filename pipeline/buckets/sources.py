@@ -11,7 +11,7 @@ from typing import Any
 from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline.run_folder import read_mapping, read_metrics, read_step_lines
+from pipeline.run_folder.reader import read_mapping, read_metrics, read_step_lines
 from stages.forward.bucket_axes import AXES, decode_blocks_limit, resolve_axes
 from stages.forward.buckets import Axis, Bucketing, Buckets, StepRule
 from stages.interfaces import Scheduler

@@ -15,7 +15,7 @@ from functools import cmp_to_key
 from pathlib import Path
 
 from pipeline.buckets.serving import Served
-from pipeline.run_files import write_file
+from pipeline.run_folder.run_files import write_file
 from stages.forward.bucket_planner import Plan, Workload, plan_buckets
 from stages.forward.buckets import StepRule
 

@@ -28,16 +28,16 @@ import numpy as np
 import structlog
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline.artefacts import STEPS, read_run_config
-from pipeline.build import check_resolves, import_paddle
 from pipeline.calibrate.fit import FIT
-from pipeline.checks import ConfigError, describe_model
 from pipeline.command import Failure, HydraCommand, Job, OptionChoice
-from pipeline.engine import Engine
+from pipeline.config.checks import ConfigError, describe_model
 from pipeline.executors import build_engine, check_config, executor_of
-from pipeline.run import run
-from pipeline.run_files import output_folder, write_file
-from pipeline.run_folder import RunFileError, read_step_lines
+from pipeline.executors.build import check_resolves, import_paddle
+from pipeline.job.engine import Engine
+from pipeline.job.run import run
+from pipeline.run_folder.artefacts import STEPS, read_run_config
+from pipeline.run_folder.reader import RunFileError, read_step_lines
+from pipeline.run_folder.run_files import output_folder, write_file
 from pipeline.schema import HardwareConf, schema_defaults
 from stages.forward.forward_meta import bucket_dims
 from stages.forward.step_shape import StepShape

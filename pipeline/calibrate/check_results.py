@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from pipeline.run_files import output_folder, write_file
+from pipeline.run_folder.run_files import output_folder, write_file
 
 CHECKS_DIR = Path(__file__).resolve().parent / "data" / "published-checks"
 FEATURES = (

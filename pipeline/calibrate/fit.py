@@ -30,14 +30,14 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from pipeline.build import build
 from pipeline.calibrate.profile_yaml import profile_fields, spec_sheet_comments
 from pipeline.calibrate.published import DATA_DIR, PublishedRow, median, read_rows
 from pipeline.calibrate.recorded import Recorded, record
 from pipeline.calibrate.residuals import Half, profile_errors, sources
 from pipeline.command import ArgparseCommand, Failure
-from pipeline.compose import compose_config
-from pipeline.run_files import RunFolderError, write_file
+from pipeline.config.compose import compose_config
+from pipeline.executors.build import build
+from pipeline.run_folder.run_files import RunFolderError, write_file
 from stages.simulator.hardware import HardwareProfile
 
 # Each fitted figure and its bounds: achieved fractions of peak, and seconds.

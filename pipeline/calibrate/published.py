@@ -37,11 +37,11 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from pipeline.build import build
-from pipeline.compose import compose_config
+from pipeline.config.compose import compose_config
+from pipeline.executors.build import build
 from pipeline.executors.simulated import build_simulated_engine, simulated_device
-from pipeline.metrics import StepTotals
-from pipeline.serving import warm_up
+from pipeline.job.metrics import StepTotals
+from pipeline.job.serving import warm_up
 from stages.arithmetic import ceil_div
 from stages.scheduling.request import FinishReason, Request
 from stages.simulator.cost_model import CostModel

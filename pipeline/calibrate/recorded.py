@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 from omegaconf import OmegaConf
 
-from pipeline.build import build
 from pipeline.calibrate.published import REPO, PublishedRow, row_config, simulate_row
+from pipeline.executors.build import build
 from stages.simulator.cost_model import CostModel
 from stages.simulator.hardware import HardwareProfile
 from stages.simulator.precision import Precision
@@ -48,8 +48,8 @@ SOURCES = (
     "stages/model/spec.py",
     "stages/scheduling/request.py",
     "pipeline/calibrate/published.py",
-    "pipeline/engine.py",
-    "pipeline/build.py",
+    "pipeline/job/engine.py",
+    "pipeline/executors/build.py",
 )
 TIMING = REPO / "stages" / "simulator" / "cost_model.py"
 AMOUNT_CODE = (

@@ -22,8 +22,14 @@ from pipeline.command import ArgparseCommand, Failure
 from pipeline.deploy.consistency import NATIVE
 from pipeline.deploy.hpu import FASTDEPLOY, VLLM, VLLM_BUCKETS, fastdeploy_warnings, hpu_scripts
 from pipeline.deploy.settings import Deployment, deployment, printable, refuse_control_characters
-from pipeline.run_files import RunFileError, RunFolderError, output_folder, write_file
-from pipeline.run_folder import METRICS, RESOLVED_CONFIG, read_mapping, read_metrics, read_overrides
+from pipeline.run_folder.reader import (
+    METRICS,
+    RESOLVED_CONFIG,
+    read_mapping,
+    read_metrics,
+    read_overrides,
+)
+from pipeline.run_folder.run_files import RunFileError, RunFolderError, output_folder, write_file
 
 OVERRIDES = "overrides.txt"
 __all__ = ["COMMAND", "FASTDEPLOY", "OVERRIDES", "VLLM", "VLLM_BUCKETS", "Deployment", "deployment",

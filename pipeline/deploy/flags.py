@@ -5,7 +5,7 @@ from these tables; a setting an engine cannot express is a comment in its script
 Settings (pipeline.deploy.settings.Deployment): tp, max_num_seqs, max_tokens (the step's token
 budget), max_model_len, block_size, chunked_prefill, prefix_caching, quantization (weights),
 kv_cache_dtype, memory_fraction (of a card's memory the engine may take); beyond tensor
-parallelism (pipeline/layout.py): ep and dp (experts over ep = tp x dp ranks, dp attention
+parallelism (pipeline/config/layout.py): ep and dp (experts over ep = tp x dp ranks, dp attention
 replicas), with each engine's speculative-decoding names (Speculative) and its disaggregated
 prefill/decode names (Disagg); pipeline/deploy/layouts.py renders those.
 """

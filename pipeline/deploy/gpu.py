@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from pipeline.config.engine_profile import serves_architecture
 from pipeline.deploy.consistency import NATIVE, simulated_note
 from pipeline.deploy.flags import GPU_ENGINES, TRTLLM, Engine, Flag, Kind
 from pipeline.deploy.layouts import (
@@ -26,8 +27,7 @@ from pipeline.deploy.layouts import (
     trtllm_disagg_config,
 )
 from pipeline.deploy.settings import pool_deployment, replicas_line
-from pipeline.engine_profile import serves_architecture
-from pipeline.run_files import output_folder, write_file
+from pipeline.run_folder.run_files import output_folder, write_file
 
 if TYPE_CHECKING:
     from pipeline.deploy.settings import Deployment

@@ -8,6 +8,7 @@ import shlex
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from pipeline.config.engine_profile import serves_architecture
 from pipeline.deploy.consistency import (
     NATIVE,
     model_len_lines,
@@ -31,7 +32,6 @@ from pipeline.deploy.layouts import (
     speculative,
 )
 from pipeline.deploy.settings import pool_deployment, replicas_line
-from pipeline.engine_profile import serves_architecture
 from stages.forward.buckets import Bucketing
 from stages.simulator.precision import KvCacheDtype, Quantization
 

@@ -1,4 +1,4 @@
-"""What a launch script adds for a layout beyond tensor parallelism (pipeline/layout.py):
+"""What a launch script adds for a layout beyond tensor parallelism (pipeline/config/layout.py):
 speculative decoding in each engine's own form, and for a disaggregated deployment each pool's
 role arguments and the router that joins the pools. The names come from the engines' tables
 (pipeline/deploy/flags.py); what an engine cannot express comes back as a comment.

@@ -8,9 +8,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from pipeline.checkpoint_rules import served_checkpoint
-from pipeline.engine_profile import engine_name
-from pipeline.layout import Layout, Pool, layout_of
+from pipeline.config.checkpoint_rules import served_checkpoint
+from pipeline.config.engine_profile import engine_name
+from pipeline.config.layout import Layout, Pool, layout_of
 from stages.forward.bucket_axes import resolve_axes
 from stages.forward.buckets import Axis, Bucketing
 from stages.forward.engine_grids import (
@@ -235,7 +235,7 @@ def pool_deployment(d: Deployment, pool: Pool) -> Deployment:
 
 def replicas_line(d: Deployment, devices_variable: str) -> str:
     """The comment that says how many copies of a script to start (a plan's target), each
-    on its cards (pipeline/layout.py: tp x dp)."""
+    on its cards (pipeline/config/layout.py: tp x dp)."""
     cards = d.layout.cards
     if d.role:
         total = d.instances * d.replicas

@@ -13,11 +13,11 @@ from typing import Protocol
 
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline.build import check_resolves
-from pipeline.checks import check_common
-from pipeline.engine import Engine
+from pipeline.config.checks import check_common
+from pipeline.executors.build import check_resolves
 from pipeline.executors.paddle import PaddleExecutor
 from pipeline.executors.simulated import SimulatedExecutor
+from pipeline.job.engine import Engine
 from pipeline.schema import Executor
 from stages.scheduling.request import Request
 

@@ -13,13 +13,13 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from pipeline.engine import ArrivalTimes, Engine, Outlets
-from pipeline.stop_hook import StopHook
+from pipeline.job.engine import ArrivalTimes, Engine, Outlets
+from pipeline.job.stop_hook import StopHook
 from stages.scheduling.request import DecodeRun, Request
 
 
 class FastForward:
-    """The loop's advance (pipeline.engine.Advance) with leaps: `until` gives when the
+    """The loop's advance (pipeline.job.engine.Advance) with leaps: `until` gives when the
     source may next hand in a request or the stop hook's answer change, `finishes` how
     many requests may finish before either changes, and `on_run` takes each leap in place
     of its steps' records."""

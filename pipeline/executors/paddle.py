@@ -5,17 +5,17 @@ from __future__ import annotations
 from hydra.utils import get_class
 from omegaconf import DictConfig
 
-from pipeline.build import build, import_paddle, load_workload
-from pipeline.checks import (
+from pipeline.config.checks import (
     ConfigError,
     check_has_weights,
     check_memory,
     check_real_parallel,
     check_real_precision,
 )
-from pipeline.disagg_config import check_real_disagg
-from pipeline.engine import Engine
-from pipeline.speculation import check_no_speculation
+from pipeline.disagg.config import check_real_disagg
+from pipeline.executors.build import build, import_paddle, load_workload
+from pipeline.job.engine import Engine
+from pipeline.speculation.keys import check_no_speculation
 from stages.interfaces import Attention
 from stages.scheduling.kv_cache import KVCacheManager, blocks_for
 from stages.scheduling.request import Request
@@ -49,7 +49,7 @@ def build_paddle_engine(cfg: DictConfig) -> tuple[Engine, list[Request]]:
     import_paddle()
     import paddle
 
-    from pipeline.allocator import keep_freed_memory
+    from pipeline.executors.allocator import keep_freed_memory
 
     keep_freed_memory()
     paddle.set_device(cfg.device)

@@ -11,14 +11,14 @@ from typing import Any, Protocol
 
 from omegaconf import DictConfig
 
-from pipeline.build import build, load_workload
-from pipeline.checks import ConfigError, check_model_context, describe_model
-from pipeline.clock import Clock, WallClock
-from pipeline.disagg_config import check_disagg, disaggregated
-from pipeline.engine import Engine
-from pipeline.engine_profile import check_engine
+from pipeline.config.checks import ConfigError, check_model_context, describe_model
+from pipeline.config.engine_profile import check_engine
+from pipeline.disagg.config import check_disagg, disaggregated
+from pipeline.executors.build import build, load_workload
 from pipeline.executors.fast_forward import workload_fast_forward
-from pipeline.speculation import speculation_and_draft
+from pipeline.job.clock import Clock, WallClock
+from pipeline.job.engine import Engine
+from pipeline.speculation.keys import speculation_and_draft
 from stages.forward.metadata import ShapeMetadataBuilder
 from stages.interfaces import Tokenizer, Workload
 from stages.model.spec import ModelSpec
@@ -79,7 +79,7 @@ class SimulatedExecutor:
         return 0
 
     def build(self, cfg: DictConfig, paced: bool = False) -> tuple[Engine, list[Request]]:
-        if disaggregated(cfg):  # pipeline.disaggregated builds one
+        if disaggregated(cfg):  # pipeline.disagg.deployment builds one
             raise ConfigError(
                 f"disagg.prefill={cfg.disagg.prefill} disagg.decode={cfg.disagg.decode}: a "
                 "server or a resumed folder runs one simulated instance; drop the disagg.* "

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
-from pipeline.run_files import write_file
+from pipeline.run_folder.run_files import write_file
 
 TEMPLATE = "page.html.j2"
 

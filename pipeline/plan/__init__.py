@@ -17,17 +17,17 @@ from __future__ import annotations
 import structlog
 from omegaconf import DictConfig
 
-from pipeline import artefacts
-from pipeline.checks import ConfigError, describe_model
 from pipeline.command import HydraCommand, Job, SweepOnFailure
-from pipeline.disagg_config import check_layouts
+from pipeline.config.checks import ConfigError, describe_model
+from pipeline.disagg.config import check_layouts
 from pipeline.plan.capability import capability_rule
 from pipeline.plan.capacity import capacity_search
 from pipeline.plan.capacity_report import print_result
 from pipeline.plan.readiness import Readiness, readiness
 from pipeline.plan.report import check_plan
 from pipeline.plan.target import check_target, target_of
-from pipeline.run_folder import RunStatus
+from pipeline.run_folder import artefacts
+from pipeline.run_folder.reader import RunStatus
 from stages.simulator.precision import Precision
 
 log = structlog.get_logger("pipeline.plan")

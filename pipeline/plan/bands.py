@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.calibrate.check_results import CHECKS_DIR, CheckResult, read_results
-from pipeline.layout import layout_of
+from pipeline.config.layout import layout_of
 
 ONLINE = "online"
 MEASUREMENTS = Path(__file__).resolve().parents[1] / "calibrate/data/published-measurements.csv"

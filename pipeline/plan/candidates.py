@@ -1,7 +1,7 @@
 """A plan's configurations at their capacity, the rules that rule some out, and the ranking.
 
 Per replica: one copy of a configuration, `replica_cards` cards (tp x dp; with
-disaggregation prefill x prefill_tp + decode x decode_tp: pipeline/layout.py). Its capacity
+disaggregation prefill x prefill_tp + decode x decode_tp: pipeline/config/layout.py). Its capacity
 (requests/s, or a concurrency) is what one replica serves within the SLO: dp times what the
 simulated device (one dp replica) served. Per card: a replica's figure over its cards;
 goodput per card = capacity (req/s) x attainment / replica_cards. At a target load
@@ -24,12 +24,12 @@ from typing import Any
 
 import yaml
 
-from pipeline.artefacts import RESOLVED_CONFIG
-from pipeline.layout import Layout, layout_of
+from pipeline.config.layout import Layout, layout_of
 from pipeline.plan.acceptance import acceptance_assumed
 from pipeline.plan.bands import Band, config_band
 from pipeline.plan.target import sizing
-from pipeline.run_folder import RunStatus
+from pipeline.run_folder.artefacts import RESOLVED_CONFIG
+from pipeline.run_folder.reader import RunStatus
 from pipeline.schema.plan import Objective
 from pipeline.summary import Job
 
@@ -70,7 +70,7 @@ class Candidate:
 
     @property
     def replica_cards(self) -> int:
-        """Cards per replica (pipeline/layout.py)."""
+        """Cards per replica (pipeline/config/layout.py)."""
         return self.layout.cards
 
     @property

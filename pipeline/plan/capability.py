@@ -1,7 +1,7 @@
 """Rows a plan rules out before any search because the engine or the checkpoint cannot run
 them: the engine on the row's device, block size and model architecture
-(pipeline/engine_profile.py), the checkpoint's MTP head and FP8 load
-(pipeline/checkpoint_rules.py). Each reason is the one line the plan's table shows."""
+(pipeline/config/engine_profile.py), the checkpoint's MTP head and FP8 load
+(pipeline/config/checkpoint_rules.py). Each reason is the one line the plan's table shows."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline.checkpoint_rules import checkpoint_refusal
-from pipeline.engine_profile import engine_refusal
+from pipeline.config.checkpoint_rules import checkpoint_refusal
+from pipeline.config.engine_profile import engine_refusal
 
 
 def capability_rule(cfg: DictConfig) -> str:

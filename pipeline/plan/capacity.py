@@ -26,22 +26,22 @@ from typing import Any
 import structlog
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline import artefacts
-from pipeline.checks import ConfigError
-from pipeline.disagg_config import disaggregated
-from pipeline.disaggregated import search_stand_in, serve_deployment
-from pipeline.engine import Engine
+from pipeline.config.checks import ConfigError
+from pipeline.disagg.config import disaggregated
+from pipeline.disagg.deployment import search_stand_in, serve_deployment
 from pipeline.executors import build_engine, check_config
 from pipeline.executors.simulated import simulated_device
-from pipeline.metrics import StepTotals
+from pipeline.job.engine import Engine
+from pipeline.job.metrics import StepTotals
+from pipeline.job.run import device_metrics, run_metrics, run_requests, slo_of, unfinished
+from pipeline.job.serving import Ending, serve_and_summarise
+from pipeline.job.slo import EarlyVerdict, Slo, needed_good
 from pipeline.plan.capacity_estimate import rate_ceiling
 from pipeline.plan.capacity_report import write_reports
 from pipeline.plan.probes import LoadAxis, Probe
 from pipeline.plan.sustained import SustainedRule, in_flight, ttft_growth
-from pipeline.run import device_metrics, run_metrics, run_requests, slo_of, unfinished
-from pipeline.run_folder import RunStatus
-from pipeline.serving import Ending, serve_and_summarise
-from pipeline.slo import EarlyVerdict, Slo, needed_good
+from pipeline.run_folder import artefacts
+from pipeline.run_folder.reader import RunStatus
 from stages.scheduling.request import FinishReason, Request
 
 log = structlog.get_logger(__name__)

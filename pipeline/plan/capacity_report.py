@@ -10,8 +10,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from pipeline import artefacts
 from pipeline.plan.probes import LoadAxis, Probe
+from pipeline.run_folder import artefacts
 
 CAPACITY_JSON, CAPACITY_MD = "capacity.json", "capacity.md"
 

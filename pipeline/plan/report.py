@@ -21,8 +21,9 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from pipeline.checks import ConfigError
+from pipeline.config.checks import ConfigError
 from pipeline.deploy import deployment, tool_overrides, write_deploy
+from pipeline.job.slo import Slo
 from pipeline.plan.acceptance import acceptance_note
 from pipeline.plan.candidates import PREFERENCES, Candidate, Ranking, rank, read_candidates
 from pipeline.plan.page import write_plan_page
@@ -36,10 +37,9 @@ from pipeline.plan.table import (
     write_table,
 )
 from pipeline.plan.target import target_of
-from pipeline.run_files import output_folder, write_file
-from pipeline.run_folder import RunStatus
+from pipeline.run_folder.reader import RunStatus
+from pipeline.run_folder.run_files import output_folder, write_file
 from pipeline.schema.plan import Objective
-from pipeline.slo import Slo
 from pipeline.summary import find_jobs, swept_keys
 
 log = logging.getLogger(__name__)

@@ -30,7 +30,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from pipeline.metrics import ttft_s
+from pipeline.job.metrics import ttft_s
 from stages.scheduling.request import Request
 
 NOISE_MS = 100.0  # a TTFT difference below this is scheduling noise, not a queue

@@ -2,7 +2,7 @@
 band: in plan.md as `6.1 (5.6-6.6)`, in plan.csv as the figure and `_lo` / `_hi` columns.
 
 Per replica: `capacity`, `capacity_rps`, `ttft_p90_ms`, `tpot_p90_ms`, `tp`, `replica_cards`
-(its cards: pipeline/layout.py) and, where any row sets them, `ep_dp` (ep/dp), `p_d`
+(its cards: pipeline/config/layout.py) and, where any row sets them, `ep_dp` (ep/dp), `p_d`
 (prefill:decode instances) and `speculative` (method/tokens).
 Per card: `goodput_per_card` (capacity_rps x attainment / replica_cards),
 `output_tok_s_per_card`.
@@ -22,7 +22,7 @@ from pipeline.page.axes import Axis, value_axis
 from pipeline.plan.acceptance import acceptance_note
 from pipeline.plan.bands import Band
 from pipeline.plan.candidates import Candidate, pareto_front
-from pipeline.run_files import write_file
+from pipeline.run_folder.run_files import write_file
 from pipeline.summary import split_override
 
 PLAN_CSV, PLAN_MD, PARETO_PNG = "plan.csv", "plan.md", "pareto.png"

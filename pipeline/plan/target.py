@@ -9,7 +9,7 @@ replica's capacity:
     headroom = replicas x capacity / target - 1
 
 A replica's capacity is dp times the simulated device's (it runs one dp replica) and its
-cards are pipeline/layout.py's (tp x dp, or the disaggregated pools').
+cards are pipeline/config/layout.py's (tp x dp, or the disaggregated pools').
 
 Then the answer is checked: one replica serves target / replicas, the load a round-robin
 balancer hands it, in full (no early stop), and its attainment is reported. A
@@ -26,8 +26,8 @@ from typing import Any
 import structlog
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline.checks import ConfigError
-from pipeline.layout import layout_of
+from pipeline.config.checks import ConfigError
+from pipeline.config.layout import layout_of
 from pipeline.plan.capacity import load_axis, probe_met, run_probe
 from pipeline.plan.sustained import CHECK_FACTOR, SustainedRule
 
@@ -43,7 +43,7 @@ class Sizing:
     target: float
     capacity: float  # one replica's
     replicas: int
-    replica_cards: int  # cards one replica takes (pipeline/layout.py)
+    replica_cards: int  # cards one replica takes (pipeline/config/layout.py)
 
     @property
     def cards(self) -> int:

@@ -8,8 +8,8 @@ from typing import Any
 
 from deepdiff import DeepDiff
 
-from pipeline.output_keys import echoes, effect
-from pipeline.slo import slo_was_set
+from pipeline.job.slo import slo_was_set
+from pipeline.run_folder.output_keys import echoes, effect
 
 # ---------------------------------------------------------------------------- config
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from pipeline.layout import layout_of
+from pipeline.config.layout import layout_of
 from pipeline.review.compare import config_diff
 from pipeline.review.runs import ReviewError
 

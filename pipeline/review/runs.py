@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.run_folder import (
+from pipeline.run_folder.reader import (
     RunFileError,
     RunStatus,
     read_choices,

@@ -1,6 +1,6 @@
 """Schemas of the `model` options: the built-in transformer, a Hugging Face folder, a GGUF
 file, and a description without weights (model=spec) for the simulated device. A schema
-holds values only: what a model option describes is pipeline.describe's."""
+holds values only: what a model option describes is pipeline.config.describe's."""
 
 from __future__ import annotations
 

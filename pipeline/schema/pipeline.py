@@ -76,7 +76,7 @@ class SpeculativeConf:
     method: SpeculativeMethod = SpeculativeMethod.none
     tokens: int = 1  # proposed per row and step (FastDeploy's num_speculative_tokens)
     # per position, the last value repeating: a list ([0.8, 0.6]) or one value (0.8), which
-    # a sweep can list (speculative.acceptance=0.6,0.8); checked in pipeline/speculation.py
+    # a sweep can list (speculative.acceptance=0.6,0.8); checked in pipeline/speculation/keys.py
     acceptance: Any = field(default_factory=lambda: [0.8])
     draft_model: str = ""  # method=draft: a model spec (spec/llama32_1b)
     mtp_layers: int = 1  # method=mtp: decoder layers of the prediction head (DeepSeek-V3: 1)
@@ -84,8 +84,8 @@ class SpeculativeConf:
     # context's last n tokens occur before (benchmarks/spec_acceptance.py measures it); 1 = all
     proposal_rate: float = 1.0
     # Where acceptance and proposal rate come from: "published:DATASET" (the published
-    # table's row for this model, method and k: pipeline/published_acceptance.py), or the
-    # measurement that gave the values above (e.g. what benchmarks.spec_acceptance prints).
+    # table's row for this model, method and k: pipeline/speculation/published_acceptance.py), or
+    # the measurement that gave the values above (e.g. what benchmarks.spec_acceptance prints).
     # "" = assumed: a plan says "acceptance assumed" and ranks the row after the others.
     acceptance_from: str = ""
     # method=eagle, a tree as SGLang shapes it (0: vLLM's chain of `tokens`): passes of the

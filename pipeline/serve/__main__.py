@@ -23,13 +23,13 @@ import uvicorn
 from fastapi import FastAPI
 from omegaconf import DictConfig
 
-from pipeline import artefacts
-from pipeline.build import check_resolves, import_paddle
-from pipeline.checks import ConfigError
 from pipeline.command import RUN_FAILURES, Failure, HydraCommand, Job, error_line, failure_of
+from pipeline.config.checks import ConfigError
 from pipeline.executors import check_config, executor_of
-from pipeline.run import slo_of
-from pipeline.run_folder import RunStatus
+from pipeline.executors.build import check_resolves, import_paddle
+from pipeline.job.run import slo_of
+from pipeline.run_folder import artefacts
+from pipeline.run_folder.reader import RunStatus
 from pipeline.serve.api import create_app
 from pipeline.serve.connections import guarded_h11
 from pipeline.serve.derived import model_name, size_kv_pool

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from pipeline.checks import ConfigError, describe_model, mem_available
+from pipeline.config.checks import ConfigError, describe_model, mem_available
 from stages.scheduling.kv_cache import blocks_for
 
 

@@ -3,7 +3,7 @@ that runs for days holds none of it in memory.
 
 generations.jsonl gets each request's line as it ends (and is put in arrival order at
 shutdown); metrics.json is computed at shutdown from the folder's own files, with the
-batch run's definitions (`pipeline.metrics.summarise`).
+batch run's definitions (`pipeline.job.metrics.summarise`).
 """
 
 from __future__ import annotations
@@ -15,14 +15,14 @@ from typing import Any
 import orjson
 from omegaconf import DictConfig
 
-from pipeline import artefacts
-from pipeline.artefacts import GENERATIONS, STEPS
-from pipeline.engine import Engine
-from pipeline.metrics import StepTotals, summarise
-from pipeline.records import GenerationRecord
-from pipeline.run import device_metrics, slo_of
-from pipeline.run_folder import RunStatus
-from pipeline.slo import slo_metrics
+from pipeline.job.engine import Engine
+from pipeline.job.metrics import StepTotals, summarise
+from pipeline.job.run import device_metrics, slo_of
+from pipeline.job.slo import slo_metrics
+from pipeline.run_folder import artefacts
+from pipeline.run_folder.artefacts import GENERATIONS, STEPS
+from pipeline.run_folder.reader import RunStatus
+from pipeline.run_folder.records import GenerationRecord
 from stages.scheduling.request import FinishReason, Request, Status
 
 

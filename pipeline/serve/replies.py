@@ -12,7 +12,7 @@ from typing import Any
 import orjson
 from omegaconf import DictConfig
 
-from pipeline.records import output_text
+from pipeline.run_folder.records import output_text
 from pipeline.serve.logprobs import Shown, whole_logprobs
 from stages.interfaces import Tokenizer
 from stages.scheduling.request import Request

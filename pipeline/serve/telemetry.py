@@ -14,9 +14,9 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessColl
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from pipeline.engine import Engine
-from pipeline.metrics import e2e_s, itl_s, ttft_s
-from pipeline.records import StepRecord
+from pipeline.job.engine import Engine
+from pipeline.job.metrics import e2e_s, itl_s, ttft_s
+from pipeline.run_folder.records import StepRecord
 from stages.scheduling.request import FinishReason, Request
 
 # Bucket edges in seconds, as wide as vLLM's (first token of a long prompt to minutes).

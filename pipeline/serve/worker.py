@@ -17,14 +17,14 @@ from pathlib import Path
 import structlog
 from omegaconf import DictConfig
 
-from pipeline.allocator import HeapTrimmer
-from pipeline.engine import Arrivals, Engine
 from pipeline.executors import build_engine
-from pipeline.records import StepRecord
-from pipeline.run_folder import RunStatus
+from pipeline.executors.allocator import HeapTrimmer
+from pipeline.job.engine import Arrivals, Engine
+from pipeline.job.serving import Ending, Hooks, serve_and_summarise
+from pipeline.run_folder.reader import RunStatus
+from pipeline.run_folder.records import StepRecord
 from pipeline.serve.folder import ServerFiles, folder_metrics
 from pipeline.serve.telemetry import Telemetry
-from pipeline.serving import Ending, Hooks, serve_and_summarise
 from stages.scheduling.request import Request
 
 log = structlog.get_logger(__name__)

@@ -20,12 +20,12 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from pipeline.command import ArgparseCommand, Failure
-from pipeline.console import raise_advice
+from pipeline.job.console import raise_advice
+from pipeline.job.signals import stop_on_signals
 from pipeline.page import REPORT_HTML
 from pipeline.page.document import range_text
-from pipeline.run_files import RunFolderError, write_file
-from pipeline.run_folder import RunStatus
-from pipeline.signals import stop_on_signals
+from pipeline.run_folder.reader import RunStatus
+from pipeline.run_folder.run_files import RunFolderError, write_file
 from pipeline.summary.advice import arrival_bound, caveats, engines_line, recommend, slo_was_set
 from pipeline.summary.jobs import (  # noqa: F401  (the sweep's readers, named here as before)
     HEADLINE,

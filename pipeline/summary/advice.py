@@ -8,8 +8,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from pipeline.output_keys import Effect, effect
-from pipeline.slo import slo_was_set
+from pipeline.job.slo import slo_was_set
+from pipeline.run_folder.output_keys import Effect, effect
 
 __all__ = [
     "Advice",

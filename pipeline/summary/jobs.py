@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline.run_folder import (
+from pipeline.run_folder.reader import (
     RunFileError,
     RunStatus,
     read_choices,

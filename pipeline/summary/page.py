@@ -24,7 +24,7 @@ from pipeline.page.document import (
     review_command,
     write_page,
 )
-from pipeline.run_folder import RunStatus
+from pipeline.run_folder.reader import RunStatus
 from pipeline.summary.advice import Advice, advise, overall
 from pipeline.summary.jobs import (
     Job,

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.page.axes import Axis, label_levels, value_axis
-from pipeline.run_files import write_file
+from pipeline.run_folder.run_files import write_file
 from pipeline.summary.panels import (
     PARETO_X,
     PARETO_Y,

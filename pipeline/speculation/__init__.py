@@ -1,0 +1,2 @@
+"""Speculative decoding: the `speculative.*` keys (keys) and acceptance from a
+published table (published_acceptance)."""
