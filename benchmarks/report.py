@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -74,11 +73,8 @@ def overhead_table(run: ServedRun) -> list[str]:
 
 
 def machine_line(rate: float, threads: int) -> str:
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
-    ).stdout.strip()
     return (
-        f"Commit {commit or 'unknown'}, {threads} Paddle threads. Floor = the run's model "
+        f"{threads} Paddle threads. Floor = the run's model "
         "FLOPs (benchmarks/floor.py) over paddle.matmul's fp32 rate on the model's "
         "projection shapes, measured in the same process just before and after each run "
         f"(the higher of the two; {rate / 1e9:.0f} GFLOP/s for the first run); floor / wall "
