@@ -50,6 +50,7 @@ from pipeline.buckets.serving import (
 )
 from pipeline.buckets.sources import SourceError, find_runs, load_source, run_limits
 from pipeline.buckets.speed import Choice, candidate_plans, choose, write_choice
+from pipeline.buckets.vllm_gaudi import export_lines, vllm_strategy
 from pipeline.command import ArgparseCommand, Failure
 from pipeline.run_folder.reader import RESOLVED_CONFIG, read_mapping, read_metrics, read_step_lines
 from pipeline.run_folder.run_files import RunFolderError, output_folder, write_file
@@ -86,11 +87,12 @@ def plan_source(
     plans = candidate_plans(workload, max_shapes, limits.rule, block_weight, limits.tops,
                             HEADROOM if headroom else 0.0)  # fmt: skip
     sets = {label: limits.buckets(Bucketing.linear, p.sizes) for label, p in plans.items()}
-    sets.update({str(b): limits.buckets(b) for b in BUILTINS})
-    results = {label: evaluate(workload, buckets, limits.rule) for label, buckets in sets.items()}
-    output_folder(out / "buckets")
     if variants is None:
         variants = default_variants(runs)
+    builtins = builtin_sets(variants[0][1]) if variants else list(BUILTINS)
+    sets.update({str(b): limits.buckets(b) for b in builtins})
+    results = {label: evaluate(workload, buckets, limits.rule) for label, buckets in sets.items()}
+    output_folder(out / "buckets")
     candidates, choice = _serve_candidates(plans, variants, out, name, max_shapes)
     # not served: the least padding at the given block weight (the first candidate)
     label = choice.chosen.label if choice else next(iter(plans))
@@ -131,9 +133,17 @@ def _serve_candidates(
         write_file(out / "buckets" / f"{file}.yaml", sizes)
         served.append(serve_set(first, planned_set(out, file), out / f"set-{label}", label))
     builtins = [
-        serve_set(first, [f"metadata.bucketing={b}"], out / f"set-{b}", str(b)) for b in BUILTINS
+        serve_set(first, [f"metadata.bucketing={b}"], out / f"set-{b}", str(b))
+        for b in builtin_sets(first)
     ]
     return [*served, *builtins], choose(served, builtins, budget)
+
+
+def builtin_sets(overrides: list[str]) -> list[Bucketing]:
+    """Our linear and exponential sets, and vllm-gaudi's own default strategy where the
+    workload is served with engine=vllm (its grid on Gaudi)."""
+    engine = next((o.split("=", 1)[1] for o in overrides if o.startswith("engine=")), "")
+    return [*BUILTINS, Bucketing.vllm_exp] if engine == "vllm" else list(BUILTINS)
 
 
 def default_variants(runs: list[Path]) -> list[tuple[str, list[str]]]:
@@ -289,6 +299,10 @@ def run_command(args: argparse.Namespace, argv: list[str]) -> int:
     else:
         plan_source(source, budget, args.out, args.name, args.block_weight, args.headroom,
                     variants)  # fmt: skip
+        if vllm_strategy(first) and (args.out / "served-same").is_dir():
+            lines = export_lines(args.out / "served-same", args.out / "deploy")
+            report = args.out / "report.md"
+            write_file(report, report.read_text(encoding="utf-8") + "\n" + "\n".join(lines))
     print((args.out / "report.md").read_text(), end="")
     return 0
 

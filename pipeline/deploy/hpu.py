@@ -217,9 +217,10 @@ def vllm_buckets_file(d: Deployment) -> str:
 
 
 def _vllm_bucket_lines(d: Deployment) -> list[str]:
-    """vllm-gaudi's own strategy with our ranges when the run used one, else the file."""
+    """vllm-gaudi's own strategy with our ranges when the run used one (and no planned
+    sizes), else the file."""
     strategy = VLLM_STRATEGY.get(d.bucketing)
-    if strategy is None:
+    if strategy is None or d.planned:
         return [
             "# The bucket sets the simulation prepared, from the file beside this one, in",
             "# vllm-gaudi's axes: prompt (batch, query tokens, context blocks; 0 for a fresh",

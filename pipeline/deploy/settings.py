@@ -71,6 +71,7 @@ class Deployment:
     origin: str  # where the configuration came from, as the scripts' first line says it
     align_chunks: bool  # scheduler.align_chunks: non-final chunks cut at whole blocks
     ranges: dict[str, tuple[int, int, int]]  # each axis's min, step, max
+    planned: bool  # some axis has explicit sizes (a planned set): no strategy gives them
     fastdeploy: FastDeploySteps  # FastDeploy's warmup environment (metadata.fastdeploy)
     fastdeploy_grid: FastDeployGrid  # the grid FastDeploy's runner warms from it
     fastdeploy_recipes: int  # the recipe sets that grid compiles (step_graphs, whole)
@@ -158,7 +159,7 @@ def deployment(
         buckets=_sizes(strategy, axes, steps, limits),
         scheduler=scheduler,
         align_chunks=bool(config["scheduler"].get("align_chunks", True)),
-        ranges={name: (a.min, a.step, a.max) for name, a in axes.items()},
+        **_ranges(axes),
         **_fastdeploy(steps, limits, bool(meta.get("step_recipes", False))),
         replicas=replicas,
         layout=layout_of(config),
@@ -213,6 +214,14 @@ def _device(hardware: Any) -> dict[str, Any]:
     return {
         "gpu": not bool(hardware.get("pads_to_buckets", True)),
         "memory_fraction": round(1.0 - float(hardware.get("kv_headroom", 0.1)), 4),
+    }
+
+
+def _ranges(axes: Mapping[str, Any]) -> dict[str, Any]:
+    """Each axis's min, step and max, and whether some axis lists planned sizes."""
+    return {
+        "ranges": {name: (a.min, a.step, a.max) for name, a in axes.items()},
+        "planned": any(a.explicit for a in axes.values()),
     }
 
 

@@ -1,9 +1,14 @@
-"""`pipeline.buckets plan` on a FastDeploy run: FastDeploy's own step variables, each set
-served on the workload, the recommendation within the budget."""
+"""`pipeline.buckets plan` in the engine's own terms: on a FastDeploy run its step
+variables, each set served on the workload, the recommendation within the budget; on a
+vllm-gaudi run a VLLM_BUCKETING_FROM_FILE file that vllm-gaudi's filters leave whole."""
 
 from __future__ import annotations
 
+import ast
+import itertools
 import json
+
+import yaml
 
 from pipeline.buckets import main
 from stages.forward.engine_grids import FastDeploySteps, ServerLimits, fastdeploy_grid
@@ -52,3 +57,22 @@ def test_a_budget_no_fastdeploy_grid_fits_is_one_line(tmp_path, capsys):
     assert main(["plan", "--workload", *FD, "--max-shapes", "3", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("Error: no FastDeploy step variables fit --max-shapes 3")
+
+
+def test_a_vllm_gaudi_plan_writes_a_file_its_filters_keep_whole(tmp_path):
+    vllm = [o.replace("engine=fastdeploy", "engine=vllm") for o in FD]
+    assert main(["plan", "--workload", *vllm, "--max-shapes", "64", "--out", str(tmp_path)]) == 0
+    text = (tmp_path / "deploy" / "vllm-buckets.txt").read_text()
+    buckets = []  # each line's lists multiplied out, as vllm-gaudi reads the file
+    for line in text.splitlines():
+        dims = [d if isinstance(d, list) else [d] for d in ast.literal_eval(line)]
+        buckets += list(itertools.product(*dims))
+    prompts = [b for b in buckets if b[1] > 1]
+    assert prompts and all(n * q <= 2048 for n, q, _ in prompts)  # none dropped
+    assert {q for _, q, c in prompts if c == 0} == {q for _, q, _ in prompts}  # fresh prompts
+    # the recommended set's sizes, as the served plan ran them: its query sizes are the file's
+    served = yaml.safe_load((tmp_path / "served-same" / "resolved_config.yaml").read_text())
+    assert {q for _, q, _ in prompts} == set(served["metadata"]["prefill_seq"]["sizes"])
+    script = (tmp_path / "deploy" / "vllm-gaudi.sh").read_text()
+    assert "VLLM_BUCKETING_FROM_FILE" in script and "VLLM_BUCKETING_STRATEGY" not in script
+    assert "## For vllm-gaudi" in (tmp_path / "report.md").read_text()
