@@ -11,7 +11,7 @@ import ast
 import itertools
 from pathlib import Path
 
-from pipeline.run_folder import RESOLVED_CONFIG, read_mapping
+from pipeline.run_folder.reader import RESOLVED_CONFIG, read_mapping
 from stages.forward.buckets import Bucketing
 
 VLLM_STRATEGIES = (Bucketing.vllm_lin, Bucketing.vllm_exp, Bucketing.vllm_pad)
