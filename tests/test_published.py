@@ -48,6 +48,14 @@ def test_the_shipped_file_reads_and_names_its_sources():
     assert len(rows) == 56
     assert {r.hardware for r in rows} == {"h100", "h200", "gaudi2", "gaudi3"}
     assert all(r.source and r.where for r in rows)
+    # The Gaudi rows at a parallel degree no profile was fitted to: the same file's, unseen.
+    unseen = read_rows(DATA.parent / "published-gaudi-tp8.csv")
+    assert {(r.hardware, r.tp) for r in unseen} == {("gaudi2", 8), ("gaudi3", 8)}
+    fitted = {(r.hardware, r.model_preset, r.tp, r.input_tokens, r.output_tokens) for r in rows}
+    assert not fitted & {
+        (r.hardware, r.model_preset, r.tp, r.input_tokens, r.output_tokens) for r in unseen
+    }
+    assert {r.source for r in unseen} <= {r.source for r in rows}
 
 
 def test_a_bad_row_is_one_line_naming_it(tmp_path):
