@@ -172,6 +172,11 @@ class LayerAttention(Attention, Protocol):
     ) -> paddle.Tensor:
         """Writes k, v to the cache and attends, through the output projection."""
 
+    def compiled_decode(self, layer: int, state: Any) -> Any:
+        """What the compiled decode layer (stages/model/decode_layer.cc) takes from this
+        stage for the layer (stages.model.attention.interface.CompiledDecode), or None
+        where the step or the stage does not run it."""
+
 
 # The attention a model's forward takes: a model that runs layers takes a LayerAttention;
 # a simulated device, which runs none, takes any.

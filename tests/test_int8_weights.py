@@ -8,6 +8,7 @@ import numpy as np
 import paddle
 import pytest
 
+from stages.model import compiled_layers
 from stages.model.int8_weight import Int8Weight, KernelBuildError, kernel
 from tests import numpy_reference
 from tests.gguf_files import T as GgufType
@@ -95,28 +96,40 @@ PROJECTIONS = tuple(
 )
 
 
-def test_gguf_model_with_int8_weights_matches_numpy_on_the_rounded_weights(built, tmp_path):
-    """Every projection and the (tied) lm head rounded as int8, the rest exact: the served
-    logits are numpy's forward on weights rounded alike, within what the operator's rounding
-    of its inputs to 16-bit levels adds: a level is 1 / 65534 of a row's peak, and the
-    logits move by ~1e-5 of their largest (float32 alone: 1e-7); leaving the attention's
-    projections exact in numpy moves them by ~2e-3 of it."""
+# Qwen2: q/k/v biases, a tied lm head; Llama: none, its own lm head, q/k rows permuted in
+# the file.
+@pytest.mark.parametrize("arch, tied", [("Qwen2ForCausalLM", True), ("LlamaForCausalLM", False)])
+def test_gguf_model_with_int8_weights_matches_numpy_on_the_rounded_weights(
+    built, tmp_path, monkeypatch, arch, tied
+):
+    """Every projection and the lm head rounded as int8, the rest exact: the served logits
+    are numpy's forward on weights rounded alike, within what the operator's rounding of
+    its inputs to 16-bit levels adds: a level is 1 / 65534 of a row's peak, and the logits
+    move by ~1e-5 of their largest (float32 alone: 1e-7); leaving the attention's
+    projections exact in numpy moves them by ~2e-3 of it. Decode steps of three rows at
+    once run each layer whole (decode_layer.cc), prefills the operators one by one."""
+    whole_layers = []
+    decode_layer = compiled_layers.decode_layer
+    monkeypatch.setattr(
+        compiled_layers,
+        "decode_layer",
+        lambda *args: whole_layers.append(1) or decode_layer(*args),
+    )
     vocab = train_vocab()
-    config = model_config("Qwen2ForCausalLM", vocab.get_vocab_size(), True)
+    config = model_config(arch, vocab.get_vocab_size(), tied)
     rng = np.random.default_rng(0)
-    path = tmp_path / "tied.gguf"
+    path = tmp_path / "model.gguf"
     types = {"ffn_down.weight": GgufType.Q8_0}
     held = write_model(path, config, hf_weights(config, rng), types, vocab, rng)
     rounded = dict(held)
     for name, w in held.items():
-        if name.endswith(PROJECTIONS):
+        if name.endswith(PROJECTIONS) or name in ("lm_head.weight", "model.embed_tokens.weight"):
             rounded[name] = rounded_rows(w.astype(np.float32))
-    rounded["model.embed_tokens.weight"] = rounded_rows(
-        held["model.embed_tokens.weight"].astype(np.float32)
-    )
-    overrides = ["model=gguf", f"model.path={path}", "model.weights=int8", "max_tokens=16"]
-    overrides += ["workload.num_requests=2", "workload.max_prompt_tokens=30"]
-    got, engine = serve([*overrides, "workload.max_new_tokens=3"], record_logits=True)
+    if not tied:  # the embedding itself stays float32
+        rounded["model.embed_tokens.weight"] = held["model.embed_tokens.weight"]
+    overrides = ["model=gguf", f"model.path={path}", "model.weights=int8", "max_tokens=64"]
+    overrides += ["workload.num_requests=3", "workload.max_prompt_tokens=30", "block_size=8"]
+    got, engine = serve([*overrides, "workload.max_new_tokens=12"], record_logits=True)
     worst = largest = 0.0
     for rid, request in got.items():
         assert request.finish_reason == "length", request.error
@@ -128,3 +141,4 @@ def test_gguf_model_with_int8_weights_matches_numpy_on_the_rounded_weights(built
             worst = max(worst, np.abs(row - expected[len(request.prompt_ids) - 1 + j]).max())
             largest = max(largest, np.abs(row).max())
     assert worst < 1e-4 * largest
+    assert whole_layers  # the decode steps ran decode_layer.cc

@@ -25,7 +25,10 @@ from typing import Any, TypeAlias
 import numpy as np
 import paddle
 
-SOURCE = Path(__file__).with_name("int8_matmul.cc")
+# The compiled operators: the int8 matmul, the norms that run beside it, and a decode
+# step's whole layer.
+SOURCES = [Path(__file__).with_name(name) for name in ("int8_matmul.cc", "decode_layer.cc")]
+HEADERS = [Path(__file__).with_name("int8_gemm.h")]
 # Rows rounded at a time: the rounding's float32 temporaries stay a few MiB.
 ROUNDING_ROWS = 2048
 # Built on the machine that runs it, for its own instruction set; OpenMP for its threads,
@@ -53,9 +56,8 @@ def kernel() -> Any:
     from paddle.utils.cpp_extension import get_build_directory, load
     from paddle.utils.cpp_extension.extension_utils import _import_module_from_library
 
-    digest = hashlib.sha256(
-        SOURCE.read_bytes() + " ".join(CXX_FLAGS + LINK_FLAGS).encode()
-    ).hexdigest()
+    text = b"".join(source.read_bytes() for source in SOURCES + HEADERS)
+    digest = hashlib.sha256(text + " ".join(CXX_FLAGS + LINK_FLAGS).encode()).hexdigest()
     name = f"int8_matmul_{digest[:12]}"
     built = Path(get_build_directory()) / name
     try:
@@ -63,13 +65,13 @@ def kernel() -> Any:
             return _import_module_from_library(name, str(built))
         return load(
             name=name,
-            sources=[str(SOURCE)],
+            sources=[str(source) for source in SOURCES],
             extra_cxx_cflags=CXX_FLAGS,
             extra_ldflags=LINK_FLAGS,
         )
     except Exception as err:  # cpp_extension raises whatever the compiler or loader gave
         raise KernelBuildError(
-            f"model.weights=int8 needs a C++ compiler to build {SOURCE.name} ({err}); "
+            f"model.weights=int8 needs a C++ compiler to build {SOURCES[0].name} ({err}); "
             "use model.weights=float32"
         ) from err
 

@@ -22,6 +22,7 @@ import paddle
 import paddle.nn.functional as F
 
 from stages.forward.forward_meta import ForwardMeta
+from stages.model.compiled_layers import compiled_layers
 from stages.model.int8_weight import Int8Weight, Weight, dense, kernel, project
 from stages.model.rope import rope_inv_freq
 from stages.model.spec import DTYPE_BYTES, ModelSpec, built_in_spec
@@ -251,6 +252,9 @@ class TransformerLM:
             for layer in self.layers
         ]
         self._final_norm_row = self.final_norm.reshape([1, -1])
+        # Whether the forward takes the compiled operators (model.weights=int8 builds them).
+        self.compiled = False
+        self.empty_bias = paddle.zeros([0], dtype="float32")  # the compiled ops' "no bias"
         self._init_rope()
 
     def store_int8(self) -> None:
@@ -261,6 +265,7 @@ class TransformerLM:
         if self.dtype != "float32":
             raise ValueError(f"model.weights=int8 takes model.dtype=float32, not {self.dtype}")
         kernel()  # built (or found built) now: a missing compiler stops the run at start
+        self.compiled = True
 
         def rounded(weight: Weight) -> Int8Weight:
             return weight if isinstance(weight, Int8Weight) else Int8Weight.of_matrix(weight)
@@ -338,6 +343,19 @@ class TransformerLM:
             return x32 * paddle.matmul(inv_rms, weight_row)
         return (x32 * inv_rms).astype(x.dtype) * weight_row
 
+    def _layers(self, h, attention: LayerAttention, state, rows: paddle.Tensor) -> paddle.Tensor:
+        """The decoder layers in Paddle ops, then the final norm of `rows`."""
+        for index, (layer, (attn_norm, mlp_norm)) in enumerate(
+            zip(self.layers, self._norm_rows, strict=True)
+        ):
+            # QKV and RoPE belong to the attention stage's ops: the HPU fuses them.
+            x = self._rms_norm(h, attn_norm)
+            q, k, v = attention.qkv_rope(index, x, state)
+            attended = attention.attend(index, q, k, v, state, out_weight=layer.out)
+            h = h + (attended if layer.out_bias is None else attended + layer.out_bias)
+            h = h + layer.mlp(self._rms_norm(h, mlp_norm))
+        return self._rms_norm(paddle.gather(h, rows), self._final_norm_row)
+
     @paddle.no_grad()
     def forward(self, meta: ForwardMeta, attention: LayerAttention) -> paddle.Tensor:
         """Logits [rows, vocab] for meta.logits_rows: each chunk's last token, each decode."""
@@ -350,16 +368,10 @@ class TransformerLM:
         cos = paddle.gather(self.cos, meta.positions)  # [tokens, head_dim]
         sin = paddle.gather(self.sin, meta.positions)
         state = attention.prepare(meta, cos, sin)
-        for index, (layer, (attn_norm, mlp_norm)) in enumerate(
-            zip(self.layers, self._norm_rows, strict=True)
-        ):
-            # QKV and RoPE belong to the attention stage's ops: the HPU fuses them.
-            x = self._rms_norm(h, attn_norm)
-            q, k, v = attention.qkv_rope(index, x, state)
-            attended = attention.attend(index, q, k, v, state, out_weight=layer.out)
-            h = h + (attended if layer.out_bias is None else attended + layer.out_bias)
-            h = h + layer.mlp(self._rms_norm(h, mlp_norm))
-        last = self._rms_norm(paddle.gather(h, meta.logits_rows), self._final_norm_row)
+        if self.compiled:
+            last = compiled_layers(self, h, attention, state, meta.logits_rows)
+        else:
+            last = self._layers(h, attention, state, meta.logits_rows)
         if self.lm_head is not None:
             logits = project(last, self.lm_head)
         elif isinstance(self.embed, Int8Weight):  # tied: the embedding's rows are the outputs

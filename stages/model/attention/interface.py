@@ -41,10 +41,39 @@ class Heads(NamedTuple):
         return cls(d.num_heads, d.num_kv_heads, d.head_dim, model.rope_interleaved)
 
 
+class CompiledDecode(NamedTuple):
+    """What the compiled decode layer (stages/model/decode_layer.cc) takes from the
+    attention stage for one layer of a decode-only step: the layer's packed int8 QKV and
+    caches, in the CPU ops' layouts, and the step's rotary turns, write slots and blocks."""
+
+    qkv: Any  # Int8Weight [out, hidden] in pack_qkv's order
+    qkv_bias: paddle.Tensor | None
+    k_cache: paddle.Tensor
+    v_cache: paddle.Tensor
+    step: CompiledStep
+
+
+class CompiledStep(NamedTuple):
+    """A decode-only step's part of CompiledDecode, made once for every layer."""
+
+    cos: paddle.Tensor  # [rows, D / 2]: each rotary pair's turn
+    sin: paddle.Tensor
+    slot_blocks: paddle.Tensor  # [rows] int64: the block each row's new key and value go to
+    slot_offsets: paddle.Tensor  # [rows] int64: their place in it
+    block_list: paddle.Tensor  # [NB] int64, as DecodeMeta's
+    block_groups: paddle.Tensor  # [NB] int64
+    row_slots: paddle.Tensor  # [NB] int64
+    block_bias: paddle.Tensor  # [NB, bs]
+    padding_place: int  # a row slot at or past it is a padding block's
+
+
 class AttentionOps(Protocol):
     # Whether qkv_rope can norm each query and key head (Qwen3); a backend without it is
     # refused at start for such a model.
     supports_qk_norm: bool
+    # Whether the caches are the CPU ops' layouts, which the compiled decode layer
+    # (stages/model/decode_layer.cc) reads and writes.
+    compiled_decode: bool
     # Whether the prefill and decode ops take a step's real tokens packed
     # (prefill_layout(..., packed=True)), so the model skips the padding rows in its dense
     # layers; False for a backend that keeps static shapes (the HPU).

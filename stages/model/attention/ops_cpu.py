@@ -40,6 +40,8 @@ supports_qk_norm = True
 # The prefill and decode ops take a step's real tokens packed (no static shapes to keep
 # on a CPU), so the dense layers skip the padding.
 packs_rows = True
+# The caches' layouts are the ones stages/model/decode_layer.cc reads and writes.
+compiled_decode = True
 
 
 def new_caches(

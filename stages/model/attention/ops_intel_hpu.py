@@ -76,6 +76,7 @@ class IntelHPUOps:
     # fused_qkv_rope has no per-head norm between the projection and the rotation.
     supports_qk_norm = False
     packs_rows = False  # the HPU keeps static shapes: the padded rows run
+    compiled_decode = False  # its caches live on the device, in its own layout
 
     def __init__(self, plugin: Any) -> None:
         self.plugin = plugin

@@ -11,12 +11,15 @@ from stages.device import Device
 from stages.forward.forward_meta import ForwardMeta
 from stages.model.attention.interface import (
     AttentionOps,
+    CompiledDecode,
+    CompiledStep,
     DecodeLayout,
     Heads,
     PrefillLayout,
     RopeTable,
     SlotIndex,
 )
+from stages.model.int8_weight import Int8Weight
 from stages.scheduling.kv_cache import KVCacheManager
 from stages.scheduling.request import Request
 
@@ -44,6 +47,7 @@ class StepState:
     prefill_layout: PrefillLayout | None  # the prefill rows' real lengths and contexts
     decode_slots: SlotIndex | None  # each decode row's write slot
     decode_layout: DecodeLayout | None  # the decode's mask and row placement
+    compiled: CompiledStep | None = None  # a decode-only step's, where the ops take it
 
 
 class PagedAttention:
@@ -117,7 +121,46 @@ class PagedAttention:
                 self.heads.num_heads,
             )
         rope = ops.rope_table(cos, sin, self.heads)
-        return StepState(meta, rope, prefill_slots, prefill_layout, decode_slots, layout)
+        compiled = None
+        if ops.compiled_decode and prefill is None and decode is not None and meta.packed:
+            compiled = self._compiled_step(meta, cos, sin)
+        return StepState(meta, rope, prefill_slots, prefill_layout, decode_slots, layout, compiled)
+
+    def _compiled_step(self, meta: ForwardMeta, cos: paddle.Tensor, sin: paddle.Tensor):
+        """The step's part of CompiledDecode: each rotary pair's angle once (cos and sin
+        [T, D] hold it twice: the pairs (2i, 2i+1) or (i, i + D/2))."""
+        decode, half = meta.decode, self.heads.head_dim // 2
+        if self.heads.interleaved:
+            cos, sin = cos[:, 0::2], sin[:, 0::2]
+        else:
+            cos, sin = cos[:, :half], sin[:, :half]
+
+        def int64(t: paddle.Tensor) -> paddle.Tensor:
+            return t if t.dtype == paddle.int64 else t.astype("int64")
+
+        return CompiledStep(
+            cos.contiguous(),
+            sin.contiguous(),
+            int64(decode.block_indices),
+            int64(decode.block_offsets),
+            int64(decode.block_list),
+            int64(decode.block_groups),
+            int64(decode.row_slots),
+            decode.block_bias,
+            decode.rows * decode.row_width,
+        )
+
+    def compiled_decode(self, layer: int, state: StepState) -> CompiledDecode | None:
+        """The layer's part of the compiled decode layer's inputs, where the step is
+        decode-only, the ops' caches are the layouts it takes, and the layer's QKV is int8
+        without q/k norms; None where the layer takes the ops one by one."""
+        weight, bias = self._qkv[layer]
+        if state.compiled is None or self._qk_norm[layer] is not None:
+            return None
+        if not isinstance(weight, Int8Weight):
+            return None
+        step = state.compiled
+        return CompiledDecode(weight, bias, self.k_cache[layer], self.v_cache[layer], step)
 
     def qkv_rope(
         self, layer: int, x: paddle.Tensor, state: StepState

@@ -144,6 +144,10 @@ class ReferenceAttention:
             out[span] = self._attend(layer, seq_id, start, q[span], k[span], v[span])
         return project(out, out_weight)
 
+    def compiled_decode(self, layer: int, state: ReferenceStep) -> None:
+        """Keys and values kept per request: the compiled decode layer never runs."""
+        return None
+
     def release(self, request: Request) -> None:
         for layer in range(len(self.keys)):
             self.keys[layer].pop(request.seq_id, None)
