@@ -43,6 +43,35 @@ def test_the_executors_own_checks_follow_the_shared_ones():
         check_config(compose_config([*SIMULATED, "block_size=3"]))
 
 
+# The simulated deployment's keys (the list, written out so that a key the schema
+# stops declaring fails here): each set apart from its default, and what the refusal names.
+SIMULATED_ONLY = {
+    "+hardware=h100": "hardware=h100 is simulated only",
+    "tp=2": "tp=2 is simulated only",
+    "ep=2": "ep=2 is simulated only",
+    "dp=2": "dp=2 is simulated only",
+    "ep_imbalance=1.5": "ep_imbalance=1.5 is simulated only",
+    "moe_routing_skew=2": "moe_routing_skew=2.0 is simulated only",
+    "ep_dispatch=per_rank": "ep_dispatch=per_rank is simulated only",
+    "dp_step_spread=0.1": "dp_step_spread=0.1 is simulated only",
+    "disagg.prefill_tp=2": "disagg.prefill_tp=2 is simulated only",
+    "speculative.tokens=3": "speculative.tokens=3 is simulated only",
+    "quantization=fp8": "quantization=fp8 is simulated only",
+    "kv_cache_dtype=fp8": "kv_cache_dtype=fp8 is simulated only",
+}
+
+
+@pytest.mark.parametrize("override", sorted(SIMULATED_ONLY))
+def test_the_real_executor_refuses_each_simulated_key_in_one_line(override):
+    with pytest.raises(ConfigError, match=SIMULATED_ONLY[override]) as err:
+        check_config(compose_config([override]))
+    assert "\n" not in str(err.value) and "executor=simulated" in str(err.value)
+
+
+def test_a_simulated_key_at_its_default_passes_the_real_executor():
+    check_config(compose_config(["tp=1", "quantization=none", "disagg.prefill=0"]))
+
+
 def test_a_simulated_engine_has_its_simulation_and_a_real_one_none():
     overrides = [*SIMULATED, "workload.num_requests=2", "workload.max_prompt_tokens=16"]
     engine, _ = build_engine(compose_config(overrides))

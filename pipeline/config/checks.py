@@ -16,7 +16,6 @@ from stages.device import Device
 from stages.forward.bucket_axes import derived_axes
 from stages.forward.buckets import Bucketing
 from stages.model.spec import ModelSpec
-from stages.simulator.precision import KvCacheDtype, Quantization
 from stages.workload import MAX_ARRIVAL_S  # one bound for every workload's arrivals
 
 
@@ -79,27 +78,6 @@ def _check_dtype_bytes(cfg: DictConfig) -> None:
             f"model.dtype_bytes={value}: give 2 (bf16 or fp16, the default) or 4 (fp32); "
             "8-bit weights and KV cache are the top-level quantization and kv_cache_dtype"
         )
-
-
-def check_real_precision(cfg: DictConfig) -> None:
-    """Quantised weights and an FP8 KV cache exist only on the simulated device."""
-    for key, plain in (("quantization", Quantization.none), ("kv_cache_dtype", KvCacheDtype.auto)):
-        value = str(cfg.get(key, plain))
-        if value != plain:
-            raise ConfigError(
-                f"{key}={value} is simulated only: the real path runs the model's own dtype; "
-                f"set {key}={plain} or executor=simulated (with hardware=...)"
-            )
-
-
-def check_real_parallel(cfg: DictConfig) -> None:
-    """Expert parallelism and attention replicas exist only on the simulated device."""
-    for key in ("ep", "dp"):
-        if cfg.get(key, 1) != 1:
-            raise ConfigError(
-                f"{key}={cfg.get(key)} is simulated only: the real path runs one device; set "
-                f"{key}=1 or executor=simulated (with hardware=...)"
-            )
 
 
 def _model_kind(cfg: DictConfig) -> type[ModelOption]:

@@ -4,7 +4,6 @@ pipeline/config/layout.py's."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -66,18 +65,6 @@ def path_engine(cfg: DictConfig | Mapping[str, Any]) -> str:
         return str(disagg["engine"])
     name = str((cfg.get("engine") or {}).get("name") or "native")
     return "vllm" if name == "native" else name
-
-
-def check_real_disagg(cfg: DictConfig) -> None:
-    """Prefill/decode disaggregation exists only on the simulated device."""
-    disagg = cfg.get("disagg") or {}
-    defaults = dataclasses.asdict(DisaggConf())
-    changed = sorted(k for k, v in dict(disagg).items() if defaults.get(k, v) != v)
-    if changed:
-        raise ConfigError(
-            f"disagg.{changed[0]}={disagg[changed[0]]} is simulated only: the real path runs "
-            "one instance; drop the disagg.* keys or set executor=simulated (with hardware=...)"
-        )
 
 
 def check_disagg(cfg: DictConfig) -> None:

@@ -5,17 +5,11 @@ from __future__ import annotations
 from hydra.utils import get_class
 from omegaconf import DictConfig
 
-from pipeline.config.checks import (
-    ConfigError,
-    check_has_weights,
-    check_memory,
-    check_real_parallel,
-    check_real_precision,
-)
-from pipeline.disagg.config import check_real_disagg
+from pipeline.config.checks import ConfigError, check_has_weights, check_memory
+from pipeline.config.executor_keys import refuse_others_keys
 from pipeline.executors.build import build, import_paddle, load_workload
 from pipeline.job.engine import Engine
-from pipeline.speculation.keys import check_no_speculation
+from pipeline.schema import Executor
 from stages.interfaces import Attention
 from stages.scheduling.kv_cache import KVCacheManager, blocks_for
 from stages.scheduling.request import Request
@@ -28,10 +22,7 @@ class PaddleExecutor:
 
     def check(self, cfg: DictConfig) -> None:
         check_has_weights(cfg)
-        check_real_precision(cfg)
-        check_real_parallel(cfg)
-        check_real_disagg(cfg)
-        check_no_speculation(cfg)
+        refuse_others_keys(cfg, Executor.paddle)  # hardware, tp, disagg.*, speculative.*, ...
         check_memory(cfg, cfg.num_blocks)  # a derived pool is checked again once it is known
 
     def server_num_blocks(self, cfg: DictConfig) -> int:

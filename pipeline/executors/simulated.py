@@ -13,11 +13,13 @@ from omegaconf import DictConfig
 
 from pipeline.config.checks import ConfigError, check_model_context, describe_model
 from pipeline.config.engine_profile import check_engine
+from pipeline.config.executor_keys import refuse_others_keys
 from pipeline.disagg.config import check_disagg, disaggregated
 from pipeline.executors.build import build, load_workload
 from pipeline.executors.fast_forward import workload_fast_forward
 from pipeline.job.clock import Clock, WallClock
 from pipeline.job.engine import Engine
+from pipeline.schema import Executor
 from pipeline.speculation.keys import speculation_and_draft
 from stages.forward.metadata import ShapeMetadataBuilder
 from stages.interfaces import Tokenizer, Workload
@@ -68,9 +70,11 @@ class SimulatedExecutor:
     predicts = True  # each step's time is the cost model's, on the device's clock
 
     def check(self, cfg: DictConfig) -> None:
-        """A disaggregated deployment's pools; nothing else beyond the shared checks: a
-        simulated device allocates no tensors and serves any precision; its hardware
-        profile is checked as it is built; the engine predicted serves it there."""
+        """Another executor's keys, a disaggregated deployment's pools; nothing else beyond
+        the shared checks: a simulated device allocates no tensors and serves any
+        precision; its hardware profile is checked as it is built; the engine predicted
+        serves it there."""
+        refuse_others_keys(cfg, Executor.simulated)
         check_disagg(cfg)
         check_engine(cfg)
 

@@ -37,6 +37,11 @@ class SimulatedExecutorConf:
     prefill_batch_split: int = 1
 
 
+# A key only the simulated executor reads: any other executor refuses it set away from its
+# default, in one line (pipeline/config/executor_keys.py); declared here, with the key.
+SIMULATED = {"executor": Executor.simulated}
+
+
 class SpeculativeMethod(enum.StrEnum):
     none = "none"
     mtp = "mtp"  # the model's own multi-token-prediction head (DeepSeek-V3, ERNIE-4.5)
@@ -107,28 +112,29 @@ class PipelineConf:
     workload: Any = MISSING
     executor: Any = MISSING
     engine: Any = MISSING  # the serving engine predicted: conf/engine/ (native, fastdeploy, ...)
-    hardware: Any = None  # executor=simulated: the device profile (hardware=gaudi3, ...)
-    tp: int = 1  # executor=simulated: tensor-parallel degree of the simulated deployment
+    hardware: Any = field(default=None, metadata=SIMULATED)  # the device profile (gaudi3, ...)
+    tp: int = field(default=1, metadata=SIMULATED)  # the simulated deployment's tensor parallel
     # executor=simulated, MoE models: experts split over ep ranks (1, or tp x dp as vLLM's
     # --enable-expert-parallel) and dp attention replicas; the device simulates one replica
-    ep: int = 1
-    dp: int = 1
-    ep_imbalance: float = 1.0  # busiest ep rank's routed tokens / the mean (>= 1)
+    ep: int = field(default=1, metadata=SIMULATED)
+    dp: int = field(default=1, metadata=SIMULATED)
+    # busiest ep rank's routed tokens / the mean (>= 1)
+    ep_imbalance: float = field(default=1.0, metadata=SIMULATED)
     # MoE models at dp > 1: the relative spread of the replicas' step times, whose slowest
     # every step waits for (>= 0; none: the figure fitted in stages/simulator/expert_parallel.py)
-    dp_step_spread: float | None = None
+    dp_step_spread: float | None = field(default=None, metadata=SIMULATED)
     # MoE routing read as uniform over E / skew experts (>= 1; 1: uniform): fewer distinct
     # experts a step touches (stages/simulator/moe_layer.py)
-    moe_routing_skew: float = 1.0
+    moe_routing_skew: float = field(default=1.0, metadata=SIMULATED)
     # how tokens reach their experts' ranks: allgather (vLLM's default), per_rank (DeepEP
     # high-throughput), per_expert (DeepEP low-latency); stages/simulator/expert_parallel.py
-    ep_dispatch: Dispatch = Dispatch.allgather
-    disagg: DisaggConf = field(default_factory=DisaggConf)  # executor=simulated
-    speculative: SpeculativeConf = field(default_factory=SpeculativeConf)  # executor=simulated
+    ep_dispatch: Dispatch = field(default=Dispatch.allgather, metadata=SIMULATED)
+    disagg: DisaggConf = field(default_factory=DisaggConf, metadata=SIMULATED)
+    speculative: SpeculativeConf = field(default_factory=SpeculativeConf, metadata=SIMULATED)
     # executor=simulated: weights' format (none = the model's bf16, fp8, wint8, wint4) and
     # the KV cache's (auto = the model's dtype, fp8); the real CPU path runs `none`/`auto`
-    quantization: Quantization = Quantization.none
-    kv_cache_dtype: KvCacheDtype = KvCacheDtype.auto
+    quantization: Quantization = field(default=Quantization.none, metadata=SIMULATED)
+    kv_cache_dtype: KvCacheDtype = field(default=KvCacheDtype.auto, metadata=SIMULATED)
     max_tokens: int = 512  # per-step token budget (FastDeploy's max_num_batched_tokens)
     block_size: int = 128  # KV-cache block, tokens
     max_num_seqs: int = 32  # requests in one step at most

@@ -1,5 +1,5 @@
-"""The `speculative.*` keys as the simulated device's speculation (stages.simulator.speculative),
-and the refusal of them on the real path."""
+"""The `speculative.*` keys as the simulated device's speculation (stages.simulator.speculative);
+another executor refuses them (pipeline/config/executor_keys.py)."""
 
 from __future__ import annotations
 
@@ -92,13 +92,3 @@ def draft_spec(name: str) -> ModelSpec:
         return option_spec(option)
     except ValueError as err:
         raise ConfigError(f"speculative.draft_model={name}: {err}") from err
-
-
-def check_no_speculation(cfg: DictConfig) -> None:
-    """Speculative decoding exists only on the simulated device."""
-    method = str(cfg.speculative.method)
-    if method != "none":
-        raise ConfigError(
-            f"speculative.method={method} is simulated only: the real path decodes one token "
-            "a step; set speculative.method=none or executor=simulated (with hardware=...)"
-        )
