@@ -13,28 +13,29 @@ from typing import TYPE_CHECKING, Any
 
 import paddle
 
-from stages.model.int8_weight import Int8Weight, kernel
+from stages.model.int8_weight import kernel
 
 if TYPE_CHECKING:
     from stages.interfaces import LayerAttention
     from stages.model.attention.interface import CompiledDecode
-    from stages.model.transformer import LayerWeights, TransformerLM
 
 
 def compiled_layers(
-    model: TransformerLM,
+    model: Any,
     h: paddle.Tensor,
     attention: LayerAttention,
     state: Any,
     rows: paddle.Tensor,
+    whole: list[bool],
 ) -> paddle.Tensor:
-    """The model's layers on h, then the final norm of `rows`."""
+    """The TransformerLM's layers on h, then the final norm of `rows`; whole[i]: whether
+    decode_layer.cc can run layer i (int8 projections, a dense MLP)."""
     ops, eps = kernel(), model.rms_eps
     x = None  # the next layer's normed input, where the last layer was not whole
     following = [layer.attn_norm for layer in model.layers[1:]] + [model.final_norm]
     for index, (layer, next_norm) in enumerate(zip(model.layers, following, strict=True)):
         compiled = attention.compiled_decode(index, state)
-        if compiled is not None and x is None and whole_layer(layer):
+        if compiled is not None and x is None and whole[index]:
             h = decode_layer(ops, h, layer, compiled, model)
             continue
         if x is None:
@@ -50,28 +51,12 @@ def compiled_layers(
     return paddle.gather(x, rows)  # every row normed: one operator, the gather after
 
 
-def whole_layer(layer: LayerWeights) -> bool:
-    """Whether decode_layer.cc runs the layer: int8 projections and a dense MLP."""
-    from stages.model.transformer import DenseMLP
-
-    mlp = layer.mlp
-    return (
-        isinstance(layer.out, Int8Weight)
-        and isinstance(mlp, DenseMLP)
-        and isinstance(mlp.gate_up, Int8Weight)
-        and isinstance(mlp.down, Int8Weight)
-    )
-
-
 def decode_layer(
-    ops: Any, h: paddle.Tensor, layer: LayerWeights, compiled: CompiledDecode, model: TransformerLM
+    ops: Any, h: paddle.Tensor, layer: Any, compiled: CompiledDecode, model: Any
 ) -> paddle.Tensor:
-    """One layer of a decode-only step by decode_layer.cc (whole_layer's); the caches
-    written in place."""
-    from stages.model.transformer import DenseMLP
-
+    """One layer (LayerWeights, whole) of a decode-only step by decode_layer.cc; the
+    caches written in place."""
     mlp, step, spec = layer.mlp, compiled.step, model.spec
-    assert isinstance(mlp, DenseMLP)
 
     def _bias(b: paddle.Tensor | None) -> paddle.Tensor:
         return model.empty_bias if b is None else b

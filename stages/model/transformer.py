@@ -129,6 +129,17 @@ class ModelWeights:
     lm_head_bias: paddle.Tensor | None = None
 
 
+def _whole_layer(layer: LayerWeights) -> bool:
+    """Whether decode_layer.cc runs the layer: int8 projections and a dense MLP."""
+    mlp = layer.mlp
+    return (
+        isinstance(layer.out, Int8Weight)
+        and isinstance(mlp, DenseMLP)
+        and isinstance(mlp.gate_up, Int8Weight)
+        and isinstance(mlp.down, Int8Weight)
+    )
+
+
 def check_dtype(dtype: str) -> None:
     """Refuses a compute dtype that Paddle cannot multiply in on the current device."""
     if dtype not in SUPPORTED_DTYPES:
@@ -254,6 +265,7 @@ class TransformerLM:
         self._final_norm_row = self.final_norm.reshape([1, -1])
         # Whether the forward takes the compiled operators (model.weights=int8 builds them).
         self.compiled = False
+        self._whole: list[bool] = []  # per layer: whether decode_layer.cc runs it whole
         self.empty_bias = paddle.zeros([0], dtype="float32")  # the compiled ops' "no bias"
         self._init_rope()
 
@@ -278,6 +290,7 @@ class TransformerLM:
             self.lm_head = rounded(self.lm_head)
         elif not isinstance(self.embed, Int8Weight):
             self.embed = Int8Weight.of_rows(self.embed)
+        self._whole = [_whole_layer(layer) for layer in self.layers]
 
     def _dense_mlps(self) -> list[DenseMLP]:
         mlps = [layer.mlp for layer in self.layers if isinstance(layer.mlp, DenseMLP)]
@@ -369,7 +382,7 @@ class TransformerLM:
         sin = paddle.gather(self.sin, meta.positions)
         state = attention.prepare(meta, cos, sin)
         if self.compiled:
-            last = compiled_layers(self, h, attention, state, meta.logits_rows)
+            last = compiled_layers(self, h, attention, state, meta.logits_rows, self._whole)
         else:
             last = self._layers(h, attention, state, meta.logits_rows)
         if self.lm_head is not None:

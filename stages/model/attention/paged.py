@@ -42,12 +42,14 @@ class StepState:
     """What every layer of one forward shares, made once by `prepare` in the backend's form."""
 
     meta: ForwardMeta
-    rope: RopeTable
+    rope: RopeTable | None
     prefill_slots: SlotIndex | None  # token slots of an unaligned prefill
     prefill_layout: PrefillLayout | None  # the prefill rows' real lengths and contexts
     decode_slots: SlotIndex | None  # each decode row's write slot
     decode_layout: DecodeLayout | None  # the decode's mask and row placement
     compiled: CompiledStep | None = None  # a decode-only step's, where the ops take it
+    # (cos, sin) while the parts above are still to make (prepare's _op_by_op)
+    angles: tuple[paddle.Tensor, paddle.Tensor] | None = None
 
 
 class PagedAttention:
@@ -76,6 +78,7 @@ class PagedAttention:
         self.heads: Heads | None = None
         self._qkv: list[tuple[paddle.Tensor, paddle.Tensor | None]] = []
         self._qk_norm: list[Any] = []  # per layer: the backend's q/k norm, or None
+        self._compiles = False  # whether a decode-only step may run compiled (load_weights)
 
     def load_weights(self, model: Any) -> None:
         """Each layer's QKV weight and bias (and q/k norm, if any) in the backend's layout,
@@ -84,6 +87,10 @@ class PagedAttention:
         self._qkv = [
             self.ops.pack_qkv(layer.qkv, layer.qkv_bias, self.heads) for layer in model.layers
         ]
+        # The compiled decode layer takes the ops' caches and an int8 QKV without q/k norms.
+        self._compiles = self.ops.compiled_decode and all(
+            isinstance(layer.qkv, Int8Weight) and layer.q_norm is None for layer in model.layers
+        )
         self._qk_norm = [
             None
             if layer.q_norm is None
@@ -98,33 +105,50 @@ class PagedAttention:
         return self.ops.packs_rows
 
     def prepare(self, meta: ForwardMeta, cos: paddle.Tensor, sin: paddle.Tensor) -> StepState:
-        """The step's write slots, layouts and rotary table, made once for every layer."""
-        ops, k_cache = self.ops, self.k_cache[0]  # every layer's cache has one shape
+        """The step's write slots, layouts and rotary table, made once for every layer; for
+        a step the compiled decode layer may run (CompiledDecode), its inputs, and the
+        rest only when a layer first asks for it (_op_by_op)."""
         prefill, decode = meta.prefill, meta.decode
-        prefill_slots = prefill_layout = decode_slots = layout = None
+        if self._compiles and prefill is None and decode is not None and meta.packed:
+            compiled = self._compiled_step(meta, cos, sin)
+            return StepState(meta, None, None, None, None, None, compiled, (cos, sin))
+        state = StepState(meta, None, None, None, None, None)
+        self._prepare_op_by_op(state, cos, sin)
+        return state
+
+    def _prepare_op_by_op(self, state: StepState, cos: paddle.Tensor, sin: paddle.Tensor) -> None:
+        """The state the ops one by one take: write slots, layouts, the rotary table."""
+        ops, k_cache = self.ops, self.k_cache[0]  # every layer's cache has one shape
+        meta = state.meta
+        prefill, decode = meta.prefill, meta.decode
         if prefill is not None:
             dtype = str(cos.dtype).split(".")[-1]
             lens = prefill.chunk_lens
             if meta.packed:
-                prefill_layout = ops.prefill_layout(prefill.context_lens, lens, dtype, packed=True)
+                layout = ops.prefill_layout(prefill.context_lens, lens, dtype, packed=True)
             else:
-                prefill_layout = ops.prefill_layout(prefill.context_lens, lens, dtype)
+                layout = ops.prefill_layout(prefill.context_lens, lens, dtype)
+            state.prefill_layout = layout
             if prefill.block_indices is None:  # an unaligned prefill writes token by token
-                prefill_slots = ops.slot_index(k_cache, prefill.slot_blocks, prefill.slot_offsets)
+                slots = ops.slot_index(k_cache, prefill.slot_blocks, prefill.slot_offsets)
+                state.prefill_slots = slots
         if decode is not None:
-            decode_slots = ops.slot_index(k_cache, decode.block_indices, decode.block_offsets)
-            layout = ops.decode_layout(
+            state.decode_slots = ops.slot_index(k_cache, decode.block_indices, decode.block_offsets)
+            state.decode_layout = ops.decode_layout(
                 decode.block_bias,
                 decode.row_slots,
                 decode.row_width,
                 decode.rows,
                 self.heads.num_heads,
             )
-        rope = ops.rope_table(cos, sin, self.heads)
-        compiled = None
-        if ops.compiled_decode and prefill is None and decode is not None and meta.packed:
-            compiled = self._compiled_step(meta, cos, sin)
-        return StepState(meta, rope, prefill_slots, prefill_layout, decode_slots, layout, compiled)
+        state.rope = ops.rope_table(cos, sin, self.heads)
+        state.angles = None
+
+    def _op_by_op(self, state: StepState) -> StepState:
+        """The state with the op-by-op parts made, where prepare left them for later."""
+        if state.angles is not None:
+            self._prepare_op_by_op(state, *state.angles)
+        return state
 
     def _compiled_step(self, meta: ForwardMeta, cos: paddle.Tensor, sin: paddle.Tensor):
         """The step's part of CompiledDecode: each rotary pair's angle once (cos and sin
@@ -155,9 +179,7 @@ class PagedAttention:
         decode-only, the ops' caches are the layouts it takes, and the layer's QKV is int8
         without q/k norms; None where the layer takes the ops one by one."""
         weight, bias = self._qkv[layer]
-        if state.compiled is None or self._qk_norm[layer] is not None:
-            return None
-        if not isinstance(weight, Int8Weight):
+        if state.compiled is None:
             return None
         step = state.compiled
         return CompiledDecode(weight, bias, self.k_cache[layer], self.v_cache[layer], step)
@@ -167,6 +189,7 @@ class PagedAttention:
     ) -> tuple[paddle.Tensor, paddle.Tensor, paddle.Tensor]:
         weight, bias = self._qkv[layer]
         norm = self._qk_norm[layer]
+        state = self._op_by_op(state)
         if norm is None:  # a backend without q/k norms is called as it always was
             return self.ops.qkv_rope(x, weight, bias, state.rope, self.heads)
         return self.ops.qkv_rope(x, weight, bias, state.rope, self.heads, qk_norm=norm)
@@ -184,6 +207,7 @@ class PagedAttention:
         output projection out_weight, [tokens, hidden]: prefill rows, then decode rows (of
         the real tokens only where state.packed)."""
         split = state.meta.prefill_tokens
+        state = self._op_by_op(state)
         parts = []
         if state.meta.prefill:
             parts.append(self._prefill(layer, q[:split], k[:split], v[:split], state, out_weight))
