@@ -38,7 +38,6 @@ DEFAULTS = [
     "max_model_len=8704",
     "metadata.bucketing=exponential",
     "warmup=true",
-    "num_threads=1",
 ]
 
 

@@ -37,7 +37,6 @@ from stages.simulator.hardware import write_profile
 
 BASE = [
     "model=small",
-    "num_threads=1",
     "max_num_seqs=16",
     "max_model_len=1024",
     "metadata.decode_span=0",
@@ -47,6 +46,8 @@ BASE = [
     "workload.min_new_tokens=16",
     "workload.max_new_tokens=48",
 ]
+# The real runs' one math thread (a simulated run has none to set).
+REAL = [*BASE, "num_threads=1"]
 # The held-out runs' workload at budgets and block sizes none of them has.
 CALIBRATION = {
     "budget 768, block 32": ["max_tokens=768", "block_size=32"],
@@ -157,8 +158,8 @@ def calibrated_profile(folder: Path, grid_shapes: int) -> tuple[Path, dict, dict
     for i, overrides in enumerate(CALIBRATION.values()):
         runs.append(folder / f"calibration-{i}")
         runs[-1].mkdir()
-        run(compose_config([*BASE, *overrides]), runs[-1])
-    calibration = compose_config([*BASE, *next(iter(CALIBRATION.values()))])
+        run(compose_config([*REAL, *overrides]), runs[-1])
+    calibration = compose_config([*REAL, *next(iter(CALIBRATION.values()))])
     profile, coefficients, report = calibrate(calibration, grid_shapes, runs)
     fit = {"steps": len(report), **error_summary(report)}
     print(f"calibrated: {fit}", flush=True)
@@ -180,7 +181,7 @@ def main() -> None:
     repeats: dict[str, list[dict]] = {c: [] for c in HELD_OUT}
     for i in range(args.repeats):  # round by round, so that the machine's drift spreads
         for name, overrides in HELD_OUT.items():
-            repeats[name].append(served_metrics([*BASE, *overrides]))
+            repeats[name].append(served_metrics([*REAL, *overrides]))
             print(f"{name} ({i + 1}/{args.repeats}): real "
                   f"{repeats[name][-1]['output_throughput']:.0f} tok/s, predicted "
                   f"{predicted[name]['throughput']:.0f}", flush=True)  # fmt: skip

@@ -19,6 +19,7 @@ from omegaconf import DictConfig
 from pipeline.config.compose import compose_config
 from pipeline.executors import build_engine
 from pipeline.schema import (
+    Executor,
     PipelineConf,
     SpecModelConf,
     TraceWorkloadConf,
@@ -32,12 +33,13 @@ from stages.scheduling.chunk_policy import Budget
 from stages.scheduling.request import Request
 from stages.trace import TraceWorkload
 
-# One Paddle math thread: `pytest -n auto` runs a test per core already, and threads of two
-# tests on one core cost more than they give. How fast, not which tokens.
+# One Paddle math thread for a real run: `pytest -n auto` runs a test per core already, and
+# threads of two tests on one core cost more than they give. How fast, not which tokens; the
+# Paddle executor's key, which a simulated run refuses.
 ONE_THREAD = "num_threads=1"
 
 # Small enough for seconds per run, long enough that prompts span several blocks and chunks.
-LIMITS = ["block_size=16", "max_model_len=256", "max_num_seqs=8", ONE_THREAD]
+LIMITS = ["block_size=16", "max_model_len=256", "max_num_seqs=8"]
 SMALL = [
     *LIMITS,
     "workload.num_requests=6",
@@ -47,9 +49,9 @@ SMALL = [
     "workload.max_new_tokens=10",
 ]
 
-# For command-line runs: a few short requests, well under a second a job once Paddle is loaded.
-TINY = [
-    ONE_THREAD,
+# For command-line runs: a few short requests, well under a second a job once Paddle is loaded
+# (TINY_RUN for any executor, TINY for a real one).
+TINY_RUN = [
     "block_size=16",
     "max_num_seqs=4",
     "max_model_len=256",
@@ -59,6 +61,7 @@ TINY = [
     "workload.min_new_tokens=3",
     "workload.max_new_tokens=6",
 ]
+TINY = [ONE_THREAD, *TINY_RUN]
 
 
 REPO = Path(__file__).resolve().parents[1]
@@ -127,7 +130,10 @@ def make_config(overrides: Sequence[str] = ()) -> DictConfig:
     """The small defaults, with the synthetic workload's keys only when it is the workload.
     Each call gets its own copy, which the test may change."""
     base = LIMITS if any(o.startswith("workload=") for o in overrides) else SMALL
-    return copy.deepcopy(composed((*base, *overrides)))
+    cfg = composed((*base, *overrides))
+    if cfg.executor.name == Executor.paddle:  # one math thread, unless the test sets them
+        cfg = composed((*base, ONE_THREAD, *overrides))
+    return copy.deepcopy(cfg)
 
 
 class RecordingSampler:

@@ -41,7 +41,7 @@ from stages.forward.buckets import (
 from stages.forward.engine_grids import step_graphs
 from stages.forward.forward_meta import bucket_dims
 from stages.scheduling.kv_cache import blocks_for
-from tests.helpers import LIMITS, SMALL, make_config, run_cli, serve
+from tests.helpers import LIMITS, ONE_THREAD, SMALL, make_config, run_cli, serve
 
 # -- helpers ---------------------------------------------------------------------------------
 
@@ -213,7 +213,7 @@ def test_a_set_beyond_the_warmup_budget_stops_before_compiling():
 @pytest.mark.slow
 def test_the_warmup_budget_exits_2_from_the_command_line(tmp_path):
     done = run_cli(
-        tmp_path, "pipeline", *LIMITS, "warmup=true", "metadata.max_warmup_shapes=5",
+        tmp_path, "pipeline", *LIMITS, ONE_THREAD, "warmup=true", "metadata.max_warmup_shapes=5",
         "workload.num_requests=1", f"hydra.run.dir={tmp_path / 'run'}",
     )  # fmt: skip
     assert done.returncode == 2

@@ -17,16 +17,17 @@ from pipeline.job.run import run
 from pipeline.profiles import measured_profile
 from stages.forward.forward_meta import bucket_dims, bucket_label
 from stages.simulator.hardware import write_profile
-from tests.helpers import LIMITS, REPO, serve
+from tests.helpers import LIMITS, ONE_THREAD, REPO, serve
 
 TINY_GRID = [*LIMITS, "max_tokens=64"]
 SERVED = [*TINY_GRID, "workload.num_requests=12", "workload.max_new_tokens=12"]
+REAL = [*SERVED, ONE_THREAD]  # served for real; SERVED alone for any executor
 
 
 @pytest.fixture(scope="module")
 def served_run(tmp_path_factory):
     folder = tmp_path_factory.mktemp("served")  # a run folder is made before it is served
-    run(compose_config(SERVED), folder)
+    run(compose_config(REAL), folder)
     return folder
 
 
@@ -74,7 +75,7 @@ def test_each_decode_row_is_recorded_with_the_tokens_it_attends_to(served_run):
 
 
 def test_a_calibrated_profile_round_trips_into_a_simulated_run(served_run, tmp_path):
-    profile, coefficients, report = calibrate(compose_config(SERVED), runs=[served_run])
+    profile, coefficients, report = calibrate(compose_config(REAL), runs=[served_run])
     assert len(report) == len(run_samples(served_run, False)) and all(
         v >= 0 for v in coefficients.values()
     )
@@ -90,12 +91,12 @@ def test_a_calibrated_profile_round_trips_into_a_simulated_run(served_run, tmp_p
 
 def test_warmup_shapes_add_to_the_served_steps_of_a_padding_forward(served_run):
     # Dense reference attention computes the padded buckets: its warmup shapes are real work.
-    padded = compose_config([*SERVED, "attention=reference"])
+    padded = compose_config([*REAL, "attention=reference"])
     _, _, report = calibrate(padded, grid_shapes=9, runs=[served_run])
     assert len(report) == len(run_samples(served_run, True)) + 9
     # The CPU ops pack real tokens: a padding-only warmup shape would time nothing.
     with pytest.raises(ConfigError, match="calibrate.grid_shapes=0"):
-        calibrate(compose_config(SERVED), grid_shapes=9, runs=[served_run])
+        calibrate(compose_config(REAL), grid_shapes=9, runs=[served_run])
 
 
 def test_bad_run_folders_are_one_line_errors(served_run, tmp_path):
@@ -120,13 +121,13 @@ def test_bad_run_folders_are_one_line_errors(served_run, tmp_path):
     with pytest.raises(ConfigError, match="is a simulated run; give real runs"):
         run_samples(simulated, False)
     with pytest.raises(ConfigError, match="no steps to fit"):
-        calibrate(compose_config(SERVED))
+        calibrate(compose_config(REAL))
 
 
 def test_the_grid_spreads_over_every_phase():
     from pipeline.executors import build_engine
 
-    engine, _ = build_engine(compose_config(TINY_GRID))
+    engine, _ = build_engine(compose_config([*TINY_GRID, ONE_THREAD]))
     shapes = grid(engine, max_shapes=9)
     assert any(p and not d for p, d in shapes) and any(d and not p for p, d in shapes)
     assert any(p and d for p, d in shapes)  # the mixed phase of chunked prefill
@@ -135,7 +136,7 @@ def test_the_grid_spreads_over_every_phase():
 @pytest.mark.slow
 def test_the_command_serves_then_writes_a_profile(tmp_path):
     done = subprocess.run(
-        [sys.executable, "-m", "pipeline.calibrate", *SERVED, f"hydra.run.dir={tmp_path}"],
+        [sys.executable, "-m", "pipeline.calibrate", *REAL, f"hydra.run.dir={tmp_path}"],
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -13,7 +13,7 @@ from hydra.errors import ConfigCompositionException
 from pipeline.config.checks import ConfigError
 from pipeline.config.compose import compose_config
 from pipeline.executors import check_config
-from tests.helpers import SMALL, run_cli
+from tests.helpers import ONE_THREAD, SMALL, run_cli
 
 
 def pipeline(tmp_path, *overrides: str) -> subprocess.CompletedProcess:
@@ -75,7 +75,7 @@ def test_a_misspelt_key_fails_at_composition(tmp_path):
 
 @pytest.mark.slow
 def test_run_leaves_the_contract_files(tmp_path):
-    result = pipeline(tmp_path, *SMALL, "max_tokens=32")
+    result = pipeline(tmp_path, *SMALL, ONE_THREAD, "max_tokens=32")
     assert result.returncode == 0, result.stderr
     names = {p.name for p in tmp_path.iterdir()}
     assert {"resolved_config.yaml", ".hydra", "generations.jsonl", "steps.jsonl"} <= names

@@ -14,6 +14,7 @@ from pipeline.executors import EXECUTORS, build_engine, check_config, executor_o
 from pipeline.executors.simulated import PacedClock, simulated_device
 from pipeline.schema import Executor
 from stages.scheduling.kv_cache import blocks_for
+from tests.helpers import run_cli
 
 SIMULATED = ["executor=simulated", "hardware=gaudi3", "model=spec/llama31_8b"]
 
@@ -70,6 +71,39 @@ def test_the_real_executor_refuses_each_simulated_key_in_one_line(override):
 
 def test_a_simulated_key_at_its_default_passes_the_real_executor():
     check_config(compose_config(["tp=1", "quantization=none", "disagg.prefill=0"]))
+
+
+# The Paddle executor's keys, each set apart from its default on a simulated run.
+PADDLE_ONLY = {
+    "num_threads=1": "num_threads=1 is paddle only",
+    "device=intel_hpu": "device=intel_hpu is paddle only",
+}
+
+
+@pytest.mark.parametrize("override", sorted(PADDLE_ONLY))
+def test_the_simulated_executor_refuses_each_paddle_key_in_one_line(override):
+    with pytest.raises(ConfigError, match=PADDLE_ONLY[override]) as err:
+        check_config(compose_config([*SIMULATED, override]))
+    assert "\n" not in str(err.value) and "executor=paddle" in str(err.value)
+
+
+def test_a_paddle_key_at_its_default_passes_the_simulated_executor():
+    check_config(compose_config([*SIMULATED, "num_threads=2", "device=cpu"]))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "overrides, line",
+    [
+        (["tp=2"], "Error: tp=2 is simulated only: executor=paddle runs the model as it is"),
+        ([*SIMULATED, "num_threads=1"], "Error: num_threads=1 is paddle only: executor=simulated"),
+    ],
+)
+def test_each_executor_refuses_the_others_key_on_the_command_line(tmp_path, overrides, line):
+    """As a user types it: exit 2 and one line, before anything is built."""
+    done = run_cli(tmp_path, "pipeline", f"hydra.run.dir={tmp_path}", *overrides)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert len(done.stderr.strip().splitlines()) == 1 and done.stderr.startswith(line)
 
 
 def test_a_simulated_engine_has_its_simulation_and_a_real_one_none():

@@ -21,8 +21,8 @@ from stages.loading.gguf.reader import read_gguf_header
 from stages.loading.gguf.tokenizer import GgufTokenizer
 from stages.loading.tokenizer import ByteTokenizer, HfTokenizer
 from tests import numpy_reference
-from tests.conftest import LIMITS, run_cli, serve
 from tests.gguf_files import CHATML, T, hf_weights, model_config, store, train_vocab, write_model
+from tests.helpers import LIMITS, ONE_THREAD, run_cli, serve
 
 
 @pytest.mark.parametrize("kind", SUPPORTED_TYPES, ids=lambda t: t.name)
@@ -329,7 +329,8 @@ def test_command_line_serves_a_chat_and_refuses_a_bad_file(tmp_path, vocab):
     line = {"id": "c", "messages": [{"role": "user", "content": "the cache"}], "max_new_tokens": 3}
     chat.write_text(json.dumps(line) + "\n")
     run = tmp_path / "run"
-    args = ["model=gguf", f"model.path={path}", "workload=jsonl", f"workload.path={chat}", *LIMITS]
+    args = ["model=gguf", f"model.path={path}", "workload=jsonl", f"workload.path={chat}"]
+    args += [*LIMITS, ONE_THREAD]
     result = run_cli(tmp_path, "pipeline", f"hydra.run.dir={run}", *args)
     assert result.returncode == 0, result.stderr
     generation = json.loads((run / "generations.jsonl").read_text())

@@ -8,7 +8,7 @@ import pytest
 
 from pipeline.page import REPORT_HTML
 from tests.browser import distinct_colours, needs_chromium, open_page
-from tests.helpers import TINY, run_cli
+from tests.helpers import TINY_RUN, run_cli
 from tests.test_report_page import parsed, small_plan, small_sweep
 
 pytestmark = needs_chromium
@@ -57,7 +57,7 @@ def test_the_pages_the_commands_write_open_in_chromium(tmp_path):
     sweep, plan = tmp_path / "sweep", tmp_path / "plan"
     simulated = ["executor=simulated", "hardware=gaudi2", "model=spec/llama31_8b"]
     done = run_cli(tmp_path, "pipeline", "-m", f"hydra.sweep.dir={sweep}", *simulated,
-                   "max_tokens=64,128", *TINY)  # fmt: skip
+                   "max_tokens=64,128", *TINY_RUN)  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     done = run_cli(
         tmp_path, "pipeline.plan", *simulated[1:], "max_model_len=1024", "max_num_seqs=8",

@@ -8,10 +8,22 @@ from pathlib import Path
 
 import yaml
 
+from pipeline.config.executor_keys import owned_keys
 from pipeline.run_folder.reader import read_metrics
+from pipeline.schema import Executor
 
-# Overrides a served check sets itself: the device, warmup, and the buckets under test.
-_OWN_KEYS = ("executor=", "warmup=", "hydra.", "+buckets=", "buckets=", "resume=", "+resume=")
+# Overrides a served check sets itself: the device, warmup, and the buckets under test; and
+# a real run's own keys (its threads), which the simulated device refuses.
+_OWN_KEYS = (
+    "executor=",
+    "warmup=",
+    "hydra.",
+    "+buckets=",
+    "buckets=",
+    "resume=",
+    "+resume=",
+    *(f"{key.name}=" for key in owned_keys(Executor.paddle)),
+)
 
 
 @dataclass

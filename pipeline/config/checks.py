@@ -56,7 +56,6 @@ def check_common(cfg: DictConfig) -> None:
     _check_limits(cfg)
     check_copies(cfg)
     _check_chunks(cfg, bs)
-    _check_device(cfg)
 
 
 def check_has_weights(cfg: DictConfig) -> None:
@@ -120,12 +119,8 @@ def _check_limits(cfg: DictConfig) -> None:
         raise ConfigError(f"max_model_len={cfg.max_model_len}: must be >= 2")
     if cfg.num_blocks < 0:
         raise ConfigError(f"num_blocks={cfg.num_blocks}: must be >= 0 (0 derives it)")
-    if not 1 <= cfg.num_threads <= MAX_THREADS:  # beyond, OpenMP aborts the process
-        raise ConfigError(f"num_threads={cfg.num_threads}: must be in 1..{MAX_THREADS}")
     if not 1 <= cfg.tp <= 1024:
         raise ConfigError(f"tp={cfg.tp}: the tensor-parallel degree must be in 1..1024 (1 card)")
-    if cfg.device not in set(Device):
-        raise ConfigError(f"device={cfg.device}: choose device=cpu or device=intel_hpu")
 
 
 # The keys a stage group repeats from the top (`scheduler.max_tokens: ${max_tokens}`): one
@@ -165,7 +160,13 @@ def _check_chunks(cfg: DictConfig, bs: int) -> None:
         )
 
 
-def _check_device(cfg: DictConfig) -> None:
+def check_paddle_device(cfg: DictConfig) -> None:
+    """The Paddle executor's own keys: its math threads, the device its tensors live on and
+    the attention ops that device runs."""
+    if not 1 <= cfg.num_threads <= MAX_THREADS:  # beyond, OpenMP aborts the process
+        raise ConfigError(f"num_threads={cfg.num_threads}: must be in 1..{MAX_THREADS}")
+    if cfg.device not in set(Device):
+        raise ConfigError(f"device={cfg.device}: choose device=cpu or device=intel_hpu")
     ops = cfg.attention.get("ops")
     if ops == Device.intel_hpu:
         if cfg.device != Device.intel_hpu:

@@ -13,6 +13,16 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from pipeline.config.checks import ConfigError
 from pipeline.schema.pipeline import Executor, PipelineConf
 
+# Why another executor's key means nothing to this one, and how to choose the other.
+WHAT_IT_RUNS = {
+    Executor.paddle: "runs the model as it is, on one device",
+    Executor.simulated: "computes no tensors (a cost model of `hardware` times each step)",
+}
+HOW_TO_CHOOSE = {
+    Executor.paddle: "executor=paddle",
+    Executor.simulated: "executor=simulated (with hardware=...)",
+}
+
 
 def owned_keys(executor: Executor) -> Iterator[dataclasses.Field[Any]]:
     """The top-level keys the schema gives to `executor` alone."""
@@ -60,6 +70,6 @@ def refuse_others_keys(cfg: DictConfig, executor: Executor) -> None:
             shown = value.get("name", "...") if isinstance(value, dict) else value
             fix = f"drop {name}" if default is None else f"set {name}={default}"
             raise ConfigError(
-                f"{name}={shown} is {other} only: executor={executor} runs the model as it "
-                f"is, on one device; {fix} or executor={other} (with hardware=...)"
+                f"{name}={shown} is {other} only: executor={executor} {WHAT_IT_RUNS[executor]}; "
+                f"{fix} or {HOW_TO_CHOOSE[other]}"
             )

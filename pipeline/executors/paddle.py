@@ -5,7 +5,12 @@ from __future__ import annotations
 from hydra.utils import get_class
 from omegaconf import DictConfig
 
-from pipeline.config.checks import ConfigError, check_has_weights, check_memory
+from pipeline.config.checks import (
+    ConfigError,
+    check_has_weights,
+    check_memory,
+    check_paddle_device,
+)
 from pipeline.config.executor_keys import refuse_others_keys
 from pipeline.executors.build import build, import_paddle, load_workload
 from pipeline.job.engine import Engine
@@ -23,6 +28,7 @@ class PaddleExecutor:
     def check(self, cfg: DictConfig) -> None:
         check_has_weights(cfg)
         refuse_others_keys(cfg, Executor.paddle)  # hardware, tp, disagg.*, speculative.*, ...
+        check_paddle_device(cfg)  # num_threads, device, attention.ops
         check_memory(cfg, cfg.num_blocks)  # a derived pool is checked again once it is known
 
     def server_num_blocks(self, cfg: DictConfig) -> int:

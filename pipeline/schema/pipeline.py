@@ -40,6 +40,8 @@ class SimulatedExecutorConf:
 # A key only the simulated executor reads: any other executor refuses it set away from its
 # default, in one line (pipeline/config/executor_keys.py); declared here, with the key.
 SIMULATED = {"executor": Executor.simulated}
+# A key only the Paddle executor reads (the device its tensors live on, its math threads).
+PADDLE = {"executor": Executor.paddle}
 
 
 class SpeculativeMethod(enum.StrEnum):
@@ -142,9 +144,10 @@ class PipelineConf:
     num_blocks: int = 0  # KV block pool size; 0 = derived so that the workload fits
     prefix_caching: bool = True  # reuse the KV blocks of a shared prompt prefix
     seed: int = 0  # model weights, workload and sampling streams
-    device: Device = Device.cpu  # cpu, or intel_hpu where the plugin is installed
+    # cpu, or intel_hpu where the plugin is installed
+    device: Device = field(default=Device.cpu, metadata=PADDLE)
     warmup: bool = False  # run every bucket shape once before the workload
-    num_threads: int = 2  # Paddle's CPU math threads
+    num_threads: int = field(default=2, metadata=PADDLE)  # Paddle's CPU math threads
     calibrate: CalibrateConf = field(default_factory=CalibrateConf)  # pipeline.calibrate only
     serve: ServeConf = field(default_factory=ServeConf)  # pipeline.serve only
     slo: SloConf = field(default_factory=SloConf)  # goodput and attainment in metrics.json
