@@ -34,8 +34,8 @@ class Fp8Load:
 
     def why(self, model: str, tp: int) -> str:
         return (
-            f"online FP8 reads {model}'s BF16 weights first: {self.bf16_per_card / 1e9:,.0f} GB "
-            f"a card at tp={tp} into {self.card / 1e9:,.0f} GB cards"
+            f"online FP8 reads {model}'s BF16 weights first: {self.bf16_per_card / 2**30:,.0f} GiB "
+            f"a card at tp={tp} into {self.card / 2**30:,.0f} GiB cards"
         )
 
 
