@@ -9,7 +9,12 @@ of max(max_model_len, 2048) = 3500 tokens); CUDA graphs captured (warmup); every
 sent at once up to the concurrency, and 10 x concurrency requests in all, as GenAI-Perf's
 `--request-count` (its 10 warm-up requests are not served); a disaggregated row on its
 engine's path (`disagg.engine`, stages/simulator/disagg_engines.py) over the h100
-profile's KV link (one 400 Gb/s adapter a GPU: the pools sat on two nodes).
+profile's KV link (one 400 Gb/s adapter a GPU: the pools sat on two nodes). Every row runs
+the engine profile of the release it ran, vLLM 0.6.3 (`engine=vllm_v0`), whose host time a
+step and GEMM rate `fit_engine` sets from the `fit` rows alone: a grid over the three
+figures and two finer ones around its best, the figures whose TTFT and ITL errors on those
+rows have the least sum of squares (an aggregated control's TTFT left out: no part of the
+model explains its 500-700 ms).
 
 Transfer (published-kv-transfer.csv): each row's bytes and pieces over its link, at the
 h100 profile's per-piece time, against the published time.
@@ -17,8 +22,10 @@ h100 profile's per-piece time, against the published time.
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +37,11 @@ DATA_DIR = Path(__file__).resolve().parents[1] / "pipeline/calibrate/data"
 LATENCY = DATA_DIR / "published-disagg-latency.csv"
 TRANSFER = DATA_DIR / "published-kv-transfer.csv"
 MAX_MODEL_LEN = 3500  # the rows' --max-model-len
+ENGINE = "vllm_v0"  # the rows' release's profile (conf/engine/)
+# fit_engine's grid: seconds a step, seconds a row, GEMM rate; then one finer round
+STEP_HOST_S = (0.0, 0.001, 0.002, 0.003, 0.004)
+ROW_HOST_S = (0.0, 50e-6, 100e-6, 150e-6, 200e-6)
+GEMM_RATE = (0.7, 0.75, 0.8, 0.85, 0.9, 1.0)
 
 
 @dataclass(frozen=True)
@@ -52,11 +64,13 @@ class LatencyCheck:
         return self.itl_ms / float(self.row["itl_ms"]) - 1
 
 
-def latency_overrides(row: dict[str, str]) -> list[str]:
-    """The row's deployment and closed loop, with the settings assumed above."""
+def latency_overrides(row: dict[str, str], engine: Sequence[str] = ()) -> list[str]:
+    """The row's deployment and closed loop, with the settings assumed above (`engine`:
+    overrides of the engine profile's figures, as a fit tries them)."""
     isl, osl = int(row["input_tokens"]), int(row["output_tokens"])
     common = [
         "executor=simulated", f"hardware={row['hardware']}", f"model=spec/{row['model']}",
+        f"engine={ENGINE}", *engine,
         f"quantization={row['quantization']}", f"kv_cache_dtype={row['kv_cache_dtype']}",
         "warmup=true", "block_size=16", "max_num_seqs=256", "scheduler=whole",
         f"max_model_len={MAX_MODEL_LEN}", f"max_tokens={max(MAX_MODEL_LEN, 2048)}",
@@ -74,9 +88,9 @@ def latency_overrides(row: dict[str, str]) -> list[str]:
     ]  # fmt: skip
 
 
-def check_latency(row: dict[str, str]) -> LatencyCheck:
+def check_latency(row: dict[str, str], engine: Sequence[str] = ()) -> LatencyCheck:
     """Serves the row once; its TTFT and TPOT means (and TTFT's parts)."""
-    cfg = compose_config(latency_overrides(row))
+    cfg = compose_config(latency_overrides(row, engine))
     with tempfile.TemporaryDirectory() as folder:
         metrics = run_probe(cfg, Path(folder), keep_files=False, decide_early=False)
     parts = (metrics.get("disagg") or {}).get("ttft_parts_ms") or {}
@@ -84,6 +98,38 @@ def check_latency(row: dict[str, str]) -> LatencyCheck:
         row, metrics["ttft_ms"]["mean"], metrics["tpot_ms"]["mean"],
         {part: stat["mean"] for part, stat in parts.items()},
     )  # fmt: skip
+
+
+def fit_errors(check: LatencyCheck) -> list[float]:
+    """The errors a fit weighs of a row: its ITL's, and its TTFT's unless it is a control."""
+    return [check.itl_error, check.ttft_error] if check.disaggregated else [check.itl_error]
+
+
+def fit_cost(rows: Sequence[dict[str, str]], figures: tuple[float, float, float]) -> float:
+    """The sum of squared errors of `rows` served with the figures (step, row, rate)."""
+    step_s, row_s, rate = figures
+    engine = [f"engine.step_host_s={step_s:g}", f"engine.row_host_s={row_s:g}",
+              f"engine.gemm_rate={rate:g}"]  # fmt: skip
+    return sum(e * e for row in rows for e in fit_errors(check_latency(row, engine)))
+
+
+def fit_engine(rows: Sequence[dict[str, str]]) -> tuple[tuple[float, float, float], float]:
+    """The figures (step_host_s, row_host_s, gemm_rate) of the grid above with the least
+    fit_cost on the `fit` rows, then of grids half and a quarter as wide around the best so
+    far; and that cost."""
+    fit = [row for row in rows if row["role"] == "fit"]
+    costs = {f: fit_cost(fit, f) for f in itertools.product(STEP_HOST_S, ROW_HOST_S, GEMM_RATE)}
+    best = min(costs, key=lambda figures: costs[figures])
+    for share in (0.5, 0.25):
+        steps = (0.001 * share, 50e-6 * share, 0.05 * share)  # the grid's spacing
+        around = itertools.product(
+            *((max(0.0, x - h), x, x + h) for x, h in zip(best, steps, strict=True))
+        )
+        for figures in around:
+            if figures[2] <= 1 and figures not in costs:
+                costs[figures] = fit_cost(fit, figures)
+        best = min(costs, key=lambda figures: costs[figures])
+    return best, costs[best]
 
 
 def piece_seconds(hardware: str = "h100") -> float:

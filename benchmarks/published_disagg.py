@@ -8,10 +8,12 @@
   device, pipeline/plan/capacity.py) against the published ratio;
 - **transfer** (published-kv-transfer.csv): a KV transfer's time by its bytes and pieces.
 
-    python -m benchmarks.published_disagg [--file CSV] [--requests N] [--record]
+    python -m benchmarks.published_disagg [--file CSV] [--requests N] [--record] [--fit]
 
-Nothing in the simulator is fitted to the latency and ratio rows: all are held out. Of the
-transfer rows, two set the per-piece time (`fit`), the others are held out.
+Of the latency rows, the `fit` ones set the vLLM 0.6.3 profile's host time a step and GEMM
+rate (conf/engine/vllm_v0.yaml; `--fit` finds them again and prints them), the others are
+held out; nothing is fitted to the ratio rows. Of the transfer rows, two set the per-piece
+time (`fit`), the others are held out.
 `checked_errors(...)` gives each check's fitted and held-out median and worst.
 
 Each search serves `--requests` requests of the row's fixed input and output lengths at
@@ -39,6 +41,7 @@ from benchmarks.disagg_latency import (
     TRANSFER,
     LatencyCheck,
     check_latency,
+    fit_engine,
     piece_seconds,
     spread,
     transfer_ms,
@@ -106,17 +109,21 @@ def checked_errors(
     transfers: Sequence[tuple[dict[str, str], float]],
 ) -> dict[str, dict[str, dict[str, float | None]]]:
     """Each check's `fit` and `held_out` median and worst absolute error: TTFT and ITL of
-    the disaggregated latency rows, the goodput ratios, the transfers (row, predicted ms)."""
-    pd_rows = [c for c in latency if c.disaggregated]
-    none: list[float] = []
+    the disaggregated latency rows (and of all of them, fit and held out), the goodput
+    ratios, the transfers (row, predicted ms)."""
+    roles = ("fit", "held_out")
+    pd = {role: [c for c in latency if c.disaggregated and c.row["role"] == role] for role in roles}
+    every_pd = [c for c in latency if c.disaggregated]
     transfer = {
         role: [ms / float(row["published_ms"]) - 1 for row, ms in transfers if row["role"] == role]
-        for role in ("fit", "held_out")
+        for role in roles
     }
     return {
-        "ttft": {"fit": spread(none), "held_out": spread([c.ttft_error for c in pd_rows])},
-        "itl": {"fit": spread(none), "held_out": spread([c.itl_error for c in pd_rows])},
-        "ratio": {"fit": spread(none), "held_out": spread(list(ratio_errors))},
+        "ttft": {role: spread([c.ttft_error for c in pd[role]]) for role in roles}
+        | {"all": spread([c.ttft_error for c in every_pd])},
+        "itl": {role: spread([c.itl_error for c in pd[role]]) for role in roles}
+        | {"all": spread([c.itl_error for c in every_pd])},
+        "ratio": {"fit": spread([]), "held_out": spread(list(ratio_errors))},
         "transfer": {role: spread(errors) for role, errors in transfer.items()},
     }
 
@@ -129,7 +136,7 @@ def print_latency(checks: Sequence[LatencyCheck]) -> None:
             f"({r['engine']})"
             if c.disaggregated
             else f"aggregated tp{r['tp']} (control)"
-        )
+        ) + f", {r['role']}"
         parts = " + ".join(f"{k} {v:.1f}" for k, v in c.parts_ms.items())
         print(
             f"{r['id']}: {r['hardware']} {r['model']} {r['quantization']} "
@@ -169,8 +176,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--transfer", default=str(TRANSFER), help="a KV transfer CSV")
     parser.add_argument("--requests", type=int, default=200, help="requests per probe")
     parser.add_argument("--record", action="store_true", help="write the result for the bands")
+    parser.add_argument("--fit", action="store_true", help="fit the vLLM 0.6.3 profile's figures")
     args = parser.parse_args(argv)
     start = time.perf_counter()
+    if args.fit:
+        (step_s, row_s, rate), cost = fit_engine(read_rows(args.latency))
+        print(f"step_host_s: {step_s:g}\nrow_host_s: {row_s:g}\ngemm_rate: {rate:g}\n"
+              f"(sum of squared errors on the fit rows {cost:.4f}; "
+              f"{time.perf_counter() - start:.0f} s)")  # fmt: skip
+        return 0
     latency = [check_latency(row) for row in read_rows(args.latency)]
     print_latency(latency)
     print()
@@ -197,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     print_summary(summary)
     print(f"({time.perf_counter() - start:.0f} s)")
     if args.record:
-        pd_rows = [c for c in latency if c.disaggregated]
+        pd_rows = [c for c in latency if c.disaggregated and c.row["role"] == "held_out"]
         held_out = [*(c.ttft_error for c in pd_rows), *(c.itl_error for c in pd_rows), *errors]
         pd_devices = [c.row["hardware"] for c in pd_rows] * 2 + devices  # TTFT's, ITL's
         command = command_line(

@@ -412,12 +412,16 @@ def test_the_published_checks_split_fitted_and_held_out_rows_and_price_pieces_by
            "role": "held_out"}  # fmt: skip
     assert transfer_ms(row, 2e-6) == pytest.approx(100 + 2)  # 1 GB at 10 GB/s, 1000 x 2 us
     fitted = {**row, "role": "fit", "published_ms": "100"}
-    pd_row = {"kind": "disaggregated", "ttft_ms": "100", "itl_ms": "10"}
+    pd_row = {"kind": "disaggregated", "ttft_ms": "100", "itl_ms": "10", "role": "held_out"}
     control = {**pd_row, "kind": "aggregated"}
-    latency = [LatencyCheck(pd_row, 90, 12, {}), LatencyCheck(control, 300, 30, {})]
+    pd_fit = {**pd_row, "role": "fit"}
+    latency = [LatencyCheck(pd_row, 90, 12, {}), LatencyCheck(control, 300, 30, {}),
+               LatencyCheck(pd_fit, 150, 10.5, {})]  # fmt: skip
     errors = checked_errors(latency, [0.1, -0.3], [(row, 102.0), (fitted, 102.0)])
     assert errors["ttft"]["held_out"] == {"median": pytest.approx(0.1), "worst": pytest.approx(0.1)}
     assert errors["itl"]["held_out"]["worst"] == pytest.approx(0.2)  # the control left out
+    assert errors["ttft"]["fit"]["worst"] == pytest.approx(0.5)
+    assert errors["itl"]["all"] == {"median": pytest.approx(0.125), "worst": pytest.approx(0.2)}
     assert errors["ratio"]["held_out"] == {
         "median": pytest.approx(0.2),
         "worst": pytest.approx(0.3),

@@ -114,3 +114,59 @@ def test_metrics_and_summary_name_the_engine(tmp_path):
     summary = (tmp_path / "s" / "summary.md").read_text()
     assert "Engine predicted: `fastdeploy`." in summary
     assert "gaudi2 tp1 none/auto fastdeploy" in summary
+
+
+HOST = ["executor=simulated", "hardware=h100", "model=spec/llama31_8b", "warmup=true",
+        "max_num_seqs=4", "max_model_len=2048", "max_tokens=2048", "workload=synthetic",
+        "workload.rate=0",
+        "workload.num_requests=2", "workload.min_prompt_tokens=500",
+        "workload.max_prompt_tokens=500", "workload.min_new_tokens=10",
+        "workload.max_new_tokens=10", "engine=vllm_v0"]  # fmt: skip
+
+
+def served_token_times(overrides: list[str]) -> list[list[float]]:
+    from pipeline.executors import build_engine
+
+    engine, requests = build_engine(make_config([*HOST, *overrides]))
+    engine.warmup()
+    engine.run(requests)
+    return [r.token_times for r in requests]
+
+
+def test_an_engines_host_time_adds_to_each_step_by_its_rows():
+    plain = ["engine.step_host_s=0", "engine.row_host_s=0", "engine.gemm_rate=1"]
+    base = served_token_times(plain)
+    timed = served_token_times([*plain, "engine.step_host_s=0.003", "engine.row_host_s=0.0005"])
+    # Both prompts prefill in one step and decode together: every step runs two rows, so
+    # each takes 3 ms + 2 x 0.5 ms more; the k-th token comes k + 1 steps' 4 ms later.
+    for times, base_times in zip(timed, base, strict=True):
+        assert [t - b for t, b in zip(times, base_times, strict=True)] == pytest.approx(
+            [0.004 * (k + 1) for k in range(len(times))]
+        )
+
+
+def test_an_engines_gemm_rate_slows_its_gemms_alone_and_bad_figures_are_refused():
+    from pipeline.config.engine_profile import engine_hardware, host_time
+    from pipeline.executors.build import build
+
+    cfg = make_config([*HOST, "engine.gemm_rate=0.5"])
+    device = build(cfg.hardware)
+    slower = engine_hardware(cfg, device)
+    assert slower.gemm_efficiency == pytest.approx(device.gemm_efficiency / 2)
+    assert (slower.memory_efficiency, slower.step_overhead_s) == (
+        device.memory_efficiency, device.step_overhead_s)  # fmt: skip
+    for bad, key in (("engine.gemm_rate=0", "engine.gemm_rate=0"),
+                     ("engine.gemm_rate=1.5", "engine.gemm_rate=1.5"),
+                     ("engine.row_host_s=-1", "engine.row_host_s=-1")):  # fmt: skip
+        with pytest.raises(ConfigError, match=re.escape(key)):
+            bad_cfg = make_config([*HOST, bad])
+            engine_hardware(bad_cfg, device)
+            host_time(bad_cfg)
+
+
+@pytest.mark.parametrize("engine", ["native", "fastdeploy", "vllm", "sglang", "trtllm"])
+def test_only_the_vllm_0_6_profile_adds_host_time_or_slows_gemms(engine):
+    cfg = make_config([*HOST[:-1], f"engine={engine}"])
+    assert (cfg.engine.step_host_s, cfg.engine.row_host_s, cfg.engine.gemm_rate) == (0, 0, 1)
+    old = make_config(HOST)
+    assert old.engine.name == "vllm" and old.engine.row_host_s > 0 and old.engine.gemm_rate < 1

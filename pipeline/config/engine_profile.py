@@ -1,9 +1,11 @@
 """What the chosen serving engine (`engine=`, conf/engine/) runs on the run's device: the
-check a run and a plan row pass, failing with the one line that says what to change, and
-the engine's name as metrics.json and the summaries give it."""
+check a run and a plan row pass, failing with the one line that says what to change, the
+engine's name as metrics.json and the summaries give it, and the host time its steps add
+on a simulated device."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.resources
 from collections.abc import Mapping
@@ -13,6 +15,8 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from pipeline.config.checks import ConfigError
+from stages.simulator.device import HostTime
+from stages.simulator.hardware import HardwareProfile
 
 NATIVE = "native"
 
@@ -72,6 +76,28 @@ def serves_architecture(name: str, gpu: bool, architecture: str) -> bool:
         return True
     served = (profile(name).get("gpu" if gpu else "hpu") or {}).get("architectures") or []
     return not served or architecture in served
+
+
+def host_time(cfg: DictConfig) -> HostTime:
+    """The engine's host time a step on a simulated device; none for a folder written
+    before profiles gave one."""
+    step_s = OmegaConf.select(cfg, "engine.step_host_s", default=0.0)
+    row_s = OmegaConf.select(cfg, "engine.row_host_s", default=0.0)
+    try:
+        return HostTime(float(step_s), float(row_s))
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
+
+
+def engine_hardware(cfg: DictConfig, hardware: HardwareProfile) -> HardwareProfile:
+    """The device profile as the engine's kernels run on it: its GEMM efficiency times the
+    engine's gemm_rate (1 for a folder written before profiles gave one)."""
+    rate = float(OmegaConf.select(cfg, "engine.gemm_rate", default=1.0))
+    if not 0 < rate <= 1:
+        raise ConfigError(f"engine.gemm_rate={rate} must be in (0, 1]")
+    if rate == 1:
+        return hardware
+    return dataclasses.replace(hardware, gemm_efficiency=hardware.gemm_efficiency * rate)
 
 
 def check_engine(cfg: DictConfig) -> None:

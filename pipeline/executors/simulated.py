@@ -12,7 +12,7 @@ from typing import Any, Protocol
 from omegaconf import DictConfig
 
 from pipeline.config.checks import ConfigError, check_model_context, describe_model
-from pipeline.config.engine_profile import check_engine
+from pipeline.config.engine_profile import check_engine, engine_hardware, host_time
 from pipeline.config.executor_keys import refuse_others_keys
 from pipeline.disagg.config import check_disagg, disaggregated
 from pipeline.executors.build import build, load_workload
@@ -131,6 +131,7 @@ def simulated_engine(
     requests of `workload`: what build_simulated_engine builds once, and a disaggregated
     deployment once per instance."""
     speculation, draft = speculation_and_draft(cfg)
+    hardware = engine_hardware(cfg, hardware)
     try:
         precision = Precision(cfg.quantization, cfg.kv_cache_dtype)
         parallel = parallel_of(cfg)
@@ -143,7 +144,8 @@ def simulated_engine(
             num_blocks = speculative_pool(num_blocks, cfg, spec, precision, speculation, draft)
         split = cfg.executor.prefill_batch_split
         device = SimulatedDevice(spec, hardware, clock, cfg.tp, precision, split, parallel,
-                                 speculation, draft, cfg.metadata.step_recipes)  # fmt: skip
+                                 speculation, draft, cfg.metadata.step_recipes,
+                                 host_time(cfg))  # fmt: skip
     except ValueError as err:
         raise ConfigError(str(err)) from err
     kv_cache = KVCacheManager(num_blocks, cfg.block_size, cfg.prefix_caching)

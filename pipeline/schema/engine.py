@@ -54,6 +54,14 @@ class EngineConf:
     # parts' graphs, as FastDeploy's HPU runner does (engine_grids.step_graphs); false: a
     # step's prefill and decode parts are its graphs
     step_recipes: bool = False
+    # -- host time: what the engine's scheduling, input preparation and sampler wait add
+    # to a step beyond the device profile's step_overhead_s (fitted on the release its
+    # `software` names); 0: no more than that release's --
+    step_host_s: float = 0.0  # a step's fixed part, seconds
+    row_host_s: float = 0.0  # a part for each row (prompt or decode) the step runs, seconds
+    # the rate its GEMM kernels reach, as a fraction of the device profile's
+    # (gemm_efficiency, fitted on that release); 1: the same kernels' rate
+    gemm_rate: float = 1.0
     # -- limits on each device --
     hpu: EngineDeviceConf = field(default_factory=EngineDeviceConf)
     gpu: EngineDeviceConf = field(default_factory=EngineDeviceConf)

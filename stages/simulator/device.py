@@ -11,6 +11,7 @@ first and pays `recompile_s` once. Without warmup, every shape compiles at its f
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -65,6 +66,34 @@ class VirtualClock:
         self._now = 0.0
 
 
+@dataclass(frozen=True)
+class HostTime:
+    """What the serving engine's host work (scheduling, input preparation, the sampler's
+    wait) adds to each step beyond the device profile's step overhead, which was fitted on
+    another engine: a fixed part and a part per row (prompt or decode) the step runs
+    (engine.step_host_s, engine.row_host_s, conf/engine/)."""
+
+    step_s: float = 0.0
+    row_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not (self.step_s >= 0 and self.row_s >= 0):
+            shown = f"engine.step_host_s={self.step_s} engine.row_host_s={self.row_s}"
+            raise ValueError(f"{shown}: each must be >= 0")
+
+    def seconds(self, rows: Any) -> Any:
+        """The host time of steps of `rows` rows (a count, or an array: one per step)."""
+        return self.step_s + self.row_s * rows
+
+
+NO_HOST_TIME = HostTime()
+
+
+def step_rows(shape: StepShape) -> int:
+    """The rows a step runs: its prompts' chunks and its decode rows."""
+    return len(shape.chunk_lens) + len(shape.decode_lens)
+
+
 class SimulatedDevice:
     """The Model stage of a simulated run: forward predicts the step's time."""
 
@@ -82,12 +111,16 @@ class SimulatedDevice:
         speculation: Speculation | None = None,
         draft: ModelSpec | None = None,
         step_recipes: bool = False,
+        host: HostTime = NO_HOST_TIME,
     ) -> None:
         """speculation: every decode row verifies its proposals (and `draft`, a draft
         model's description for method=draft, proposes them): each step is priced so.
         step_recipes: a mixed step also compiles its token-wise ops at its total tokens
-        (engine_grids.step_graphs)."""
+        (engine_grids.step_graphs).
+        host: the engine's host time a step, beside the device's."""
         self.step_recipes = step_recipes
+        self.host = host
+        self._no_host = not (host.step_s or host.row_s)  # asked at every step
         self.spec = spec
         self.hardware = hardware
         self.precision = precision
@@ -133,8 +166,15 @@ class SimulatedDevice:
             self.recorded.append((self.cost.amounts(meta.shape), compiles))
 
     def _compile_and_time(self, shape: StepShape) -> tuple[float, int]:
-        """A step's seconds, the graphs it is the first to use compiled in them, and how
-        many those are (compiled from now on)."""
+        """A step's seconds (the engine's host time with them), the graphs it is the first
+        to use compiled in them, and how many those are (compiled from now on)."""
+        seconds, compiles = self._device_time(shape)
+        if self._no_host:
+            return seconds, compiles
+        return seconds + self.host.seconds(step_rows(shape)), compiles
+
+    def _device_time(self, shape: StepShape) -> tuple[float, int]:
+        """_compile_and_time's seconds on the device alone."""
         compiled, prefill, decode = self.compiled, shape.prefill, shape.decode
         whole = self.step_recipes and prefill is not None and decode is not None
         # The common step: its graphs were compiled before (asked without listing them).
@@ -207,16 +247,18 @@ class SimulatedDevice:
     ) -> np.ndarray:
         """[steps] each decode step's seconds, compiles left out: a padding device's by its
         bucket alone (`shapes`, each from its step in `starts` on), another's by its rows'
-        lengths."""
+        lengths; the engine's host time by its rows."""
+        rows = run.batch if run.leaving else run.rows
         if not self.hardware.pads_to_buckets:
-            rows = run.batch if run.leaving else run.rows
-            return self.cost.decode_seconds(rows, run.slots(), run.blocks)
-        bs = run.block_size
-        per_shape = [self._step_time(StepShape(bs, None, shape)) for shape in shapes]
-        counts = np.diff([*starts, run.steps]).tolist()
-        if run.head is not None:  # the head step's time is its own (run_decodes')
-            per_shape, counts = [0.0, *per_shape], [1, *counts]
-        return np.repeat(per_shape, counts)
+            times = self.cost.decode_seconds(rows, run.slots(), run.blocks)
+        else:
+            bs = run.block_size
+            per_shape = [self._step_time(StepShape(bs, None, shape)) for shape in shapes]
+            counts = np.diff([*starts, run.steps]).tolist()
+            if run.head is not None:  # the head step's time is its own (run_decodes')
+                per_shape, counts = [0.0, *per_shape], [1, *counts]
+            times = np.repeat(per_shape, counts)
+        return times if self._no_host else times + self.host.seconds(rows)
 
     def _step_time(self, shape: Any) -> float:
         price = self.cost.step_time if self.speculative is None else self.speculative.step_time
