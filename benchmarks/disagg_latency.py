@@ -13,8 +13,8 @@ profile's KV link (one 400 Gb/s adapter a GPU: the pools sat on two nodes). Ever
 the engine profile of the release it ran, vLLM 0.6.3 (`engine=vllm_v0`), whose host time a
 step and GEMM rate `fit_engine` sets from the `fit` rows alone: a grid over the three
 figures and two finer ones around its best, the figures whose TTFT and ITL errors on those
-rows have the least sum of squares (an aggregated control's TTFT left out: no part of the
-model explains its 500-700 ms).
+rows have the least sum of squares (an aggregated control's TTFT left out: the two
+published for one setting differ by 40%).
 
 Transfer (published-kv-transfer.csv): each row's bytes and pieces over its link, at the
 h100 profile's per-piece time, against the published time.
