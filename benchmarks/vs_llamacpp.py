@@ -1,7 +1,10 @@
-"""This engine against llama.cpp on the same GGUF file: same prompts, same threads.
+"""This engine against llama.cpp (and transformers) on the same GGUF file: same prompts,
+same threads.
 
-    pip install -e '.[llamacpp]'      # llama-cpp-python, built from source where no wheel fits
-    python -m benchmarks.vs_llamacpp FILE.gguf --out benchmarks/vs_llamacpp.md
+    pip install -e '.[llamacpp,peer]'  # llama-cpp-python (built from source where no wheel
+                                       # fits), transformers on torch's CPU build
+    python -m benchmarks.vs_llamacpp FILE.gguf --variant model.weights=int8 \\
+        --out benchmarks/vs_llamacpp.md
 
 Both sides generate `--new-tokens` greedy tokens (end-of-sequence ignored) for each of the
 same chat prompts, token ids rendered once by this engine's tokenizer and chat template,
@@ -11,8 +14,11 @@ would run one after another, at that rate). Each figure
 is a fresh process (its model loaded and warmed outside the timing) that reports its
 output tokens over the generation's wall time and its peak RSS; the two sides alternate,
 round after round, so that a shared machine's load falls on both alike; the best of
-`--rounds` is kept, with the load average beside each round. Without llama-cpp-python
-only this engine is measured. `--profile` adds where a decode step's time goes
+`--rounds` is kept, with the load average beside each round. transformers' generate()
+(benchmarks/peer.py's way: left-padded batches, float32 from the same file) is measured at
+one stream and at `--streams` in one batch, where torch and transformers are installed;
+its best is set against this engine's best. Without llama-cpp-python (or transformers)
+that side is left out. `--profile` adds where a decode step's time goes
 (benchmarks/decode_profile.py), at one and at `--streams` rows.
 """
 
@@ -125,9 +131,31 @@ def run_llamacpp(args: argparse.Namespace) -> dict:
     return {"tokens": sum(map(len, outputs)), "seconds": seconds, "outputs": outputs}
 
 
+def run_transformers(args: argparse.Namespace) -> dict:
+    """Hugging Face transformers' generate() on the same file (dequantised to float32) and
+    prompt ids, `streams` prompts a batch, left-padded (benchmarks/peer.py's way)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from benchmarks.peer import peer_generate_with
+
+    torch.set_num_threads(args.threads)
+    prompts = json.loads(Path(args.prompts).read_text())[: args.streams]
+    model = AutoModelForCausalLM.from_pretrained(
+        str(args.gguf.parent), gguf_file=args.gguf.name, dtype=torch.float32
+    ).eval()
+    pad = model.config.pad_token_id
+    pad = pad if pad is not None else model.config.eos_token_id
+    outputs, seconds = peer_generate_with(model, prompts, args.new_tokens, args.streams, pad)
+    return {"tokens": sum(map(len, outputs)), "seconds": seconds, "outputs": outputs}
+
+
+WORKERS = {"ours": run_ours, "llamacpp": run_llamacpp, "transformers": run_transformers}
+
+
 def worker(args: argparse.Namespace) -> None:
     """One measurement in this process; a JSON line on stdout."""
-    run = run_ours if args.worker == "ours" else run_llamacpp
+    run = WORKERS[args.worker]
     result = run(args)
     result["rss_mib"] = peak_rss_mib()
     print("RESULT " + json.dumps(result), flush=True)
@@ -138,7 +166,7 @@ class Side(NamedTuple):
     llama.cpp."""
 
     label: str
-    worker: str  # "ours" or "llamacpp"
+    worker: str  # a WORKERS key
     setting: str = ""
     tree: Path | None = None  # another checkout of this engine, run from there
 
@@ -158,6 +186,8 @@ def sides(args: argparse.Namespace) -> list[Side]:
         )
     if have_llamacpp() and not args.skip_llamacpp:
         ours.append(Side("llama.cpp", "llamacpp"))
+    if have_transformers() and not args.skip_transformers:
+        ours.append(Side("transformers", "transformers"))
     return ours
 
 
@@ -199,6 +229,19 @@ def have_llamacpp() -> bool:
     return True
 
 
+def have_transformers() -> bool:
+    try:
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def read_prompts(path: Path) -> list[list[int]]:
+    return json.loads(path.read_text()) if path.exists() else []
+
+
 def rounds(args: argparse.Namespace, folder: Path) -> dict[tuple[str, int], list[dict]]:
     """Every (side, streams) measured each round, the sides alternating; the first engine
     run writes the prompt ids every other side reads."""
@@ -210,7 +253,7 @@ def rounds(args: argparse.Namespace, folder: Path) -> dict[tuple[str, int], list
                 if side.worker == "llamacpp" and streams > 1:
                     continue  # one sequence after another: its one-stream rate again
                 result = measure(args, side, streams, prompts)
-                if not prompts.exists():
+                if len(result.get("prompts", [])) > len(read_prompts(prompts)):
                     prompts.write_text(json.dumps(result["prompts"]))
                 results.setdefault((side.label, streams), []).append(result)
                 print(
@@ -264,17 +307,33 @@ def report(args: argparse.Namespace, results: dict[tuple[str, int], list[dict]])
 
 
 def ratio_lines(best: dict[tuple[str, int], dict], streams: int) -> list[str]:
+    """Each of this engine's sides against llama.cpp's one stream (the issue's goals: one
+    stream at 0.5x or more, `streams` streams at 2x or more) and against transformers at
+    its best, one batch or `streams` (goal: transformers at 0.5x of this engine or less)."""
     one = best.get(("llama.cpp", 1))
-    if one is None:
-        return ["llama-cpp-python is not installed: this engine alone was measured."]
-    lines = []
-    for label in dict.fromkeys(side for side, _ in best if side != "llama.cpp"):
+    peer = [
+        best[key]["tok_s"]
+        for key in (("transformers", 1), ("transformers", streams))
+        if key in best
+    ]
+    lines = [] if one else ["llama-cpp-python is not installed: llama.cpp was not measured."]
+    engine = (side for side, _ in best if side not in ("llama.cpp", "transformers"))
+    for label in dict.fromkeys(engine):
         alone, many = best[label, 1]["tok_s"], best[label, streams]["tok_s"]
-        lines.append(
-            f"- {label}: one stream / llama.cpp's = **{alone / one['tok_s']:.2f}x** (goal "
-            f"0.5x); {streams} streams / llama.cpp's one stream = "
-            f"**{many / one['tok_s']:.2f}x** (goal 2x)"
-        )
+        parts = []
+        if one:
+            parts += [
+                f"one stream / llama.cpp's = **{alone / one['tok_s']:.2f}x** (goal 0.5x)",
+                f"{streams} streams / llama.cpp's one stream = **{many / one['tok_s']:.2f}x** "
+                "(goal 2x)",
+            ]
+        if peer:
+            parts.append(
+                f"transformers at its best / this side at its best = "
+                f"**{max(peer) / max(alone, many):.2f}x** (goal 0.5x or less)"
+            )
+        if parts:
+            lines.append(f"- {label}: " + "; ".join(parts))
     return lines
 
 
@@ -291,9 +350,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--baseline", type=Path, help="another checkout, measured alongside")
     parser.add_argument("--skip-llamacpp", action="store_true")
+    parser.add_argument("--skip-transformers", action="store_true")
     parser.add_argument("--profile", action="store_true", help="add the decode step's profile")
     parser.add_argument("--out", type=Path, help="write the markdown report here")
-    parser.add_argument("--worker", choices=["ours", "llamacpp"], help=argparse.SUPPRESS)
+    parser.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
     parser.add_argument("--prompts", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
