@@ -63,14 +63,12 @@ def profile_lines(gguf: Path, batch: int, context: int, threads: int, overrides:
     return [
         f"**batch {batch}, context {context}**: {step} ms. Weights {weight_bytes / 2**20:.0f} "
         f"MiB: {read_ms:.1f} ms to read once at this process's measured read bandwidth.",
-        f"One profiled forward: {wall_ms:.1f} ms wall, {calls} Paddle operator calls, their own time "
-        f"{ops_ms:.1f} ms ("
+        f"One profiled forward: {wall_ms:.1f} ms wall, {calls} Paddle operator calls, their "
+        f"own time {ops_ms:.1f} ms ("
         + ", ".join(f"{k} {v:.1f}" for k, v in by_kind.items() if v)
         + f"); beyond Paddle's operators (Python, launches, and the compiled operators of "
         f"model.weights=int8, which its profiler does not list): {wall_ms - ops_ms:.1f} ms. "
-        "Costliest: "
-        + ", ".join(f"{op} {s * 1e3:.1f}" for op, s in top)
-        + " ms.",
+        "Costliest: " + ", ".join(f"{op} {s * 1e3:.1f}" for op, s in top) + " ms.",
     ]
 
 
