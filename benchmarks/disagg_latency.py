@@ -2,16 +2,19 @@
 
 Latency (pipeline/calibrate/data/published-disagg-latency.csv): each row served on the
 simulated device as published, closed loop, its TTFT and TPOT means against the published
-TTFT and inter-token latency. Settings the rows do not state, assumed as vLLM 0.6.3's
-defaults (the release the rows ran): KV blocks of 16 tokens, max_num_seqs 256, chunked
-prefill off at a max_model_len of 3500 (whole prompts, scheduler=whole, and a step budget
-of max(max_model_len, 2048) = 3500 tokens); CUDA graphs captured (warmup); every request
-sent at once up to the concurrency, and 10 x concurrency requests in all, as GenAI-Perf's
-`--request-count` (its 10 warm-up requests are not served); a disaggregated row on its
+TTFT and inter-token latency. Each row names the engine profile of the release it ran
+(`profile`: vllm_v0 for vLLM 0.6.3, vllm for V1) and its scheduler, KV block size,
+max_model_len, step token budget and max_num_seqs (the vLLM 0.6.3 rows: that release's
+defaults, KV blocks of 16 tokens, max_num_seqs 256, chunked prefill off at a max_model_len
+of 3500, so whole prompts and a step budget of max(max_model_len, 2048) = 3500 tokens; the
+V1 rows: their deploy files' block size and max_model_len, V1's defaults otherwise). CUDA
+graphs captured (warmup); every request sent at once up to the concurrency, and the row's
+`requests` in all (the vLLM 0.6.3 rows: 10 x concurrency, as GenAI-Perf's
+`--request-count`; its 10 warm-up requests are not served); a disaggregated row on its
 engine's path (`disagg.engine`, stages/simulator/disagg_engines.py) over the h100
-profile's KV link (one 400 Gb/s adapter a GPU: the pools sat on two nodes). Every row runs
-the engine profile of the release it ran, vLLM 0.6.3 (`engine=vllm_v0`), whose host time a
-step and GEMM rate `fit_engine` sets from the `fit` rows alone: a grid over the three
+profile's KV link (one 400 Gb/s adapter a GPU: the pools sat on two nodes). The vLLM 0.6.3
+profile's (`engine=vllm_v0`) host time a step and GEMM rate `fit_engine` sets from the
+`fit` rows alone (all of them vLLM 0.6.3's): a grid over the three
 figures and two finer ones around its best, the figures whose TTFT and ITL errors on those
 rows have the least sum of squares (an aggregated control's TTFT left out: the two
 published for one setting differ by 40%).
@@ -36,8 +39,6 @@ from pipeline.plan.capacity import run_probe
 DATA_DIR = Path(__file__).resolve().parents[1] / "pipeline/calibrate/data"
 LATENCY = DATA_DIR / "published-disagg-latency.csv"
 TRANSFER = DATA_DIR / "published-kv-transfer.csv"
-MAX_MODEL_LEN = 3500  # the rows' --max-model-len
-ENGINE = "vllm_v0"  # the rows' release's profile (conf/engine/)
 # fit_engine's grid: seconds a step, seconds a row, GEMM rate; then one finer round
 STEP_HOST_S = (0.0, 0.001, 0.002, 0.003, 0.004)
 ROW_HOST_S = (0.0, 50e-6, 100e-6, 150e-6, 200e-6)
@@ -70,10 +71,11 @@ def latency_overrides(row: dict[str, str], engine: Sequence[str] = ()) -> list[s
     isl, osl = int(row["input_tokens"]), int(row["output_tokens"])
     common = [
         "executor=simulated", f"hardware={row['hardware']}", f"model=spec/{row['model']}",
-        f"engine={ENGINE}", *engine,
+        f"engine={row['profile']}", *engine,
         f"quantization={row['quantization']}", f"kv_cache_dtype={row['kv_cache_dtype']}",
-        "warmup=true", "block_size=16", "max_num_seqs=256", "scheduler=whole",
-        f"max_model_len={MAX_MODEL_LEN}", f"max_tokens={max(MAX_MODEL_LEN, 2048)}",
+        "warmup=true", f"block_size={row['block_size']}", f"max_num_seqs={row['max_num_seqs']}",
+        f"scheduler={row['scheduler']}", f"max_model_len={row['max_model_len']}",
+        f"max_tokens={row['max_batched_tokens']}",
         "workload=synthetic", f"workload.num_requests={row['requests']}",
         f"workload.min_prompt_tokens={isl}", f"workload.max_prompt_tokens={isl}",
         f"workload.min_new_tokens={osl}", f"workload.max_new_tokens={osl}", "workload.rate=0",

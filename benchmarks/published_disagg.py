@@ -12,8 +12,9 @@
 
 Of the latency rows, the `fit` ones set the vLLM 0.6.3 profile's host time a step and GEMM
 rate (conf/engine/vllm_v0.yaml; `--fit` finds them again and prints them), the others are
-held out; nothing is fitted to the ratio rows. Of the transfer rows, two set the per-piece
-time (`fit`), the others are held out.
+held out (vLLM 0.6.3's and vLLM V1's, each row on its release's engine profile; the summary
+gives each profile's held-out errors too); nothing is fitted to the ratio rows. Of the
+transfer rows, two set the per-piece time (`fit`), the others are held out.
 `checked_errors(...)` gives each check's fitted and held-out median and worst.
 
 Each search serves `--requests` requests of the row's fixed input and output lengths at
@@ -109,20 +110,26 @@ def checked_errors(
     transfers: Sequence[tuple[dict[str, str], float]],
 ) -> dict[str, dict[str, dict[str, float | None]]]:
     """Each check's `fit` and `held_out` median and worst absolute error: TTFT and ITL of
-    the disaggregated latency rows (and of all of them, fit and held out), the goodput
-    ratios, the transfers (row, predicted ms)."""
+    the disaggregated latency rows (and of all of them, fit and held out, and of the held-out
+    ones of each engine profile), the goodput ratios, the transfers (row, predicted ms)."""
     roles = ("fit", "held_out")
     pd = {role: [c for c in latency if c.disaggregated and c.row["role"] == role] for role in roles}
     every_pd = [c for c in latency if c.disaggregated]
+    by_profile = {
+        f"held_out {profile}": [c for c in pd["held_out"] if c.row["profile"] == profile]
+        for profile in sorted({c.row["profile"] for c in pd["held_out"]})
+    }
     transfer = {
         role: [ms / float(row["published_ms"]) - 1 for row, ms in transfers if row["role"] == role]
         for role in roles
     }
     return {
         "ttft": {role: spread([c.ttft_error for c in pd[role]]) for role in roles}
-        | {"all": spread([c.ttft_error for c in every_pd])},
+        | {"all": spread([c.ttft_error for c in every_pd])}
+        | {key: spread([c.ttft_error for c in rows]) for key, rows in by_profile.items()},
         "itl": {role: spread([c.itl_error for c in pd[role]]) for role in roles}
-        | {"all": spread([c.itl_error for c in every_pd])},
+        | {"all": spread([c.itl_error for c in every_pd])}
+        | {key: spread([c.itl_error for c in rows]) for key, rows in by_profile.items()},
         "ratio": {"fit": spread([]), "held_out": spread(list(ratio_errors))},
         "transfer": {role: spread(errors) for role, errors in transfer.items()},
     }
@@ -136,7 +143,7 @@ def print_latency(checks: Sequence[LatencyCheck]) -> None:
             f"({r['engine']})"
             if c.disaggregated
             else f"aggregated tp{r['tp']} (control)"
-        ) + f", {r['role']}"
+        ) + f", engine={r['profile']}, {r['role']}"
         parts = " + ".join(f"{k} {v:.1f}" for k, v in c.parts_ms.items())
         print(
             f"{r['id']}: {r['hardware']} {r['model']} {r['quantization']} "

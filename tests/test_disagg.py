@@ -412,16 +412,21 @@ def test_the_published_checks_split_fitted_and_held_out_rows_and_price_pieces_by
            "role": "held_out"}  # fmt: skip
     assert transfer_ms(row, 2e-6) == pytest.approx(100 + 2)  # 1 GB at 10 GB/s, 1000 x 2 us
     fitted = {**row, "role": "fit", "published_ms": "100"}
-    pd_row = {"kind": "disaggregated", "ttft_ms": "100", "itl_ms": "10", "role": "held_out"}
+    pd_row = {"kind": "disaggregated", "ttft_ms": "100", "itl_ms": "10", "role": "held_out",
+              "profile": "vllm"}  # fmt: skip
     control = {**pd_row, "kind": "aggregated"}
     pd_fit = {**pd_row, "role": "fit"}
+    pd_v0 = {**pd_row, "profile": "vllm_v0", "ttft_ms": "200"}
     latency = [LatencyCheck(pd_row, 90, 12, {}), LatencyCheck(control, 300, 30, {}),
-               LatencyCheck(pd_fit, 150, 10.5, {})]  # fmt: skip
+               LatencyCheck(pd_fit, 150, 10.5, {}), LatencyCheck(pd_v0, 140, 10, {})]  # fmt: skip
     errors = checked_errors(latency, [0.1, -0.3], [(row, 102.0), (fitted, 102.0)])
-    assert errors["ttft"]["held_out"] == {"median": pytest.approx(0.1), "worst": pytest.approx(0.1)}
+    assert errors["ttft"]["held_out"] == {"median": pytest.approx(0.2), "worst": pytest.approx(0.3)}
+    # each engine profile's held-out rows apart: V1's -10%, vLLM 0.6.3's -30%
+    assert errors["ttft"]["held_out vllm"]["worst"] == pytest.approx(0.1)
+    assert errors["ttft"]["held_out vllm_v0"]["worst"] == pytest.approx(0.3)
     assert errors["itl"]["held_out"]["worst"] == pytest.approx(0.2)  # the control left out
     assert errors["ttft"]["fit"]["worst"] == pytest.approx(0.5)
-    assert errors["itl"]["all"] == {"median": pytest.approx(0.125), "worst": pytest.approx(0.2)}
+    assert errors["itl"]["all"] == {"median": pytest.approx(0.05), "worst": pytest.approx(0.2)}
     assert errors["ratio"]["held_out"] == {
         "median": pytest.approx(0.2),
         "worst": pytest.approx(0.3),
@@ -433,7 +438,9 @@ def test_the_published_checks_split_fitted_and_held_out_rows_and_price_pieces_by
           "quantization": "fp8", "kv_cache_dtype": "fp8", "input_tokens": "3000",
           "output_tokens": "150", "requests": "480", "concurrency": "48", "prefill": "4",
           "prefill_tp": "2", "decode": "1", "decode_tp": "8",
-          "engine": "triton-distributed"}  # fmt: skip
+          "engine": "triton-distributed", "profile": "vllm_v0", "scheduler": "whole",
+          "block_size": "16", "max_model_len": "3500", "max_batched_tokens": "3500",
+          "max_num_seqs": "256"}  # fmt: skip
     cfg = make_config(latency_overrides(pd))
     check_config(cfg)
     assert (cfg.workload.concurrency, cfg.disagg.engine, deployment_cards(cfg)) == (
