@@ -16,6 +16,7 @@ import uvicorn
 
 from pipeline.serve.__main__ import prepare, uvicorn_config
 from pipeline.serve.api import create_app
+from pipeline.serve.derived import serve_settings
 from pipeline.serve.telemetry import Telemetry
 from pipeline.serve.worker import EngineWorker
 from tests.helpers import make_config
@@ -46,7 +47,9 @@ def live_server(
 
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn_config(create_app(cfg, make_worker), cfg.serve))
+    settings = serve_settings(cfg)
+    app = create_app(settings, cfg.max_model_len, make_worker)
+    server = uvicorn.Server(uvicorn_config(app, settings))
     thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])))
     thread.start()
     url = f"http://127.0.0.1:{sock.getsockname()[1]}"

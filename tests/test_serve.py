@@ -24,6 +24,7 @@ from pipeline.executors import build_engine
 from pipeline.executors.allocator import HeapTrimmer
 from pipeline.serve.__main__ import prepare
 from pipeline.serve.api import create_app
+from pipeline.serve.derived import serve_settings
 from pipeline.serve.telemetry import Telemetry
 from pipeline.serve.worker import EngineWorker
 from stages.scheduling.request import Request
@@ -49,7 +50,8 @@ def running_server(overrides: list[str], out_dir: Path) -> Iterator[tuple[str, E
 
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    config = uvicorn.Config(create_app(cfg, make_worker), log_level="warning")
+    app = create_app(serve_settings(cfg), cfg.max_model_len, make_worker)
+    config = uvicorn.Config(app, log_level="warning")
     server = uvicorn.Server(config)
     thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])))
     thread.start()

@@ -12,6 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from pipeline.config.describe import option_spec, rotary_positions
 from pipeline.schema.model import ModelOption, model_kind, model_option
+from pipeline.schema.pipeline import PipelineConf, schema_view
 from stages.device import Device
 from stages.forward.bucket_axes import derived_axes
 from stages.forward.buckets import Bucketing
@@ -49,13 +50,14 @@ def check_common(cfg: DictConfig) -> None:
     """The checks every executor's config passes (pipeline.executors.check_config adds the
     executor's own)."""
     check_bounds(cfg)
-    bs = cfg.block_size
+    conf = schema_view(cfg)
+    bs = conf.block_size
     if bs < 1 or bs & (bs - 1):
         raise ConfigError(f"block_size={bs} is not a power of two: set block_size=16, 64 or 128")
     _check_dtype_bytes(cfg)
-    _check_limits(cfg)
+    _check_limits(conf)
     check_copies(cfg)
-    _check_chunks(cfg, bs)
+    _check_chunks(conf, bs)
 
 
 def check_has_weights(cfg: DictConfig) -> None:
@@ -99,28 +101,28 @@ def describe_model(cfg: DictConfig) -> tuple[ModelSpec, int]:
 def check_model_context(cfg: DictConfig, spec: ModelSpec) -> None:
     """Refuses a max_model_len past the context the model was trained for, where its
     description states one (a model=spec preset or config.json)."""
-    limit = spec.max_position_embeddings
-    if limit and cfg.max_model_len > limit:
+    limit, max_model_len = spec.max_position_embeddings, schema_view(cfg).max_model_len
+    if limit and max_model_len > limit:
         raise ConfigError(
-            f"max_model_len={cfg.max_model_len} is above {spec.name}'s context length "
+            f"max_model_len={max_model_len} is above {spec.name}'s context length "
             f"(model.max_position_embeddings={limit}): lower max_model_len to {limit} or less"
         )
 
 
-def _check_limits(cfg: DictConfig) -> None:
-    if cfg.max_tokens < 1 or cfg.max_num_seqs < 1:
+def _check_limits(conf: PipelineConf) -> None:
+    if conf.max_tokens < 1 or conf.max_num_seqs < 1:
         raise ConfigError("max_tokens and max_num_seqs must be >= 1")
-    if cfg.max_tokens < cfg.max_num_seqs:
+    if conf.max_tokens < conf.max_num_seqs:
         raise ConfigError(
-            f"max_tokens={cfg.max_tokens} < max_num_seqs={cfg.max_num_seqs}: a full decode "
+            f"max_tokens={conf.max_tokens} < max_num_seqs={conf.max_num_seqs}: a full decode "
             "batch would not fit one step; raise max_tokens or lower max_num_seqs"
         )
-    if cfg.max_model_len < 2:
-        raise ConfigError(f"max_model_len={cfg.max_model_len}: must be >= 2")
-    if cfg.num_blocks < 0:
-        raise ConfigError(f"num_blocks={cfg.num_blocks}: must be >= 0 (0 derives it)")
-    if not 1 <= cfg.tp <= 1024:
-        raise ConfigError(f"tp={cfg.tp}: the tensor-parallel degree must be in 1..1024 (1 card)")
+    if conf.max_model_len < 2:
+        raise ConfigError(f"max_model_len={conf.max_model_len}: must be >= 2")
+    if conf.num_blocks < 0:
+        raise ConfigError(f"num_blocks={conf.num_blocks}: must be >= 0 (0 derives it)")
+    if not 1 <= conf.tp <= 1024:
+        raise ConfigError(f"tp={conf.tp}: the tensor-parallel degree must be in 1..1024 (1 card)")
 
 
 # The keys a stage group repeats from the top (`scheduler.max_tokens: ${max_tokens}`): one
@@ -145,14 +147,14 @@ def check_copies(cfg: DictConfig) -> None:
                 )
 
 
-def _check_chunks(cfg: DictConfig, bs: int) -> None:
-    aligned = cfg.scheduler.get("align_chunks", False)
-    if aligned and cfg.max_tokens < bs:
+def _check_chunks(conf: PipelineConf, bs: int) -> None:
+    aligned = conf.scheduler.get("align_chunks", False)
+    if aligned and conf.max_tokens < bs:
         raise ConfigError(
-            f"max_tokens={cfg.max_tokens} < block_size={bs} with scheduler.align_chunks=true: "
+            f"max_tokens={conf.max_tokens} < block_size={bs} with scheduler.align_chunks=true: "
             "no chunk could ever be a whole block; raise max_tokens or lower block_size"
         )
-    threshold = cfg.scheduler.get("long_prefill_threshold", 0)
+    threshold = conf.scheduler.get("long_prefill_threshold", 0)
     if threshold < 0 or (aligned and 0 < threshold < bs):
         raise ConfigError(
             f"scheduler.long_prefill_threshold={threshold}: use 0 (off) or a value >= "
@@ -163,23 +165,24 @@ def _check_chunks(cfg: DictConfig, bs: int) -> None:
 def check_paddle_device(cfg: DictConfig) -> None:
     """The Paddle executor's own keys: its math threads, the device its tensors live on and
     the attention ops that device runs."""
-    if not 1 <= cfg.num_threads <= MAX_THREADS:  # beyond, OpenMP aborts the process
-        raise ConfigError(f"num_threads={cfg.num_threads}: must be in 1..{MAX_THREADS}")
-    if cfg.device not in set(Device):
-        raise ConfigError(f"device={cfg.device}: choose device=cpu or device=intel_hpu")
-    ops = cfg.attention.get("ops")
+    conf = schema_view(cfg)
+    if not 1 <= conf.num_threads <= MAX_THREADS:  # beyond, OpenMP aborts the process
+        raise ConfigError(f"num_threads={conf.num_threads}: must be in 1..{MAX_THREADS}")
+    if conf.device not in set(Device):
+        raise ConfigError(f"device={conf.device}: choose device=cpu or device=intel_hpu")
+    ops = conf.attention.get("ops")
     if ops == Device.intel_hpu:
-        if cfg.device != Device.intel_hpu:
+        if conf.device != Device.intel_hpu:
             raise ConfigError(
                 f"attention.ops=intel_hpu needs device=intel_hpu and {_HPU_OPS_PACKAGES}, "
                 "or set attention.ops=cpu"
             )
-        if cfg.scheduler.get("align_chunks") is False:
+        if conf.scheduler.get("align_chunks") is False:
             raise ConfigError(
                 "attention.ops=intel_hpu writes the cache in whole blocks: set "
                 "scheduler.align_chunks=true"
             )
-    if cfg.device == Device.intel_hpu and not _hpu_plugin_present():
+    if conf.device == Device.intel_hpu and not _hpu_plugin_present():
         plugin = "paddle-custom-device for intel_hpu"
         install = _HPU_OPS_PACKAGES if ops == Device.intel_hpu else plugin
         raise ConfigError(
@@ -280,13 +283,14 @@ def mem_available() -> int | None:
 
 def _bucket_entries(cfg: DictConfig, num_blocks: int) -> int:
     """How many sizes the metadata builder's bucket axes will hold (0 keys derived)."""
-    limits = (cfg.block_size, cfg.max_tokens, cfg.max_num_seqs, cfg.max_model_len)
+    conf = schema_view(cfg)
+    limits = (conf.block_size, conf.max_tokens, conf.max_num_seqs, conf.max_model_len)
     total = 0
     prefix = bool(cfg.get("prefix_caching", False))
     for name, derived in derived_axes(*limits, max(num_blocks, 1), prefix).items():
-        axis = cfg.metadata.get(name) or {}
+        axis = conf.metadata.get(name) or {}
         lo, step, top = (axis.get(key) or derived[key] for key in ("min", "step", "max"))
-        if cfg.metadata.get("bucketing") == Bucketing.exponential:
+        if conf.metadata.get("bucketing") == Bucketing.exponential:
             total += _doublings(lo, top) + 1
             continue
         # a derived decode blocks axis steps up to the pool, then doubles (Axis.sizes)
@@ -309,7 +313,7 @@ def memory_estimate(cfg: DictConfig, num_blocks: int) -> dict[str, int]:
             f"the model has {spec.num_layers} layers, above the limit of {MAX_LAYERS}: check "
             "num_hidden_layers in its config.json (or model.num_layers)"
         )
-    kv = (num_blocks + 1) * cfg.block_size * spec.kv_bytes_per_token()
+    kv = (num_blocks + 1) * schema_view(cfg).block_size * spec.kv_bytes_per_token()
     workload = _container(cfg.workload)
     parts = list((workload.get("parts") or {}).values()) or [workload]
     requests = 0

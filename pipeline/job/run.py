@@ -34,6 +34,7 @@ from pipeline.run_folder.identity import write_identity
 from pipeline.run_folder.reader import RunStatus
 from pipeline.run_folder.records import StepRecord
 from pipeline.run_folder.resume import Previous, appendable, load_previous, pending_requests
+from pipeline.schema import schema_view
 from stages.scheduling.request import Request
 
 log = structlog.get_logger(__name__)
@@ -84,14 +85,15 @@ def run_requests(
 ) -> dict[str, Any]:
     """Serves the requests the folder has no generation for, writing each as it finishes."""
     pending = pending_requests(requests, previous) if previous else list(requests)
+    conf = schema_view(cfg)
     log.info(
         "pipeline_ready",
         requests=len(pending),
         resumed_from=len(requests) - len(pending) if previous else None,
         model_parameters=engine.model.num_parameters,
         num_blocks=engine.scheduler.kv_cache.num_blocks,
-        max_tokens=cfg.max_tokens,
-        block_size=cfg.block_size,
+        max_tokens=conf.max_tokens,
+        block_size=conf.block_size,
         prefix_caching=engine.scheduler.kv_cache.prefix is not None,
     )
     steps: list[StepRecord] = list(previous.steps) if previous else []
@@ -165,7 +167,7 @@ def run_metrics(
         "bucket_misses": engine.metadata.bucket_misses,
         "warmup_s": warmup_s,
         "num_blocks": engine.scheduler.kv_cache.num_blocks,
-        "max_model_len": cfg.max_model_len,
+        "max_model_len": schema_view(cfg).max_model_len,
         "warmup_shapes": sum(engine.warmup_counts().values()),  # graphs, as warmup_plan logs
         **device_metrics(engine),
     }

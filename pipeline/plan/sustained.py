@@ -28,9 +28,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from omegaconf import DictConfig
-
 from pipeline.job.metrics import ttft_s
+from pipeline.schema import CapacityConf
 from stages.scheduling.request import Request
 
 NOISE_MS = 100.0  # a TTFT difference below this is scheduling noise, not a queue
@@ -44,9 +43,9 @@ class SustainedRule:
     growth_limit: float
 
     @classmethod
-    def of(cls, settings: DictConfig) -> SustainedRule | None:
+    def of(cls, settings: CapacityConf) -> SustainedRule | None:
         """The rule from `capacity.*`; None where capacity.sustained is off."""
-        if not settings.get("sustained"):
+        if not settings.sustained:
             return None
         return cls(int(settings.min_requests), float(settings.turnover),
                    float(settings.growth_limit))  # fmt: skip

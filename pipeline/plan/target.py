@@ -30,6 +30,7 @@ from pipeline.config.checks import ConfigError
 from pipeline.config.layout import layout_of
 from pipeline.plan.capacity import load_axis, probe_met, run_probe
 from pipeline.plan.sustained import CHECK_FACTOR, SustainedRule
+from pipeline.schema import schema_view
 
 log = structlog.get_logger(__name__)
 
@@ -119,6 +120,7 @@ def check_target(cfg: DictConfig, out_dir: Path, result: dict[str, Any]) -> dict
         return result
     axis = load_axis(cfg)
     trace = axis.key == "workload.time_scale"  # served whole, as in the search
+    sustained = SustainedRule.of(schema_view(cfg).capacity)
     checks: list[dict[str, Any]] = []
     layout = layout_of(cfg)
     capacity = replica_capacity(result) * layout.capacity_scale
@@ -129,7 +131,7 @@ def check_target(cfg: DictConfig, out_dir: Path, result: dict[str, Any]) -> dict
         load = check_load(result, target / size.replicas / layout.capacity_scale)
         probe = cfg.copy()
         OmegaConf.update(probe, axis.key, axis.value(load))
-        if SustainedRule.of(cfg.capacity) and "num_requests" in probe.workload and not trace:
+        if sustained and "num_requests" in probe.workload and not trace:
             probe.workload.num_requests = CHECK_FACTOR * int(result["num_requests"])
         folder = out_dir / CHECKS / f"{size.replicas}-replicas"
         metrics = run_probe(probe, folder, keep_files=False, decide_early=False)

@@ -35,6 +35,7 @@ from pipeline.schema.pipeline import (
     SimulatedExecutorConf,
     SpeculativeConf,
     SpeculativeMethod,
+    schema_view,
 )
 from pipeline.schema.plan import CalibrateConf, CapacityConf, Objective, PlanConf, SloConf
 from pipeline.schema.serve import ServeConf
@@ -137,6 +138,7 @@ __all__ = [
     "WorkloadConf",
     "device_default",
     "model_kind",
+    "schema_view",
     "measured_profile",
     "model_option",
     "register_schemas",

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
-from omegaconf import MISSING
+from omegaconf import MISSING, DictConfig
 
 from pipeline.schema.plan import CalibrateConf, CapacityConf, PlanConf, SloConf
 from pipeline.schema.serve import ServeConf
@@ -153,6 +153,13 @@ class PipelineConf:
     slo: SloConf = field(default_factory=SloConf)  # goodput and attainment in metrics.json
     capacity: CapacityConf = field(default_factory=CapacityConf)  # pipeline.plan only
     plan: PlanConf = field(default_factory=PlanConf)  # pipeline.plan only
+
+
+def schema_view(cfg: DictConfig) -> PipelineConf:
+    """The composed config read through its schema: the same DictConfig (Hydra composed it
+    from PipelineConf, so OmegaConf holds each value to its field's type), seen as
+    PipelineConf so that every top-level key a module reads is one mypy checks. No copy."""
+    return cast(PipelineConf, cfg)
 
 
 SCHEMAS: dict[tuple[str, str], type] = {

@@ -30,9 +30,10 @@ from pipeline.executors.build import check_resolves, import_paddle
 from pipeline.job.run import slo_of
 from pipeline.run_folder import artefacts
 from pipeline.run_folder.reader import RunStatus
+from pipeline.schema import ServeConf, schema_view
 from pipeline.serve.api import create_app
 from pipeline.serve.connections import guarded_h11
-from pipeline.serve.derived import model_name, size_kv_pool
+from pipeline.serve.derived import model_name, serve_settings, size_kv_pool
 from pipeline.serve.telemetry import Telemetry
 from pipeline.serve.worker import EngineWorker
 
@@ -47,11 +48,11 @@ def prepare(cfg: DictConfig, model_choice: str) -> str | None:
     executor = check_config(cfg)
     slo_of(cfg)  # a bad bound stops the server before anything is built
     cfg.serve.model_name = model_name(cfg, model_choice)
-    check_settings(cfg.serve)
+    check_settings(serve_settings(cfg))
     return size_kv_pool(cfg, executor.server_num_blocks(cfg))
 
 
-def check_settings(settings: DictConfig) -> None:
+def check_settings(settings: ServeConf) -> None:
     """The server's own bounds, each a one-line error."""
     if not 0 < settings.port < 65536:
         raise ConfigError(f"serve.port={settings.port}: choose a port in 1..65535")
@@ -61,9 +62,14 @@ def check_settings(settings: DictConfig) -> None:
         )
     if settings.trim_memory_s < 0:
         raise ConfigError(f"serve.trim_memory_s={settings.trim_memory_s}: use 0 (never) or more")
-    for key in ("header_timeout_s", "body_timeout_s", "shutdown_timeout_s"):
-        if not 0 < settings[key] <= 86400:
-            raise ConfigError(f"serve.{key}={settings[key]}: give seconds in (0, 86400]")
+    timeouts = {
+        "header_timeout_s": settings.header_timeout_s,
+        "body_timeout_s": settings.body_timeout_s,
+        "shutdown_timeout_s": settings.shutdown_timeout_s,
+    }
+    for key, seconds in timeouts.items():
+        if not 0 < seconds <= 86400:
+            raise ConfigError(f"serve.{key}={seconds}: give seconds in (0, 86400]")
 
 
 class DrainingServer(uvicorn.Server):
@@ -102,7 +108,7 @@ def exit_quietly_on_signals() -> Iterator[None]:
 def serve(cfg: DictConfig, out_dir: Path) -> int:
     """Runs the server until a stop signal; returns the exit code."""
     fatal: list[BaseException] = []
-    settings = cfg.serve
+    settings = serve_settings(cfg)
     telemetry = Telemetry(settings.model_name)
 
     def on_fatal(err: BaseException) -> None:  # from the engine's thread
@@ -112,7 +118,7 @@ def serve(cfg: DictConfig, out_dir: Path) -> int:
     def make_worker(loop) -> EngineWorker:
         return EngineWorker(cfg, out_dir, loop, telemetry, on_fatal)
 
-    app = create_app(cfg, make_worker)
+    app = create_app(settings, schema_view(cfg).max_model_len, make_worker)
     server = DrainingServer(uvicorn_config(app, settings), lambda: app.state.worker.drain())
     if executor_of(cfg).needs_paddle:
         import_paddle()  # before uvicorn's handlers: Paddle's own would replace them
@@ -123,7 +129,7 @@ def serve(cfg: DictConfig, out_dir: Path) -> int:
     return exit_code(fatal[0], out_dir) if fatal else 0
 
 
-def uvicorn_config(app: FastAPI, settings: DictConfig) -> uvicorn.Config:
+def uvicorn_config(app: FastAPI, settings: ServeConf) -> uvicorn.Config:
     """uvicorn with the server's connection limits: request heads within
     serve.header_timeout_s, serve.max_connections open at most."""
     return uvicorn.Config(

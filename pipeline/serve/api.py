@@ -19,11 +19,11 @@ from typing import Any
 import orjson
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from omegaconf import DictConfig
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 
+from pipeline.schema import ServeConf
 from pipeline.serve.guards import (
     HostCheck,
     Problem,
@@ -53,10 +53,12 @@ DISCONNECTED = "aborted: the client disconnected"
 
 
 def create_app(
-    cfg: DictConfig, make_worker: Callable[[asyncio.AbstractEventLoop], EngineWorker]
+    settings: ServeConf,
+    max_model_len: int,
+    make_worker: Callable[[asyncio.AbstractEventLoop], EngineWorker],
 ) -> FastAPI:
     """The app; its lifespan starts the engine worker and stops it at shutdown."""
-    shutdown_timeout_s = cfg.serve.shutdown_timeout_s
+    shutdown_timeout_s = settings.shutdown_timeout_s
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -67,17 +69,17 @@ def create_app(
         await asyncio.to_thread(worker.stop, shutdown_timeout_s)
 
     # With a key, the API's description is closed too (it would list the routes to anyone).
-    docs = {} if not cfg.serve.api_key else {"docs_url": None, "redoc_url": None,
+    docs = {} if not settings.api_key else {"docs_url": None, "redoc_url": None,
                                                  "openapi_url": None}  # fmt: skip
     app = FastAPI(title="hpu-pipeline", lifespan=lifespan, **docs)
-    app.state.serving = Serving(cfg.serve, cfg.max_model_len)
+    app.state.serving = Serving(settings, max_model_len)
     app.add_exception_handler(Problem, lambda request, err: problem_response(err))
     app.add_exception_handler(HTTPException, http_problem)
     app.add_exception_handler(Exception, server_problem)  # a bug: still OpenAI's shape
     app.include_router(probe_routes)
     app.include_router(openai_routes)
     app.include_router(tokenizer_routes)
-    answered = answered_hosts(cfg.serve.host, list(cfg.serve.allowed_hosts))
+    answered = answered_hosts(settings.host, list(settings.allowed_hosts))
     app.add_middleware(HostCheck, answered=answered)
     return app
 

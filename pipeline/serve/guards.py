@@ -16,6 +16,7 @@ from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from pipeline.serve.protocol import RequestError, echoed
+from pipeline.serve.replies import Serving
 
 MAX_MESSAGE_CHARS = 1000  # the longest error the server writes itself is a few hundred
 
@@ -150,7 +151,8 @@ B = TypeVar("B", bound=ForAModel)
 async def checked_body(request: Request, parse: Callable[[bytes], B]) -> B:
     """The checks every POST route makes before it reads a request, in order: key 401,
     content type 415, size 413 and read time 408, body 400 (`parse`), model 404."""
-    settings = request.app.state.serving.settings
+    serving: Serving = request.app.state.serving
+    settings = serving.settings
     check_key(request, settings.api_key)
     check_json(request)
     raw = await read_body(request, settings.max_request_bytes, settings.body_timeout_s)

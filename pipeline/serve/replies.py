@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-from omegaconf import DictConfig
 
 from pipeline.run_folder.records import output_text
+from pipeline.schema import ServeConf
 from pipeline.serve.logprobs import Shown, whole_logprobs
 from stages.interfaces import Tokenizer
 from stages.scheduling.request import Request
@@ -168,7 +168,7 @@ class Serving:
     """What the routes read besides the worker: the serve settings, the context limit,
     and the count that numbers replies."""
 
-    settings: DictConfig  # cfg.serve
+    settings: ServeConf
     max_model_len: int
     numbers: Iterator[int] = field(default_factory=itertools.count)
 

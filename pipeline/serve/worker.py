@@ -23,6 +23,7 @@ from pipeline.job.engine import Arrivals, Engine
 from pipeline.job.serving import Ending, Hooks, serve_and_summarise
 from pipeline.run_folder.reader import RunStatus
 from pipeline.run_folder.records import StepRecord
+from pipeline.schema import schema_view
 from pipeline.serve.folder import ServerFiles, folder_metrics
 from pipeline.serve.telemetry import Telemetry
 from stages.scheduling.request import Request
@@ -114,7 +115,8 @@ class EngineWorker:
         self.draining = False  # a stop signal came: in-flight requests finish, none start
         self.failed: str | None = None
         self.engine_error: BaseException | None = None
-        self.heap = HeapTrimmer(cfg.serve.trim_memory_s)
+        self.settings = schema_view(cfg).serve
+        self.heap = HeapTrimmer(self.settings.trim_memory_s)
         self._thread = threading.Thread(target=self._main, name="engine", daemon=True)
 
     # -- the HTTP side (event loop thread) --------------------------------------------------
@@ -144,7 +146,7 @@ class EngineWorker:
         in flight after serve.shutdown_timeout_s is aborted (its client gets the error)."""
         self.draining = True
         self.ready.clear()
-        self.loop.call_later(self.cfg.serve.shutdown_timeout_s, self.abort_all)
+        self.loop.call_later(self.settings.shutdown_timeout_s, self.abort_all)
 
     def abort_all(self) -> None:
         for stream in list(self.streams.values()):
