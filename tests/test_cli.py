@@ -66,6 +66,18 @@ def test_a_bad_config_exits_2_with_one_line(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_limit_added_to_a_stage_exits_2_with_one_line(tmp_path):
+    """+scheduler.block_size=8 opens the stage's node for a key its schema lacks: refused
+    before anything is built, naming the key that owns the limit."""
+    result = pipeline(tmp_path, "+scheduler.block_size=8")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "Error: scheduler.block_size=8: block_size is the run's, not ChunkedSchedulerConf's; "
+        "set block_size=8 instead"
+    ]
+
+
+@pytest.mark.slow
 def test_a_misspelt_key_fails_at_composition(tmp_path):
     result = pipeline(tmp_path, "max_tokns=512")
     assert result.returncode != 0

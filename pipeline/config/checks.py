@@ -57,6 +57,7 @@ def check_common(cfg: DictConfig) -> None:
     _check_dtype_bytes(cfg)
     _check_limits(conf)
     check_copies(cfg)
+    _check_rotary_table(cfg, conf.max_model_len)
     _check_chunks(conf, bs)
 
 
@@ -145,6 +146,18 @@ def check_copies(cfg: DictConfig) -> None:
                     f"{group}.{key}={value} differs from {key}={cfg[key]}: it is a copy of the "
                     f"run's {key}; set {key}={value} instead"
                 )
+
+
+def _check_rotary_table(cfg: DictConfig, max_model_len: int) -> None:
+    """model.max_position follows max_model_len (0: the checkpoint's context); set below it,
+    the rotary table would end before a request may, and the run would fail mid-step."""
+    positions = cfg.model.get("max_position") or 0
+    if 0 < positions < max_model_len:
+        raise ConfigError(
+            f"model.max_position={positions} < max_model_len={max_model_len}: the rotary "
+            f"table would end before a request may; drop model.max_position (it follows "
+            f"max_model_len) or set max_model_len={positions}"
+        )
 
 
 def _check_chunks(conf: PipelineConf, bs: int) -> None:

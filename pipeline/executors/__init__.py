@@ -13,6 +13,7 @@ from typing import Protocol
 
 from omegaconf import DictConfig, OmegaConf
 
+from pipeline.config.added_keys import check_added_keys
 from pipeline.config.checks import check_common
 from pipeline.executors.build import check_resolves
 from pipeline.executors.paddle import PaddleExecutor
@@ -59,6 +60,7 @@ def check_config(cfg: DictConfig) -> EngineExecutor:
     executor's own; returns the executor."""
     executor = executor_of(cfg)
     check_common(cfg)
+    check_added_keys(cfg)  # +scheduler.block_size=8: a key the stage would fail on
     executor.check(cfg)
     return executor
 
