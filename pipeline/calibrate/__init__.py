@@ -38,7 +38,7 @@ from pipeline.job.run import run
 from pipeline.run_folder.artefacts import STEPS, read_run_config
 from pipeline.run_folder.reader import RunFileError, read_step_lines
 from pipeline.run_folder.run_files import output_folder, write_file
-from pipeline.schema import HardwareConf, schema_defaults
+from pipeline.schema import HardwareConf, schema_defaults, schema_view
 from stages.forward.forward_meta import bucket_dims
 from stages.forward.step_shape import StepShape
 from stages.simulator.cost_model import CostModel
@@ -198,15 +198,15 @@ def calibrate(
 ) -> tuple[HardwareProfile, dict, list]:
     """The fitted profile, its coefficients, and the (shape, measured, predicted) samples:
     `grid_shapes` timed warmup shapes of cfg's engine and the steps of the real `runs`."""
-    pads = pads_buckets(cfg)
+    pads, conf = pads_buckets(cfg), schema_view(cfg)
     check_grid(grid_shapes, pads)
-    profile = cpu_profile(measured_rates(cfg.num_threads), pads)
+    profile = cpu_profile(measured_rates(conf.num_threads), pads)
     spec, _ = describe_model(cfg)
     samples = [s for run in runs for s in run_samples(run, pads)]
     if grid_shapes:
         engine, _ = build_engine(cfg)
         for prefill, decode in grid(engine, grid_shapes):
-            shape = StepShape(cfg.block_size, prefill, decode)
+            shape = StepShape(conf.block_size, prefill, decode)
             samples.append((shape, time_shape(engine, prefill, decode)))
     if not samples:
         raise ConfigError("calibrate: no steps to fit: set calibrate.serve=true, "
@@ -232,8 +232,8 @@ def error_summary(report: Sequence[tuple]) -> dict[str, float]:
 def calibrate_job(cfg: DictConfig, job: Job) -> int:
     """Serves (calibrate.serve), times warmup shapes and reads earlier runs as configured,
     and writes the fitted profile, hardware.yaml, with calibration.json beside it."""
-    out_dir, options = job.out_dir, cfg.calibrate
-    runs = list(options.runs)
+    out_dir, options = job.out_dir, schema_view(cfg).calibrate
+    runs: list[str | Path] = list(options.runs)
     if options.serve or options.grid_shapes:  # an engine will be built: Paddle loads
         check_resolves(cfg)  # after the config's checks, so an error costs no import
         check_config(cfg)

@@ -28,6 +28,7 @@ from pipeline.plan.report import check_plan
 from pipeline.plan.target import check_target, target_of
 from pipeline.run_folder import artefacts
 from pipeline.run_folder.reader import RunStatus
+from pipeline.schema import schema_view
 from stages.simulator.precision import Precision
 
 log = structlog.get_logger("pipeline.plan")
@@ -46,7 +47,10 @@ def plan_job(cfg: DictConfig, job: Job) -> int:
     check_plan(cfg)
     start_up = replica_readiness(cfg, warmup_s=0.0)  # all but the capture or compile
     result = capacity_search(
-        cfg, job.out_dir, max_warmup_s=cfg.plan.max_warmup_s, start_up_s=start_up.ready_s
+        cfg,
+        job.out_dir,
+        max_warmup_s=schema_view(cfg).plan.max_warmup_s,
+        start_up_s=start_up.ready_s,
     )
     warmup_s = float(result.get("predicted_warmup_s") or 0.0)
     result.update(replica_readiness(cfg, warmup_s).as_metrics())
@@ -71,10 +75,11 @@ COMMAND = HydraCommand(
 def replica_readiness(cfg: DictConfig, warmup_s: float) -> Readiness:
     """A replica's start-up on each of its device's engines (pipeline/plan/readiness.py)."""
     spec, _ = describe_model(cfg)
-    weights = Precision(cfg.quantization, cfg.kv_cache_dtype).model_weight_bytes(spec)
-    pads = bool(cfg.hardware.pads_to_buckets)
-    engine = str(cfg.engine.name) if "engine" in cfg else "native"
-    return readiness(weights, float(cfg.plan.load_gbs), warmup_s, pads, engine)
+    conf = schema_view(cfg)
+    weights = Precision(conf.quantization, conf.kv_cache_dtype).model_weight_bytes(spec)
+    pads = bool(conf.hardware.pads_to_buckets)
+    engine = str(conf.engine.name) if "engine" in cfg else "native"
+    return readiness(weights, float(conf.plan.load_gbs), warmup_s, pads, engine)
 
 
 def layout_rule(cfg: DictConfig) -> str:

@@ -39,6 +39,7 @@ from pipeline.plan.table import (
 from pipeline.plan.target import target_of
 from pipeline.run_folder.reader import RunStatus
 from pipeline.run_folder.run_files import output_folder, write_file
+from pipeline.schema import schema_view
 from pipeline.schema.plan import Objective
 from pipeline.summary import find_jobs, swept_keys
 
@@ -203,8 +204,8 @@ def _printed(
 
 def check_plan(cfg: DictConfig) -> None:
     """The plan's own keys, and an SLO to search under; a ConfigError names the key."""
-    plan = cfg.plan
-    prices = plan.get("prices") or {}
+    plan = schema_view(cfg).plan
+    prices = plan.prices or {}
     for device, price in prices.items():
         if not isinstance(price, (int, float)) or price < 0:
             raise ConfigError(f"plan.prices.{device}={price}: give USD per card-hour, >= 0")
