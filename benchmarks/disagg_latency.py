@@ -6,8 +6,8 @@ TTFT and inter-token latency. Each row names the engine profile of the release i
 (`profile`: vllm_v0 for vLLM 0.6.3, vllm for V1) and its scheduler, KV block size,
 max_model_len, step token budget and max_num_seqs (the vLLM 0.6.3 rows: that release's
 defaults, KV blocks of 16 tokens, max_num_seqs 256, chunked prefill off at a max_model_len
-of 3500, so whole prompts and a step budget of max(max_model_len, 2048) = 3500 tokens; the
-V1 rows: their deploy files' block size and max_model_len, V1's defaults otherwise). CUDA
+of 3500, so whole prompts and a step budget of max(max_model_len, 2048) = 3500 tokens; a
+V1 row: its deploy files' block size and max_model_len, V1's defaults otherwise). CUDA
 graphs captured (warmup); every request sent at once up to the concurrency, and the row's
 `requests` in all (the vLLM 0.6.3 rows: 10 x concurrency, as GenAI-Perf's
 `--request-count`; its 10 warm-up requests are not served); a disaggregated row on its

@@ -12,7 +12,7 @@
 
 Of the latency rows, the `fit` ones set the vLLM 0.6.3 profile's host time a step and GEMM
 rate (conf/engine/vllm_v0.yaml; `--fit` finds them again and prints them), the others are
-held out (vLLM 0.6.3's and vLLM V1's, each row on its release's engine profile; the summary
+held out (each row on its release's engine profile; the summary
 gives each profile's held-out errors too); nothing is fitted to the ratio rows. Of the
 transfer rows, two set the per-piece time (`fit`), the others are held out.
 `checked_errors(...)` gives each check's fitted and held-out median and worst.
