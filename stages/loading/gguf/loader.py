@@ -185,8 +185,8 @@ def load_state(
 
 def load_gguf_model(path: str, dtype: str, max_position: int, weights: str) -> TransformerLM:
     """The model of a GGUF file, in compute dtype `dtype`, with rotary tables for
-    `max_position` positions (0 = the file's context length); weights=int8 keeps its MLPs
-    and lm head as int8 (TransformerLM.store_int8)."""
+    `max_position` positions (0 = the file's context length); weights=int8 keeps its
+    projections and lm head as int8 (TransformerLM.store_int8)."""
     from stages.model.transformer import check_dtype
 
     header = read_gguf_header(path)
