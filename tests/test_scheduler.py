@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.schema import ChunkedSchedulerConf, WholeSchedulerConf
+from stages.scheduling.admission import Admission
 from stages.scheduling.kv_cache import KVCacheManager, blocks_for
 from stages.scheduling.request import Request, Samples
 from stages.scheduling.scheduler import ChunkedScheduler
@@ -314,3 +315,9 @@ def test_prefill_first_gives_prompts_steps_of_their_own():
         ([], ["r0", "r1"]),
         ([], []),
     ]
+
+
+def test_the_scheduler_is_one_class_that_owns_its_admission():
+    # policy by composition: no base class reaching into the scheduler's state
+    assert ChunkedScheduler.__bases__ == (object,)
+    assert not issubclass(ChunkedScheduler, Admission)

@@ -27,35 +27,35 @@ class StepOrder(enum.StrEnum):
 
 
 class Admission:
-    """Admission for a scheduler that keeps these (ChunkedScheduler)."""
+    """The waiting queue's way into the running table, owned by a scheduler (its policy:
+    max_num_seqs, the token budget's chunks, no_evict, and static batches that admit only
+    into an empty table). It shares the scheduler's queue and table, never copies them."""
 
-    waiting: deque[Request]
-    table: RequestTable
-    kv_cache: KVCacheManager
-    chunks: ChunkPolicy
-    block_size: int
-    max_tokens: int
-    max_num_seqs: int
-    max_model_len: int
-    no_evict: bool
-    step_order: StepOrder
-
-    @property
-    def running(self) -> list[Request]:
-        """The running requests, oldest admission first: the table's rows."""
-        return self.table.requests
-
-    def _admit_waiting(
-        self, plan: StepPlan, budget: StepBudget, now: float, rows: StepRows
+    def __init__(
+        self,
+        waiting: deque[Request],
+        table: RequestTable,
+        kv_cache: KVCacheManager,
+        chunks: ChunkPolicy,
+        limits: tuple[int, int, int],
+        no_evict: bool,
+        step_order: StepOrder,
+        static_batches: bool,
     ) -> None:
+        """limits: (max_tokens, max_num_seqs, max_model_len)."""
+        self.waiting, self.table, self.kv_cache, self.chunks = waiting, table, kv_cache, chunks
+        self.max_tokens, self.max_num_seqs, self.max_model_len = limits
+        self.no_evict, self.step_order, self.static_batches = no_evict, step_order, static_batches
+
+    def admit_waiting(self, plan: StepPlan, budget: StepBudget, now: float, rows: StepRows) -> None:
         """First chunks of waiting requests, in order, while the budget, max_num_seqs and
         the cache allow; the first that does not fit ends admission (it never loops). A
         request's first chunk starts after its longest cached prefix."""
-        room = self._admission_room()
+        room = self.room()
         while self.waiting and budget.left > 0 and room > 0:
             request = self.waiting[0]
             cached = self.kv_cache.match_prefix(request)
-            computed = len(cached) * self.block_size
+            computed = len(cached) * self.kv_cache.block_size
             remaining = request.num_tokens - computed
             too_long = self.chunks.one_step_error(remaining)
             if too_long:  # only a preempted request gets here: its recompute outgrew a step
@@ -84,7 +84,7 @@ class Admission:
         NixlConnector loads all but the last token's KV and recomputes that one); one that
         has output decodes its next token. False (nothing taken) while max_num_seqs or
         the cache leaves no room."""
-        if len(self.running) >= self.max_num_seqs:
+        if len(self.table) >= self.max_num_seqs:
             return False
         if self.no_evict:  # the pool must hold it to its end beside the running requests
             total = min(request.num_prompt_tokens + request.max_new_tokens, self.max_model_len)
@@ -99,10 +99,15 @@ class Admission:
         self.table.append(request, computed)
         return True
 
-    def _admission_room(self) -> int:
-        """How many waiting requests this step may admit: up to max_num_seqs running, and
-        with `no_evict` only as many as the pool holds to their end."""
-        room = self.max_num_seqs - len(self.running)
+    def room(self) -> int:
+        """How many waiting requests this step may admit: up to max_num_seqs running, with
+        `no_evict` only as many as the pool holds to their end; a static batch only into an
+        empty table, as many as the pool holds to their end."""
+        if self.static_batches:
+            if len(self.table):
+                return 0  # the batch in flight runs to its end first
+            return self.table.fitting_to_end(self.waiting, self.max_num_seqs, self.max_model_len)
+        room = self.max_num_seqs - len(self.table)
         if not self.no_evict:
             return room
         return self.table.fitting_to_end(self.waiting, room, self.max_model_len)
@@ -114,7 +119,7 @@ class Admission:
         a cached prefix, which the decodes' full blocks may lengthen."""
         if self.step_order is StepOrder.prefill_first:  # a prefill step takes the whole budget
             left = self.max_tokens
-        if not self.waiting or left <= 0 or self._admission_room() <= 0:
+        if not self.waiting or left <= 0 or self.room() <= 0:
             return False
         head = self.waiting[0]
         if self.kv_cache.prefix is not None or self.chunks.one_step_error(head.num_tokens):

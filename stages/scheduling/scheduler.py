@@ -41,8 +41,9 @@ from stages.scheduling.step_rows import NO_ROWS, DecodeRows, RowFate, StepRows, 
 from stages.scheduling.stopping import StopRule
 
 
-class ChunkedScheduler(Admission):
+class ChunkedScheduler:
     splits_prompts = True
+    static_batches = False  # admits only into an empty table (StaticScheduler)
 
     def __init__(
         self,
@@ -87,6 +88,11 @@ class ChunkedScheduler(Admission):
         self.block_size = kv_cache.block_size
         self.waiting: deque[Request] = deque()
         self.table = RequestTable(kv_cache, stop, max_num_seqs)  # the running requests
+        self.admission = Admission(
+            self.waiting, self.table, kv_cache, self.chunks,
+            (max_tokens, max_num_seqs, max_model_len), no_evict, self.step_order,
+            self.static_batches,
+        )  # fmt: skip
         self._step: StepRows | None = None  # the last plan's rows, for update
 
     # -- admission ---------------------------------------------------------------------------
@@ -99,6 +105,19 @@ class ChunkedScheduler(Admission):
         # prompt ids are drawn only then, and a long waiting queue holds no hashes.
         request.status = Status.WAITING
         self.waiting.append(request)
+
+    @property
+    def running(self) -> list[Request]:
+        """The running requests, oldest admission first: the table's rows."""
+        return self.table.requests
+
+    def admit_computed(self, request: Request) -> bool:
+        """Admits a request whose prompt was computed elsewhere (Admission.admit_computed)."""
+        return self.admission.admit_computed(request)
+
+    def may_admit(self, left: int) -> bool:
+        """Whether a step leaving `left` of the budget could admit (Admission.may_admit)."""
+        return self.admission.may_admit(left)
 
     @property
     def has_work(self) -> bool:
@@ -114,7 +133,7 @@ class ChunkedScheduler(Admission):
         self._continue_running(plan, budget, rows)
         # Like FastDeploy, nothing new is admitted in a step that had to preempt.
         if not plan.preempted:
-            self._admit_waiting(plan, budget, now, rows)
+            self.admission.admit_waiting(plan, budget, now, rows)
         rows.decode_rows = rows.decode()
         plan.decode_lens = self.table.computed[rows.decode_rows] + 1
         if self.lookahead:  # each decode row's room for its proposals
@@ -137,7 +156,7 @@ class ChunkedScheduler(Admission):
             if fate is RowFate.PREFILL:
                 rows.prefill.append(row)
         if not plan.preempted:
-            self._admit_waiting(plan, budget, now, rows)
+            self.admission.admit_waiting(plan, budget, now, rows)
         if not plan.prefill:  # (what was preempted stays in the plan the decode step goes on)
             return False
         rows.decode_rows = rows.decode()

@@ -27,10 +27,7 @@ class StaticScheduler(WholeScheduler):
     early leaves the batch (its row is not computed on as padding). Prompts are padded to
     the batch's longest, whatever `max_padding` says, as a static batch is."""
 
+    static_batches = True
+
     def __init__(self, **kwargs) -> None:
         super().__init__(**{**kwargs, "max_padding": 1.0})
-
-    def _admission_room(self) -> int:
-        if self.running:
-            return 0  # the batch in flight runs to its end first
-        return self.table.fitting_to_end(self.waiting, self.max_num_seqs, self.max_model_len)
