@@ -438,13 +438,15 @@ def test_the_published_checks_split_fitted_and_held_out_rows_and_price_pieces_by
           "quantization": "fp8", "kv_cache_dtype": "fp8", "input_tokens": "3000",
           "output_tokens": "150", "requests": "480", "concurrency": "48", "prefill": "4",
           "prefill_tp": "2", "decode": "1", "decode_tp": "8",
-          "engine": "triton-distributed", "profile": "vllm_v0", "scheduler": "whole",
+          "engine": "triton-distributed", "router": "consistent_hash", "profile": "vllm_v0",
+          "scheduler": "whole",
           "block_size": "16", "max_model_len": "3500", "max_batched_tokens": "3500",
           "max_num_seqs": "256"}  # fmt: skip
     cfg = make_config(latency_overrides(pd))
     check_config(cfg)
-    assert (cfg.workload.concurrency, cfg.disagg.engine, deployment_cards(cfg)) == (
+    assert (cfg.workload.concurrency, cfg.disagg.engine, cfg.disagg.router) == (
         48,
         "triton-distributed",
-        16,
+        "consistent_hash",
     )
+    assert deployment_cards(cfg) == 16

@@ -10,21 +10,22 @@ clock, in time order. The instance whose next step starts first runs until it ha
 request on (a first token to the transfer, or a finish back to the client) or its clock
 passes the earliest time anything else may happen: another instance's next step, a
 transfer's arrival, or the client's next send. Whatever reaches an instance then reaches
-it at its next step's start, as a step under way is not interrupted. Requests go
-round-robin to the prefill instances in the order the client sends them, and to the
-decode instances in the order their KV caches arrive, as in an open-loop run.
+it at its next step's start, as a step under way is not interrupted. The router
+(pipeline.disagg.routing) picks each request's prefill instance in the order the client
+sends them, and its decode instance in the order their KV caches arrive, as in an
+open-loop run.
 """
 
 from __future__ import annotations
 
 import heapq
-import itertools
 import math
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple
 
 from pipeline.disagg.admission import DecodeAdmission
+from pipeline.disagg.routing import Router
 from pipeline.executors.fast_forward import FastForward
 from pipeline.job.engine import Arrivals, Engine, Slots, long_lived_frozen
 from pipeline.job.metrics import StepTotals
@@ -136,14 +137,13 @@ class ClosedLoop:
         copies: Copies,
         totals: StepTotals,
         pulls: Mapping[int, float],
+        routers: tuple[Router, Router],
     ) -> None:
-        self.copies, self.totals = copies, totals
+        self.copies, self.totals, self.routers = copies, totals, routers
         self.waiting = deque(sorted(requests, key=lambda r: r.arrival_s))
         self.slots = Slots(concurrency)
         self.prefill = [Feed(e, added(e.scheduler.add)) for e in pools[0]]
         self.decode = [Feed(e, DecodeAdmission(e.scheduler, e.clock, pulls)) for e in pools[1]]
-        self.turns = {"prefill": itertools.cycle(self.prefill),
-                      "decode": itertools.cycle(self.decode)}  # fmt: skip
         self.in_flight: list[tuple[float, int, Request]] = []  # transfers, by arrival
         self.firsts: dict[int, Request] = {}  # prefill copies, by the request's seq_id
         self.rests: dict[int, Request | None] = {}
@@ -161,7 +161,7 @@ class ClosedLoop:
         first = self.copies.prefill(r)
         self.firsts[r.seq_id] = first
         self.originals[first.seq_id] = r
-        next(self.turns["prefill"]).hand(first, self.prefilled)
+        self.prefill[self.routers[0].pick(first)].hand(first, self.prefilled)
 
     def prefilled(self, first: Request) -> None:
         """A prefill copy ended: its KV cache on its way, or the request failed."""
@@ -186,7 +186,7 @@ class ClosedLoop:
         """The earliest transfer in flight reaches the next decode instance."""
         _, seq_id, rest = heapq.heappop(self.in_flight)
         self.rests[seq_id] = rest
-        next(self.turns["decode"]).hand(rest, self.decoded)
+        self.decode[self.routers[1].pick(rest)].hand(rest, self.decoded)
 
     def run(self) -> float:
         """Serves every request; returns when the last instance finished."""
@@ -240,12 +240,13 @@ def simulate_closed_loop(
     copies: Copies,
     totals: StepTotals,
     pulls: Mapping[int, float],
+    routers: tuple[Router, Router],
 ) -> tuple[list[Request], list[Request | None], float]:
     """Serves `requests` at most `concurrency` at once through both pools (`pulls`: the
-    seconds of the pulls decode instances make themselves, by the decode copy's seq_id):
-    each request's prefill copy, decode copy (None: it ended on the prefill instance) and
-    the run's end."""
-    loop = ClosedLoop(pools, requests, concurrency, copies, totals, pulls)
+    seconds of the pulls decode instances make themselves, by the decode copy's seq_id;
+    `routers`: each pool's): each request's prefill copy, decode copy (None: it ended on
+    the prefill instance) and the run's end."""
+    loop = ClosedLoop(pools, requests, concurrency, copies, totals, pulls, routers)
     with long_lived_frozen():
         end = loop.run()
     return *loop.served(requests), end

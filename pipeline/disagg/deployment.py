@@ -2,22 +2,22 @@
 `disagg.decode` decode instances, each the real scheduler, KV-cache manager and metadata
 builder over its own SimulatedDevice, with its own tp and limits (pipeline.disagg.config).
 An instance with dp attention replicas (`disagg.<role>_dp`, else the run's dp) is dp such
-engines, its experts split over its tp x dp cards when the run has ep > 1; requests go
-round-robin over every replica of a pool.
+engines, its experts split over its tp x dp cards when the run has ep > 1; the router
+(`disagg.router`, pipeline.disagg.routing) picks among every replica of a pool.
 
 A request goes as its engine's path sends it (stages.simulator.disagg_engines,
 `disagg.engine`):
 
 1. Router: the request reaches a prefill instance after the router's hop.
-2. Prefill: requests go round-robin, in arrival order, to the prefill instances; each
+2. Prefill: the router sends each request, in arrival order, to a prefill instance; each
    instance serves its requests to their first token only.
 3. Transfer: the prompt's KV cache takes stages.simulator.disaggregation's
    KvLink.seconds (bytes over the link, a time per piece the KV layout cuts it into, a
    transfer's fixed time): beside the decode instance's steps, the request arriving
    there once it is done, or, where the engine pulls it inside a step, at the decode
    instance, which stops for it when it takes the request in.
-4. Decode: requests go round-robin, in the order they arrive there, to the decode
-   instances. One is admitted on arrival when max_num_seqs and its pool have room (its
+4. Decode: the router sends each request, in the order they arrive there, to a decode
+   instance. One is admitted on arrival when max_num_seqs and its pool have room (its
    prompt's blocks taken at once), else it waits, in order, for room
    (pipeline.disagg.admission). The client's first token is the decode instance's: its
    first step computes the last prompt token again and samples it (vLLM), or the prefill
@@ -35,12 +35,11 @@ Not modelled: the decode pool's back-pressure on prefill (a prefill instance fre
 request's blocks at its first token, not once the transfer ends, and never waits for a
 decode instance's room); link contention (each transfer has the whole link of every
 sending device; transfers overlapping on one link do not share it); a router that looks
-at the instances' load (round-robin only).
+at the instances' load.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -61,6 +60,7 @@ from pipeline.disagg.config import (
     pool_of,
 )
 from pipeline.disagg.latency import describe_parts, ttft_parts_ms
+from pipeline.disagg.routing import Router, make_router, shares
 from pipeline.executors import check_config
 from pipeline.executors.build import build, load_workload
 from pipeline.executors.fast_forward import FastForward
@@ -89,6 +89,7 @@ class Deployment:
     link: KvLink
     path: DisaggPath  # the engine's: its first token, its pull, its pieces
     router_s: float  # the router's hop before a request reaches a prefill instance
+    routers: tuple[Router, Router]  # each pool's instance for a request (disagg.router)
     requests: list[Request]
     totals: StepTotals = field(default_factory=StepTotals)
     transfer_s: dict[int, float] = field(default_factory=dict)  # by the decode copy's seq_id
@@ -143,7 +144,9 @@ def build_deployment(cfg: DictConfig) -> Deployment:
     except ValueError as err:
         raise ConfigError(str(err)) from err
     router_s = disagg.router_s if disagg.router_s >= 0 else path.router_s
-    return Deployment(cfg, pools[PREFILL], pools[DECODE], link, path, router_s, requests)
+    routers = (make_router(disagg.router, len(pools[PREFILL]), PREFILL),
+               make_router(disagg.router, len(pools[DECODE]), DECODE))  # fmt: skip
+    return Deployment(cfg, pools[PREFILL], pools[DECODE], link, path, router_s, routers, requests)
 
 
 def copy_request(r: Request, max_new_tokens: int, arrival_s: float) -> Request:
@@ -153,11 +156,6 @@ def copy_request(r: Request, max_new_tokens: int, arrival_s: float) -> Request:
         max_new_tokens=max_new_tokens, arrival_s=arrival_s, ignore_eos=r.ignore_eos,
         stop=list(r.stop), sampling=r.sampling,
     )  # fmt: skip
-
-
-def round_robin(items: Sequence[Any], n: int) -> list[list[Any]]:
-    """items[i] to share i mod n."""
-    return [list(items[i::n]) for i in range(n)]
 
 
 def run_instance(engine: Engine, requests: list[Request], totals: StepTotals) -> float:
@@ -196,9 +194,10 @@ def prefill_pass(deployment: Deployment) -> tuple[list[Request], float]:
     requests' order, and when the last instance finished."""
     ordered = sorted(deployment.requests, key=lambda r: r.arrival_s)
     copies = {r.seq_id: prefill_copy(deployment, r) for r in ordered}
-    shares = round_robin([copies[r.seq_id] for r in ordered], len(deployment.prefill))
+    ordered_copies = [copies[r.seq_id] for r in ordered]
     end = 0.0
-    for engine, share in zip(deployment.prefill, shares, strict=True):
+    picked = shares(deployment.routers[0], ordered_copies, len(deployment.prefill))
+    for engine, share in zip(deployment.prefill, picked, strict=True):
         end = max(end, run_instance(engine, share, deployment.totals))
     return [copies[r.seq_id] for r in deployment.requests], end
 
@@ -234,9 +233,8 @@ def decode_pass(
     ]
     arrived = sorted((c for c in copies if c is not None), key=lambda c: c.arrival_s)
     end = 0.0
-    for engine, share in zip(
-        deployment.decode, round_robin(arrived, len(deployment.decode)), strict=True
-    ):
+    picked = shares(deployment.routers[1], arrived, len(deployment.decode))
+    for engine, share in zip(deployment.decode, picked, strict=True):
         end = max(end, run_decode_instance(engine, share, deployment.totals, deployment.pulls))
     return copies, end
 
@@ -264,8 +262,9 @@ def simulate(deployment: Deployment) -> float:
         )
         pools = (deployment.prefill, deployment.decode)
         firsts, rests, end = simulate_closed_loop(
-            pools, deployment.requests, concurrency, copies, deployment.totals, deployment.pulls
-        )
+            pools, deployment.requests, concurrency, copies, deployment.totals,
+            deployment.pulls, deployment.routers,
+        )  # fmt: skip
         finish(deployment, firsts, rests)
         return end
     firsts, prefill_end = prefill_pass(deployment)
@@ -317,6 +316,7 @@ def deployment_metrics(
             "block_size": deployment.link.layout.block_size,
             "engine": path_engine(cfg),
             "router_s": deployment.router_s,
+            "router": cfg.disagg.router,
             "kv_transfer_ms": stats([s * 1e3 for s in deployment.transfer_s.values()]),
             "ttft_parts_ms": parts,
         },

@@ -72,6 +72,8 @@ class DisaggConf:
     # whose disaggregated path (router, first token, pull, pieces); "" = the run's `engine`
     engine: str = ""
     router_s: float = -1.0  # the router's hop; < 0 = the engine's figure
+    # how the router picks a request's instance in each pool (pipeline/disagg/routing.py)
+    router: str = "round_robin"
 
 
 @dataclass

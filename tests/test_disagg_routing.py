@@ -1,0 +1,97 @@
+"""The router's policies (pipeline/disagg/routing.py) and a deployment served through them."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from pipeline.config.checks import ConfigError
+from pipeline.disagg.deployment import build_deployment, simulate
+from pipeline.disagg.routing import ConsistentHash, RoundRobin, make_router, shares
+from pipeline.executors import check_config
+from stages.scheduling.request import Request
+from tests.helpers import make_config
+from tests.test_disagg import CLOSED, SMALL, most_in_flight
+
+
+def prompts(n: int, seed: int = 0) -> list[Request]:
+    rng = random.Random(seed)
+    return [
+        Request(id=str(i), index=i, prompt="", max_new_tokens=1,
+                prompt_ids=[rng.randrange(32000) for _ in range(rng.randrange(1, 40))])
+        for i in range(n)
+    ]  # fmt: skip
+
+
+def test_round_robin_takes_the_instances_in_turn():
+    router = RoundRobin(3)
+    assert [router.pick(r) for r in prompts(7)] == [0, 1, 2, 0, 1, 2, 0]
+
+
+def test_a_prompt_always_goes_to_the_same_instance_and_prompts_spread_over_all():
+    router = ConsistentHash(8, "prefill")
+    requests = prompts(4000)
+    again = [Request(id="x", index=0, prompt="", prompt_ids=list(r.prompt_ids),
+                     max_new_tokens=1) for r in requests]  # fmt: skip
+    assert [router.pick(r) for r in requests] == [router.pick(r) for r in again]
+    counts = [len(share) for share in shares(router, requests, 8)]
+    # 160 virtual nodes an instance keep each share near an eighth
+    assert all(0.6 * 500 < c < 1.4 * 500 for c in counts), counts
+
+
+def test_a_new_instance_takes_keys_only_for_itself():
+    """Consistent hashing's property: growing the ring moves a key only to the new node."""
+    requests = prompts(2000, seed=1)
+    before = [ConsistentHash(5, "decode").pick(r) for r in requests]
+    after = [ConsistentHash(6, "decode").pick(r) for r in requests]
+    moved = [(a, b) for a, b in zip(before, after, strict=True) if a != b]
+    assert moved and all(b == 5 for _, b in moved)
+    assert 0.05 < len(moved) / len(requests) < 0.35  # about a sixth
+
+
+def test_each_pool_has_its_own_ring():
+    requests = prompts(500, seed=2)
+    prefill, decode = (
+        make_router("consistent_hash", 4, "prefill"),
+        make_router("consistent_hash", 4, "decode"),
+    )
+    assert [prefill.pick(r) for r in requests] != [decode.pick(r) for r in requests]
+
+
+def test_an_unknown_policy_is_a_one_line_error_naming_the_choices():
+    with pytest.raises(ConfigError, match="disagg.router='random': give one of round_robin, "):
+        check_config(make_config([*SMALL, "disagg.prefill=1", "disagg.decode=1",
+                                  "disagg.router=random"]))  # fmt: skip
+
+
+def served_alike(overrides: list[str]) -> list[list[float]]:
+    """Each request's token times when every request has the same prompt."""
+    deployment = build_deployment(make_config(overrides))
+    same = list(deployment.requests[0].prompt_ids)
+    for r in deployment.requests:
+        r.prompt_ids = list(same)
+    simulate(deployment)
+    return [r.token_times for r in deployment.requests]
+
+
+@pytest.mark.parametrize("load", [[], ["workload.concurrency=5"]])
+def test_one_prompt_hashed_over_many_instances_is_served_as_by_one_of_each(load):
+    """The oracle: a prompt's key picks one instance of each pool, so a deployment of three
+    and two serves a workload of one prompt as a deployment of one and one."""
+    many = [*CLOSED, *load, "disagg.prefill=3", "disagg.decode=2",
+            "disagg.router=consistent_hash"]  # fmt: skip
+    one = [*CLOSED, *load, "disagg.prefill=1", "disagg.decode=1"]
+    assert served_alike(many) == [pytest.approx(t) for t in served_alike(one)]
+
+
+def test_a_hashed_closed_loop_serves_every_request_within_its_concurrency():
+    deployment = build_deployment(
+        make_config(
+            [*CLOSED, "workload.concurrency=6", "disagg.prefill=3", "disagg.router=consistent_hash"]
+        )  # fmt: skip
+    )
+    simulate(deployment)
+    requests = deployment.requests
+    assert all(len(r.output_ids) == r.max_new_tokens for r in requests)
+    assert most_in_flight(requests) == 6
