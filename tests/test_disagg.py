@@ -223,6 +223,10 @@ def test_a_run_has_an_aggregated_runs_metrics_and_the_deployments_cards(tmp_path
         (["disagg.link_gbps=-5"], "disagg.link_gbps=-5.0 must be >= 0"),
         (["disagg.prefill=1", "disagg.decode=1", "disagg.engine=nginx"],
          "disagg.engine='nginx': give one of fastdeploy, sglang, triton-distributed, trtllm"),
+        (["disagg.prefill=1", "disagg.decode=1", "disagg.prefill_max_tokens=8"],
+         r"disagg.prefill_max_tokens=8 < max_num_seqs=16: .* raise disagg.prefill_max_tokens"),
+        (["disagg.prefill=1", "disagg.decode=1", "disagg.decode_max_num_seqs=4096"],
+         r"disagg.decode_max_num_seqs=4096 > max_tokens=2048: .* lower disagg.decode_max"),
     ],
 )  # fmt: skip
 def test_a_bad_pool_setting_is_a_one_line_error_naming_its_key(overrides, message):

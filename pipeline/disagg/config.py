@@ -102,6 +102,25 @@ def check_disagg(cfg: DictConfig) -> None:
         disagg_path(path_engine(cfg))
     except ValueError as err:
         raise ConfigError(str(err)) from err
+    _check_pool_limits(cfg)
+
+
+def _check_pool_limits(cfg: DictConfig) -> None:
+    """Each pool's step holds a full batch of its rows, as the run's limits must
+    (pipeline/config/checks.py), the error naming the pool's key."""
+    prefill, decode = pool_of(cfg, PREFILL), pool_of(cfg, DECODE)
+    if prefill.max_tokens < prefill.max_num_seqs:
+        raise ConfigError(
+            f"disagg.prefill_max_tokens={prefill.max_tokens} < max_num_seqs="
+            f"{prefill.max_num_seqs}: a full batch would not fit one prefill step; raise "
+            "disagg.prefill_max_tokens (0 = max_tokens) or lower max_num_seqs"
+        )
+    if decode.max_tokens < decode.max_num_seqs:
+        raise ConfigError(
+            f"disagg.decode_max_num_seqs={decode.max_num_seqs} > max_tokens="
+            f"{decode.max_tokens}: a full decode batch would not fit one step; lower "
+            "disagg.decode_max_num_seqs (0 = max_num_seqs) or raise max_tokens"
+        )
 
 
 def check_layouts(cfg: DictConfig, spec: ModelSpec) -> None:
