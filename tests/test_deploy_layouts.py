@@ -194,8 +194,30 @@ def test_disaggregated_pools_and_router_per_engine(tmp_path):
     ]
     assert sglang_router.count("--prefill") == 2 and sglang_router.count("--decode") == 4
     assert "http://localhost:8203" in sglang_router
+    # its default is cache_aware (sgl-project/sglang router docs): in turn, as simulated
+    assert sglang_router[sglang_router.index("--policy") + 1] == "round_robin"
     assert command((out / "fastdeploy-gpu-router.sh").read_text()) == [
         "redis-server", "--port", "6379"]  # fmt: skip
+
+
+def test_a_hashing_router_is_deployed_where_the_engines_router_has_it(tmp_path):
+    out = export(tmp_path, [*DISAGG, "disagg.router=consistent_hash"])
+    # vllm-project/router docs/model-routing/pd-disaggregation.md, NIXL connector mode
+    vllm_router = command((out / "vllm-cuda-router.sh").read_text())
+    assert vllm_router[:2] == ["vllm-router", "--vllm-pd-disaggregation"]
+    assert vllm_router[vllm_router.index("--policy") + 1] == "consistent_hash"
+    assert vllm_router.count("--prefill") == 2 and vllm_router.count("--decode") == 4
+    # SGLang's script keeps its router in turn and says the run's policy is not there
+    sglang = (out / "sglang-router.sh").read_text()
+    assert "disagg.router=consistent_hash; this router has no such policy" in sglang
+    assert "#" not in (out / "vllm-cuda-router.sh").read_text().split("exec ", 1)[1]
+
+
+def test_an_unknown_router_policy_never_reaches_a_script(tmp_path):
+    config = config_of(["hardware=h100", *DISAGG])
+    config["disagg"]["router"] = "round_robin\nrm -rf ~"
+    with pytest.raises(ValueError, match="disagg.router='round_robin\\\\nrm -rf ~': give one"):
+        write_deploy(deployment(config, 1000, "org/m", origin="a test"), [], tmp_path / "d")
 
 
 def test_disaggregated_pools_with_expert_parallelism_per_engine(tmp_path):

@@ -55,6 +55,7 @@ class Layout:
     decode_dp: int = 0
     prefill_max_tokens: int = 0  # 0 = the run's max_tokens
     decode_max_num_seqs: int = 0  # 0 = the run's max_num_seqs
+    router: str = "round_robin"  # how the router picks instances (pipeline/disagg/routing.py)
     speculative: str = "none"  # none, mtp, eagle, draft, ngram
     speculative_tokens: int = 1
     # speculative=eagle, SGLang's tree (0: vLLM's chain of speculative_tokens)
@@ -136,6 +137,7 @@ def layout_of(config: Mapping[str, Any]) -> Layout:
         decode_dp=_int(disagg, "decode_dp", 0),
         prefill_max_tokens=_int(disagg, "prefill_max_tokens", 0),
         decode_max_num_seqs=_int(disagg, "decode_max_num_seqs", 0),
+        router=str(disagg.get("router") or "round_robin"),
         speculative=str(spec.get("method") or "none"),
         speculative_tokens=_int(spec, "tokens", 1),
         speculative_steps=_int(spec, "steps", 0),

@@ -63,9 +63,10 @@ class Disagg:
 
     doc: str
     roles: dict[str, list[str]]  # prefill / decode -> arguments
-    router: str = ""
+    router: str = ""  # requests in turn (disagg.router=round_robin)
     note: str = ""
     options: dict[str, dict[str, Any]] = field(default_factory=dict)  # role -> options file
+    policies: dict[str, str] = field(default_factory=dict)  # disagg.router -> its router
 
 
 @dataclass(frozen=True)
@@ -150,6 +151,10 @@ VLLM = Engine(
         "--decoder-hosts {decode_hosts} --decoder-ports {decode_ports}",
         note="the proxy ships in vLLM's source tree (run it from a checkout of vLLM); "
         "copies on one host need their own VLLM_NIXL_SIDE_CHANNEL_PORT",
+        policies={  # vllm-project/router docs/model-routing/pd-disaggregation.md (NIXL)
+            "consistent_hash": "vllm-router --vllm-pd-disaggregation {prefill_urls} "
+            "{decode_urls} --policy consistent_hash --host 0.0.0.0 --port 8000",
+        },
     ),  # fmt: skip
     notes={
         "quantization": "vLLM quantizes on load to FP8 only; INT8/INT4 weights need a "
@@ -201,7 +206,7 @@ SGLANG = Engine(
             for role in ("prefill", "decode")
         },
         router="python -m sglang_router.launch_router --pd-disaggregation {prefill_urls} "
-        "{decode_urls} --host 0.0.0.0 --port 8000",
+        "{decode_urls} --policy round_robin --host 0.0.0.0 --port 8000",
         note="the KV transfer backend is SGLang's default (mooncake, "
         "--disaggregation-transfer-backend); prefill copies on one host need their own "
         "--disaggregation-bootstrap-port",

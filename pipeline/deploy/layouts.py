@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pipeline.deploy.flags import Disagg, Flag, Kind, Speculative
+from pipeline.disagg.routing import POLICIES
 
 if TYPE_CHECKING:
     from pipeline.deploy.settings import Deployment
@@ -179,14 +180,15 @@ def ports(d: Deployment, role: str) -> list[int]:
 
 
 def router_command(disagg: Disagg, d: Deployment, config: str = "") -> str:
-    """The router's command with every pool server listed (localhost: edit the hosts)."""
+    """The router's command with every pool server listed (localhost: edit the hosts), for
+    the policy the run simulated where the engine's router has it (else in turn)."""
     fill: dict[str, str] = {"config": config}
     for role in ("prefill", "decode"):
         mine = ports(d, role)
         fill[f"{role}_hosts"] = " ".join("localhost" for _ in mine)
         fill[f"{role}_ports"] = " ".join(str(p) for p in mine)
         fill[f"{role}_urls"] = " ".join(f"--{role} http://localhost:{p}" for p in mine)
-    return disagg.router.format(**fill)
+    return disagg.policies.get(d.layout.router, disagg.router).format(**fill)
 
 
 def router_script(disagg: Disagg, d: Deployment, engine: str, config: str = "") -> str:
@@ -200,6 +202,14 @@ def router_script(disagg: Disagg, d: Deployment, engine: str, config: str = "") 
     ]
     if disagg.note:
         lines.append(f"# {disagg.note}.")
+    policy = d.layout.router
+    if policy not in POLICIES:  # a folder edited by hand: nothing unknown reaches a script
+        raise ValueError(f"disagg.router={policy!r}: give one of {', '.join(POLICIES)}")
+    if policy != "round_robin" and policy not in disagg.policies:
+        lines.append(
+            f"# The run simulated disagg.router={policy}; this router has no such policy "
+            "here and sends requests in turn, so its TTFT may differ from the run's."
+        )
     lines.append(f"exec {router_command(disagg, d, config)}")
     return "\n".join(lines) + "\n"
 
