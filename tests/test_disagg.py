@@ -153,12 +153,26 @@ def test_a_lone_requests_client_tokens_come_after_the_transfer_and_the_decode_st
     assert first.token_times[0] == pytest.approx(alone.token_times[0] + 0.002)  # vllm's hop
     # The client's first token: the decode instance's first step after the transfer, a
     # one-token step over the prompt's context, cheaper than the prompt and not free.
-    first_step = served.token_times[0] - first.token_times[0] - transfer
+    first_step = served.token_times[0] - first.token_times[0] - 0.002 - transfer  # hop again
     assert 0 < first_step < alone.token_times[0]
     # Then each decode step is the same batch of one at the same length on the same device.
     gaps = [b - a for a, b in zip(served.token_times, served.token_times[1:], strict=False)]
     alone_gaps = [b - a for a, b in zip(alone.token_times, alone.token_times[1:], strict=False)]
     assert gaps == pytest.approx(alone_gaps)
+
+
+@pytest.mark.parametrize(("engine", "second_hop"), [("vllm", 0.002), ("sglang", 0.0)])
+def test_the_router_hops_again_before_the_pull_where_it_waits_for_the_prefills_reply(
+    engine, second_hop
+):
+    """vLLM's proxy sends the decode request with the prefill reply's KV block ids, so its
+    hop comes again before the pull; SGLang's router sends both at once."""
+    cfg = make_config([*SMALL, "disagg.prefill=1", "disagg.decode=1", f"disagg.engine={engine}"])
+    deployment = build_deployment(cfg)
+    simulate(deployment)
+    for first, rest in deployment.served:
+        transfer = deployment.link.seconds(len(first.prompt_ids))
+        assert rest.arrival_s == pytest.approx(first.token_times[0] + second_hop + transfer)
 
 
 def test_a_lone_request_on_expert_parallel_pools_is_an_aggregated_ep_runs_shifted():
@@ -354,7 +368,7 @@ def test_a_closed_loop_wider_than_the_workload_serves_as_the_open_loop():
 def test_a_requests_ttft_parts_add_up_to_its_ttft(tmp_path, engine):
     cfg = make_config([*SMALL, "disagg.prefill=1", "disagg.decode=1", f"disagg.engine={engine}"])
     deployment, metrics = serve_deployment(cfg, Slo.of(cfg.slo), tmp_path)
-    parts = ttft_parts_s(deployment.served, deployment.router_s)
+    parts = ttft_parts_s(deployment.served, deployment.hops_s)
     for i, r in enumerate(deployment.requests):
         ttft = r.token_times[0] - r.arrival_s
         assert sum(parts[part][i] for part in parts) == pytest.approx(ttft)

@@ -8,15 +8,14 @@ engines, its experts split over its tp x dp cards when the run has ep > 1; the r
 A request goes as its engine's path sends it (stages.simulator.disagg_engines,
 `disagg.engine`):
 
-1. Router: the request reaches a prefill instance after the router's hop.
-2. Prefill: the router sends each request, in arrival order, to a prefill instance; each
-   instance serves its requests to their first token only.
-3. Transfer: the prompt's KV cache takes stages.simulator.disaggregation's
-   KvLink.seconds (bytes over the link, a time per piece the KV layout cuts it into, a
-   transfer's fixed time): beside the decode instance's steps, the request arriving
-   there once it is done, or, where the engine pulls it inside a step, at the decode
-   instance, which stops for it when it takes the request in.
-4. Decode: the router sends each request, in the order they arrive there, to a decode
+1. Prefill: after the router's hop, the router sends each request, in arrival order, to a
+   prefill instance, which serves it to its first token only.
+2. Transfer: (after the router's hop again where it waits for the prefill's reply) the
+   prompt's KV cache takes stages.simulator.disaggregation's KvLink.seconds (bytes over
+   the link, a time per piece, a transfer's fixed time): beside the decode instance's
+   steps, the request arriving there once it is done, or, where the engine pulls it
+   inside a step, at the decode instance, which stops for it when it takes it in.
+3. Decode: the router sends each request, in the order they arrive there, to a decode
    instance. One is admitted on arrival when max_num_seqs and its pool have room (its
    prompt's blocks taken at once), else it waits, in order, for room
    (pipeline.disagg.admission). The client's first token is the decode instance's: its
@@ -26,10 +25,9 @@ A request goes as its engine's path sends it (stages.simulator.disagg_engines,
 
 Every output token, so TTFT (router + prefill + transfer + the decode instance's part),
 ITL, TPOT and end-to-end latency, is the one a client reads; metrics.json gives each part
-of TTFT (pipeline.disagg.latency). Open loop,
-decode never feeds back to prefill, so the pools run one after the other; a closed loop
-(`workload.concurrency`) runs them side by side (pipeline.disagg.closed_loop). The run's
-duration is when its last instance finishes.
+of TTFT (pipeline.disagg.latency). Open loop, decode never feeds back to prefill, so the
+pools run one after the other; a closed loop (`workload.concurrency`) runs them side by
+side (pipeline.disagg.closed_loop). The run's duration is when its last instance ends.
 
 Not modelled: the decode pool's back-pressure on prefill (a prefill instance frees a
 request's blocks at its first token, not once the transfer ends, and never waits for a
@@ -102,6 +100,11 @@ class Deployment:
         return deployment_cards(self.cfg)
 
     @property
+    def hops_s(self) -> tuple[float, float]:
+        """The router's hop before each pool's instance sees a request."""
+        return self.router_s, self.router_s if self.path.reply_first else 0.0
+
+    @property
     def engines(self) -> list[Engine]:
         return [*self.prefill, *self.decode]
 
@@ -136,9 +139,8 @@ def build_deployment(cfg: DictConfig) -> Deployment:
     try:
         precision = Precision(cfg.quantization, cfg.kv_cache_dtype)
         tps = (pool_of(cfg, PREFILL).tp, pool_of(cfg, DECODE).tp)
-        settings = LinkSettings(
-            disagg.link_gbps, disagg.transfer_latency_s, disagg.transfer_piece_s
-        )
+        settings = LinkSettings(disagg.link_gbps, disagg.transfer_latency_s,
+                                disagg.transfer_piece_s)  # fmt: skip
         path = disagg_path(path_engine(cfg))
         link = kv_link(spec, hardware, precision, tps, int(cfg.block_size), settings, path.paged)
     except ValueError as err:
@@ -164,9 +166,8 @@ def run_instance(engine: Engine, requests: list[Request], totals: StepTotals) ->
 
 
 def prefill_copy(deployment: Deployment, r: Request) -> Request:
-    """The request as its prefill instance gets it: after the router's hop, for its first
-    token only."""
-    return copy_request(r, 1, r.arrival_s + deployment.router_s)
+    """The request as its prefill instance gets it: after the hop, for its first token."""
+    return copy_request(r, 1, r.arrival_s + deployment.hops_s[0])
 
 
 def decode_copy(deployment: Deployment, r: Request, first: Request) -> Request | None:
@@ -179,7 +180,8 @@ def decode_copy(deployment: Deployment, r: Request, first: Request) -> Request |
     if first.finish_reason == FinishReason.ERROR or (carried and r.max_new_tokens <= 1):
         return None
     seconds = deployment.link.seconds(r.num_prompt_tokens)
-    arrival = first.token_times[0] + (0.0 if path.pull_blocks else seconds)
+    sent = first.token_times[0] + deployment.hops_s[1]
+    arrival = sent + (0.0 if path.pull_blocks else seconds)
     copy = copy_request(r, r.max_new_tokens, arrival)
     deployment.transfer_s[copy.seq_id] = seconds
     if path.pull_blocks:
@@ -293,7 +295,7 @@ def deployment_metrics(
         shapes |= {role: pool.instances, f"{role}_tp": pool.tp, f"{role}_dp": pool.dp,
                    f"{role}_ep": pool.ep}  # fmt: skip
     device = _device_metrics(decode)
-    parts = ttft_parts_ms(deployment.served, deployment.router_s)
+    parts = ttft_parts_ms(deployment.served, deployment.hops_s)
     warmups = [_device_metrics(e).get("predicted_warmup_s") or 0.0 for e in (prefill, decode)]
     return {
         "status": status,

@@ -6,8 +6,10 @@ the engine profiles' (`engine=`, conf/engine/: a deployment takes its run's engi
 unless `disagg.engine` names another), with one row more for the engine the published
 measurements of benchmarks/published_disagg.py ran (`triton-distributed`).
 
-The router's hop is added once, before the prefill instance sees the request; streaming
-back through the router delays every token alike, so ITL does not count it. What routers
+The router's hop comes before the prefill instance sees the request, and again before the
+decode instance does where the router sends the decode request only once the prefill's
+reply reached it (`reply_first`); streaming back through the router delays every token
+alike, so ITL does not count it. What routers
 do under load (one waiting for the prefill instance's reply before it streams the decode
 instance's) is not modelled.
 """
@@ -39,6 +41,9 @@ class DisaggPath:
     # False: keys and values packed, one piece each per source device.
     paged: bool
     source: str
+    # True: the router sends the decode request once the prefill instance's reply reached
+    # it (the reply names the KV blocks to pull), so its hop comes twice before the pull
+    reply_first: bool = False
 
 
 VLLM_PROXY = (
@@ -64,7 +69,10 @@ DISAGG_ENGINES: dict[str, DisaggPath] = {
         source=f"{VLLM_PROXY}; the decode instance recomputes the token the prefill already "
         "sampled (github.com/vllm-project/vllm/pull/51919) after NixlConnector's "
         "asynchronous pull of one descriptor per block and layer "
-        "(github.com/vllm-project/vllm/issues/50913)",
+        "(github.com/vllm-project/vllm/issues/50913); the proxy sends the decode request "
+        "with the kv_transfer_params of the prefill's reply (tests/v1/kv_connector/"
+        "nixl_integration/toy_proxy_server.py; vllm-router's --vllm-pd-disaggregation)",
+        reply_first=True,
     ),
     "sglang": DisaggPath(
         0.0005, FirstToken.CARRIED, pull_blocks=False, paged=True,
