@@ -11,7 +11,8 @@ V1 row: its deploy files' block size and max_model_len, V1's defaults otherwise)
 graphs captured (warmup); every request sent at once up to the concurrency, and the row's
 `requests` in all (the vLLM 0.6.3 rows: 10 x concurrency, as GenAI-Perf's
 `--request-count`; its 10 warm-up requests are not served); a disaggregated row on its
-engine's path (`disagg.engine`, stages/simulator/disagg_engines.py) over the h100
+engine's path (`disagg.engine`, stages/simulator/disagg_engines.py) behind its router's
+policy (`disagg.router`: a row's `router`, pipeline/disagg/routing.py) over the h100
 profile's KV link (one 400 Gb/s adapter a GPU: the pools sat on two nodes). The vLLM 0.6.3
 profile's (`engine=vllm_v0`) host time a step and GEMM rate `fit_engine` sets from the
 `fit` rows alone (all of them vLLM 0.6.3's): a grid over the three
