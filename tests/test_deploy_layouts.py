@@ -210,7 +210,9 @@ def test_a_hashing_router_is_deployed_where_the_engines_router_has_it(tmp_path):
     # SGLang's script keeps its router in turn and says the run's policy is not there
     sglang = (out / "sglang-router.sh").read_text()
     assert "disagg.router=consistent_hash; this router has no such policy" in sglang
-    assert "#" not in (out / "vllm-cuda-router.sh").read_text().split("exec ", 1)[1]
+    vllm_text = (out / "vllm-cuda-router.sh").read_text()
+    assert "# vllm-router (vllm-project/router" in vllm_text and "toy proxy" not in vllm_text
+    assert "#" not in vllm_text.split("exec ", 1)[1]
 
 
 def test_an_unknown_router_policy_never_reaches_a_script(tmp_path):

@@ -66,7 +66,8 @@ class Disagg:
     router: str = ""  # requests in turn (disagg.router=round_robin)
     note: str = ""
     options: dict[str, dict[str, Any]] = field(default_factory=dict)  # role -> options file
-    policies: dict[str, str] = field(default_factory=dict)  # disagg.router -> its router
+    # disagg.router -> its router's command and note (where it is another router)
+    policies: dict[str, tuple[str, str]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -106,6 +107,9 @@ DISPATCH_NOTE = (
     "the plan assumed this MoE dispatch (stages/simulator/expert_parallel.py); this engine "
     "picks its own kernels: check they move as much"
 )
+VLLM_ROUTER = ("vllm-router --vllm-pd-disaggregation {prefill_urls} {decode_urls} --policy "
+               "consistent_hash --host 0.0.0.0 --port 8000", "vllm-router (vllm-project/router "
+               "docs/model-routing/pd-disaggregation.md) hashes each prompt")  # fmt: skip
 VLLM = Engine(
     profile="vllm",
     name="vLLM (CUDA)",
@@ -151,10 +155,7 @@ VLLM = Engine(
         "--decoder-hosts {decode_hosts} --decoder-ports {decode_ports}",
         note="the proxy ships in vLLM's source tree (run it from a checkout of vLLM); "
         "copies on one host need their own VLLM_NIXL_SIDE_CHANNEL_PORT",
-        policies={  # vllm-project/router docs/model-routing/pd-disaggregation.md (NIXL)
-            "consistent_hash": "vllm-router --vllm-pd-disaggregation {prefill_urls} "
-            "{decode_urls} --policy consistent_hash --host 0.0.0.0 --port 8000",
-        },
+        policies={"consistent_hash": VLLM_ROUTER},
     ),  # fmt: skip
     notes={
         "quantization": "vLLM quantizes on load to FP8 only; INT8/INT4 weights need a "

@@ -188,7 +188,8 @@ def router_command(disagg: Disagg, d: Deployment, config: str = "") -> str:
         fill[f"{role}_hosts"] = " ".join("localhost" for _ in mine)
         fill[f"{role}_ports"] = " ".join(str(p) for p in mine)
         fill[f"{role}_urls"] = " ".join(f"--{role} http://localhost:{p}" for p in mine)
-    return disagg.policies.get(d.layout.router, disagg.router).format(**fill)
+    policy = disagg.policies.get(d.layout.router)
+    return (policy[0] if policy else disagg.router).format(**fill)
 
 
 def router_script(disagg: Disagg, d: Deployment, engine: str, config: str = "") -> str:
@@ -200,9 +201,10 @@ def router_script(disagg: Disagg, d: Deployment, engine: str, config: str = "") 
         f"# Names as read from: {disagg.doc}.",
         "set -euo pipefail",
     ]
-    if disagg.note:
-        lines.append(f"# {disagg.note}.")
     policy = d.layout.router
+    note = disagg.policies[policy][1] if policy in disagg.policies else disagg.note
+    if note:
+        lines.append(f"# {note}.")
     if policy not in POLICIES:  # a folder edited by hand: nothing unknown reaches a script
         raise ValueError(f"disagg.router={policy!r}: give one of {', '.join(POLICIES)}")
     if policy != "round_robin" and policy not in disagg.policies:
