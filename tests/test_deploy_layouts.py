@@ -211,7 +211,7 @@ def test_a_hashing_router_is_deployed_where_the_engines_router_has_it(tmp_path):
     sglang = (out / "sglang-router.sh").read_text()
     assert "disagg.router=consistent_hash; this router has no such policy" in sglang
     vllm_text = (out / "vllm-cuda-router.sh").read_text()
-    assert "# vllm-router (vllm-project/router" in vllm_text and "toy proxy" not in vllm_text
+    assert "# vllm-router (vllm-project/router" in vllm_text and "the proxy ships" not in vllm_text
     assert "#" not in vllm_text.split("exec ", 1)[1]
 
 
