@@ -161,7 +161,9 @@ def test_a_lone_requests_client_tokens_come_after_the_transfer_and_the_decode_st
     assert gaps == pytest.approx(alone_gaps)
 
 
-@pytest.mark.parametrize(("engine", "second_hop"), [("vllm", 0.002), ("sglang", 0.0)])
+@pytest.mark.parametrize(
+    ("engine", "second_hop"), [("vllm", 0.002), ("trtllm", 0.002), ("sglang", 0.0)]
+)
 def test_the_router_hops_again_before_the_pull_where_it_waits_for_the_prefills_reply(
     engine, second_hop
 ):

@@ -81,7 +81,15 @@ DISAGG_ENGINES: dict[str, DisaggPath] = {
         "running batch, skipping the prefill forward (sgl-project/sglang "
         "python/sglang/srt/disaggregation/decode.py)",
     ),
-    "trtllm": assumed_as_sglang("trtllm-serve disaggregated"),
+    "trtllm": DisaggPath(
+        0.002, FirstToken.CARRIED, pull_blocks=False, paged=True,
+        source="trtllm-serve disaggregated (NVIDIA/TensorRT-LLM tensorrt_llm/serve/"
+        "openai_disagg_server.py): the context server's reply, its first token and "
+        "disaggregated_params, comes back before the generation request is sent; its "
+        "Python server's hop, the token's carrying and the pieces assumed as vLLM's proxy "
+        "and SGLang's",
+        reply_first=True,
+    ),
     "fastdeploy": assumed_as_sglang("FastDeploy's splitwise scheduler"),
     "triton-distributed": DisaggPath(
         0.002, FirstToken.CARRIED, pull_blocks=True, paged=False,
