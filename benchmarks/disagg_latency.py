@@ -87,7 +87,8 @@ def latency_overrides(row: dict[str, str], engine: Sequence[str] = ()) -> list[s
     return [
         *common, f"disagg.prefill={row['prefill']}", f"disagg.prefill_tp={row['prefill_tp']}",
         f"disagg.decode={row['decode']}", f"disagg.decode_tp={row['decode_tp']}",
-        f"disagg.engine={row['engine']}", f"disagg.router={row['router']}",
+        f"disagg.engine={row['engine']}",
+        f"disagg.router={row.get('router') or 'round_robin'}",  # a file without the column
     ]  # fmt: skip
 
 
