@@ -374,8 +374,7 @@ def describe(metrics: dict[str, Any]) -> str:
     """The deployment's lines under the summary: its pools, cards and KV transfers."""
     d = metrics["disagg"]
     transfer = d["kv_transfer_ms"]
-    mean = "-" if transfer["mean"] is None else f"{transfer['mean']:.2f} ms"
-    p99 = "-" if transfer["p99"] is None else f"{transfer['p99']:.2f} ms"
+    mean, p99 = ("-" if transfer[k] is None else f"{transfer[k]:.2f} ms" for k in ("mean", "p99"))
 
     def pool(role: str) -> str:
         dp = d.get(f"{role}_dp", 1)  # a folder written before pools had dp
@@ -383,7 +382,8 @@ def describe(metrics: dict[str, Any]) -> str:
 
     piece = d.get("transfer_piece_s", 0.0)  # a folder written before pieces were counted
     lines = [
-        f"  deployment  {pool(PREFILL)} + {pool(DECODE)} = {metrics['cards']} cards",
+        f"  deployment  {pool(PREFILL)} + {pool(DECODE)} = {metrics['cards']} cards, "
+        f"router {d.get('router', 'round_robin')}",  # a folder written before policies
         f"  KV transfer  mean {mean}, p99 {p99} ({d['link_gbps']:g} GB/s per device, "
         f"{d['transfer_latency_s'] * 1e3:g} ms a transfer, {piece * 1e6:g} us a piece)",
     ]
