@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import shlex
 
+import pytest
+
 from pipeline.deploy.settings import deployment
 from stages.forward.engine_grids import (
     FastDeploySteps,
@@ -165,3 +167,25 @@ def test_the_vllm_gaudi_file_is_in_its_own_axes():
         widest = max(c for _, qq, c in prompts if qq == q)
         assert widest == largest - q // 128
     assert any(q == 1 for _, q, _ in buckets)  # the decode buckets
+
+
+def test_a_profile_of_an_older_release_says_its_scripts_are_the_current_ones(tmp_path):
+    """engine=vllm_v0 predicts vLLM 0.6.3; the script it gets names current vLLM's flags,
+    and says so instead of claiming the run simulated it."""
+    from omegaconf import OmegaConf
+
+    from pipeline.deploy import write_deploy
+    from tests.helpers import make_config
+
+    cfg = make_config(["executor=simulated", "hardware=h100", "model=spec/llama31_8b",
+                       "engine=vllm_v0"])  # fmt: skip
+    config = OmegaConf.to_container(cfg, resolve=True)
+    (script,) = (p for p in write_deploy(deployment(config, 1000, origin="r"), [], tmp_path / "a")
+                 if p.name.endswith(".sh"))  # fmt: skip
+    text = script.read_text()
+    assert script.name == "vllm-cuda.sh"
+    assert "OLDER RELEASE: the run simulated vLLM 0.6.3's V0 engine (engine=vllm's" in text
+    assert "The run simulated this server" not in text
+    config["engine"]["release"] = "vLLM 0.6.3\nrm -rf ~"  # a folder edited by hand
+    with pytest.raises(ValueError, match="engine.release .* holds a control character"):
+        deployment(config, 1000, origin="r")

@@ -14,6 +14,10 @@ NATIVE = "native"
 
 def simulated_note(d: Deployment, engine: str, server: str) -> list[str]:
     """Whether the run predicted this server (engine=ENGINE) or this tool's own engine."""
+    if d.engine == engine and d.engine_release:
+        return [f"# OLDER RELEASE: the run simulated {d.engine_release} (engine={engine}'s "
+                "profile of it), and this script's flags are the current release's; the "
+                "figures below describe that release, not this server."]  # fmt: skip
     if d.engine == engine:
         return [f"# The run simulated this server (engine={engine}): its prompt cap, warmup "
                 "grid and compiles are what the figures below predict."]  # fmt: skip

@@ -85,6 +85,7 @@ class Deployment:
     role: str = ""  # a disaggregated pool's server: prefill or decode ("" = aggregated)
     instances: int = 1  # a pool's servers per replica
     engine: str = "native"  # whose step rules and shapes the run simulated (conf/engine/)
+    engine_release: str = ""  # its profile's older release ("": the scripts' own)
     predicted: Predicted | None = None  # the run's own figures, where a run was served
     max_warmup_s: float = 0.0  # plan.max_warmup_s: a longer warmup is impractical; 0 = none
     architecture: str = ""  # the model's (its config.json's); "" = not stated
@@ -94,7 +95,7 @@ class Deployment:
         # every text a script interpolates, comments included: a newline in a comment
         # starts a line the shell runs
         texts = {"model": self.model, "scheduler": self.scheduler, "origin": self.origin,
-                 "role": self.role}  # fmt: skip
+                 "role": self.role, "engine.release": self.engine_release}  # fmt: skip
         for name, text in texts.items():
             refuse_control_characters(text, name)
 
@@ -172,6 +173,7 @@ def _simulated(config: Mapping[str, Any], metrics: Mapping[str, Any] | None) -> 
     """What the run simulated: its engine, prompt cap and compile time, and its figures."""
     return {
         "engine": engine_name(config),
+        "engine_release": str((config.get("engine") or {}).get("release") or ""),
         "max_prefill_rows": int(config["scheduler"].get("max_prefill_rows") or 0),
         "compile_s": float(config.get("hardware", {}).get("compile_s") or 0.0),
         "predicted": Predicted.of(metrics),

@@ -66,6 +66,9 @@ class EngineConf:
     hpu: EngineDeviceConf = field(default_factory=EngineDeviceConf)
     gpu: EngineDeviceConf = field(default_factory=EngineDeviceConf)
     source: str = ""  # where the values were read (repository, file, release)
+    # the release it describes where that is older than the one the deploy layer writes
+    # scripts for (their flags are the current release's); "": the scripts' own release
+    release: str = ""
 
 
 SCHEMAS: dict[tuple[str, str], type] = {("engine", "profile"): EngineConf}
