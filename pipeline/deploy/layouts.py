@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pipeline.deploy.flags import Disagg, Flag, Kind, Speculative
-from pipeline.disagg.routing import POLICIES
+from pipeline.disagg.routing import policy_error
 
 if TYPE_CHECKING:
     from pipeline.deploy.settings import Deployment
@@ -205,8 +205,9 @@ def router_script(disagg: Disagg, d: Deployment, engine: str, config: str = "") 
     note = disagg.policies[policy][1] if policy in disagg.policies else disagg.note
     if note:
         lines.append(f"# {note}.")
-    if policy not in POLICIES:  # a folder edited by hand: nothing unknown reaches a script
-        raise ValueError(f"disagg.router={policy!r}: give one of {', '.join(POLICIES)}")
+    error = policy_error(policy)
+    if error:  # a folder edited by hand: nothing unknown reaches a script
+        raise ValueError(error)
     if policy != "round_robin" and policy not in disagg.policies:
         lines.append(
             f"# The run simulated disagg.router={policy}; this router has no such policy "

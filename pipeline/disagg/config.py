@@ -11,7 +11,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from pipeline.config.checks import ConfigError
 from pipeline.config.layout import Pool, layout_of
-from pipeline.disagg.routing import POLICIES
+from pipeline.disagg.routing import policy_error
 from pipeline.schema import DisaggConf
 from stages.model.spec import ModelSpec
 from stages.simulator.disagg_engines import disagg_path
@@ -87,8 +87,9 @@ def check_disagg(cfg: DictConfig) -> None:
     if disagg.decode_max_num_seqs < 0 or disagg.link_gbps < 0:
         key = "decode_max_num_seqs" if disagg.decode_max_num_seqs < 0 else "link_gbps"
         raise ConfigError(f"disagg.{key}={disagg[key]} must be >= 0 (0 = the default)")
-    if disagg.router not in POLICIES:
-        raise ConfigError(f"disagg.router={disagg.router!r}: give one of {', '.join(POLICIES)}")
+    error = policy_error(disagg.router)
+    if error:
+        raise ConfigError(error)
     if not disaggregated(cfg):
         return
     if not disagg.prefill or not disagg.decode:

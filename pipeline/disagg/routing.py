@@ -80,13 +80,20 @@ class ConsistentHash:
         return self._owners[at % len(self._owners)]
 
 
+def policy_error(policy: str) -> str | None:
+    """The one-line error for a policy no router here has (None: one it has)."""
+    if policy in POLICIES:
+        return None
+    return f"disagg.router={policy!r}: give one of {', '.join(POLICIES)}"
+
+
 def make_router(policy: str, instances: int, pool: str) -> Router:
-    """The policy's router over a pool of `instances` (a one-line error for any other name)."""
+    """The policy's router over a pool of `instances` (ValueError for any other name)."""
     if policy == "round_robin":
         return RoundRobin(instances)
     if policy == "consistent_hash":
         return ConsistentHash(instances, pool)
-    raise ValueError(f"disagg.router={policy!r}: give one of {', '.join(POLICIES)}")
+    raise ValueError(policy_error(policy))
 
 
 def shares(router: Router, requests: Sequence[Request], instances: int) -> list[list[Request]]:
