@@ -211,8 +211,18 @@ def test_a_hashing_router_is_deployed_where_the_engines_router_has_it(tmp_path):
     sglang = (out / "sglang-router.sh").read_text()
     assert "disagg.router=consistent_hash; this router has no such policy" in sglang
     vllm_text = (out / "vllm-cuda-router.sh").read_text()
-    assert "# vllm-router (vllm-project/router" in vllm_text and "the proxy ships" not in vllm_text
+    assert "# vllm-router: vllm-project/router" in vllm_text and "the proxy ships" not in vllm_text
     assert "#" not in vllm_text.split("exec ", 1)[1]
+
+
+def test_the_lighter_of_two_is_each_routers_own_policy(tmp_path):
+    out = export(tmp_path, [*DISAGG, "disagg.router=power_of_two"])
+    for stem, first in (("vllm-cuda", "vllm-router"), ("sglang", "python")):
+        words = command((out / f"{stem}-router.sh").read_text())
+        assert words[0] == first and words[words.index("--policy") + 1] == "power_of_two"
+    # SGLang's own router keeps its note (the transfer backend); no policy comment
+    sglang = (out / "sglang-router.sh").read_text()
+    assert "--disaggregation-transfer-backend" in sglang and "no such policy" not in sglang
 
 
 def test_an_unknown_router_policy_never_reaches_a_script(tmp_path):

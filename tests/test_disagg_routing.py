@@ -8,6 +8,7 @@ import pytest
 
 from pipeline.config.checks import ConfigError
 from pipeline.disagg.deployment import build_deployment, simulate
+from pipeline.disagg.latency import ttft_parts_s
 from pipeline.disagg.routing import ConsistentHash, RoundRobin, make_router, shares
 from pipeline.executors import check_config
 from stages.scheduling.request import Request
@@ -60,9 +61,11 @@ def test_each_pool_has_its_own_ring():
 
 
 def test_an_unknown_policy_is_a_one_line_error_naming_the_choices():
-    with pytest.raises(ConfigError, match="disagg.router='random': give one of round_robin, "):
+    with pytest.raises(
+        ConfigError, match="disagg.router='least_tokens': give one of round_robin, "
+    ):
         check_config(make_config([*SMALL, "disagg.prefill=1", "disagg.decode=1",
-                                  "disagg.router=random"]))  # fmt: skip
+                                  "disagg.router=least_tokens"]))  # fmt: skip
 
 
 def served_alike(overrides: list[str]) -> list[list[float]]:
@@ -95,3 +98,55 @@ def test_a_hashed_closed_loop_serves_every_request_within_its_concurrency():
     requests = deployment.requests
     assert all(len(r.output_ids) == r.max_new_tokens for r in requests)
     assert most_in_flight(requests) == 6
+
+
+def test_two_draws_keep_the_instances_even_and_one_draw_does_not():
+    """The power of two choices: the lighter of two draws keeps a burst's shares within a
+    request or two of each other; one draw alone spreads them."""
+    requests = prompts(800, seed=3)
+    two, one = make_router("power_of_two", 8, "prefill"), make_router("random", 8, "prefill")
+    evened = [len(share) for share in shares(two, requests, 8)]
+    spread = [len(share) for share in shares(one, requests, 8)]
+    assert max(evened) - min(evened) <= 2, evened
+    assert max(spread) - min(spread) > 10, spread
+    # an answered request no longer weighs on its instance: once the last instance's are
+    # all answered, it wins every draw it is in until it catches up
+    for _ in range(evened[7]):
+        two.finished(7)
+    counts = [len(share) for share in shares(two, prompts(60, seed=4), 8)]
+    assert all(counts[7] > c for c in counts[:7]), counts
+
+
+def test_an_open_loop_served_side_by_side_is_the_open_loop():
+    """A policy that follows the load serves an open loop side by side (no concurrency
+    limit); in turn, that gives the pool-after-pool open loop's token times."""
+    from pipeline.disagg.closed_loop import Copies, simulate_closed_loop
+    from pipeline.disagg.deployment import decode_copy, finish, prefill_copy
+
+    overrides = [*CLOSED, "disagg.prefill=2"]
+    pooled = build_deployment(make_config(overrides))
+    simulate(pooled)
+    side = build_deployment(make_config(overrides))
+    copies = Copies(lambda r: prefill_copy(side, r), lambda r, f: decode_copy(side, r, f))
+    firsts, rests, _ = simulate_closed_loop(
+        (side.prefill, side.decode), side.requests, 0, copies, side.totals, side.pulls,
+        side.routers,
+    )  # fmt: skip
+    finish(side, firsts, rests)
+    for a, b in zip(pooled.requests, side.requests, strict=True):
+        assert b.token_times == pytest.approx(a.token_times)
+
+
+@pytest.mark.parametrize("load", [[], ["workload.concurrency=6"]])
+def test_a_deployment_behind_the_lighter_of_two_serves_every_request(load):
+    deployment = build_deployment(
+        make_config([*CLOSED, *load, "disagg.prefill=3", "disagg.router=power_of_two"])
+    )
+    simulate(deployment)
+    requests = deployment.requests
+    assert all(len(r.output_ids) == r.max_new_tokens for r in requests)
+    if load:
+        assert most_in_flight(requests) == 6
+    parts = ttft_parts_s(deployment.served, deployment.hops_s)
+    for i, r in enumerate(requests):
+        assert sum(p[i] for p in parts.values()) == pytest.approx(r.token_times[0] - r.arrival_s)

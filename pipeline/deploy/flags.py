@@ -66,7 +66,8 @@ class Disagg:
     router: str = ""  # requests in turn (disagg.router=round_robin)
     note: str = ""
     options: dict[str, dict[str, Any]] = field(default_factory=dict)  # role -> options file
-    # disagg.router -> its router's command and note (where it is another router)
+    # disagg.router -> its router's command and note ("": the one above); `router` and
+    # these take {policy} where the router has a flag for it
     policies: dict[str, tuple[str, str]] = field(default_factory=dict)
 
 
@@ -107,9 +108,16 @@ DISPATCH_NOTE = (
     "the plan assumed this MoE dispatch (stages/simulator/expert_parallel.py); this engine "
     "picks its own kernels: check they move as much"
 )
-VLLM_ROUTER = ("vllm-router --vllm-pd-disaggregation {prefill_urls} {decode_urls} --policy "
-               "consistent_hash --host 0.0.0.0 --port 8000", "vllm-router (vllm-project/router "
-               "docs/model-routing/pd-disaggregation.md) hashes each prompt")  # fmt: skip
+# disagg.router's other policies: vllm-router (vllm-project/router docs/model-routing/
+# pd-disaggregation.md) for vLLM, sglang_router's --policy for SGLang
+VLLM_ROUTER = ("vllm-router --vllm-pd-disaggregation {prefill_urls} {decode_urls} "
+               "--policy {policy} --host 0.0.0.0 --port 8000",
+               "vllm-router: vllm-project/router")  # fmt: skip
+SGLANG_ROUTER = ("python -m sglang_router.launch_router --pd-disaggregation {prefill_urls} "
+                 "{decode_urls} --policy {policy} --host 0.0.0.0 --port 8000")  # fmt: skip
+VLLM_NIXL_ROLES = {role: ["--port", "{port}", "--kv-transfer-config",
+                          '{"kv_connector": "NixlConnector", "kv_role": "kv_both"}']
+                   for role in ("prefill", "decode")}  # fmt: skip
 VLLM = Engine(
     profile="vllm",
     name="vLLM (CUDA)",
@@ -141,21 +149,13 @@ VLLM = Engine(
     speculative=VLLM_SPECULATIVE,
     disagg=Disagg(
         VLLM_DISAGG,
-        roles={
-            role: [
-                "--port",
-                "{port}",
-                "--kv-transfer-config",
-                '{"kv_connector": "NixlConnector", "kv_role": "kv_both"}',
-            ]
-            for role in ("prefill", "decode")
-        },
+        roles=VLLM_NIXL_ROLES,
         router="python tests/v1/kv_connector/nixl_integration/toy_proxy_server.py --port 8000 "
         "--prefiller-hosts {prefill_hosts} --prefiller-ports {prefill_ports} "
         "--decoder-hosts {decode_hosts} --decoder-ports {decode_ports}",
         note="the proxy ships in vLLM's source tree (run it from a checkout of vLLM); "
         "copies on one host need their own VLLM_NIXL_SIDE_CHANNEL_PORT",
-        policies={"consistent_hash": VLLM_ROUTER},
+        policies=dict.fromkeys(("consistent_hash", "random", "power_of_two"), VLLM_ROUTER),
     ),  # fmt: skip
     notes={
         "quantization": "vLLM quantizes on load to FP8 only; INT8/INT4 weights need a "
@@ -206,8 +206,8 @@ SGLANG = Engine(
             role: ["--disaggregation-mode", role, "--port", "{port}"]
             for role in ("prefill", "decode")
         },
-        router="python -m sglang_router.launch_router --pd-disaggregation {prefill_urls} "
-        "{decode_urls} --policy round_robin --host 0.0.0.0 --port 8000",
+        router=SGLANG_ROUTER,
+        policies=dict.fromkeys(("random", "power_of_two"), (SGLANG_ROUTER, "")),
         note="the KV transfer backend is SGLang's default (mooncake, "
         "--disaggregation-transfer-backend); prefill copies on one host need their own "
         "--disaggregation-bootstrap-port",

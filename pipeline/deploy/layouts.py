@@ -182,7 +182,7 @@ def ports(d: Deployment, role: str) -> list[int]:
 def router_command(disagg: Disagg, d: Deployment, config: str = "") -> str:
     """The router's command with every pool server listed (localhost: edit the hosts), for
     the policy the run simulated where the engine's router has it (else in turn)."""
-    fill: dict[str, str] = {"config": config}
+    fill: dict[str, str] = {"config": config, "policy": d.layout.router}
     for role in ("prefill", "decode"):
         mine = ports(d, role)
         fill[f"{role}_hosts"] = " ".join("localhost" for _ in mine)
@@ -202,7 +202,7 @@ def router_script(disagg: Disagg, d: Deployment, engine: str, config: str = "") 
         "set -euo pipefail",
     ]
     policy = d.layout.router
-    note = disagg.policies[policy][1] if policy in disagg.policies else disagg.note
+    note = (disagg.policies[policy][1] if policy in disagg.policies else "") or disagg.note
     if note:
         lines.append(f"# {note}.")
     error = policy_error(policy)

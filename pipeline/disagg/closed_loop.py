@@ -148,6 +148,7 @@ class ClosedLoop:
         self.firsts: dict[int, Request] = {}  # prefill copies, by the request's seq_id
         self.rests: dict[int, Request | None] = {}
         self.originals: dict[int, Request] = {}  # each prefill copy's request, by its seq_id
+        self.at: dict[int, int] = {}  # each copy's instance in its pool, by its seq_id
         self.handed: Handed | None = None
 
     def next_send(self) -> float:
@@ -161,10 +162,12 @@ class ClosedLoop:
         first = self.copies.prefill(r)
         self.firsts[r.seq_id] = first
         self.originals[first.seq_id] = r
-        self.prefill[self.routers[0].pick(first)].hand(first, self.prefilled)
+        self.at[first.seq_id] = i = self.routers[0].pick(first)
+        self.prefill[i].hand(first, self.prefilled)
 
     def prefilled(self, first: Request) -> None:
         """A prefill copy ended: its KV cache on its way, or the request failed."""
+        self.routers[0].finished(self.at.pop(first.seq_id))
         original = self.originals[first.seq_id]
         rest = self.copies.decode(original, first)
         if rest is None:
@@ -175,6 +178,7 @@ class ClosedLoop:
         self._hand_on()
 
     def decoded(self, rest: Request) -> None:
+        self.routers[1].finished(self.at.pop(rest.seq_id))
         self.slots.give_back(rest.finish_s if rest.finish_s is not None else 0.0)
         self._hand_on()
 
@@ -186,7 +190,8 @@ class ClosedLoop:
         """The earliest transfer in flight reaches the next decode instance."""
         _, seq_id, rest = heapq.heappop(self.in_flight)
         self.rests[seq_id] = rest
-        self.decode[self.routers[1].pick(rest)].hand(rest, self.decoded)
+        self.at[rest.seq_id] = i = self.routers[1].pick(rest)
+        self.decode[i].hand(rest, self.decoded)
 
     def run(self) -> float:
         """Serves every request; returns when the last instance finished."""

@@ -257,7 +257,7 @@ def simulate(deployment: Deployment) -> float:
     """Serves the deployment's requests through both pools; returns the run's duration
     (its last instance's end). Each request ends as the deployment served it."""
     concurrency = int(deployment.cfg.workload.get("concurrency") or 0)
-    if concurrency:
+    if concurrency or deployment.routers[0].follows_load:  # 0: open loop, side by side
         copies = Copies(
             lambda r: prefill_copy(deployment, r),
             lambda r, first: decode_copy(deployment, r, first),

@@ -3,6 +3,11 @@
 
 - `round_robin`: the next instance in turn, in the order the requests reach the pool
   (vLLM's example proxy, vllm-router's `--policy round_robin`);
+- `random`: any instance alike (vllm-router's and SGLang's router's `--policy random`);
+- `power_of_two`: of two instances drawn at random, the one with fewer requests in flight
+  from the router (sent there and not yet answered: a prefill instance's until its first
+  token, a decode instance's until its last), the first of the two on a tie (their
+  `--policy power_of_two`);
 - `consistent_hash`: a hash ring of 160 virtual nodes an instance, the request's key
   hashed onto it and the first node clockwise taking it (vllm-router's `--policy
   consistent_hash`, github.com/vllm-project/router src/policies/consistent_hash.rs: with no
@@ -12,8 +17,10 @@
   apart.
 
 Under a closed loop, the policy decides whether requests sent together stay together: in
-turn, the requests a burst sends split evenly and finish together, again and again; hashed,
-they split unevenly and drift apart.
+turn, the requests a burst sends split evenly and finish together, again and again; hashed
+or drawn, they split unevenly and drift apart. A policy that follows the load needs the
+instances side by side in time order, so a deployment behind one is served as a closed
+loop is (pipeline.disagg.closed_loop), without a concurrency limit in an open loop.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from __future__ import annotations
 import bisect
 import hashlib
 import itertools
+import random
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -28,22 +36,57 @@ import numpy as np
 
 from stages.scheduling.request import PromptIds, Request
 
-POLICIES = ("round_robin", "consistent_hash")
+POLICIES = ("round_robin", "consistent_hash", "random", "power_of_two")
 VIRTUAL_NODES = 160  # a worker's virtual nodes on vllm-router's ring (consistent_hash.rs)
 
 
 class Router(Protocol):
+    # True: its picks depend on the requests in flight, so each instance's answers must
+    # reach it in time order (`finished`)
+    follows_load: bool
+
     def pick(self, request: Request) -> int:
         """The index of the instance that serves `request`."""
         ...
 
+    def finished(self, instance: int) -> None:
+        """A request the router sent to `instance` was answered."""
+        ...
+
 
 class RoundRobin:
+    follows_load = False
+
     def __init__(self, instances: int) -> None:
         self._turns = itertools.cycle(range(instances))
 
     def pick(self, request: Request) -> int:
         return next(self._turns)
+
+    def finished(self, instance: int) -> None:
+        pass
+
+
+class Drawn:
+    """`random`, and `power_of_two` (`two`: the lighter of two distinct draws), each pool
+    drawing from its own seeded generator."""
+
+    def __init__(self, instances: int, pool: str, two: bool) -> None:
+        self._rng, self._two = random.Random(f"router-{pool}"), two and instances > 1
+        self._in_flight = [0] * instances
+        self.follows_load = self._two
+
+    def pick(self, request: Request) -> int:
+        if self._two:
+            a, b = self._rng.sample(range(len(self._in_flight)), 2)
+            i = b if self._in_flight[b] < self._in_flight[a] else a
+        else:
+            i = self._rng.randrange(len(self._in_flight))
+        self._in_flight[i] += 1
+        return i
+
+    def finished(self, instance: int) -> None:
+        self._in_flight[instance] -= 1
 
 
 def prompt_key(request: Request) -> bytes:
@@ -75,9 +118,14 @@ class ConsistentHash:
         self._hashes = [h for h, _ in points]
         self._owners = [i for _, i in points]
 
+    follows_load = False
+
     def pick(self, request: Request) -> int:
         at = bisect.bisect_left(self._hashes, ring_hash(prompt_key(request)))
         return self._owners[at % len(self._owners)]
+
+    def finished(self, instance: int) -> None:
+        pass
 
 
 def policy_error(policy: str) -> str | None:
@@ -93,6 +141,8 @@ def make_router(policy: str, instances: int, pool: str) -> Router:
         return RoundRobin(instances)
     if policy == "consistent_hash":
         return ConsistentHash(instances, pool)
+    if policy in ("random", "power_of_two"):
+        return Drawn(instances, pool, two=policy == "power_of_two")
     raise ValueError(policy_error(policy))
 
 
