@@ -26,14 +26,14 @@ A request goes as its engine's path sends it (stages.simulator.disagg_engines,
 Every output token, so TTFT (router + prefill + transfer + the decode instance's part),
 ITL, TPOT and end-to-end latency, is the one a client reads; metrics.json gives each part
 of TTFT (pipeline.disagg.latency). Open loop, decode never feeds back to prefill, so the
-pools run one after the other; a closed loop (`workload.concurrency`) runs them side by
-side (pipeline.disagg.closed_loop). The run's duration is when its last instance ends.
+pools run one after the other; a closed loop (`workload.concurrency`) or a router that
+follows the load runs them side by side (pipeline.disagg.closed_loop). The run's duration
+is when its last instance ends.
 
 Not modelled: the decode pool's back-pressure on prefill (a prefill instance frees a
 request's blocks at its first token, not once the transfer ends, and never waits for a
 decode instance's room); link contention (each transfer has the whole link of every
-sending device; transfers overlapping on one link do not share it); a router that looks
-at the instances' load.
+sending device; transfers overlapping on one link do not share it); a cache-aware router.
 """
 
 from __future__ import annotations
