@@ -66,17 +66,21 @@ class LatencyCheck:
         return self.itl_ms / float(self.row["itl_ms"]) - 1
 
 
+# A row's settings by column and the key each sets; a file without a column (or a row with
+# it empty) leaves the key at the config's default
+STATED = {"profile": "engine", "kv_cache_dtype": "kv_cache_dtype", "block_size": "block_size",
+          "max_num_seqs": "max_num_seqs", "scheduler": "scheduler",
+          "max_model_len": "max_model_len", "max_batched_tokens": "max_tokens"}  # fmt: skip
+
+
 def latency_overrides(row: dict[str, str], engine: Sequence[str] = ()) -> list[str]:
     """The row's deployment and closed loop, with the settings assumed above (`engine`:
     overrides of the engine profile's figures, as a fit tries them)."""
     isl, osl = int(row["input_tokens"]), int(row["output_tokens"])
+    stated = [f"{key}={row[column]}" for column, key in STATED.items() if row.get(column)]
     common = [
         "executor=simulated", f"hardware={row['hardware']}", f"model=spec/{row['model']}",
-        f"engine={row['profile']}", *engine,
-        f"quantization={row['quantization']}", f"kv_cache_dtype={row['kv_cache_dtype']}",
-        "warmup=true", f"block_size={row['block_size']}", f"max_num_seqs={row['max_num_seqs']}",
-        f"scheduler={row['scheduler']}", f"max_model_len={row['max_model_len']}",
-        f"max_tokens={row['max_batched_tokens']}",
+        *stated, *engine, f"quantization={row['quantization']}", "warmup=true",
         "workload=synthetic", f"workload.num_requests={row['requests']}",
         f"workload.min_prompt_tokens={isl}", f"workload.max_prompt_tokens={isl}",
         f"workload.min_new_tokens={osl}", f"workload.max_new_tokens={osl}", "workload.rate=0",
@@ -121,7 +125,7 @@ def fit_engine(rows: Sequence[dict[str, str]]) -> tuple[tuple[float, float, floa
     """The figures (step_host_s, row_host_s, gemm_rate) of the grid above with the least
     fit_cost on the `fit` rows, then of grids half and a quarter as wide around the best so
     far; and that cost."""
-    fit = [row for row in rows if row["role"] == "fit"]
+    fit = [row for row in rows if row.get("role") == "fit"]
     costs = {f: fit_cost(fit, f) for f in itertools.product(STEP_HOST_S, ROW_HOST_S, GEMM_RATE)}
     best = min(costs, key=lambda figures: costs[figures])
     for share in (0.5, 0.25):

@@ -113,11 +113,14 @@ def checked_errors(
     the disaggregated latency rows (and of all of them, fit and held out, and of the held-out
     ones of each engine profile), the goodput ratios, the transfers (row, predicted ms)."""
     roles = ("fit", "held_out")
-    pd = {role: [c for c in latency if c.disaggregated and c.row["role"] == role] for role in roles}
+    pd = {
+        role: [c for c in latency if c.disaggregated and c.row.get("role", "held_out") == role]
+        for role in roles
+    }
     every_pd = [c for c in latency if c.disaggregated]
     by_profile = {
-        f"held_out {profile}": [c for c in pd["held_out"] if c.row["profile"] == profile]
-        for profile in sorted({c.row["profile"] for c in pd["held_out"]})
+        f"held_out {profile}": [c for c in pd["held_out"] if c.row.get("profile", "") == profile]
+        for profile in sorted({c.row.get("profile", "") for c in pd["held_out"]})
     }
     transfer = {
         role: [ms / float(row["published_ms"]) - 1 for row, ms in transfers if row["role"] == role]
@@ -143,7 +146,7 @@ def print_latency(checks: Sequence[LatencyCheck]) -> None:
             f"({r['engine']})"
             if c.disaggregated
             else f"aggregated tp{r['tp']} (control)"
-        ) + f", engine={r['profile']}, {r['role']}"
+        ) + f", engine={r.get('profile') or '-'}, {r.get('role', 'held_out')}"
         parts = " + ".join(f"{k} {v:.1f}" for k, v in c.parts_ms.items())
         print(
             f"{r['id']}: {r['hardware']} {r['model']} {r['quantization']} "
@@ -218,7 +221,9 @@ def main(argv: list[str] | None = None) -> int:
     print_summary(summary)
     print(f"({time.perf_counter() - start:.0f} s)")
     if args.record:
-        pd_rows = [c for c in latency if c.disaggregated and c.row["role"] == "held_out"]
+        pd_rows = [
+            c for c in latency if c.disaggregated and c.row.get("role", "held_out") == "held_out"
+        ]
         held_out = [*(c.ttft_error for c in pd_rows), *(c.itl_error for c in pd_rows), *errors]
         pd_devices = [c.row["hardware"] for c in pd_rows] * 2 + devices  # TTFT's, ITL's
         command = command_line(

@@ -48,3 +48,20 @@ def test_each_row_composes_into_the_deployment_it_states(row: dict[str, str]) ->
     )
     assert cfg.workload.concurrency == int(row["concurrency"])
     assert cfg.workload.num_requests == int(row["requests"])
+
+
+def test_a_row_without_the_optional_columns_takes_the_configs_defaults() -> None:
+    """A latency file with only the first columns (no engine profile, scheduler, limits,
+    router or role) still composes: each missing setting stays at the config's default."""
+    row = {"id": "x", "kind": "disaggregated", "hardware": "h100", "model": "llama31_8b",
+           "quantization": "none", "input_tokens": "1000", "output_tokens": "100",
+           "concurrency": "8", "requests": "16", "prefill": "2", "prefill_tp": "1",
+           "decode": "1", "decode_tp": "1", "tp": "0", "engine": "vllm"}  # fmt: skip
+    overrides = latency_overrides(row)
+    assert not any(o.split("=")[0] in ("engine", "scheduler", "block_size") for o in overrides)
+    cfg = make_config(overrides)
+    check_config(cfg)
+    default = make_config(["executor=simulated", "hardware=h100", "model=spec/llama31_8b"])
+    assert (cfg.block_size, cfg.max_tokens, cfg.disagg.router) == (
+        default.block_size, default.max_tokens, "round_robin"
+    )  # fmt: skip
