@@ -215,11 +215,12 @@ def test_a_hashing_router_is_deployed_where_the_engines_router_has_it(tmp_path):
     assert "#" not in vllm_text.split("exec ", 1)[1]
 
 
-def test_the_lighter_of_two_is_each_routers_own_policy(tmp_path):
-    out = export(tmp_path, [*DISAGG, "disagg.router=power_of_two"])
+@pytest.mark.parametrize("policy", ["power_of_two", "cache_aware"])
+def test_a_policy_both_routers_have_is_their_own(tmp_path, policy):
+    out = export(tmp_path, [*DISAGG, f"disagg.router={policy}"])
     for stem, first in (("vllm-cuda", "vllm-router"), ("sglang", "python")):
         words = command((out / f"{stem}-router.sh").read_text())
-        assert words[0] == first and words[words.index("--policy") + 1] == "power_of_two"
+        assert words[0] == first and words[words.index("--policy") + 1] == policy
     # SGLang's own router keeps its note (the transfer backend); no policy comment
     sglang = (out / "sglang-router.sh").read_text()
     assert "--disaggregation-transfer-backend" in sglang and "no such policy" not in sglang

@@ -137,10 +137,11 @@ def test_an_open_loop_served_side_by_side_is_the_open_loop():
         assert b.token_times == pytest.approx(a.token_times)
 
 
+@pytest.mark.parametrize("policy", ["power_of_two", "cache_aware"])
 @pytest.mark.parametrize("load", [[], ["workload.concurrency=6"]])
-def test_a_deployment_behind_the_lighter_of_two_serves_every_request(load):
+def test_a_deployment_behind_a_router_that_follows_the_load_serves_every_request(load, policy):
     deployment = build_deployment(
-        make_config([*CLOSED, *load, "disagg.prefill=3", "disagg.router=power_of_two"])
+        make_config([*CLOSED, *load, "disagg.prefill=3", f"disagg.router={policy}"])
     )
     simulate(deployment)
     requests = deployment.requests
@@ -150,3 +151,35 @@ def test_a_deployment_behind_the_lighter_of_two_serves_every_request(load):
     parts = ttft_parts_s(deployment.served, deployment.hops_s)
     for i, r in enumerate(requests):
         assert sum(p[i] for p in parts.values()) == pytest.approx(r.token_times[0] - r.arrival_s)
+
+
+def request_of(ids: list[int]) -> Request:
+    return Request(id="r", index=0, prompt="", prompt_ids=ids, max_new_tokens=1)
+
+
+def test_cache_aware_keeps_a_shared_prefix_together_and_spreads_the_rest():
+    rng = random.Random(5)
+    systems = [[rng.randrange(32000) for _ in range(256)] for _ in range(4)]
+    router = make_router("cache_aware", 4, "prefill")
+    picks: dict[int, set[int]] = {k: set() for k in range(4)}
+    for _ in range(10):
+        for k, system in enumerate(systems):  # a system prompt and a user turn of its own
+            turn = [rng.randrange(32000) for _ in range(64)]
+            picks[k].add(router.pick(request_of(system + turn)))
+    # each system prompt's turns share its instance (256 of 320 tokens match), and the
+    # four, matching nothing at first, went to the smallest trees: one instance each
+    assert all(len(p) == 1 for p in picks.values()), picks
+    assert len(set().union(*picks.values())) == 4
+
+
+def test_cache_aware_sends_to_the_idlest_once_the_load_is_uneven():
+    router = make_router("cache_aware", 2, "prefill")
+    prompt = list(range(320))
+    first = router.pick(request_of(prompt))
+    for _ in range(64):  # the same prompt: a full match keeps it on its instance
+        assert router.pick(request_of(prompt)) == first
+    # 65 in flight against none: past 64 more and 1.5 times as many, the idlest takes it
+    assert router.pick(request_of(prompt)) == 1 - first
+    for _ in range(65):
+        router.finished(first)
+    assert router.pick(request_of(prompt)) == first  # even again: the match decides

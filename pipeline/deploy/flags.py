@@ -104,12 +104,11 @@ VLLM_DISPATCH = {
     "per_expert": "deepep_low_latency",
 }
 # Where an engine has no one flag for it: the dispatch the plan assumed, said in a comment.
-DISPATCH_NOTE = (
-    "the plan assumed this MoE dispatch (stages/simulator/expert_parallel.py); this engine "
-    "picks its own kernels: check they move as much"
-)
-# disagg.router's other policies: vllm-router (vllm-project/router docs/model-routing/
-# pd-disaggregation.md) for vLLM, sglang_router's --policy for SGLang
+DISPATCH_NOTE = ("the plan assumed this MoE dispatch (stages/simulator/expert_parallel.py); "
+                 "this engine picks its own kernels: check they move as much")  # fmt: skip
+# disagg.router's policies by --policy: vllm-router (vllm-project/router docs/model-routing/
+# pd-disaggregation.md) for vLLM, sglang_router for SGLang; both take these three
+ROUTER_POLICIES = ("random", "power_of_two", "cache_aware")
 VLLM_ROUTER = ("vllm-router --vllm-pd-disaggregation {prefill_urls} {decode_urls} "
                "--policy {policy} --host 0.0.0.0 --port 8000",
                "vllm-router: vllm-project/router")  # fmt: skip
@@ -155,7 +154,7 @@ VLLM = Engine(
         "--decoder-hosts {decode_hosts} --decoder-ports {decode_ports}",
         note="the proxy ships in vLLM's source tree (run it from a checkout of vLLM); "
         "copies on one host need their own VLLM_NIXL_SIDE_CHANNEL_PORT",
-        policies=dict.fromkeys(("consistent_hash", "random", "power_of_two"), VLLM_ROUTER),
+        policies=dict.fromkeys(ROUTER_POLICIES + ("consistent_hash",), VLLM_ROUTER),
     ),  # fmt: skip
     notes={
         "quantization": "vLLM quantizes on load to FP8 only; INT8/INT4 weights need a "
@@ -207,7 +206,7 @@ SGLANG = Engine(
             for role in ("prefill", "decode")
         },
         router=SGLANG_ROUTER,
-        policies=dict.fromkeys(("random", "power_of_two"), (SGLANG_ROUTER, "")),
+        policies=dict.fromkeys(ROUTER_POLICIES, (SGLANG_ROUTER, "")),
         note="the KV transfer backend is SGLang's default (mooncake, "
         "--disaggregation-transfer-backend); prefill copies on one host need their own "
         "--disaggregation-bootstrap-port",

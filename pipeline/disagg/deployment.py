@@ -33,7 +33,7 @@ is when its last instance ends.
 Not modelled: the decode pool's back-pressure on prefill (a prefill instance frees a
 request's blocks at its first token, not once the transfer ends, and never waits for a
 decode instance's room); link contention (each transfer has the whole link of every
-sending device; transfers overlapping on one link do not share it); a cache-aware router.
+sending device; transfers overlapping on one link do not share it).
 """
 
 from __future__ import annotations

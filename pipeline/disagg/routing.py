@@ -8,6 +8,14 @@
   from the router (sent there and not yet answered: a prefill instance's until its first
   token, a decode instance's until its last), the first of the two on a tie (their
   `--policy power_of_two`);
+- `cache_aware`: vllm-router's and SGLang's router's default. The router keeps each
+  instance's prompts in a prefix tree; while the busiest instance holds more than 64
+  requests in flight beyond the idlest and more than 1.5 times as many, the idlest takes
+  the request; else the instance whose tree shares the longest prefix with it, where that
+  prefix is over 0.3 of the prompt; else the instance with the smallest tree; the prompt
+  then joins its instance's tree (the command-line defaults, vllm-project/router
+  docs/benchmarks/router_overhead.md). Here the tree holds prompts in whole pieces of 16
+  tokens, not characters, and is never evicted (the routers prune it on a timer);
 - `consistent_hash`: a hash ring of 160 virtual nodes an instance, the request's key
   hashed onto it and the first node clockwise taking it (vllm-router's `--policy
   consistent_hash`, github.com/vllm-project/router src/policies/consistent_hash.rs: with no
@@ -36,7 +44,9 @@ import numpy as np
 
 from stages.scheduling.request import PromptIds, Request
 
-POLICIES = ("round_robin", "consistent_hash", "random", "power_of_two")
+POLICIES = ("round_robin", "consistent_hash", "random", "power_of_two", "cache_aware")
+CACHE_THRESHOLD, BALANCE_ABS, BALANCE_REL = 0.3, 64, 1.5  # vllm-router's command line
+PIECE_TOKENS = 16  # cache_aware's tree holds prompts in pieces this long
 VIRTUAL_NODES = 160  # a worker's virtual nodes on vllm-router's ring (consistent_hash.rs)
 
 
@@ -99,6 +109,56 @@ def prompt_key(request: Request) -> bytes:
     return np.asarray(ids, dtype=np.int64).tobytes()
 
 
+class CacheAware:
+    follows_load = True
+
+    def __init__(self, instances: int) -> None:
+        self._trees: list[set[bytes]] = [set() for _ in range(instances)]
+        self._in_flight = [0] * instances
+
+    def pick(self, request: Request) -> int:
+        pieces = prefix_pieces(request)
+        load = self._in_flight
+        if max(load) - min(load) > BALANCE_ABS and max(load) > BALANCE_REL * min(load):
+            i = load.index(min(load))
+        else:
+            shared = [self._shared(tree, pieces) for tree in self._trees]
+            best = max(range(len(shared)), key=shared.__getitem__)
+            tokens = max(1, len(request.prompt_ids))
+            if shared[best] * PIECE_TOKENS / tokens > CACHE_THRESHOLD:
+                i = best
+            else:
+                sizes = [len(tree) for tree in self._trees]
+                i = sizes.index(min(sizes))
+        self._trees[i].update(pieces)
+        load[i] += 1
+        return i
+
+    def finished(self, instance: int) -> None:
+        self._in_flight[instance] -= 1
+
+    @staticmethod
+    def _shared(tree: set[bytes], pieces: list[bytes]) -> int:
+        n = 0
+        while n < len(pieces) and pieces[n] in tree:
+            n += 1
+        return n
+
+
+def prefix_pieces(request: Request) -> list[bytes]:
+    """A name for each whole piece of PIECE_TOKENS of the prompt, with all before it: equal
+    for two prompts only as far as they agree."""
+    ids = request.prompt_ids
+    array = ids.array() if isinstance(ids, PromptIds) else np.asarray(ids)
+    array = array.astype(np.int64)
+    names, name = [], b""
+    for start in range(0, len(array) - PIECE_TOKENS + 1, PIECE_TOKENS):
+        name = hashlib.blake2b(name + array[start : start + PIECE_TOKENS].tobytes(),
+                               digest_size=16).digest()  # fmt: skip
+        names.append(name)
+    return names
+
+
 def ring_hash(key: bytes) -> int:
     """A stable 64-bit hash (Python's own `hash` is salted per process)."""
     return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little")
@@ -143,6 +203,8 @@ def make_router(policy: str, instances: int, pool: str) -> Router:
         return ConsistentHash(instances, pool)
     if policy in ("random", "power_of_two"):
         return Drawn(instances, pool, two=policy == "power_of_two")
+    if policy == "cache_aware":
+        return CacheAware(instances)
     raise ValueError(policy_error(policy))
 
 
