@@ -120,7 +120,7 @@ def test_two_draws_keep_the_instances_even_and_one_draw_does_not():
 def test_an_open_loop_served_side_by_side_is_the_open_loop():
     """A policy that follows the load serves an open loop side by side (no concurrency
     limit); in turn, that gives the pool-after-pool open loop's token times."""
-    from pipeline.disagg.closed_loop import Copies, simulate_closed_loop
+    from pipeline.disagg.closed_loop import ClosedLoop, Copies
     from pipeline.disagg.deployment import decode_copy, finish, prefill_copy
 
     overrides = [*CLOSED, "disagg.prefill=2"]
@@ -128,10 +128,9 @@ def test_an_open_loop_served_side_by_side_is_the_open_loop():
     simulate(pooled)
     side = build_deployment(make_config(overrides))
     copies = Copies(lambda r: prefill_copy(side, r), lambda r, f: decode_copy(side, r, f))
-    firsts, rests, _ = simulate_closed_loop(
-        (side.prefill, side.decode), side.requests, 0, copies, side.totals, side.pulls,
-        side.routers,
-    )  # fmt: skip
+    loop = ClosedLoop((side.prefill, side.decode), side.requests, 0, copies, side.totals,
+                      side.pulls, side.routers)  # fmt: skip
+    firsts, rests, _ = loop.serve()
     finish(side, firsts, rests)
     for a, b in zip(pooled.requests, side.requests, strict=True):
         assert b.token_times == pytest.approx(a.token_times)

@@ -127,7 +127,9 @@ def added(scheduler_add: Callable[[Request], None]) -> Callable[[Request], bool]
 
 
 class ClosedLoop:
-    """The client, the instances and the transfers in flight of one closed-loop run."""
+    """The client, the instances and the transfers in flight of one closed-loop run (0
+    concurrency: an open loop served side by side). `pulls`: the seconds of the pulls
+    decode instances make themselves, by the decode copy's seq_id; `routers`: each pool's."""
 
     def __init__(
         self,
@@ -140,6 +142,7 @@ class ClosedLoop:
         routers: tuple[Router, Router],
     ) -> None:
         self.copies, self.totals, self.routers = copies, totals, routers
+        self.requests = list(requests)  # in the order serve() answers in
         self.waiting = deque(sorted(requests, key=lambda r: r.arrival_s))
         self.slots = Slots(concurrency)
         self.prefill = [Feed(e, added(e.scheduler.add)) for e in pools[0]]
@@ -231,27 +234,10 @@ class ClosedLoop:
             )
         engine.loop(feed, self.totals.add, on_finish, stop=self.handed, advance=fast_forward)
 
-    def served(self, requests: Sequence[Request]) -> tuple[list[Request], list[Request | None]]:
-        """Each request's prefill copy and decode copy, in the requests' order."""
-        return [self.firsts[r.seq_id] for r in requests], [
-            self.rests.get(r.seq_id) for r in requests
-        ]
-
-
-def simulate_closed_loop(
-    pools: tuple[Sequence[Engine], Sequence[Engine]],
-    requests: Sequence[Request],
-    concurrency: int,
-    copies: Copies,
-    totals: StepTotals,
-    pulls: Mapping[int, float],
-    routers: tuple[Router, Router],
-) -> tuple[list[Request], list[Request | None], float]:
-    """Serves `requests` at most `concurrency` at once through both pools (`pulls`: the
-    seconds of the pulls decode instances make themselves, by the decode copy's seq_id;
-    `routers`: each pool's): each request's prefill copy, decode copy (None: it ended on
-    the prefill instance) and the run's end."""
-    loop = ClosedLoop(pools, requests, concurrency, copies, totals, pulls, routers)
-    with long_lived_frozen():
-        end = loop.run()
-    return *loop.served(requests), end
+    def serve(self) -> tuple[list[Request], list[Request | None], float]:
+        """Serves every request; each one's prefill copy and decode copy (None: it ended on
+        the prefill instance), in the requests' order, and the run's end."""
+        with long_lived_frozen():
+            end = self.run()
+        firsts = [self.firsts[r.seq_id] for r in self.requests]
+        return firsts, [self.rests.get(r.seq_id) for r in self.requests], end

@@ -46,7 +46,7 @@ from omegaconf import DictConfig
 
 from pipeline.config.checks import ConfigError, check_model_context, describe_model
 from pipeline.disagg.admission import DecodeAdmission
-from pipeline.disagg.closed_loop import Copies, Feed, simulate_closed_loop
+from pipeline.disagg.closed_loop import ClosedLoop, Copies, Feed
 from pipeline.disagg.config import (
     DECODE,
     PREFILL,
@@ -263,10 +263,9 @@ def simulate(deployment: Deployment) -> float:
             lambda r, first: decode_copy(deployment, r, first),
         )
         pools = (deployment.prefill, deployment.decode)
-        firsts, rests, end = simulate_closed_loop(
-            pools, deployment.requests, concurrency, copies, deployment.totals,
-            deployment.pulls, deployment.routers,
-        )  # fmt: skip
+        loop = ClosedLoop(pools, deployment.requests, concurrency, copies, deployment.totals,
+                          deployment.pulls, deployment.routers)  # fmt: skip
+        firsts, rests, end = loop.serve()
         finish(deployment, firsts, rests)
         return end
     firsts, prefill_end = prefill_pass(deployment)

@@ -103,10 +103,14 @@ def prompt_key(request: Request) -> bytes:
     """The prompt's ids as bytes, equal only for equal prompts; a drawn prompt's name for
     them where it has one (its ids are not made for it)."""
     ids = request.prompt_ids
-    if isinstance(ids, PromptIds):
-        named = ids.prefix_keys([len(ids)])
-        return named[0] if named else ids.array().astype(np.int64).tobytes()
-    return np.asarray(ids, dtype=np.int64).tobytes()
+    named = ids.prefix_keys([len(ids)]) if isinstance(ids, PromptIds) else None
+    return named[0] if named else prompt_array(request).tobytes()
+
+
+def prompt_array(request: Request) -> np.ndarray:
+    """The prompt's ids as one int64 array (a drawn prompt's made for it)."""
+    ids = request.prompt_ids
+    return (ids.array() if isinstance(ids, PromptIds) else np.asarray(ids)).astype(np.int64)
 
 
 class CacheAware:
@@ -148,9 +152,7 @@ class CacheAware:
 def prefix_pieces(request: Request) -> list[bytes]:
     """A name for each whole piece of PIECE_TOKENS of the prompt, with all before it: equal
     for two prompts only as far as they agree."""
-    ids = request.prompt_ids
-    array = ids.array() if isinstance(ids, PromptIds) else np.asarray(ids)
-    array = array.astype(np.int64)
+    array = prompt_array(request)
     names, name = [], b""
     for start in range(0, len(array) - PIECE_TOKENS + 1, PIECE_TOKENS):
         name = hashlib.blake2b(name + array[start : start + PIECE_TOKENS].tobytes(),
